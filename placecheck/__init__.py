@@ -1,0 +1,29 @@
+"""placecheck: find PyTorch device-placement bugs before they cost a GPU job.
+
+The public API is :func:`audit`, returning a :class:`Report` of
+:class:`Finding` objects. Importing this package does not import torch;
+``audit`` does, when called.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from placecheck.finding import Finding, Severity
+from placecheck.report import Report
+
+__version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from placecheck.api import audit
+
+
+def __getattr__(name: str) -> Any:
+    if name == "audit":
+        from placecheck.api import audit
+
+        return audit
+    raise AttributeError(f"module 'placecheck' has no attribute {name!r}")
+
+
+__all__ = ["Finding", "Report", "Severity", "__version__", "audit"]

@@ -1,0 +1,111 @@
+"""``audit()``: the Python API, and the one function the CLI calls.
+
+    >>> import placecheck, torchvision
+    >>> report = placecheck.audit(torchvision.models.resnet18(), device="cuda")
+    >>> report.ok
+    True
+"""
+
+from __future__ import annotations
+
+import copy
+import contextlib
+from collections.abc import Callable, Iterable
+from typing import Any, Union
+
+import torch.nn as nn
+
+from placecheck.devices import normalize_device
+from placecheck.engine import EngineChoice, choose_engine, cuda_queries_simulated, move_model
+from placecheck.errors import LoadError, UsageError, one_line
+from placecheck.report import Report
+from placecheck.rules import selected
+from placecheck.walk import Snapshot, walk
+
+ModelOrFactory = Union[nn.Module, Callable[[], nn.Module]]
+
+# Errors that mean "this code wanted a real GPU while building the model".
+_CUDA_BUILD_ERRORS = ("no nvidia driver", "not compiled with cuda", "cuda driver", "cuda error",
+                      "found no nvidia", "not linked with support for cuda", "cudagetdevicecount")
+
+
+def _build(model: ModelOrFactory, engine_simulated: bool, copy_model: bool, gpus: int) -> nn.Module:
+    """The audit's own model object: a copy of an instance, or a factory's product.
+
+    Under simulation a factory runs with ``torch.cuda`` answering for the
+    simulated GPUs. If it then creates CUDA tensors outright (``torch.zeros(...,
+    device="cuda")`` in ``__init__``), it is built again inside the fake mode.
+    """
+    if isinstance(model, nn.Module):
+        return copy.deepcopy(model) if copy_model else model
+    if not engine_simulated:
+        return _checked(model())
+    with cuda_queries_simulated(gpus):
+        try:
+            return _checked(model())
+        except Exception as exc:
+            text = f"{exc} {exc.__cause__ or ''}".lower()
+            if not any(s in text for s in _CUDA_BUILD_ERRORS):
+                raise
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with cuda_queries_simulated(gpus), FakeTensorMode(allow_non_fake_inputs=True):
+        return _checked(model())
+
+
+def _checked(obj: Any) -> nn.Module:
+    if not isinstance(obj, nn.Module):
+        raise LoadError(f"the model factory returned a {type(obj).__name__}, not an nn.Module")
+    return obj
+
+
+def audit(
+    model: ModelOrFactory,
+    device: str = "cuda",
+    *,
+    engine: str = "auto",
+    gpus: int | None = None,
+    select: Iterable[str] | None = None,
+    ignore: Iterable[str] | None = None,
+    copy_model: bool = True,
+    target: str | None = None,
+) -> Report:
+    """Move ``model`` to ``device`` as a training script would, and report what went wrong.
+
+    ``model`` is an ``nn.Module`` (audited on a deep copy unless
+    ``copy_model=False``, so the caller's object is never touched) or a
+    zero-argument factory returning one. ``device`` is ``cuda``, ``cuda:N``,
+    ``cpu``, ``mps`` or ``meta``; CUDA is simulated with fake tensors when
+    no GPU is present (``engine="auto"``), or always with ``engine="fake"``.
+    ``select``/``ignore`` take code prefixes (``PC1``, ``PC204``, ``ALL``).
+
+    Raises :class:`~placecheck.errors.UsageError` for bad options and
+    :class:`~placecheck.errors.LoadError` when the model cannot be built.
+    """
+    dev = normalize_device(device)
+    try:
+        choice = EngineChoice(engine)
+    except ValueError:
+        raise UsageError(f"unknown engine {engine!r}: use one of "
+                         f"{', '.join(c.value for c in EngineChoice)}") from None
+    try:
+        codes = selected(select, ignore)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    eng = choose_engine(dev, choice, gpus)
+    name = target or (type(model).__name__ if isinstance(model, nn.Module) else
+                      getattr(model, "__name__", "model"))
+
+    built = _build(model, eng.simulated, copy_model, eng.gpus)
+    with eng.session() if eng.simulated else contextlib.nullcontext():
+        snapshot = Snapshot.take(built)
+        try:
+            moved = move_model(built, eng)
+        except Exception as exc:
+            raise LoadError(f"model.to({dev!r}) raised {one_line(exc)} "
+                            "(--debug shows the traceback)") from exc
+        result = walk(moved, dev, snapshot)
+
+    findings = [f for f in result.findings if f.code in codes]
+    notes = [f"engine: {eng.name}: {eng.reason}"]
+    return Report.build(name, dev, eng.name, findings, notes, result.stats)

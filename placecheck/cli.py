@@ -1,0 +1,170 @@
+"""The ``placecheck`` command line: a thin layer over :func:`placecheck.audit`.
+
+Options are parsed into a frozen object, the same ``audit()`` Python users call
+does the work, a formatter renders the report and :func:`exit_code` decides the
+exit status (0 clean, 1 findings at or above ``--fail-on``, 2 usage or load
+error). torch is imported only when an audit actually runs, so ``--help`` is fast.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from placecheck import __version__
+from placecheck.devices import DEVICE_HELP
+from placecheck.errors import PlacecheckError
+from placecheck.formats import OutputFormat, formatter_for
+from placecheck.report import EXIT_USAGE, FAIL_ON_CHOICES, Report, exit_code
+
+app = typer.Typer(
+    name="placecheck",
+    help="Find PyTorch device-placement bugs before they cost a GPU job.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+@dataclass(frozen=True)
+class OutputOptions:
+    """How to render and judge a report."""
+
+    format: OutputFormat = OutputFormat.TABLE
+    output: str = "-"
+    fail_on: str = "warning"
+    exit_zero: bool = False
+    debug: bool = False
+
+
+@dataclass(frozen=True)
+class AuditOptions:
+    """Everything ``placecheck audit`` needs, parsed from the command line."""
+
+    target: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    device: str = "cuda"
+    engine: str = "auto"
+    gpus: int | None = None
+    select: tuple[str, ...] = ()
+    ignore: tuple[str, ...] = ()
+
+
+def _split_codes(values: list[str] | None) -> tuple[str, ...]:
+    return tuple(c.strip() for v in values or () for c in v.split(",") if c.strip())
+
+
+def fail(message: str, debug: bool = False) -> typer.Exit:
+    """Print ``placecheck: error: ...`` (and the traceback under --debug); exit 2."""
+    if debug:
+        traceback.print_exc()
+    typer.echo(f"placecheck: error: {message}", err=True)
+    return typer.Exit(EXIT_USAGE)
+
+
+def emit(report: Report, out: OutputOptions) -> int:
+    """Write the formatted report where ``--output`` says; return the exit code."""
+    text = formatter_for(out.format).format(report)
+    if out.output == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    else:
+        try:
+            Path(out.output).write_text(text, encoding="utf-8")
+        except OSError as exc:
+            raise fail(f"cannot write --output {out.output!r}: {exc.strerror or exc}") from None
+    return exit_code([report], out.fail_on, out.exit_zero)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"placecheck {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="Show the version and exit.")] = False,
+) -> None:
+    """Find PyTorch device-placement bugs before they cost a GPU job."""
+
+
+@app.command()
+def audit(
+    target: Annotated[str, typer.Argument(
+        help="The model: MODULE:ATTR (e.g. torchvision.models:resnet18) or path/to/file.py:ATTR. "
+             "ATTR names an nn.Module instance, an nn.Module subclass or a function returning one.",
+        show_default=False)],
+    device: Annotated[str, typer.Option("--device", "-d", help=f"Target device: {DEVICE_HELP}.")] = "cuda",
+    engine: Annotated[str, typer.Option(
+        help="auto: the real device when present, CUDA simulated with fake tensors when not; "
+             "real: require the real device; fake: always simulate CUDA.")] = "auto",
+    gpus: Annotated[int | None, typer.Option(
+        help="Number of simulated GPUs (default: enough for the target's index).", min=1)] = None,
+    kwargs: Annotated[str | None, typer.Option(
+        "--kwargs", help='Constructor arguments as a JSON object, e.g. \'{"num_classes": 10}\'.')] = None,
+    arg: Annotated[list[str] | None, typer.Option(
+        "--arg", help="Constructor argument KEY=VALUE (int, float, bool, None or str); repeatable.")] = None,
+    select: Annotated[list[str] | None, typer.Option(
+        help="Report only these codes or prefixes (PC1, PC204, ALL); comma-separated or repeated.")] = None,
+    ignore: Annotated[list[str] | None, typer.Option(
+        help="Do not report these codes or prefixes; comma-separated or repeated.")] = None,
+    fmt: Annotated[OutputFormat, typer.Option("--format", "-f", help="Output format.")] = OutputFormat.TABLE,
+    output: Annotated[str, typer.Option("--output", "-o", help="Write the report to FILE ('-' is stdout).")] = "-",
+    fail_on: Annotated[str, typer.Option(
+        help=f"Exit 1 when a finding is at or above this severity: {', '.join(FAIL_ON_CHOICES)}.")] = "warning",
+    exit_zero: Annotated[bool, typer.Option("--exit-zero", help="Exit 0 even when there are findings.")] = False,
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for errors.")] = False,
+) -> None:
+    """Load a model, move it to DEVICE as a training script would, and report what did not follow.
+
+    Exit status: 0 when no finding is at or above --fail-on, 1 when one is,
+    2 for usage errors and models that do not load.
+    """
+    from placecheck.errors import UsageError
+    from placecheck.load import parse_kwargs
+
+    try:
+        if fail_on not in FAIL_ON_CHOICES:
+            raise UsageError(f"--fail-on {fail_on!r} is not one of {', '.join(FAIL_ON_CHOICES)}")
+        opts = AuditOptions(
+            target=target, kwargs=parse_kwargs(kwargs, arg or ()), device=device, engine=engine,
+            gpus=gpus, select=_split_codes(select), ignore=_split_codes(ignore),
+        )
+        out = OutputOptions(format=fmt, output=output, fail_on=fail_on, exit_zero=exit_zero, debug=debug)
+        report = run_audit(opts)
+    except PlacecheckError as exc:
+        raise fail(str(exc), debug) from None
+    except Exception as exc:  # a bug in placecheck or something unforeseen in the model
+        from placecheck.errors import one_line
+
+        raise fail(f"unexpected {one_line(exc)}; rerun with --debug and report it", debug) from None
+    raise typer.Exit(emit(report, out))
+
+
+def run_audit(opts: AuditOptions) -> Report:
+    """Resolve the target and audit it; raises PlacecheckError subclasses."""
+    from placecheck.api import audit as run
+    from placecheck.devices import normalize_device
+    from placecheck.load import build, resolve, split_target
+
+    normalize_device(opts.device)  # a bad device fails before any import of the target
+    _, attr = split_target(opts.target)
+
+    def factory() -> Any:
+        return build(resolve(opts.target), attr, opts.kwargs)
+
+    return run(factory, opts.device, engine=opts.engine, gpus=opts.gpus, select=opts.select or None,
+               ignore=opts.ignore or None, copy_model=False, target=opts.target)
+
+
+def entrypoint() -> None:
+    """Console-script entry point."""
+    app()

@@ -1,0 +1,1 @@
+"""Example models for ``make demo`` and the docs: one buggy, one clean."""

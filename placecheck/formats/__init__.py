@@ -1,0 +1,40 @@
+"""Output formats: a str enum of choices and the formatter for each.
+
+Adding a format: one file with a :class:`Formatter` subclass, one enum member,
+one ``case`` below; ``tests/test_formats.py`` checks every choice has one.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import assert_never
+
+from placecheck.formats.base import Formatter
+
+
+class OutputFormat(str, enum.Enum):
+    """The ``--format`` choices."""
+
+    TABLE = "table"
+    JSON = "json"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def formatter_for(fmt: OutputFormat) -> Formatter:
+    """The formatter for one ``--format`` choice."""
+    match fmt:
+        case OutputFormat.TABLE:
+            from placecheck.formats.table import TableFormatter
+
+            return TableFormatter()
+        case OutputFormat.JSON:
+            from placecheck.formats.json import JsonFormatter
+
+            return JsonFormatter()
+        case _:
+            assert_never(fmt)
+
+
+__all__ = ["Formatter", "OutputFormat", "formatter_for"]

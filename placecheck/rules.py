@@ -1,0 +1,281 @@
+"""Every finding code placecheck can emit, declared in one place.
+
+Each :class:`Rule` holds the code, the stable ``kind`` slug, the default
+severity, a one-line title and the explanation that ``placecheck explain``
+prints. The texts state PyTorch's real rules (see PLACEMENT.md), not the
+folklore of the seed articles. This module must not import torch.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from placecheck.finding import Severity
+
+
+@dataclass(frozen=True)
+class Rule:
+    """The declaration of one finding code."""
+
+    code: str
+    kind: str
+    severity: Severity
+    title: str
+    explanation: str
+    wrong: str
+    right: str
+    phase: str
+    """``walk``, ``forward`` or ``checkpoint``: which part of the audit finds it."""
+
+
+_RULES: dict[str, Rule] = {}
+
+
+def _rule(
+    code: str, kind: str, severity: Severity, phase: str, title: str, explanation: str,
+    wrong: str, right: str,
+) -> None:
+    if code in _RULES:
+        raise ValueError(f"duplicate rule code {code}")
+    if any(r.kind == kind for r in _RULES.values()):
+        raise ValueError(f"duplicate rule kind {kind}")
+    _RULES[code] = Rule(code, kind, severity, title, explanation.strip(), wrong.strip(),
+                        right.strip(), phase)
+
+
+E, W, I = Severity.ERROR, Severity.WARNING, Severity.INFO
+
+_rule("PC101", "stray-tensor", E, "walk", "tensor attribute that .to() does not move", """
+nn.Module.to() moves only what is registered: parameters, buffers and
+submodules (what named_parameters() and named_buffers() list). A tensor kept
+as a plain attribute, or inside a list, dict, tuple, dataclass or helper
+object held by the module, stays where it was created. The first op that mixes
+it with the moved weights raises "Expected all tensors to be on the same
+device" on the GPU, hours into a job. Register it as a buffer
+(persistent=False keeps it out of state_dict), or create it in forward() from
+the input's device.""", """
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.mask = torch.tril(torch.ones(8, 8))   # stays on the CPU
+""", """
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("mask", torch.tril(torch.ones(8, 8)), persistent=False)
+""")
+
+_rule("PC102", "unregistered-module", E, "walk", "module kept in a plain list, dict or tuple", """
+Submodules are registered only when assigned directly as attributes or held
+in nn.ModuleList / nn.ModuleDict / nn.Sequential. Modules in a plain Python
+list, dict or tuple are invisible to the parent: .to() does not move their
+parameters, state_dict() does not save them, and model.parameters() does not
+hand them to the optimizer.""", """
+self.heads = [nn.Linear(64, 10) for _ in range(4)]
+""", """
+self.heads = nn.ModuleList([nn.Linear(64, 10) for _ in range(4)])
+""")
+
+_rule("PC103", "unregistered-parameter", E, "walk", "nn.Parameter kept in a plain container", """
+An nn.Parameter assigned as a module attribute is registered; one inside a
+plain list or dict is not: .to() does not move it, state_dict() does not save
+it and the optimizer never sees it. Use nn.ParameterList / nn.ParameterDict.""", """
+self.scales = [nn.Parameter(torch.ones(64)) for _ in range(4)]
+""", """
+self.scales = nn.ParameterList([nn.Parameter(torch.ones(64)) for _ in range(4)])
+""")
+
+_rule("PC104", "param-off-device", E, "walk", "registered parameter still off the target after .to()", """
+.to() is recursive and moves every registered parameter. A parameter that is
+still elsewhere afterwards means something overrode the move: a custom
+_apply() or to() that skips it, or a parameter re-created or re-assigned
+after the move.""", """
+def _apply(self, fn, recurse=True):
+    return self          # custom override that skips the move
+""", """
+Do not override _apply()/to(); or call super()._apply(fn, recurse) first.
+""")
+
+_rule("PC105", "buffer-off-device", E, "walk", "registered buffer still off the target after .to()", """
+.to() moves every registered buffer. A buffer left elsewhere means a custom
+_apply()/to() skipped it or code re-assigned it after the move (for example a
+cache rebuilt on the CPU).""", """
+model.to("cuda")
+model.pos.cache = torch.zeros(16)     # re-assigned on the CPU after the move
+""", """
+model.pos.cache = torch.zeros(16, device=model.pos.cache.device)
+""")
+
+_rule("PC201", "device-mismatch", E, "forward", "an op mixed tensors on different devices", """
+An operation received tensors on two devices. On a GPU this raises
+"Expected all tensors to be on the same device" (or "Input type ... and
+weight type ... should be the same" for convolutions). Mixing never silently
+returns a CPU result; the only legal mixes are a 0-dim CPU tensor used as a
+scalar and a CPU index tensor. placecheck names the module, the line and,
+when it can, where the offending tensor came from.""", """
+def forward(self, x):
+    return x + self.bias_table            # plain attribute left on the CPU
+""", """
+self.register_buffer("bias_table", table, persistent=False)
+""")
+
+_rule("PC202", "created-off-device", W, "forward", "tensor created in forward() off the target device", """
+Factory calls (torch.zeros, randn, arange, tensor, from_numpy, ...) inside
+forward() create tensors on the default device (the CPU unless
+torch.set_default_device says otherwise), not on the input's device. Pass
+device=x.device, or use x.new_zeros / torch.zeros_like. An error when the
+tensor later feeds a device mismatch.""", """
+noise = torch.randn(x.shape)
+""", """
+noise = torch.randn(x.shape, device=x.device, dtype=x.dtype)  # or torch.randn_like(x)
+""")
+
+_rule("PC203", "lazy-module", E, "forward", "module or parameter created during forward()", """
+A layer built in forward() (self.proj = nn.Linear(...) on first call) is
+created on the default device, the CPU, not on the input's device: it does
+not inherit anything from the input, and the earlier model.to() never saw it.
+Its parameters are also missing from an optimizer built before the first
+forward. Build layers in __init__, or use torch.nn.Lazy* modules, which follow
+.to() correctly.""", """
+def forward(self, x):
+    if self.proj is None:
+        self.proj = nn.Linear(x.shape[-1], 64)
+    return self.proj(x)
+""", """
+self.proj = nn.LazyLinear(64)      # in __init__
+""")
+
+_rule("PC204", "host-sync", W, "forward", "device-to-host synchronisation in forward()", """
+.item(), .tolist(), .cpu(), .numpy() and bool()/if on a device tensor wait
+for the GPU to finish and copy to the host: legal, but a stall per call that
+serialises the pipeline. Keep the value on the device (torch.where, masks) or
+move the check out of the hot path.""", """
+if (x.abs().max() > 10).item():
+    x = x.clamp(-10, 10)
+""", """
+x = x.clamp(-10, 10)
+""")
+
+_rule("PC205", "implicit-transfer", W, "forward", "CPU tensor silently copied to the device", """
+Some mixes do not raise: indexing a device tensor with a CPU index tensor, or
+a 0-dim CPU tensor used as a scalar. PyTorch copies the CPU tensor to the
+device on every call, a hidden host-to-device transfer (and sync). Create the
+index/scalar on the device once (register_buffer) or use a Python number.""", """
+idx = torch.arange(4)
+return x[:, idx]
+""", """
+idx = torch.arange(4, device=x.device)
+return x[:, idx]
+""")
+
+_rule("PC206", "output-off-device", E, "forward", "forward() returned a tensor off the target device", """
+A tensor in the model's output is not on the target device. The caller's next
+op with it (a loss, a metric, the next stage) will mix devices.""", """
+return logits, torch.tensor(lengths)
+""", """
+return logits, torch.tensor(lengths, device=logits.device)
+""")
+
+_rule("PC207", "forward-error", E, "forward", "forward() raised an error unrelated to placement", """
+The sample forward pass raised something other than a device mismatch (a
+shape error, an unsupported op, a bug in the model). placecheck reports it
+with its line and keeps every other finding; check the input spec
+(--input) first.""", """
+placecheck audit net:Net --input float32[1,3,32,32]   # model expects 224x224
+""", """
+placecheck audit net:Net --input float32[1,3,224,224]
+""")
+
+_rule("PC301", "checkpoint-device", E, "checkpoint", "checkpoint saved on devices the target lacks", """
+torch.save records the device of every storage ("cuda:1"). torch.load without
+map_location restores them there and fails on a machine without that device;
+a checkpoint mixing devices loads its tensors on different devices. Load with
+map_location set to the target device.""", """
+state = torch.load("ckpt.pt")                 # saved on cuda:3
+""", """
+state = torch.load("ckpt.pt", map_location="cuda:0", weights_only=True)
+""")
+
+_rule("PC302", "missing-key", E, "checkpoint", "model expects a key the checkpoint lacks", """
+load_state_dict(strict=True) fails on keys the model has and the checkpoint
+lacks; with strict=False those weights silently stay at their initial values.
+A prefix mismatch (module., _orig_mod., model.) is the usual cause.""", """
+model.load_state_dict(torch.load("ddp.pt"))   # keys start with "module."
+""", """
+state = {k.removeprefix("module."): v for k, v in state.items()}
+""")
+
+_rule("PC303", "unexpected-key", W, "checkpoint", "checkpoint has a key the model lacks", """
+load_state_dict(strict=True) fails on keys the checkpoint has and the model
+lacks; with strict=False they are silently dropped.""", """
+model.load_state_dict(state)   # state has "classifier.1.weight"
+""", """
+Drop or rename the extra keys, or build the model that matches the checkpoint.
+""")
+
+_rule("PC304", "shape-mismatch", E, "checkpoint", "same key, different shape", """
+load_state_dict raises "size mismatch" for a key whose shape differs between
+checkpoint and model, even with strict=False.""", """
+resnet18(num_classes=10).load_state_dict(imagenet_state)
+""", """
+Build the model with the checkpoint's shapes, or drop the key and re-initialise it.
+""")
+
+_rule("PC305", "dtype-mismatch", W, "checkpoint", "same key, different dtype", """
+load_state_dict copies into the model's tensors and casts silently: a bf16
+checkpoint loaded into an fp32 model (or the reverse) changes precision and
+memory use without a word.""", """
+model.load_state_dict(bf16_state)      # model is float32
+""", """
+model.to(torch.bfloat16).load_state_dict(bf16_state)
+""")
+
+_rule("PC306", "unsafe-checkpoint", E, "checkpoint", "loading would execute pickled code", """
+torch.load(weights_only=True), the default since torch 2.6, refuses pickles
+that name arbitrary globals; loading such a file with weights_only=False runs
+whatever code the file names. placecheck never does so unless asked with
+--trust. Save a state_dict (or safetensors) instead of a pickled module.""", """
+torch.save(model, "model.pt")          # pickles the class and its code path
+""", """
+torch.save(model.state_dict(), "model.pt")
+""")
+
+del E, W, I
+
+RULES: dict[str, Rule] = dict(sorted(_RULES.items()))
+"""Every rule, by code, in code order."""
+
+
+def rule(code: str) -> Rule:
+    """The rule for ``code`` (case-insensitive); ``KeyError`` if unknown."""
+    return RULES[code.upper()]
+
+
+_SELECTOR = re.compile(r"^(ALL|PC\d{0,3})$")
+
+
+def expand(selectors: Iterable[str]) -> set[str]:
+    """Expand code prefixes (``PC2``, ``PC204``, ``ALL``) to the codes they name.
+
+    Raises ``ValueError`` naming a selector that matches no rule.
+    """
+    codes: set[str] = set()
+    for raw in selectors:
+        sel = raw.strip().upper()
+        if not sel:
+            continue
+        if not _SELECTOR.match(sel):
+            raise ValueError(f"invalid code selector {raw!r}: use a code prefix such as PC2, PC204 or ALL")
+        matched = set(RULES) if sel == "ALL" else {c for c in RULES if c.startswith(sel)}
+        if not matched:
+            raise ValueError(f"code selector {raw!r} matches no rule (see `placecheck rules`)")
+        codes |= matched
+    return codes
+
+
+def selected(select: Iterable[str] | None, ignore: Iterable[str] | None) -> frozenset[str]:
+    """The codes left after ``--select`` (default ``ALL``) minus ``--ignore``."""
+    chosen = expand(select) if select else set(RULES)
+    return frozenset(chosen - expand(ignore or ()))

@@ -1,0 +1,374 @@
+"""The walk: after ``.to()``, find every tensor the move left behind.
+
+``.to()`` moves what is registered (``_parameters``, ``_buffers``,
+``_modules``). The walk reports registered tensors still off the target
+(PC104/PC105) and everything reachable from module attributes that is not
+registered: tensors (PC101), modules (PC102) and parameters (PC103) in plain
+attributes, containers and helper objects, nested, de-duplicated by identity.
+
+It also records where every stray tensor lives (:attr:`WalkResult.origins`),
+so the forward pass can say which attribute an offending tensor came from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from placecheck.finding import Finding, Severity
+from placecheck.report import human_bytes
+from placecheck.rules import rule
+
+# Attributes every nn.Module has; hooks and bookkeeping, never user state.
+_MODULE_INTERNALS = frozenset(vars(nn.Module())) | {"_flat_weight_refs"}
+
+# Leaf values the walk never descends into.
+_ATOMS = (str, bytes, bytearray, int, float, complex, bool, type(None), torch.device,
+          torch.dtype, torch.Size, range, slice, memoryview, type)
+_MAX_DEPTH = 8
+_MAX_ITEMS = 100_000
+
+
+@dataclass
+class Snapshot:
+    """Identities of registered state taken before ``.to()``.
+
+    On a real GPU ``.to()`` keeps each Parameter object (it swaps ``.data``),
+    so a plain reference to a registered parameter still sees the moved
+    tensor: not a bug. Under fake tensors ``.to()`` creates new Parameter
+    objects instead; the snapshot lets the walk treat both the same.
+    Buffers are replaced by new tensors on every engine, so a plain reference
+    to a buffer is stale after ``.to()``: that one *is* a bug.
+    """
+
+    params: dict[int, str] = field(default_factory=dict)
+    buffers: dict[int, str] = field(default_factory=dict)
+    modules: set[int] = field(default_factory=set)
+    keep: list[Any] = field(default_factory=list)
+    """Strong references, so that ids stay unique while the audit runs."""
+
+    @staticmethod
+    def take(model: nn.Module) -> Snapshot:
+        snap = Snapshot()
+        for name, p in model.named_parameters(remove_duplicate=False):
+            snap.params.setdefault(id(p), name)
+            snap.keep.append(p)
+        for name, b in model.named_buffers(remove_duplicate=False):
+            snap.buffers.setdefault(id(b), name)
+            snap.keep.append(b)
+        for m in model.modules():
+            snap.modules.add(id(m))
+        return snap
+
+
+@dataclass
+class WalkResult:
+    """Findings of the walk plus what the forward pass needs from it."""
+
+    findings: list[Finding]
+    origins: dict[int, str]
+    """``id(tensor)`` -> path, for every unregistered tensor found (moved or not)."""
+    storages: dict[int, str]
+    """Storage data pointer -> path, for real (non-fake) unregistered tensors:
+    finds the origin of a view such as ``self.mask[:n]``."""
+    stats: dict[str, int]
+    finding_by_origin: dict[str, Finding] = field(default_factory=dict)
+    """path -> the walk finding about the tensor at that path."""
+
+
+def tensor_device(t: torch.Tensor) -> str:
+    """``str(t.device)``; uninitialised lazy parameters included."""
+    return str(t.device)
+
+
+def tensor_nbytes(t: torch.Tensor) -> int:
+    try:
+        return int(t.nelement() * t.element_size())
+    except (RuntimeError, ValueError):
+        return 0  # UninitializedParameter has no shape yet
+
+
+def _shape(t: torch.Tensor) -> tuple[int, ...] | None:
+    try:
+        return tuple(int(s) for s in t.shape)
+    except (RuntimeError, ValueError, TypeError):
+        return None
+
+
+def _dtype(t: torch.Tensor) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+def storage_key(t: torch.Tensor) -> int | None:
+    """The data pointer of a real tensor's storage; ``None`` for fake/meta tensors."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    if isinstance(t, FakeTensor) or t.device.type == "meta" or t.is_sparse:
+        return None
+    try:
+        ptr = t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return None
+    return ptr or None
+
+
+def join(base: str, attr: str) -> str:
+    """``join("enc.0", "mask") == "enc.0.mask"``; ``join("", "mask") == "mask"``."""
+    return f"{base}.{attr}" if base else attr
+
+
+def _hook_derived(module: nn.Module) -> set[str]:
+    """Attributes recomputed by a forward pre-hook before every call.
+
+    ``weight_norm``, ``spectral_norm`` and ``torch.nn.utils.prune`` keep the
+    real parameters under other names and set ``module.weight`` as a plain
+    tensor attribute from a pre-hook: not a stray tensor.
+    """
+    names = set()
+    for hook in module._forward_pre_hooks.values():
+        for attr in ("name", "_tensor_name"):
+            value = getattr(hook, attr, None)
+            if isinstance(value, str):
+                names.add(value)
+    return names
+
+
+def _items(value: Any) -> Iterator[tuple[str, Any]] | None:
+    """``(path suffix, child)`` pairs for a container or helper object; None for a leaf."""
+    if isinstance(value, dict):
+        return ((f"[{k!r}]", v) for k, v in list(value.items())[:_MAX_ITEMS])
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return ((f".{name}", getattr(value, name)) for name in value._fields)
+    if isinstance(value, list | tuple):
+        return ((f"[{i}]", v) for i, v in enumerate(value[:_MAX_ITEMS]))
+    if isinstance(value, set | frozenset):
+        return ((f"{{{i}}}", v) for i, v in enumerate(list(value)[:_MAX_ITEMS]))
+    if isinstance(value, _ATOMS) or callable(value) and not hasattr(value, "__dict__"):
+        return None
+    if type(value).__module__ in ("builtins", "types") or isinstance(value, type):
+        return None
+    attrs: dict[str, Any] = {}
+    if dataclasses.is_dataclass(value):
+        attrs = {f.name: getattr(value, f.name, None) for f in dataclasses.fields(value)}
+    elif hasattr(value, "__dict__"):
+        try:
+            attrs = dict(vars(value))
+        except TypeError:
+            attrs = {}
+    for cls in type(value).__mro__:
+        for slot in getattr(cls, "__slots__", ()):
+            if isinstance(slot, str) and slot not in attrs and hasattr(value, slot):
+                attrs[slot] = getattr(value, slot)
+    if not attrs:
+        return None
+    return ((f".{k}", v) for k, v in attrs.items())
+
+
+def _container_kind(value: Any) -> str:
+    if isinstance(value, dict):
+        return "dict"
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return "namedtuple"
+    if isinstance(value, list | tuple | set | frozenset):
+        return type(value).__name__ if type(value) in (list, tuple, set, frozenset) else "sequence"
+    return type(value).__name__
+
+
+class _Walker:
+    def __init__(self, model: nn.Module, target: str, snapshot: Snapshot) -> None:
+        self.target = target
+        self.snapshot = snapshot
+        self.registered: set[int] = set()
+        for _, p in model.named_parameters(remove_duplicate=False):
+            self.registered.add(id(p))
+        for _, b in model.named_buffers(remove_duplicate=False):
+            self.registered.add(id(b))
+        self.modules = {id(m) for m in model.modules()} | snapshot.modules
+        self.seen: set[int] = set()
+        self.findings: list[Finding] = []
+        self.origins: dict[int, str] = {}
+        self.storages: dict[int, str] = {}
+        self.by_origin: dict[str, Finding] = {}
+        self.found: dict[int, tuple[str, torch.Tensor]] = {}
+        self.strays = 0
+
+    # -- registered state ---------------------------------------------------------
+    def registered_off_device(self, model: nn.Module) -> None:
+        for code, items in (("PC104", model.named_parameters()), ("PC105", model.named_buffers())):
+            for name, t in items:
+                dev = tensor_device(t)
+                if dev == self.target:
+                    continue
+                owner, _, attr = name.rpartition(".")
+                what = "parameter" if code == "PC104" else "buffer"
+                self.findings.append(self._finding(
+                    code, name, owner, t,
+                    message=f"registered {what} {name!r} is on {dev} after .to({self.target!r})",
+                    hint=("something overrode the move: a custom _apply()/to() that skips it, or "
+                          f"{attr!r} re-assigned after .to(); keep the default _apply and create "
+                          "replacements on the existing tensor's device"),
+                ))
+
+    # -- unregistered state -------------------------------------------------------
+    def module_attributes(self, model: nn.Module) -> None:
+        for mpath, module in model.named_modules():
+            skip = _MODULE_INTERNALS | _hook_derived(module)
+            for attr, value in list(vars(module).items()):
+                if attr in skip:
+                    continue
+                self.visit(value, join(mpath, attr), mpath, attr, container=None, helper=None, depth=0)
+
+    def visit(self, value: Any, path: str, owner: str, attr: str, container: str | None,
+              helper: str | None, depth: int) -> None:
+        if isinstance(value, torch.Tensor):
+            self.tensor(value, path, owner, attr, container, helper)
+            return
+        if isinstance(value, nn.Module):
+            self.module(value, path, owner, container)
+            return
+        if depth >= _MAX_DEPTH or id(value) in self.seen:
+            return
+        items = _items(value)
+        if items is None:
+            return
+        self.seen.add(id(value))
+        is_container = isinstance(value, dict | list | tuple | set | frozenset)
+        if container is None and helper is None:
+            if is_container:
+                container = _container_kind(value)
+            else:
+                helper = type(value).__name__
+        for suffix, child in items:
+            self.visit(child, path + suffix, owner, attr, container, helper, depth + 1)
+
+    def tensor(self, t: torch.Tensor, path: str, owner: str, attr: str, container: str | None,
+               helper: str | None) -> None:
+        key = id(t)
+        if key in self.registered or key in self.snapshot.params or key in self.seen:
+            return
+        self.seen.add(key)
+        self.strays += 1
+        self.origins[key] = path
+        self.found[key] = (path, t)
+        skey = storage_key(t)
+        if skey is not None:
+            self.storages.setdefault(skey, path)
+        dev = tensor_device(t)
+        stale = self.snapshot.buffers.get(key)
+        if dev == self.target and stale is None:
+            return
+        desc = f"{_dtype(t)}{list(_shape(t) or [])}"
+        if stale is not None:
+            finding = self._finding(
+                "PC101", path, owner, t,
+                message=(f"{path!r} holds buffer {stale!r} as it was before .to(): .to() replaced "
+                         f"the buffer with a moved copy, this reference still points at the old one on {dev}"),
+                hint=f"do not keep references to buffers; read self.{stale} where it is needed",
+            )
+        elif isinstance(t, nn.Parameter):
+            kind = container or helper or "object"
+            fix = ("nn.ParameterDict" if container == "dict" else "nn.ParameterList")
+            finding = self._finding(
+                "PC103", path, owner, t,
+                message=(f"nn.Parameter {desc} in plain {kind} {attr!r} stays on {dev}: "
+                         ".to(), state_dict() and the optimizer never see it"),
+                hint=f"hold parameters in {fix} (or assign each as a module attribute)",
+            )
+        else:
+            if container:
+                what = f"tensor {desc} in plain {container} {attr!r}"
+                hint = ("register each tensor with self.register_buffer(name, t, persistent=False), "
+                        "or create it in forward() on the input's device: .to() does not look inside "
+                        f"a plain {container}")
+            elif helper:
+                what = f"tensor {desc} inside {helper} object {attr!r}"
+                hint = (f"make {helper} an nn.Module and register its tensors with register_buffer(), "
+                        "or create them in forward() on the input's device: .to() does not look "
+                        "inside plain objects")
+            else:
+                what = f"tensor attribute {attr!r} {desc}"
+                hint = (f'self.register_buffer("{attr}", tensor, persistent=False) in __init__, or '
+                        "create it in forward() on the input's device")
+            finding = self._finding(
+                "PC101", path, owner, t,
+                message=f"{what} stays on {dev}: .to() moves only registered parameters and buffers",
+                hint=hint,
+            )
+        self.findings.append(finding)
+        self.by_origin[path] = finding
+
+    def module(self, m: nn.Module, path: str, owner: str, container: str | None) -> None:
+        key = id(m)
+        if key in self.modules or key in self.seen:
+            return
+        self.seen.add(key)
+        tensors: dict[int, tuple[str, torch.Tensor]] = {}
+        for name, t in m.named_parameters(remove_duplicate=False):
+            tensors.setdefault(id(t), (join(path, name), t))
+        for name, t in m.named_buffers(remove_duplicate=False):
+            tensors.setdefault(id(t), (join(path, name), t))
+        # plain tensor attributes of the unregistered module and its children
+        sub = _Walker(m, self.target, Snapshot())
+        sub.module_attributes(m)
+        for tid, (tpath, t) in sub.found.items():
+            tensors.setdefault(tid, (join(path, tpath), t))
+        off = [(p, t) for p, t in tensors.values() if tensor_device(t) != self.target]
+        for tid, (tpath, t) in tensors.items():
+            self.origins[tid] = tpath
+            self.found[tid] = (tpath, t)
+            self.seen.add(tid)
+            skey = storage_key(t)
+            if skey is not None:
+                self.storages.setdefault(skey, tpath)
+        if not off:
+            return
+        nbytes = sum(tensor_nbytes(t) for _, t in off)
+        devices = sorted({tensor_device(t) for _, t in off})
+        kind = container or "attribute"
+        fix = "nn.ModuleDict" if container == "dict" else "nn.ModuleList"
+        finding = Finding(
+            code="PC102", kind=rule("PC102").kind, severity=rule("PC102").severity,
+            where=path, module=owner, device=", ".join(devices), expected=self.target,
+            nbytes=nbytes, count=len(off),
+            message=(f"{type(m).__name__} in plain {kind} at {path!r}: its {len(off)} tensor"
+                     f"{'s' if len(off) != 1 else ''} ({human_bytes(nbytes)}) stay on "
+                     f"{', '.join(devices)}; .to(), state_dict() and the optimizer never see them"),
+            hint=f"hold submodules in {fix} (nn.Sequential for a pipeline) instead of a plain {kind}",
+        )
+        self.findings.append(finding)
+        for tpath, _ in off:
+            self.by_origin[tpath] = finding
+
+    def _finding(self, code: str, where: str, owner: str, t: torch.Tensor, message: str,
+                 hint: str) -> Finding:
+        r = rule(code)
+        return Finding(
+            code=code, kind=r.kind, severity=r.severity, where=where, module=owner,
+            device=tensor_device(t), expected=self.target, dtype=_dtype(t), shape=_shape(t),
+            nbytes=tensor_nbytes(t), count=1, message=message, hint=hint,
+        )
+
+
+def walk(model: nn.Module, target: str, snapshot: Snapshot | None = None) -> WalkResult:
+    """Walk ``model`` (already moved to ``target``) and report what ``.to()`` left behind.
+
+    ``snapshot`` is :meth:`Snapshot.take` of the model before the move; without
+    it, stale references to pre-move parameters cannot be told from strays.
+    """
+    walker = _Walker(model, target, snapshot or Snapshot())
+    walker.registered_off_device(model)
+    walker.module_attributes(model)
+    n_params = sum(1 for _ in model.parameters())
+    n_buffers = sum(1 for _ in model.buffers())
+    stats = {
+        "modules": sum(1 for _ in model.modules()),
+        "parameters": n_params,
+        "buffers": n_buffers,
+        "unregistered_tensors": walker.strays,
+    }
+    return WalkResult(walker.findings, walker.origins, walker.storages, stats, walker.by_origin)
