@@ -13,8 +13,10 @@ import contextlib
 from collections.abc import Callable, Iterable
 from typing import Any, Union
 
+import torch
 import torch.nn as nn
 
+from placecheck.construct import construct, leftovers_to_default_device, move_from_meta, parse_init
 from placecheck.devices import normalize_device
 from placecheck.engine import EngineChoice, choose_engine, cuda_queries_simulated, move_model
 from placecheck.errors import LoadError, UsageError, one_line
@@ -69,6 +71,7 @@ def audit(
     ignore: Iterable[str] | None = None,
     copy_model: bool = True,
     target: str | None = None,
+    init: str = "auto",
 ) -> Report:
     """Move ``model`` to ``device`` as a training script would, and report what went wrong.
 
@@ -78,6 +81,9 @@ def audit(
     ``cpu``, ``mps`` or ``meta``; CUDA is simulated with fake tensors when
     no GPU is present (``engine="auto"``), or always with ``engine="fake"``.
     ``select``/``ignore`` take code prefixes (``PC1``, ``PC204``, ``ALL``).
+    ``init`` (``auto``, ``cpu``, ``meta``) says where a factory builds the
+    model: ``meta`` needs almost no memory for any size (see
+    :mod:`placecheck.construct`); ``auto`` uses it when a CPU build would not fit.
 
     Raises :class:`~placecheck.errors.UsageError` for bad options and
     :class:`~placecheck.errors.LoadError` when the model cannot be built.
@@ -92,20 +98,28 @@ def audit(
         codes = selected(select, ignore)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    init_choice = parse_init(init)
     eng = choose_engine(dev, choice, gpus)
     name = target or (type(model).__name__ if isinstance(model, nn.Module) else
                       getattr(model, "__name__", "model"))
 
-    built = _build(model, eng.simulated, copy_model, eng.gpus)
+    default_device = torch.get_default_device()  # where unmoved tensors of a meta build belong
+    construction = construct(model, init_choice, dev,
+                             lambda m: _build(m, eng.simulated, copy_model, eng.gpus))
+    built = construction.model
     with eng.session() if eng.simulated else contextlib.nullcontext():
         snapshot = Snapshot.take(built)
         try:
-            moved = move_model(built, eng)
+            moved = move_from_meta(built, eng) if construction.on_meta else move_model(built, eng)
         except Exception as exc:
             raise LoadError(f"model.to({dev!r}) raised {one_line(exc)} "
                             "(--debug shows the traceback)") from exc
+        if construction.on_meta:
+            leftovers_to_default_device(moved, snapshot, default_device)
         result = walk(moved, dev, snapshot)
 
     findings = [f for f in result.findings if f.code in codes]
     notes = [f"engine: {eng.name}: {eng.reason}"]
+    if construction.note:
+        notes.append(construction.note)
     return Report.build(name, dev, eng.name, findings, notes, result.stats)

@@ -183,6 +183,31 @@ def _to_fake_device(fake_mode: Any, device: torch.device) -> Callable[[torch.Ten
     return convert
 
 
+@contextlib.contextmanager
+def _each_module_applied_once() -> Iterator[None]:
+    """Let ``Module._apply`` run once per module object during one ``.to()``.
+
+    A module registered under two parents (T5's ``shared`` embedding is also
+    ``encoder.embed_tokens``) is visited twice by ``.to()``. On a real device
+    the second visit is a no-op; under fake tensors it tries to swap a
+    parameter that is already fake and fails ("Couldn't swap
+    Embedding.weight"). Overrides of ``_apply`` still run; only the base
+    class's work is skipped the second time.
+    """
+    base_apply = nn.Module._apply
+    applied: set[int] = set()
+
+    def apply_once(self: nn.Module, fn: Callable[..., Any], recurse: bool = True) -> nn.Module:
+        if id(self) in applied:
+            return self
+        applied.add(id(self))
+        moved: nn.Module = base_apply(self, fn, recurse)  # type: ignore[no-untyped-call]
+        return moved
+
+    with mock.patch.object(nn.Module, "_apply", apply_once):
+        yield
+
+
 def move_model(model: nn.Module, engine: Engine) -> nn.Module:
     """``model.to(device)``, exactly as a user's script would, inside ``engine``.
 
@@ -192,7 +217,8 @@ def move_model(model: nn.Module, engine: Engine) -> nn.Module:
     ``.to()`` uses, so custom ``_apply`` overrides still run.
     """
     try:
-        moved = model.to(engine.device)
+        with _each_module_applied_once() if engine.simulated else contextlib.nullcontext():
+            moved = model.to(engine.device)
     except (RuntimeError, AssertionError) as exc:
         if not engine.simulated or "cuda" not in str(exc).lower():
             raise
@@ -201,5 +227,6 @@ def move_model(model: nn.Module, engine: Engine) -> nn.Module:
         fake_mode = active_fake_mode()
         if fake_mode is None:
             raise
-        moved = model._apply(_to_fake_device(fake_mode, torch.device(engine.device)))
+        with _each_module_applied_once():
+            moved = model._apply(_to_fake_device(fake_mode, torch.device(engine.device)))
     return moved if isinstance(moved, nn.Module) else model

@@ -138,6 +138,19 @@ def _hook_derived(module: nn.Module) -> set[str]:
     return names
 
 
+def _library_managed(module: nn.Module) -> set[str]:
+    """Plain tensor attributes that their library moves to the input's device before use.
+
+    transformers' rotary embeddings keep ``original_inv_freq``, a plain
+    reference to the ``inv_freq`` buffer, and ``dynamic_rope_update`` calls
+    ``self.original_inv_freq.to(x.device)`` before reading it ("needed if the
+    model has been moved to a device after being initialized"): not a bug.
+    """
+    if "inv_freq" in module._buffers and hasattr(module, "rope_type"):
+        return {"original_inv_freq"}
+    return set()
+
+
 def _items(value: Any) -> Iterator[tuple[str, Any]] | None:
     """``(path suffix, child)`` pairs for a container or helper object; None for a leaf."""
     if isinstance(value, dict):
@@ -217,7 +230,7 @@ class _Walker:
     # -- unregistered state -------------------------------------------------------
     def module_attributes(self, model: nn.Module) -> None:
         for mpath, module in model.named_modules():
-            skip = _MODULE_INTERNALS | _hook_derived(module)
+            skip = _MODULE_INTERNALS | _hook_derived(module) | _library_managed(module)
             for attr, value in list(vars(module).items()):
                 if attr in skip:
                     continue

@@ -1,0 +1,306 @@
+"""``--init``: build the model on the CPU, or on the meta device when it is too big for host memory.
+
+``cpu`` builds the model as the user's script would: every tensor gets host
+memory. ``meta`` builds it under ``torch.device("meta")``: tensors have shapes
+and dtypes but no data, so a 70B-parameter model costs almost nothing. The
+move then materialises the registered state on the target (under simulated
+CUDA, ``.to()`` turns meta tensors into fake CUDA tensors with no memory; on a
+real device ``to_empty()`` allocates them uninitialised).
+
+What ``.to()`` did not move is still on ``meta`` afterwards, but in the user's
+script it would be on the default device (CPU): :func:`leftovers_to_default_device`
+turns each such tensor into one on the default device, so the walk and the
+forward pass see exactly what they would see after a CPU build, except the
+values (zeros). ``auto`` builds on meta first, which is cheap, counts the bytes
+of parameters and buffers, and builds on the CPU instead when they fit
+comfortably in available memory; the report's notes say which it chose.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn as nn
+from torch.nn.parameter import UninitializedBuffer, UninitializedParameter
+
+from placecheck.engine import Engine, move_model
+from placecheck.errors import LoadError, UsageError, one_line
+from placecheck.report import human_bytes
+
+COMFORTABLE_FRACTION = 0.5
+"""``auto`` builds on the CPU when parameters and buffers take at most this
+fraction of the memory available now: the forward pass, the interpreter and
+other processes need the rest."""
+
+REAL_LEFTOVER_BUDGET = 256 * 2**20
+"""Bytes of unmoved tensors given real (zeroed) host memory under simulated
+CUDA, as a CPU build would have them; beyond it they become fake CPU tensors
+(no memory), so a model whose big blocks sit in a plain list still fits."""
+
+_MAX_DEPTH = 8  # as deep as the walk looks into containers and helper objects
+_MODULE_INTERNALS = frozenset(vars(nn.Module()))
+_UNINITIALIZED = (UninitializedParameter, UninitializedBuffer)  # nn.Lazy* state: no shape to copy
+
+
+class InitChoice(str, enum.Enum):
+    """The ``--init`` choices."""
+
+    AUTO = "auto"
+    CPU = "cpu"
+    META = "meta"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass
+class Construction:
+    """The model the audit works on and how it was built."""
+
+    model: nn.Module
+    on_meta: bool
+    note: str = ""
+    """For the report's notes: what ``--init`` chose and why; empty when nothing was chosen."""
+
+
+def available_memory() -> int:
+    """Bytes of memory available to new allocations now (``MemAvailable`` on Linux)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return 0  # unknown: auto then builds on meta, which is always safe for memory
+
+
+def state_nbytes(model: nn.Module) -> int:
+    """Bytes of the model's parameters and buffers, each shared tensor counted once."""
+    seen: set[int] = set()
+    total = 0
+    for t in [*model.parameters(), *model.buffers()]:
+        if id(t) in seen or isinstance(t, _UNINITIALIZED):
+            continue
+        seen.add(id(t))
+        total += t.nelement() * t.element_size()
+    return total
+
+
+def parse_init(init: str | InitChoice) -> InitChoice:
+    """``"meta"`` -> ``InitChoice.META``; a UsageError naming the choices otherwise."""
+    try:
+        return InitChoice(init)
+    except ValueError:
+        raise UsageError(f"unknown --init {init!r}: use one of "
+                         f"{', '.join(c.value for c in InitChoice)}") from None
+
+
+def construct(
+    model: nn.Module | Callable[[], nn.Module],
+    init: InitChoice,
+    device: str,
+    build: Callable[[Any], nn.Module],
+) -> Construction:
+    """Build the audit's model as ``init`` says.
+
+    ``build`` is the audit's own builder (it copies instances and answers
+    ``torch.cuda`` queries for the simulated GPUs); here it is called with
+    ``model`` for a CPU build, or with a factory that builds under the meta
+    device.
+    """
+    if isinstance(model, nn.Module):
+        if init is InitChoice.META:
+            raise UsageError("--init meta needs a model class or factory, not a model that is "
+                             "already built: pass the class or a function returning the model")
+        return Construction(build(model), on_meta=False)
+    if device == "meta" and init is InitChoice.META:
+        raise UsageError("--init meta cannot tell moved tensors from unmoved ones when the "
+                         "target is meta itself: use --device cuda, or --init cpu")
+    if init is InitChoice.CPU or device == "meta":
+        return Construction(build(model), on_meta=False, note="init: cpu (as requested)"
+                            if init is InitChoice.CPU else "")
+
+    def on_meta() -> nn.Module:
+        with torch.device("meta"):
+            return model()
+
+    try:
+        meta_model = build(on_meta)
+    except Exception as exc:
+        if init is InitChoice.META:
+            raise LoadError(f"building the model on the meta device raised {one_line(exc)}: "
+                            "use --init cpu (--debug shows the traceback)") from exc
+        return Construction(build(model), on_meta=False,
+                            note=f"init: cpu (auto: building on the meta device raised "
+                                 f"{one_line(exc)}; built on the CPU instead)")
+    if init is InitChoice.META:
+        return Construction(meta_model, on_meta=True, note=f"init: meta (as requested): {_META_NOTE}")
+    need, have = state_nbytes(meta_model), available_memory()
+    sizes = f"{human_bytes(need)} of parameters and buffers, {human_bytes(have)} of memory available"
+    if need <= COMFORTABLE_FRACTION * have:
+        del meta_model
+        return Construction(build(model), on_meta=False, note=f"init: cpu (auto: {sizes})")
+    return Construction(meta_model, on_meta=True,
+                        note=f"init: meta (auto: {sizes}, too much to build on the CPU): {_META_NOTE}")
+
+
+_META_NOTE = ("built on the meta device, no memory for weights; tensors .to() did not move are "
+              "reported on the default device, with zeros for values")
+
+
+def move_from_meta(model: nn.Module, engine: Engine) -> nn.Module:
+    """Materialise a meta-built model on the target, as ``.to(device)`` would place it.
+
+    Under simulated CUDA the user's own ``.to()`` runs (inside the fake mode
+    it turns meta tensors into fake CUDA tensors, overrides of ``to`` and
+    ``_apply`` included). A real device cannot copy out of a meta tensor, so
+    there ``to_empty()`` allocates the registered state uninitialised
+    (``_apply`` overrides run; an override of ``to`` itself does not).
+    """
+    if engine.simulated:
+        return move_model(model, engine)
+    moved = model.to_empty(device=engine.device)
+    return moved if isinstance(moved, nn.Module) else model
+
+
+@dataclass
+class _Materialiser:
+    """Replaces every meta tensor reachable from a model with one on ``device``."""
+
+    device: torch.device
+    fake: bool
+    """True inside a fake mode: tensors beyond the budget may be fake there."""
+    budget: int = REAL_LEFTOVER_BUDGET
+    replaced: dict[int, torch.Tensor] = field(default_factory=dict)
+    originals: list[torch.Tensor] = field(default_factory=list)
+    """Keeps each replaced tensor alive, so that no id in ``replaced`` is reused."""
+    done: dict[int, Any] = field(default_factory=dict)
+
+    def tensor(self, t: torch.Tensor) -> torch.Tensor:
+        if t.device.type != "meta" or isinstance(t, _UNINITIALIZED):
+            return t
+        if id(t) in self.replaced:
+            return self.replaced[id(t)]
+        nbytes = t.nelement() * t.element_size()
+        if self.fake and nbytes > self.budget:
+            new = torch.empty_like(t, device=self.device)  # a fake tensor: no memory
+        else:
+            self.budget -= nbytes
+            with _real_tensors() if self.fake else contextlib.nullcontext():
+                new = torch.zeros(t.shape, dtype=t.dtype, device=self.device)
+        if isinstance(t, nn.Parameter):
+            new = nn.Parameter(new, requires_grad=t.requires_grad)
+        self.replaced[id(t)] = new
+        self.originals.append(t)
+        return new
+
+    def module(self, m: nn.Module) -> None:
+        if id(m) in self.done:
+            return
+        self.done[id(m)] = m
+        stores: tuple[dict[str, Any], ...] = (m._parameters, m._buffers)
+        for store in stores:
+            for name, t in list(store.items()):
+                if t is not None:
+                    store[name] = self.tensor(t)
+        for attr, value in list(vars(m).items()):
+            if attr not in _MODULE_INTERNALS:
+                new = self.value(value, 0)
+                if new is not value:
+                    m.__dict__[attr] = new
+        for child in m._modules.values():
+            if child is not None:
+                self.module(child)
+
+    def value(self, value: Any, depth: int) -> Any:
+        """``value`` with meta tensors replaced: the same object, changed in place, where it can be."""
+        if isinstance(value, torch.Tensor):
+            return self.tensor(value)
+        if isinstance(value, nn.Module):
+            self.module(value)
+            return value
+        if depth >= _MAX_DEPTH or isinstance(value, str | bytes | int | float | type):
+            return value
+        if id(value) in self.done:
+            return self.done[id(value)]
+        self.done[id(value)] = value  # cycles end here
+        result = self._contents(value, depth + 1)
+        self.done[id(value)] = result
+        return result
+
+    def _contents(self, value: Any, depth: int) -> Any:
+        if isinstance(value, dict):
+            for key, item in list(value.items()):
+                new = self.value(item, depth)
+                if new is not item:
+                    value[key] = new
+            return value
+        if isinstance(value, list):
+            for i, item in enumerate(value):
+                new = self.value(item, depth)
+                if new is not item:
+                    value[i] = new
+            return value
+        if isinstance(value, tuple | set | frozenset):
+            items = [self.value(item, depth) for item in value]
+            if all(new is old for new, old in zip(items, value, strict=True)):
+                return value
+            try:
+                if hasattr(value, "_fields"):  # a namedtuple
+                    return getattr(type(value), "_make")(items)  # noqa: B009
+                return type(value)(items)
+            except TypeError:
+                return value  # a tuple subclass that cannot be rebuilt: leave it
+        if not hasattr(value, "__dict__") or type(value).__module__ in ("builtins", "types"):
+            return value
+        try:
+            attrs = vars(value)
+        except TypeError:
+            return value
+        for attr, item in list(attrs.items()):
+            new = self.value(item, depth)
+            if new is not item:
+                object.__setattr__(value, attr, new)  # frozen dataclasses too
+        return value
+
+
+def _real_tensors() -> contextlib.AbstractContextManager[Any]:
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    return unset_fake_temporarily()
+
+
+def leftovers_to_default_device(model: nn.Module, snapshot: Any = None,
+                                 device: str | torch.device = "cpu") -> int:
+    """Put every tensor still on ``meta`` after the move on ``device``; return how many.
+
+    They are what ``.to()`` did not move: attributes, tensors in containers
+    and helper objects, modules in plain lists, registered tensors an override
+    kept back. After a CPU build they would be CPU tensors, so that is what
+    the walk must report and what the forward pass must meet (a 0-dim CPU
+    tensor is a legal scalar beside CUDA tensors; a 0-dim meta one is not).
+    References shared before stay shared. ``snapshot`` (the walk's
+    :class:`~placecheck.walk.Snapshot`) learns the new identities, so a plain
+    reference to a registered tensor is still recognised as one.
+    """
+    from torch._guards import active_fake_mode
+
+    materialiser = _Materialiser(torch.device(device), fake=active_fake_mode() is not None)
+    materialiser.module(model)
+    if snapshot is not None:
+        for old_id, new in materialiser.replaced.items():
+            for table in (snapshot.params, snapshot.buffers):
+                if old_id in table:
+                    table[id(new)] = table[old_id]
+            snapshot.keep.append(new)
+    return len(materialiser.replaced)
