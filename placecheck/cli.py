@@ -54,6 +54,7 @@ class AuditOptions:
     gpus: int | None = None
     select: tuple[str, ...] = ()
     ignore: tuple[str, ...] = ()
+    init: str = "auto"
 
 
 def _split_codes(values: list[str] | None) -> tuple[str, ...]:
@@ -108,6 +109,9 @@ def audit(
              "real: require the real device; fake: always simulate CUDA.")] = "auto",
     gpus: Annotated[int | None, typer.Option(
         help="Number of simulated GPUs (default: enough for the target's index).", min=1)] = None,
+    init: Annotated[str, typer.Option(
+        help="Where to build the model: cpu; meta (no memory for weights: for models bigger than "
+             "this machine's RAM); auto: meta when a CPU build would not fit comfortably.")] = "auto",
     kwargs: Annotated[str | None, typer.Option(
         "--kwargs", help='Constructor arguments as a JSON object, e.g. \'{"num_classes": 10}\'.')] = None,
     arg: Annotated[list[str] | None, typer.Option(
@@ -136,7 +140,7 @@ def audit(
             raise UsageError(f"--fail-on {fail_on!r} is not one of {', '.join(FAIL_ON_CHOICES)}")
         opts = AuditOptions(
             target=target, kwargs=parse_kwargs(kwargs, arg or ()), device=device, engine=engine,
-            gpus=gpus, select=_split_codes(select), ignore=_split_codes(ignore),
+            gpus=gpus, select=_split_codes(select), ignore=_split_codes(ignore), init=init,
         )
         out = OutputOptions(format=fmt, output=output, fail_on=fail_on, exit_zero=exit_zero, debug=debug)
         report = run_audit(opts)
@@ -162,7 +166,7 @@ def run_audit(opts: AuditOptions) -> Report:
         return build(resolve(opts.target), attr, opts.kwargs)
 
     return run(factory, opts.device, engine=opts.engine, gpus=opts.gpus, select=opts.select or None,
-               ignore=opts.ignore or None, copy_model=False, target=opts.target)
+               ignore=opts.ignore or None, copy_model=False, target=opts.target, init=opts.init)
 
 
 def entrypoint() -> None:
