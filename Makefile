@@ -14,7 +14,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet $(TORCH)
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet $(TORCH) -e '.[dev,transformers]'
 	touch $(STAMP)
 
 demo: install
@@ -24,6 +24,11 @@ demo: install
 
 test: install
 	$(PY) -m pytest
+
+# Every benchmarks/bench_*.py, each printing its table and writing benchmarks/results/.
+bench: install
+	$(PY) -m pip install --quiet $(TORCH) -e '.[dev,transformers,bench]'
+	@set -e; for bench in benchmarks/bench_*.py; do echo "== $$bench"; $(PY) $$bench; done
 
 lint: install
 	$(VENV)/bin/ruff check placecheck tests
