@@ -180,7 +180,7 @@ class _Materialiser:
     device: torch.device
     fake: bool
     """True inside a fake mode: tensors beyond the budget may be fake there."""
-    budget: int = REAL_LEFTOVER_BUDGET
+    budget: int
     replaced: dict[int, torch.Tensor] = field(default_factory=dict)
     originals: list[torch.Tensor] = field(default_factory=list)
     """Keeps each replaced tensor alive, so that no id in ``replaced`` is reused."""
@@ -295,7 +295,8 @@ def leftovers_to_default_device(model: nn.Module, snapshot: Any = None,
     """
     from torch._guards import active_fake_mode
 
-    materialiser = _Materialiser(torch.device(device), fake=active_fake_mode() is not None)
+    materialiser = _Materialiser(torch.device(device), fake=active_fake_mode() is not None,
+                                 budget=REAL_LEFTOVER_BUDGET)
     materialiser.module(model)
     if snapshot is not None:
         for old_id, new in materialiser.replaced.items():

@@ -1,0 +1,317 @@
+"""``--init``: a meta build finds exactly what a CPU build finds, and reports unmoved tensors on cpu.
+
+Every walk fixture (``tests/fixtures/walk/``) and every forward fixture
+(``tests/fixtures/forward/``, when present) is audited under both inits and
+the findings are compared field by field, beside cases written here for what
+a meta build could get wrong (shared references, tuples, frozen dataclasses,
+modules in plain lists, a custom ``_apply``, library internals).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import inspect
+import json
+import sys
+from collections import namedtuple
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn as nn
+from typer.testing import CliRunner
+
+import placecheck.construct as construct
+from placecheck.api import audit
+from placecheck.cli import app
+from placecheck.engine import choose_engine, simulated_cuda
+from placecheck.errors import LoadError, UsageError
+from placecheck.examples.many_modules import MODULES_PER_BLOCK, blocks_for, many_modules
+from placecheck.walk import Snapshot, walk
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+# -- models written for what a meta build could get wrong ------------------------------------------
+
+Pair = namedtuple("Pair", "cos sin")
+
+
+@dataclasses.dataclass(frozen=True)
+class FrozenTables:
+    table: torch.Tensor
+    size: int = 3
+
+
+class Helper:
+    def __init__(self) -> None:
+        self.cache = {"k": torch.zeros(2, 3), "v": [torch.zeros(3)]}
+
+
+class Strays(nn.Module):
+    """Every kind of unmoved state, shared references included."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.mask = torch.ones(4)
+        self.same_mask = self.mask  # one tensor, two names: one finding, as on the CPU
+        self.scale = torch.tensor(2.0)
+        self.pair = Pair(torch.ones(2), torch.ones(2))
+        self.frozen = FrozenTables(torch.ones(5))
+        self.helper = Helper()
+        self.mixed = (torch.ones(1), "label", 3)
+        self.register_buffer("steps", torch.zeros(1, dtype=torch.int64))
+        self.steps_ref = self.steps  # a stale buffer reference
+        self.refs = {"w": self.lin.weight}  # a plain reference to a registered parameter: fine
+
+
+class PlainContainers(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.heads = [nn.Linear(4, 2), nn.Linear(4, 2)]
+        self.by_name = {"a": nn.Linear(4, 4)}
+        self.params = [nn.Parameter(torch.ones(3))]
+        self.ok = nn.ModuleList([nn.Linear(2, 2)])
+
+
+class KeepsBufferOnCpu(nn.Module):
+    """A custom ``_apply`` that keeps a buffer back: PC105."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        self.register_buffer("table", torch.ones(3))
+
+    def _apply(self, fn: Any, recurse: bool = True) -> nn.Module:
+        table = self._buffers.pop("table")
+        super()._apply(fn, recurse)
+        self._buffers["table"] = table
+        return self
+
+
+class Internals(nn.Module):
+    """Legitimate internals that must give no finding under either init."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(4, 4, num_layers=2)
+        self.bn = nn.BatchNorm1d(4)
+        self.lazy = nn.LazyLinear(3)
+        self.attn = nn.MultiheadAttention(4, 2)
+        self.wn = nn.utils.parametrizations.weight_norm(nn.Linear(4, 4))
+        self.emb = nn.Embedding(10, 4)
+        self.out = nn.Linear(4, 10, bias=False)
+        self.out.weight = self.emb.weight  # tied
+
+
+class Shared(nn.Module):
+    """One module under two parents, as T5's shared embedding."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shared = nn.Embedding(10, 4)
+        self.encoder = nn.Sequential(self.shared)
+        self.decoder = nn.Sequential(self.shared)
+
+
+CASES = [Strays, PlainContainers, KeepsBufferOnCpu, Internals, Shared]
+
+
+def _fixture_targets(kind: str) -> list[Any]:
+    """``(file, class name)`` for every module class a fixture file defines and can build bare."""
+    folder = FIXTURES / kind
+    targets = []
+    for path in sorted(folder.glob("*.py")) if folder.is_dir() else []:
+        if path.name.startswith("_"):
+            continue
+        name = f"_init_meta_fixture_{kind}_{path.stem}"
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        for attr, value in vars(module).items():
+            if (isinstance(value, type) and issubclass(value, nn.Module) and value.__module__ == name
+                    and not attr.startswith("_") and _builds_bare(value)):
+                targets.append(pytest.param(value, id=f"{kind}/{path.stem}:{attr}"))
+    return targets
+
+
+def _builds_bare(cls: type) -> bool:
+    return all(p.default is not p.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+               for p in list(inspect.signature(cls.__init__).parameters.values())[1:])
+
+
+def _rows(report: Any) -> list[dict[str, Any]]:
+    return [f.to_dict() for f in report.findings]
+
+
+def _audit_both(factory: Any, **kwargs: Any) -> tuple[Any, Any]:
+    return (audit(factory, "cuda", init="cpu", **kwargs), audit(factory, "cuda", init="meta", **kwargs))
+
+
+@pytest.mark.parametrize("model_class", CASES, ids=[c.__name__ for c in CASES])
+def test_meta_build_finds_what_cpu_build_finds(model_class: type) -> None:
+    on_cpu, on_meta = _audit_both(model_class)
+    assert _rows(on_meta) == _rows(on_cpu)
+    assert dict(on_meta.stats) == dict(on_cpu.stats)
+
+
+@pytest.mark.parametrize("model_class", _fixture_targets("walk"))
+def test_walk_fixtures_same_under_both_inits(model_class: type) -> None:
+    on_cpu, on_meta = _audit_both(model_class)
+    assert _rows(on_meta) == _rows(on_cpu)
+
+
+@pytest.mark.parametrize("model_class", _fixture_targets("forward"))
+def test_forward_fixtures_same_under_both_inits(model_class: type) -> None:
+    on_cpu, on_meta = _audit_both(model_class)
+    assert _rows(on_meta) == _rows(on_cpu)
+
+
+def test_the_cases_do_find_things() -> None:
+    """The comparisons above are not between two empty lists."""
+    codes = {name: {f.code for f in audit(cls, "cuda", init="meta").findings}
+             for name, cls in [("Strays", Strays), ("PlainContainers", PlainContainers),
+                               ("KeepsBufferOnCpu", KeepsBufferOnCpu), ("Internals", Internals)]}
+    assert codes == {"Strays": {"PC101"}, "PlainContainers": {"PC102", "PC103"},
+                     "KeepsBufferOnCpu": {"PC105"}, "Internals": set()}
+
+
+def test_unmoved_tensors_are_reported_on_cpu_not_meta() -> None:
+    report = audit(Strays, "cuda", init="meta")
+    wheres = {f.where for f in report.findings}
+    assert wheres == {"mask", "scale", "pair.cos", "pair.sin", "frozen.table", "helper.cache['k']",
+                      "helper.cache['v'][0]", "mixed[0]", "steps_ref"}
+    for finding in [*report.findings, *audit(PlainContainers, "cuda", init="meta").findings]:
+        assert finding.device == "cpu"
+        assert "meta" not in finding.message
+    assert "init: meta (as requested)" in report.notes[-1]
+
+
+def test_leftovers_become_cpu_tensors_keeping_identity_and_kind() -> None:
+    with torch.device("meta"):
+        model = Strays()
+    eng = choose_engine("cuda:0")
+    with simulated_cuda(1):
+        snapshot = Snapshot.take(model)
+        model.to("cuda")
+        count = construct.leftovers_to_default_device(model, snapshot)
+        # 0-dim CPU tensors are legal scalars beside CUDA tensors; 0-dim meta ones are not
+        assert (torch.ones(2, device="cuda") * model.scale).device.type == "cuda"
+    assert eng.simulated
+    assert count == 10  # the nine strays and the plain reference to lin.weight
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    assert not isinstance(model.mask, FakeTensor)  # small leftovers hold real (zero) CPU data
+    assert model.mask is model.same_mask
+    assert isinstance(model.pair, Pair) and model.pair.cos.device.type == "cpu"
+    assert model.frozen.table.device.type == "cpu"
+    assert model.mixed[1:] == ("label", 3)
+    assert model.steps_ref.dtype == torch.int64
+    assert id(model.steps_ref) in snapshot.buffers  # still known as the stale buffer reference
+    assert id(model.refs["w"]) in snapshot.params
+    assert not any(t.device.type == "meta" for t in [*model.parameters(), *model.buffers()])
+
+
+def test_leftovers_beyond_the_budget_take_no_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    monkeypatch.setattr(construct, "REAL_LEFTOVER_BUDGET", 0)
+    with torch.device("meta"):
+        model = PlainContainers()
+    with simulated_cuda(1):
+        model.to("cuda")
+        construct.leftovers_to_default_device(model)
+    for tensor in (model.params[0], model.heads[0].weight, model.by_name["a"].bias):
+        assert isinstance(tensor, FakeTensor) and tensor.device.type == "cpu"
+    assert isinstance(model.params[0], nn.Parameter)
+
+
+def test_auto_builds_on_cpu_when_the_model_fits(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(construct, "available_memory", lambda: 64 * 2**30)
+    report = audit(Strays, "cuda", init="auto")
+    assert report.notes[-1].startswith("init: cpu (auto: ")
+    assert "64.0 GiB of memory available" in report.notes[-1]
+
+
+def test_auto_builds_on_meta_when_the_model_would_not_fit(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(construct, "available_memory", lambda: 100)  # bytes
+    report = audit(Strays, "cuda", init="auto")
+    assert report.notes[-1].startswith("init: meta (auto: ")
+    assert "too much to build on the CPU" in report.notes[-1]
+    assert _rows(report) == _rows(audit(Strays, "cuda", init="cpu"))
+
+
+class NeedsValuesWhileBuilding(nn.Module):
+    """Reads a tensor's value in ``__init__``: impossible on the meta device."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, int(torch.tensor(3).item()))
+
+
+def test_auto_falls_back_to_cpu_when_meta_fails_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(construct, "available_memory", lambda: 100)
+    report = audit(NeedsValuesWhileBuilding, "cuda", init="auto")
+    assert report.notes[-1].startswith("init: cpu (auto: building on the meta device raised ")
+    assert "built on the CPU instead" in report.notes[-1]
+
+
+def test_explicit_meta_that_fails_is_a_load_error() -> None:
+    with pytest.raises(LoadError, match="use --init cpu"):
+        audit(NeedsValuesWhileBuilding, "cuda", init="meta")
+
+
+def test_init_usage_errors() -> None:
+    with pytest.raises(UsageError, match="unknown --init 'gpu'"):
+        audit(Strays, "cuda", init="gpu")
+    with pytest.raises(UsageError, match="already built"):
+        audit(Strays(), "cuda", init="meta")
+    with pytest.raises(UsageError, match="target is meta itself"):
+        audit(Strays, "meta", init="meta")
+
+
+def test_meta_on_a_real_cpu_target_materialises_with_to_empty() -> None:
+    on_cpu = audit(PlainContainers, "cpu", init="cpu")
+    on_meta = audit(PlainContainers, "cpu", init="meta")
+    assert _rows(on_meta) == _rows(on_cpu)
+
+
+def test_cli_init_option() -> None:
+    runner = CliRunner()
+    target = "placecheck.examples.buggy:BuggyNet"
+    outputs = {}
+    for init in ("cpu", "meta"):
+        result = runner.invoke(app, ["audit", target, "--init", init, "--format", "json"])
+        assert result.exit_code == 1, result.output
+        outputs[init] = json.loads(result.stdout)["findings"]
+    assert outputs["meta"] == outputs["cpu"] != []
+    bad = runner.invoke(app, ["audit", target, "--init", "gpu"])
+    assert bad.exit_code == 2
+    assert "unknown --init 'gpu': use one of auto, cpu, meta" in bad.output
+
+
+# -- the 10,000-module model: the walk's correctness at that size (its speed is in benchmarks/) ---
+
+def test_walk_of_ten_thousand_modules_finds_every_planted_stray() -> None:
+    blocks = blocks_for(10_000)
+    report = audit(lambda: many_modules(10_000, stray_every=500), "cuda", init="meta")
+    stats = dict(report.stats)
+    assert stats["modules"] == 2 + MODULES_PER_BLOCK * blocks >= 10_000
+    assert stats["parameters"] == 4 * blocks
+    assert [(f.code, f.where, f.device) for f in report.findings] == [
+        ("PC101", f"blocks.{i}.scale", "cpu") for i in sorted(range(0, blocks, 500), key=str)]
+
+
+def test_walk_of_ten_thousand_modules_clean() -> None:
+    model = many_modules(10_000)
+    with simulated_cuda(1):
+        snapshot = Snapshot.take(model)
+        model.to("cuda")
+        result = walk(model, "cuda:0", snapshot)
+    assert result.findings == []
+    assert result.stats["modules"] == 10_002
