@@ -1,0 +1,92 @@
+"""Shared fixtures and options for the test suite.
+
+``pytest --update-golden`` rewrites the golden files under ``tests/golden/``
+from the current output instead of comparing against them; review the diff
+before committing it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+EXAMPLES = REPO / "placecheck" / "examples"
+BUGGY = f"{EXAMPLES / 'buggy.py'}:BuggyNet"
+CLEAN = f"{EXAMPLES / 'clean.py'}:CleanNet"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--update-golden", action="store_true", default=False,
+        help="rewrite tests/golden/* from the current output instead of comparing",
+    )
+
+
+@pytest.fixture
+def update_golden(request: pytest.FixtureRequest) -> bool:
+    """True under ``pytest --update-golden``."""
+    return bool(request.config.getoption("--update-golden"))
+
+
+@pytest.fixture
+def golden(update_golden: bool) -> Callable[[str, str], None]:
+    """``golden(name, text)``: compare ``text`` with ``tests/golden/<name>`` exactly (or rewrite it)."""
+
+    def check(name: str, text: str) -> None:
+        path = TESTS / "golden" / name
+        if update_golden:
+            path.write_text(text, encoding="utf-8")
+            return
+        assert path.is_file(), f"{path} is missing: run pytest --update-golden to create it"
+        assert text == path.read_text(encoding="utf-8"), (
+            f"output differs from {path}; if the change is intended, run pytest --update-golden"
+        )
+
+    return check
+
+
+def load_file(path: Path, attr: str = "Model") -> Any:
+    """Import a fixture file under a unique module name and return ``attr`` from it."""
+    name = f"_pc_fixture_{path.parent.name}_{path.stem}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return getattr(module, attr)
+
+
+def read_expected(path: Path) -> list[tuple[str, str]]:
+    """``CODE where`` lines of an ``.expected`` file, sorted; ``#`` comments and blanks skipped."""
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        code, _, where = line.partition(" ")
+        rows.append((code, where.strip()))
+    return sorted(rows)
+
+
+def walk_findings(model_or_factory: Any, device: str = "cuda", **kwargs: Any) -> list[tuple[str, str]]:
+    """``(code, where)`` of every walk finding (PC1xx) of a simulated-CUDA audit, sorted."""
+    import placecheck
+
+    report = placecheck.audit(model_or_factory, device=device, engine="fake", select=["PC1"], **kwargs)
+    return sorted((f.code, f.where) for f in report.findings)
+
+
+def fixture_cases(directory: Path) -> list[Any]:
+    """One pytest param per ``*.py`` fixture in ``directory`` that has an ``.expected`` beside it."""
+    cases = []
+    for py in sorted(directory.glob("*.py")):
+        expected = py.with_suffix(".expected")
+        cases.append(pytest.param(py, expected, id=py.stem))
+    return cases
