@@ -114,7 +114,6 @@ def _input_specs(spec: Spec) -> list[str]:
 
 def _build(spec: Spec) -> tuple[Any, str]:
     """Build as ``--init auto`` would: on meta when the CPU build would not fit."""
-    import torch
 
     from placecheck.construct import InitChoice, construct
 

@@ -261,13 +261,17 @@ class _Materialiser:
                 return type(value)(items)
             except TypeError:
                 return value  # a tuple subclass that cannot be rebuilt: leave it
-        if not hasattr(value, "__dict__") or type(value).__module__ in ("builtins", "types"):
+        if type(value).__module__ in ("builtins", "types"):
             return value
-        try:
-            attrs = vars(value)
-        except TypeError:
-            return value
-        for attr, item in list(attrs.items()):
+        attrs: dict[str, Any] = {}
+        with contextlib.suppress(TypeError):  # no __dict__: slots only
+            attrs.update(vars(value))
+        for cls in type(value).__mro__:
+            slots = getattr(cls, "__slots__", ())
+            for slot in (slots,) if isinstance(slots, str) else slots:
+                if slot not in attrs and slot not in ("__dict__", "__weakref__") and hasattr(value, slot):
+                    attrs[slot] = getattr(value, slot)
+        for attr, item in attrs.items():
             new = self.value(item, depth)
             if new is not item:
                 object.__setattr__(value, attr, new)  # frozen dataclasses too

@@ -121,7 +121,8 @@ CASES = [Strays, PlainContainers, KeepsBufferOnCpu, Internals, Shared]
 
 
 def _fixture_targets(kind: str) -> list[Any]:
-    """``(file, class name)`` for every module class a fixture file defines and can build bare."""
+    """Each fixture file's ``Model`` (the fixtures' convention), else every module class it
+    defines that builds with no arguments."""
     folder = FIXTURES / kind
     targets = []
     for path in sorted(folder.glob("*.py")) if folder.is_dir() else []:
@@ -133,10 +134,12 @@ def _fixture_targets(kind: str) -> list[Any]:
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         spec.loader.exec_module(module)
-        for attr, value in vars(module).items():
-            if (isinstance(value, type) and issubclass(value, nn.Module) and value.__module__ == name
-                    and not attr.startswith("_") and _builds_bare(value)):
-                targets.append(pytest.param(value, id=f"{kind}/{path.stem}:{attr}"))
+        classes = {attr: value for attr, value in vars(module).items()
+                   if isinstance(value, type) and issubclass(value, nn.Module)
+                   and value.__module__ == name and not attr.startswith("_") and _builds_bare(value)}
+        if "Model" in classes:
+            classes = {"Model": classes["Model"]}
+        targets += [pytest.param(value, id=f"{kind}/{path.stem}:{attr}") for attr, value in classes.items()]
     return targets
 
 
