@@ -1,0 +1,175 @@
+"""A checkpoint's state_dict against a model's: PC302 missing, PC303 unexpected, PC304 shape, PC305 dtype.
+
+The model side is ``model.state_dict()``, so non-persistent buffers
+(``register_buffer(..., persistent=False)``) are never "missing": the model
+does not save them and ``load_state_dict`` does not ask for them.
+
+Prefix mismatches are recognised before keys are compared: a checkpoint saved
+from ``DistributedDataParallel``/``DataParallel`` (``module.``), from a
+``torch.compile``d model (``_orig_mod.``) or from a wrapper holding the
+network as ``.model`` (``model.``) has every key off by the same prefix.
+Rather than hundreds of missing+unexpected pairs, that is reported as ONE
+PC302 finding naming the prefix to strip or add, and the remaining keys are
+compared after the fix, so what is left is what the fix does not cure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from placecheck.finding import Finding
+from placecheck.rules import rule
+
+TensorSpec = tuple[tuple[int, ...], str]
+"""``(shape, dtype)`` of one state_dict entry; dtype without ``torch.``."""
+
+# Known prefixes, and where they come from (for the message).
+KNOWN_PREFIXES: dict[str, str] = {
+    "module.": "DataParallel/DistributedDataParallel wraps the model as .module",
+    "_orig_mod.": "torch.compile wraps the model as ._orig_mod",
+    "model.": "a wrapper (Lightning, an EMA or task module) holds the network as .model",
+    "module._orig_mod.": "a compiled model wrapped in DDP",
+    "_orig_mod.module.": "a DDP model passed to torch.compile",
+}
+
+
+@dataclass(frozen=True)
+class PrefixFix:
+    """Strip or add one prefix to every checkpoint key."""
+
+    prefix: str
+    strip: bool
+    """True: the checkpoint's keys carry ``prefix`` and the model's do not."""
+
+    def apply(self, key: str) -> str:
+        if self.strip:
+            return key.removeprefix(self.prefix)
+        return self.prefix + key
+
+    def code(self) -> str:
+        """The one line that fixes the state_dict, for the hint."""
+        if self.strip:
+            return f'state = {{k.removeprefix("{self.prefix}"): v for k, v in state.items()}}'
+        return f'state = {{"{self.prefix}" + k: v for k, v in state.items()}}'
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The outcome: findings, and how each checkpoint key maps to a model key after any prefix fix."""
+
+    findings: tuple[Finding, ...]
+    fix: PrefixFix | None
+    key_map: dict[str, str]
+    """Checkpoint key -> model key, for keys that load cleanly (same shape)."""
+
+
+def _first_component(keys: list[str]) -> str | None:
+    """The dotted first component every key shares (``"backbone."``), if any."""
+    if not keys:
+        return None
+    heads = {k.split(".", 1)[0] for k in keys if "." in k}
+    if len(heads) == 1 and all("." in k for k in keys):
+        return heads.pop() + "."
+    return None
+
+
+def find_prefix_fix(ckpt_keys: list[str], model_keys: list[str]) -> PrefixFix | None:
+    """The prefix fix that makes the most keys match, when one clearly helps.
+
+    "Clearly": it matches more keys than the keys as they are, and at least
+    half of the smaller side. Candidates are the known prefixes and the first
+    component all keys of one side share.
+    """
+    model_set = set(model_keys)
+    base = sum(k in model_set for k in ckpt_keys)
+    candidates = set(KNOWN_PREFIXES)
+    for shared in (_first_component(ckpt_keys), _first_component(model_keys)):
+        if shared:
+            candidates.add(shared)
+    best: tuple[int, PrefixFix] | None = None
+    for prefix in sorted(candidates):
+        for strip in (True, False):
+            fix = PrefixFix(prefix, strip)
+            if strip and not any(k.startswith(prefix) for k in ckpt_keys):
+                continue
+            matched = sum(fix.apply(k) in model_set for k in ckpt_keys)
+            if best is None or matched > best[0]:
+                best = (matched, fix)
+    if best is None or best[0] <= base or best[0] * 2 < min(len(ckpt_keys), len(model_keys)):
+        return None
+    return best[1]
+
+
+def _fmt(spec: TensorSpec) -> str:
+    shape, dtype = spec
+    return f"{dtype}{list(shape)}"
+
+
+def _finding(code: str, where: str, message: str, hint: str, *, expected: str = "", shape: tuple[int, ...] |
+             None = None, dtype: str = "", count: int = 0, details: tuple[tuple[str, str], ...] = ()
+             ) -> Finding:
+    r = rule(code)
+    return Finding(code=r.code, kind=r.kind, severity=r.severity, where=where, message=message,
+                   hint=hint, expected=expected, shape=shape, dtype=dtype, count=count, details=details)
+
+
+def compare_state_dicts(ckpt: Mapping[str, TensorSpec], model: Mapping[str, TensorSpec],
+                        model_name: str = "the model") -> Comparison:
+    """Compare a checkpoint's state_dict with a model's, keys in their original order."""
+    ckpt_keys, model_keys = list(ckpt), list(model)
+    fix = find_prefix_fix(ckpt_keys, model_keys)
+    findings: list[Finding] = []
+    if fix is not None:
+        affected = sum(fix.apply(k) != k for k in ckpt_keys)
+        origin = KNOWN_PREFIXES.get(fix.prefix, "the model was wrapped differently when saved")
+        if fix.strip:
+            msg = (f"{affected} checkpoint keys start with {fix.prefix!r} and {model_name}'s do not "
+                   f"({origin}): load_state_dict(strict=True) fails with every key missing and unexpected")
+            hint = (f"strip the prefix before loading: {fix.code()} (or "
+                    f"torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(state, "
+                    f"{fix.prefix!r}))")
+        else:
+            msg = (f"{model_name}'s keys start with {fix.prefix!r} and the checkpoint's {affected} keys "
+                   f"do not ({origin}): load_state_dict(strict=True) fails with every key missing "
+                   "and unexpected")
+            hint = (f"load into the unwrapped model (model.{fix.prefix.rstrip('.').split('.')[0]}), "
+                    f"or add the prefix: {fix.code()}")
+        findings.append(_finding("PC302", f"<prefix {fix.prefix}>", msg, hint, count=affected,
+                                 details=(("prefix", fix.prefix),
+                                          ("action", "strip" if fix.strip else "add"))))
+    mapped = {k: (fix.apply(k) if fix else k) for k in ckpt_keys}
+    present = set(mapped.values())
+    for key in model_keys:
+        if key not in present:
+            spec = model[key]
+            findings.append(_finding(
+                "PC302", key, f"{model_name} expects {key!r} ({_fmt(spec)}) and the checkpoint lacks it",
+                "with strict=False it keeps its initial values; check that the checkpoint belongs to "
+                "this model and configuration", shape=spec[0], dtype=spec[1]))
+    key_map: dict[str, str] = {}
+    for ckey, mkey in mapped.items():
+        spec = ckpt[ckey]
+        if mkey not in model:
+            findings.append(_finding(
+                "PC303", ckey, f"the checkpoint has {ckey!r} ({_fmt(spec)}) and {model_name} has no such key",
+                "drop it before load_state_dict(strict=True), or build the model the checkpoint was "
+                "saved from", shape=spec[0], dtype=spec[1]))
+            continue
+        want = model[mkey]
+        if tuple(spec[0]) != tuple(want[0]):
+            findings.append(_finding(
+                "PC304", mkey, f"checkpoint shape {list(spec[0])} for {mkey!r}, {model_name} has "
+                f"{list(want[0])}: load_state_dict raises 'size mismatch' even with strict=False",
+                "build the model with the checkpoint's configuration, or drop the key and "
+                "re-initialise it", shape=spec[0], dtype=spec[1],
+                details=(("checkpoint_shape", str(list(spec[0]))), ("model_shape", str(list(want[0]))))))
+            continue
+        key_map[ckey] = mkey
+        if spec[1] != want[1]:
+            findings.append(_finding(
+                "PC305", mkey, f"checkpoint dtype {spec[1]} for {mkey!r}, {model_name} has {want[1]}: "
+                "load_state_dict casts silently", f"convert the model first (model.to(torch.{spec[1]})) "
+                "if the checkpoint's precision is intended", shape=spec[0], dtype=spec[1],
+                details=(("checkpoint_dtype", spec[1]), ("model_dtype", want[1]))))
+    return Comparison(tuple(findings), fix, key_map)

@@ -1,0 +1,428 @@
+"""Checkpoint pre-flight as a :class:`~placecheck.report.Report`, and loading one into a model.
+
+:func:`check_checkpoint` is what ``placecheck checkpoint FILE`` runs: it reads
+the file's index (:mod:`~placecheck.checkpoint.metadata`), checks the
+pickle's globals (PC306), the saved devices against the target machine
+(PC301) and, given a model, the keys, shapes and dtypes (PC302-PC305).
+
+:func:`load_into_model` is what ``placecheck audit TARGET --checkpoint FILE``
+runs before moving the model: the same checks, then a real load as a
+training script does it (``torch.load(map_location=...)`` then
+``model.load_state_dict``), always ``weights_only=True`` unless ``trust``.
+
+Order matters for safety: no ``torch.load`` runs before the globals are
+checked, and with unsafe globals none runs at all without ``trust``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from placecheck.checkpoint.compare import Comparison, TensorSpec, compare_state_dicts
+from placecheck.checkpoint.metadata import (
+    CheckpointFormat,
+    CheckpointMeta,
+    TensorMeta,
+    find_state_dict,
+    iter_tensors,
+    read_checkpoint,
+    state_dict_candidates,
+    top_level_keys,
+)
+from placecheck.devices import normalize_device
+from placecheck.errors import LoadError, UsageError, one_line
+from placecheck.finding import Finding
+from placecheck.report import Report, human_bytes
+from placecheck.rules import rule, selected
+
+
+class UnsafeCheckpointError(LoadError):
+    """The checkpoint needs code execution to load and ``trust`` was not given."""
+
+
+@dataclass(frozen=True)
+class DeviceUsage:
+    """Tensors and bytes the file keeps for one saved location tag."""
+
+    location: str
+    tensors: int
+    storages: int
+    nbytes: int
+    first_key: str
+
+
+@dataclass(frozen=True)
+class CheckpointResult:
+    """A checkpoint report plus what the CLI needs beyond it."""
+
+    report: Report
+    meta: CheckpointMeta
+    refused: bool
+    """True when loading would run code and ``trust`` was not given: exit 2."""
+
+
+def device_usage(meta: CheckpointMeta) -> list[DeviceUsage]:
+    """Per saved location: tensors, distinct storages and their bytes, in location order."""
+    tensors: dict[str, int] = defaultdict(int)
+    first: dict[str, str] = {}
+    for path, t in iter_tensors(meta.root):
+        tensors[t.location] += 1
+        first.setdefault(t.location, path)
+    storages: dict[str, int] = defaultdict(int)
+    nbytes: dict[str, int] = defaultdict(int)
+    for s in meta.storages:
+        storages[s.location] += 1
+        nbytes[s.location] += s.nbytes
+    locations = sorted(set(tensors) | set(storages), key=_location_order)
+    return [DeviceUsage(loc, tensors[loc], storages[loc], nbytes[loc], first.get(loc, ""))
+            for loc in locations]
+
+
+def _location_order(loc: str) -> tuple[str, int]:
+    kind, _, index = loc.partition(":")
+    return kind, int(index) if index.isdigit() else -1
+
+
+def device_table(usage: list[DeviceUsage], fmt: CheckpointFormat) -> str:
+    """The saved-devices table (a report note)."""
+    from tabulate import tabulate
+
+    rows = [(u.location or "(not recorded)", u.tensors, u.storages, human_bytes(u.nbytes)) for u in usage]
+    rows.append(("total", sum(u.tensors for u in usage), sum(u.storages for u in usage),
+                 human_bytes(sum(u.nbytes for u in usage))))
+    title = "saved devices (location tags in the file):"
+    if fmt is CheckpointFormat.SAFETENSORS:
+        title = "saved devices (safetensors records none; tensors load where load_file(device=...) says):"
+    return title + "\n" + tabulate(rows, headers=("device", "tensors", "storages", "bytes"),
+                                   tablefmt="simple", colalign=("left", "right", "right", "right"))
+
+
+def target_gpus(device: str, engine: Any) -> int:
+    """How many GPUs the target machine has: the simulated count, or the real one."""
+    if engine.simulated:
+        return int(engine.gpus)
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _available(location: str, device: str, gpus: int) -> bool:
+    kind, _, index = location.partition(":")
+    if kind in ("", "cpu", "meta"):
+        return True
+    if kind == "cuda":
+        return (int(index) if index.isdigit() else 0) < gpus
+    return kind == device.partition(":")[0]
+
+
+def _load_call(meta: CheckpointMeta, device: str) -> str:
+    if meta.format is CheckpointFormat.TORCHSCRIPT:
+        return f'torch.jit.load({meta.path!r}, map_location="{device}")'
+    return f'torch.load({meta.path!r}, map_location="{device}", weights_only=True)'
+
+
+def device_findings(meta: CheckpointMeta, device: str, gpus: int) -> list[Finding]:
+    """PC301: storages saved on devices the target machine lacks, or on several devices."""
+    usage = [u for u in device_usage(meta) if u.location]
+    r = rule("PC301")
+    have = f"{gpus} GPU{'s' if gpus != 1 else ''}" if gpus else "no GPU"
+    if meta.format is CheckpointFormat.TORCH_EXPORT:
+        hint = (f"torch.export.load has no map_location: export the program from a model on {device} "
+                "(or on the CPU and move the loaded module)")
+    else:
+        hint = f"load with map_location: {_load_call(meta, device)}"
+    out = []
+    for u in usage:
+        if _available(u.location, device, gpus):
+            continue
+        if u.location.startswith("cuda"):
+            idx = u.location.partition(":")[2] or "0"
+            why = ("torch.load without map_location raises 'Attempting to deserialize object on a CUDA "
+                   "device but torch.cuda.is_available() is False'" if not gpus else
+                   f"torch.load without map_location raises 'Attempting to deserialize object on CUDA "
+                   f"device {idx} but torch.cuda.device_count() is {gpus}'")
+        else:
+            why = f"torch.load without map_location cannot restore tensors on {u.location}"
+        out.append(Finding(
+            code=r.code, kind=r.kind, severity=r.severity, where=u.first_key,
+            message=f"{u.tensors} tensors ({human_bytes(u.nbytes)}) were saved on {u.location} and the "
+                    f"target machine has {have}: {why}",
+            hint=hint, device=u.location, expected=device, nbytes=u.nbytes, count=u.tensors))
+    if not out and len(usage) > 1:
+        spread = ", ".join(f"{u.location}: {u.tensors}" for u in usage)
+        out.append(Finding(
+            code=r.code, kind=r.kind, severity=r.severity, where=usage[0].first_key,
+            message=f"tensors were saved on {len(usage)} devices ({spread}): without map_location "
+                    "torch.load puts each back where it was saved, so the loaded state mixes devices",
+            hint=hint, device=", ".join(u.location for u in usage), expected=device,
+            nbytes=sum(u.nbytes for u in usage), count=sum(u.tensors for u in usage)))
+    return out
+
+
+def unsafe_finding(meta: CheckpointMeta, trusted: bool) -> Finding:
+    """PC306 for a pickle that names globals outside torch's weights_only allowlist."""
+    r = rule("PC306")
+    names = ", ".join(meta.unsafe_globals[:8]) + (", ..." if len(meta.unsafe_globals) > 8 else "")
+    done = ("loaded with weights_only=False because --trust was given: its code ran" if trusted else
+            "placecheck did not load it")
+    return Finding(
+        code=r.code, kind=r.kind, severity=r.severity, where="",
+        message=f"loading needs weights_only=False, which runs code named in the file ({names}); {done}",
+        hint="if you trust the file, pass --trust; better, re-save it as a state_dict "
+             "(torch.save(model.state_dict(), ...)) or as safetensors",
+        count=len(meta.unsafe_globals), details=tuple(("global", g) for g in meta.unsafe_globals))
+
+
+def _spec(t: Any) -> TensorSpec:
+    if isinstance(t, TensorMeta):
+        return t.shape, t.dtype
+    return tuple(int(d) for d in t.shape), str(t.dtype).removeprefix("torch.")
+
+
+def model_state_specs(model: Any) -> dict[str, TensorSpec]:
+    """``model.state_dict()`` as shapes and dtypes (non-persistent buffers are not in it)."""
+    return {k: _spec(v) for k, v in model.state_dict().items() if hasattr(v, "shape")}
+
+
+def _build_for_keys(factory: Callable[[], Any]) -> Any:
+    """Build a model only to read its state_dict: on the meta device (no memory), else normally."""
+    import torch
+
+    try:
+        with torch.device("meta"):
+            return factory()
+    except LoadError:
+        raise
+    except Exception:  # construction code that needs real values (.item() in an init)
+        return factory()
+
+
+def _trusted_state(meta: CheckpointMeta) -> Any:
+    """``torch.load(weights_only=False)``: runs the file's code; only ever called with ``trust``."""
+    import torch
+
+    try:
+        obj = torch.load(meta.path, map_location="meta", weights_only=False)
+    except Exception as exc:
+        raise LoadError(f"torch.load({meta.path!r}, weights_only=False) raised {one_line(exc)} "
+                        "(--debug shows the traceback)") from exc
+    if isinstance(obj, torch.nn.Module):
+        return dict(obj.state_dict())
+    return obj
+
+
+def _as_meta_tree(obj: Any) -> Any:
+    """A loaded object's tensors as TensorMeta, so :func:`find_state_dict` reads it like the index."""
+    import torch
+
+    if isinstance(obj, torch.nn.Module):
+        obj = dict(obj.state_dict())
+    if isinstance(obj, torch.Tensor):
+        return TensorMeta(tuple(obj.shape), str(obj.dtype).removeprefix("torch."), str(obj.device))
+    if isinstance(obj, dict):
+        return {k: _as_meta_tree(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_as_meta_tree(v) for v in obj) if isinstance(obj, list) else \
+            tuple(_as_meta_tree(v) for v in obj)
+    return obj
+
+
+def _notes(meta: CheckpointMeta, sd_path: str | None, n_keys: int, model_name: str | None,
+           others: list[str]) -> list[str]:
+    notes = [f"format: {meta.format}, {human_bytes(meta.size)}; read from the index only, "
+             "no tensor data was loaded"]
+    notes.append(device_table(device_usage(meta), meta.format))
+    if sd_path is not None:
+        where = f"under {sd_path!r}" if sd_path else "at the top level"
+        line = f"state_dict: {n_keys} tensors {where}"
+        extra = [p for p in others if p != sd_path]
+        if extra:
+            line += f" (also found: {', '.join(extra)}; pick one with --key)"
+        notes.append(line + (f"; compared with {model_name}" if model_name else ""))
+    if meta.format is CheckpointFormat.TORCHSCRIPT:
+        notes.append("TorchScript archive: load it with torch.jit.load(path, map_location=...); "
+                     "its code is TorchScript, not pickled Python")
+    if meta.metadata:
+        shown = ", ".join(f"{k}={v}" for k, v in list(meta.metadata.items())[:5])
+        notes.append(f"safetensors metadata: {shown}")
+    return notes
+
+
+def _stats(meta: CheckpointMeta) -> dict[str, int]:
+    usage = device_usage(meta)
+    stats = {"tensors": sum(u.tensors for u in usage), "storages": sum(u.storages for u in usage),
+             "bytes": sum(u.nbytes for u in usage), "devices": len([u for u in usage if u.location]),
+             "file_bytes": meta.size, "unsafe_globals": len(meta.unsafe_globals)}
+    for u in usage:
+        label = u.location or "unrecorded"
+        stats[f"tensors@{label}"] = u.tensors
+        stats[f"bytes@{label}"] = u.nbytes
+    return stats
+
+
+def check_checkpoint(
+    path: str,
+    *,
+    model: Callable[[], Any] | Any | None = None,
+    device: str = "cuda",
+    engine: str = "auto",
+    gpus: int | None = None,
+    key: str | None = None,
+    trust: bool = False,
+    select: Iterable[str] | None = None,
+    ignore: Iterable[str] | None = None,
+    model_name: str | None = None,
+) -> CheckpointResult:
+    """Inspect ``path`` for loading on ``device`` (and into ``model``, an ``nn.Module`` or a factory)."""
+    from placecheck.engine import EngineChoice, choose_engine
+
+    dev = normalize_device(device)
+    try:
+        eng = choose_engine(dev, EngineChoice(engine), gpus)
+    except ValueError:
+        raise UsageError(f"unknown engine {engine!r}: use one of "
+                         f"{', '.join(c.value for c in EngineChoice)}") from None
+    try:
+        codes = selected(select, ignore)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    meta = read_checkpoint(path)
+    findings: list[Finding] = []
+    refused = meta.needs_code_execution and not trust
+    tree_meta = meta
+    if meta.needs_code_execution:
+        findings.append(unsafe_finding(meta, trusted=trust))
+        if trust:
+            tree_meta = CheckpointMeta(meta.path, meta.format, _as_meta_tree(_trusted_state(meta)),
+                                       meta.storages, meta.globals, meta.unsafe_globals, meta.size)
+    findings += device_findings(meta, dev, target_gpus(dev, eng))
+    found = find_state_dict(tree_meta, key)
+    sd_path, n_keys, name = None, 0, None
+    if found is not None:
+        sd_path, n_keys = found[0], len(found[1])
+    if model is not None:
+        if found is None:
+            raise UsageError(f"no state_dict found in {path!r} (top-level keys: "
+                             f"{', '.join(top_level_keys(meta)[:20]) or 'none'}): name it with --key")
+        name = model_name or "the model"
+        built = _build_for_keys(model) if callable(model) and not hasattr(model, "state_dict") else model
+        comparison = compare_state_dicts({k: _spec(v) for k, v in found[1].items()},
+                                         model_state_specs(built), name)
+        findings += comparison.findings
+    notes = _notes(meta, sd_path, n_keys, name, state_dict_candidates(tree_meta))
+    if refused:
+        notes.append("refused: loading would run code from the file; rerun with --trust to allow it")
+    report = Report.build(path, dev, eng.name, [f for f in findings if f.code in codes],
+                          notes, _stats(meta))
+    return CheckpointResult(report, meta, refused)
+
+
+# --- loading into a model for `audit --checkpoint` -------------------------------------------------
+
+@dataclass(frozen=True)
+class Loaded:
+    """What loading a checkpoint into a model found and did."""
+
+    findings: tuple[Finding, ...]
+    notes: tuple[str, ...]
+
+
+def _navigate(obj: Any, path: str) -> Any:
+    """Follow a dotted path found in the index through the really loaded object."""
+    import torch
+
+    if not path:
+        return obj
+    parts = path.split(".")
+    while parts:
+        children = dict(obj.state_dict()) if isinstance(obj, torch.nn.Module) else obj
+        for n in range(len(parts), 0, -1):
+            candidate = ".".join(parts[:n])
+            if isinstance(children, dict) and candidate in children:
+                obj, parts = children[candidate], parts[n:]
+                break
+        else:
+            raise LoadError(f"the loaded checkpoint has no {path!r} although its index does: "
+                            "the file may have changed while placecheck read it")
+    return obj
+
+
+def _real_load(meta: CheckpointMeta, map_location: str, trust: bool) -> Any:
+    import torch
+
+    try:
+        if meta.format is CheckpointFormat.SAFETENSORS:
+            from safetensors.torch import load_file
+
+            if map_location == "meta":
+                with torch.device("meta"):
+                    return {k: torch.empty(t.shape, dtype=getattr(torch, t.dtype))
+                            for k, t in meta.root.items()}
+            return load_file(meta.path, device=map_location)
+        if meta.format is CheckpointFormat.TORCHSCRIPT:
+            scripted = torch.jit.load(meta.path, map_location=map_location)  # type: ignore[no-untyped-call]
+            return dict(scripted.state_dict())
+        if meta.format is CheckpointFormat.TORCH_EXPORT:
+            return dict(torch.export.load(meta.path).state_dict)
+        return torch.load(meta.path, map_location=map_location, weights_only=not trust)
+    except Exception as exc:
+        raise LoadError(f"loading {meta.path!r} with map_location={map_location!r} raised "
+                        f"{one_line(exc)} (--debug shows the traceback)") from exc
+
+
+def load_into_model(model: Any, path: str, *, device: str, engine: Any, key: str | None = None,
+                    trust: bool = False, on_meta: bool = False, model_name: str = "the model") -> Loaded:
+    """Check ``path`` against ``model`` (PC301-PC306), then load it into ``model`` in place.
+
+    The load is what a training script does before ``model.to(device)``:
+    ``torch.load(path, map_location=...)`` and ``model.load_state_dict``.
+    Under simulated CUDA (and for a model built on meta) the map_location is
+    ``cpu`` (``meta``): the model is still on the CPU, and that is where a
+    script loads the weights before moving it. On a real device it is the
+    target device. Keys a prefix fix cures are renamed; keys that cannot load
+    (unexpected, other shape) are left out, so the audit goes on; they are
+    reported as findings. Raises :class:`UnsafeCheckpointError` when loading
+    would run code and ``trust`` is false.
+    """
+    meta = read_checkpoint(path)
+    findings: list[Finding] = []
+    if meta.needs_code_execution:
+        if not trust:
+            names = ", ".join(meta.unsafe_globals[:8])
+            raise UnsafeCheckpointError(
+                f"{path!r} needs code execution to load (PC306: it names {names}); placecheck runs a "
+                "checkpoint's code only with --trust: pass it if you trust the file")
+        findings.append(unsafe_finding(meta, trusted=True))
+    findings += device_findings(meta, device, target_gpus(device, engine))
+    found = find_state_dict(meta, key)
+    if found is None:
+        raise UsageError(f"no state_dict found in {path!r} (top-level keys: "
+                         f"{', '.join(top_level_keys(meta)[:20]) or 'none'}): name it with --key")
+    sd_path, sd_meta = found
+    comparison: Comparison = compare_state_dicts({k: _spec(v) for k, v in sd_meta.items()},
+                                                 model_state_specs(model), model_name)
+    findings += comparison.findings
+    map_location = "meta" if on_meta else ("cpu" if engine.simulated else device)
+    loaded = _navigate(_real_load(meta, map_location, trust), sd_path)
+    import torch
+
+    if isinstance(loaded, torch.nn.Module):
+        loaded = loaded.state_dict()
+    state = {comparison.key_map[k]: v for k, v in dict(loaded).items() if k in comparison.key_map}
+    try:
+        with torch.no_grad():
+            model.load_state_dict(state, strict=False)
+    except Exception as exc:
+        raise LoadError(f"model.load_state_dict(...) with {path!r} raised {one_line(exc)} "
+                        "(--debug shows the traceback)") from exc
+    notes = [f"checkpoint {path!r} ({meta.format}) loaded into the model with map_location="
+             f"{map_location!r} before .to({device!r}), as a training script would: "
+             f"{len(state)} of {len(sd_meta)} tensors loaded"
+             + (f" from {sd_path!r}" if sd_path else "")]
+    with contextlib.suppress(Exception):
+        notes.append(device_table(device_usage(meta), meta.format))
+    return Loaded(tuple(findings), tuple(notes))
