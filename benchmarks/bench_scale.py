@@ -123,16 +123,46 @@ def _build(spec: Spec) -> tuple[Any, str]:
     return model, "meta" if built.on_meta else "cpu"
 
 
+class ForwardTimer:
+    """Times every call of a model's root ``forward`` with hooks, whoever makes the call.
+
+    Inside the audit the forward runs under placecheck's tracer; hooks on the
+    root module time it without knowing anything of the tracer.
+    """
+
+    def __init__(self) -> None:
+        self.calls: list[float] = []
+        self._start = 0.0
+
+    def attach(self, model: Any) -> Any:
+        model.register_forward_pre_hook(self._begin)
+        model.register_forward_hook(self._end)
+        return model
+
+    def _begin(self, *_: Any) -> None:
+        self._start = time.perf_counter()
+
+    def _end(self, *_: Any) -> None:
+        self.calls.append(time.perf_counter() - self._start)
+
+    @property
+    def seconds(self) -> float | None:
+        return sum(self.calls) if self.calls else None
+
+
 def measure_audit(spec: Spec) -> dict[str, Any]:
     from placecheck.api import audit
 
     kwargs: dict[str, Any] = {}
     if "inputs" in inspect.signature(audit).parameters:
         kwargs["inputs"] = _input_specs(spec)
+    timer = ForwardTimer()
+    factory = _factory(spec)
     start = time.perf_counter()
-    report = audit(_factory(spec), "cuda", init="auto", target=spec.target, **kwargs)
+    report = audit(lambda: timer.attach(factory()), "cuda", init="auto", target=spec.target, **kwargs)
     seconds = time.perf_counter() - start
-    return {"seconds": seconds, "findings": len(report.findings), "forward": "inputs" in kwargs,
+    return {"seconds": seconds, "forward_s": timer.seconds, "forward_calls": len(timer.calls),
+            "findings": [f"{f.code} {f.where} {f.message}" for f in report.findings],
             "notes": list(report.notes)}
 
 
@@ -149,11 +179,11 @@ def measure_baseline(spec: Spec) -> dict[str, Any]:
         moved = move_model(model, engine)
         moved_at = time.perf_counter()
         args, kwargs = _inputs(spec)
-        forward_start = time.perf_counter()
-        moved(*args, **kwargs)
+        timer = ForwardTimer()
+        timer.attach(moved)(*args, **kwargs)
         end = time.perf_counter()
     return {"seconds": end - start, "build_s": built - start, "move_s": moved_at - built,
-            "forward_s": end - forward_start, "init": init, "engine": engine.name}
+            "forward_s": timer.seconds, "init": init, "engine": engine.name}
 
 
 def measure_walk(spec: Spec) -> dict[str, Any]:
@@ -223,12 +253,13 @@ def table(results: dict[str, dict[str, Any]]) -> str:
             name, f"{MODELS[name].params / 1e9:.3g}B" if MODELS[name].params >= 1e9 else
             f"{MODELS[name].params / 1e6:.3g}M", b.get("init", "-"),
             _fmt(a.get("seconds")), _fmt(a.get("process_s")), _fmt(a.get("peak_rss_gib")),
-            _fmt(b.get("seconds")), _fmt(b.get("forward_s")), _fmt(b.get("peak_rss_gib")),
-            _fmt(ratio), _fmt(w.get("seconds")), _fmt(w.get("peak_rss_gib")),
+            _fmt(b.get("seconds")), _fmt(b.get("peak_rss_gib")), _fmt(ratio),
+            _fmt(a.get("forward_s")), _fmt(b.get("forward_s")), _fmt(res.get("forward_ratio")),
+            _fmt(w.get("seconds")), _fmt(w.get("peak_rss_gib")),
         ])
     headers = ["model", "params", "init", "audit s", "audit process s", "audit RSS GiB",
-               "baseline s", "baseline fwd s", "baseline RSS GiB", "audit/baseline",
-               "walk s", "walk RSS GiB"]
+               "baseline s", "baseline RSS GiB", "audit / baseline", "traced fwd s", "plain fwd s",
+               "fwd ratio", "walk s", "walk RSS GiB"]
     return tabulate(rows, headers=headers, tablefmt="github")
 
 
@@ -300,6 +331,8 @@ def main(argv: list[str] | None = None) -> int:
             results[name][kind] = best([run_child(kind, name) for _ in range(max(1, args.repeat))])
             if "error" in results[name][kind]:
                 print(f"{name} {kind}: {results[name][kind]['error']}", file=sys.stderr)
+        traced, plain = results[name]["audit"].get("forward_s"), results[name]["baseline"].get("forward_s")
+        results[name]["forward_ratio"] = traced / plain if traced and plain else None
     RESULTS.mkdir(parents=True, exist_ok=True)
     print(table(results))
     print()
