@@ -8,8 +8,8 @@
 
 from __future__ import annotations
 
-import copy
 import contextlib
+import copy
 from collections.abc import Callable, Iterable
 from typing import Any, Union
 
@@ -39,7 +39,7 @@ def _build(model: ModelOrFactory, engine_simulated: bool, copy_model: bool, gpus
     device="cuda")`` in ``__init__``), it is built again inside the fake mode.
     """
     if isinstance(model, nn.Module):
-        return copy.deepcopy(model) if copy_model else model
+        return _copy(model) if copy_model else model
     if not engine_simulated:
         return _checked(model())
     with cuda_queries_simulated(gpus):
@@ -53,6 +53,36 @@ def _build(model: ModelOrFactory, engine_simulated: bool, copy_model: bool, gpus
 
     with cuda_queries_simulated(gpus), FakeTensorMode(allow_non_fake_inputs=True):
         return _checked(model())
+
+
+def _copy(model: nn.Module) -> nn.Module:
+    """A deep copy of the caller's model, so the audit never touches their object.
+
+    ``copy.deepcopy`` refuses two kinds of tensor that legitimate models hold,
+    so those are copied by hand first (through deepcopy's memo):
+    non-leaf tensors that old-style ``torch.nn.utils.weight_norm`` /
+    ``spectral_norm`` / ``prune`` leave as plain attributes (recomputed by a
+    pre-hook before every forward), copied detached; and the uninitialised
+    parameters and buffers of ``nn.Lazy*`` modules, re-created uninitialised.
+    """
+    from torch.nn.parameter import UninitializedBuffer, UninitializedParameter
+
+    memo: dict[int, Any] = {}
+    for module in model.modules():
+        for value in [*vars(module).values(), *module._parameters.values(), *module._buffers.values()]:
+            if isinstance(value, UninitializedParameter):
+                memo[id(value)] = UninitializedParameter(
+                    requires_grad=value.requires_grad, device=value.device, dtype=value.dtype)
+            elif isinstance(value, UninitializedBuffer):
+                memo[id(value)] = UninitializedBuffer(
+                    requires_grad=value.requires_grad, device=value.device, dtype=value.dtype)
+            elif isinstance(value, torch.Tensor) and not value.is_leaf:
+                memo[id(value)] = value.detach().clone()
+    try:
+        return copy.deepcopy(model, memo)
+    except Exception as exc:
+        raise LoadError(f"cannot copy the model for the audit: {one_line(exc)}; "
+                        "pass copy_model=False to audit it in place") from exc
 
 
 def _checked(obj: Any) -> nn.Module:

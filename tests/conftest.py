@@ -79,7 +79,8 @@ def walk_findings(model_or_factory: Any, device: str = "cuda", **kwargs: Any) ->
     """``(code, where)`` of every walk finding (PC1xx) of a simulated-CUDA audit, sorted."""
     import placecheck
 
-    report = placecheck.audit(model_or_factory, device=device, engine="fake", select=["PC1"], **kwargs)
+    engine = "fake" if device.startswith("cuda") else "auto"
+    report = placecheck.audit(model_or_factory, device=device, engine=engine, select=["PC1"], **kwargs)
     return sorted((f.code, f.where) for f in report.findings)
 
 
