@@ -1,0 +1,40 @@
+"""The walk-detectable bugs the seed articles (``../shared/seeds/``) describe, as fixtures.
+
+Each ``tests/fixtures/seeds/seed_NNN_*.py`` is the article's model (``Model``);
+its ``.expected`` lists ``CODE where`` lines, or nothing where the article's
+claim of a bug is false (PLACEMENT.md, "What the seed articles get wrong").
+Forward-time bugs (tensors or layers created in ``forward()``) belong to the
+forward pass and are not here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import TESTS, fixture_cases, load_file, read_expected, walk_findings
+
+import placecheck
+
+FIXTURES = TESTS / "fixtures" / "seeds"
+CASES = fixture_cases(FIXTURES)
+
+
+def test_every_seed_article_has_a_fixture() -> None:
+    # one fixture per seed article 000-003, at least
+    assert {p.stem.split("_")[1] for p in FIXTURES.glob("seed_*.py")} >= {"000", "001", "002", "003"}
+
+
+@pytest.mark.parametrize("source, expected", CASES)
+def test_seed_fixture(source: Path, expected: Path) -> None:
+    assert expected.is_file(), f"{source.name} has no {expected.name} beside it"
+    assert walk_findings(load_file(source)) == read_expected(expected)
+
+
+def test_seed_001_some_tensor_finding_says_how_to_fix_it() -> None:
+    report = placecheck.audit(load_file(FIXTURES / "seed_001_some_tensor.py"), device="cuda",
+                              engine="fake", select=["PC1"])
+    (finding,) = report.findings
+    assert (finding.device, finding.expected, finding.shape) == ("cpu", "cuda:0", (5, 5))
+    assert "register_buffer" in finding.hint
+    assert not report.ok
