@@ -20,6 +20,7 @@ from placecheck.construct import construct, leftovers_to_default_device, move_fr
 from placecheck.devices import normalize_device
 from placecheck.engine import EngineChoice, choose_engine, cuda_queries_simulated, move_model
 from placecheck.errors import LoadError, UsageError, one_line
+from placecheck.finding import Finding
 from placecheck.report import Report
 from placecheck.rules import selected
 from placecheck.walk import Snapshot, walk
@@ -102,6 +103,9 @@ def audit(
     copy_model: bool = True,
     target: str | None = None,
     init: str = "auto",
+    checkpoint: str | None = None,
+    checkpoint_key: str | None = None,
+    trust: bool = False,
 ) -> Report:
     """Move ``model`` to ``device`` as a training script would, and report what went wrong.
 
@@ -114,6 +118,11 @@ def audit(
     ``init`` (``auto``, ``cpu``, ``meta``) says where a factory builds the
     model: ``meta`` needs almost no memory for any size (see
     :mod:`placecheck.construct`); ``auto`` uses it when a CPU build would not fit.
+    ``checkpoint`` (a file) is checked (PC301-PC306) and loaded into the model
+    before the move, as a script does (``torch.load(map_location=...)`` then
+    ``load_state_dict``; see :func:`placecheck.checkpoint.load_into_model`);
+    ``checkpoint_key`` names the state_dict inside it (``model.ema``);
+    ``trust`` allows a checkpoint whose pickle runs code (never by default).
 
     Raises :class:`~placecheck.errors.UsageError` for bad options and
     :class:`~placecheck.errors.LoadError` when the model cannot be built.
@@ -137,6 +146,14 @@ def audit(
     construction = construct(model, init_choice, dev,
                              lambda m: _build(m, eng.simulated, copy_model, eng.gpus))
     built = construction.model
+    checkpoint_findings: tuple[Finding, ...] = ()
+    checkpoint_notes: tuple[str, ...] = ()
+    if checkpoint is not None:
+        from placecheck.checkpoint import load_into_model
+
+        loaded = load_into_model(built, checkpoint, device=dev, engine=eng, key=checkpoint_key,
+                                 trust=trust, on_meta=construction.on_meta, model_name=str(name))
+        checkpoint_findings, checkpoint_notes = loaded.findings, loaded.notes
     with eng.session() if eng.simulated else contextlib.nullcontext():
         snapshot = Snapshot.take(built)
         try:
@@ -148,8 +165,9 @@ def audit(
             leftovers_to_default_device(moved, snapshot, default_device)
         result = walk(moved, dev, snapshot)
 
-    findings = [f for f in result.findings if f.code in codes]
+    findings = [f for f in (*result.findings, *checkpoint_findings) if f.code in codes]
     notes = [f"engine: {eng.name}: {eng.reason}"]
     if construction.note:
         notes.append(construction.note)
+    notes.extend(checkpoint_notes)
     return Report.build(name, dev, eng.name, findings, notes, result.stats)

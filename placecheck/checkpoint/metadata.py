@@ -369,8 +369,10 @@ def _read_zip(p: Path, shown: str, size: int) -> CheckpointMeta:
     if len(roots) > 1 and roots[1]:
         root = {"<module>": roots[0], "<constants>": roots[1]}
     names_ = tuple(all_globals)
-    return CheckpointMeta(shown, fmt, root, tuple(storages.values()), names_,
-                          tuple(unsafe_globals(list(names_))), size)
+    unsafe = unsafe_globals(list(names_))
+    if torchscript:  # __torch__.* are TorchScript classes compiled from code/, not Python imports
+        unsafe = [g for g in unsafe if not g.startswith("__torch__.")]
+    return CheckpointMeta(shown, fmt, root, tuple(storages.values()), names_, tuple(unsafe), size)
 
 
 def _read_member(archive: zipfile.ZipFile, member: str, shown: str) -> bytes:

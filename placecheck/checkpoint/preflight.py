@@ -17,6 +17,7 @@ checked, and with unsafe globals none runs at all without ``trust``.
 from __future__ import annotations
 
 import contextlib
+import json
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -121,8 +122,12 @@ def _available(location: str, device: str, gpus: int) -> bool:
 
 def _load_call(meta: CheckpointMeta, device: str) -> str:
     if meta.format is CheckpointFormat.TORCHSCRIPT:
-        return f'torch.jit.load({meta.path!r}, map_location="{device}")'
-    return f'torch.load({meta.path!r}, map_location="{device}", weights_only=True)'
+        return f'torch.jit.load({json.dumps(meta.path)}, map_location="{device}")'
+    return f'torch.load({json.dumps(meta.path)}, map_location="{device}", weights_only=True)'
+
+
+def _tensors(n: int) -> str:
+    return f"{n} tensor was" if n == 1 else f"{n} tensors were"
 
 
 def device_findings(meta: CheckpointMeta, device: str, gpus: int) -> list[Finding]:
@@ -149,7 +154,7 @@ def device_findings(meta: CheckpointMeta, device: str, gpus: int) -> list[Findin
             why = f"torch.load without map_location cannot restore tensors on {u.location}"
         out.append(Finding(
             code=r.code, kind=r.kind, severity=r.severity, where=u.first_key,
-            message=f"{u.tensors} tensors ({human_bytes(u.nbytes)}) were saved on {u.location} and the "
+            message=f"{_tensors(u.tensors)} ({human_bytes(u.nbytes)}) saved on {u.location} and the "
                     f"target machine has {have}: {why}",
             hint=hint, device=u.location, expected=device, nbytes=u.nbytes, count=u.tensors))
     if not out and len(usage) > 1:
@@ -174,7 +179,7 @@ def unsafe_finding(meta: CheckpointMeta, trusted: bool) -> Finding:
         message=f"loading needs weights_only=False, which runs code named in the file ({names}); {done}",
         hint="if you trust the file, pass --trust; better, re-save it as a state_dict "
              "(torch.save(model.state_dict(), ...)) or as safetensors",
-        count=len(meta.unsafe_globals), details=tuple(("global", g) for g in meta.unsafe_globals))
+        details=tuple(("global", g) for g in meta.unsafe_globals))
 
 
 def _spec(t: Any) -> TensorSpec:

@@ -1,0 +1,255 @@
+"""``placecheck checkpoint``: formats, saved devices (PC301), the state_dict search, output and exit codes.
+
+Every checkpoint is made by the test in ``tmp_path``; ``cuda``-tagged ones with
+:func:`checkpoint_writer.save_with_locations`, no GPU needed.
+"""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+from checkpoint_writer import save_with_locations
+from safetensors.torch import save_file
+from typer.testing import CliRunner
+
+from placecheck.checkpoint import CheckpointFormat, check_checkpoint, read_checkpoint
+from placecheck.checkpoint.metadata import find_state_dict
+from placecheck.cli import app
+
+NET_SOURCE = '''
+import torch
+import torch.nn as nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+        self.norm = nn.BatchNorm1d(3)
+        self.register_buffer("scale", torch.ones(3))
+        self.register_buffer("cache", torch.zeros(3), persistent=False)
+
+    def forward(self, x):
+        return self.norm(self.fc(x)) * self.scale
+'''
+
+
+class Net(nn.Module):
+    """The same model as NET_SOURCE, for checkpoints made in the test process."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+        self.norm = nn.BatchNorm1d(3)
+        self.register_buffer("scale", torch.ones(3))
+        self.register_buffer("cache", torch.zeros(3), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.fc(x)) * self.scale
+
+
+EXPECTED_KEYS = ["fc.weight", "fc.bias", "norm.weight", "norm.bias", "norm.running_mean",
+                 "norm.running_var", "norm.num_batches_tracked", "scale"]
+
+
+@pytest.fixture
+def net_target(tmp_path: Path) -> str:
+    path = tmp_path / "net.py"
+    path.write_text(NET_SOURCE, encoding="utf-8")
+    return f"{path}:Net"
+
+
+def run(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(app, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+def run_json(*args: str) -> tuple[int, dict]:
+    code, out, err = run(*args, "--format", "json")
+    assert code in (0, 1), err
+    return code, json.loads(out)
+
+
+def codes(report: dict) -> list[tuple[str, str]]:
+    return [(f["code"], f["where"]) for f in report["findings"]]
+
+
+# --- formats ---------------------------------------------------------------------------------------
+
+def _zip(path: Path, sd: dict) -> None:
+    torch.save(sd, path)
+
+
+def _legacy(path: Path, sd: dict) -> None:
+    torch.save(sd, path, _use_new_zipfile_serialization=False)
+
+
+def _safetensors(path: Path, sd: dict) -> None:
+    save_file(sd, str(path))
+
+
+def _torchscript(path: Path, sd: dict) -> None:
+    net = Net().eval()
+    net.load_state_dict(sd)
+    torch.jit.save(torch.jit.trace(net, torch.randn(2, 4)), str(path))
+
+
+def _pt2(path: Path, sd: dict) -> None:
+    net = Net().eval()
+    net.load_state_dict(sd)
+    torch.export.save(torch.export.export(net, (torch.randn(2, 4),)), str(path))
+
+
+@pytest.mark.parametrize(("writer", "fmt"), [
+    (_zip, CheckpointFormat.TORCH_ZIP),
+    (_legacy, CheckpointFormat.TORCH_LEGACY),
+    (_safetensors, CheckpointFormat.SAFETENSORS),
+    (_torchscript, CheckpointFormat.TORCHSCRIPT),
+    (_pt2, CheckpointFormat.TORCH_EXPORT),
+])
+@pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning", "ignore::DeprecationWarning")
+def test_every_format_gives_keys_shapes_and_dtypes(tmp_path: Path, writer, fmt) -> None:
+    sd = Net().state_dict()
+    path = tmp_path / "ckpt.bin"
+    writer(path, sd)
+    meta = read_checkpoint(path)
+    assert meta.format is fmt
+    found = find_state_dict(meta)
+    assert found is not None
+    _, tensors = found
+    got = {k: (t.shape, t.dtype) for k, t in tensors.items() if k in sd}
+    assert got == {k: (tuple(v.shape), str(v.dtype).removeprefix("torch.")) for k, v in sd.items()}
+    assert not meta.unsafe_globals
+
+
+def test_nested_checkpoint_finds_the_state_dict_by_itself(tmp_path: Path, net_target: str) -> None:
+    net = Net()
+    optimizer = torch.optim.Adam(net.parameters())
+    path = tmp_path / "train.pt"
+    torch.save({"model": net.state_dict(), "optimizer": optimizer.state_dict(), "epoch": 3}, path)
+    code, report = run_json("checkpoint", str(path), "--model", net_target)
+    assert code == 0, report
+    assert report["findings"] == []
+    assert any("under 'model'" in n for n in report["notes"])
+
+
+def test_key_picks_a_nested_state_dict_and_a_wrong_key_lists_what_exists(tmp_path: Path) -> None:
+    sd = Net().state_dict()
+    ema = {k: v.clone() for k, v in sd.items()}
+    ema["fc.weight"] = torch.zeros(5, 4)  # distinguishable from the plain model weights
+    path = tmp_path / "ema.pt"
+    torch.save({"model": {"ema": ema, "online": sd}, "epoch": 3}, path)
+    meta = read_checkpoint(path)
+    chosen = find_state_dict(meta, "model.ema")
+    assert chosen is not None and chosen[1]["fc.weight"].shape == (5, 4)
+
+    code, _, err = run("checkpoint", str(path), "--key", "model.emma")
+    assert code == 2
+    assert err.count("\n") == 1
+    assert "'emma' not found under 'model'; keys there: ema, online" in err
+    code, _, err = run("checkpoint", str(path), "--key", "epoch")
+    assert code == 2 and "not a state_dict" in err
+
+
+# --- saved devices: PC301 ----------------------------------------------------------------------------
+
+def test_cuda3_on_a_one_gpu_target_is_pc301_with_the_map_location_fix(tmp_path: Path) -> None:
+    sd = Net().state_dict()
+    path = save_with_locations(sd, tmp_path / "gpu3.pt", default="cuda:3")
+    code, report = run_json("checkpoint", str(path), "--device", "cuda", "--gpus", "1")
+    assert code == 1
+    (finding,) = report["findings"]
+    assert finding["code"] == "PC301" and finding["device"] == "cuda:3"
+    assert finding["expected"] == "cuda:0"
+    assert finding["count"] == len(sd)
+    assert "device_count() is 1" in finding["message"]
+    assert 'map_location="cuda:0"' in finding["hint"]
+    stats = report["stats"]
+    assert stats["tensors@cuda:3"] == len(sd)
+    assert stats["bytes@cuda:3"] == sum(t.untyped_storage().nbytes() for t in sd.values())
+
+
+def test_cuda3_is_fine_when_the_target_has_four_gpus(tmp_path: Path) -> None:
+    path = save_with_locations(Net().state_dict(), tmp_path / "gpu3.pt", default="cuda:3")
+    code, report = run_json("checkpoint", str(path), "--device", "cuda", "--gpus", "4")
+    assert (code, report["findings"]) == (0, [])
+
+
+def test_cuda_checkpoint_on_a_cpu_target_is_pc301(tmp_path: Path) -> None:
+    path = save_with_locations(Net().state_dict(), tmp_path / "gpu0.pt", default="cuda:0")
+    _, report = run_json("checkpoint", str(path), "--device", "cpu")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: cuda:0 exists")
+    (finding,) = report["findings"]
+    assert finding["code"] == "PC301" and "is_available() is False" in finding["message"]
+    assert 'map_location="cpu"' in finding["hint"]
+
+
+def test_mixed_devices_are_one_pc301(tmp_path: Path) -> None:
+    sd = Net().state_dict()
+    path = save_with_locations(sd, tmp_path / "mixed.pt", {"fc.weight": "cuda:0", "fc.bias": "cuda:0"})
+    _, report = run_json("checkpoint", str(path), "--device", "cuda")
+    (finding,) = report["findings"]
+    assert finding["code"] == "PC301"
+    assert finding["device"] == "cpu, cuda:0"
+    assert "2 devices (cpu: 6, cuda:0: 2)" in finding["message"]
+
+
+def test_device_table_lists_each_device_and_the_total(tmp_path: Path) -> None:
+    sd = {"a": torch.zeros(256), "b": torch.zeros(128), "c": torch.zeros(64, dtype=torch.float16)}
+    path = save_with_locations(sd, tmp_path / "t.pt", {"a": "cuda:1"})
+    code, out, _ = run("checkpoint", str(path), "--gpus", "2")
+    assert code == 1  # mixed devices
+    table = out[out.index("saved devices"):]
+    rows = [line.split() for line in table.splitlines()[3:6]]
+    assert rows == [["cpu", "2", "2", "640", "B"], ["cuda:1", "1", "1", "1.0", "KiB"],
+                    ["total", "3", "3", "1.6", "KiB"]]
+
+
+def test_inspection_reads_no_tensor_data(tmp_path: Path) -> None:
+    """The data records are garbage of the wrong size: the index alone must answer."""
+    sd = Net().state_dict()
+    good = save_with_locations(sd, tmp_path / "good.pt", default="cuda:2")
+    bad = tmp_path / "nodata.pt"
+    with zipfile.ZipFile(good) as src, zipfile.ZipFile(bad, "w") as dst:
+        for item in src.infolist():
+            dst.writestr(item, b"x" if "/data/" in item.filename else src.read(item))
+    meta = read_checkpoint(bad)
+    assert {s.location for s in meta.storages} == {"cuda:2"}
+    assert sum(s.nbytes for s in meta.storages) == sum(t.untyped_storage().nbytes() for t in sd.values())
+    with pytest.raises(RuntimeError):  # torch itself would need the data
+        torch.load(bad, map_location="cpu", weights_only=True)
+
+
+# --- output and exit codes ----------------------------------------------------------------------------
+
+def test_clean_checkpoint_exits_0_with_table_output(tmp_path: Path, net_target: str) -> None:
+    path = tmp_path / "clean.pt"
+    torch.save(Net().state_dict(), path)
+    code, out, _ = run("checkpoint", str(path), "--model", net_target)
+    assert code == 0
+    assert out.startswith(f"placecheck: {path} on cuda:0 (simulated cuda)\n")
+    assert "no placement problems found" in out
+
+
+def test_warning_only_respects_fail_on(tmp_path: Path, net_target: str) -> None:
+    path = tmp_path / "bf16.pt"
+    torch.save(Net().to(torch.bfloat16).state_dict(), path)
+    code, report = run_json("checkpoint", str(path), "--model", net_target)
+    assert code == 1
+    assert {f["code"] for f in report["findings"]} == {"PC305"}
+    assert run("checkpoint", str(path), "--model", net_target, "--fail-on", "error")[0] == 0
+
+
+def test_api_report_is_a_report_with_the_file_as_target(tmp_path: Path) -> None:
+    path = save_with_locations(Net().state_dict(), tmp_path / "gpu3.pt", default="cuda:3")
+    result = check_checkpoint(str(path), device="cuda", gpus=1, ignore=["PC301"])
+    assert result.report.target == str(path)
+    assert result.report.device == "cuda:0"
+    assert result.report.findings == ()
+    assert not result.refused
