@@ -1,0 +1,319 @@
+"""``placecheck audit`` end to end: exit codes, options, output, and every load/usage error.
+
+Most tests drive :data:`placecheck.cli.app` with typer's ``CliRunner``; one
+runs the real ``python -m placecheck`` in a subprocess.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import BUGGY, CLEAN, TESTS
+from typer.testing import CliRunner
+
+from placecheck.cli import app
+
+TARGETS = TESTS / "fixtures" / "cli" / "targets.py"
+BROKEN = TESTS / "fixtures" / "cli" / "broken_import.py"
+
+
+@pytest.fixture
+def runner() -> CliRunner:
+    return CliRunner()
+
+
+def run(runner: CliRunner, *args: str) -> tuple[int, str, str]:
+    result = runner.invoke(app, ["audit", *args])
+    return result.exit_code, result.stdout, result.stderr
+
+
+def assert_usage_error(code: int, out: str, err: str, *needles: str) -> None:
+    """Exit 2, nothing on stdout, one line on stderr (no traceback) containing each needle."""
+    assert code == 2, err
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("placecheck: error: ")
+    assert "Traceback" not in err
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+# -- exit codes ---------------------------------------------------------------------------
+
+
+def test_clean_model_exits_0(runner: CliRunner) -> None:
+    code, out, _ = run(runner, CLEAN)
+    assert code == 0
+    assert "no placement problems found on cuda:0 (simulated cuda)" in out
+
+
+def test_buggy_model_exits_1(runner: CliRunner) -> None:
+    code, out, _ = run(runner, BUGGY)
+    assert code == 1
+    assert "PC101" in out and "PC102" in out and "PC103" in out
+    assert out.rstrip().splitlines()[-1].startswith("12 problems in 3 modules: 12 errors;")
+
+
+def test_exit_zero(runner: CliRunner) -> None:
+    code, out, _ = run(runner, BUGGY, "--exit-zero")
+    assert code == 0 and "PC101" in out
+
+
+@pytest.mark.parametrize("fail_on, expected", [("error", 1), ("warning", 1), ("info", 1), ("never", 0)])
+def test_fail_on_with_errors(runner: CliRunner, fail_on: str, expected: int) -> None:
+    assert run(runner, BUGGY, "--fail-on", fail_on)[0] == expected
+
+
+@pytest.mark.parametrize("fail_on", ["error", "warning", "info", "never"])
+def test_fail_on_with_a_clean_model(runner: CliRunner, fail_on: str) -> None:
+    assert run(runner, CLEAN, "--fail-on", fail_on)[0] == 0
+
+
+def test_fail_on_unknown_is_a_usage_error(runner: CliRunner) -> None:
+    assert_usage_error(*run(runner, BUGGY, "--fail-on", "fatal"), "--fail-on", "error, warning")
+
+
+# -- output -------------------------------------------------------------------------------
+
+
+def test_output_file(runner: CliRunner, tmp_path: Path) -> None:
+    target = tmp_path / "report.txt"
+    code, out, _ = run(runner, BUGGY, "--output", str(target))
+    assert code == 1
+    assert out == ""
+    assert "blocks.0.mask" in target.read_text(encoding="utf-8")
+
+
+def test_output_dash_is_stdout(runner: CliRunner) -> None:
+    code, out, _ = run(runner, BUGGY, "-o", "-")
+    assert code == 1 and "blocks.0.mask" in out
+
+
+def test_output_to_unwritable_path(runner: CliRunner, tmp_path: Path) -> None:
+    assert_usage_error(*run(runner, BUGGY, "--output", str(tmp_path / "no" / "dir" / "r.txt")),
+                       "--output")
+
+
+def test_json_format(runner: CliRunner) -> None:
+    code, out, _ = run(runner, BUGGY, "--format", "json")
+    assert code == 1
+    data = json.loads(out)
+    assert {"findings", "target", "device", "engine", "summary"} <= set(data)
+    assert data["target"] == BUGGY
+    assert (data["device"], data["engine"]) == ("cuda:0", "simulated cuda")
+    assert data["summary"]["problems"] == len(data["findings"]) == 12
+    assert data["summary"]["errors"] == 12
+    required = {"code", "kind", "severity", "where", "source", "device", "expected", "message", "hint"}
+    for finding in data["findings"]:
+        assert required <= set(finding), finding
+        assert finding["expected"] == "cuda:0" and finding["device"] == "cpu"
+    wheres = [f["where"] for f in data["findings"]]
+    assert "rope.cos" in wheres and "heads[1]" in wheres and "blocks.1.cache['v']" in wheres
+
+
+def test_json_clean(runner: CliRunner) -> None:
+    code, out, _ = run(runner, CLEAN, "--format", "json")
+    assert code == 0
+    data = json.loads(out)
+    assert data["findings"] == [] and data["summary"]["problems"] == 0
+
+
+# -- select / ignore / device --------------------------------------------------------------
+
+
+def _codes(out: str) -> list[str]:
+    return sorted({f["code"] for f in json.loads(out)["findings"]})
+
+
+def test_select_by_prefix(runner: CliRunner) -> None:
+    code, out, _ = run(runner, BUGGY, "-f", "json", "--select", "PC102")
+    assert code == 1 and _codes(out) == ["PC102"]
+    code, out, _ = run(runner, BUGGY, "-f", "json", "--select", "PC1")
+    assert _codes(out) == ["PC101", "PC102", "PC103"]
+
+
+def test_ignore_by_prefix(runner: CliRunner) -> None:
+    code, out, _ = run(runner, BUGGY, "-f", "json", "--ignore", "PC101,PC103")
+    assert code == 1 and _codes(out) == ["PC102"]
+    code, out, _ = run(runner, BUGGY, "-f", "json", "--ignore", "PC1")
+    assert code == 0 and _codes(out) == []
+
+
+def test_select_all_and_repeated(runner: CliRunner) -> None:
+    _, out, _ = run(runner, BUGGY, "-f", "json", "--select", "PC101", "--select", "PC103")
+    assert _codes(out) == ["PC101", "PC103"]
+    _, out, _ = run(runner, BUGGY, "-f", "json", "--select", "ALL")
+    assert _codes(out) == ["PC101", "PC102", "PC103"]
+
+
+def test_bad_select_code(runner: CliRunner) -> None:
+    assert_usage_error(*run(runner, BUGGY, "--select", "PC999"), "PC999")
+    assert_usage_error(*run(runner, BUGGY, "--ignore", "XYZ"), "XYZ")
+
+
+def test_device_second_gpu(runner: CliRunner) -> None:
+    code, out, _ = run(runner, BUGGY, "--device", "cuda:1", "-f", "json")
+    assert code == 1
+    data = json.loads(out)
+    assert data["device"] == "cuda:1" and data["engine"] == "simulated cuda"
+    assert {f["expected"] for f in data["findings"]} == {"cuda:1"}
+    assert any("2 GPUs" in note for note in data["notes"]), data["notes"]
+
+
+def test_device_second_gpu_is_visible_to_model_code(runner: CliRunner) -> None:
+    code, out, _ = run(runner, f"{TARGETS}:UsesSecondGpu", "--device", "cuda:1", "-f", "json")
+    assert code == 1
+    assert [f["where"] for f in json.loads(out)["findings"]] == ["mask"]
+
+
+def test_device_cpu_is_clean_on_buggy(runner: CliRunner) -> None:
+    # everything the buggy model holds is already on the cpu
+    code, out, _ = run(runner, BUGGY, "--device", "cpu")
+    assert code == 0
+    assert "no placement problems found on cpu" in out
+
+
+@pytest.mark.parametrize("device", ["tpu", "cuda:x", "cpu:1", ""])
+def test_unknown_device(runner: CliRunner, device: str) -> None:
+    assert_usage_error(*run(runner, BUGGY, "--device", device), "unknown device", "cuda, cuda:N")
+
+
+# -- targets ------------------------------------------------------------------------------
+
+
+def test_torchvision_resnet18_out_of_the_box(runner: CliRunner) -> None:
+    code, out, _ = run(runner, "torchvision.models:resnet18", "--kwargs", '{"num_classes": 10}')
+    assert code == 0, out
+    assert "placecheck: torchvision.models:resnet18 on cuda:0 (simulated cuda)" in out
+
+
+def test_dotted_attribute_from_a_package_in_the_current_directory(
+        runner: CliRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    package = tmp_path / "pc_cwd_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "models.py").write_text(TARGETS.read_text(encoding="utf-8"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    code, out, err = run(runner, "pc_cwd_pkg.models:Holder.inner", "-f", "json")
+    assert code == 1, err
+    assert [f["where"] for f in json.loads(out)["findings"]] == ["mask"]
+
+
+def test_file_target_with_dotted_attribute(runner: CliRunner) -> None:
+    code, out, _ = run(runner, f"{TARGETS}:Holder.inner", "-f", "json")
+    assert code == 1 and [f["where"] for f in json.loads(out)["findings"]] == ["mask"]
+
+
+def test_instance_target(runner: CliRunner) -> None:
+    assert run(runner, f"{TARGETS}:instance")[0] == 1
+
+
+def test_factory_with_args(runner: CliRunner) -> None:
+    assert run(runner, f"{TARGETS}:make_clean", "--arg", "width=8")[0] == 0
+    assert run(runner, f"{TARGETS}:NeedsArgs", "--arg", "width=4", "--arg", "depth=2",
+               "--arg", "bias=false")[0] == 0
+    assert run(runner, f"{TARGETS}:NeedsArgs", "--kwargs", '{"width": 4, "depth": 1}')[0] == 0
+
+
+# -- load and usage errors: exit 2, one line on stderr ------------------------------------
+
+
+def test_module_does_not_exist(runner: CliRunner) -> None:
+    assert_usage_error(*run(runner, "pc_no_such_module_xyz:Model"), "no module named 'pc_no_such_module_xyz'")
+
+
+def test_file_does_not_exist(runner: CliRunner) -> None:
+    assert_usage_error(*run(runner, "no/such/file.py:Model"), "no such file")
+
+
+def test_module_raises_on_import(runner: CliRunner) -> None:
+    assert_usage_error(*run(runner, f"{BROKEN}:Model"), "ImportError: libfoo.so: cannot open shared object file")
+
+
+def test_missing_attribute_lists_candidates(runner: CliRunner) -> None:
+    assert_usage_error(*run(runner, f"{TARGETS}:Nope"), "no attribute 'Nope'", "NeedsArgs", "make_clean")
+
+
+def test_missing_nested_attribute(runner: CliRunner) -> None:
+    assert_usage_error(*run(runner, f"{TARGETS}:Holder.nope"), "'Holder.nope'")
+
+
+def test_attribute_not_a_module(runner: CliRunner) -> None:
+    assert_usage_error(*run(runner, f"{TARGETS}:NOT_A_MODEL"), "NOT_A_MODEL", "not an nn.Module")
+
+
+def test_class_not_a_module(runner: CliRunner) -> None:
+    assert_usage_error(*run(runner, f"{TARGETS}:NotAModule"), "NotAModule", "not an nn.Module subclass")
+
+
+def test_constructor_missing_arguments_named(runner: CliRunner) -> None:
+    assert_usage_error(*run(runner, f"{TARGETS}:NeedsArgs"), "width, depth", "--arg width=VALUE")
+    assert_usage_error(*run(runner, f"{TARGETS}:NeedsArgs", "--arg", "width=4"), "depth")
+
+
+def test_unknown_constructor_argument(runner: CliRunner) -> None:
+    assert_usage_error(*run(runner, f"{TARGETS}:make_clean", "--arg", "height=3"), "'height'", "width")
+
+
+def test_factory_returning_non_module(runner: CliRunner) -> None:
+    assert_usage_error(*run(runner, f"{TARGETS}:returns_dict"), "returns_dict", "dict", "not an nn.Module")
+
+
+def test_constructor_raising(runner: CliRunner) -> None:
+    assert_usage_error(*run(runner, f"{TARGETS}:Raises"), "ValueError: width must be even")
+
+
+def test_kwargs_for_an_instance(runner: CliRunner) -> None:
+    assert_usage_error(*run(runner, f"{TARGETS}:instance", "--arg", "a=1"), "already a module instance")
+
+
+@pytest.mark.parametrize("kwargs, needle", [("{num_classes: 10}", "not valid JSON"),
+                                            ("[1, 2]", "JSON object"), ('"x"', "JSON object")])
+def test_kwargs_not_a_json_object(runner: CliRunner, kwargs: str, needle: str) -> None:
+    assert_usage_error(*run(runner, CLEAN, "--kwargs", kwargs), "--kwargs", needle)
+
+
+def test_arg_without_equals(runner: CliRunner) -> None:
+    assert_usage_error(*run(runner, CLEAN, "--arg", "width"), "--arg 'width'", "KEY=VALUE")
+
+
+def test_target_without_colon(runner: CliRunner) -> None:
+    assert_usage_error(*run(runner, "torchvision.models.resnet18"), "MODULE:ATTR")
+
+
+def test_debug_shows_traceback(runner: CliRunner) -> None:
+    code, _, err = run(runner, f"{TARGETS}:Raises", "--debug")
+    assert code == 2
+    assert "Traceback" in err and "width must be even" in err
+    assert err.strip().splitlines()[-1].startswith("placecheck: error: ")
+
+
+# -- the real process ---------------------------------------------------------------------
+
+
+def test_python_m_placecheck_subprocess() -> None:
+    proc = subprocess.run([sys.executable, "-m", "placecheck", "audit", BUGGY, "--format", "json"],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 1, proc.stderr
+    assert len(json.loads(proc.stdout)["findings"]) == 12
+
+
+def test_python_m_placecheck_help() -> None:
+    proc = subprocess.run([sys.executable, "-m", "placecheck", "--help"], capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert proc.returncode == 0
+    assert "audit" in proc.stdout
+
+
+def test_python_m_placecheck_load_error_has_no_traceback() -> None:
+    proc = subprocess.run([sys.executable, "-m", "placecheck", "audit", f"{TARGETS}:NeedsArgs"],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and "width, depth" in proc.stderr
