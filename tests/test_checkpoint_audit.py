@@ -1,0 +1,106 @@
+"""``audit TARGET --checkpoint FILE``: the checkpoint is loaded into the model, then the full audit runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+from checkpoint_writer import save_with_locations
+from safetensors.torch import save_file
+from typer.testing import CliRunner
+
+from placecheck import audit
+from placecheck.checkpoint import load_into_model
+from placecheck.checkpoint.preflight import UnsafeCheckpointError
+from placecheck.cli import app
+from placecheck.engine import choose_engine
+from placecheck.examples.buggy import BuggyNet
+
+
+class Small(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+        self.register_buffer("steps", torch.zeros((), dtype=torch.int64))
+
+
+def _trained() -> dict[str, torch.Tensor]:
+    torch.manual_seed(0)
+    state = Small().state_dict()
+    state["steps"] = torch.tensor(7)
+    return state
+
+
+def test_load_into_model_loads_the_values_with_map_location_cpu_under_simulation(tmp_path: Path) -> None:
+    state = _trained()
+    path = save_with_locations(state, tmp_path / "gpu1.pt", default="cuda:1")
+    model = Small()
+    engine = choose_engine("cuda:0", gpus=1)
+    assert engine.simulated or torch.cuda.is_available()
+    loaded = load_into_model(model, str(path), device="cuda:0", engine=engine)
+    if engine.simulated:
+        assert "map_location='cpu'" in loaded.notes[0]
+    assert torch.equal(model.fc.weight.cpu(), state["fc.weight"])
+    assert int(model.steps) == 7
+    assert [f.code for f in loaded.findings] == ["PC301"]  # cuda:1 on a one-GPU target
+
+
+def test_a_ddp_checkpoint_loads_after_the_prefix_fix(tmp_path: Path) -> None:
+    state = {"module." + k: v for k, v in _trained().items()}
+    path = tmp_path / "ddp.pt"
+    torch.save({"model": state, "epoch": 3}, path)
+    model = Small()
+    loaded = load_into_model(model, str(path), device="cpu", engine=choose_engine("cpu"))
+    assert [(f.code, f.where) for f in loaded.findings] == [("PC302", "<prefix module.>")]
+    assert torch.equal(model.fc.bias, state["module.fc.bias"])
+    assert "3 of 3 tensors loaded from 'model'" in loaded.notes[0]
+
+
+def test_shape_mismatch_is_reported_and_the_rest_still_loads(tmp_path: Path) -> None:
+    state = _trained()
+    state["fc.weight"] = torch.zeros(5, 4)
+    path = tmp_path / "bad_shape.safetensors"
+    save_file(state, str(path))
+    model = Small()
+    loaded = load_into_model(model, str(path), device="cpu", engine=choose_engine("cpu"))
+    assert [(f.code, f.where) for f in loaded.findings] == [("PC304", "fc.weight")]
+    assert torch.equal(model.fc.bias, state["fc.bias"])
+
+
+def test_unsafe_checkpoint_raises_without_trust(tmp_path: Path) -> None:
+    path = tmp_path / "module.pt"
+    torch.save(Small(), path)
+    with pytest.raises(UnsafeCheckpointError, match="--trust"):
+        load_into_model(Small(), str(path), device="cpu", engine=choose_engine("cpu"))
+
+
+def test_audit_reports_checkpoint_and_walk_findings_together(tmp_path: Path) -> None:
+    path = save_with_locations(BuggyNet().state_dict(), tmp_path / "buggy.pt", default="cuda:3")
+    report = audit(BuggyNet, "cuda", gpus=1, checkpoint=str(path))
+    found = {f.code for f in report.findings}
+    assert {"PC301", "PC101", "PC102", "PC103"} <= found
+    assert any("loaded into the model" in n for n in report.notes)
+
+
+def test_audit_with_meta_init_loads_with_map_location_meta(tmp_path: Path) -> None:
+    path = tmp_path / "small.pt"
+    torch.save(_trained(), path)
+    report = audit(Small, "cuda", init="meta", checkpoint=str(path))
+    assert report.findings == ()
+    assert any("map_location='meta'" in n for n in report.notes)
+
+
+def test_cli_audit_checkpoint_with_key_and_select(tmp_path: Path) -> None:
+    path = save_with_locations({"ema": BuggyNet().state_dict()}, tmp_path / "ema.pt", default="cuda:3")
+    result = CliRunner().invoke(app, ["audit", "placecheck.examples.buggy:BuggyNet", "--checkpoint",
+                                      str(path), "--key", "ema", "--select", "PC3", "--format", "json"])
+    assert result.exit_code == 1, result.stderr
+    report = json.loads(result.stdout)
+    assert [f["code"] for f in report["findings"]] == ["PC301"]
+    bad = CliRunner().invoke(app, ["audit", "placecheck.examples.buggy:BuggyNet", "--checkpoint",
+                                   str(path), "--key", "model"])
+    assert bad.exit_code == 2
+    assert "keys there: ema" in bad.stderr
