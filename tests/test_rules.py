@@ -1,0 +1,120 @@
+"""``placecheck.rules``: the codes are the public contract of PLACEMENT.md, declared once."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from placecheck.finding import Severity
+from placecheck.rules import RULES, _rule, expand, rule, selected
+
+# The contract table of PLACEMENT.md: code -> (kind, phase).
+CONTRACT = {
+    "PC101": ("stray-tensor", "walk"),
+    "PC102": ("unregistered-module", "walk"),
+    "PC103": ("unregistered-parameter", "walk"),
+    "PC104": ("param-off-device", "walk"),
+    "PC105": ("buffer-off-device", "walk"),
+    "PC201": ("device-mismatch", "forward"),
+    "PC202": ("created-off-device", "forward"),
+    "PC203": ("lazy-module", "forward"),
+    "PC204": ("host-sync", "forward"),
+    "PC205": ("implicit-transfer", "forward"),
+    "PC206": ("output-off-device", "forward"),
+    "PC207": ("forward-error", "forward"),
+    "PC301": ("checkpoint-device", "checkpoint"),
+    "PC302": ("missing-key", "checkpoint"),
+    "PC303": ("unexpected-key", "checkpoint"),
+    "PC304": ("shape-mismatch", "checkpoint"),
+    "PC305": ("dtype-mismatch", "checkpoint"),
+    "PC306": ("unsafe-checkpoint", "checkpoint"),
+}
+
+
+def test_rules_match_the_contract() -> None:
+    assert {code: (RULES[code].kind, RULES[code].phase) for code in CONTRACT if code in RULES} == CONTRACT
+    # codes beyond the table (e.g. PC9xx about the run itself) must not take a placement range
+    assert all(not re.fullmatch(r"PC[123]\d\d", code) for code in set(RULES) - set(CONTRACT))
+
+
+def test_codes_and_kinds_are_distinct() -> None:
+    assert len({r.code for r in RULES.values()}) == len(RULES)
+    assert len({r.kind for r in RULES.values()}) == len(RULES)
+    assert all(code == r.code and re.fullmatch(r"PC\d{3}", code) for code, r in RULES.items())
+
+
+def test_registering_a_duplicate_is_refused() -> None:
+    with pytest.raises(ValueError, match="duplicate rule code PC101"):
+        _rule("PC101", "other-kind", Severity.ERROR, "walk", "t", "e", "w", "r")
+    with pytest.raises(ValueError, match="duplicate rule kind stray-tensor"):
+        _rule("PC999", "stray-tensor", Severity.ERROR, "walk", "t", "e", "w", "r")
+    assert "PC999" not in RULES
+
+
+def test_walk_rules_are_errors() -> None:
+    # what .to() leaves behind crashes the first op that mixes it with moved weights
+    assert {r.severity for r in RULES.values() if r.phase == "walk"} == {Severity.ERROR}
+
+
+@pytest.mark.parametrize("code", sorted(RULES))
+def test_every_rule_explains_itself(code: str) -> None:
+    r = RULES[code]
+    assert r.title and r.explanation and r.wrong and r.right
+    assert r.title[0].islower() or r.title[0].isupper()
+    assert "\n\n" not in r.explanation  # one paragraph
+
+
+def test_explanations_state_the_true_rules() -> None:
+    # the seed articles' folklore must not leak into placecheck's texts
+    text = " ".join(r.explanation.lower() for r in RULES.values())
+    assert "shallow" not in text
+    assert "does not recurse" not in text
+    assert "inherits the input's device" not in text
+    assert "registered" in RULES["PC101"].explanation
+
+
+def test_rule_lookup_is_case_insensitive() -> None:
+    assert rule("pc101") is RULES["PC101"]
+    with pytest.raises(KeyError):
+        rule("PC999")
+
+
+def test_expand_prefixes() -> None:
+    assert expand(["PC1"]) == {"PC101", "PC102", "PC103", "PC104", "PC105"}
+    assert expand(["pc204", " PC301 "]) == {"PC204", "PC301"}
+    assert expand(["ALL"]) == set(RULES)
+    assert expand(["PC"]) == set(RULES)
+    assert expand(["", " "]) == set()
+
+
+@pytest.mark.parametrize("bad, message", [("PC999", "matches no rule"), ("PC4", "matches no rule"),
+                                          ("XYZ", "invalid code selector"), ("PC1234", "invalid")])
+def test_expand_rejects_unknown(bad: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        expand([bad])
+
+
+def test_selected() -> None:
+    assert selected(None, None) == frozenset(RULES)
+    assert selected(["PC1"], ["PC101"]) == {"PC102", "PC103", "PC104", "PC105"}
+    assert selected(None, ["PC2", "PC3"]) == set(RULES) - {c for c in RULES if c[:3] in ("PC2", "PC3")}
+    assert selected(["PC204"], ["ALL"]) == frozenset()
+
+
+def test_rules_import_no_torch() -> None:
+    # `placecheck rules`/`explain` and --help must stay fast: no torch on their path
+    code = ("import sys, placecheck.rules, placecheck.report, placecheck.formats\n"
+            "print('torch' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert proc.stdout.strip() == "False"
+
+
+def test_cli_help_imports_no_torch() -> None:
+    code = ("import sys\nfrom typer.testing import CliRunner\nfrom placecheck.cli import app\n"
+            "r = CliRunner().invoke(app, ['audit', '--help'])\nassert r.exit_code == 0, r.output\n"
+            "print('torch' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert proc.stdout.strip() == "False"
