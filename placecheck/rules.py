@@ -27,7 +27,7 @@ class Rule:
     wrong: str
     right: str
     phase: str
-    """``walk``, ``forward`` or ``checkpoint``: which part of the audit finds it."""
+    """``walk``, ``forward``, ``checkpoint``, or ``run`` (the audit itself did not finish)."""
 
 
 _RULES: dict[str, Rule] = {}
@@ -45,7 +45,7 @@ def _rule(
                         right.strip(), phase)
 
 
-E, W, I = Severity.ERROR, Severity.WARNING, Severity.INFO
+E, W, I = Severity.ERROR, Severity.WARNING, Severity.INFO  # noqa: E741 (short names keep the table readable)
 
 _rule("PC101", "stray-tensor", E, "walk", "tensor attribute that .to() does not move", """
 nn.Module.to() moves only what is registered: parameters, buffers and
@@ -240,6 +240,22 @@ whatever code the file names. placecheck never does so unless asked with
 torch.save(model, "model.pt")          # pickles the class and its code path
 """, """
 torch.save(model.state_dict(), "model.pt")
+""")
+
+_rule("PC901", "audit-incomplete", E, "run", "the audit of this model did not finish", """
+The model's audit ran in its own process (placecheck audit --config) and did
+not finish: the interpreter crashed (a segfault in an extension), it ran past
+--timeout, it ran out of memory (MemoryError, or SIGKILL from the kernel's
+out-of-memory killer), or the model could not be loaded at all. Nothing is
+known about this model's placement; the other models' results are complete.
+The finding's details keep the reason and the end of the process's stderr.
+Not a placement rule, so --select PC1 does not hide it; --ignore PC901 does.""", """
+[[models]]
+target = "big.py:Model"     # builds 300 GB of weights on the CPU runner
+""", """
+[[models]]
+target = "big.py:Model"
+init = "meta"               # or a larger timeout = 1800
 """)
 
 del E, W, I
