@@ -148,6 +148,12 @@ def _builds_bare(cls: type) -> bool:
                for p in list(inspect.signature(cls.__init__).parameters.values())[1:])
 
 
+def _init_note(report: Any) -> str:
+    """The one note that says what ``--init`` chose."""
+    (note,) = [n for n in report.notes if n.startswith("init: ")]
+    return str(note)
+
+
 def _rows(report: Any) -> list[dict[str, Any]]:
     return [f.to_dict() for f in report.findings]
 
@@ -192,7 +198,7 @@ def test_unmoved_tensors_are_reported_on_cpu_not_meta() -> None:
     for finding in [*report.findings, *audit(PlainContainers, "cuda", init="meta").findings]:
         assert finding.device == "cpu"
         assert "meta" not in finding.message
-    assert "init: meta (as requested)" in report.notes[-1]
+    assert "init: meta (as requested)" in _init_note(report)
 
 
 def test_leftovers_become_cpu_tensors_keeping_identity_and_kind() -> None:
@@ -237,15 +243,15 @@ def test_leftovers_beyond_the_budget_take_no_memory(monkeypatch: pytest.MonkeyPa
 def test_auto_builds_on_cpu_when_the_model_fits(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(construct, "available_memory", lambda: 64 * 2**30)
     report = audit(Strays, "cuda", init="auto")
-    assert report.notes[-1].startswith("init: cpu (auto: ")
-    assert "64.0 GiB of memory available" in report.notes[-1]
+    assert _init_note(report).startswith("init: cpu (auto: ")
+    assert "64.0 GiB of memory available" in _init_note(report)
 
 
 def test_auto_builds_on_meta_when_the_model_would_not_fit(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(construct, "available_memory", lambda: 100)  # bytes
     report = audit(Strays, "cuda", init="auto")
-    assert report.notes[-1].startswith("init: meta (auto: ")
-    assert "too much to build on the CPU" in report.notes[-1]
+    assert _init_note(report).startswith("init: meta (auto: ")
+    assert "too much to build on the CPU" in _init_note(report)
     assert _rows(report) == _rows(audit(Strays, "cuda", init="cpu"))
 
 
@@ -260,8 +266,8 @@ class NeedsValuesWhileBuilding(nn.Module):
 def test_auto_falls_back_to_cpu_when_meta_fails_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(construct, "available_memory", lambda: 100)
     report = audit(NeedsValuesWhileBuilding, "cuda", init="auto")
-    assert report.notes[-1].startswith("init: cpu (auto: building on the meta device raised ")
-    assert "built on the CPU instead" in report.notes[-1]
+    assert _init_note(report).startswith("init: cpu (auto: building on the meta device raised ")
+    assert "built on the CPU instead" in _init_note(report)
 
 
 def test_explicit_meta_that_fails_is_a_load_error() -> None:
