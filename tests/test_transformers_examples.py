@@ -7,40 +7,39 @@ installs it, so ``make test`` runs these).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
-import tomllib
 import torch
 
 pytest.importorskip("transformers")
 
 from placecheck.api import audit
+from placecheck.config import ModelConfig, load
 from placecheck.examples import transformers_models
 from placecheck.load import resolve
 
 CONFIG = Path(__file__).parents[1] / "configs" / "transformers.toml"
-ENTRIES = tomllib.loads(CONFIG.read_text(encoding="utf-8"))["models"]
+MODELS = load(CONFIG).models  # the project's own config loader validates every key
 
 
-def _short(entry: dict[str, Any]) -> str:
-    return str(entry["target"]).rpartition(":")[2]
+def _short(entry: ModelConfig) -> str:
+    return entry.target.rpartition(":")[2]
 
 
 def test_the_config_lists_the_four_models() -> None:
-    assert [_short(e) for e in ENTRIES] == ["gpt2", "bert", "t5", "llama_70b"]
-    assert {e["init"] for e in ENTRIES if _short(e) == "llama_70b"} == {"meta"}
+    assert [_short(m) for m in MODELS] == ["gpt2", "bert", "t5", "llama_70b"]
+    assert {m.init for m in MODELS if _short(m) == "llama_70b"} == {"meta"}
+    assert all(m.inputs for m in MODELS)
 
 
-@pytest.mark.parametrize("entry", ENTRIES, ids=_short)
-def test_example_audits_clean(entry: dict[str, Any]) -> None:
-    factory = resolve(entry["target"])
-    init = entry.get("init", "auto")
-    report = audit(factory, entry["device"], init=init, target=entry["target"])
+@pytest.mark.parametrize("entry", MODELS, ids=_short)
+def test_example_audits_clean(entry: ModelConfig) -> None:
+    factory = resolve(entry.target)
+    report = audit(factory, entry.device, init=entry.init, target=entry.target)
     assert report.findings == ()
     assert report.ok
     assert dict(report.stats)["parameters"] > 0
-    if init == "meta":
+    if entry.init == "meta":
         assert any(n.startswith("init: meta") for n in report.notes)
 
 
