@@ -1,0 +1,109 @@
+"""Output formats: every ``--format`` choice has a formatter, and the golden outputs match exactly.
+
+The golden files under ``tests/golden/`` are the table and JSON reports of the
+buggy example (``placecheck/examples/buggy.py:BuggyNet``) under simulated
+CUDA. They are compared byte for byte; after an intended change, regenerate
+them with ``pytest tests/test_formats.py --update-golden`` and review the diff.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import pytest
+from conftest import REPO, load_file
+from typer.testing import CliRunner
+
+import placecheck
+from placecheck.cli import app
+from placecheck.finding import Finding, Severity
+from placecheck.formats import Formatter, OutputFormat, formatter_for
+from placecheck.report import Report
+
+# A relative target keeps the machine's paths out of the golden files; an explicit
+# engine and init keep the machine's GPUs and free memory out of the notes.
+TARGET = "placecheck/examples/buggy.py:BuggyNet"
+STABLE = ["--engine", "fake", "--init", "cpu"]
+
+
+@pytest.fixture
+def in_repo(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)
+
+
+def _cli(*args: str) -> str:
+    result = CliRunner().invoke(app, ["audit", TARGET, *STABLE, *args])
+    assert result.exit_code == 1, result.stderr
+    return result.stdout
+
+
+def _python_report() -> Report:
+    model = load_file(REPO / "placecheck" / "examples" / "buggy.py", "BuggyNet")
+    return placecheck.audit(model, device="cuda", engine="fake", init="cpu", target=TARGET)
+
+
+@pytest.mark.parametrize("fmt", list(OutputFormat))
+def test_every_format_choice_has_a_formatter(fmt: OutputFormat) -> None:
+    formatter = formatter_for(fmt)
+    assert isinstance(formatter, Formatter)
+    empty = Report.build("t", "cuda:0", "simulated cuda", [])
+    assert formatter.format(empty).endswith("\n")
+
+
+@pytest.mark.usefixtures("in_repo")
+def test_table_golden(golden: Callable[[str, str], None]) -> None:
+    golden("buggy.table.txt", _cli())
+
+
+@pytest.mark.usefixtures("in_repo")
+def test_json_golden(golden: Callable[[str, str], None]) -> None:
+    golden("buggy.json", _cli("--format", "json"))
+
+
+@pytest.mark.usefixtures("in_repo")
+def test_formatters_usable_from_python_give_the_cli_output() -> None:
+    report = _python_report()
+    assert formatter_for(OutputFormat.TABLE).format(report) == _cli()
+    assert formatter_for(OutputFormat.JSON).format(report) == _cli("--format", "json")
+
+
+@pytest.mark.usefixtures("in_repo")
+def test_output_is_deterministic() -> None:
+    assert _cli() == _cli()
+    assert _cli("-f", "json") == _cli("-f", "json")
+
+
+def test_table_shows_device_size_and_summary() -> None:
+    finding = Finding(code="PC102", kind="unregistered-module", severity=Severity.ERROR,
+                      where="heads[0]", message="m", hint="use nn.ModuleList", device="cpu",
+                      expected="cuda:0", nbytes=2048, count=3, module="")
+    text = formatter_for(OutputFormat.TABLE).format(Report.build("Net", "cuda:0", "cuda", [finding]))
+    lines = text.splitlines()
+    assert lines[0] == "placecheck: Net on cuda:0 (cuda)"
+    assert "cpu → cuda:0" in text and "2.0 KiB (3 tensors)" in text and "fix: use nn.ModuleList" in text
+    assert lines[-1] == "1 problem in 1 module: 1 error; 2.0 KiB not on cuda:0"
+
+
+def test_table_root_where_and_source() -> None:
+    finding = Finding(code="PC202", kind="created-off-device", severity=Severity.WARNING, where="",
+                      message="m", hint="h", source="model.py:12")
+    text = formatter_for(OutputFormat.TABLE).format(Report.build("Net", "cuda:0", "cuda", [finding]))
+    assert "<root>" in text and "model.py:12" in text
+
+
+def test_json_contract_fields() -> None:
+    finding = Finding(code="PC101", kind="stray-tensor", severity=Severity.ERROR, where="mask",
+                      message="m", hint="h", device="cpu", expected="cuda:0", dtype="float32",
+                      shape=(2, 3), nbytes=24, count=1)
+    data = json.loads(formatter_for(OutputFormat.JSON).format(
+        Report.build("Net", "cuda:0", "simulated cuda", [finding], notes=["n"], stats={"modules": 1})))
+    assert (data["target"], data["device"], data["engine"]) == ("Net", "cuda:0", "simulated cuda")
+    assert data["notes"] == ["n"] and data["stats"] == {"modules": 1}
+    assert data["summary"]["line"] == "1 problem in 1 module: 1 error; 24 B not on cuda:0"
+    (out,) = data["findings"]
+    assert {k: out[k] for k in ("code", "kind", "severity", "where", "source", "device", "expected",
+                                "message", "hint")} == {
+        "code": "PC101", "kind": "stray-tensor", "severity": "error", "where": "mask", "source": "",
+        "device": "cpu", "expected": "cuda:0", "message": "m", "hint": "h"}
+    assert out["shape"] == [2, 3] and out["nbytes"] == 24
