@@ -17,6 +17,10 @@ class OutputFormat(str, enum.Enum):
 
     TABLE = "table"
     JSON = "json"
+    SARIF = "sarif"
+    JUNIT = "junit"
+    GITHUB = "github"
+    MARKDOWN = "markdown"
 
     def __str__(self) -> str:
         return self.value
@@ -33,6 +37,22 @@ def formatter_for(fmt: OutputFormat) -> Formatter:
             from placecheck.formats.json import JsonFormatter
 
             return JsonFormatter()
+        case OutputFormat.SARIF:
+            from placecheck.formats.sarif import SarifFormatter
+
+            return SarifFormatter()
+        case OutputFormat.JUNIT:
+            from placecheck.formats.junit import JunitFormatter
+
+            return JunitFormatter()
+        case OutputFormat.GITHUB:
+            from placecheck.formats.github import GithubFormatter
+
+            return GithubFormatter()
+        case OutputFormat.MARKDOWN:
+            from placecheck.formats.markdown import MarkdownFormatter
+
+            return MarkdownFormatter()
         case _:
             assert_never(fmt)
 

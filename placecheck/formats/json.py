@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from placecheck.formats.base import Formatter
@@ -25,8 +26,32 @@ def report_to_dict(report: Report) -> dict[str, Any]:
     }
 
 
+def run_to_dict(reports: Sequence[Report]) -> dict[str, Any]:
+    """The JSON object for a run of several models (``--config``).
+
+    ``models`` holds each model's report object; ``findings`` lists every
+    finding of the run, each with the ``target`` of its model, so a consumer of
+    the single-model contract (an object with a ``findings`` list) still works.
+    """
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "summary": {
+            "models": len(reports),
+            "models_with_problems": sum(1 for r in reports if r.findings),
+            "problems": sum(len(r.findings) for r in reports),
+        },
+        "models": [report_to_dict(r) for r in reports],
+        "findings": [{"target": r.target, **f.to_dict()} for r in reports for f in r.findings],
+    }
+
+
 class JsonFormatter(Formatter):
     """Stable, indented JSON; keys in a fixed order."""
 
     def format(self, report: Report) -> str:
         return json.dumps(report_to_dict(report), indent=2) + "\n"
+
+    def format_reports(self, reports: Sequence[Report]) -> str:
+        if len(reports) == 1:
+            return self.format(reports[0])
+        return json.dumps(run_to_dict(reports), indent=2) + "\n"

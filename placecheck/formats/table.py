@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from tabulate import tabulate
 
 from placecheck.finding import Finding
@@ -51,3 +53,12 @@ class TableFormatter(Formatter):
                                   maxcolwidths=[None, None, 40, None, None, 60]))
         lines.append(report.summary_line())
         return "\n".join(lines) + "\n"
+
+    def format_reports(self, reports: Sequence[Report]) -> str:
+        if len(reports) == 1:
+            return self.format(reports[0])
+        failing = sum(1 for r in reports if r.findings)
+        total = sum(len(r.findings) for r in reports)
+        tail = (f"placecheck: {len(reports)} models, {failing} with problems, {total} problems in all"
+                if total else f"placecheck: {len(reports)} models, no placement problems")
+        return "\n".join(self.format(r) for r in reports) + "\n" + tail + "\n"

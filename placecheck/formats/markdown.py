@@ -1,0 +1,56 @@
+"""``--format markdown``: a pull-request comment.
+
+A heading with the verdict, one table row per finding (model, code, where,
+source, problem and fix), then each model's summary line. Text in cells is
+escaped so that a ``|`` or a newline in a message cannot break the table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from placecheck.finding import Finding, Severity
+from placecheck.formats.base import RunFormatter
+from placecheck.report import Report
+
+_ICON = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "info"}
+
+
+def cell(text: str) -> str:
+    """Escape text for one Markdown table cell."""
+    text = text.replace("\\", "\\\\").replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+    return text.replace("\r", "").replace("\n", "<br>")
+
+
+def _code(text: str) -> str:
+    return f"`{text}`" if text and "`" not in text else cell(text)
+
+
+def _row(report: Report, f: Finding) -> str:
+    problem = cell(f.message + (f" (from {f.origin})" if f.origin else ""))
+    if f.hint:
+        problem += f"<br>**fix:** {cell(f.hint)}"
+    cells = [_ICON[f.severity], f"{f.code} {f.kind}", _code(report.target), _code(f.where or "<root>"),
+             _code(f.source), problem]
+    return "| " + " | ".join(cells) + " |"
+
+
+class MarkdownFormatter(RunFormatter):
+    """A verdict heading, a findings table, and each model's summary."""
+
+    def format_reports(self, reports: Sequence[Report]) -> str:
+        total = sum(len(r.findings) for r in reports)
+        failing = sum(1 for r in reports if r.findings)
+        models = f"{len(reports)} model" + ("" if len(reports) == 1 else "s")
+        if total:
+            problems = f"{total} problem" + ("" if total == 1 else "s")
+            lines = [f"### placecheck: {problems} in {failing} of {models}", ""]
+            lines += ["| severity | code | model | where | source | problem |",
+                      "| --- | --- | --- | --- | --- | --- |"]
+            lines += [_row(r, f) for r in reports for f in r.findings]
+        else:
+            lines = [f"### placecheck: no placement problems in {models}"]
+        lines += ["", *(f"- `{r.target}` on {r.device} ({r.engine}): {cell(r.summary_line())}"
+                        for r in reports)]
+        lines += ["", "Run `placecheck explain CODE` for what a code means and how to fix it."]
+        return "\n".join(lines) + "\n"

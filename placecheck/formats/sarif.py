@@ -1,0 +1,119 @@
+"""``--format sarif``: SARIF 2.1.0 as GitHub code scanning accepts it.
+
+One run, the tool's rules with their help text (from :mod:`placecheck.rules`),
+one result per finding. A result points at the finding's source line when it
+has one, else at the file its model's TARGET names (GitHub needs a physical
+location for every result). ``partialFingerprints`` keep a result's identity
+when lines shift, so code scanning does not reopen it as new.
+tests/test_formats_ci.py validates the output against the official schema.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from placecheck import __version__
+from placecheck.finding import Finding, Severity
+from placecheck.formats.base import RunFormatter
+from placecheck.formats.location import repo_path, split_source, target_file
+from placecheck.report import Report
+from placecheck.rules import RULES, Rule
+
+SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
+
+_LEVEL = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "note"}
+# GitHub sorts alerts by a 0-10 "security-severity"; placement bugs are not
+# vulnerabilities, so none is set and the level alone orders them.
+
+
+def _rule_descriptor(r: Rule) -> dict[str, Any]:
+    help_text = f"{r.explanation}\n\nWrong:\n{r.wrong}\n\nRight:\n{r.right}"
+    help_markdown = (f"{r.explanation}\n\n**Wrong**\n\n```python\n{r.wrong}\n```\n\n"
+                     f"**Right**\n\n```python\n{r.right}\n```\n\n"
+                     f"Run `placecheck explain {r.code}` for this text in a terminal.")
+    return {
+        "id": r.code,
+        "name": r.kind,
+        "shortDescription": {"text": r.title},
+        "fullDescription": {"text": r.explanation},
+        "help": {"text": help_text, "markdown": help_markdown},
+        "defaultConfiguration": {"level": _LEVEL[r.severity]},
+        "properties": {"tags": ["pytorch", "device-placement", r.phase]},
+    }
+
+
+def _location(report: Report, f: Finding) -> dict[str, Any]:
+    path, line = split_source(f.source) if f.source else ("", None)
+    path = repo_path(path) if path else ""
+    if not path:
+        path, line = target_file(report.target)
+    physical: dict[str, Any] = {"artifactLocation": {"uri": path or "placecheck.toml",
+                                                     "uriBaseId": "%SRCROOT%"}}
+    if line:
+        physical["region"] = {"startLine": line}
+    logical = ".".join(p for p in (report.target, f.where) if p)
+    return {"physicalLocation": physical,
+            "logicalLocations": [{"fullyQualifiedName": logical, "kind": "member"}]}
+
+
+def _fingerprint(report: Report, f: Finding) -> str:
+    # line numbers are left out on purpose: a fingerprint must survive edits above the line
+    path = repo_path(split_source(f.source)[0]) if f.source else ""
+    key = "\0".join((report.target, f.code, f.where, path))
+    return hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
+def _result(report: Report, f: Finding, rule_index: dict[str, int]) -> dict[str, Any]:
+    text = f"{report.target}: {f.where or '<root>'}: {f.message}"
+    if f.origin:
+        text += f" (from {f.origin})"
+    if f.hint:
+        text += f" Fix: {f.hint}"
+    properties: dict[str, Any] = {"target": report.target, "where": f.where, "kind": f.kind}
+    if f.device or f.expected:
+        properties.update(device=f.device, expected=f.expected)
+    result: dict[str, Any] = {
+        "ruleId": f.code,
+        "level": _LEVEL[f.severity],
+        "message": {"text": text},
+        "locations": [_location(report, f)],
+        "partialFingerprints": {"placecheck/v1": _fingerprint(report, f)},
+        "properties": properties,
+    }
+    if f.code in rule_index:
+        result["ruleIndex"] = rule_index[f.code]
+    return result
+
+
+def sarif_log(reports: Sequence[Report]) -> dict[str, Any]:
+    """The SARIF log object of a run."""
+    rules = list(RULES.values())
+    rule_index = {r.code: i for i, r in enumerate(rules)}
+    results = [_result(report, f, rule_index) for report in reports for f in report.findings]
+    return {
+        "$schema": SARIF_SCHEMA,
+        "version": "2.1.0",
+        "runs": [{
+            "tool": {"driver": {
+                "name": "placecheck",
+                "version": __version__,
+                "semanticVersion": __version__,
+                "rules": [_rule_descriptor(r) for r in rules],
+            }},
+            "automationDetails": {"id": "placecheck/"},
+            "originalUriBaseIds": {"%SRCROOT%": {"description": {"text": "The repository root"}}},
+            "results": results,
+            "properties": {"models": [{"target": r.target, "device": r.device, "engine": r.engine,
+                                       "summary": r.summary_line()} for r in reports]},
+        }],
+    }
+
+
+class SarifFormatter(RunFormatter):
+    """One SARIF 2.1.0 log for the whole run, indented, keys in a fixed order."""
+
+    def format_reports(self, reports: Sequence[Report]) -> str:
+        return json.dumps(sarif_log(reports), indent=2) + "\n"
