@@ -1,0 +1,90 @@
+"""``placecheck.audit()`` as Python users call it: it never touches the caller's model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+from conftest import EXAMPLES, load_file
+
+import placecheck
+from placecheck.errors import LoadError, UsageError
+from placecheck.formats import OutputFormat, formatter_for
+
+BuggyNet = load_file(EXAMPLES / "buggy.py", "BuggyNet")
+CleanNet = load_file(EXAMPLES / "clean.py", "CleanNet")
+
+
+def test_audit_does_not_modify_the_callers_model() -> None:
+    model = BuggyNet()
+    params = {name: p for name, p in model.named_parameters()}
+    values = {name: p.detach().clone() for name, p in params.items()}
+    mask, head_weight, scale = model.blocks[0].mask, model.heads[0].weight, model.scales[0]
+
+    report = placecheck.audit(model, device="cuda", engine="fake")
+
+    assert not report.ok
+    assert {name: p for name, p in model.named_parameters()} == params  # same objects
+    for name, p in model.named_parameters():
+        assert p.device.type == "cpu" and type(p) is nn.Parameter
+        assert torch.equal(p.detach(), values[name])
+    assert model.blocks[0].mask is mask and model.heads[0].weight is head_weight
+    assert model.scales[0] is scale and mask.device.type == "cpu"
+
+
+def test_audit_of_a_weight_norm_model_leaves_it_usable() -> None:
+    with pytest.warns(FutureWarning):
+        model = nn.Sequential(nn.utils.weight_norm(nn.Linear(4, 4)))
+    assert placecheck.audit(model, device="cuda", engine="fake").findings == ()
+    assert model(torch.ones(1, 4)).shape == (1, 4)
+    assert model[0].weight_v.device.type == "cpu"
+
+
+def test_report_api() -> None:
+    report = placecheck.audit(BuggyNet, device="cuda", engine="fake")
+    assert isinstance(report, placecheck.Report)
+    assert report.device == "cuda:0" and report.engine == "simulated cuda"
+    assert report.target == "BuggyNet"
+    assert len(report.findings) == 12 and not report.ok
+    assert {f.code for f in report.findings} == {"PC101", "PC102", "PC103"}
+    assert dict(report.stats)["unregistered_tensors"] == 10
+    table = formatter_for(OutputFormat.TABLE).format(report)
+    assert table.rstrip().endswith("12 problems in 3 modules: 12 errors; 13.1 KiB not on cuda:0")
+
+
+def test_clean_model_is_ok() -> None:
+    report = placecheck.audit(CleanNet(), device="cuda", engine="fake")
+    assert report.ok and report.findings == ()
+
+
+def test_select_and_ignore() -> None:
+    assert {f.code for f in placecheck.audit(BuggyNet, engine="fake", select=["PC102"]).findings} == {"PC102"}
+    assert {f.code for f in placecheck.audit(BuggyNet, engine="fake", ignore=["PC10"]).findings} == set()
+
+
+def test_walk_findings_have_no_source_line() -> None:
+    # walk findings carry no source line: the walk does not run code
+    assert all(f.source == "" for f in placecheck.audit(BuggyNet, engine="fake").findings)
+
+
+@pytest.mark.parametrize("kwargs, error, pattern", [
+    ({"device": "tpu"}, UsageError, "unknown device 'tpu'"),
+    ({"engine": "warp"}, UsageError, "unknown engine 'warp'"),
+    ({"select": ["PC999"]}, UsageError, "PC999"),
+])
+def test_bad_options_raise_usage_errors(kwargs: dict[str, object], error: type[Exception],
+                                        pattern: str) -> None:
+    with pytest.raises(error, match=pattern):
+        placecheck.audit(CleanNet, **kwargs)  # type: ignore[arg-type]
+
+
+def test_factory_returning_non_module() -> None:
+    with pytest.raises(LoadError, match="returned a dict"):
+        placecheck.audit(lambda: {"a": 1}, engine="fake")  # type: ignore[arg-type, return-value]
+
+
+def test_copy_model_false_audits_in_place() -> None:
+    model = CleanNet()
+    placecheck.audit(model, device="cuda", engine="fake", copy_model=False)
+    # the caller asked for it: the model itself was moved (to simulated cuda)
+    assert all(p.device == torch.device("cuda:0") for p in model.parameters())
