@@ -74,7 +74,12 @@ def fail(message: str, debug: bool = False) -> typer.Exit:
 
 def emit(report: Report, out: OutputOptions) -> int:
     """Write the formatted report where ``--output`` says; return the exit code."""
-    text = formatter_for(out.format).format(report)
+    return emit_reports([report], out)
+
+
+def emit_reports(reports: list[Report], out: OutputOptions) -> int:
+    """Write a run's reports (one or many models) where ``--output`` says; return the exit code."""
+    text = formatter_for(out.format).format_reports(reports)
     if out.output == "-":
         sys.stdout.write(text)
         sys.stdout.flush()
@@ -83,7 +88,7 @@ def emit(report: Report, out: OutputOptions) -> int:
             Path(out.output).write_text(text, encoding="utf-8")
         except OSError as exc:
             raise fail(f"cannot write --output {out.output!r}: {exc.strerror or exc}") from None
-    return exit_code([report], out.fail_on, out.exit_zero)
+    return exit_code(reports, out.fail_on, out.exit_zero)
 
 
 def _version(value: bool) -> None:
@@ -102,10 +107,12 @@ def main(
 
 @app.command()
 def audit(
-    target: Annotated[str, typer.Argument(
+    ctx: typer.Context,
+    target: Annotated[str | None, typer.Argument(
         help="The model: MODULE:ATTR (e.g. torchvision.models:resnet18) or path/to/file.py:ATTR. "
-             "ATTR names an nn.Module instance, an nn.Module subclass or a function returning one.",
-        show_default=False)],
+             "ATTR names an nn.Module instance, an nn.Module subclass or a function returning one. "
+             "Optional with --config, or when ./pyproject.toml has a [tool.placecheck] table.",
+        show_default=False)] = None,
     device: Annotated[str, typer.Option("--device", "-d", help=f"Target device: {DEVICE_HELP}.")] = "cuda",
     engine: Annotated[str, typer.Option(
         help="auto: the real device when present, CUDA simulated with fake tensors when not; "
@@ -137,6 +144,20 @@ def audit(
         help=f"Exit 1 when a finding is at or above this severity: {', '.join(FAIL_ON_CHOICES)}.")] = "warning",
     exit_zero: Annotated[bool, typer.Option("--exit-zero", help="Exit 0 even when there are findings.")] = False,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for errors.")] = False,
+    config: Annotated[str | None, typer.Option(
+        "--config", "-c", help="Audit every model a TOML config lists (see configs/example.toml), each in "
+                               "its own process.")] = None,
+    jobs: Annotated[int | None, typer.Option(
+        "--jobs", "-j", help="With --config: models audited in parallel (default: the config's, else 1).",
+        min=1)] = None,
+    timeout: Annotated[float | None, typer.Option(
+        "--timeout", help="With --config: seconds one model may take before it is stopped and reported "
+                          "as PC901 (default: the config's, else 600).", min=0.001)] = None,
+    baseline: Annotated[str | None, typer.Option(
+        "--baseline", help="Hide the findings this baseline file records; report entries it no longer "
+                           "matches as stale.")] = None,
+    write_baseline: Annotated[str | None, typer.Option(
+        "--write-baseline", help="Record every current finding in FILE (for --baseline) and exit 0.")] = None,
 ) -> None:
     """Load a model, move it to DEVICE as a training script would, and report what did not follow.
 
@@ -146,9 +167,16 @@ def audit(
     from placecheck.errors import UsageError
     from placecheck.load import parse_kwargs
 
+    if target is None or config is not None:
+        from placecheck.ci import run_config_audit
+
+        raise typer.Exit(run_config_audit(ctx, target, config, debug))
     try:
         if fail_on not in FAIL_ON_CHOICES:
             raise UsageError(f"--fail-on {fail_on!r} is not one of {', '.join(FAIL_ON_CHOICES)}")
+        from placecheck.ci import reject_run_options
+
+        reject_run_options(ctx)
         opts = AuditOptions(
             target=target, kwargs=parse_kwargs(kwargs, arg or ()), device=device, engine=engine,
             gpus=gpus, select=_split_codes(select), ignore=_split_codes(ignore), init=init,
@@ -162,6 +190,10 @@ def audit(
         from placecheck.errors import one_line
 
         raise fail(f"unexpected {one_line(exc)}; rerun with --debug and report it", debug) from None
+    if baseline is not None or write_baseline is not None:
+        from placecheck.ci import finish_with_baseline
+
+        raise typer.Exit(finish_with_baseline([report], out, baseline, write_baseline, load_error=False))
     raise typer.Exit(emit(report, out))
 
 

@@ -1,0 +1,150 @@
+"""The multi-model side of ``placecheck audit``: ``--config``, ``--jobs``, ``--timeout`` and baselines.
+
+Kept out of :mod:`placecheck.cli` so that the command stays thin: the command
+parses options, this module turns a config into per-model audits
+(:mod:`placecheck.runner`), applies a baseline (:mod:`placecheck.baseline`),
+writes the formatted run and returns one exit code for every model:
+2 when the config is wrong or a model could not be loaded, else 1 when any
+model has a finding at or above ``--fail-on``, else 0.
+
+Options given on the command line next to ``--config`` apply to every model:
+``--device``, ``--engine``, ``--gpus``, ``--init``, ``--select`` and
+``--ignore`` override the config's values; options that describe one model
+(``--kwargs``, ``--checkpoint``, ``--input``...) are refused, since they
+belong in the model's entry. No torch import here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+
+from placecheck import baseline as baselines
+from placecheck.errors import PlacecheckError, UsageError, one_line
+from placecheck.report import EXIT_OK, EXIT_USAGE, FAIL_ON_CHOICES, Report
+
+# Command-line options that apply to every model of a config run (python name -> config key).
+MODEL_OVERRIDES = {"device": "device", "engine": "engine", "gpus": "gpus", "init": "init",
+                   "select": "select", "ignore": "ignore"}
+# Options about the run as a whole.
+RUN_OPTIONS = {"target", "config", "jobs", "timeout", "baseline", "write_baseline", "fmt", "output",
+               "fail_on", "exit_zero", "debug"}
+CONFIG_ONLY = ("jobs", "timeout")
+
+
+def _given(ctx: typer.Context) -> list[str]:
+    """Names of the parameters given on the command line (or by environment), not defaulted."""
+    # typer vendors click, so its ParameterSource enum is compared by name
+    given = []
+    for name in ctx.params:
+        source = ctx.get_parameter_source(name)
+        if source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT"):
+            given.append(name)
+    return given
+
+
+def _flag(ctx: typer.Context, name: str) -> str:
+    for param in ctx.command.params:
+        if param.name == name and param.opts:
+            return max(param.opts, key=len)
+    return name
+
+
+def reject_run_options(ctx: typer.Context) -> None:
+    """A single TARGET run: refuse options that only mean something with --config."""
+    given = [n for n in _given(ctx) if n in CONFIG_ONLY]
+    if given:
+        flags = " and ".join(_flag(ctx, n) for n in given)
+        raise UsageError(f"{flags} apply to --config runs (many models); for one TARGET drop them")
+
+
+def _split(values: list[str] | None) -> list[str]:
+    return [c.strip() for v in values or () for c in v.split(",") if c.strip()]
+
+
+def run_config_audit(ctx: typer.Context, target: str | None, config_path: str | None, debug: bool) -> int:
+    """``placecheck audit --config FILE`` (or ``[tool.placecheck]``); returns the exit code."""
+    from placecheck.cli import OutputOptions, fail
+
+    params = ctx.params
+    try:
+        if target is not None:
+            raise UsageError("give a TARGET or --config FILE, not both")
+        if config_path is None:
+            from placecheck.config import find_pyproject
+
+            found = find_pyproject()
+            if found is None:
+                raise UsageError("no TARGET given: name a model (MODULE:ATTR or path/to/file.py:ATTR), "
+                                 "pass --config FILE, or add [tool.placecheck] to ./pyproject.toml")
+            config_path = str(found)
+        given = _given(ctx)
+        refused = [n for n in given if n not in RUN_OPTIONS and n not in MODEL_OVERRIDES]
+        if refused:
+            flags = ", ".join(_flag(ctx, n) for n in refused)
+            raise UsageError(f"{flags} describe one model: put them in the model's entry of "
+                             f"{config_path} instead")
+        overrides: dict[str, Any] = {}
+        for name in given:
+            if name in MODEL_OVERRIDES:
+                value = params[name]
+                overrides[MODEL_OVERRIDES[name]] = tuple(_split(value)) if name in ("select", "ignore") \
+                    else value
+        from placecheck.config import load
+
+        config = load(config_path, overrides)
+        if "select" in overrides or "ignore" in overrides:
+            from placecheck.rules import expand
+
+            for key in ("select", "ignore"):
+                try:
+                    expand(overrides.get(key, ()))
+                except ValueError as exc:
+                    raise UsageError(str(exc)) from None
+        fail_on = params["fail_on"] if "fail_on" in given else config.fail_on
+        if fail_on not in FAIL_ON_CHOICES:
+            raise UsageError(f"--fail-on {fail_on!r} is not one of {', '.join(FAIL_ON_CHOICES)}")
+        out = OutputOptions(format=params["fmt"], output=params["output"], fail_on=fail_on,
+                            exit_zero=params["exit_zero"], debug=debug)
+        from placecheck.runner import run_models
+
+        outcomes = run_models(config, jobs=params["jobs"], timeout=params["timeout"])
+    except PlacecheckError as exc:
+        raise fail(str(exc), debug) from None
+    except Exception as exc:  # a bug in placecheck
+        raise fail(f"unexpected {one_line(exc)}; rerun with --debug and report it", debug) from None
+    for outcome in outcomes:
+        if outcome.load_error:
+            typer.echo(f"placecheck: error: {outcome.model.label} (config line {outcome.model.line}): "
+                       f"{outcome.load_error}", err=True)
+    baseline_path = params["baseline"] or config.baseline
+    return finish_with_baseline([o.report for o in outcomes], out, baseline_path, params["write_baseline"],
+                                load_error=any(o.load_error for o in outcomes))
+
+
+def finish_with_baseline(reports: list[Report], out: Any, baseline_path: str | None,
+                         write_path: str | None, load_error: bool) -> int:
+    """Record and/or apply a baseline, write the run, return the exit code."""
+    from placecheck.cli import emit_reports, fail
+
+    try:
+        if write_path is not None:
+            recorded = baselines.write(write_path, reports)
+            typer.echo(f"placecheck: recorded {recorded} finding{'s' if recorded != 1 else ''} "
+                       f"in {write_path}", err=True)
+        if baseline_path is not None:
+            result = baselines.apply(reports, baselines.read(baseline_path))
+            reports = list(result.reports)
+            if result.stale:
+                typer.echo(f"placecheck: {baseline_path}: {len(result.stale)} stale "
+                           f"entr{'ies' if len(result.stale) != 1 else 'y'} (no longer found; remove "
+                           "them or rewrite with --write-baseline):", err=True)
+                for entry in result.stale:
+                    typer.echo(f"  {entry.describe()}", err=True)
+    except PlacecheckError as exc:
+        raise fail(str(exc), out.debug) from None
+    code = emit_reports(reports, out)
+    if load_error:
+        return EXIT_USAGE
+    return EXIT_OK if write_path is not None else code
