@@ -71,11 +71,12 @@ def _copy(model: nn.Module) -> nn.Module:
     memo: dict[int, Any] = {}
     for module in model.modules():
         for value in [*vars(module).values(), *module._parameters.values(), *module._buffers.values()]:
+            # torch's .pyi stubs omit the device/dtype arguments these constructors take
             if isinstance(value, UninitializedParameter):
-                memo[id(value)] = UninitializedParameter(
+                memo[id(value)] = UninitializedParameter(  # type: ignore[call-arg]
                     requires_grad=value.requires_grad, device=value.device, dtype=value.dtype)
             elif isinstance(value, UninitializedBuffer):
-                memo[id(value)] = UninitializedBuffer(
+                memo[id(value)] = UninitializedBuffer(  # type: ignore[call-arg]
                     requires_grad=value.requires_grad, device=value.device, dtype=value.dtype)
             elif isinstance(value, torch.Tensor) and not value.is_leaf:
                 memo[id(value)] = value.detach().clone()

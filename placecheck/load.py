@@ -115,9 +115,9 @@ def _candidates(module: Any) -> list[str]:
     for key, value in vars(module).items():
         if key.startswith("_"):
             continue
-        if isinstance(value, nn.Module) or (isinstance(value, type) and issubclass(value, nn.Module)):
-            names.append(key)
-        elif inspect.isfunction(value) and getattr(value, "__module__", None) == module.__name__:
+        is_module = isinstance(value, nn.Module) or (isinstance(value, type) and issubclass(value, nn.Module))
+        is_local_function = inspect.isfunction(value) and value.__module__ == module.__name__
+        if is_module or is_local_function:
             names.append(key)
     return sorted(names)
 

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from placecheck.finding import Finding, Severity
+from placecheck.finding import Finding
 from placecheck.report import human_bytes
 from placecheck.rules import rule
 
@@ -161,7 +161,7 @@ def _items(value: Any) -> Iterator[tuple[str, Any]] | None:
         return ((f"[{i}]", v) for i, v in enumerate(value[:_MAX_ITEMS]))
     if isinstance(value, set | frozenset):
         return ((f"{{{i}}}", v) for i, v in enumerate(list(value)[:_MAX_ITEMS]))
-    if isinstance(value, _ATOMS) or callable(value) and not hasattr(value, "__dict__"):
+    if isinstance(value, _ATOMS) or (callable(value) and not hasattr(value, "__dict__")):
         return None
     if type(value).__module__ in ("builtins", "types") or isinstance(value, type):
         return None
@@ -228,8 +228,11 @@ class _Walker:
                 ))
 
     # -- unregistered state -------------------------------------------------------
-    def module_attributes(self, model: nn.Module) -> None:
+    def module_attributes(self, model: nn.Module, outer_modules: frozenset[int] = frozenset()) -> None:
+        """Walk the attributes of every module under ``model`` except ``outer_modules``."""
         for mpath, module in model.named_modules():
+            if id(module) in outer_modules:
+                continue
             skip = _MODULE_INTERNALS | _hook_derived(module) | _library_managed(module)
             for attr, value in list(vars(module).items()):
                 if attr in skip:
@@ -280,7 +283,8 @@ class _Walker:
             finding = self._finding(
                 "PC101", path, owner, t,
                 message=(f"{path!r} holds buffer {stale!r} as it was before .to(): .to() replaced "
-                         f"the buffer with a moved copy, this reference still points at the old one on {dev}"),
+                         "the buffer with a moved copy, this reference still points at the old one "
+                         f"on {dev}"),
                 hint=f"do not keep references to buffers; read self.{stale} where it is needed",
             )
         elif isinstance(t, nn.Parameter):
@@ -320,14 +324,19 @@ class _Walker:
         if key in self.modules or key in self.seen:
             return
         self.seen.add(key)
+        # A back-reference from the unregistered module to the model (registered as its
+        # submodule, or held in a plain attribute) must not pull the model's own state
+        # into this module's count: what the model registers, or walks itself, is skipped.
+        outer = frozenset(self.modules)
         tensors: dict[int, tuple[str, torch.Tensor]] = {}
-        for name, t in m.named_parameters(remove_duplicate=False):
-            tensors.setdefault(id(t), (join(path, name), t))
-        for name, t in m.named_buffers(remove_duplicate=False):
-            tensors.setdefault(id(t), (join(path, name), t))
+        named = (*m.named_parameters(remove_duplicate=False), *m.named_buffers(remove_duplicate=False))
+        for name, tensor in named:
+            if id(tensor) not in self.registered and id(tensor) not in self.snapshot.params:
+                tensors.setdefault(id(tensor), (join(path, name), tensor))
         # plain tensor attributes of the unregistered module and its children
         sub = _Walker(m, self.target, Snapshot())
-        sub.module_attributes(m)
+        sub.modules |= outer
+        sub.module_attributes(m, outer_modules=outer)
         for tid, (tpath, t) in sub.found.items():
             tensors.setdefault(tid, (join(path, tpath), t))
         off = [(p, t) for p, t in tensors.values() if tensor_device(t) != self.target]

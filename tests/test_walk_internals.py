@@ -263,3 +263,12 @@ def test_walk_result_records_origins_for_the_forward_pass() -> None:
     view = model.mask[:2]
     assert result.storages[view.untyped_storage().data_ptr()] == "mask"
     assert result.finding_by_origin["mask"].code == "PC101"
+
+
+def test_unregistered_module_with_back_reference_counts_only_its_own_tensors() -> None:
+    from conftest import TESTS, load_file
+
+    model = load_file(TESTS / "fixtures" / "walk" / "module_in_list_backref.py")
+    report = placecheck.audit(model, device="cuda", engine="fake")
+    (head,) = [f for f in report.findings if f.code == "PC102"]
+    assert (head.where, head.count, head.nbytes) == ("heads[0]", 2, (4 * 2 + 2) * 4)
