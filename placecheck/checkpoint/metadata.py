@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from placecheck.checkpoint.safety import globals_in_pickle, normalize_module, unsafe_globals
+from placecheck.checkpoint.safety import normalize_module, unsafe_globals
 from placecheck.errors import LoadError, UsageError
 
 LEGACY_MAGIC_NUMBER = 0x1950A86A20F9469CFC6C
@@ -244,16 +244,21 @@ class _MetaUnpickler(pickle.Unpickler):
     """Unpickles ``data.pkl`` into a tree of dicts, lists and :class:`TensorMeta` leaves.
 
     Safe on any file: ``find_class`` never imports, it returns stand-ins; and
-    ``persistent_load`` records storages instead of reading them.
+    ``persistent_load`` records storages instead of reading them. Every
+    global the pickle names passes through ``find_class`` and is recorded in
+    ``globals`` for the safety check.
     """
 
-    def __init__(self, file: IO[bytes], storages: dict[str, StorageMeta]) -> None:
+    def __init__(self, file: IO[bytes], storages: dict[str, StorageMeta],
+                 globals_seen: dict[str, None]) -> None:
         super().__init__(file)
         self.storages = storages
+        self.globals_seen = globals_seen
 
     def find_class(self, module: str, name: str) -> Any:
         module = normalize_module(module)
         qualname = f"{module}.{name}"
+        self.globals_seen.setdefault(qualname, None)
         if qualname in _STAND_INS:
             return _STAND_INS[qualname]
         if module == "torch" and name.endswith("Storage"):
@@ -363,8 +368,7 @@ def _read_zip(p: Path, shown: str, size: int) -> CheckpointMeta:
         all_globals: dict[str, None] = {}
         for member in pickles:
             payload = _read_member(archive, member, shown)
-            all_globals.update(dict.fromkeys(_scan_globals(io.BytesIO(payload), shown, member)))
-            roots.append(_unpickle(io.BytesIO(payload), storages, shown, member))
+            roots.append(_unpickle(io.BytesIO(payload), storages, all_globals, shown, member))
     root = roots[0]
     if len(roots) > 1 and roots[1]:
         root = {"<module>": roots[0], "<constants>": roots[1]}
@@ -383,17 +387,10 @@ def _read_member(archive: zipfile.ZipFile, member: str, shown: str) -> bytes:
                         "corrupt; copy or save it again") from None
 
 
-def _scan_globals(stream: IO[bytes], shown: str, member: str) -> list[str]:
+def _unpickle(stream: IO[bytes], storages: dict[str, StorageMeta], globals_seen: dict[str, None],
+              shown: str, member: str) -> Any:
     try:
-        return globals_in_pickle(stream)
-    except Exception as exc:  # pickletools raises ValueError, EOFError, struct.error...
-        raise LoadError(f"{shown!r}: {member} is not a valid pickle ({type(exc).__name__}: {exc}): "
-                        "the file is truncated or corrupt") from None
-
-
-def _unpickle(stream: IO[bytes], storages: dict[str, StorageMeta], shown: str, member: str) -> Any:
-    try:
-        return _MetaUnpickler(stream, storages).load()
+        return _MetaUnpickler(stream, storages, globals_seen).load()
     except Exception as exc:  # any malformed pickle; nothing in it was executed
         raise LoadError(f"{shown!r}: {member} could not be read ({type(exc).__name__}: {exc}): "
                         "the file is truncated or corrupt") from None
@@ -403,9 +400,10 @@ def _unpickle(stream: IO[bytes], storages: dict[str, StorageMeta], shown: str, m
 
 def _read_legacy(p: Path, shown: str, size: int) -> CheckpointMeta:
     storages: dict[str, StorageMeta] = {}
+    found: dict[str, None] = {}
     with p.open("rb") as fh:
         try:
-            magic = _MetaUnpickler(fh, storages).load()
+            magic = _MetaUnpickler(fh, storages, found).load()
         except Exception:
             magic = None
         if magic != LEGACY_MAGIC_NUMBER:
@@ -413,13 +411,11 @@ def _read_legacy(p: Path, shown: str, size: int) -> CheckpointMeta:
                             "placecheck reads files written by torch.save, torch.jit.save, "
                             "torch.export.save or safetensors")
         for what in ("protocol version", "system info"):
-            _unpickle(fh, storages, shown, what)
-        start = fh.tell()
-        found = _scan_globals(fh, shown, "the main pickle")
-        fh.seek(start)
-        root = _unpickle(fh, storages, shown, "the main pickle")
+            _unpickle(fh, storages, found, shown, what)
+        # The raw storages follow the main pickle; the unpickler stops at its STOP opcode.
+        root = _unpickle(fh, storages, found, shown, "the main pickle")
     return CheckpointMeta(shown, CheckpointFormat.TORCH_LEGACY, root, tuple(storages.values()),
-                          tuple(found), tuple(unsafe_globals(found)), size)
+                          tuple(found), tuple(unsafe_globals(list(found))), size)
 
 
 # --- torch.export .pt2 -----------------------------------------------------------------------------
