@@ -1,0 +1,225 @@
+"""The CI formats (sarif, junit, github, markdown) and multi-model table/JSON, on a fixed run.
+
+The run is built by hand (no torch): a model with findings (one with a source
+line, one without), a clean model, and one whose audit crashed (PC901).
+Golden files live in tests/golden/ci/ (``pytest --update-golden`` rewrites them).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import xml.etree.ElementTree as ET
+from collections.abc import Callable
+from pathlib import Path
+
+import jsonschema
+import pytest
+from junitparser import Failure, JUnitXml
+
+from placecheck.finding import Finding, Severity
+from placecheck.formats import OutputFormat, formatter_for
+from placecheck.formats.base import Formatter
+from placecheck.formats.github import escape_data, escape_property
+from placecheck.formats.markdown import cell
+from placecheck.report import Report
+from placecheck.rules import RULES
+
+TESTS = Path(__file__).resolve().parent
+SCHEMA = json.loads((TESTS / "schemas" / "sarif-schema-2.1.0.json").read_text(encoding="utf-8"))
+
+STRAY = Finding(code="PC101", kind="stray-tensor", severity=Severity.ERROR, where="encoder.mask",
+                message="tensor attribute 'mask' float32[8,8] stays on cpu", hint="register_buffer(...)",
+                device="cpu", expected="cuda:0", nbytes=256, count=1, module="encoder")
+SYNC = Finding(code="PC204", kind="host-sync", severity=Severity.WARNING, where="head",
+               message=".item() | waits for the GPU\nevery call", hint="keep it on the device",
+               source="pkg/net.py:42", device="cuda:0", expected="cuda:0")
+CRASH = Finding(code="PC901", kind="audit-incomplete", severity=Severity.ERROR, where="",
+                message="the audit crashed the Python interpreter (SIGSEGV)", hint="run it alone",
+                details=(("reason", "crash"),))
+
+RUN = [
+    Report.build("pkg/net.py:Net", "cuda:0", "simulated cuda", [SYNC, STRAY], ["engine: simulated"]),
+    Report.build("torchvision.models:resnet18", "cuda:0", "simulated cuda", []),
+    Report.build("pkg.crashy:Model", "cuda:0", "not run", [CRASH]),
+]
+
+
+@pytest.fixture
+def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    # locations depend on which files exist under the current directory: make that fixed
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "net.py").write_text("import torch\n\n\nclass Net:\n    pass\n")
+    return tmp_path
+
+
+def _render(fmt: OutputFormat, reports: list[Report] | None = None) -> str:
+    return formatter_for(fmt).format_reports(RUN if reports is None else reports)
+
+
+@pytest.mark.parametrize("fmt", list(OutputFormat), ids=str)
+def test_every_choice_has_a_formatter_for_runs(fmt: OutputFormat) -> None:
+    formatter = formatter_for(fmt)
+    assert isinstance(formatter, Formatter)
+    assert formatter.format_reports(RUN).endswith("\n")
+    # one report renders the same through both entry points
+    assert formatter.format(RUN[0]) == formatter.format_reports([RUN[0]])
+
+
+@pytest.mark.usefixtures("in_tmp")
+@pytest.mark.parametrize("fmt, name", [
+    (OutputFormat.SARIF, "run.sarif"), (OutputFormat.JUNIT, "run.junit.xml"),
+    (OutputFormat.GITHUB, "run.github.txt"), (OutputFormat.MARKDOWN, "run.md"),
+    (OutputFormat.TABLE, "run.table.txt"), (OutputFormat.JSON, "run.json"),
+], ids=str)
+def test_golden(fmt: OutputFormat, name: str, golden: Callable[[str, str], None]) -> None:
+    golden(f"ci/{name}", _render(fmt).replace(_version(), "VERSION"))
+
+
+def _version() -> str:
+    from placecheck import __version__
+
+    return __version__
+
+
+# ---- SARIF ---------------------------------------------------------------------------------------
+
+
+def test_vendored_schema_is_the_oasis_one() -> None:
+    assert SCHEMA["id"].startswith("https://docs.oasis-open.org/sarif/sarif/v2.1.0/")
+    assert "2.1.0" in SCHEMA["title"]
+    # the schema really constrains: a wrong version is refused
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"version": "2.0.0", "runs": []}, SCHEMA)
+
+
+@pytest.mark.usefixtures("in_tmp")
+@pytest.mark.parametrize("reports", [RUN, [RUN[1]], []], ids=["run", "clean", "empty"])
+def test_sarif_validates_against_the_official_schema(reports: list[Report]) -> None:
+    log = json.loads(_render(OutputFormat.SARIF, reports))
+    jsonschema.validate(log, SCHEMA, cls=jsonschema.Draft4Validator)
+
+
+@pytest.mark.usefixtures("in_tmp")
+def test_sarif_rules_results_and_locations() -> None:
+    run = json.loads(_render(OutputFormat.SARIF))["runs"][0]
+    rules = run["tool"]["driver"]["rules"]
+    assert [r["id"] for r in rules] == list(RULES)
+    assert all(r["help"]["text"] and r["fullDescription"]["text"] for r in rules)
+    assert rules[0]["help"]["text"].startswith(RULES["PC101"].explanation)
+    by_rule = {r["ruleId"]: r for r in run["results"]}
+    assert set(by_rule) == {"PC101", "PC204", "PC901"}
+    for result in run["results"]:
+        assert rules[result["ruleIndex"]]["id"] == result["ruleId"]
+        assert result["partialFingerprints"]["placecheck/v1"]
+    # a finding with a source line points at it
+    sync = by_rule["PC204"]["locations"][0]["physicalLocation"]
+    assert sync == {"artifactLocation": {"uri": "pkg/net.py", "uriBaseId": "%SRCROOT%"},
+                    "region": {"startLine": 42}}
+    assert by_rule["PC204"]["level"] == "warning"
+    # one without points at its model's file (and the class's line when found)
+    stray = by_rule["PC101"]["locations"][0]
+    assert stray["physicalLocation"]["artifactLocation"]["uri"] == "pkg/net.py"
+    assert stray["physicalLocation"]["region"] == {"startLine": 4}
+    assert stray["logicalLocations"][0]["fullyQualifiedName"] == "pkg/net.py:Net.encoder.mask"
+    # a module target names its module's file
+    crash = by_rule["PC901"]["locations"][0]["physicalLocation"]
+    assert crash["artifactLocation"]["uri"] == "pkg/crashy.py"
+
+
+def test_sarif_fingerprint_ignores_the_line() -> None:
+    moved = Report.build("pkg/net.py:Net", "cuda:0", "x", [Finding(**{**SYNC.to_dict(),
+                                                                          "severity": Severity.WARNING,
+                                                                          "shape": None, "details": (),
+                                                                          "source": "pkg/net.py:99"})])
+    before = json.loads(_render(OutputFormat.SARIF, [RUN[0]]))["runs"][0]["results"]
+    after = json.loads(_render(OutputFormat.SARIF, [moved]))["runs"][0]["results"]
+    sync_before = next(r for r in before if r["ruleId"] == "PC204")
+    assert sync_before["partialFingerprints"] == after[0]["partialFingerprints"]
+
+
+# ---- JUnit ---------------------------------------------------------------------------------------
+
+
+def test_junit_parses_with_a_junit_parser(tmp_path: Path) -> None:
+    path = tmp_path / "run.xml"
+    path.write_text(_render(OutputFormat.JUNIT), encoding="utf-8")
+    xml = JUnitXml.fromfile(str(path))
+    suites = list(xml)
+    assert len(suites) == 1
+    cases = {case.name: case for case in suites[0]}
+    assert set(cases) == {r.target for r in RUN}
+    failures = {name: [r for r in case.result if isinstance(r, Failure)] for name, case in cases.items()}
+    assert [f.type for f in failures["pkg/net.py:Net"]] == ["PC101", "PC204"]
+    assert failures["torchvision.models:resnet18"] == []
+    assert [f.type for f in failures["pkg.crashy:Model"]] == ["PC901"]
+    assert "SIGSEGV" in failures["pkg.crashy:Model"][0].message
+    assert "source: pkg/net.py:42" in (failures["pkg/net.py:Net"][1].text or "")
+    assert suites[0].tests == 3
+    assert suites[0].failures == 2
+
+
+# ---- GitHub workflow commands --------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("in_tmp")
+def test_github_annotations() -> None:
+    lines = _render(OutputFormat.GITHUB).splitlines()
+    annotations = [line for line in lines if line.startswith("::")]
+    assert len(annotations) == 3
+    pattern = re.compile(r"^::(error|warning|notice) (file=[^,:]+)(,line=\d+)?,title=[^:]+::\S.*$")
+    assert all(pattern.match(a) for a in annotations), annotations
+    sync = next(a for a in annotations if "PC204" in a)
+    assert sync.startswith("::warning file=pkg/net.py,line=42,title=placecheck PC204 host-sync::")
+    assert "\n" not in sync and "%0A" in sync  # the multi-line message is escaped
+
+
+def test_github_escaping() -> None:
+    assert escape_data("50%\nnext\r") == "50%25%0Anext%0D"
+    assert escape_property("a:b,c") == "a%3Ab%2Cc"
+
+
+# ---- Markdown ------------------------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("in_tmp")
+def test_markdown_table_is_well_formed() -> None:
+    text = _render(OutputFormat.MARKDOWN)
+    assert text.startswith("### placecheck: 3 problems in 2 of 3 models")
+    rows = [line for line in text.splitlines() if line.startswith("| ")]
+    assert len(rows) == 2 + 3  # header, rule, one row per finding
+    # an escaped pipe does not add a column
+    assert {len(re.split(r"(?<!\\)\|", row)) for row in rows} == {8}
+    assert "<br>every call" in text
+
+
+def test_markdown_clean_run() -> None:
+    text = _render(OutputFormat.MARKDOWN, [RUN[1]])
+    assert text.startswith("### placecheck: no placement problems in 1 model")
+
+
+def test_markdown_cell_escaping() -> None:
+    assert cell("a|b\nc <root>") == "a\\|b<br>c &lt;root&gt;"
+
+
+# ---- multi-model table and JSON ------------------------------------------------------------------
+
+
+def test_json_run_keeps_the_findings_contract() -> None:
+    data = json.loads(_render(OutputFormat.JSON))
+    assert [m["target"] for m in data["models"]] == [r.target for r in RUN]
+    assert len(data["findings"]) == 4 - 1  # every finding, each with its model
+    assert {f["target"] for f in data["findings"]} == {"pkg/net.py:Net", "pkg.crashy:Model"}
+    assert data["summary"] == {"models": 3, "models_with_problems": 2, "problems": 3}
+
+
+def test_single_report_output_is_unchanged_by_the_run_interface() -> None:
+    for fmt in (OutputFormat.TABLE, OutputFormat.JSON):
+        formatter = formatter_for(fmt)
+        assert formatter.format_reports([RUN[0]]) == formatter.format(RUN[0])
+
+
+def test_junit_is_well_formed_xml() -> None:
+    root = ET.fromstring(_render(OutputFormat.JUNIT).encode())
+    assert root.tag == "testsuites"
