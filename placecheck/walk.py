@@ -12,7 +12,10 @@ so the forward pass can say which attribute an offending tensor came from.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import itertools
+import types
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -153,12 +156,12 @@ def _library_managed(module: nn.Module) -> set[str]:
 
 def _items(value: Any) -> Iterator[tuple[str, Any]] | None:
     """``(path suffix, child)`` pairs for a container or helper object; None for a leaf."""
-    if isinstance(value, dict):
+    if isinstance(value, dict | types.MappingProxyType):
         return ((f"[{k!r}]", v) for k, v in list(value.items())[:_MAX_ITEMS])
     if isinstance(value, tuple) and hasattr(value, "_fields"):
         return ((f".{name}", getattr(value, name)) for name in value._fields)
-    if isinstance(value, list | tuple):
-        return ((f"[{i}]", v) for i, v in enumerate(value[:_MAX_ITEMS]))
+    if isinstance(value, list | tuple | collections.deque):
+        return ((f"[{i}]", v) for i, v in enumerate(itertools.islice(value, _MAX_ITEMS)))
     if isinstance(value, set | frozenset):
         return ((f"{{{i}}}", v) for i, v in enumerate(list(value)[:_MAX_ITEMS]))
     if isinstance(value, _ATOMS) or (callable(value) and not hasattr(value, "__dict__")):
@@ -183,12 +186,13 @@ def _items(value: Any) -> Iterator[tuple[str, Any]] | None:
 
 
 def _container_kind(value: Any) -> str:
-    if isinstance(value, dict):
+    if isinstance(value, dict | types.MappingProxyType):
         return "dict"
     if isinstance(value, tuple) and hasattr(value, "_fields"):
         return "namedtuple"
-    if isinstance(value, list | tuple | set | frozenset):
-        return type(value).__name__ if type(value) in (list, tuple, set, frozenset) else "sequence"
+    if isinstance(value, list | tuple | set | frozenset | collections.deque):
+        return type(value).__name__ if type(value) in (list, tuple, set, frozenset, collections.deque) \
+            else "sequence"
     return type(value).__name__
 
 
@@ -253,7 +257,8 @@ class _Walker:
         if items is None:
             return
         self.seen.add(id(value))
-        is_container = isinstance(value, dict | list | tuple | set | frozenset)
+        is_container = isinstance(value, dict | list | tuple | set | frozenset | collections.deque |
+                                  types.MappingProxyType)
         if container is None and helper is None:
             if is_container:
                 container = _container_kind(value)
