@@ -124,6 +124,7 @@ def test_every_format_gives_keys_shapes_and_dtypes(tmp_path: Path, writer, fmt) 
     _, tensors = found
     got = {k: (t.shape, t.dtype) for k, t in tensors.items() if k in sd}
     assert got == {k: (tuple(v.shape), str(v.dtype).removeprefix("torch.")) for k, v in sd.items()}
+    assert sorted(sd) == sorted(EXPECTED_KEYS)  # the non-persistent "cache" buffer is not saved
     assert not meta.unsafe_globals
 
 
@@ -209,6 +210,35 @@ def test_device_table_lists_each_device_and_the_total(tmp_path: Path) -> None:
     rows = [line.split() for line in table.splitlines()[3:6]]
     assert rows == [["cpu", "2", "2", "640", "B"], ["cuda:1", "1", "1", "1.0", "KiB"],
                     ["total", "3", "3", "1.6", "KiB"]]
+
+
+@pytest.fixture
+def tag_every_storage_as():
+    """Make torch.save itself record a chosen location tag (its own tagger registry), then undo it."""
+    from torch import serialization
+
+    added = []
+
+    def install(location: str) -> None:
+        entry = (-1, lambda storage: location, lambda storage, loc: None)
+        serialization._package_registry.insert(0, entry)
+        added.append(entry)
+
+    yield install
+    for entry in added:
+        serialization._package_registry.remove(entry)
+
+
+def test_legacy_format_keeps_cuda_tags_too(tmp_path: Path, tag_every_storage_as) -> None:
+    sd = Net().state_dict()
+    tag_every_storage_as("cuda:2")
+    path = tmp_path / "legacy.pt"
+    torch.save(sd, path, _use_new_zipfile_serialization=False)
+    meta = read_checkpoint(path)
+    assert meta.format is CheckpointFormat.TORCH_LEGACY
+    assert {s.location for s in meta.storages} == {"cuda:2"}
+    report = check_checkpoint(str(path), device="cuda", gpus=2).report
+    assert [(f.code, f.device, f.count) for f in report.findings] == [("PC301", "cuda:2", len(sd))]
 
 
 def test_inspection_reads_no_tensor_data(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 from typer.testing import CliRunner
 
 from placecheck import audit
-from placecheck.checkpoint import load_into_model
+from placecheck.checkpoint import check_checkpoint, load_into_model
 from placecheck.checkpoint.preflight import UnsafeCheckpointError
 from placecheck.cli import app
 from placecheck.engine import choose_engine
@@ -104,3 +104,29 @@ def test_cli_audit_checkpoint_with_key_and_select(tmp_path: Path) -> None:
                                    str(path), "--key", "model"])
     assert bad.exit_code == 2
     assert "keys there: ema" in bad.stderr
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_on_a_real_gpu_the_pc301_prediction_matches_torch_load(tmp_path: Path) -> None:
+    count = torch.cuda.device_count()
+    path = save_with_locations(_trained(), tmp_path / "beyond.pt", default=f"cuda:{count}")
+    (finding,) = check_checkpoint(str(path), device="cuda", engine="real").report.findings
+    assert finding.code == "PC301" and f"device_count() is {count}" in finding.message
+    with pytest.raises(RuntimeError, match=f"CUDA device {count} but torch.cuda.device_count"):
+        torch.load(path, weights_only=True)
+    state = torch.load(path, map_location="cuda:0", weights_only=True)  # the hint's fix
+    assert state["fc.weight"].device == torch.device("cuda:0")
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_audit_checkpoint_on_a_real_gpu_maps_to_the_target(tmp_path: Path) -> None:
+    path = tmp_path / "small.pt"
+    torch.save(_trained(), path)
+    report = audit(Small, "cuda", engine="real", checkpoint=str(path))
+    assert report.findings == ()
+    assert any("map_location='cuda:0'" in n for n in report.notes)
