@@ -23,7 +23,7 @@ from placecheck.errors import LoadError, UsageError, one_line
 from placecheck.finding import Finding
 from placecheck.report import Report
 from placecheck.rules import selected
-from placecheck.walk import Snapshot, walk
+from placecheck.walk import Snapshot, reachable_tensors, walk
 
 ModelOrFactory = Union[nn.Module, Callable[[], nn.Module]]
 
@@ -63,23 +63,23 @@ def _copy(model: nn.Module) -> nn.Module:
     so those are copied by hand first (through deepcopy's memo):
     non-leaf tensors that old-style ``torch.nn.utils.weight_norm`` /
     ``spectral_norm`` / ``prune`` leave as plain attributes (recomputed by a
-    pre-hook before every forward), copied detached; and the uninitialised
+    pre-hook before every forward), or that a model keeps in a container
+    (``self.cache = {"k": self.proj.weight * 2}``), copied detached; and the uninitialised
     parameters and buffers of ``nn.Lazy*`` modules, re-created uninitialised.
     """
     from torch.nn.parameter import UninitializedBuffer, UninitializedParameter
 
     memo: dict[int, Any] = {}
-    for module in model.modules():
-        for value in [*vars(module).values(), *module._parameters.values(), *module._buffers.values()]:
-            # torch's .pyi stubs omit the device/dtype arguments these constructors take
-            if isinstance(value, UninitializedParameter):
-                memo[id(value)] = UninitializedParameter(  # type: ignore[call-arg]
-                    requires_grad=value.requires_grad, device=value.device, dtype=value.dtype)
-            elif isinstance(value, UninitializedBuffer):
-                memo[id(value)] = UninitializedBuffer(  # type: ignore[call-arg]
-                    requires_grad=value.requires_grad, device=value.device, dtype=value.dtype)
-            elif isinstance(value, torch.Tensor) and not value.is_leaf:
-                memo[id(value)] = value.detach().clone()
+    # torch's .pyi stubs omit the device/dtype arguments these constructors take
+    for value in reachable_tensors(model):
+        if isinstance(value, UninitializedParameter):
+            memo[id(value)] = UninitializedParameter(  # type: ignore[call-arg]
+                requires_grad=value.requires_grad, device=value.device, dtype=value.dtype)
+        elif isinstance(value, UninitializedBuffer):
+            memo[id(value)] = UninitializedBuffer(  # type: ignore[call-arg]
+                requires_grad=value.requires_grad, device=value.device, dtype=value.dtype)
+        elif not value.is_leaf:
+            memo[id(value)] = value.detach().clone()
     try:
         return copy.deepcopy(model, memo)
     except Exception as exc:

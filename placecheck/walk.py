@@ -185,6 +185,33 @@ def _items(value: Any) -> Iterator[tuple[str, Any]] | None:
     return ((f".{k}", v) for k, v in attrs.items())
 
 
+def reachable_tensors(model: nn.Module) -> Iterator[torch.Tensor]:
+    """Every tensor reachable from the attributes of ``model``'s modules, once each.
+
+    Registered or not, through the same containers and helper objects the walk
+    descends into (and through modules held in them); for code that must treat
+    every tensor a model holds, such as copying it.
+    """
+    seen: set[int] = set()
+    stack: list[tuple[Any, int]] = [(model, 0)]
+    while stack:
+        value, depth = stack.pop()
+        if id(value) in seen:
+            continue
+        seen.add(id(value))
+        if isinstance(value, torch.Tensor):
+            yield value
+            continue
+        if isinstance(value, nn.Module):
+            children: Iterator[tuple[str, Any]] | None = iter(list(vars(value).items()))
+        elif depth >= _MAX_DEPTH:
+            continue
+        else:
+            children = _items(value)
+        for _, child in children or ():
+            stack.append((child, depth + 1))
+
+
 def _container_kind(value: Any) -> str:
     if isinstance(value, dict | types.MappingProxyType):
         return "dict"

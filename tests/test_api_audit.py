@@ -88,3 +88,25 @@ def test_copy_model_false_audits_in_place() -> None:
     placecheck.audit(model, device="cuda", engine="fake", copy_model=False)
     # the caller asked for it: the model itself was moved (to simulated cuda)
     assert all(p.device == torch.device("cuda:0") for p in model.parameters())
+
+
+def test_instance_holding_a_non_leaf_tensor_in_a_container_is_copied_and_audited() -> None:
+    # copy.deepcopy refuses non-leaf tensors; the audit must still run on a copy and find it
+    class Derived(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = nn.Linear(2, 2)
+            self.cache = {"k": self.proj.weight * 2}
+
+    model = Derived()
+    cached = model.cache["k"]
+    report = placecheck.audit(model, device="cuda", engine="fake")
+    assert [(f.code, f.where) for f in report.findings] == [("PC101", "cache['k']")]
+    assert model.cache["k"] is cached and cached.grad_fn is not None
+
+
+def test_instance_with_uninitialised_lazy_modules_is_copied() -> None:
+    model = nn.Sequential(nn.LazyLinear(3))
+    assert placecheck.audit(model, device="cuda", engine="fake").findings == ()
+    assert isinstance(model[0].weight, nn.parameter.UninitializedParameter)
+    assert model(torch.ones(1, 5)).shape == (1, 3)  # the caller's lazy module still initialises
