@@ -306,16 +306,23 @@ class _LineIndex:
         start = self.line(table, parent_key)
         if not start:
             return 0
-        seen = -1
+        opened = -1
         pattern = re.compile(rf"(^|[{{,\s]){re.escape(key)}\s*=")
         for number in range(start, len(self.lines) + 1):
             text = self.lines[number - 1]
-            if pattern.search(text):
-                seen += 1
-                if seen == nth:
-                    return number
-            if number > start and (_HEADER.match(text) or (_KEY.match(text) and "{" not in text)):
-                break
+            if number > start and (_HEADER.match(text) or _KEY.match(text)):
+                break  # past the array
+            # strings are blanked so that a brace or key name inside a value does not count
+            plain = re.sub(r'"[^"]*"|\'[^\']*\'', lambda m: " " * len(m.group()), text)
+            for column, char in enumerate(plain):
+                if char == "{":
+                    opened += 1
+                    if opened == nth:
+                        rest = "\n".join([plain[column:], *self.lines[number:]])
+                        found = pattern.search(rest.split("}", 1)[0])
+                        if found is None:
+                            return number
+                        return number + rest[:found.end()].count("\n")
         return start
 
 

@@ -1,0 +1,272 @@
+"""``placecheck.config``: the TOML config, its defaults and overrides, and errors naming key and line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from placecheck import config
+from placecheck.config import Allow, ModelConfig, apply_allows, find_pyproject, load, parse
+from placecheck.errors import UsageError
+from placecheck.finding import Finding, Severity
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _parse(text: str, **kwargs: object) -> config.RunConfig:
+    return parse(textwrap.dedent(text), "cfg.toml", **kwargs)  # type: ignore[arg-type]
+
+
+def _error(text: str, prefix: tuple[str, ...] = ()) -> str:
+    with pytest.raises(UsageError) as info:
+        _parse(text, prefix=prefix)
+    return str(info.value)
+
+
+def test_a_full_config() -> None:
+    cfg = _parse("""
+        jobs = 3
+        timeout = 30
+        fail_on = "error"
+        baseline = "b.json"
+
+        [defaults]
+        device = "cuda:1"
+        ignore = ["PC205"]
+        allow = [{ code = "PC204", reason = "intended" }]
+
+        [[models]]
+        target = "pkg.mod:Net"
+        kwargs = { width = 4, names = ["a"] }
+        args = ["depth=2"]
+        inputs = ["float32[1,3,8,8]"]
+        allow = [{ code = "PC1", where = "cache.*", reason = "rebuilt in forward" }]
+
+        [[models]]
+        target = "pkg.mod:Net"
+        name = "net-cpu"
+        device = "cpu"
+        timeout = 5
+        """)
+    assert (cfg.jobs, cfg.timeout, cfg.fail_on, cfg.baseline) == (3, 30.0, "error", "b.json")
+    first, second = cfg.models
+    assert first == ModelConfig(
+        target="pkg.mod:Net", kwargs={"width": 4, "names": ["a"]}, args=("depth=2",),
+        inputs=("float32[1,3,8,8]",), device="cuda:1", ignore=("PC205",),
+        allow=(Allow("PC204", "*", "intended", 10), Allow("PC1", "cache.*", "rebuilt in forward", 17)),
+        line=12)
+    assert (second.label, second.device, second.timeout, second.ignore) == ("net-cpu", "cpu", 5.0, ("PC205",))
+    assert first.label == "pkg.mod:Net"
+
+
+def test_command_line_overrides_win() -> None:
+    cfg = _parse("""
+        [[models]]
+        target = "a:b"
+        device = "cuda:1"
+        """, overrides={"device": "cpu", "select": ("PC1",)})
+    assert (cfg.models[0].device, cfg.models[0].select) == ("cpu", ("PC1",))
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("""
+     jobz = 2
+     [[models]]
+     target = "a:b"
+     """, "cfg.toml:2: jobz: unknown key; the config takes: models, defaults"),
+    ("""
+     [[models]]
+     target = "a:b"
+
+     [[models]]
+     target = "c:d"
+     devise = "cuda"
+     """, "cfg.toml:7: models[1].devise: unknown key; models[1] takes: target, name"),
+    ("""
+     [defaults]
+     colour = "red"
+     [[models]]
+     target = "a:b"
+     """, "cfg.toml:3: defaults.colour: unknown key"),
+    ("""
+     [[models]]
+     target = "a:b"
+     allow = [
+       { code = "PC101", reason = "x" },
+       { code = "PC102", wher = "x", reason = "y" },
+     ]
+     """, "cfg.toml:6: models[0].allow[1].wher: unknown key"),
+    ("""
+     [[models]]
+     target = "a:b"
+     [[models.allow]]
+     code = "PC101"
+     reason = "x"
+     [[models.allow]]
+     code = "PC101"
+     why = "x"
+     """, "cfg.toml:9: models[0].allow[1].why: unknown key"),
+])
+def test_unknown_keys_name_the_key_and_the_line(text: str, expected: str) -> None:
+    assert _error(text).startswith(expected)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("""
+     jobs = "2"
+     [[models]]
+     target = "a:b"
+     """, "cfg.toml:2: jobs: expected an integer >= 1, got a string '2'"),
+    ("""
+     [[models]]
+     target = "a:b"
+     kwargs = 3
+     """, "cfg.toml:4: models[0].kwargs: expected a table"),
+    ("""
+     [[models]]
+     target = "a:b"
+     inputs = "float32[1]"
+     """, "cfg.toml:4: models[0].inputs: expected a list of strings"),
+    ("""
+     [[models]]
+     target = "a:b"
+
+     train = "yes"
+     """, "cfg.toml:5: models[0].train: expected true or false"),
+    ("""
+     [[models]]
+     target = "a:b"
+     engine = "gpu"
+     """, 'cfg.toml:4: models[0].engine: expected one of "auto", "real", "fake"'),
+    ("""
+     [[models]]
+     target = "a:b"
+     device = "tpu"
+     """, "cfg.toml:4: models[0].device: expected use cuda, cuda:N, cpu, mps or meta"),
+    ("""
+     [[models]]
+     target = "a:b"
+     select = ["PC9999"]
+     """, "cfg.toml:4: models[0].select: expected invalid code selector 'PC9999'"),
+    ("""
+     [[models]]
+     target = "a:b"
+     timeout = -1
+     """, "cfg.toml:4: models[0].timeout: expected a number of seconds > 0"),
+    ("""
+     [[models]]
+     target = 5
+     """, "cfg.toml:3: models[0].target: expected a string, got an integer 5"),
+])
+def test_wrong_types_name_the_key_and_the_line(text: str, expected: str) -> None:
+    assert _error(text).startswith(expected)
+
+
+def test_missing_and_duplicate_entries() -> None:
+    assert _error("jobs = 1\n") == "cfg.toml:1: models: no models: add at least one [[models]] with a target"
+    assert _error("""
+        [[models]]
+        name = "x"
+        """).startswith("cfg.toml:2: models[0]: missing required key 'target'")
+    assert "missing required key 'reason': say why" in _error("""
+        [[models]]
+        target = "a:b"
+        allow = [{ code = "PC101" }]
+        """)
+    assert _error("""
+        [[models]]
+        target = "a:b"
+        [[models]]
+        target = "a:b"
+        """).startswith("cfg.toml:4: models[1]: 'a:b' is already audited by the entry on line 2")
+    assert _error("""
+        [defaults]
+        target = "a:b"
+        [[models]]
+        target = "a:b"
+        """).startswith("cfg.toml:3: defaults.target: not allowed in [defaults]")
+    assert _error("models = [").startswith("cfg.toml: not valid TOML")
+
+
+PYPROJECT = """\
+[project]
+name = "mine"
+
+[tool.ruff]
+line-length = 100
+
+[tool.placecheck]
+jobs = 2
+
+[[tool.placecheck.models]]
+target = "a:b"
+
+[[tool.placecheck.models]]
+target = "c:d"
+kwarg = 1
+"""
+
+
+def test_pyproject_table_with_line_numbers(tmp_path: Path) -> None:
+    (tmp_path / "pyproject.toml").write_text(PYPROJECT.replace("kwarg = 1\n", ""))
+    assert find_pyproject(tmp_path) == tmp_path / "pyproject.toml"
+    cfg = load(tmp_path / "pyproject.toml")
+    assert [m.target for m in cfg.models] == ["a:b", "c:d"] and cfg.jobs == 2
+    (tmp_path / "pyproject.toml").write_text(PYPROJECT)
+    with pytest.raises(UsageError, match=r"pyproject.toml:15: models\[1\].kwarg: unknown key"):
+        load(tmp_path / "pyproject.toml")
+
+
+def test_pyproject_without_the_table(tmp_path: Path) -> None:
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\n")
+    assert find_pyproject(tmp_path) is None
+    with pytest.raises(UsageError, match=r"has no \[tool.placecheck\] table"):
+        load(tmp_path / "pyproject.toml")
+    assert find_pyproject(tmp_path / "nowhere") is None
+
+
+def test_unreadable_file() -> None:
+    with pytest.raises(UsageError, match="cannot read --config 'missing.toml'"):
+        load("missing.toml")
+
+
+def test_mirrored_choices_match_the_engine() -> None:
+    from placecheck.construct import InitChoice
+    from placecheck.engine import EngineChoice
+
+    assert config.ENGINE_CHOICES == tuple(c.value for c in EngineChoice)
+    assert config.INIT_CHOICES == tuple(c.value for c in InitChoice)
+
+
+@pytest.mark.parametrize("name", ["example.toml", "defaults.toml", "transformers.toml", "torchvision.toml"])
+def test_shipped_configs_load(name: str) -> None:
+    assert load(REPO / "configs" / name).models
+
+
+def _finding(code: str, where: str) -> Finding:
+    return Finding(code=code, kind="k", severity=Severity.ERROR, where=where, message="m", hint="h")
+
+
+def test_allow_matches_code_prefix_and_where_glob() -> None:
+    allows = (Allow("PC1", "cache.*", "r", 3), Allow("PC204", "*", "r", 4), Allow("PC301", "x", "r", 5))
+    findings = (_finding("PC101", "cache.k"), _finding("PC101", "mask"), _finding("PC204", ""),
+                _finding("PC102", "cache.heads"))
+    kept, allowed, unused = apply_allows(findings, allows)
+    assert [(f.code, f.where) for f in kept] == [("PC101", "mask")]
+    assert [(f.code, a.line) for f, a in allowed] == [("PC101", 3), ("PC204", 4), ("PC102", 3)]
+    assert unused == [allows[2]]
+
+
+def test_cli_reports_config_errors_with_exit_2(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[models]]\ntarget = "a:b"\ntimeout = "soon"\n')
+    proc = subprocess.run([sys.executable, "-m", "placecheck", "audit", "--config", str(bad)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr == (f"placecheck: error: {bad}:3: models[0].timeout: expected a number of seconds "
+                           "> 0, got a string 'soon'\n")
+    assert "Traceback" not in proc.stderr
