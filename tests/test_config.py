@@ -230,7 +230,7 @@ def test_pyproject_without_the_table(tmp_path: Path) -> None:
 
 
 def test_unreadable_file() -> None:
-    with pytest.raises(UsageError, match="cannot read --config 'missing.toml'"):
+    with pytest.raises(UsageError, match=r"cannot read --config 'missing\.toml'"):
         load("missing.toml")
 
 
@@ -238,8 +238,8 @@ def test_mirrored_choices_match_the_engine() -> None:
     from placecheck.construct import InitChoice
     from placecheck.engine import EngineChoice
 
-    assert config.ENGINE_CHOICES == tuple(c.value for c in EngineChoice)
-    assert config.INIT_CHOICES == tuple(c.value for c in InitChoice)
+    assert tuple(c.value for c in EngineChoice) == config.ENGINE_CHOICES
+    assert tuple(c.value for c in InitChoice) == config.INIT_CHOICES
 
 
 @pytest.mark.parametrize("name", ["example.toml", "defaults.toml", "transformers.toml", "torchvision.toml"])
