@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 from typer.testing import CliRunner
 
 from placecheck import audit
-from placecheck.checkpoint import check_checkpoint, load_into_model
+from placecheck.checkpoint import check_checkpoint, load_into_model, read_checkpoint
 from placecheck.checkpoint.preflight import UnsafeCheckpointError
 from placecheck.cli import app
 from placecheck.engine import choose_engine
@@ -130,3 +130,27 @@ def test_audit_checkpoint_on_a_real_gpu_maps_to_the_target(tmp_path: Path) -> No
     report = audit(Small, "cuda", engine="real", checkpoint=str(path))
     assert report.findings == ()
     assert any("map_location='cuda:0'" in n for n in report.notes)
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning", "ignore::DeprecationWarning")
+def test_audit_loads_a_torchscript_archive_with_constants(tmp_path: Path) -> None:
+    class WithConstant(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(4, 3)
+            self.table = torch.randn(3)  # a plain attribute: tracing saves it as a constant
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(x) + self.table
+
+    torch.manual_seed(1)
+    source = WithConstant()
+    path = tmp_path / "scripted.pt"
+    torch.jit.save(torch.jit.trace(source, torch.randn(2, 4)), str(path))
+    meta = read_checkpoint(path)
+    assert "<constants>" in meta.root  # the case this test is about
+    assert {s.key for s in meta.storages} == {"0", "1", "constants/0"}
+    model = WithConstant()
+    loaded = load_into_model(model, str(path), device="cpu", engine=choose_engine("cpu"))
+    assert loaded.findings == ()
+    assert torch.equal(model.fc.weight, source.fc.weight)

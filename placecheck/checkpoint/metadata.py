@@ -250,10 +250,12 @@ class _MetaUnpickler(pickle.Unpickler):
     """
 
     def __init__(self, file: IO[bytes], storages: dict[str, StorageMeta],
-                 globals_seen: dict[str, None]) -> None:
+                 globals_seen: dict[str, None], key_prefix: str = "") -> None:
         super().__init__(file)
         self.storages = storages
         self.globals_seen = globals_seen
+        self.key_prefix = key_prefix
+        """Record directory of this pickle's storages (TorchScript constants live in constants/)."""
 
     def find_class(self, module: str, name: str) -> Any:
         module = normalize_module(module)
@@ -274,7 +276,8 @@ class _MetaUnpickler(pickle.Unpickler):
 
     def persistent_load(self, pid: Any) -> Any:
         if isinstance(pid, tuple) and len(pid) >= 5 and pid[0] == "storage":
-            storage_type, key, location, numel = pid[1], str(pid[2]), str(pid[3]), int(pid[4])
+            storage_type, location, numel = pid[1], str(pid[3]), int(pid[4])
+            key = self.key_prefix + str(pid[2])
             if isinstance(storage_type, _StorageType):
                 dtype, itemsize = storage_type.dtype, storage_type.itemsize
             else:
@@ -368,7 +371,8 @@ def _read_zip(p: Path, shown: str, size: int) -> CheckpointMeta:
         all_globals: dict[str, None] = {}
         for member in pickles:
             payload = _read_member(archive, member, shown)
-            roots.append(_unpickle(io.BytesIO(payload), storages, all_globals, shown, member))
+            key_prefix = "constants/" if member.endswith("constants.pkl") else ""
+            roots.append(_unpickle(io.BytesIO(payload), storages, all_globals, shown, member, key_prefix))
     root = roots[0]
     if len(roots) > 1 and roots[1]:
         root = {"<module>": roots[0], "<constants>": roots[1]}
@@ -388,9 +392,9 @@ def _read_member(archive: zipfile.ZipFile, member: str, shown: str) -> bytes:
 
 
 def _unpickle(stream: IO[bytes], storages: dict[str, StorageMeta], globals_seen: dict[str, None],
-              shown: str, member: str) -> Any:
+              shown: str, member: str, key_prefix: str = "") -> Any:
     try:
-        return _MetaUnpickler(stream, storages, globals_seen).load()
+        return _MetaUnpickler(stream, storages, globals_seen, key_prefix).load()
     except Exception as exc:  # any malformed pickle; nothing in it was executed
         raise LoadError(f"{shown!r}: {member} could not be read ({type(exc).__name__}: {exc}): "
                         "the file is truncated or corrupt") from None
@@ -533,8 +537,10 @@ def as_state_dict(obj: Any) -> dict[str, TensorMeta] | None:
     """``obj`` as a flat ``{key: TensorMeta}`` when it is (or pickles) a state_dict or a module."""
     if isinstance(obj, Mapping):
         tensors = {k: v for k, v in obj.items() if isinstance(v, TensorMeta)}
+        # Other values may be scalars or opaque extra state (``_extra_state``), but not
+        # containers: a dict holding dicts is a training checkpoint, not a state_dict.
         if tensors and all(isinstance(k, str) for k in obj) and \
-                all(isinstance(v, TensorMeta) or v is None for v in obj.values()):
+                not any(isinstance(v, (Mapping, list, tuple)) for v in obj.values()):
             return tensors
         return None
     if isinstance(obj, Opaque):

@@ -412,7 +412,9 @@ def load_into_model(model: Any, path: str, *, device: str, engine: Any, key: str
                                                  model_state_specs(model), model_name)
     findings += comparison.findings
     map_location = "meta" if on_meta else ("cpu" if engine.simulated else device)
-    loaded = _navigate(_real_load(meta, map_location, trust), sd_path)
+    loaded = _real_load(meta, map_location, trust)
+    if meta.format in (CheckpointFormat.TORCH_ZIP, CheckpointFormat.TORCH_LEGACY):
+        loaded = _navigate(loaded, sd_path)  # the other formats load as one flat state_dict
     import torch
 
     if isinstance(loaded, torch.nn.Module):
