@@ -154,32 +154,60 @@ def _library_managed(module: nn.Module) -> set[str]:
     return set()
 
 
+def _instance_dict(value: Any) -> dict[str, Any] | None:
+    """``value.__dict__`` read without running the object's ``__getattr__``/``__getattribute__``.
+
+    Helper objects may define hooks that raise, or that invent attributes on
+    demand (proxies); the walk must neither crash on them nor follow them.
+    """
+    try:
+        found = object.__getattribute__(value, "__dict__")
+    except Exception:
+        return None
+    return found if isinstance(found, dict) else None
+
+
+def _slot_values(value: Any) -> dict[str, Any]:
+    """The ``__slots__`` a helper object has set, read through the slot descriptors."""
+    found: dict[str, Any] = {}
+    for cls in type(value).__mro__:
+        slots = cls.__dict__.get("__slots__", ())
+        for slot in (slots,) if isinstance(slots, str) else slots:
+            descriptor: Any = cls.__dict__.get(slot)
+            if slot in found or not hasattr(descriptor, "__get__"):
+                continue
+            try:
+                found[slot] = descriptor.__get__(value, cls)
+            except Exception:  # unset slot (AttributeError) or a raising descriptor
+                continue
+    return found
+
+
 def _items(value: Any) -> Iterator[tuple[str, Any]] | None:
     """``(path suffix, child)`` pairs for a container or helper object; None for a leaf."""
     if isinstance(value, dict | types.MappingProxyType):
         return ((f"[{k!r}]", v) for k, v in list(value.items())[:_MAX_ITEMS])
-    if isinstance(value, tuple) and hasattr(value, "_fields"):
-        return ((f".{name}", getattr(value, name)) for name in value._fields)
+    fields = getattr(type(value), "_fields", None)
+    if isinstance(value, tuple) and isinstance(fields, tuple):
+        return ((f".{name}", v) for name, v in zip(fields, value, strict=False))
     if isinstance(value, list | tuple | collections.deque):
         return ((f"[{i}]", v) for i, v in enumerate(itertools.islice(value, _MAX_ITEMS)))
     if isinstance(value, set | frozenset):
         return ((f"{{{i}}}", v) for i, v in enumerate(list(value)[:_MAX_ITEMS]))
-    if isinstance(value, _ATOMS) or (callable(value) and not hasattr(value, "__dict__")):
+    if isinstance(value, _ATOMS):  # type is among them: classes are code, not state
         return None
-    if type(value).__module__ in ("builtins", "types") or isinstance(value, type):
+    if type(value).__module__ in ("builtins", "types"):
+        return None  # functions, methods, modules, code objects, ...
+    instance_dict = _instance_dict(value)
+    if callable(value) and instance_dict is None:
         return None
-    attrs: dict[str, Any] = {}
+    attrs: dict[str, Any] = dict(instance_dict or {})
     if dataclasses.is_dataclass(value):
-        attrs = {f.name: getattr(value, f.name, None) for f in dataclasses.fields(value)}
-    elif hasattr(value, "__dict__"):
-        try:
-            attrs = dict(vars(value))
-        except TypeError:
-            attrs = {}
-    for cls in type(value).__mro__:
-        for slot in getattr(cls, "__slots__", ()):
-            if isinstance(slot, str) and slot not in attrs and hasattr(value, slot):
-                attrs[slot] = getattr(value, slot)
+        # declared fields first, in declaration order
+        names = [f.name for f in dataclasses.fields(value)]
+        attrs = {n: attrs[n] for n in names if n in attrs} | attrs
+    for slot, slot_value in _slot_values(value).items():
+        attrs.setdefault(slot, slot_value)
     if not attrs:
         return None
     return ((f".{k}", v) for k, v in attrs.items())

@@ -156,6 +156,48 @@ def test_non_tensor_attributes() -> None:
     assert walk_findings(WithPlainAttributes) == []
 
 
+class _RaisingGetattr:
+    __slots__ = ("unset",)
+
+    def __getattr__(self, name: str) -> object:
+        raise RuntimeError("a helper whose __getattr__ raises")
+
+
+class _InventsAttributes:
+    def __getattr__(self, name: str) -> object:
+        return _InventsAttributes()  # a proxy: every attribute exists
+
+
+class WithOddObjects(nn.Module):
+    def __init__(self) -> None:
+        import enum
+        import functools
+        import io
+        import logging
+        import re
+        import threading
+        import weakref
+
+        super().__init__()
+        self.proj = nn.Linear(2, 2)
+        self.generator = torch.Generator()
+        self.lock = threading.Lock()
+        self.log = logging.getLogger("placecheck-test")
+        self.pattern = re.compile("a+")
+        self.mode = enum.Enum("Mode", "TRAIN EVAL").TRAIN
+        self.stream = io.StringIO()
+        self.scalar = np.float32(1.0)
+        self.raising = _RaisingGetattr()
+        self.proxy = _InventsAttributes()
+        self.ref = weakref.ref(self.proj)
+        self.bound = functools.partial(print, "x")
+        self.finfo = torch.finfo(torch.float32)
+
+
+def test_odd_objects_neither_crash_nor_report() -> None:
+    assert walk_findings(WithOddObjects) == []
+
+
 def test_plain_list_aliasing_registered_modules() -> None:
     class Aliased(nn.Module):
         def __init__(self) -> None:
