@@ -18,9 +18,11 @@ comfortably in available memory; the report's notes say which it chose.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import enum
 import os
+import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -245,8 +247,12 @@ class _Materialiser:
                 if new is not item:
                     value[key] = new
             return value
-        if isinstance(value, list):
-            for i, item in enumerate(value):
+        if isinstance(value, types.MappingProxyType):  # read-only: a new proxy over a new dict
+            entries = {key: self.value(item, depth) for key, item in value.items()}
+            unchanged = all(entries[key] is item for key, item in value.items())
+            return value if unchanged else types.MappingProxyType(entries)
+        if isinstance(value, list | collections.deque):
+            for i, item in enumerate(list(value)):
                 new = self.value(item, depth)
                 if new is not item:
                     value[i] = new

@@ -26,7 +26,7 @@ from typer.testing import CliRunner
 import placecheck.construct as construct
 from placecheck.api import audit
 from placecheck.cli import app
-from placecheck.engine import choose_engine, simulated_cuda
+from placecheck.engine import choose_engine, move_model
 from placecheck.errors import LoadError, UsageError
 from placecheck.examples.many_modules import MODULES_PER_BLOCK, blocks_for, many_modules
 from placecheck.walk import Snapshot, walk
@@ -205,12 +205,10 @@ def test_leftovers_become_cpu_tensors_keeping_identity_and_kind() -> None:
     with torch.device("meta"):
         model = Strays()
     eng = choose_engine("cuda:0")
-    with simulated_cuda(1):
+    with eng.session():
         snapshot = Snapshot.take(model)
-        model.to("cuda")
+        move_model(model, eng)
         count = construct.leftovers_to_default_device(model, snapshot)
-        # 0-dim CPU tensors are legal scalars beside CUDA tensors; 0-dim meta ones are not
-        assert (torch.ones(2, device="cuda") * model.scale).device.type == "cuda"
     assert eng.simulated
     assert count == 10  # the nine strays and the plain reference to lin.weight
     from torch._subclasses.fake_tensor import FakeTensor
@@ -226,14 +224,30 @@ def test_leftovers_become_cpu_tensors_keeping_identity_and_kind() -> None:
     assert not any(t.device.type == "meta" for t in [*model.parameters(), *model.buffers()])
 
 
+@pytest.mark.skipif(torch.version.cuda is None,
+                    reason="a CPU-only torch build aborts on fake CUDA x CPU scalar ops")
+def test_a_zero_dim_leftover_is_a_legal_scalar_beside_cuda_tensors() -> None:
+    """As after a CPU build: a 0-dim CPU tensor times a CUDA tensor is fine; a 0-dim meta one raises."""
+    with torch.device("meta"):
+        model = Strays()
+    eng = choose_engine("cuda:0")
+    with eng.session():
+        move_model(model, eng)
+        with pytest.raises(RuntimeError, match="same device"):
+            model.lin.weight * model.scale
+        construct.leftovers_to_default_device(model)
+        assert (model.lin.weight * model.scale).device.type == "cuda"
+
+
 def test_leftovers_beyond_the_budget_take_no_memory(monkeypatch: pytest.MonkeyPatch) -> None:
     from torch._subclasses.fake_tensor import FakeTensor
 
     monkeypatch.setattr(construct, "REAL_LEFTOVER_BUDGET", 0)
     with torch.device("meta"):
         model = PlainContainers()
-    with simulated_cuda(1):
-        model.to("cuda")
+    eng = choose_engine("cuda:0")
+    with eng.session():
+        move_model(model, eng)
         construct.leftovers_to_default_device(model)
     for tensor in (model.params[0], model.heads[0].weight, model.by_name["a"].bias):
         assert isinstance(tensor, FakeTensor) and tensor.device.type == "cpu"
@@ -318,9 +332,9 @@ def test_walk_of_ten_thousand_modules_finds_every_planted_stray() -> None:
 
 def test_walk_of_ten_thousand_modules_clean() -> None:
     model = many_modules(10_000)
-    with simulated_cuda(1):
+    eng = choose_engine("cuda:0")
+    with eng.session():
         snapshot = Snapshot.take(model)
-        model.to("cuda")
-        result = walk(model, "cuda:0", snapshot)
+        result = walk(move_model(model, eng), "cuda:0", snapshot)
     assert result.findings == []
     assert result.stats["modules"] == 10_002
