@@ -139,10 +139,13 @@ def audit(
     ignore: Annotated[list[str] | None, typer.Option(
         help="Do not report these codes or prefixes; comma-separated or repeated.")] = None,
     fmt: Annotated[OutputFormat, typer.Option("--format", "-f", help="Output format.")] = OutputFormat.TABLE,
-    output: Annotated[str, typer.Option("--output", "-o", help="Write the report to FILE ('-' is stdout).")] = "-",
+    output: Annotated[str, typer.Option(
+        "--output", "-o", help="Write the report to FILE ('-' is stdout).")] = "-",
     fail_on: Annotated[str, typer.Option(
-        help=f"Exit 1 when a finding is at or above this severity: {', '.join(FAIL_ON_CHOICES)}.")] = "warning",
-    exit_zero: Annotated[bool, typer.Option("--exit-zero", help="Exit 0 even when there are findings.")] = False,
+        help=f"Exit 1 when a finding is at or above this severity: {', '.join(FAIL_ON_CHOICES)}.",
+    )] = "warning",
+    exit_zero: Annotated[bool, typer.Option(
+        "--exit-zero", help="Exit 0 even when there are findings.")] = False,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for errors.")] = False,
     config: Annotated[str | None, typer.Option(
         "--config", "-c", help="Audit every model a TOML config lists (see configs/example.toml), each in "
