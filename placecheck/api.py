@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Callable, Iterable
+import dataclasses
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Union
 
 import torch
@@ -18,12 +20,19 @@ import torch.nn as nn
 
 from placecheck.construct import construct, leftovers_to_default_device, move_from_meta, parse_init
 from placecheck.devices import normalize_device
-from placecheck.engine import EngineChoice, choose_engine, cuda_queries_simulated, move_model
+from placecheck.engine import (
+    Engine,
+    EngineChoice,
+    choose_engine,
+    cuda_queries_simulated,
+    fallback_engine,
+    move_model,
+)
 from placecheck.errors import LoadError, UsageError, one_line
 from placecheck.finding import Finding
 from placecheck.report import Report
-from placecheck.rules import selected
-from placecheck.walk import Snapshot, reachable_tensors, walk
+from placecheck.rules import rule, selected
+from placecheck.walk import Snapshot, WalkResult, reachable_tensors, walk
 
 ModelOrFactory = Union[nn.Module, Callable[[], nn.Module]]
 
@@ -32,7 +41,7 @@ _CUDA_BUILD_ERRORS = ("no nvidia driver", "not compiled with cuda", "cuda driver
                       "found no nvidia", "not linked with support for cuda", "cudagetdevicecount")
 
 
-def _build(model: ModelOrFactory, engine_simulated: bool, copy_model: bool, gpus: int) -> nn.Module:
+def _build(model: ModelOrFactory, engine: Engine, copy_model: bool) -> nn.Module:
     """The audit's own model object: a copy of an instance, or a factory's product.
 
     Under simulation a factory runs with ``torch.cuda`` answering for the
@@ -41,8 +50,9 @@ def _build(model: ModelOrFactory, engine_simulated: bool, copy_model: bool, gpus
     """
     if isinstance(model, nn.Module):
         return _copy(model) if copy_model else model
-    if not engine_simulated:
+    if not engine.simulated:
         return _checked(model())
+    gpus = engine.gpus
     with cuda_queries_simulated(gpus):
         try:
             return _checked(model())
@@ -50,6 +60,9 @@ def _build(model: ModelOrFactory, engine_simulated: bool, copy_model: bool, gpus
             text = f"{exc} {exc.__cause__ or ''}".lower()
             if not any(s in text for s in _CUDA_BUILD_ERRORS):
                 raise
+    if engine.real_values:
+        with engine.session():
+            return _checked(model())
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with cuda_queries_simulated(gpus), FakeTensorMode(allow_non_fake_inputs=True):
@@ -107,6 +120,10 @@ def audit(
     checkpoint: str | None = None,
     checkpoint_key: str | None = None,
     trust: bool = False,
+    inputs: Sequence[str] = (),
+    example_inputs: str | None = None,
+    forward: bool = True,
+    train: bool = False,
 ) -> Report:
     """Move ``model`` to ``device`` as a training script would, and report what went wrong.
 
@@ -125,6 +142,17 @@ def audit(
     ``checkpoint_key`` names the state_dict inside it (``model.ema``);
     ``trust`` allows a checkpoint whose pickle runs code (never by default).
 
+    After the walk, one forward pass runs on the target (``forward=False``
+    skips it; so does a ``select`` with no forward code): ``inputs`` are
+    ``--input`` specs (``float32[8,3,224,224]``, ``ids=int64[2,128]:0..32000``),
+    ``example_inputs`` a ``MODULE:ATTR`` returning the inputs; with neither, an
+    input is inferred from the first layer (see :mod:`placecheck.inputs`). The
+    forward runs in ``eval()`` under ``torch.no_grad()``; ``train=True`` runs
+    it in training mode followed by a backward (see :mod:`placecheck.trace`).
+    When fake tensors cannot run the forward, ``engine="auto"`` repeats the
+    audit on the real-valued engine (:mod:`placecheck.tagged`) and says so in
+    the report's notes.
+
     Raises :class:`~placecheck.errors.UsageError` for bad options and
     :class:`~placecheck.errors.LoadError` when the model cannot be built.
     """
@@ -139,22 +167,90 @@ def audit(
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     init_choice = parse_init(init)
-    eng = choose_engine(dev, choice, gpus)
+    eng = choose_engine(dev, choice, gpus, train=train and forward)
     name = target or (type(model).__name__ if isinstance(model, nn.Module) else
                       getattr(model, "__name__", "model"))
 
+    if eng.real_values and init_choice.value == "meta":
+        raise UsageError("the real-valued engine (--engine tagged, or --train) needs the weights in "
+                         "memory: use --init cpu")
+    run_forward = forward and any(rule(c).phase == "forward" for c in codes)
+    options = _Options(model, dev, _init_for(eng, init_choice), copy_model,
+                       checkpoint, checkpoint_key, trust, str(name), tuple(inputs), example_inputs,
+                       run_forward, train)
+    attempt = _attempt(eng, options)
+    if attempt.fallback and choice is EngineChoice.AUTO and not attempt.on_meta:
+        eng = fallback_engine(eng, attempt.fallback)
+        attempt = _attempt(eng, dataclasses.replace(options, init=_init_for(eng, init_choice)))
+    elif attempt.fallback:
+        instead = ("the real-valued engine needs the weights in memory, which this meta build does not "
+                   "have" if attempt.on_meta else "use --engine tagged (or auto) to run it")
+        attempt.notes.append(f"forward: not checked: fake tensors cannot run this model "
+                             f"({attempt.fallback}); {instead}")
+    findings = [f for f in attempt.findings if f.code in codes]
+    notes = [f"engine: {eng.name}: {eng.reason}", *attempt.notes]
+    return Report.build(str(name), dev, eng.name, findings, notes, attempt.stats)
+
+
+def _init_for(eng: Engine, init: Any) -> Any:
+    """The real-valued engine computes with the weights: it always builds them on the CPU."""
+    return parse_init("cpu") if eng.real_values else init
+
+
+@dataclass(frozen=True)
+class _Options:
+    """What one attempt of the audit needs (an attempt runs on one engine)."""
+
+    model: ModelOrFactory
+    device: str
+    init: Any
+    copy_model: bool
+    checkpoint: str | None
+    checkpoint_key: str | None
+    trust: bool
+    name: str
+    inputs: tuple[str, ...]
+    example_inputs: str | None
+    forward: bool
+    train: bool
+
+
+@dataclass
+class _Attempt:
+    findings: list[Finding] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    stats: dict[str, int] = field(default_factory=dict)
+    fallback: str = ""
+    """Why fake tensors could not run the forward ("" when they could, or were not used)."""
+    on_meta: bool = False
+
+
+def _attempt(eng: Engine, opts: _Options) -> _Attempt:
+    """Build, load, move, walk and (optionally) run the forward on one engine."""
+    dev = opts.device
     default_device = torch.get_default_device()  # where unmoved tensors of a meta build belong
-    construction = construct(model, init_choice, dev,
-                             lambda m: _build(m, eng.simulated, copy_model, eng.gpus))
+    construction = construct(opts.model, opts.init, dev, lambda m: _build(m, eng, opts.copy_model))
     built = construction.model
+    attempt = _Attempt(on_meta=construction.on_meta)
+    if eng.real_values and not isinstance(opts.model, nn.Module):
+        attempt.notes.append("init: cpu (the real-valued engine computes with the weights)")
+    elif construction.note:
+        attempt.notes.append(construction.note)
     checkpoint_findings: tuple[Finding, ...] = ()
-    checkpoint_notes: tuple[str, ...] = ()
-    if checkpoint is not None:
+    if opts.checkpoint is not None:
         from placecheck.checkpoint import load_into_model
 
-        loaded = load_into_model(built, checkpoint, device=dev, engine=eng, key=checkpoint_key,
-                                 trust=trust, on_meta=construction.on_meta, model_name=str(name))
-        checkpoint_findings, checkpoint_notes = loaded.findings, loaded.notes
+        loaded = load_into_model(built, opts.checkpoint, device=dev, engine=eng, key=opts.checkpoint_key,
+                                 trust=opts.trust, on_meta=construction.on_meta, model_name=opts.name)
+        checkpoint_findings = loaded.findings
+        attempt.notes.extend(loaded.notes)
+    inputs: tuple[tuple[Any, ...], dict[str, Any], str] | None = None
+    if opts.forward:
+        from placecheck.inputs import resolve_inputs
+
+        inputs = resolve_inputs(built, opts.inputs, opts.example_inputs)
+        attempt.notes.append(f"forward: {inputs[2]}" + ("; training mode, then a backward of the summed "
+                                                         "floating outputs" if opts.train else ""))
     with eng.session() if eng.simulated else contextlib.nullcontext():
         snapshot = Snapshot.take(built)
         try:
@@ -165,10 +261,58 @@ def audit(
         if construction.on_meta:
             leftovers_to_default_device(moved, snapshot, default_device)
         result = walk(moved, dev, snapshot)
+        forward_findings: list[Finding] = []
+        if inputs is not None:
+            forward_findings, attempt.fallback = _forward(moved, eng, result, inputs, opts.train)
+    attempt.findings = [*result.findings, *checkpoint_findings, *forward_findings]
+    attempt.stats = result.stats
+    return attempt
 
-    findings = [f for f in (*result.findings, *checkpoint_findings) if f.code in codes]
-    notes = [f"engine: {eng.name}: {eng.reason}"]
-    if construction.note:
-        notes.append(construction.note)
-    notes.extend(checkpoint_notes)
-    return Report.build(name, dev, eng.name, findings, notes, result.stats)
+
+def _forward(model: nn.Module, eng: Engine, result: WalkResult,
+             inputs: tuple[tuple[Any, ...], dict[str, Any], str], train: bool) -> tuple[list[Finding], str]:
+    """The traced forward pass: (findings, why fake tensors could not run it)."""
+    from placecheck.inputs import move_inputs
+    from placecheck.trace import Tracer
+
+    dev = eng.device
+    tracer = Tracer(model, dev, result, move=lambda t: move_inputs(t, dev))
+    args, kwargs = move_inputs(inputs[0], dev), move_inputs(inputs[1], dev)
+    try:
+        tracer.run(args, kwargs, train=train)
+    except Exception as exc:
+        why = fake_limit(exc) if eng.fake else ""
+        if why:
+            return [], why
+        tracer.record_error(exc)
+    return tracer.findings(), ""
+
+
+def fake_limit(exc: BaseException) -> str:
+    """Why the fake engine could not run a forward, when ``exc`` says it was its limit ("" otherwise)."""
+    from torch._subclasses.fake_tensor import (
+        DataDependentOutputException,
+        DynamicOutputShapeException,
+        UnsupportedOperatorException,
+    )
+
+    from placecheck.trace import user_line
+
+    seen: BaseException | None = exc
+    why = ""
+    while seen is not None and not why:
+        text = str(seen).lower()
+        if isinstance(seen, DataDependentOutputException) or "data-dependent" in text \
+                or "data dependent" in text:
+            why = "it reads tensor values (.item(), .tolist(), bool() or if on a tensor)"
+        elif isinstance(seen, DynamicOutputShapeException):
+            why = "an op's output shape depends on values (nonzero, boolean-mask indexing, unique)"
+        elif isinstance(seen, UnsupportedOperatorException):
+            why = f"an operator has no fake-tensor implementation ({one_line(seen)})"
+        elif "hasprimarycontext" in text or "cannot access data pointer" in text or "fake" in text:
+            why = one_line(seen)
+        seen = seen.__cause__ or seen.__context__
+    if not why:
+        return ""
+    line = user_line(exc)
+    return f"{why} at {line}" if line else why

@@ -49,7 +49,7 @@ else:  # pragma: no cover - Python 3.10
 # Mirrors of placecheck.engine.EngineChoice and placecheck.construct.InitChoice:
 # those modules import torch, and a config is validated before torch loads.
 # tests/test_config.py checks they stay equal.
-ENGINE_CHOICES = ("auto", "real", "fake")
+ENGINE_CHOICES = ("auto", "real", "fake", "tagged")
 INIT_CHOICES = ("auto", "cpu", "meta")
 
 DEFAULT_JOBS = 1

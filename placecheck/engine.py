@@ -1,4 +1,4 @@
-"""Where the audit runs: a real device, or CUDA simulated with fake tensors.
+"""Where the audit runs: a real device, or CUDA simulated with fake tensors or with real values.
 
 The simulated engine enters ``FakeTensorMode(allow_non_fake_inputs=True)``:
 ``model.to("cuda")`` turns registered parameters and buffers into fake CUDA
@@ -6,6 +6,12 @@ tensors (no memory for their data), everything ``.to()`` did not move stays a
 real CPU tensor, and an op mixing the two raises PyTorch's own "Expected all
 tensors to be on the same device". Model code that asks
 ``torch.cuda.is_available()`` or ``device_count()`` sees the simulated GPUs.
+
+The real-valued engine (:mod:`placecheck.tagged`) keeps real CPU data in
+tensors that report the simulated device: slower and needing the weights in
+memory, but it runs what fake tensors cannot (``.item()``, boolean masks,
+data-dependent control flow, backward without a GPU). ``auto`` falls back to it
+when the fake engine cannot run a model's forward (see :func:`fallback_engine`).
 
 Not reentrant: one simulated session at a time per process.
 """
@@ -33,12 +39,15 @@ class EngineChoice(str, enum.Enum):
     AUTO = "auto"
     REAL = "real"
     FAKE = "fake"
+    TAGGED = "tagged"
+    """CUDA simulated with real CPU values tagged as CUDA (placecheck.tagged)."""
 
     def __str__(self) -> str:
         return self.value
 
 
 SIMULATED_CUDA = "simulated cuda"
+SIMULATED_CUDA_VALUES = "simulated cuda (real values)"
 
 
 @dataclass(frozen=True)
@@ -51,9 +60,20 @@ class Engine:
     gpus: int = 0
     reason: str = ""
     """Why this engine was chosen, for the report's notes."""
+    real_values: bool = False
+    """A simulation with real CPU values (placecheck.tagged), not fake tensors."""
+
+    @property
+    def fake(self) -> bool:
+        """CUDA simulated with fake tensors."""
+        return self.simulated and not self.real_values
 
     def session(self) -> contextlib.AbstractContextManager[Any]:
         """The context every step of the audit (build, move, forward) runs in."""
+        if self.real_values:
+            from placecheck.tagged import tagged_cuda
+
+            return tagged_cuda(self.gpus)
         if self.simulated:
             return simulated_cuda(self.gpus)
         return contextlib.nullcontext()
@@ -76,12 +96,14 @@ def _real_available(device: str) -> tuple[bool, str]:
     return False, f"unknown device {device}"
 
 
-def choose_engine(device: str, choice: EngineChoice = EngineChoice.AUTO, gpus: int | None = None) -> Engine:
+def choose_engine(device: str, choice: EngineChoice = EngineChoice.AUTO, gpus: int | None = None,
+                  train: bool = False) -> Engine:
     """Pick the engine for ``device`` (normalised) and ``--engine``.
 
     ``auto``: the real device when present; simulated CUDA when the target is
-    CUDA and no (or too few) GPUs are present. ``gpus`` is the number of
-    simulated GPUs (default: enough for the target index).
+    CUDA and no (or too few) GPUs are present: with fake tensors, or with real
+    values when ``train`` (a backward needs them without a GPU). ``gpus`` is the
+    number of simulated GPUs (default: enough for the target index).
     """
     kind = device.split(":")[0]
     available, why_not = _real_available(device)
@@ -92,14 +114,33 @@ def choose_engine(device: str, choice: EngineChoice = EngineChoice.AUTO, gpus: i
                              "use --engine auto to simulate CUDA")
         return Engine(name=kind, device=device, simulated=False, reason=f"real {kind} device")
     if kind != "cuda":
-        if choice is EngineChoice.FAKE:
-            raise UsageError(f"--engine fake simulates CUDA only, not {device}: use --device cuda")
+        if choice in (EngineChoice.FAKE, EngineChoice.TAGGED):
+            raise UsageError(f"--engine {choice.value} simulates CUDA only, not {device}: use --device cuda")
         raise UsageError(f"{device} is not available here ({why_not}): placecheck simulates "
                          "CUDA only; use --device cuda or --device cpu")
+    plural = "s" if sim_gpus != 1 else ""
+    if choice is EngineChoice.FAKE and train:
+        raise UsageError("--train needs a backward pass, which the fake engine cannot run without a GPU: "
+                         "use --engine tagged (or auto)")
+    if choice is EngineChoice.TAGGED or train:
+        why = ("requested with --engine tagged" if choice is EngineChoice.TAGGED else
+               f"{why_not}; --train needs a backward, which fake tensors cannot run without a GPU")
+        return Engine(name=SIMULATED_CUDA_VALUES, device=device, simulated=True, gpus=sim_gpus,
+                      real_values=True, reason=f"{why}; CUDA simulated with real CPU values "
+                                               f"({sim_gpus} GPU{plural})")
     reason = "requested with --engine fake" if choice is EngineChoice.FAKE else why_not
     return Engine(name=SIMULATED_CUDA, device=device, simulated=True, gpus=sim_gpus,
                   reason=f"{reason}; CUDA simulated with fake tensors ({sim_gpus} GPU"
                          f"{'s' if sim_gpus != 1 else ''})")
+
+
+def fallback_engine(engine: Engine, why: str) -> Engine:
+    """The real-valued engine that ``auto`` falls back to when fake tensors cannot run the forward."""
+    plural = "s" if engine.gpus != 1 else ""
+    return Engine(name=SIMULATED_CUDA_VALUES, device=engine.device, simulated=True, gpus=engine.gpus,
+                  real_values=True,
+                  reason=f"fell back from fake tensors, which cannot run this model's forward ({why}); "
+                         f"CUDA simulated with real CPU values ({engine.gpus} GPU{plural})")
 
 
 def _cuda_query_patches(gpus: int) -> dict[str, Callable[..., Any]]:
@@ -130,7 +171,7 @@ def _cuda_query_patches(gpus: int) -> dict[str, Callable[..., Any]]:
 def _called_from_torch(depth: int = 2) -> bool:
     """True when the caller of the patched function is torch itself."""
     name = sys._getframe(depth).f_globals.get("__name__", "")
-    return name == "torch" or name.startswith("torch.")
+    return bool(name == "torch" or name.startswith("torch."))
 
 
 def _for_user_code(simulated: Callable[..., Any], real: Callable[..., Any]) -> Callable[..., Any]:
@@ -178,7 +219,8 @@ def _to_fake_device(fake_mode: Any, device: torch.device) -> Callable[[torch.Ten
     def convert(t: torch.Tensor) -> torch.Tensor:
         with torch._subclasses.fake_tensor.unset_fake_temporarily():
             meta = t.detach().to("meta")
-        return converter.from_meta_and_device(fake_mode, meta, device)
+        fake: torch.Tensor = converter.from_meta_and_device(fake_mode, meta, device)
+        return fake
 
     return convert
 
@@ -217,10 +259,10 @@ def move_model(model: nn.Module, engine: Engine) -> nn.Module:
     ``.to()`` uses, so custom ``_apply`` overrides still run.
     """
     try:
-        with _each_module_applied_once() if engine.simulated else contextlib.nullcontext():
+        with _each_module_applied_once() if engine.fake else contextlib.nullcontext():
             moved = model.to(engine.device)
     except (RuntimeError, AssertionError) as exc:
-        if not engine.simulated or "cuda" not in str(exc).lower():
+        if not engine.fake or "cuda" not in str(exc).lower():
             raise
         from torch._guards import active_fake_mode
 
@@ -228,5 +270,6 @@ def move_model(model: nn.Module, engine: Engine) -> nn.Module:
         if fake_mode is None:
             raise
         with _each_module_applied_once():
-            moved = model._apply(_to_fake_device(fake_mode, torch.device(engine.device)))
+            moved = model._apply(  # type: ignore[no-untyped-call]
+                _to_fake_device(fake_mode, torch.device(engine.device)))
     return moved if isinstance(moved, nn.Module) else model

@@ -1,0 +1,264 @@
+"""The real-valued engine: CUDA simulated with real CPU data tagged as CUDA.
+
+The fake-tensor engine has no data, so it cannot run what depends on values:
+``.item()``, ``nonzero``, boolean-mask indexing, Python ``if`` on a tensor,
+nor (without a GPU) autograd. This engine runs those on the CPU:
+
+- :class:`SimulatedTensor` is a ``torch.Tensor`` subclass sharing an ordinary
+  CPU tensor's data, whose Python-visible ``device`` is the simulated one
+  (``cuda:0``). Its ``__torch_function__`` applies PyTorch's device rules
+  (raising PyTorch's own "Expected all tensors to be on the same device" text
+  when an op mixes devices, with the same legal exceptions: 0-dim CPU scalars,
+  CPU index tensors, cross-device copies) and tags every result.
+- :class:`_TaggingMode` turns the calls that name a CUDA device
+  (``torch.zeros(..., device="cuda")``, ``x.to("cuda:1")``, ``x.cuda()``,
+  ``x.to(other)``) into CPU calls whose results are tagged.
+- ``Module._apply`` would write a moved tensor back into the old plain
+  ``nn.Parameter`` (``param.data = moved``), dropping the tag; the session sets
+  ``torch.__future__.set_overwrite_module_params_on_conversion(True)`` so that
+  ``.to()`` makes new parameters from the tagged tensors instead, as the fake
+  engine does.
+
+A plain CPU tensor (one ``.to()`` never moved, or one created in forward
+without ``device=``) stays an ordinary tensor, so it is on ``cpu`` and the
+first op mixing it with a tagged one raises, as on a GPU.
+
+Not reentrant: one session at a time per process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch._C import DisableTorchFunctionSubclass
+from torch.overrides import TorchFunctionMode
+
+_CPU = torch.device("cpu")
+
+# Ops that legally take tensors on two devices (they copy between them).
+_CROSS_DEVICE: frozenset[Callable[..., Any]] = frozenset({
+    torch.Tensor.copy_, torch.Tensor.to, torch.Tensor.type_as, torch.Tensor.__setitem__,
+    torch.Tensor.set_, torch._has_compatible_shallow_copy_type, torch.Tensor.new_tensor,
+    torch.Tensor.__deepcopy__, torch.Tensor.__reduce_ex__,
+})
+# Ops whose index arguments may be CPU tensors on a GPU (an implicit copy, not an error).
+INDEX_OPS: frozenset[Callable[..., Any]] = frozenset({
+    torch.Tensor.__getitem__, torch.Tensor.__setitem__, torch.Tensor.index_put_,
+    torch.Tensor.index_put, torch.index_put,
+})
+
+
+class SimulatedDeviceMismatchError(RuntimeError):
+    """An op mixed devices under the real-valued engine (PyTorch's own text)."""
+
+
+def _cuda(device: Any) -> torch.device | None:
+    """``device`` as a ``cuda:N`` device, or None when it names no CUDA device."""
+    if isinstance(device, int) and not isinstance(device, bool):
+        return torch.device("cuda", device)
+    if not isinstance(device, str | torch.device):
+        return None
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        return None
+    if dev.type != "cuda":
+        return None
+    return dev if dev.index is not None else torch.device("cuda", 0)
+
+
+def visible_device(t: torch.Tensor) -> torch.device:
+    """The device a tensor reports: the tag of a simulated tensor, the real one otherwise."""
+    return t.device
+
+
+class SimulatedTensor(torch.Tensor):
+    """Real CPU data, reported on a simulated CUDA device."""
+
+    _pc_device: torch.device
+
+    @staticmethod
+    def tag(t: torch.Tensor, device: torch.device) -> SimulatedTensor:
+        """``t``'s data, now reporting ``device`` (``t`` itself when already tagged)."""
+        if isinstance(t, SimulatedTensor):
+            t._pc_device = device
+            return t
+        with DisableTorchFunctionSubclass():
+            tagged = t.as_subclass(SimulatedTensor)
+        tagged._pc_device = device
+        return tagged
+
+    @property
+    def device(self) -> torch.device:  # type: ignore[override]
+        return self._pc_device
+
+    @property
+    def is_cuda(self) -> bool:  # type: ignore[override]
+        return self._pc_device.type == "cuda"
+
+    @property
+    def is_cpu(self) -> bool:  # type: ignore[override]
+        return self._pc_device.type == "cpu"
+
+    def __repr__(self, *args: Any, **kwargs: Any) -> str:  # type: ignore[override]
+        with DisableTorchFunctionSubclass():
+            text = repr(self.as_subclass(torch.Tensor))
+        return f"{text[:-1]}, device='{self._pc_device}')" if text.endswith(")") else text
+
+    @classmethod
+    def __torch_function__(cls, func: Callable[..., Any], types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func is torch.Tensor.get_device:
+            return args[0]._pc_device.index if isinstance(args[0], SimulatedTensor) else -1
+        if func is torch.Tensor.numpy and isinstance(args[0], SimulatedTensor):
+            raise TypeError(f"can't convert {args[0]._pc_device} device type tensor to numpy. "
+                            "Use Tensor.cpu() to copy the tensor to host memory first.")
+        device = _result_device(func, args, kwargs)
+        with DisableTorchFunctionSubclass():
+            out = func(*args, **kwargs)
+        if device is None:
+            return out
+        return _tag_all(out, device)
+
+
+def _tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Iterator[tuple[int, torch.Tensor]]:
+    """``(argument position, tensor)`` for tensors in args/kwargs and one level of lists."""
+    for pos, a in enumerate((*args, *kwargs.values())):
+        if isinstance(a, torch.Tensor):
+            yield pos, a
+        elif isinstance(a, list | tuple):
+            for x in a:
+                if isinstance(x, torch.Tensor):
+                    yield pos, x
+
+
+def _result_device(func: Callable[..., Any], args: tuple[Any, ...],
+                   kwargs: dict[str, Any]) -> torch.device | None:
+    """The simulated device of ``func``'s result; raises on an illegal mix of devices."""
+    simulated: torch.device | None = None
+    plain: list[tuple[int, torch.Tensor]] = []
+    mixed = False
+    for pos, t in _tensors(args, kwargs):
+        if isinstance(t, SimulatedTensor):
+            if simulated is None:
+                simulated = t._pc_device
+            elif t._pc_device != simulated:
+                mixed = True
+        else:
+            plain.append((pos, t))
+    if simulated is None:
+        return None
+    if func in _CROSS_DEVICE:
+        first = args[0] if args else None
+        return first._pc_device if isinstance(first, SimulatedTensor) else None
+    offending = [t for pos, t in plain
+                 if t.dim() > 0 and not (func in INDEX_OPS and pos > 0)]  # 0-dim: a legal scalar
+    if offending or mixed:
+        other = offending[0].device if offending else next(
+            t._pc_device for _, t in _tensors(args, kwargs)
+            if isinstance(t, SimulatedTensor) and t._pc_device != simulated)
+        name = getattr(func, "__name__", str(func))
+        raise SimulatedDeviceMismatchError(
+            f"Expected all tensors to be on the same device, but found at least two devices, "
+            f"{simulated} and {other}! (when checking argument for {name})")
+    return simulated
+
+
+def _tag_all(out: Any, device: torch.device) -> Any:
+    if isinstance(out, torch.Tensor):
+        return SimulatedTensor.tag(out, device)
+    if isinstance(out, tuple) and hasattr(out, "_fields"):
+        return type(out)(*(_tag_all(o, device) for o in out))
+    if isinstance(out, list | tuple):
+        return type(out)(_tag_all(o, device) for o in out)
+    return out
+
+
+def _destination(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Where a ``.to()``/``.cuda()``/``.cpu()`` call sends its tensor: a torch.device, or None."""
+    if func is torch.Tensor.cpu:
+        return _CPU
+    if func is torch.Tensor.cuda:
+        dev = args[1] if len(args) > 1 else kwargs.get("device")
+        return _cuda(dev if dev is not None else 0)
+    for a in (*args[1:], kwargs.get("device"), kwargs.get("other")):
+        if isinstance(a, torch.Tensor):
+            return a.device
+        if isinstance(a, str | torch.device):
+            return torch.device(a) if _cuda(a) is None else _cuda(a)
+    return None
+
+
+def _to_options(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The keyword form of a ``Tensor.to`` call, less its device: ``dtype``, ``non_blocking``, ..."""
+    rest = list(args[1:])
+    options = {k: v for k, v in kwargs.items() if k not in ("device", "other")}
+    if rest and isinstance(rest[0], torch.Tensor):
+        options["dtype"] = rest.pop(0).dtype
+    elif rest and ((isinstance(rest[0], str | torch.device | int) and not isinstance(rest[0], bool))
+                   or rest[0] is None):
+        rest.pop(0)
+    if isinstance(kwargs.get("other"), torch.Tensor):
+        options["dtype"] = kwargs["other"].dtype
+    for name, value in zip(("dtype", "non_blocking", "copy"), rest, strict=False):
+        options[name] = value
+    if options.get("dtype") is None:
+        options.pop("dtype", None)
+    return options
+
+
+def _move(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+          dest: torch.device) -> torch.Tensor:
+    """``.to(dest)``/``.cuda()``/``.cpu()`` with a real device's semantics: a copy when the
+    device changes, the tensor itself when nothing does."""
+    source = args[0]
+    simulated = isinstance(source, SimulatedTensor)
+    with DisableTorchFunctionSubclass():
+        data = source.as_subclass(torch.Tensor) if simulated else source
+        out = torch.Tensor.to(data, **_to_options(args, kwargs)) if func is torch.Tensor.to else data
+        if dest.type != "cuda":
+            if simulated and out.data_ptr() == data.data_ptr():
+                out = out.clone()  # a device-to-host copy never aliases the device tensor
+            return out
+        if simulated and source._pc_device == dest and out is data:
+            return source  # type: ignore[no-any-return]  # already there: .to() returns itself
+        if out.data_ptr() == data.data_ptr():
+            out = out.clone()  # a host-to-device copy never aliases the host tensor
+    return SimulatedTensor.tag(out, dest)
+
+
+class _TaggingMode(TorchFunctionMode):
+    """Runs every call on the CPU; calls aimed at a simulated CUDA device return tagged tensors."""
+
+    def __torch_function__(self, func: Callable[..., Any], types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func in (torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.cpu):
+            dest = _destination(func, args, kwargs)
+            if dest is not None:
+                return _move(func, args, kwargs, dest)
+        device = kwargs.get("device")
+        dest = _cuda(device) if device is not None else None
+        if dest is not None:
+            with DisableTorchFunctionSubclass():
+                out = func(*args, **{**kwargs, "device": "cpu"})
+            return _tag_all(out, dest)
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def tagged_cuda(gpus: int = 1) -> Iterator[None]:
+    """The real-valued session: tagging mode, simulated ``torch.cuda`` queries, new params on ``.to()``."""
+    from placecheck.engine import cuda_queries_simulated
+
+    overwrite = torch.__future__.get_overwrite_module_params_on_conversion()
+    torch.__future__.set_overwrite_module_params_on_conversion(True)
+    try:
+        with cuda_queries_simulated(gpus), _TaggingMode():
+            yield
+    finally:
+        torch.__future__.set_overwrite_module_params_on_conversion(overwrite)

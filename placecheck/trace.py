@@ -1,0 +1,749 @@
+"""The instrumented forward pass: what happened on which device, and where in the user's code.
+
+In the style of ``torch/utils/flop_counter.py``: the public :class:`Tracer`
+owns the state and the events; a private ``TorchFunctionMode`` only hands
+each call to it. The checks (:meth:`Tracer.findings`) read the events
+afterwards and turn them into findings PC201-PC207.
+
+The mode sees every torch call before dispatch. When a call fails because it
+mixes devices (PyTorch's own rule, raised by the fake-tensor engine, the
+real-valued engine or a real GPU), the tracer records the mismatch (op,
+devices, module, user line, where the offending tensor came from), moves the
+offending argument to the target and runs the call again, so one forward
+reports every mismatch.
+
+Cost: a clean op costs a dictionary lookup and a scan of its arguments; the
+Python stack is walked only when an event is recorded, and which code objects
+are torch's or placecheck's own is cached per code object.
+
+Not reentrant: one tracer at a time per process (the registration hooks are global).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import os
+import sys
+import typing
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from types import CodeType, FrameType, TracebackType
+from typing import Any
+
+import torch
+import torch.nn as nn
+from torch.overrides import TorchFunctionMode
+
+from placecheck.errors import one_line
+from placecheck.finding import Finding, Severity
+from placecheck.rules import rule
+from placecheck.tagged import INDEX_OPS, SimulatedDeviceMismatchError
+from placecheck.walk import WalkResult, join, storage_key
+
+# -- user frames -------------------------------------------------------------------------------
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_PLACECHECK_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_EXAMPLES_DIR = _PLACECHECK_DIR + "examples" + os.sep
+_LIBRARY_FILES = frozenset(os.path.abspath(m.__file__ or "") for m in (contextlib, functools, typing))
+_internal_code: dict[CodeType, bool] = {}
+
+
+def _is_internal(code: CodeType) -> bool:
+    """True for torch's, placecheck's and the stdlib wrappers' own frames (cached per code object)."""
+    known = _internal_code.get(code)
+    if known is None:
+        name = code.co_filename
+        known = (name.startswith(_TORCH_DIR) or name.startswith("<frozen")
+                 or (name.startswith(_PLACECHECK_DIR) and not name.startswith(_EXAMPLES_DIR))
+                 or os.path.abspath(name) in _LIBRARY_FILES or "unittest/mock.py" in name)
+        _internal_code[code] = known
+    return known
+
+
+def display_path(filename: str) -> str:
+    """``filename`` relative to the working directory when it is under it."""
+    try:
+        rel = os.path.relpath(filename)
+    except ValueError:
+        return filename
+    return filename if rel.startswith("..") else rel
+
+
+def _user_frame(frame: FrameType | None) -> FrameType | None:
+    while frame is not None and _is_internal(frame.f_code):
+        frame = frame.f_back
+    return frame
+
+
+def user_line(exc: BaseException) -> str:
+    """``file:line`` of the innermost user frame in ``exc``'s traceback ("" when none)."""
+    frames = [f for f in _frames_of(exc.__traceback__) if not _is_internal(f.f_code)]
+    if not frames:
+        return ""
+    tb = exc.__traceback__
+    line = 0
+    while tb is not None:
+        if tb.tb_frame is frames[-1]:
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    return f"{display_path(frames[-1].f_code.co_filename)}:{line}"
+
+
+def _frames_of(tb: TracebackType | None) -> list[FrameType]:
+    frames = []
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    return frames
+
+
+# -- events ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Site:
+    """Where an event happened: the user's ``file:line`` and the module whose forward ran it."""
+
+    source: str
+    where: str
+
+
+@dataclass
+class Creation:
+    """A tensor created in forward off the target (a factory without ``device=``, ``.cpu()``...)."""
+
+    op: str
+    device: str
+    site: Site
+    dtype: str
+    shape: tuple[int, ...] | None
+    fed_mismatch: bool = False
+    """True once a tensor from here took part in a device mismatch."""
+
+
+@dataclass
+class Provenance:
+    """Where an off-target tensor came from: an attribute path, or a creation in forward."""
+
+    path: str = ""
+    linked: str = ""
+    """The ``where`` of the walk finding about that attribute, when there is one."""
+    creation: Creation | None = None
+    lazy: bool = False
+    """The tensor belongs to a module or parameter created during forward."""
+
+    @property
+    def origin(self) -> str:
+        if self.creation is not None:
+            return self.creation.site.source
+        return self.linked or self.path
+
+
+@dataclass
+class Mismatch:
+    op: str
+    devices: tuple[str, ...]
+    device: str
+    site: Site
+    provenance: Provenance
+    dtype: str
+    shape: tuple[int, ...] | None
+
+
+@dataclass
+class HostSync:
+    op: str
+    device: str
+    site: Site
+
+
+@dataclass
+class ImplicitTransfer:
+    op: str
+    scalar: bool
+    site: Site
+    provenance: Provenance
+    dtype: str
+    shape: tuple[int, ...] | None
+
+
+@dataclass
+class Registration:
+    """A module or parameter registered on the model during forward."""
+
+    what: str
+    """``module`` or ``parameter``."""
+    path: str
+    type_name: str
+    device: str
+    site: Site
+
+
+@dataclass
+class OutputOffDevice:
+    path: str
+    device: str
+    dtype: str
+    shape: tuple[int, ...] | None
+    provenance: Provenance
+
+
+@dataclass
+class ForwardError:
+    phase: str
+    """``forward`` or ``backward``."""
+    message: str
+    site: Site
+    mismatch: bool = False
+    """The error is a device mismatch the tracer could not repair (PC201)."""
+
+
+@dataclass
+class GradOffDevice:
+    path: str
+    device: str
+
+
+Event = typing.Union[Creation, Mismatch, HostSync, ImplicitTransfer, Registration, OutputOffDevice,
+                     ForwardError, GradOffDevice]
+
+# -- calls -------------------------------------------------------------------------------------
+
+_HOST_SYNC = frozenset({torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.cpu, torch.Tensor.numpy,
+                        torch.Tensor.__bool__, torch.Tensor.__int__, torch.Tensor.__float__,
+                        torch.Tensor.__index__})
+_METADATA = frozenset({torch.Tensor.dim, torch.Tensor.size, torch.Tensor.numel, torch.Tensor.stride,
+                       torch.Tensor.is_contiguous, torch.Tensor.data_ptr, torch.Tensor.__len__,
+                       torch.Tensor.__repr__, torch.Tensor.__format__, torch.Tensor.__hash__,
+                       torch.Tensor.element_size, torch.Tensor.get_device, torch.Tensor.is_floating_point,
+                       torch.Tensor.is_complex, torch.Tensor.storage_offset, torch.Tensor.untyped_storage})
+_passthrough: dict[Any, bool] = {}
+_MISMATCH_TEXTS = ("expected all tensors to be on the same device", "should be the same",
+                   "but got mat2 is on", "is on cpu, different from")
+
+
+def _is_passthrough(func: Callable[..., Any]) -> bool:
+    known = _passthrough.get(func)
+    if known is None:
+        known = func in _METADATA or getattr(func, "__name__", "") in ("__get__", "__set__")
+        _passthrough[func] = known
+    return known
+
+
+def is_device_mismatch(exc: BaseException) -> bool:
+    """True for PyTorch's device-mismatch errors, on any engine."""
+    from torch._subclasses.fake_tensor import FakeTensorDeviceMismatchError
+
+    if isinstance(exc, FakeTensorDeviceMismatchError | SimulatedDeviceMismatchError):
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and any(t in text for t in _MISMATCH_TEXTS) and (
+        "device" in text or "cuda" in text)
+
+
+def op_name(func: Callable[..., Any]) -> str:
+    """``torch.randn``, ``Tensor.add``, ``torch.nn.functional.linear``: how a user would write the call."""
+    name = getattr(func, "__name__", repr(func))
+    qual = getattr(func, "__qualname__", name)
+    if qual.startswith(("TensorBase.", "Tensor.")):
+        return "Tensor." + name
+    module = getattr(func, "__module__", None) or ""
+    if module.startswith("torch._C") or module in ("", "torch") or "VariableFunctions" in qual:
+        return "torch." + name
+    return f"{module.replace('torch.nn.functional', 'F')}.{name}" if module else name
+
+
+def _dtype(t: torch.Tensor) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+def _shape(t: torch.Tensor) -> tuple[int, ...] | None:
+    try:
+        return tuple(int(s) for s in t.shape)
+    except (RuntimeError, TypeError, ValueError):
+        return None
+
+
+def _describe(t: torch.Tensor) -> str:
+    return f"{_dtype(t)}{list(_shape(t) or [])}"
+
+
+def _tensor_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[int, torch.Tensor]]:
+    """``(argument position, tensor)``: tensors in args/kwargs and one level of lists and tuples."""
+    found = []
+    for pos, a in enumerate((*args, *kwargs.values())):
+        if isinstance(a, torch.Tensor):
+            found.append((pos, a))
+        elif isinstance(a, list | tuple):
+            found.extend((pos, x) for x in a if isinstance(x, torch.Tensor))
+    return found
+
+
+def _legal_cpu_argument(func: Callable[..., Any], pos: int, t: torch.Tensor) -> bool:
+    """A CPU tensor a GPU op accepts: a 0-dim scalar, or an index tensor."""
+    return t.device.type == "cpu" and (t.dim() == 0 or (func in INDEX_OPS and pos > 0))
+
+
+def _replace(obj: Any, moved: dict[int, torch.Tensor]) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return moved.get(id(obj), obj)
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return type(obj)(*(_replace(o, moved) for o in obj))
+    if isinstance(obj, list | tuple):
+        return type(obj)(_replace(o, moved) for o in obj)
+    if isinstance(obj, dict):
+        return {k: _replace(v, moved) for k, v in obj.items()}
+    return obj
+
+
+def _output_tensors(obj: Any, path: str, depth: int = 0) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor in a forward output: nested lists, tuples, dicts, namedtuples, dataclasses."""
+    if depth > 8:
+        return
+    if isinstance(obj, torch.Tensor):
+        yield path, obj
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _output_tensors(v, f"{path}[{k!r}]", depth + 1)
+    elif isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        for name in obj._fields:
+            yield from _output_tensors(getattr(obj, name), f"{path}.{name}", depth + 1)
+    elif isinstance(obj, list | tuple):
+        for i, v in enumerate(obj):
+            yield from _output_tensors(v, f"{path}[{i}]", depth + 1)
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for f in dataclasses.fields(obj):
+            yield from _output_tensors(getattr(obj, f.name, None), f"{path}.{f.name}", depth + 1)
+
+
+# -- the tracer --------------------------------------------------------------------------------
+
+
+class _RecordingMode(TorchFunctionMode):
+    """Hands every torch call to the tracer; holds no state of its own."""
+
+    def __init__(self, tracer: Tracer) -> None:
+        super().__init__()
+        self.tracer = tracer
+
+    def __torch_function__(self, func: Callable[..., Any], types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        return self.tracer.on_call(func, args, kwargs or {})
+
+
+class Tracer:
+    """Runs one forward (and optionally backward) pass of a moved model and records what happens.
+
+    ``walk`` is the walk's result for the same model, so that a mismatch can
+    name the attribute its tensor came from. ``move`` moves one tensor to the
+    target on the current engine (the same function the inputs went through).
+    """
+
+    _MAX_RETRIES = 8
+
+    def __init__(self, model: nn.Module, target: str, walk: WalkResult | None = None,
+                 move: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+        self.model = model
+        self.target = torch.device(target)
+        self.target_name = target
+        self.events: list[Event] = []
+        self.module_paths: dict[int, str] = {}
+        for path, module in model.named_modules(remove_duplicate=False):
+            self.module_paths.setdefault(id(module), path)
+        self.parameters = {id(p) for p in model.parameters()}
+        self.origins: dict[int, str] = dict(walk.origins) if walk else {}
+        self.storages: dict[int, str] = dict(walk.storages) if walk else {}
+        self.walk_findings = dict(walk.finding_by_origin) if walk else {}
+        self.lazy_origins: set[str] = set()
+        self._provenance: dict[int, tuple[torch.Tensor, Provenance]] = {}
+        self._recorded: set[tuple[Any, ...]] = set()
+        self._move = move or (lambda t: t.to(self.target))
+        self._keep: list[Any] = []
+
+    # -- the recording context ----------------------------------------------------------------
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[Tracer]:
+        """Record every torch call and every module/parameter registration inside."""
+        from torch.nn.modules import module as module_mod
+
+        handles = [module_mod.register_module_module_registration_hook(self._on_module_registered),
+                   module_mod.register_module_parameter_registration_hook(self._on_parameter_registered)]
+        try:
+            with _RecordingMode(self):
+                yield self
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def run(self, args: tuple[Any, ...], kwargs: dict[str, Any], train: bool = False) -> Any:
+        """One forward pass (``eval()`` + ``no_grad`` unless ``train``), then the output check; in
+        training mode a backward of the summed floating outputs and the gradient check.
+
+        What the model raises propagates: the caller decides whether another
+        engine can run it, or records it with :meth:`record_error`.
+        """
+        self.model.train(train)
+        with torch.enable_grad() if train else torch.no_grad():
+            with self.recording():
+                output = self.model(*args, **kwargs)
+            self.check_output(output)
+            if train:
+                self.backward(output)
+        return output
+
+    def record_error(self, exc: BaseException, phase: str = "forward") -> None:
+        """Record what the forward (or backward) raised, at the innermost user frame of its traceback."""
+        frames = [f for f in _frames_of(exc.__traceback__) if not _is_internal(f.f_code)]
+        site = self._site(frames[-1]) if frames else Site("", "")
+        self.events.append(ForwardError(phase, one_line(exc), site, mismatch=is_device_mismatch(exc)))
+
+    def backward(self, output: Any) -> None:
+        """Backward of the summed floating outputs; then every gradient must be on the target."""
+        floats = [t for _, t in _output_tensors(output, "") if t.is_floating_point() and t.requires_grad]
+        if not floats:
+            return
+        total = functools.reduce(lambda a, b: a + b, (self._move(t).sum() for t in floats))
+        try:
+            total.backward()  # type: ignore[no-untyped-call]
+        except Exception as exc:
+            self.record_error(exc, "backward")
+            return
+        for name, p in self.model.named_parameters():
+            grad = p.grad
+            if grad is not None and grad.device != self.target:
+                self.events.append(GradOffDevice(name, str(grad.device)))
+
+    def check_output(self, output: Any) -> None:
+        """PC206: every tensor in the (nested) output must be on the target."""
+        for path, t in _output_tensors(output, "output"):
+            if t.device != self.target:
+                self.events.append(OutputOffDevice(path, str(t.device), _dtype(t), _shape(t),
+                                                   self.provenance(t)))
+
+    # -- per call ---------------------------------------------------------------------------------
+    def on_call(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """One torch call: run it, recording what it does across devices."""
+        if _is_passthrough(func):
+            return func(*args, **kwargs)
+        tensors = _tensor_args(args, kwargs)
+        target = self.target
+        off = [(pos, t) for pos, t in tensors if t.device != target]
+        if func in _HOST_SYNC and args and isinstance(args[0], torch.Tensor) \
+                and args[0].device.type != "cpu":
+            self._record_host_sync(func, args[0])
+        if off and len(off) < len(tensors):
+            self._check_implicit(func, off)
+        try:
+            out = func(*args, **kwargs)
+        except Exception as exc:
+            if not off or not is_device_mismatch(exc):
+                raise
+            out = self._repair(func, args, kwargs, off, exc)
+            off = []
+        if isinstance(out, torch.Tensor) and out.device != target:
+            self._off_target_result(func, args, off, out)
+        elif isinstance(out, tuple | list) and out and isinstance(out[0], torch.Tensor):
+            for o in out:
+                if isinstance(o, torch.Tensor) and o.device != target:
+                    self._off_target_result(func, args, off, o)
+        return out
+
+    def _repair(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+                off: list[tuple[int, torch.Tensor]], exc: Exception) -> Any:
+        """Record the mismatch, move the offending arguments to the target, and run the call again."""
+        for _ in range(self._MAX_RETRIES):
+            offending = [(pos, t) for pos, t in off if not _legal_cpu_argument(func, pos, t)]
+            if not offending:
+                raise exc
+            devices = sorted({str(t.device) for _, t in off} | {self.target_name})
+            site = self._site(sys._getframe())
+            moved: dict[int, torch.Tensor] = {}
+            for _, t in offending:
+                prov = self.provenance(t)
+                if prov.creation is not None:
+                    prov.creation.fed_mismatch = True
+                key = ("mismatch", site.source, prov.origin)
+                if key not in self._recorded:
+                    self._recorded.add(key)
+                    self.events.append(Mismatch(op_name(func), tuple(devices), str(t.device), site, prov,
+                                                _dtype(t), _shape(t)))
+                moved[id(t)] = self._move(t)
+            args, kwargs = _replace(args, moved), _replace(kwargs, moved)
+            try:
+                return func(*args, **kwargs)
+            except Exception as again:
+                if not is_device_mismatch(again):
+                    raise
+                exc = again
+                off = [(pos, t) for pos, t in _tensor_args(args, kwargs) if t.device != self.target]
+        raise exc
+
+    def _off_target_result(self, func: Callable[..., Any], args: tuple[Any, ...],
+                           off: list[tuple[int, torch.Tensor]], out: torch.Tensor) -> None:
+        """An op returned a tensor off the target: derived from an off-target input, or created here."""
+        if id(out) in self._provenance or id(out) in self.origins:
+            return
+        for _, t in off:
+            prov = self.provenance(t)
+            if prov.path or prov.creation is not None:
+                self._provenance[id(out)] = (out, prov)
+                return
+        if off:
+            return
+        if func in _HOST_SYNC or (func is torch.Tensor.to and args and isinstance(args[0], torch.Tensor)
+                                  and args[0].device.type != "cpu" and out.device.type == "cpu"):
+            if func is torch.Tensor.to:
+                self._record_host_sync(func, args[0])
+            return  # a device-to-host copy: PC204, not a creation
+        frame = sys._getframe()
+        site = self._site(frame)
+        building = _module_being_built(frame)
+        op = f"{building}(...) built in forward" if building else op_name(func)
+        creation = Creation(op, str(out.device), site, _dtype(out), _shape(out))
+        key = ("creation", site.source, op)
+        if key not in self._recorded:
+            self._recorded.add(key)
+            self.events.append(creation)
+        else:
+            creation = next(e for e in self.events if isinstance(e, Creation)
+                            and e.site.source == site.source and e.op == op)
+        self._provenance[id(out)] = (out, Provenance(creation=creation))
+
+    def _check_implicit(self, func: Callable[..., Any], off: list[tuple[int, torch.Tensor]]) -> None:
+        for pos, t in off:
+            if t.device.type != "cpu":
+                continue
+            scalar = t.dim() == 0
+            if scalar or (func in INDEX_OPS and pos > 0):
+                site = self._site(sys._getframe())
+                key = ("implicit", site.source, scalar)
+                if key not in self._recorded:
+                    self._recorded.add(key)
+                    self.events.append(ImplicitTransfer(op_name(func), scalar, site, self.provenance(t),
+                                                        _dtype(t), _shape(t)))
+
+    def _record_host_sync(self, func: Callable[..., Any], t: torch.Tensor) -> None:
+        site = self._site(sys._getframe())
+        key = ("sync", site.source, func)
+        if key not in self._recorded:
+            self._recorded.add(key)
+            name = {"__bool__": "bool()", "__int__": "int()", "__float__": "float()",
+                    "__index__": "an index"}.get(func.__name__, f".{func.__name__}()")
+            self.events.append(HostSync(name, str(t.device), site))
+
+    # -- registrations (PC203) ----------------------------------------------------------------------
+    def _on_module_registered(self, module: nn.Module, name: str, submodule: nn.Module | None) -> None:
+        owner = self.module_paths.get(id(module))
+        if owner is None or submodule is None or id(submodule) in self.module_paths:
+            return
+        path = join(owner, name)
+        for sub_path, sub in submodule.named_modules():
+            self.module_paths.setdefault(id(sub), join(path, sub_path))
+        for tname, t in [*submodule.named_parameters(), *submodule.named_buffers()]:
+            self.origins.setdefault(id(t), join(path, tname))
+            self.lazy_origins.add(join(path, tname))
+            self._keep.append(t)
+        if isinstance(submodule, nn.modules.lazy.LazyModuleMixin):
+            return  # nn.Lazy* follow .to() correctly; not this bug
+        device = next((str(t.device) for t in submodule.parameters()), "")
+        self.events.append(Registration("module", path, type(submodule).__name__, device,
+                                        self._site(sys._getframe())))
+
+    def _on_parameter_registered(self, module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        owner = self.module_paths.get(id(module))
+        if owner is None or param is None or id(param) in self.parameters:
+            return
+        path = join(owner, name)
+        if path in self.lazy_origins:
+            return  # set while building a module registered in forward: reported with that module
+        self.parameters.add(id(param))
+        self.origins.setdefault(id(param), path)
+        self.lazy_origins.add(path)
+        self._keep.append(param)
+        self.events.append(Registration("parameter", path, "Parameter", str(param.device),
+                                        self._site(sys._getframe())))
+
+    # -- provenance and sites -------------------------------------------------------------------------
+    def provenance(self, t: torch.Tensor) -> Provenance:
+        """Where ``t`` came from: created in forward, derived from, or itself an attribute."""
+        known = self._provenance.get(id(t))
+        if known is not None and known[0] is t:
+            return known[1]
+        path = self.origins.get(id(t))
+        if path is None:
+            key = storage_key(t)
+            path = self.storages.get(key) if key is not None else None
+        if path is None:
+            return Provenance()
+        linked = self.walk_findings.get(path)
+        return Provenance(path=path, linked=linked.where if linked else "", lazy=path in self.lazy_origins)
+
+    def _site(self, frame: FrameType | None) -> Site:
+        """The innermost user frame from ``frame`` outwards, and the module whose forward ran it."""
+        user = _user_frame(frame)
+        if user is None:
+            return Site("", "")
+        source = f"{display_path(user.f_code.co_filename)}:{user.f_lineno}"
+        where: str | None = None
+        scan: FrameType | None = user
+        while scan is not None and where is None:
+            if "self" in scan.f_code.co_varnames[:1]:
+                where = self.module_paths.get(id(scan.f_locals.get("self")))
+            scan = scan.f_back
+        return Site(source, where or "")
+
+    # -- the checks -----------------------------------------------------------------------------------
+    def findings(self) -> list[Finding]:
+        """PC201-PC207 from the recorded events, de-duplicated by (code, source line)."""
+        found: dict[tuple[str, str, str], Finding] = {}
+        lazy_lines = {e.site.source for e in self.events if isinstance(e, Registration)}
+        for event in self.events:
+            finding = self._finding(event, lazy_lines)
+            if finding is None:
+                continue
+            key = (finding.code, finding.source, finding.where if not finding.source else "")
+            if key in found:
+                found[key] = _also_in(found[key], finding.where)
+                continue
+            found[key] = finding
+        return list(found.values())
+
+    def _finding(self, event: Event, lazy_lines: set[str]) -> Finding | None:
+        target = self.target_name
+        if isinstance(event, Mismatch):
+            return self._mismatch_finding(event)
+        if isinstance(event, Creation):
+            if event.site.source in lazy_lines:
+                return None  # the parameters of a layer built in forward: that is PC203
+            fed = event.fed_mismatch
+            return _make("PC202", event.site, Severity.ERROR if fed else None, device=event.device,
+                         expected=target, dtype=event.dtype, shape=event.shape, origin=event.site.source,
+                         message=(f"{event.op} in forward creates {event.dtype}{list(event.shape or [])} on "
+                                  f"{event.device}, not {target}"
+                                  + (": it then fed a device mismatch" if fed else "")),
+                         hint=("tensors created in forward land on the default device (the CPU), not the "
+                               "input's: pass device=x.device (and dtype=x.dtype), or use torch.zeros_like/"
+                               "x.new_zeros"),
+                         details=(("op", event.op),))
+        if isinstance(event, HostSync):
+            return _make("PC204", event.site, None, device=event.device, expected=target,
+                         message=f"{event.op} on a {event.device} tensor in forward waits for the device "
+                                 "and copies to the host",
+                         hint="keep the value on the device (torch.where, masks, clamp) or move the check "
+                              "out of forward", details=(("op", event.op),))
+        if isinstance(event, ImplicitTransfer):
+            what = ("0-dim CPU tensor used as a scalar" if event.scalar
+                    else f"CPU index tensor {event.dtype}{list(event.shape or [])}")
+            return _make("PC205", event.site, Severity.INFO if event.scalar else None, device="cpu",
+                         expected=target, dtype=event.dtype, shape=event.shape,
+                         origin=event.provenance.origin,
+                         message=f"{event.op}: {what} is copied to {target} on every call"
+                                 + _came_from(event.provenance),
+                         hint=("use a Python number" if event.scalar else
+                               "create the index on the device once (register_buffer or device=x.device)"),
+                         details=(("op", event.op),))
+        if isinstance(event, Registration):
+            return _make("PC203", event.site, None, device=event.device, expected=target,
+                         module=event.path,
+                         message=(f"{event.what} {event.path!r} ({event.type_name}) is created during forward"
+                                  + (f" on {event.device}" if event.device else "")
+                                  + ": the earlier .to() never saw it and an optimizer built before the "
+                                    "first forward does not train it"),
+                         hint=("build layers and parameters in __init__ (or use nn.Lazy* modules, which "
+                               "follow .to()); a layer built in forward lands on the default device, the "
+                               "CPU, whatever the input's device"))
+        if isinstance(event, OutputOffDevice):
+            prov = event.provenance
+            site = prov.creation.site if prov.creation else Site("", "")
+            return _make("PC206", site, None, device=event.device, expected=target, dtype=event.dtype,
+                         shape=event.shape, origin=prov.origin, module=event.path,
+                         message=f"{event.path} ({event.dtype}{list(event.shape or [])}) is on "
+                                 f"{event.device}, not {target}" + _came_from(prov),
+                         hint="create every returned tensor on the input's device (device=x.device)",
+                         details=(("output", event.path),))
+        if isinstance(event, ForwardError):
+            if event.mismatch:
+                return _make("PC201", event.site, None, expected=target,
+                             message=f"the {event.phase} raised a device mismatch placecheck could not "
+                                     f"trace to an argument: {event.message}",
+                             hint="look for tensors held outside the call's arguments on another device")
+            return _make("PC207", event.site, None, expected=target,
+                         message=f"the {event.phase} raised {event.message}",
+                         hint="check the input (--input, --example-inputs); findings before this point "
+                              "are still reported", details=(("phase", event.phase),))
+        if isinstance(event, GradOffDevice):
+            return _make("PC201", Site("", ""), None, device=event.device, expected=target,
+                         module=event.path, origin=event.path,
+                         message=f"the gradient of parameter {event.path!r} lands on {event.device}, not "
+                                 f"{target}: optimizer.step() will mix devices",
+                         hint="the parameter itself is off the target: create it in __init__ and register "
+                              "it so that .to() moves it", details=(("op", "backward"),))
+        return None
+
+    def _mismatch_finding(self, event: Mismatch) -> Finding:
+        prov = event.provenance
+        if prov.creation is not None:
+            hint = ("create it on the input's device: device=x.device (or torch.zeros_like / x.new_zeros); "
+                    "tensors created in forward land on the default device, the CPU")
+        elif prov.lazy:
+            hint = "build the layer or parameter in __init__, so that .to() moves it"
+        elif prov.path:
+            attr = prov.path.rpartition(".")[2]
+            hint = (f'register it: self.register_buffer("{attr}", tensor, persistent=False) in __init__ '
+                    "(.to() moves only registered parameters and buffers), or create it in forward on the "
+                    "input's device")
+        else:
+            hint = "move the tensor to the input's device where it is created"
+        return _make("PC201", event.site, None, device=event.device, expected=self.target_name,
+                     dtype=event.dtype, shape=event.shape, origin=prov.origin,
+                     message=(f"{event.op} mixed {' and '.join(event.devices)}: its "
+                              f"{event.dtype}{list(event.shape or [])} argument is on {event.device}"
+                              + _came_from(prov) + "; on a GPU this raises 'Expected all tensors to be on "
+                              "the same device'"),
+                     hint=hint, details=(("op", event.op), ("devices", ", ".join(event.devices))))
+
+
+def _also_in(first: Finding, where: str) -> Finding:
+    """``first`` noting that the same line also ran in module ``where`` (one finding per line)."""
+    details = dict(first.details)
+    also = [w for w in details.get("also", "").split(", ") if w]
+    shown = where or "''"
+    if where == first.where or shown in also:
+        return first
+    details["also"] = ", ".join([*also, shown])
+    return dataclasses.replace(first, details=tuple(details.items()))
+
+
+def _came_from(prov: Provenance) -> str:
+    if prov.creation is not None:
+        return f" (created by {prov.creation.op} at {prov.creation.site.source})"
+    if prov.lazy:
+        return f" (from {prov.path!r}, created during forward)"
+    if prov.path:
+        return f" (from attribute {prov.path!r}, which .to() did not move)"
+    return ""
+
+
+def _module_being_built(frame: FrameType | None) -> str:
+    """``nn.Linear`` when the call came from an ``nn.Module.__init__`` called by user code."""
+    building = ""
+    while frame is not None and _is_internal(frame.f_code):
+        if frame.f_code.co_name == "__init__":
+            obj = frame.f_locals.get("self")
+            if isinstance(obj, nn.Module):
+                building = f"nn.{type(obj).__name__}" if type(obj).__module__.startswith("torch.") \
+                    else type(obj).__name__
+        frame = frame.f_back
+    return building
+
+
+def _make(code: str, site: Site, severity: Severity | None, **fields: Any) -> Finding:
+    r = rule(code)
+    fields.setdefault("module", site.where)
+    return Finding(code=code, kind=r.kind, severity=severity or r.severity, where=site.where,
+                   source=site.source, **fields)
+
+
