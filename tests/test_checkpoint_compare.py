@@ -113,3 +113,12 @@ def test_a_backbone_prefix_nobody_listed_is_found_too() -> None:
     model_keys = ["conv.weight", "fc.weight", "fc.bias"]
     fix = find_prefix_fix([f"backbone.{k}" for k in model_keys], model_keys)
     assert fix == PrefixFix("backbone.", strip=True)
+
+
+def test_the_model_may_be_a_class_or_factory_built_on_meta(tmp_path: Path) -> None:
+    path = _save(tmp_path, Model().state_dict())
+    assert check_checkpoint(str(path), model=Model, device="cpu").report.findings == ()
+    rows = [(f.code, f.where) for f in
+            check_checkpoint(str(path), model=lambda: Model(depth=4), device="cpu").report.findings]
+    assert rows == [("PC302", "blocks.3.norm.bias"), ("PC302", "blocks.3.norm.weight"),
+                    ("PC302", "blocks.3.proj.bias"), ("PC302", "blocks.3.proj.weight")]

@@ -314,7 +314,9 @@ def check_checkpoint(
             raise UsageError(f"no state_dict found in {path!r} (top-level keys: "
                              f"{', '.join(top_level_keys(meta)[:20]) or 'none'}): name it with --key")
         name = model_name or "the model"
-        built = _build_for_keys(model) if callable(model) and not hasattr(model, "state_dict") else model
+        import torch
+
+        built = model if isinstance(model, torch.nn.Module) else _build_for_keys(model)
         comparison = compare_state_dicts({k: _spec(v) for k, v in found[1].items()},
                                          model_state_specs(built), name)
         findings += comparison.findings
