@@ -93,6 +93,8 @@ class ModelConfig:
     """A ``--example-inputs`` target."""
     train: bool | None = None
     """Audit a training step too (``--train``)."""
+    forward: bool | None = None
+    """``False`` skips the forward pass (walk only)."""
     device: str = "cuda"
     engine: str = "auto"
     gpus: int | None = None
@@ -208,6 +210,7 @@ MODEL_KEYS: dict[str, tuple[Check, str]] = {
     "inputs": (_is_str_list, "forward inputs, as --input"),
     "example_inputs": (_is_str, "a target giving the forward inputs, as --example-inputs"),
     "train": (_is_bool, "also audit a training step, as --train"),
+    "forward": (_is_bool, "false: skip the forward pass, audit only what .to() leaves behind"),
     "device": (_is_device, "target device, as --device"),
     "engine": (_one_of(ENGINE_CHOICES), "as --engine"),
     "gpus": (_is_positive_int, "number of simulated GPUs, as --gpus"),

@@ -84,28 +84,40 @@ def report_from_dict(data: dict[str, Any]) -> Report:
 # ---- the child -----------------------------------------------------------------------------------
 
 
-def _audit_options(spec: dict[str, Any]) -> Any:
-    """The CLI's AuditOptions for one model, so a config entry audits exactly as the CLI would."""
-    from placecheck.cli import AuditOptions
-    from placecheck.load import parse_kwargs
+def _audit(spec: dict[str, Any]) -> Report:
+    """Audit one model as ``placecheck audit TARGET`` would, with every option its entry gives."""
+    import inspect
 
-    known = {f.name for f in fields(AuditOptions)}
-    values: dict[str, Any] = {
-        "target": spec["target"], "device": spec["device"], "engine": spec["engine"],
-        "gpus": spec["gpus"], "init": spec["init"], "select": tuple(spec["select"]),
-        "ignore": tuple(spec["ignore"]),
-        "kwargs": {**spec["kwargs"], **parse_kwargs(None, spec["args"])},
+    from placecheck.api import audit
+    from placecheck.load import build, parse_kwargs, resolve, split_target
+
+    target = spec["target"]
+    normalize_device(spec["device"])  # a bad device fails before any import of the target
+    _, attr = split_target(target)
+    constructor_kwargs = {**spec["kwargs"], **parse_kwargs(None, spec["args"])}
+
+    def factory() -> Any:
+        return build(resolve(target), attr, constructor_kwargs)
+
+    accepted = inspect.signature(audit).parameters
+    options: dict[str, Any] = {
+        "engine": spec["engine"], "gpus": spec["gpus"], "init": spec["init"],
+        "select": spec["select"] or None, "ignore": spec["ignore"] or None,
+        "copy_model": False, "target": target,
     }
+    # keys whose audit() parameter arrived with a later issue: passed only when set, refused
+    # with a clear message by a placecheck that does not have them
     optional = {"checkpoint": spec["checkpoint"], "checkpoint_key": spec["checkpoint_key"],
                 "trust": spec["trust"], "inputs": tuple(spec["inputs"]),
-                "example_inputs": spec["example_inputs"], "train": spec["train"]}
+                "example_inputs": spec["example_inputs"], "train": spec["train"],
+                "forward": spec["forward"]}
     for key, value in optional.items():
-        if value in (None, (), False):
+        if value is None or value == () or (value is False and key != "forward"):
             continue
-        if key not in known:
+        if key not in accepted:
             raise UsageError(f"config key {key!r} is not supported by this placecheck version")
-        values[key] = value
-    return AuditOptions(**values)
+        options[key] = value
+    return audit(factory, spec["device"], **options)
 
 
 def child_main(spec_path: str, result_path: str) -> int:
@@ -116,10 +128,9 @@ def child_main(spec_path: str, result_path: str) -> int:
     spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
     result: dict[str, Any]
     try:
-        from placecheck.cli import run_audit
         from placecheck.formats.json import report_to_dict
 
-        report = run_audit(_audit_options(spec))
+        report = _audit(spec)
         result = {"status": "ok", "report": report_to_dict(report)}
     except MemoryError:
         result = {"status": "oom", "message": "MemoryError"}
@@ -178,6 +189,10 @@ def _tail(path: Path) -> str:
         lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
     except OSError:
         return ""
+    # faulthandler prints the crashing stack innermost first: keep its start, not the module list
+    for i, line in enumerate(lines):
+        if line.startswith("Fatal Python error"):
+            return "\n".join(lines[i:i + _STDERR_TAIL])
     return "\n".join(lines[-_STDERR_TAIL:])
 
 

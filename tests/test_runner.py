@@ -1,0 +1,223 @@
+"""``placecheck.runner`` and ``audit --config``: one process per model, crashes and hangs reported.
+
+The end-to-end test runs real child processes (each imports torch), so it is
+one run over every failure mode at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from placecheck import runner
+from placecheck.config import Allow, ModelConfig, RunConfig, parse
+from placecheck.finding import Finding, Severity
+from placecheck.report import Report
+
+REPO = Path(__file__).resolve().parents[1]
+MODELS = "tests/fixtures/ci/models.py"
+
+
+def _config(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "placecheck.toml"
+    path.write_text(textwrap.dedent(body), encoding="utf-8")
+    return path
+
+
+def _placecheck(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "placecheck", *args], capture_output=True, text=True,
+                          cwd=REPO, env={**os.environ, "CI": "true"})
+
+
+def test_crashing_hanging_and_oom_models_do_not_lose_the_healthy_ones(tmp_path: Path) -> None:
+    config = _config(tmp_path, f"""
+        jobs = 3
+        timeout = 300
+        [[models]]
+        target = "{MODELS}:Healthy"
+        [[models]]
+        target = "{MODELS}:Segfault"
+        [[models]]
+        target = "{MODELS}:Hang"
+        timeout = 20
+        [[models]]
+        target = "{MODELS}:Buggy"
+        kwargs = {{ width = 6 }}
+        inputs = ["float32[3,6]"]
+        [[models]]
+        target = "{MODELS}:OutOfMemory"
+        [[models]]
+        target = "{MODELS}:KilledByKernel"
+        """)
+    proc = _placecheck("audit", "--config", str(config), "--format", "json")
+    assert proc.returncode == 1, proc.stderr
+    data = json.loads(proc.stdout)
+    by_model = {m["target"].rpartition(":")[2]: m for m in data["models"]}
+    assert list(by_model) == ["Healthy", "Segfault", "Hang", "Buggy", "OutOfMemory", "KilledByKernel"]
+    assert by_model["Healthy"]["findings"] == []
+    assert by_model["Healthy"]["engine"] == "simulated cuda"
+    buggy = {(f["code"], f["where"]) for f in by_model["Buggy"]["findings"]}
+    assert {("PC101", "mask"), ("PC102", "heads[0]")} <= buggy
+    # the forward pass ran with the config's inputs and the constructor's kwargs
+    assert "PC201" in {code for code, _ in buggy}
+    assert any("float32[3,6]" in note for note in by_model["Buggy"]["notes"]), by_model["Buggy"]["notes"]
+
+    def incomplete(name: str) -> dict[str, str]:
+        [finding] = by_model[name]["findings"]
+        assert finding["code"] == "PC901" and finding["kind"] == "audit-incomplete"
+        return {"message": finding["message"], **finding["details"]}
+
+    segfault = incomplete("Segfault")
+    assert segfault["reason"] == "crash" and "SIGSEGV" in segfault["message"]
+    assert "models.py" in segfault["stderr"]  # faulthandler's stack names the line that crashed
+    hang = incomplete("Hang")
+    assert hang["reason"] == "timeout" and "20 s" in hang["message"]
+    assert incomplete("OutOfMemory")["reason"] == "out-of-memory"
+    killed = incomplete("KilledByKernel")
+    assert killed["reason"] == "out-of-memory" and "SIGKILL" in killed["message"]
+    assert "auditing" not in proc.stderr  # no progress bar when not a terminal / under CI
+
+
+def test_a_model_that_does_not_load_exits_2_and_keeps_the_others(tmp_path: Path) -> None:
+    config = _config(tmp_path, f"""
+        [[models]]
+        target = "{MODELS}:Healthy"
+        [[models]]
+        target = "{MODELS}:Missing"
+        """)
+    proc = _placecheck("audit", "--config", str(config), "--format", "json")
+    assert proc.returncode == 2
+    assert proc.stderr.startswith(f"placecheck: error: {MODELS}:Missing (config line 4): ")
+    models = json.loads(proc.stdout)["models"]
+    assert models[0]["findings"] == []
+    assert models[1]["findings"][0]["details"]["reason"] == "load-error"
+
+
+# ---- the parent's logic, with the child replaced ---------------------------------------------------
+
+
+def _finding(code: str, where: str = "") -> Finding:
+    return Finding(code=code, kind="k", severity=Severity.ERROR, where=where, message="m", hint="h")
+
+
+def _fake(findings: dict[str, list[Finding]], calls: list[tuple[str, float]]) -> Any:
+    """An ``audit_one`` that records its calls and returns canned findings (no child process)."""
+
+    def audit_one(model: ModelConfig, timeout: float, workdir: str | None) -> runner.ModelOutcome:
+        calls.append((model.label, timeout))
+        report = Report.build(model.target, "cuda:0", "fake", findings[model.target])
+        return runner.ModelOutcome(model, report)
+
+    return audit_one
+
+
+def test_outcomes_in_config_order_with_timeouts_and_allows() -> None:
+    cfg = parse(textwrap.dedent("""
+        timeout = 50
+        [[models]]
+        target = "a:A"
+        timeout = 7
+        allow = [{ code = "PC101", where = "cache.*", reason = "rebuilt each call" }]
+        [[models]]
+        target = "b:B"
+        name = "bee"
+        ignore = ["PC901"]
+        """))
+    calls: list[tuple[str, float]] = []
+    findings = {"a:A": [_finding("PC101", "cache.k"), _finding("PC102", "heads")],
+                "b:B": [_finding("PC901")]}
+    outcomes = runner.run_models(cfg, jobs=2, progress=False, audit_one=_fake(findings, calls))
+    assert sorted(calls) == [("a:A", 7.0), ("bee", 50.0)]
+    a, b = (o.report for o in outcomes)
+    assert [f.code for f in a.findings] == ["PC102"]
+    assert "allowed by config line 6: PC101 at cache.k (rebuilt each call)" in a.notes
+    assert b.target == "bee" and b.findings == ()  # PC901 explicitly ignored
+
+
+def test_pc901_survives_select() -> None:
+    model = ModelConfig(target="a:A", select=("PC1",))
+    outcome = runner.ModelOutcome(model, Report.build("a:A", "cuda:0", "not run", [_finding("PC901")]))
+    assert [f.code for f in runner.finish(outcome).report.findings] == ["PC901"]
+
+
+def test_unused_allow_is_noted() -> None:
+    model = ModelConfig(target="a:A", allow=(Allow("PC204", "*", "why", 9),))
+    outcome = runner.finish(runner.ModelOutcome(model, Report.build("a:A", "cuda:0", "x", [])))
+    assert outcome.report.notes == ("config line 9: allow PC204 where '*' matched no finding",)
+
+
+def test_the_command_line_overrides_the_config_timeout() -> None:
+    cfg = RunConfig(path="x", models=(ModelConfig(target="a:A"),), timeout=50)
+    calls: list[tuple[str, float]] = []
+    runner.run_models(cfg, timeout=3, progress=False, audit_one=_fake({"a:A": []}, calls))
+    assert calls == [("a:A", 3)]
+
+
+def test_report_json_round_trip() -> None:
+    from placecheck.formats.json import report_to_dict
+
+    finding = Finding(code="PC101", kind="stray-tensor", severity=Severity.ERROR, where="m", message="x",
+                      hint="y", shape=(2, 3), details=(("op", "add"),), nbytes=24, count=1)
+    report = Report.build("t", "cuda:0", "fake", [finding], ["n"], {"modules": 3})
+    assert runner.report_from_dict(json.loads(json.dumps(report_to_dict(report)))) == report
+
+
+@pytest.mark.parametrize("tty, ci, shown", [(True, None, True), (True, "true", False), (False, None, False)])
+def test_progress_bar_only_on_a_terminal_outside_ci(monkeypatch: pytest.MonkeyPatch, tty: bool,
+                                                    ci: str | None, shown: bool) -> None:
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: tty)
+    if ci is None:
+        monkeypatch.delenv("CI", raising=False)
+    else:
+        monkeypatch.setenv("CI", ci)
+    assert runner.show_progress() is shown
+
+
+def test_the_progress_bar_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = RunConfig(path="x", models=(ModelConfig(target="a:A"), ModelConfig(target="b:B")))
+    calls: list[tuple[str, float]] = []
+    outcomes = runner.run_models(cfg, progress=True, audit_one=_fake({"a:A": [], "b:B": []}, calls))
+    assert len(outcomes) == 2
+
+
+def test_timeout_and_jobs_need_a_config() -> None:
+    proc = _placecheck("audit", "placecheck/examples/clean.py:CleanNet", "--jobs", "2")
+    assert proc.returncode == 2
+    assert proc.stderr == ("placecheck: error: --jobs apply to --config runs (many models); "
+                           "for one TARGET drop them\n")
+
+
+def test_per_model_options_are_refused_with_a_config(tmp_path: Path) -> None:
+    config = _config(tmp_path, '[[models]]\ntarget = "a:b"\n')
+    proc = _placecheck("audit", "--config", str(config), "--kwargs", "{}")
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("placecheck: error: --kwargs describe one model: put them in the model's")
+    proc = _placecheck("audit", "x:y", "--config", str(config))
+    assert proc.stderr == "placecheck: error: give a TARGET or --config FILE, not both\n"
+
+
+def test_no_target_and_no_config(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "placecheck", "audit"], capture_output=True, text=True,
+                          cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "pass --config FILE, or add [tool.placecheck] to ./pyproject.toml" in proc.stderr
+
+
+def test_pyproject_is_used_when_no_target_is_given(tmp_path: Path) -> None:
+    (tmp_path / "pyproject.toml").write_text(textwrap.dedent(f"""
+        [tool.placecheck]
+        [[tool.placecheck.models]]
+        target = "{REPO / MODELS}:Buggy"
+        select = ["PC101"]
+        """))
+    proc = subprocess.run([sys.executable, "-m", "placecheck", "audit", "--format", "github"],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stdout.startswith("::error ") and "PC101" in proc.stdout and "PC102" not in proc.stdout
