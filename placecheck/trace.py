@@ -129,8 +129,8 @@ class Provenance:
     """Where an off-target tensor came from: an attribute path, or a creation in forward."""
 
     path: str = ""
-    linked: str = ""
-    """The ``where`` of the walk finding about that attribute, when there is one."""
+    linked: Finding | None = None
+    """The walk's finding about that attribute, when there is one."""
     creation: Creation | None = None
     lazy: bool = False
     """The tensor belongs to a module or parameter created during forward."""
@@ -139,7 +139,7 @@ class Provenance:
     def origin(self) -> str:
         if self.creation is not None:
             return self.creation.site.source
-        return self.linked or self.path
+        return self.linked.where if self.linked else self.path
 
 
 @dataclass
@@ -569,17 +569,16 @@ class Tracer:
     # -- provenance and sites -------------------------------------------------------------------------
     def provenance(self, t: torch.Tensor) -> Provenance:
         """Where ``t`` came from: created in forward, derived from, or itself an attribute."""
-        known = self._provenance.get(id(t))
-        if known is not None and known[0] is t:
-            return known[1]
         path = self.origins.get(id(t))
         if path is None:
+            known = self._provenance.get(id(t))
+            if known is not None and known[0] is t:
+                return known[1]
             key = storage_key(t)
             path = self.storages.get(key) if key is not None else None
         if path is None:
             return Provenance()
-        linked = self.walk_findings.get(path)
-        return Provenance(path=path, linked=linked.where if linked else "", lazy=path in self.lazy_origins)
+        return Provenance(path=path, linked=self.walk_findings.get(path), lazy=path in self.lazy_origins)
 
     def _site(self, frame: FrameType | None) -> Site:
         """The innermost user frame from ``frame`` outwards, and the module whose forward ran it."""
@@ -690,6 +689,8 @@ class Tracer:
                     "tensors created in forward land on the default device, the CPU")
         elif prov.lazy:
             hint = "build the layer or parameter in __init__, so that .to() moves it"
+        elif prov.linked is not None:
+            hint = prov.linked.hint
         elif prov.path:
             attr = prov.path.rpartition(".")[2]
             hint = (f'register it: self.register_buffer("{attr}", tensor, persistent=False) in __init__ '

@@ -29,8 +29,10 @@ class Block(nn.Module):
         self.cache = {"k": torch.zeros(length, dim), "v": torch.zeros(length, dim)}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        scores = (x @ x.transpose(-1, -2)) * self.mask[: x.shape[1], : x.shape[1]]
-        return self.proj(scores.softmax(-1) @ x)
+        n = x.shape[-2]
+        scores = (x @ x.transpose(-1, -2)) * self.mask[:n, :n]
+        out: torch.Tensor = self.proj(scores.softmax(-1) @ x)
+        return out
 
 
 class BuggyNet(nn.Module):
@@ -44,10 +46,18 @@ class BuggyNet(nn.Module):
         self.heads = [nn.Linear(dim, classes) for _ in range(2)]
         # BUG PC103: parameters in a plain list (not nn.ParameterList).
         self.scales = [nn.Parameter(torch.ones(classes)) for _ in range(2)]
+        self.gate: nn.Linear | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.embed(x)
+        # BUG PC202: created on the default device (the CPU), not on x's device.
+        x = x + 0.01 * torch.randn(x.shape)
         for block in self.blocks:
             x = block(x)
-        pooled = x.mean(1)
-        return sum(head(pooled) * s for head, s in zip(self.heads, self.scales, strict=True))
+        pooled = x.mean(-2)
+        if self.gate is None:
+            # BUG PC203: a layer built in forward lands on the CPU; .to() never saw it.
+            self.gate = nn.Linear(pooled.shape[-1], pooled.shape[-1])
+        pooled = self.gate(pooled)
+        out: torch.Tensor = sum(head(pooled) * s for head, s in zip(self.heads, self.scales, strict=True))
+        return out

@@ -17,14 +17,18 @@ class RopeCache(nn.Module):
 
 
 class Block(nn.Module):
+    mask: torch.Tensor
+
     def __init__(self, dim: int, length: int) -> None:
         super().__init__()
         self.proj = nn.Linear(dim, dim)
         self.register_buffer("mask", torch.tril(torch.ones(length, length)), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        scores = (x @ x.transpose(-1, -2)) * self.mask[: x.shape[1], : x.shape[1]]
-        return self.proj(scores.softmax(-1) @ x)
+        n = x.shape[-2]
+        scores = (x @ x.transpose(-1, -2)) * self.mask[:n, :n]
+        out: torch.Tensor = self.proj(scores.softmax(-1) @ x)
+        return out
 
 
 class CleanNet(nn.Module):
@@ -35,10 +39,13 @@ class CleanNet(nn.Module):
         self.rope = RopeCache(dim, length)
         self.heads = nn.ModuleList([nn.Linear(dim, classes) for _ in range(2)])
         self.scales = nn.ParameterList([nn.Parameter(torch.ones(classes)) for _ in range(2)])
+        self.gate = nn.Linear(dim, dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.embed(x)
+        x = x + 0.01 * torch.randn_like(x)
         for block in self.blocks:
             x = block(x)
-        pooled = x.mean(1)
-        return sum(head(pooled) * s for head, s in zip(self.heads, self.scales, strict=True))
+        pooled = self.gate(x.mean(-2))
+        out: torch.Tensor = sum(head(pooled) * s for head, s in zip(self.heads, self.scales, strict=True))
+        return out
