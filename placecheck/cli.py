@@ -58,6 +58,10 @@ class AuditOptions:
     checkpoint: str | None = None
     checkpoint_key: str | None = None
     trust: bool = False
+    inputs: tuple[str, ...] = ()
+    example_inputs: str | None = None
+    forward: bool = True
+    train: bool = False
 
 
 def _split_codes(values: list[str] | None) -> tuple[str, ...]:
@@ -115,8 +119,10 @@ def audit(
         show_default=False)] = None,
     device: Annotated[str, typer.Option("--device", "-d", help=f"Target device: {DEVICE_HELP}.")] = "cuda",
     engine: Annotated[str, typer.Option(
-        help="auto: the real device when present, CUDA simulated with fake tensors when not; "
-             "real: require the real device; fake: always simulate CUDA.")] = "auto",
+        help="auto: the real device when present, CUDA simulated with fake tensors when not (and "
+             "with real values when fake tensors cannot run the forward); real: require the real "
+             "device; fake: always simulate CUDA with fake tensors; tagged: simulate CUDA with real "
+             "CPU values (runs .item(), boolean masks, backward).")] = "auto",
     gpus: Annotated[int | None, typer.Option(
         help="Number of simulated GPUs (default: enough for the target's index).", min=1)] = None,
     init: Annotated[str, typer.Option(
@@ -134,6 +140,18 @@ def audit(
                       "automatically).")] = None,
     trust: Annotated[bool, typer.Option(
         "--trust", help="Allow loading a checkpoint that runs pickled code (weights_only=False).")] = False,
+    input_specs: Annotated[list[str] | None, typer.Option(
+        "--input", "-i", help="A forward input [NAME=]DTYPE[D0,D1,...][:LOW..HIGH], e.g. "
+                              "float32[8,3,224,224] or input_ids=int64[2,128]:0..32000; repeatable "
+                              "(default: inferred from the first layer).")] = None,
+    example_inputs: Annotated[str | None, typer.Option(
+        "--example-inputs", help="MODULE:ATTR or file.py:ATTR returning the forward's inputs: a tensor, "
+                                 "a tuple (positional), a dict (keyword) or (args, kwargs).")] = None,
+    train: Annotated[bool, typer.Option(
+        "--train", help="Run the forward in training mode, then a backward of the summed outputs, and "
+                        "check every gradient lands on the device.")] = False,
+    no_forward: Annotated[bool, typer.Option(
+        "--no-forward", help="Skip the forward pass: only the walk after .to() (and --checkpoint).")] = False,
     select: Annotated[list[str] | None, typer.Option(
         help="Report only these codes or prefixes (PC1, PC204, ALL); comma-separated or repeated.")] = None,
     ignore: Annotated[list[str] | None, typer.Option(
@@ -183,7 +201,8 @@ def audit(
         opts = AuditOptions(
             target=target, kwargs=parse_kwargs(kwargs, arg or ()), device=device, engine=engine,
             gpus=gpus, select=_split_codes(select), ignore=_split_codes(ignore), init=init,
-            checkpoint=checkpoint, checkpoint_key=key, trust=trust,
+            checkpoint=checkpoint, checkpoint_key=key, trust=trust, inputs=tuple(input_specs or ()),
+            example_inputs=example_inputs, forward=not no_forward, train=train,
         )
         out = OutputOptions(format=fmt, output=output, fail_on=fail_on, exit_zero=exit_zero, debug=debug)
         report = run_audit(opts)
@@ -214,7 +233,8 @@ def run_audit(opts: AuditOptions) -> Report:
 
     return run(factory, opts.device, engine=opts.engine, gpus=opts.gpus, select=opts.select or None,
                ignore=opts.ignore or None, copy_model=False, target=opts.target, init=opts.init,
-               checkpoint=opts.checkpoint, checkpoint_key=opts.checkpoint_key, trust=opts.trust)
+               checkpoint=opts.checkpoint, checkpoint_key=opts.checkpoint_key, trust=opts.trust,
+               inputs=opts.inputs, example_inputs=opts.example_inputs, forward=opts.forward, train=opts.train)
 
 
 @app.command()

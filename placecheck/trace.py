@@ -603,7 +603,7 @@ class Tracer:
             finding = self._finding(event, lazy_lines)
             if finding is None:
                 continue
-            key = (finding.code, finding.source, finding.where if not finding.source else "")
+            key = (finding.code, finding.source, finding.module if not finding.source else "")
             if key in found:
                 found[key] = _also_in(found[key], finding.where)
                 continue
