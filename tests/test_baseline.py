@@ -1,0 +1,109 @@
+"""``placecheck.baseline``: known findings hidden, new ones reported, stale entries named."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from placecheck import baseline
+from placecheck.errors import UsageError
+from placecheck.finding import Finding, Severity
+from placecheck.report import Report
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _f(code: str, where: str, source: str = "", message: str = "m") -> Finding:
+    return Finding(code=code, kind="k", severity=Severity.ERROR, where=where, message=message, hint="h",
+                   source=source)
+
+
+def _report(target: str, *findings: Finding) -> Report:
+    return Report.build(target, "cuda:0", "fake", findings)
+
+
+def test_round_trip_hides_everything(tmp_path: Path) -> None:
+    run = [_report("a:A", _f("PC101", "mask"), _f("PC202", "blk", "/x/net.py:10")), _report("b:B")]
+    path = tmp_path / "b.json"
+    assert baseline.write(path, run) == 2
+    result = baseline.apply(run, baseline.read(path))
+    assert [r.findings for r in result.reports] == [(), ()]
+    assert result.suppressed == 2 and result.stale == ()
+    assert "baseline: 2 known findings not shown" in result.reports[0].notes
+
+
+def test_keys_survive_line_shifts_and_message_changes(tmp_path: Path) -> None:
+    path = tmp_path / "b.json"
+    baseline.write(path, [_report("a:A", _f("PC202", "blk", "pkg/net.py:10", "float32[4]"))])
+    later = [_report("a:A", _f("PC202", "blk", "pkg/net.py:57", "float32[8]"))]
+    assert baseline.apply(later, baseline.read(path)).reports[0].findings == ()
+
+
+def test_new_findings_and_counts(tmp_path: Path) -> None:
+    path = tmp_path / "b.json"
+    two = _f("PC202", "blk", "net.py:1")
+    baseline.write(path, [_report("a:A", two, replace(two, source="net.py:2"))])
+    assert json.loads(path.read_text())["entries"][0]["count"] == 2
+    # a third finding with the same key, one in another module, one in another model: all new
+    later = [_report("a:A", two, two, two, _f("PC202", "other", "net.py:1")), _report("b:B", two)]
+    result = baseline.apply(later, baseline.read(path))
+    assert [(f.code, f.where) for f in result.reports[0].findings] == [("PC202", "blk"), ("PC202", "other")]
+    assert len(result.reports[1].findings) == 1
+
+
+def test_stale_entries(tmp_path: Path) -> None:
+    path = tmp_path / "b.json"
+    baseline.write(path, [_report("a:A", _f("PC101", "mask"), _f("PC102", "heads[0]")),
+                          _report("c:C", _f("PC101", "x"))])
+    result = baseline.apply([_report("a:A", _f("PC101", "mask"))], baseline.read(path))
+    # only models in this run are judged: c:C was not audited, so its entry is not stale
+    assert [s.describe() for s in result.stale] == ["a:A: PC102 at heads[0]"]
+    assert "baseline: stale entry, no longer found: a:A: PC102 at heads[0]" in result.reports[0].notes
+
+
+def test_paths_are_repository_relative(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    inside = baseline.finding_key("a:A", _f("PC202", "", f"{tmp_path}/pkg/net.py:3"))
+    installed = baseline.finding_key("a:A", _f("PC202", "", "/usr/lib/python3/site-packages/tv/m.py:3"))
+    assert (inside[3], installed[3]) == ("pkg/net.py", "tv/m.py")
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "cannot read --baseline"), ("{", "is not JSON"), ('{"x": 1}', "is not a placecheck baseline"),
+    ('{"placecheck_baseline": 1, "entries": [{"code": "PC101"}]}', "entry 0 needs model, code and where"),
+])
+def test_bad_baseline_files(tmp_path: Path, content: str | None, message: str) -> None:
+    path = tmp_path / "b.json"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(UsageError, match=message):
+        baseline.read(path)
+
+
+def test_cli_adopts_then_fails_only_on_new_findings(tmp_path: Path) -> None:
+    net = tmp_path / "net.py"
+    net.write_text("import torch\nimport torch.nn as nn\n\n\nclass Net(nn.Module):\n"
+                   "    def __init__(self):\n        super().__init__()\n"
+                   "        self.fc = nn.Linear(4, 4)\n        self.mask = torch.ones(4)\n")
+    path = tmp_path / "baseline.json"
+
+    def placecheck(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "placecheck", "audit", f"{net}:Net", "--select", "PC1",
+                               *args], capture_output=True, text=True, cwd=tmp_path)
+
+    adopt = placecheck("--write-baseline", str(path))
+    assert adopt.returncode == 0, adopt.stderr
+    assert "placecheck: recorded 1 finding in" in adopt.stderr
+    assert placecheck("--baseline", str(path)).returncode == 0
+    net.write_text(net.read_text() + "        self.extra = [nn.Linear(4, 4)]\n")
+    new = placecheck("--baseline", str(path), "--format", "json")
+    assert new.returncode == 1
+    assert [f["code"] for f in json.loads(new.stdout)["findings"]] == ["PC102"]
+    net.write_text(net.read_text().replace("self.mask = torch.ones(4)", "pass"))
+    fixed = placecheck("--baseline", str(path))
+    assert "1 stale entry" in fixed.stderr and "PC101 at mask" in fixed.stderr
