@@ -1,0 +1,68 @@
+"""A pytest plugin (entry point ``pytest11``): assert in a test that a model's placement is clean.
+
+    from placecheck.pytest_plugin import assert_placement
+
+    def test_model_moves_to_cuda():
+        assert_placement(MyNet(), "float32[2,3,32,32]")          # device="cuda" by default
+
+    def test_with_the_fixture(assert_placement):                 # the same function, as a fixture
+        assert_placement(MyNet(), torch.randn(2, 3, 32, 32), device="cuda:1")
+
+``inputs`` is an input spec string (as ``--input``), a list of them, or the
+example inputs themselves (a tensor, a tuple/list of positional arguments, or
+a dict of keyword arguments). The audit simulates CUDA when no GPU is present.
+A finding at or above ``fail_on`` fails the test with the table as its
+message. Importing the plugin does not import torch (pytest loads it in every
+run of a project that installs placecheck).
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from placecheck.report import Report, exit_code
+
+_EXAMPLE_MODULE = "_placecheck_pytest_example_inputs"
+
+
+def _as_options(inputs: Any) -> dict[str, Any]:
+    """audit() options for ``inputs``: specs pass as ``inputs``, objects through ``example_inputs``."""
+    if inputs is None:
+        return {}
+    if isinstance(inputs, str):
+        return {"inputs": (inputs,)}
+    if isinstance(inputs, (list, tuple)) and inputs and all(isinstance(i, str) for i in inputs):
+        return {"inputs": tuple(inputs)}
+    # audit() takes example inputs as a MODULE:ATTR target; hold the objects in a module of our own
+    module = sys.modules.setdefault(_EXAMPLE_MODULE, types.ModuleType(_EXAMPLE_MODULE))
+    name = f"inputs_{id(inputs)}"
+    setattr(module, name, lambda: inputs)
+    return {"example_inputs": f"{_EXAMPLE_MODULE}:{name}"}
+
+
+def assert_placement(model: Any, inputs: Any = None, device: str = "cuda", *, fail_on: str = "warning",
+                     **audit_options: Any) -> Report:
+    """Audit ``model`` on ``device`` with ``inputs``; fail the test when it finds a problem.
+
+    Returns the report when the model is clean. Extra keyword arguments go to
+    :func:`placecheck.audit` (``select``, ``ignore``, ``train``, ``engine``...).
+    """
+    __tracebackhide__ = True
+    from placecheck.api import audit
+    from placecheck.formats.table import TableFormatter
+
+    report = audit(model, device, **_as_options(inputs), **audit_options)
+    if exit_code([report], fail_on):
+        pytest.fail(TableFormatter().format(report), pytrace=False)
+    return report
+
+
+@pytest.fixture(name="assert_placement")
+def assert_placement_fixture() -> Callable[..., Report]:
+    """The :func:`assert_placement` function, for tests that prefer a fixture to an import."""
+    return assert_placement
