@@ -14,6 +14,10 @@ interpreter and torch included):
   central directory and ``data.pkl``; the safetensors header): the floor
   that "inspected in about the time it takes to read its index" refers to.
 
+safetensors' ``load_file`` maps the file and touches no page until a tensor
+is used, so its "load" is itself nearly free: the ratio that matters is the
+``torch.save`` one, where ``torch.load`` reads and copies every byte.
+
 Times are seconds inside the measured process, after imports; the best of
 ``--repeat`` runs. The file was just written, so every measurement reads it
 from the page cache: the ratios are CPU and memory work, not disk speed (a
