@@ -1,0 +1,88 @@
+"""Docs that CI users copy: the README's workflow, the pre-commit hook, configs/example.toml."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import typer
+import yaml
+
+from placecheck import config
+from placecheck.cli import app
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _section(title: str) -> str:
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    start = text.index(f"## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end != -1 else None]
+
+
+def _flags(command: str) -> set[str]:
+    click_command = typer.main.get_command(app).commands[command]  # type: ignore[attr-defined]
+    return {opt for param in click_command.params for opt in param.opts}
+
+
+def _check_command_line(line: str) -> None:
+    words = shlex.split(line)
+    assert words[0] == "placecheck", line
+    command = words[1]
+    known = _flags(command)
+    used = {w.split("=", 1)[0] for w in words[2:] if w.startswith("-")}
+    assert used <= known, f"unknown flags {used - known} in {line!r}"
+
+
+def test_readme_workflow_is_valid_yaml_naming_real_flags() -> None:
+    blocks = re.findall(r"```yaml\n(.*?)```", _section("Use in CI"), re.S)
+    assert len(blocks) == 1
+    workflow = yaml.safe_load(blocks[0])
+    steps = workflow["jobs"]["placecheck"]["steps"]
+    runs = [step["run"] for step in steps if "run" in step and "placecheck audit" in step["run"]]
+    assert len(runs) == 1
+    _check_command_line(runs[0])
+    assert "--engine fake" in runs[0] and "--format sarif" in runs[0]
+    assert workflow["jobs"]["placecheck"]["runs-on"].startswith("ubuntu")  # a CPU runner
+    upload = next(s for s in steps if str(s.get("uses", "")).startswith("github/codeql-action/upload-sarif"))
+    out = shlex.split(runs[0])
+    assert upload["with"]["sarif_file"] == out[out.index("--output") + 1]
+    assert workflow["jobs"]["placecheck"]["permissions"]["security-events"] == "write"
+
+
+def test_readme_console_examples_name_real_flags() -> None:
+    console = re.findall(r"```console\n(.*?)```", _section("Use in CI"), re.S)
+    lines = [line.split("#")[0].strip() for block in console for line in block.splitlines()]
+    commands = [line for line in lines if line.startswith("placecheck ")]
+    assert len(commands) >= 4
+    for line in commands:
+        if line.split()[1] in ("audit", "checkpoint"):
+            _check_command_line(line)
+
+
+def test_pre_commit_hook() -> None:
+    [hook] = yaml.safe_load((REPO / ".pre-commit-hooks.yaml").read_text(encoding="utf-8"))
+    assert hook["id"] == "placecheck" and hook["language"] == "python"
+    assert hook["entry"] == "placecheck audit"  # no TARGET: audits [tool.placecheck]
+    assert hook["pass_filenames"] is False
+
+
+def test_example_config_documents_every_key() -> None:
+    text = (REPO / "configs" / "example.toml").read_text(encoding="utf-8")
+    written = set(re.findall(r"^#?\s*([a-z_]+)\s*=", text, re.M))
+    tables = set(re.findall(r"^\[\[?(?:models\.)?([a-z_]+)\]?\]", text, re.M))
+    for key in [*config.TOP_KEYS, *config.MODEL_KEYS, *config.ALLOW_KEYS]:
+        assert key in written or key in tables, f"configs/example.toml does not document {key!r}"
+    assert config.load(REPO / "configs" / "example.toml").models
+
+
+def test_defaults_config_matches_the_code() -> None:
+    cfg = config.load(REPO / "configs" / "defaults.toml")
+    code_default = config.ModelConfig(target=cfg.models[0].target)
+    assert (cfg.jobs, cfg.timeout, cfg.fail_on) == (config.DEFAULT_JOBS, config.DEFAULT_TIMEOUT, "warning")
+    model = cfg.models[0]
+    assert (model.device, model.engine, model.init, model.trust, model.ignore) == (
+        code_default.device, code_default.engine, code_default.init, code_default.trust, code_default.ignore)
+    assert config.load(REPO / "configs" / "defaults.toml").models[0].select == ("ALL",)
