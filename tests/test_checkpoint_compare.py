@@ -122,3 +122,11 @@ def test_the_model_may_be_a_class_or_factory_built_on_meta(tmp_path: Path) -> No
             check_checkpoint(str(path), model=lambda: Model(depth=4), device="cpu").report.findings]
     assert rows == [("PC302", "blocks.3.norm.bias"), ("PC302", "blocks.3.norm.weight"),
                     ("PC302", "blocks.3.proj.bias"), ("PC302", "blocks.3.proj.weight")]
+
+
+def test_the_prefix_finding_counts_keys_and_bytes(tmp_path: Path) -> None:
+    state = {"module." + k: v for k, v in Model().to(torch.bfloat16).state_dict().items()}
+    (finding,) = [f for f in check_checkpoint(str(_save(tmp_path, state)), model=Model().to(torch.bfloat16),
+                                              device="cpu").report.findings]
+    assert finding.count == len(state)
+    assert finding.nbytes == sum(t.numel() * 2 for t in state.values())

@@ -15,6 +15,7 @@ compared after the fix, so what is left is what the fix does not cure.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -101,17 +102,29 @@ def find_prefix_fix(ckpt_keys: list[str], model_keys: list[str]) -> PrefixFix | 
     return best[1]
 
 
+def nbytes(spec: TensorSpec) -> int:
+    """Bytes of one entry, from its shape and the bit width in its dtype's name (``bfloat16``: 2)."""
+    shape, dtype = spec
+    bits = re.search(r"(\d+)", dtype)
+    itemsize = max(1, int(bits.group(1)) // 8) if bits else 1  # bool, and unknown types: 1
+    numel = 1
+    for d in shape:
+        numel *= d
+    return numel * itemsize
+
+
 def _fmt(spec: TensorSpec) -> str:
     shape, dtype = spec
     return f"{dtype}{list(shape)}"
 
 
 def _finding(code: str, where: str, message: str, hint: str, *, expected: str = "", shape: tuple[int, ...] |
-             None = None, dtype: str = "", count: int = 0, details: tuple[tuple[str, str], ...] = ()
-             ) -> Finding:
+             None = None, dtype: str = "", count: int = 0, nbytes: int = 0,
+             details: tuple[tuple[str, str], ...] = ()) -> Finding:
     r = rule(code)
     return Finding(code=r.code, kind=r.kind, severity=r.severity, where=where, message=message,
-                   hint=hint, expected=expected, shape=shape, dtype=dtype, count=count, details=details)
+                   hint=hint, expected=expected, shape=shape, dtype=dtype, count=count, nbytes=nbytes,
+                   details=details)
 
 
 def compare_state_dicts(ckpt: Mapping[str, TensorSpec], model: Mapping[str, TensorSpec],
@@ -136,6 +149,7 @@ def compare_state_dicts(ckpt: Mapping[str, TensorSpec], model: Mapping[str, Tens
             hint = (f"load into the unwrapped model (model.{fix.prefix.rstrip('.').split('.')[0]}), "
                     f"or add the prefix: {fix.code()}")
         findings.append(_finding("PC302", f"<prefix {fix.prefix}>", msg, hint, count=affected,
+                                 nbytes=sum(nbytes(ckpt[k]) for k in ckpt_keys if fix.apply(k) != k),
                                  details=(("prefix", fix.prefix),
                                           ("action", "strip" if fix.strip else "add"))))
     mapped = {k: (fix.apply(k) if fix else k) for k in ckpt_keys}

@@ -126,8 +126,9 @@ def _load_call(meta: CheckpointMeta, device: str) -> str:
     return f'torch.load({json.dumps(meta.path)}, map_location="{device}", weights_only=True)'
 
 
-def _tensors(n: int) -> str:
-    return f"{n} tensor was" if n == 1 else f"{n} tensors were"
+def _tensors(n: int, nbytes: int) -> str:
+    return f"{n} tensor ({human_bytes(nbytes)}) was" if n == 1 else \
+        f"{n} tensors ({human_bytes(nbytes)}) were"
 
 
 def device_findings(meta: CheckpointMeta, device: str, gpus: int) -> list[Finding]:
@@ -154,7 +155,7 @@ def device_findings(meta: CheckpointMeta, device: str, gpus: int) -> list[Findin
             why = f"torch.load without map_location cannot restore tensors on {u.location}"
         out.append(Finding(
             code=r.code, kind=r.kind, severity=r.severity, where=u.first_key,
-            message=f"{_tensors(u.tensors)} ({human_bytes(u.nbytes)}) saved on {u.location} and the "
+            message=f"{_tensors(u.tensors, u.nbytes)} saved on {u.location} and the "
                     f"target machine has {have}: {why}",
             hint=hint, device=u.location, expected=device, nbytes=u.nbytes, count=u.tensors))
     if not out and len(usage) > 1:
