@@ -56,7 +56,8 @@ def test_buggy_model_exits_1(runner: CliRunner) -> None:
     code, out, _ = run(runner, BUGGY)
     assert code == 1
     assert "PC101" in out and "PC102" in out and "PC103" in out
-    assert out.rstrip().splitlines()[-1].startswith("12 problems in 3 modules: 12 errors;")
+    assert "PC201" in out and "PC202" in out and "PC203" in out  # the forward pass
+    assert out.rstrip().splitlines()[-1].startswith("18 problems in 4 modules: 18 errors;")
 
 
 def test_exit_zero(runner: CliRunner) -> None:
@@ -100,7 +101,7 @@ def test_output_to_unwritable_path(runner: CliRunner, tmp_path: Path) -> None:
 
 
 def test_json_format(runner: CliRunner) -> None:
-    code, out, _ = run(runner, BUGGY, "--format", "json")
+    code, out, _ = run(runner, BUGGY, "--format", "json", "--no-forward")
     assert code == 1
     data = json.loads(out)
     assert {"findings", "target", "device", "engine", "summary"} <= set(data)
@@ -138,9 +139,9 @@ def test_select_by_prefix(runner: CliRunner) -> None:
 
 
 def test_ignore_by_prefix(runner: CliRunner) -> None:
-    code, out, _ = run(runner, BUGGY, "-f", "json", "--ignore", "PC101,PC103")
+    code, out, _ = run(runner, BUGGY, "-f", "json", "--ignore", "PC101,PC103,PC2")
     assert code == 1 and _codes(out) == ["PC102"]
-    code, out, _ = run(runner, BUGGY, "-f", "json", "--ignore", "PC1")
+    code, out, _ = run(runner, BUGGY, "-f", "json", "--ignore", "PC1", "--ignore", "PC2")
     assert code == 0 and _codes(out) == []
 
 
@@ -148,7 +149,7 @@ def test_select_all_and_repeated(runner: CliRunner) -> None:
     _, out, _ = run(runner, BUGGY, "-f", "json", "--select", "PC101", "--select", "PC103")
     assert _codes(out) == ["PC101", "PC103"]
     _, out, _ = run(runner, BUGGY, "-f", "json", "--select", "ALL")
-    assert _codes(out) == ["PC101", "PC102", "PC103"]
+    assert _codes(out) == ["PC101", "PC102", "PC103", "PC201", "PC202", "PC203"]
 
 
 def test_bad_select_code(runner: CliRunner) -> None:
@@ -166,7 +167,8 @@ def test_device_second_gpu(runner: CliRunner) -> None:
 
 
 def test_device_second_gpu_is_visible_to_model_code(runner: CliRunner) -> None:
-    code, out, _ = run(runner, f"{TARGETS}:UsesSecondGpu", "--device", "cuda:1", "-f", "json")
+    code, out, _ = run(runner, f"{TARGETS}:UsesSecondGpu", "--device", "cuda:1", "-f", "json",
+                       "--no-forward")
     assert code == 1
     assert [f["where"] for f in json.loads(out)["findings"]] == ["mask"]
 
@@ -200,13 +202,13 @@ def test_dotted_attribute_from_a_package_in_the_current_directory(
     (package / "models.py").write_text(TARGETS.read_text(encoding="utf-8"))
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", list(sys.path))
-    code, out, err = run(runner, "pc_cwd_pkg.models:Holder.inner", "-f", "json")
+    code, out, err = run(runner, "pc_cwd_pkg.models:Holder.inner", "-f", "json", "--no-forward")
     assert code == 1, err
     assert [f["where"] for f in json.loads(out)["findings"]] == ["mask"]
 
 
 def test_file_target_with_dotted_attribute(runner: CliRunner) -> None:
-    code, out, _ = run(runner, f"{TARGETS}:Holder.inner", "-f", "json")
+    code, out, _ = run(runner, f"{TARGETS}:Holder.inner", "-f", "json", "--no-forward")
     assert code == 1 and [f["where"] for f in json.loads(out)["findings"]] == ["mask"]
 
 
@@ -301,7 +303,7 @@ def test_python_m_placecheck_subprocess() -> None:
     proc = subprocess.run([sys.executable, "-m", "placecheck", "audit", BUGGY, "--format", "json"],
                           capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 1, proc.stderr
-    assert len(json.loads(proc.stdout)["findings"]) == 12
+    assert len(json.loads(proc.stdout)["findings"]) == 18
 
 
 def test_python_m_placecheck_help() -> None:
