@@ -245,7 +245,9 @@ def _attempt(eng: Engine, opts: _Options) -> _Attempt:
         checkpoint_findings = loaded.findings
         attempt.notes.extend(loaded.notes)
     inputs: tuple[tuple[Any, ...], dict[str, Any], str] | None = None
-    if opts.forward:
+    if opts.forward and type(built).forward is nn.Module.forward:
+        attempt.notes.append(f"forward: not checked: {type(built).__name__} defines no forward()")
+    elif opts.forward:
         from placecheck.inputs import resolve_inputs
 
         inputs = resolve_inputs(built, opts.inputs, opts.example_inputs)

@@ -548,7 +548,10 @@ class Tracer:
             self._keep.append(t)
         if isinstance(submodule, nn.modules.lazy.LazyModuleMixin):
             return  # nn.Lazy* follow .to() correctly; not this bug
-        device = next((str(t.device) for t in submodule.parameters()), "")
+        devices = {t.device for t in [*submodule.parameters(), *submodule.buffers()]}
+        if devices <= {self.target}:
+            return  # built on the target (device=x.device, or the target is the CPU): placed right
+        device = ", ".join(sorted(str(d) for d in devices))
         self.events.append(Registration("module", path, type(submodule).__name__, device,
                                         self._site(sys._getframe())))
 
@@ -563,6 +566,8 @@ class Tracer:
         self.origins.setdefault(id(param), path)
         self.lazy_origins.add(path)
         self._keep.append(param)
+        if param.device == self.target:
+            return
         self.events.append(Registration("parameter", path, "Parameter", str(param.device),
                                         self._site(sys._getframe())))
 
