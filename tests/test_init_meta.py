@@ -164,26 +164,46 @@ def _audit_both(factory: Any, **kwargs: Any) -> tuple[Any, Any]:
 
 @pytest.mark.parametrize("model_class", CASES, ids=[c.__name__ for c in CASES])
 def test_meta_build_finds_what_cpu_build_finds(model_class: type) -> None:
-    on_cpu, on_meta = _audit_both(model_class)
+    on_cpu, on_meta = _audit_both(model_class, forward=False)  # these have no forward()
     assert _rows(on_meta) == _rows(on_cpu)
     assert dict(on_meta.stats) == dict(on_cpu.stats)
 
 
 @pytest.mark.parametrize("model_class", _fixture_targets("walk"))
 def test_walk_fixtures_same_under_both_inits(model_class: type) -> None:
-    on_cpu, on_meta = _audit_both(model_class)
+    on_cpu, on_meta = _audit_both(model_class, forward=False)
     assert _rows(on_meta) == _rows(on_cpu)
 
 
-@pytest.mark.parametrize("model_class", _fixture_targets("forward"))
-def test_forward_fixtures_same_under_both_inits(model_class: type) -> None:
+def _with_forward() -> list[Any]:
+    """Models whose forward pass finds things (or must find nothing), for both inits."""
+    from placecheck.examples.buggy import BuggyNet
+    from placecheck.examples.clean import CleanNet
+
+    return [pytest.param(BuggyNet, id="examples/buggy:BuggyNet"),
+            pytest.param(CleanNet, id="examples/clean:CleanNet"),
+            pytest.param(lambda: many_modules(40, stray_every=3), id="many_modules:strays-used-in-forward"),
+            *_fixture_targets("forward")]
+
+
+@pytest.mark.parametrize("model_class", _with_forward())
+def test_forward_findings_same_under_both_inits(model_class: Any) -> None:
     on_cpu, on_meta = _audit_both(model_class)
+    assert any(n.startswith("forward: ") for n in on_meta.notes)  # the forward did run
     assert _rows(on_meta) == _rows(on_cpu)
+
+
+def test_forward_of_a_meta_build_finds_the_stray_it_uses() -> None:
+    """The stray ``scale`` (on cpu) meets CUDA activations in forward: PC201, as after a CPU build."""
+    report = audit(lambda: many_modules(40, stray_every=3), "cuda", init="meta")
+    mismatches = [f for f in report.findings if f.code == "PC201"]
+    assert mismatches
+    assert all("meta" not in f.message for f in report.findings)
 
 
 def test_the_cases_do_find_things() -> None:
     """The comparisons above are not between two empty lists."""
-    codes = {name: {f.code for f in audit(cls, "cuda", init="meta").findings}
+    codes = {name: {f.code for f in audit(cls, "cuda", init="meta", forward=False).findings}
              for name, cls in [("Strays", Strays), ("PlainContainers", PlainContainers),
                                ("KeepsBufferOnCpu", KeepsBufferOnCpu), ("Internals", Internals)]}
     assert codes == {"Strays": {"PC101"}, "PlainContainers": {"PC102", "PC103"},
@@ -191,11 +211,11 @@ def test_the_cases_do_find_things() -> None:
 
 
 def test_unmoved_tensors_are_reported_on_cpu_not_meta() -> None:
-    report = audit(Strays, "cuda", init="meta")
+    report = audit(Strays, "cuda", init="meta", forward=False)
     wheres = {f.where for f in report.findings}
     assert wheres == {"mask", "scale", "pair.cos", "pair.sin", "frozen.table", "helper.cache['k']",
                       "helper.cache['v'][0]", "mixed[0]", "steps_ref"}
-    for finding in [*report.findings, *audit(PlainContainers, "cuda", init="meta").findings]:
+    for finding in [*report.findings, *audit(PlainContainers, "cuda", init="meta", forward=False).findings]:
         assert finding.device == "cpu"
         assert "meta" not in finding.message
     assert "init: meta (as requested)" in _init_note(report)
@@ -256,17 +276,17 @@ def test_leftovers_beyond_the_budget_take_no_memory(monkeypatch: pytest.MonkeyPa
 
 def test_auto_builds_on_cpu_when_the_model_fits(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(construct, "available_memory", lambda: 64 * 2**30)
-    report = audit(Strays, "cuda", init="auto")
+    report = audit(Strays, "cuda", init="auto", forward=False)
     assert _init_note(report).startswith("init: cpu (auto: ")
     assert "64.0 GiB of memory available" in _init_note(report)
 
 
 def test_auto_builds_on_meta_when_the_model_would_not_fit(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(construct, "available_memory", lambda: 100)  # bytes
-    report = audit(Strays, "cuda", init="auto")
+    report = audit(Strays, "cuda", init="auto", forward=False)
     assert _init_note(report).startswith("init: meta (auto: ")
     assert "too much to build on the CPU" in _init_note(report)
-    assert _rows(report) == _rows(audit(Strays, "cuda", init="cpu"))
+    assert _rows(report) == _rows(audit(Strays, "cuda", init="cpu", forward=False))
 
 
 class NeedsValuesWhileBuilding(nn.Module):
@@ -279,14 +299,14 @@ class NeedsValuesWhileBuilding(nn.Module):
 
 def test_auto_falls_back_to_cpu_when_meta_fails_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(construct, "available_memory", lambda: 100)
-    report = audit(NeedsValuesWhileBuilding, "cuda", init="auto")
+    report = audit(NeedsValuesWhileBuilding, "cuda", init="auto", forward=False)
     assert _init_note(report).startswith("init: cpu (auto: building on the meta device raised ")
     assert "built on the CPU instead" in _init_note(report)
 
 
 def test_explicit_meta_that_fails_is_a_load_error() -> None:
     with pytest.raises(LoadError, match="use --init cpu"):
-        audit(NeedsValuesWhileBuilding, "cuda", init="meta")
+        audit(NeedsValuesWhileBuilding, "cuda", init="meta", forward=False)
 
 
 def test_init_usage_errors() -> None:
@@ -299,8 +319,8 @@ def test_init_usage_errors() -> None:
 
 
 def test_meta_on_a_real_cpu_target_materialises_with_to_empty() -> None:
-    on_cpu = audit(PlainContainers, "cpu", init="cpu")
-    on_meta = audit(PlainContainers, "cpu", init="meta")
+    on_cpu = audit(PlainContainers, "cpu", init="cpu", forward=False)
+    on_meta = audit(PlainContainers, "cpu", init="meta", forward=False)
     assert _rows(on_meta) == _rows(on_cpu)
 
 
@@ -322,7 +342,7 @@ def test_cli_init_option() -> None:
 
 def test_walk_of_ten_thousand_modules_finds_every_planted_stray() -> None:
     blocks = blocks_for(10_000)
-    report = audit(lambda: many_modules(10_000, stray_every=500), "cuda", init="meta")
+    report = audit(lambda: many_modules(10_000, stray_every=500), "cuda", init="meta", forward=False)
     stats = dict(report.stats)
     assert stats["modules"] == 2 + MODULES_PER_BLOCK * blocks >= 10_000
     assert stats["parameters"] == 4 * blocks

@@ -35,12 +35,23 @@ def test_the_config_lists_the_four_models() -> None:
 @pytest.mark.parametrize("entry", MODELS, ids=_short)
 def test_example_audits_clean(entry: ModelConfig) -> None:
     factory = resolve(entry.target)
-    report = audit(factory, entry.device, init=entry.init, target=entry.target)
+    report = audit(factory, entry.device, init=entry.init, target=entry.target, inputs=entry.inputs)
     assert report.findings == ()
     assert report.ok
     assert dict(report.stats)["parameters"] > 0
+    assert any(n.startswith("forward: ") for n in report.notes)  # the forward ran with the inputs
+    assert not any("not checked" in n for n in report.notes)
     if entry.init == "meta":
         assert any(n.startswith("init: meta") for n in report.notes)
+
+
+def test_a_llama_forward_finds_the_same_on_meta_and_cpu() -> None:
+    """The same architecture at toy size, audited with its forward under both inits."""
+    inputs = ["input_ids=int64[1,16]:0..32000"]
+    on_cpu = audit(transformers_models.llama_tiny, "cuda", init="cpu", inputs=inputs)
+    on_meta = audit(transformers_models.llama_tiny, "cuda", init="meta", inputs=inputs)
+    assert [f.to_dict() for f in on_meta.findings] == [f.to_dict() for f in on_cpu.findings]
+    assert any(n.startswith("forward: ") for n in on_meta.notes)
 
 
 def test_llama_70b_is_seventy_billion_parameters_and_needs_no_weights() -> None:
@@ -55,5 +66,13 @@ def test_shared_embedding_of_t5_moves_under_simulation() -> None:
     """T5 registers one embedding under three parents; .to() under fake tensors must cope."""
     model = transformers_models.t5()
     assert model.shared is model.encoder.embed_tokens
-    report = audit(model, "cuda", init="cpu")
+    report = audit(model, "cuda", init="cpu", forward=False)
     assert report.findings == ()
+
+
+def test_bert_with_sdpa_attention_syncs_with_the_host() -> None:
+    """Why the example uses eager attention: the SDPA mask check is a real host sync, found."""
+    report = audit(lambda: transformers_models.bert(attention="sdpa"), "cuda",
+                   inputs=["input_ids=int64[1,16]:0..30522", "attention_mask=int64[1,16]:1..2"])
+    assert [(f.code, f.source.rpartition("/")[2].partition(":")[0]) for f in report.findings] == [
+        ("PC204", "modeling_attn_mask_utils.py")]

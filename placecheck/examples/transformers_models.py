@@ -56,10 +56,16 @@ def gpt2() -> nn.Module:
     return _eval(tf.GPT2LMHeadModel(tf.GPT2Config()))
 
 
-def bert() -> nn.Module:
-    """BERT base (110M parameters), the encoder with its pooler."""
+def bert(attention: str = "eager") -> nn.Module:
+    """BERT base (110M parameters), the encoder with its pooler.
+
+    Eager attention by default: transformers' SDPA path checks
+    ``torch.all(mask == 1)`` on the host in every forward
+    (``_prepare_4d_attention_mask_for_sdpa``), a real device-to-host sync
+    that placecheck reports as PC204; ``--arg attention=sdpa`` shows it.
+    """
     tf = _transformers()
-    return _eval(tf.BertModel(tf.BertConfig()))
+    return _eval(tf.BertModel(tf.BertConfig(attn_implementation=attention)))
 
 
 def t5() -> nn.Module:
