@@ -253,6 +253,9 @@ def _attempt(eng: Engine, opts: _Options) -> _Attempt:
         inputs = resolve_inputs(built, opts.inputs, opts.example_inputs)
         attempt.notes.append(f"forward: {inputs[2]}" + ("; training mode, then a backward of the summed "
                                                          "floating outputs" if opts.train else ""))
+        if not construction.on_meta and _materialise_lazy(built, inputs):
+            attempt.notes.append("forward: nn.Lazy* parameters materialised by one CPU forward before "
+                                 ".to(), as a first real step would (they follow .to() either way)")
     with eng.session() if eng.simulated else contextlib.nullcontext():
         snapshot = Snapshot.take(built)
         try:
@@ -269,6 +272,30 @@ def _attempt(eng: Engine, opts: _Options) -> _Attempt:
     attempt.findings = [*result.findings, *checkpoint_findings, *forward_findings]
     attempt.stats = result.stats
     return attempt
+
+
+def _materialise_lazy(model: nn.Module, inputs: tuple[tuple[Any, ...], dict[str, Any], str]) -> bool:
+    """Give uninitialised ``nn.Lazy*`` parameters their shapes with one CPU forward; True if it ran.
+
+    Neither simulated engine can move an uninitialised parameter and keep it
+    uninitialised (``.to()`` makes a plain 0-element tensor of it), and a
+    lazy module materialises on whatever device its parameters report; the
+    placement after ``.to()`` is the same either way: lazy parameters follow it.
+    """
+    from torch.nn.parameter import UninitializedBuffer, UninitializedParameter
+
+    lazy = (UninitializedParameter, UninitializedBuffer)
+    if not any(isinstance(t, lazy) for t in [*model.parameters(), *model.buffers()]):
+        return False
+    was_training = model.training
+    try:
+        with torch.no_grad():
+            model.eval()(*inputs[0], **inputs[1])
+    except Exception:
+        return False  # the traced forward will report what is wrong
+    finally:
+        model.train(was_training)
+    return True
 
 
 def _forward(model: nn.Module, eng: Engine, result: WalkResult,

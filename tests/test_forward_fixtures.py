@@ -1,0 +1,75 @@
+"""One fixture model per forward-pass code, beside its expected findings, collected automatically.
+
+Each ``tests/fixtures/forward/NAME.py`` defines ``Model`` (built with no
+arguments; its input is inferred from its first layer). ``NAME.expected``
+lists the forward findings (PC2xx) the audit must produce, one
+``CODE WHERE LINE`` per line: ``WHERE`` is the module whose forward ran the
+line (``<root>`` for the model itself) and ``LINE`` the line in the fixture
+file that ``source`` must point to. The audit runs for ``cuda`` under
+simulated CUDA (``auto``: fake tensors, falling back to real values), so this
+runs the same on a machine without a GPU. With a GPU, the same fixtures run on
+the real CUDA engine and must give the same codes and locations.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import TESTS, fixture_cases, load_file
+
+import placecheck
+
+FIXTURES = TESTS / "fixtures" / "forward"
+CASES = fixture_cases(FIXTURES)
+
+
+def read_forward_expected(path: Path) -> list[tuple[str, str, str]]:
+    """``(code, where, line)`` rows of an ``.expected`` file, sorted; ``#`` comments skipped."""
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip() and not line.startswith("#"):
+            code, where, lineno = line.split()
+            rows.append((code, "" if where == "<root>" else where, lineno))
+    return sorted(rows)
+
+
+def forward_rows(source: Path, report: placecheck.Report) -> list[tuple[str, str, str]]:
+    rows = []
+    for f in report.findings:
+        path, _, lineno = f.source.rpartition(":")
+        assert Path(path).name == source.name, f"{f.code} points outside the fixture: {f.source}"
+        rows.append((f.code, f.where, lineno))
+    return sorted(rows)
+
+
+def test_fixture_directory_has_every_forward_code() -> None:
+    codes = {row[0] for _, expected in (c.values for c in CASES) for row in read_forward_expected(expected)}
+    assert codes == {"PC201", "PC202", "PC203", "PC204", "PC205", "PC206", "PC207"}
+
+
+@pytest.mark.parametrize("source, expected", CASES)
+def test_forward_fixture(source: Path, expected: Path) -> None:
+    assert expected.is_file(), f"{source.name} has no {expected.name} beside it"
+    report = placecheck.audit(load_file(source), device="cuda", select=["PC2"])
+    assert report.engine.startswith("simulated cuda")
+    assert forward_rows(source, report) == read_forward_expected(expected), report.notes
+
+
+@pytest.mark.parametrize("source, expected", CASES)
+def test_forward_fixture_on_a_second_simulated_gpu_with_real_values(source: Path, expected: Path) -> None:
+    # cuda:1 of two simulated GPUs, on the real-valued engine: the same codes and locations
+    report = placecheck.audit(load_file(source), device="cuda:1", engine="tagged", select=["PC2"])
+    assert forward_rows(source, report) == read_forward_expected(expected), report.notes
+    assert all(f.expected == "cuda:1" for f in report.findings)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("source, expected", CASES)
+def test_forward_fixture_on_a_real_gpu_matches_the_simulation(source: Path, expected: Path) -> None:
+    real = placecheck.audit(load_file(source), device="cuda", engine="real", select=["PC2"])
+    simulated = placecheck.audit(load_file(source), device="cuda", engine="tagged", select=["PC2"])
+    assert real.engine == "cuda"
+    assert forward_rows(source, real) == forward_rows(source, simulated) == read_forward_expected(expected)
