@@ -1,0 +1,233 @@
+"""The tracer: provenance, several mismatches in one run, user source lines, simulated torch.cuda.
+
+Models are written here; each audit runs under simulated CUDA (no GPU needed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+from conftest import BUGGY, TESTS, load_file
+from typer.testing import CliRunner
+
+import placecheck
+from placecheck.cli import app
+
+HERE = Path(__file__).name
+
+
+def _line_of(text: str) -> int:
+    """The line in this file that contains ``text`` (so the tests survive edits above them)."""
+    lines = Path(__file__).read_text(encoding="utf-8").splitlines()
+    matches = [i + 1 for i, line in enumerate(lines) if text in line and "_line_of" not in line]
+    assert len(matches) == 1, (text, matches)
+    return matches[0]
+
+
+class Attention(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(8, 8)
+        self.mask = torch.tril(torch.ones(16, 16))  # plain attribute
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[-2]
+        scores = self.qkv(x) @ x.transpose(-1, -2)
+        return scores * self.mask[:n, :n]  # MARK view-of-attribute
+
+
+class Encoder(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([Attention(), Attention()])
+        self.table = {"pos": torch.zeros(16, 16)}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.layers[0](x)
+        y = self.layers[1](x) + y
+        return y + self.table["pos"][: y.shape[-2], : y.shape[-1]]  # MARK dict-attribute
+
+
+def test_attribute_mismatch_names_the_attribute_and_links_the_walk_finding() -> None:
+    report = placecheck.audit(Encoder, "cuda", inputs=["float32[2,4,8]"])
+    walk = {f.where: f for f in report.findings if f.code == "PC101"}
+    mismatches = [f for f in report.findings if f.code == "PC201"]
+    by_line = {int(f.source.rpartition(":")[2]): f for f in mismatches}
+    view = by_line[_line_of("MARK view-of-attribute")]
+    # a view (self.mask[:n, :n]) of the unmoved attribute is traced back to the attribute
+    assert view.where == "layers.0" and view.origin == "layers.0.mask" and view.origin in walk
+    assert "layers.0.mask" in view.message and view.device == "cpu" and view.expected == "cuda:0"
+    assert ("also", "layers.1") in view.details  # the same line in the second layer: one finding
+    assert dict(view.details)["op"] == "Tensor.mul"
+    assert view.hint == walk["layers.0.mask"].hint
+    pos = by_line[_line_of("MARK dict-attribute")]
+    assert pos.where == "" and pos.origin == "table['pos']" and pos.origin in walk
+
+
+def test_several_mismatches_reported_in_one_run() -> None:
+    report = placecheck.audit(Encoder, "cuda", inputs=["float32[2,4,8]"], select=["PC201"])
+    assert len(report.findings) == 2
+    assert len({f.source for f in report.findings}) == 2
+
+
+class CreatesInForward(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = torch.ones(4) * 0.5  # MARK created
+        return self.proj(x) + bias  # MARK fed
+
+
+def test_created_tensor_provenance_is_its_line_and_the_creation_becomes_an_error() -> None:
+    report = placecheck.audit(CreatesInForward, "cuda", inputs=["float32[3,4]"])
+    created = f"{_line_of('MARK created')}"
+    (mismatch,) = [f for f in report.findings if f.code == "PC201"]
+    assert mismatch.source.endswith(f"{HERE}:{_line_of('MARK fed')}")
+    assert mismatch.origin.endswith(f"{HERE}:{created}")  # the line that created the tensor
+    (creation,) = [f for f in report.findings if f.code == "PC202"]
+    assert creation.source.endswith(f"{HERE}:{created}") and creation.severity == "error"
+    assert "torch.ones" in creation.message
+
+
+def test_source_is_never_a_torch_or_placecheck_frame() -> None:
+    import placecheck as pkg
+
+    torch_dir = os.path.dirname(torch.__file__)
+    own_dir = os.path.dirname(pkg.__file__)
+    fixtures = sorted((TESTS / "fixtures" / "forward").glob("*.py"))
+    models = [Encoder, CreatesInForward, *[load_file(p) for p in fixtures]]
+    seen = 0
+    for model in models:
+        for f in placecheck.audit(model, "cuda", select=["PC2"]).findings:
+            if not f.source:
+                continue
+            seen += 1
+            path = os.path.abspath(f.source.rpartition(":")[0])
+            assert not path.startswith(torch_dir), f
+            assert not path.startswith(own_dir) or "/examples/" in path, f
+    assert seen >= 10
+
+
+class ChoosesDeviceAtRuntime(nn.Module):
+    """Picks its device as scripts do; takes the GPU path only when torch.cuda says a GPU exists."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        steps = torch.arange(4, device=device) * torch.cuda.device_count()
+        return self.proj(x) + steps
+
+
+@pytest.mark.parametrize("engine", ["fake", "tagged"])
+def test_model_code_sees_the_simulated_gpu_in_forward(engine: str) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("a real GPU is present: nothing is simulated")
+    report = placecheck.audit(ChoosesDeviceAtRuntime, "cuda", engine=engine, inputs=["float32[2,4]"])
+    assert report.findings == ()  # the CPU path would have created steps on the CPU: PC201/PC202
+    assert not torch.cuda.is_available()  # and nothing leaks out of the audit
+
+
+class DataDependent(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+        self.offset = torch.ones(4)  # plain attribute
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.proj(x)  # MARK proj
+        keep = x[x > 0]  # boolean mask: a data-dependent shape
+        scale = x.abs().max().item()  # MARK item
+        return (x + self.offset) / (scale + keep.numel())  # MARK offset
+
+
+def test_auto_falls_back_to_real_values_for_item_and_boolean_masks_and_says_why() -> None:
+    report = placecheck.audit(DataDependent, "cuda", inputs=["float32[8,4]"])
+    assert report.engine == "simulated cuda (real values)"
+    assert "fell back from fake tensors" in report.notes[0]
+    assert f"{HERE}:" in report.notes[0]  # the user's line that the fake engine could not run
+    codes = sorted((f.code, int(f.source.rpartition(":")[2]) if f.source else 0) for f in report.findings)
+    assert codes == [("PC101", 0), ("PC201", _line_of("MARK offset")), ("PC204", _line_of("MARK item"))]
+
+
+def test_fake_engine_alone_reports_that_it_could_not_run_the_forward() -> None:
+    report = placecheck.audit(DataDependent, "cuda", engine="fake", inputs=["float32[8,4]"])
+    assert report.engine == "simulated cuda"
+    assert any("forward: not checked" in n and "--engine tagged" in n for n in report.notes)
+    assert {f.code for f in report.findings} == {"PC101"}
+
+
+def test_forward_error_keeps_every_other_finding() -> None:
+    report = placecheck.audit(DataDependent, "cuda", inputs=["float32[8,5]"])  # wrong width
+    codes = {f.code for f in report.findings}
+    assert codes == {"PC101", "PC207"}
+    (error,) = [f for f in report.findings if f.code == "PC207"]
+    assert "[8, 5]" in error.message  # the shapes, as torch's own message gives them
+    assert error.source.endswith(f"{HERE}:{_line_of('x = self.proj(x)  # MARK proj')}")
+
+
+class TrainsBadly(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+        self.norm = nn.BatchNorm1d(4)
+        self.extra: nn.Parameter | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.extra is None:
+            self.extra = nn.Parameter(torch.ones(4))
+        return self.norm(self.proj(x)) * self.extra
+
+
+def test_train_runs_backward_and_checks_gradients() -> None:
+    report = placecheck.audit(TrainsBadly, "cuda", inputs=["float32[8,4]"], train=True)
+    assert report.engine == "simulated cuda (real values)"
+    grads = [f for f in report.findings if dict(f.details).get("op") == "backward"]
+    assert [(g.code, g.module, g.device) for g in grads] == [("PC201", "extra", "cpu")]
+    assert {f.code for f in report.findings} == {"PC201", "PC203"}
+    clean = placecheck.audit(nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)), "cuda", train=True)
+    assert clean.findings == ()
+
+
+def test_forward_never_changes_the_callers_model_or_its_mode() -> None:
+    model = TrainsBadly().train()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    placecheck.audit(model, "cuda", inputs=["float32[8,4]"], train=True)
+    placecheck.audit(model, "cuda", inputs=["float32[8,4]"])
+    assert model.training and model.extra is None
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_no_forward_and_select_skip_the_forward() -> None:
+    report = placecheck.audit(DataDependent, "cuda", forward=False)
+    assert not any(n.startswith("forward:") for n in report.notes)
+    assert {f.code for f in report.findings} == {"PC101"}
+
+
+def test_cli_forward_options() -> None:
+    runner = CliRunner()
+    result = runner.invoke(app, ["audit", BUGGY, "--input", "float32[2,16,8]", "--select", "PC2",
+                                 "-f", "json"])
+    assert result.exit_code == 1, result.stderr
+    data = json.loads(result.stdout)
+    assert {f["code"] for f in data["findings"]} == {"PC201", "PC202", "PC203"}
+    assert any("inputs from --input: float32[2,16,8]" in n for n in data["notes"])
+    result = runner.invoke(app, ["audit", BUGGY, "--no-forward", "--select", "PC2"])
+    assert result.exit_code == 0
+    result = runner.invoke(app, ["audit", BUGGY, "--train", "--select", "PC2", "-f", "json"])
+    assert result.exit_code == 1 and json.loads(result.stdout)["engine"] == "simulated cuda (real values)"
+    result = runner.invoke(app, ["audit", BUGGY, "--input", "float32[2,16"])
+    assert result.exit_code == 2 and "[NAME=]DTYPE[D0,D1,...]" in result.stderr
+    assert result.stderr.count("\n") == 1
+    result = runner.invoke(app, ["audit", BUGGY, "--train", "--engine", "fake"])
+    assert result.exit_code == 2 and "--engine tagged" in result.stderr
