@@ -235,7 +235,8 @@ def test_file_does_not_exist(runner: CliRunner) -> None:
 
 
 def test_module_raises_on_import(runner: CliRunner) -> None:
-    assert_usage_error(*run(runner, f"{BROKEN}:Model"), "ImportError: libfoo.so: cannot open shared object file")
+    assert_usage_error(*run(runner, f"{BROKEN}:Model"),
+                       "ImportError: libfoo.so: cannot open shared object file")
 
 
 def test_missing_attribute_lists_candidates(runner: CliRunner) -> None:
