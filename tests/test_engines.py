@@ -1,0 +1,123 @@
+"""The engines: choice, the real-valued simulation's device rules, several simulated GPUs.
+
+Everything here runs without a GPU and without torchvision (the CPU-only
+torch build's CI job runs it too).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+
+import placecheck
+from placecheck.engine import (
+    SIMULATED_CUDA,
+    SIMULATED_CUDA_VALUES,
+    EngineChoice,
+    choose_engine,
+    fallback_engine,
+    move_model,
+)
+from placecheck.errors import UsageError
+from placecheck.tagged import SimulatedDeviceMismatchError, SimulatedTensor, tagged_cuda
+
+no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="a real GPU is present")
+
+
+@no_gpu
+def test_auto_chooses_fake_tensors_and_real_values_for_training() -> None:
+    assert choose_engine("cuda:0").name == SIMULATED_CUDA
+    trained = choose_engine("cuda:0", train=True)
+    assert trained.name == SIMULATED_CUDA_VALUES and trained.real_values and "--train" in trained.reason
+    assert choose_engine("cuda:0", EngineChoice.TAGGED).real_values
+    assert choose_engine("cpu").name == "cpu" and not choose_engine("cpu", train=True).simulated
+
+
+def test_engine_choices_that_cannot_work_are_usage_errors() -> None:
+    with pytest.raises(UsageError, match="fake engine cannot run"):
+        choose_engine("cuda:0", EngineChoice.FAKE, train=True)
+    with pytest.raises(UsageError, match="simulates CUDA only"):
+        choose_engine("cpu", EngineChoice.TAGGED)
+
+
+def test_fallback_engine_says_why() -> None:
+    eng = fallback_engine(choose_engine("cuda:2", EngineChoice.FAKE), "it reads tensor values at m.py:3")
+    assert eng.real_values and eng.gpus == 3 and eng.device == "cuda:2"
+    assert "fell back from fake tensors" in eng.reason and "m.py:3" in eng.reason
+
+
+def test_tagged_tensors_follow_pytorch_device_rules() -> None:
+    with tagged_cuda(2):
+        x = torch.randn(3, 4).to("cuda")
+        assert isinstance(x, SimulatedTensor) and x.device == torch.device("cuda:0") and x.is_cuda
+        assert (x * 2).device == x.device and torch.zeros_like(x).device == x.device
+        assert torch.ones(2, device="cuda:1").device == torch.device("cuda:1")
+        assert x.new_zeros(2).device == x.device
+        # legal mixes: 0-dim CPU scalars and CPU index tensors
+        assert (x + torch.tensor(1.0)).device == x.device
+        assert x[torch.tensor([0, 2])].shape == (2, 4)
+        # values are real: .item(), boolean masks and data-dependent shapes run
+        assert x[x > 0].numel() == int((x > 0).sum().item())
+        with pytest.raises(SimulatedDeviceMismatchError, match="Expected all tensors to be on the same"):
+            x + torch.ones(3, 4)
+        with pytest.raises(SimulatedDeviceMismatchError, match=r"cuda:1 and cuda:0|cuda:0 and cuda:1"):
+            x[:2, :2] + torch.ones(2, 2, device="cuda:1")
+        back = x.cpu()
+        assert type(back) is torch.Tensor and back.device.type == "cpu"
+        assert torch.equal(back, x.as_subclass(torch.Tensor))
+        with pytest.raises(TypeError, match=r"Use Tensor\.cpu"):
+            x.numpy()
+        assert x.to("cuda:0") is x and x.to(torch.float16).device == x.device
+    assert not torch.cuda.is_available() or torch.cuda.device_count() >= 1
+
+
+def test_tagged_move_keeps_parameters_registered_and_trainable() -> None:
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
+    eng = choose_engine("cuda:1", EngineChoice.TAGGED, gpus=2)
+    with eng.session():
+        moved = move_model(model, eng)
+        assert all(p.device == torch.device("cuda:1") and isinstance(p, nn.Parameter)
+                   for p in moved.parameters())
+        assert all(b.device == torch.device("cuda:1") for b in moved.buffers())
+        out = moved.train()(torch.randn(8, 4).to("cuda:1"))
+        out.sum().backward()
+        assert all(p.grad is not None and p.grad.device == torch.device("cuda:1") for p in moved.parameters())
+    assert not torch.__future__.get_overwrite_module_params_on_conversion()  # restored
+
+
+@pytest.mark.parametrize("engine", ["fake", "tagged"])
+def test_second_of_several_simulated_gpus(engine: str) -> None:
+    class OnGpu1(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            ok = torch.ones(4, device=x.device)
+            wrong = torch.ones(4, device="cuda:0")  # another GPU
+            return self.proj(x) + ok + wrong
+
+    report = placecheck.audit(OnGpu1, "cuda:1", engine=engine, gpus=4, inputs=["float32[2,4]"])
+    assert "4 GPUs" in report.notes[0]
+    assert sorted(f.code for f in report.findings) == ["PC201", "PC202"]
+    mismatch = next(f for f in report.findings if f.code == "PC201")
+    assert mismatch.device == "cuda:0" and mismatch.expected == "cuda:1"
+    assert dict(mismatch.details)["devices"] == "cuda:0, cuda:1"
+
+
+def test_fake_and_real_valued_engines_agree_on_a_model_both_can_run() -> None:
+    class Mixed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = nn.Linear(4, 4)
+            self.bias = torch.ones(4)
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return self.proj(x) + self.bias, torch.arange(3)
+
+    rows = {}
+    for engine in ("fake", "tagged"):
+        report = placecheck.audit(Mixed, "cuda", engine=engine, inputs=["float32[2,4]"])
+        rows[engine] = [(f.code, f.where, f.source, f.origin, f.message) for f in report.findings]
+    assert rows["fake"] == rows["tagged"] and len(rows["fake"]) == 4  # PC101, PC201, PC202, PC206
