@@ -382,3 +382,82 @@ def test_the_examples_docstring_is_honest() -> None:
     import placecheck.inputs as inputs_module
 
     assert INPUT_GRAMMAR in textwrap.dedent(inputs_module.__doc__ or "")
+
+
+# -- through the CLI ---------------------------------------------------------------------------------
+
+CLI_TARGETS = '''
+import torch
+import torch.nn as nn
+
+class NoLayers(nn.Module):
+    def forward(self, x):
+        return x * 2
+
+class TwoInputs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(100, 8)
+        self.proj = nn.Linear(8, 2)
+
+    def forward(self, ids, *, scale):
+        return self.proj(self.embed(ids)) * scale
+
+def two_inputs():
+    return ((torch.randint(0, 100, (2, 5)),), {"scale": torch.ones(())})
+'''
+
+
+def _cli(tmp_path: Path, *args: str) -> tuple[int, str, str]:
+    from typer.testing import CliRunner
+
+    from placecheck.cli import app
+
+    path = tmp_path / "cli_targets.py"
+    path.write_text(CLI_TARGETS, encoding="utf-8")
+    try:
+        result = CliRunner().invoke(app, ["audit", *(a.replace("@", f"{path}:") for a in args)])
+    finally:
+        sys.modules.pop("cli_targets", None)
+    return result.exit_code, result.stdout, result.stderr
+
+
+def _one_line_error(code: int, out: str, err: str) -> str:
+    assert code == 2 and out == "", err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def test_cli_cannot_infer_exits_2_with_one_line(tmp_path: Path) -> None:
+    line = _one_line_error(*_cli(tmp_path, "@NoLayers"))
+    assert line == ("placecheck: error: cannot infer an input for NoLayers: pass --input, "
+                    "e.g. --input float32[1,3,224,224]")
+
+
+def test_cli_bad_spec_exits_2_with_the_grammar(tmp_path: Path) -> None:
+    line = _one_line_error(*_cli(tmp_path, "@NoLayers", "--input", "float32(2,3)"))
+    assert f"expected {INPUT_GRAMMAR}" in line and "e.g. --input float32[1,3,224,224]" in line
+
+
+def test_cli_input_and_example_inputs_together_exit_2(tmp_path: Path) -> None:
+    line = _one_line_error(*_cli(tmp_path, "@NoLayers", "--input", "float32[2]",
+                                 "--example-inputs", "@two_inputs"))
+    assert "cannot be combined" in line
+
+
+def test_cli_inputs_reach_the_forward_and_the_notes(tmp_path: Path) -> None:
+    import json
+
+    code, out, err = _cli(tmp_path, "@NoLayers", "--input", "float32[2,3]", "--format", "json")
+    assert code == 0, err
+    assert "forward: inputs from --input: float32[2,3]" in json.loads(out)["notes"]
+    code, out, err = _cli(tmp_path, "@TwoInputs", "--example-inputs", "@two_inputs", "--format", "json")
+    assert code == 0, err
+    notes = json.loads(out)["notes"]
+    assert any(n.startswith("forward: inputs from --example-inputs ") and
+               n.endswith(":two_inputs: int64[2,5], scale=float32[]") for n in notes), notes
+    code, out, err = _cli(tmp_path, "@TwoInputs", "--input", "int64[2,5]:0..100", "--format", "json")
+    findings = json.loads(out)["findings"]  # the keyword-only argument is missing: PC207, not a crash
+    assert code == 1 and [f["code"] for f in findings] == ["PC207"], err
+    assert "scale" in findings[0]["message"]
