@@ -372,7 +372,7 @@ class Tracer:
         handles = [module_mod.register_module_module_registration_hook(self._on_module_registered),
                    module_mod.register_module_parameter_registration_hook(self._on_parameter_registered)]
         try:
-            with _RecordingMode(self):
+            with _RecordingMode(self), _attention_fast_path_kept(self.target):
                 yield self
         finally:
             for handle in handles:
@@ -731,6 +731,37 @@ def _came_from(prov: Provenance) -> str:
     if prov.path:
         return f" (from attribute {prov.path!r}, which .to() did not move)"
     return ""
+
+
+@contextlib.contextmanager
+def _attention_fast_path_kept(target: torch.device) -> Iterator[None]:
+    """Let ``nn.MultiheadAttention`` keep its inference fast path under the recording mode.
+
+    Its ``forward`` leaves the fused kernel whenever any torch function mode is
+    active, which made a traced ViT several times slower than a plain one. When
+    every tensor it gets and holds is already on the target, nothing inside it
+    can mix devices, so it runs with torch functions disabled (fused kernel
+    included). Anything else, and the real-valued engine (whose tensors need
+    ``__torch_function__``), takes the traced path.
+    """
+    from placecheck.tagged import SimulatedTensor
+
+    original = nn.MultiheadAttention.forward
+
+    def forward(self: nn.MultiheadAttention, *args: Any, **kwargs: Any) -> Any:
+        tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+        if (self.training or torch.is_grad_enabled()
+                or any(isinstance(t, SimulatedTensor) or t.device != target
+                       for t in [*tensors, *self.parameters()])):
+            return original(self, *args, **kwargs)
+        with torch._C.DisableTorchFunction():
+            return original(self, *args, **kwargs)
+
+    nn.MultiheadAttention.forward = forward  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        nn.MultiheadAttention.forward = original  # type: ignore[method-assign]
 
 
 def _module_being_built(frame: FrameType | None) -> str:

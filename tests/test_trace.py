@@ -231,3 +231,28 @@ def test_cli_forward_options() -> None:
     assert result.stderr.count("\n") == 1
     result = runner.invoke(app, ["audit", BUGGY, "--train", "--engine", "fake"])
     assert result.exit_code == 2 and "--engine tagged" in result.stderr
+
+
+class Attends(nn.Module):
+    def __init__(self, stray_mask: bool) -> None:
+        super().__init__()
+        self.attn = nn.MultiheadAttention(8, 2, batch_first=True)
+        mask = torch.zeros(4, 4, dtype=torch.bool)
+        if stray_mask:
+            self.mask = mask  # plain attribute: stays on the CPU
+        else:
+            self.register_buffer("mask", mask)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, _ = self.attn(x, x, x, attn_mask=self.mask, need_weights=False)  # MARK attention
+        return out
+
+
+@pytest.mark.parametrize("engine", ["fake", "tagged"])
+def test_attention_is_traced_and_its_inference_fast_path_kept_when_clean(engine: str) -> None:
+    # the fused inference path runs only when everything is on the target; a CPU mask is still caught
+    assert placecheck.audit(Attends(False), "cuda", engine=engine, inputs=["float32[2,4,8]"]).findings == ()
+    report = placecheck.audit(Attends(True), "cuda", engine=engine, inputs=["float32[2,4,8]"], select=["PC2"])
+    (mismatch,) = report.findings
+    assert mismatch.code == "PC201" and mismatch.origin == "mask"
+    assert mismatch.source.endswith(f"{HERE}:{_line_of('MARK attention')}")
