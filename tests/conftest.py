@@ -85,7 +85,10 @@ def walk_findings(model_or_factory: Any, device: str = "cuda", **kwargs: Any) ->
 
 
 def fixture_cases(directory: Path) -> list[Any]:
-    """One pytest param per ``*.py`` fixture in ``directory`` that has an ``.expected`` beside it."""
+    """One pytest param ``(NAME.py, NAME.expected)`` per ``*.py`` fixture in ``directory``.
+
+    A fixture missing its ``.expected`` is still collected, so that the test fails on it.
+    """
     cases = []
     for py in sorted(directory.glob("*.py")):
         expected = py.with_suffix(".expected")
