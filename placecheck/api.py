@@ -354,6 +354,8 @@ def fake_limit(exc: BaseException) -> str:
             why = "an op's output shape depends on values (nonzero, boolean-mask indexing, unique)"
         elif isinstance(seen, UnsupportedOperatorException):
             why = f"an operator has no fake-tensor implementation ({one_line(seen)})"
+        elif "not linked with support for cuda" in text:
+            why = "this torch build has no CUDA support, which some fake-tensor ops need"
         elif "hasprimarycontext" in text or "cannot access data pointer" in text or "fake" in text:
             why = one_line(seen)
         seen = seen.__cause__ or seen.__context__
