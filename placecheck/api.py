@@ -179,12 +179,12 @@ def audit(
                        checkpoint, checkpoint_key, trust, str(name), tuple(inputs), example_inputs,
                        run_forward, train)
     attempt = _attempt(eng, options)
-    if attempt.fallback and choice is EngineChoice.AUTO and not attempt.on_meta:
+    if attempt.fallback and choice is EngineChoice.AUTO and attempt.fits_in_memory:
         eng = fallback_engine(eng, attempt.fallback)
         attempt = _attempt(eng, dataclasses.replace(options, init=_init_for(eng, init_choice)))
     elif attempt.fallback:
-        instead = ("the real-valued engine needs the weights in memory, which this meta build does not "
-                   "have" if attempt.on_meta else "use --engine tagged (or auto) to run it")
+        instead = ("the real-valued engine needs the weights in memory, and this model does not fit"
+                   if choice is EngineChoice.AUTO else "use --engine tagged (or auto) to run it")
         attempt.notes.append(f"forward: not checked: fake tensors cannot run this model "
                              f"({attempt.fallback}); {instead}")
     findings = [f for f in attempt.findings if f.code in codes]
@@ -223,6 +223,8 @@ class _Attempt:
     fallback: str = ""
     """Why fake tensors could not run the forward ("" when they could, or were not used)."""
     on_meta: bool = False
+    fits_in_memory: bool = True
+    """The weights fit in this machine's memory (always true for a CPU build)."""
 
 
 def _attempt(eng: Engine, opts: _Options) -> _Attempt:
@@ -232,6 +234,10 @@ def _attempt(eng: Engine, opts: _Options) -> _Attempt:
     construction = construct(opts.model, opts.init, dev, lambda m: _build(m, eng, opts.copy_model))
     built = construction.model
     attempt = _Attempt(on_meta=construction.on_meta)
+    if construction.on_meta:
+        from placecheck.construct import COMFORTABLE_FRACTION, available_memory, state_nbytes
+
+        attempt.fits_in_memory = state_nbytes(built) <= COMFORTABLE_FRACTION * available_memory()
     if eng.real_values and not isinstance(opts.model, nn.Module):
         attempt.notes.append("init: cpu (the real-valued engine computes with the weights)")
     elif construction.note:
@@ -253,9 +259,9 @@ def _attempt(eng: Engine, opts: _Options) -> _Attempt:
         inputs = resolve_inputs(built, opts.inputs, opts.example_inputs)
         attempt.notes.append(f"forward: {inputs[2]}" + ("; training mode, then a backward of the summed "
                                                          "floating outputs" if opts.train else ""))
-        if not construction.on_meta and _materialise_lazy(built, inputs):
-            attempt.notes.append("forward: nn.Lazy* parameters materialised by one CPU forward before "
-                                 ".to(), as a first real step would (they follow .to() either way)")
+        if _materialise_lazy(built, inputs, "meta" if construction.on_meta else "cpu"):
+            attempt.notes.append("forward: nn.Lazy* parameters materialised by one forward before .to() "
+                                 "(they follow .to() either way)")
     with eng.session() if eng.simulated else contextlib.nullcontext():
         snapshot = Snapshot.take(built)
         try:
@@ -274,8 +280,10 @@ def _attempt(eng: Engine, opts: _Options) -> _Attempt:
     return attempt
 
 
-def _materialise_lazy(model: nn.Module, inputs: tuple[tuple[Any, ...], dict[str, Any], str]) -> bool:
-    """Give uninitialised ``nn.Lazy*`` parameters their shapes with one CPU forward; True if it ran.
+def _materialise_lazy(model: nn.Module, inputs: tuple[tuple[Any, ...], dict[str, Any], str],
+                      device: str) -> bool:
+    """Give uninitialised ``nn.Lazy*`` parameters their shapes with one forward on ``device`` (where
+    the model was built: cpu, or meta); True if it ran.
 
     Neither simulated engine can move an uninitialised parameter and keep it
     uninitialised (``.to()`` makes a plain 0-element tensor of it), and a
@@ -287,10 +295,12 @@ def _materialise_lazy(model: nn.Module, inputs: tuple[tuple[Any, ...], dict[str,
     lazy = (UninitializedParameter, UninitializedBuffer)
     if not any(isinstance(t, lazy) for t in [*model.parameters(), *model.buffers()]):
         return False
+    from placecheck.inputs import move_inputs
+
     was_training = model.training
     try:
         with torch.no_grad():
-            model.eval()(*inputs[0], **inputs[1])
+            model.eval()(*move_inputs(inputs[0], device), **move_inputs(inputs[1], device))
     except Exception:
         return False  # the traced forward will report what is wrong
     finally:
