@@ -122,6 +122,8 @@ class Creation:
     shape: tuple[int, ...] | None
     fed_mismatch: bool = False
     """True once a tensor from here took part in a device mismatch."""
+    moved: bool = False
+    """True once a tensor from here was moved to the target explicitly (``.to(x.device)``)."""
 
 
 @dataclass
@@ -215,6 +217,7 @@ Event = typing.Union[Creation, Mismatch, HostSync, ImplicitTransfer, Registratio
 _HOST_SYNC = frozenset({torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.cpu, torch.Tensor.numpy,
                         torch.Tensor.__bool__, torch.Tensor.__int__, torch.Tensor.__float__,
                         torch.Tensor.__index__})
+_MOVES = frozenset({torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.type_as})
 _METADATA = frozenset({torch.Tensor.dim, torch.Tensor.size, torch.Tensor.numel, torch.Tensor.stride,
                        torch.Tensor.is_contiguous, torch.Tensor.data_ptr, torch.Tensor.__len__,
                        torch.Tensor.__repr__, torch.Tensor.__format__, torch.Tensor.__hash__,
@@ -445,6 +448,11 @@ class Tracer:
             off = []
         if isinstance(out, torch.Tensor) and out.device != target:
             self._off_target_result(func, args, off, out)
+        elif off and func in _MOVES and isinstance(out, torch.Tensor):
+            for _, t in off:
+                creation = self.provenance(t).creation
+                if creation is not None:
+                    creation.moved = True
         elif isinstance(out, tuple | list) and out and isinstance(out[0], torch.Tensor):
             for o in out:
                 if isinstance(o, torch.Tensor) and o.device != target:
@@ -623,6 +631,10 @@ class Tracer:
             if event.site.source in lazy_lines:
                 return None  # the parameters of a layer built in forward: that is PC203
             fed = event.fed_mismatch
+            if not fed and (event.moved or event.shape == ()):
+                # moved to the device explicitly before use (seed 002's `torch.randn(...).to(device)`),
+                # or a 0-dim scalar, which PyTorch reads on the host like a Python number
+                return None
             return _make("PC202", event.site, Severity.ERROR if fed else None, device=event.device,
                          expected=target, dtype=event.dtype, shape=event.shape, origin=event.site.source,
                          message=(f"{event.op} in forward creates {event.dtype}{list(event.shape or [])} on "
@@ -639,6 +651,9 @@ class Tracer:
                          hint="keep the value on the device (torch.where, masks, clamp) or move the check "
                               "out of forward", details=(("op", event.op),))
         if isinstance(event, ImplicitTransfer):
+            if event.scalar and not event.provenance.path:
+                # a scalar made in forward is a Python number to PyTorch; a stored one could be a buffer
+                return None
             what = ("0-dim CPU tensor used as a scalar" if event.scalar
                     else f"CPU index tensor {event.dtype}{list(event.shape or [])}")
             return _make("PC205", event.site, Severity.INFO if event.scalar else None, device="cpu",
