@@ -124,6 +124,19 @@ class Creation:
     """True once a tensor from here took part in a device mismatch."""
     moved: bool = False
     """True once a tensor from here was moved to the target explicitly (``.to(x.device)``)."""
+    merged: list[Creation] = dataclasses.field(default_factory=list)
+    """Other creations whose tensors were combined with this one's (``torch.meshgrid(a, b)``):
+    what happens to the combination happens to them too."""
+
+    def mark(self, attr: str, seen: set[int] | None = None) -> None:
+        """Set ``moved`` or ``fed_mismatch`` here and on every creation merged into this one."""
+        seen = seen if seen is not None else set()
+        if id(self) in seen:
+            return
+        seen.add(id(self))
+        setattr(self, attr, True)
+        for other in self.merged:
+            other.mark(attr, seen)
 
 
 @dataclass
@@ -452,7 +465,7 @@ class Tracer:
             for _, t in off:
                 creation = self.provenance(t).creation
                 if creation is not None:
-                    creation.moved = True
+                    creation.mark("moved")
         elif isinstance(out, tuple | list) and out and isinstance(out[0], torch.Tensor):
             for o in out:
                 if isinstance(o, torch.Tensor) and o.device != target:
@@ -472,7 +485,7 @@ class Tracer:
             for _, t in offending:
                 prov = self.provenance(t)
                 if prov.creation is not None:
-                    prov.creation.fed_mismatch = True
+                    prov.creation.mark("fed_mismatch")
                 key = ("mismatch", site.source, prov.origin)
                 if key not in self._recorded:
                     self._recorded.add(key)
@@ -494,11 +507,17 @@ class Tracer:
         """An op returned a tensor off the target: derived from an off-target input, or created here."""
         if id(out) in self._provenance or id(out) in self.origins:
             return
-        for _, t in off:
-            prov = self.provenance(t)
-            if prov.path or prov.creation is not None:
-                self._provenance[id(out)] = (out, prov)
-                return
+        provenances = [p for p in (self.provenance(t) for _, t in off) if p.path or p.creation is not None]
+        if provenances:
+            first = provenances[0]
+            head = first.creation
+            for other in provenances[1:]:
+                joined = other.creation
+                if head is not None and joined is not None and joined is not head \
+                        and all(c is not joined for c in head.merged):
+                    head.merged.append(joined)
+            self._provenance[id(out)] = (out, first)
+            return
         if off:
             return
         if func in _HOST_SYNC or (func is torch.Tensor.to and args and isinstance(args[0], torch.Tensor)
