@@ -434,4 +434,4 @@ def _move_tensor(t: torch.Tensor, device: str) -> torch.Tensor:
             meta = t.detach().to("meta")
         moved: torch.Tensor = fake_mode.fake_tensor_converter.from_meta_and_device(
             fake_mode, meta, torch.device(device))
-        return moved
+        return moved.requires_grad_(t.requires_grad)

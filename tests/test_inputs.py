@@ -253,6 +253,18 @@ def test_move_inputs_to_simulated_cuda() -> None:
     assert str(moved[0]["x"].device) == "cuda:1" and str(moved[1][0].device) == "cuda:1"
 
 
+def test_move_inputs_where_tensor_to_cuda_is_refused() -> None:
+    """On the CPU-only torch build ``.to("cuda")`` of these fails under fake tensors; they move anyway."""
+    from placecheck.engine import simulated_cuda
+
+    with simulated_cuda():
+        moved = move_inputs([torch.ones(2, requires_grad=True), torch.ones(2, 3).t(),
+                             torch.ones(2, dtype=torch.bfloat16)], "cuda")
+    assert [str(t.device) for t in moved] == ["cuda:0"] * 3
+    assert [t.requires_grad for t in moved] == [True, False, False]
+    assert moved[1].shape == (3, 2) and moved[2].dtype == torch.bfloat16
+
+
 # -- inference ---------------------------------------------------------------------------------------
 
 
