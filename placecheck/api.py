@@ -185,7 +185,7 @@ def audit(
     elif attempt.fallback:
         instead = ("the real-valued engine needs the weights in memory, and this model does not fit"
                    if choice is EngineChoice.AUTO else "use --engine tagged (or auto) to run it")
-        attempt.notes.append(f"forward: not checked: fake tensors cannot run this model "
+        attempt.notes.append(f"forward: checked only up to where fake tensors stopped "
                              f"({attempt.fallback}); {instead}")
     findings = [f for f in attempt.findings if f.code in codes]
     notes = [f"engine: {eng.name}: {eng.reason}", *attempt.notes]
@@ -323,7 +323,7 @@ def _forward(model: nn.Module, eng: Engine, result: WalkResult,
     except Exception as exc:
         why = fake_limit(exc) if eng.fake else ""
         if why:
-            return [], why
+            return tracer.findings(), why  # what the forward found before it stopped
         tracer.record_error(exc)
     return tracer.findings(), ""
 

@@ -162,8 +162,24 @@ def test_auto_falls_back_to_real_values_for_item_and_boolean_masks_and_says_why(
 def test_fake_engine_alone_reports_that_it_could_not_run_the_forward() -> None:
     report = placecheck.audit(DataDependent, "cuda", engine="fake", inputs=["float32[8,4]"])
     assert report.engine == "simulated cuda"
-    assert any("forward: not checked" in n and "--engine tagged" in n for n in report.notes)
-    assert {f.code for f in report.findings} == {"PC101"}
+    assert any("forward: checked only up to" in n and "--engine tagged" in n for n in report.notes)
+    assert {f.code for f in report.findings} == {"PC101"}  # stopped at the boolean mask
+
+
+class MismatchThenMask(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+        self.offset = torch.ones(4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.proj(x) + self.offset
+        return x[x > 0]
+
+
+def test_what_fake_tensors_found_before_they_stopped_is_kept() -> None:
+    report = placecheck.audit(MismatchThenMask, "cuda", engine="fake", inputs=["float32[8,4]"])
+    assert sorted(f.code for f in report.findings) == ["PC101", "PC201"]
 
 
 def test_forward_error_keeps_every_other_finding() -> None:
