@@ -28,9 +28,9 @@ CLASSIFICATION_SIZE = 224
 INCEPTION_SIZE = 299
 """Inception v3's native side (it also runs at 224, but 299 is what it was built for)."""
 VIDEO_CLIP = (16, 112, 112)
-"""Frames, height, width of a video clip: what r3d/mc3/r2plus1d/s3d/swin3d accept."""
-MVIT_CLIP = (16, 224, 224)
-"""MViT's positional embeddings fix its clip to 16 frames of 224x224."""
+"""Frames, height, width of a video clip: what r3d/mc3/r2plus1d/swin3d accept."""
+FULL_CLIP = (16, 224, 224)
+"""For MViT (its positional embeddings fix the clip) and S3D (its final 2x7x7 pooling needs 224)."""
 DETECTION_SIZES = ((320, 320), (288, 352))
 """Two images of different sizes: detection models batch them themselves."""
 FLOW_SIZE = (128, 128)
@@ -83,7 +83,7 @@ def family_inputs(model: nn.Module) -> tuple[tuple[Any, ...], dict[str, Any], st
     elif family == "optical_flow":
         args = flow_frames()
     elif family == "video":
-        clip = MVIT_CLIP if cls_name == "MViT" else VIDEO_CLIP
+        clip = FULL_CLIP if cls_name in ("MViT", "S3D") else VIDEO_CLIP
         args = (torch.randn(2, 3, *clip),)
     else:  # classification (quantized models are classifiers too) and segmentation
         side = CLASSIFICATION_SIZE
