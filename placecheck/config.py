@@ -111,6 +111,9 @@ class ModelConfig:
     """A free-form label (configs/torchvision.toml's model family); not used by the audit."""
     unsupported: str = ""
     """Why placecheck cannot audit this model yet (documentation; the model is still audited)."""
+    known_findings: str = ""
+    """Why placecheck still reports findings on this model that are not the user's to fix
+    (documentation; tests/test_zoo_forward.py expects them)."""
     line: int = 0
     """Line of the entry's header in the config file."""
 
@@ -224,6 +227,7 @@ MODEL_KEYS: dict[str, tuple[Check, str]] = {
     "timeout": (_is_positive_number, "seconds this model may take, overriding the run's"),
     "family": (_is_str, "a free-form label, unused by the audit"),
     "unsupported": (_is_str, "why this model cannot be audited yet (documentation only)"),
+    "known_findings": (_is_str, "why findings on this model are library internals (documentation only)"),
 }
 """Every key a ``[[models]]`` entry (or ``[defaults]``) may hold: its check and its meaning."""
 
