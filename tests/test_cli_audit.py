@@ -49,7 +49,8 @@ def assert_usage_error(code: int, out: str, err: str, *needles: str) -> None:
 def test_clean_model_exits_0(runner: CliRunner) -> None:
     code, out, _ = run(runner, CLEAN)
     assert code == 0
-    assert "no placement problems found on cuda:0 (simulated cuda)" in out
+    # "(simulated cuda (real values))" on the CPU-only torch build, where auto falls back
+    assert "no placement problems found on cuda:0 (simulated cuda" in out
 
 
 def test_buggy_model_exits_1(runner: CliRunner) -> None:
@@ -189,6 +190,7 @@ def test_unknown_device(runner: CliRunner, device: str) -> None:
 
 
 def test_torchvision_resnet18_out_of_the_box(runner: CliRunner) -> None:
+    pytest.importorskip("torchvision")  # absent on the CPU-only torch build
     code, out, _ = run(runner, "torchvision.models:resnet18", "--kwargs", '{"num_classes": 10}')
     assert code == 0, out
     assert "placecheck: torchvision.models:resnet18 on cuda:0 (simulated cuda)" in out

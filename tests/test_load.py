@@ -47,11 +47,11 @@ def test_split_target() -> None:
 
 
 def test_resolve_module_and_file_targets() -> None:
-    import torchvision
-
-    assert resolve("torchvision.models:resnet18") is torchvision.models.resnet18
     inner = resolve(f"{TARGETS}:Holder.inner")
     assert isinstance(inner, type) and issubclass(inner, nn.Module) and inner.__name__ == "Masked"
+    assert resolve("torch.nn:Linear") is nn.Linear
+    torchvision = pytest.importorskip("torchvision")  # absent on the CPU-only torch build
+    assert resolve("torchvision.models:resnet18") is torchvision.models.resnet18
 
 
 def test_resolve_missing_attribute_lists_candidates() -> None:
