@@ -346,12 +346,16 @@ def _spec_for_layer(module: nn.Module) -> InputSpec | None:
 def _recognised(module: nn.Module) -> bool:
     import torch.nn as nn
 
+    # MultiheadAttention is recognised so that inference stops there (it takes query, key and
+    # value) instead of reading its out_proj Linear as the model's first layer.
     return isinstance(module, nn.modules.conv._ConvNd | nn.Linear | nn.Embedding | nn.EmbeddingBag
-                      | nn.RNNBase | nn.TransformerEncoderLayer)
+                      | nn.RNNBase | nn.TransformerEncoderLayer | nn.MultiheadAttention)
 
 
 def infer_inputs(model: nn.Module) -> tuple[tuple[Any, ...], dict[str, Any], str]:
     """One input for ``model``, from its torchvision family or its first recognised layer."""
+    import torch.nn as nn
+
     from placecheck import zoo
 
     with _real():
@@ -365,8 +369,10 @@ def infer_inputs(model: nn.Module) -> tuple[tuple[Any, ...], dict[str, Any], str
         spec = _spec_for_layer(module)
         layer = f"{path or 'the model itself'} ({type(module).__name__})"
         if spec is None:
-            raise UsageError(f"cannot infer an input for {name}: its first layer, {layer}, does not "
-                             f"fix its input size; pass --input, e.g. --input float32[1,3,224,224]")
+            why = ("takes query, key and value" if isinstance(module, nn.MultiheadAttention)
+                   else "does not fix its input size")
+            raise UsageError(f"cannot infer an input for {name}: its first layer, {layer}, {why}; "
+                             "pass --input, e.g. --input float32[1,3,224,224]")
         return (spec.make(),), {}, f"inferred input {spec} from {layer}"
     raise UsageError(f"cannot infer an input for {name}: pass --input, e.g. --input float32[1,3,224,224]")
 

@@ -344,6 +344,18 @@ def test_cannot_infer_from_a_lazy_layer() -> None:
         infer_inputs(nn.Sequential(nn.LazyLinear(4), nn.Linear(4, 2)))
 
 
+def test_cannot_infer_from_attention_and_does_not_mistake_its_projection_for_a_layer() -> None:
+    class Attends(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.attn = nn.MultiheadAttention(16, 2)
+            self.head = nn.Linear(16, 2)
+
+    with pytest.raises(UsageError, match=r"its first layer, attn \(MultiheadAttention\), takes query, key "
+                                         r"and value; pass --input"):
+        infer_inputs(Attends())
+
+
 def test_describe_nested() -> None:
     text = describe((torch.ones(2), [torch.ones(1)] * 5), {"d": {"k": torch.ones(3, dtype=torch.int8)}})
     assert text == "float32[2], [float32[1], float32[1], float32[1], ...], d={k: int8[3]}"
