@@ -11,8 +11,8 @@ A spec is ``[NAME=]DTYPE[D0,D1,...][:LOW..HIGH]``:
 complex inputs are standard normal (``torch.randn``) and integer inputs are 0 or
 1 (``0..2``): small enough to be a valid index into any table, a mask or a
 label, so a spec without a range never crashes an embedding lookup; give the
-range (``:0..VOCAB``) for realistic token ids. ``bool`` inputs are random
-True/False. Dtype names are torch's (``float32``, ``int64``, ...) plus the usual
+range (``:0..VOCAB``) for realistic token ids; int64 ranges stay within
+``±2**53``. ``bool`` inputs are random True/False. Dtype names are torch's (``float32``, ``int64``, ...) plus the usual
 aliases (``float``, ``half``, ``long``, ``int``, ``fp16``, ``bf16``, ``torch.float32``).
 
 Positional specs become positional arguments in the order given; named ones
@@ -83,8 +83,10 @@ _ALIASES = {
     "cfloat": "complex64", "cdouble": "complex128",
     "boolean": "bool",
 }
+# LOW..HIGH each dtype admits. int64 stops at 2**53: the bounds are held as floats, which
+# represent every integer up to there exactly (and torch.randint refuses a HIGH of 2**63).
 _INT_BOUNDS = {"int8": (-(2**7), 2**7), "int16": (-(2**15), 2**15), "int32": (-(2**31), 2**31),
-               "int64": (-(2**63), 2**63), "uint8": (0, 2**8), "bool": (0, 2)}
+               "int64": (-(2**53), 2**53), "uint8": (0, 2**8), "bool": (0, 2)}
 
 _NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[-+]?inf"
 _SPEC = re.compile(
@@ -122,6 +124,7 @@ class InputSpec:
 
     @property
     def nbytes(self) -> int:
+        """Host memory the tensor takes."""
         return math.prod(self.shape) * _DTYPES[self.dtype][1]
 
     def make(self) -> torch.Tensor:

@@ -80,6 +80,7 @@ def test_spec_prints_back_as_written() -> None:
     ("uint8[2]:-1..10", "does not fit uint8"),
     ("int8[2]:0..1000", "does not fit int8"),
     ("bool[2]:0..3", "does not fit bool"),
+    ("int64[2]:0..9223372036854775807", "does not fit int64"),
     ("complex64[2]:0..1", "complex inputs take no range"),
 ])
 def test_every_spec_error_shows_the_grammar(text: str, why: str) -> None:
@@ -112,6 +113,10 @@ def test_values_follow_the_range_and_the_defaults() -> None:
     assert flags.dtype == torch.bool and set(flags.unique().tolist()) == {False, True}
     assert parse_input_spec("bfloat16[4,16]:-1..1").make().dtype == torch.bfloat16
     assert parse_input_spec("float32[]").make().shape == ()
+    big = parse_input_spec(f"int64[64]:{2**53 - 4}..{2**53}").make()
+    assert big.min() >= 2**53 - 4 and big.max() < 2**53
+    assert parse_input_spec("uint8[8]:250..256").make().min() >= 250
+    assert parse_input_spec("float16[8]:2..3").make().min() >= 2
     assert parse_input_spec("float32[2,3]").make().device.type == "cpu"
 
 
