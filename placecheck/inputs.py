@@ -12,8 +12,9 @@ complex inputs are standard normal (``torch.randn``) and integer inputs are 0 or
 1 (``0..2``): small enough to be a valid index into any table, a mask or a
 label, so a spec without a range never crashes an embedding lookup; give the
 range (``:0..VOCAB``) for realistic token ids; int64 ranges stay within
-``±2**53``. ``bool`` inputs are random True/False. Dtype names are torch's (``float32``, ``int64``, ...) plus the usual
-aliases (``float``, ``half``, ``long``, ``int``, ``fp16``, ``bf16``, ``torch.float32``).
+``±2**53``. ``bool`` inputs are random True/False. Dtype names are torch's
+(``float32``, ``int64``, ...) plus the usual aliases (``float``, ``half``,
+``long``, ``int``, ``fp16``, ``bf16``, ``torch.float32``).
 
 Positional specs become positional arguments in the order given; named ones
 become keyword arguments.
