@@ -45,7 +45,7 @@ REAL_LEFTOVER_BUDGET = 256 * 2**20
 CUDA, as a CPU build would have them; beyond it they become fake CPU tensors
 (no memory), so a model whose big blocks sit in a plain list still fits."""
 
-_MAX_DEPTH = 8  # as deep as the walk looks into containers and helper objects
+_MAX_DEPTH = 64  # as deep as the walk looks into containers and helper objects (walk._MAX_DEPTH)
 _MODULE_INTERNALS = frozenset(vars(nn.Module()))
 _UNINITIALIZED = (UninitializedParameter, UninitializedBuffer)  # nn.Lazy* state: no shape to copy
 

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from placecheck.finding import Finding
+from placecheck.finding import Finding, Severity
 from placecheck.report import human_bytes
 from placecheck.rules import rule
 
@@ -33,8 +33,17 @@ _MODULE_INTERNALS = frozenset(vars(nn.Module())) | {"_flat_weight_refs"}
 # Leaf values the walk never descends into.
 _ATOMS = (str, bytes, bytearray, int, float, complex, bool, type(None), torch.device,
           torch.dtype, torch.Size, range, slice, memoryview, type)
-_MAX_DEPTH = 8
+_HELPER = "helper:"  # prefix of a ``parent`` kind naming a plain helper object's class
+# Class-level values the walk looks into: state, not methods, properties or constants.
+_CLASS_STATE = (torch.Tensor, nn.Module, list, tuple, dict, set, frozenset, collections.deque)
+_MAX_DEPTH = 64
+"""How many containers/helper objects deep the walk descends. Cycle detection
+already bounds the walk; this only stops pathological chains (a linked list of
+thousands of nodes), and a report note names the path where it stopped."""
 _MAX_ITEMS = 100_000
+
+# Classes whose class-level attributes are library state, never the user's.
+_LIBRARY_PACKAGES = frozenset({"torch", "builtins", "typing", "abc", "collections", "enum"})
 
 
 @dataclass
@@ -82,6 +91,8 @@ class WalkResult:
     stats: dict[str, int]
     finding_by_origin: dict[str, Finding] = field(default_factory=dict)
     """path -> the walk finding about the tensor at that path."""
+    notes: list[str] = field(default_factory=list)
+    """Remarks for the report's notes: where the walk stopped short (depth limit)."""
 
 
 def tensor_device(t: torch.Tensor) -> str:
@@ -193,7 +204,9 @@ def _items(value: Any) -> Iterator[tuple[str, Any]] | None:
     if isinstance(value, list | tuple | collections.deque):
         return ((f"[{i}]", v) for i, v in enumerate(itertools.islice(value, _MAX_ITEMS)))
     if isinstance(value, set | frozenset):
-        return ((f"{{{i}}}", v) for i, v in enumerate(list(value)[:_MAX_ITEMS]))
+        # iteration order follows id()/hash: sort by what the members are, not where they live
+        members = sorted(itertools.islice(value, _MAX_ITEMS), key=_set_member_key)
+        return ((f"{{{i}}}", v) for i, v in enumerate(members))
     if isinstance(value, _ATOMS):  # type is among them: classes are code, not state
         return None
     if type(value).__module__ in ("builtins", "types"):
@@ -211,6 +224,38 @@ def _items(value: Any) -> Iterator[tuple[str, Any]] | None:
     if not attrs:
         return None
     return ((f".{k}", v) for k, v in attrs.items())
+
+
+def _set_member_key(value: Any) -> tuple[Any, ...]:
+    """A content-free sort key for a set member: tensors by dtype, shape, device and size.
+
+    Members that compare equal under this key look the same in every report
+    (same dtype, shape, device, bytes), so their relative order does not show.
+    """
+    if isinstance(value, torch.Tensor):
+        return (0, type(value).__name__, _dtype(value), _shape(value) or (), tensor_device(value),
+                tensor_nbytes(value), "")
+    shown = repr(value) if isinstance(value, _ATOMS) else ""
+    return (1, type(value).__name__, "", (), "", 0, shown)
+
+
+def class_attributes(module: nn.Module) -> dict[str, Any]:
+    """Attributes defined on the user's classes of ``module`` (above nn.Module in its MRO).
+
+    ``class M(nn.Module): table = torch.arange(10)`` creates one tensor shared
+    by every instance, which ``.to()`` never moves. torch's own classes (and
+    Python's) are skipped, as are dunder names and names the instance shadows.
+    """
+    found: dict[str, Any] = {}
+    instance = vars(module)
+    for cls in type(module).__mro__:
+        if cls.__module__.partition(".")[0] in _LIBRARY_PACKAGES:
+            continue
+        for name, value in vars(cls).items():
+            if name.startswith("__") or name in instance or name in found:
+                continue
+            found[name] = value
+    return found
 
 
 def reachable_tensors(model: nn.Module) -> Iterator[torch.Tensor]:
@@ -238,6 +283,12 @@ def reachable_tensors(model: nn.Module) -> Iterator[torch.Tensor]:
             children = _items(value)
         for _, child in children or ():
             stack.append((child, depth + 1))
+
+
+def _holder_name(path: str) -> str:
+    """``"h.layer"`` -> ``"h"``: the path of the object holding the last step of ``path``."""
+    cut = max(path.rfind("."), path.rfind("["), path.rfind("{"))
+    return path[:cut] if cut > 0 else path
 
 
 def _container_kind(value: Any) -> str:
@@ -268,6 +319,10 @@ class _Walker:
         self.by_origin: dict[str, Finding] = {}
         self.found: dict[int, tuple[str, torch.Tensor]] = {}
         self.strays = 0
+        self.class_paths: set[str] = set()
+        """Paths of class-level attributes, for the message."""
+        self.too_deep: list[str] = []
+        """Paths where the walk stopped at _MAX_DEPTH."""
 
     # -- registered state ---------------------------------------------------------
     def registered_off_device(self, model: nn.Module) -> None:
@@ -297,19 +352,33 @@ class _Walker:
                 if attr in skip:
                     continue
                 self.visit(value, join(mpath, attr), mpath, attr, container=None, helper=None, depth=0)
+            for attr, value in class_attributes(module).items():
+                if attr in skip or not isinstance(value, _CLASS_STATE):
+                    continue  # methods, properties, constants: code, not state
+                self.class_paths.add(join(mpath, attr))
+                self.visit(value, join(mpath, attr), mpath, attr, container=None, helper=None, depth=0)
 
     def visit(self, value: Any, path: str, owner: str, attr: str, container: str | None,
-              helper: str | None, depth: int) -> None:
+              helper: str | None, depth: int, parent: str | None = None) -> None:
+        """Report what ``value`` (found at ``path``) holds.
+
+        ``container``/``helper`` name the outermost plain holder under the
+        module attribute (for the message); ``parent`` is the kind of the
+        immediate holder ("dict", "list", ... or "helper:ClassName"), which decides the fix.
+        """
         if isinstance(value, torch.Tensor):
-            self.tensor(value, path, owner, attr, container, helper)
+            self.tensor(value, path, owner, attr, container, helper, parent)
             return
         if isinstance(value, nn.Module):
-            self.module(value, path, owner, container)
+            self.module(value, path, owner, container, helper, parent)
             return
-        if depth >= _MAX_DEPTH or id(value) in self.seen:
+        if id(value) in self.seen:
             return
         items = _items(value)
         if items is None:
+            return
+        if depth >= _MAX_DEPTH:
+            self.too_deep.append(path)
             return
         self.seen.add(id(value))
         is_container = isinstance(value, dict | list | tuple | set | frozenset | collections.deque |
@@ -319,11 +388,12 @@ class _Walker:
                 container = _container_kind(value)
             else:
                 helper = type(value).__name__
+        kind = _container_kind(value) if is_container else f"{_HELPER}{type(value).__name__}"
         for suffix, child in items:
-            self.visit(child, path + suffix, owner, attr, container, helper, depth + 1)
+            self.visit(child, path + suffix, owner, attr, container, helper, depth + 1, kind)
 
     def tensor(self, t: torch.Tensor, path: str, owner: str, attr: str, container: str | None,
-               helper: str | None) -> None:
+               helper: str | None, parent: str | None = None) -> None:
         key = id(t)
         if key in self.registered or key in self.snapshot.params or key in self.seen:
             return
@@ -348,13 +418,39 @@ class _Walker:
                 hint=f"do not keep references to buffers; read self.{stale} where it is needed",
             )
         elif isinstance(t, nn.Parameter):
-            kind = container or helper or "object"
-            fix = ("nn.ParameterDict" if container == "dict" else "nn.ParameterList")
+            if parent and parent.startswith(_HELPER):
+                cls_name = parent.removeprefix(_HELPER)
+                where = f"inside {cls_name} object {_holder_name(path)!r}"
+                hint = (f"make {cls_name} an nn.Module, or hold the parameter on the model itself: "
+                        ".to() does not look inside plain objects")
+            else:
+                where = f"in plain {container or helper or 'object'} {attr!r}"
+                fix = "nn.ParameterDict" if parent == "dict" else "nn.ParameterList"
+                hint = f"hold parameters in {fix} (or assign each as a module attribute)"
             finding = self._finding(
                 "PC103", path, owner, t,
-                message=(f"nn.Parameter {desc} in plain {kind} {attr!r} stays on {dev}: "
+                message=(f"nn.Parameter {desc} {where} stays on {dev}: "
                          ".to(), state_dict() and the optimizer never see it"),
-                hint=f"hold parameters in {fix} (or assign each as a module attribute)",
+                hint=hint,
+            )
+        elif _shape(t) == () and dev == "cpu" and path not in self.class_paths:
+            # PLACEMENT.md: a 0-dim CPU tensor used as a scalar with device tensors does
+            # not raise, so this is waste (a host read per use) and a state_dict gap, not a crash
+            finding = self._finding(
+                "PC101", path, owner, t, severity=Severity.WARNING,
+                message=(f"0-dim tensor {path!r} ({_dtype(t)}) stays on {dev}: used as a scalar beside "
+                         f"{self.target} tensors it does not raise, but .to() does not move it, "
+                         "state_dict() does not save it and each use reads it on the host"),
+                hint=(f'self.register_buffer("{attr}", tensor, persistent=False) in __init__ (or a '
+                      "Python number if it never changes)"),
+            )
+        elif path in self.class_paths:
+            finding = self._finding(
+                "PC101", path, owner, t,
+                message=(f"class attribute {attr!r} {desc} stays on {dev}: a tensor defined in the class "
+                         "body is shared by every instance and .to() never moves it"),
+                hint=(f'create it in __init__ and self.register_buffer("{attr}", tensor, persistent=False), '
+                      "or create it in forward() on the input's device"),
             )
         else:
             if container:
@@ -379,7 +475,8 @@ class _Walker:
         self.findings.append(finding)
         self.by_origin[path] = finding
 
-    def module(self, m: nn.Module, path: str, owner: str, container: str | None) -> None:
+    def module(self, m: nn.Module, path: str, owner: str, container: str | None,
+               helper: str | None = None, parent: str | None = None) -> None:
         key = id(m)
         if key in self.modules or key in self.seen:
             return
@@ -400,7 +497,14 @@ class _Walker:
         for tid, (tpath, t) in sub.found.items():
             tensors.setdefault(tid, (join(path, tpath), t))
         off = [(p, t) for p, t in tensors.values() if tensor_device(t) != self.target]
+        # a tensor also reachable elsewhere (a plain attribute of the model) is reported,
+        # and counted in the summary's bytes, only where the walk met it first
+        counted = [(p, t) for tid, (p, t) in tensors.items()
+                   if tid not in self.seen and tensor_device(t) != self.target]
+        already = len(off) - len(counted)
         for tid, (tpath, t) in tensors.items():
+            if tid in self.seen:
+                continue
             self.origins[tid] = tpath
             self.found[tid] = (tpath, t)
             self.seen.add(tid)
@@ -409,28 +513,37 @@ class _Walker:
                 self.storages.setdefault(skey, tpath)
         if not off:
             return
-        nbytes = sum(tensor_nbytes(t) for _, t in off)
+        nbytes = sum(tensor_nbytes(t) for _, t in counted)
         devices = sorted({tensor_device(t) for _, t in off})
-        kind = container or "attribute"
-        fix = "nn.ModuleDict" if container == "dict" else "nn.ModuleList"
+        if parent and parent.startswith(_HELPER):
+            cls_name = parent.removeprefix(_HELPER)
+            where = f"inside {cls_name} object {_holder_name(path)!r} at {path!r}"
+            hint = (f"make {cls_name} an nn.Module, or hold the {type(m).__name__} on the model itself: "
+                    ".to() does not look inside plain objects")
+        else:
+            kind = container or "attribute"
+            where = f"in plain {kind} at {path!r}"
+            fix = "nn.ModuleDict" if parent == "dict" else "nn.ModuleList"
+            hint = f"hold submodules in {fix} (nn.Sequential for a pipeline) instead of a plain {kind}"
+        also = f", {already} more already reported where the walk met them first" if already else ""
         finding = Finding(
             code="PC102", kind=rule("PC102").kind, severity=rule("PC102").severity,
             where=path, module=owner, device=", ".join(devices), expected=self.target,
-            nbytes=nbytes, count=len(off),
-            message=(f"{type(m).__name__} in plain {kind} at {path!r}: its {len(off)} tensor"
-                     f"{'s' if len(off) != 1 else ''} ({human_bytes(nbytes)}) stay on "
+            nbytes=nbytes, count=len(counted),
+            message=(f"{type(m).__name__} {where}: its {len(counted)} tensor"
+                     f"{'s' if len(counted) != 1 else ''} ({human_bytes(nbytes)}{also}) stay on "
                      f"{', '.join(devices)}; .to(), state_dict() and the optimizer never see them"),
-            hint=f"hold submodules in {fix} (nn.Sequential for a pipeline) instead of a plain {kind}",
+            hint=hint,
         )
         self.findings.append(finding)
-        for tpath, _ in off:
+        for tpath, _ in counted:
             self.by_origin[tpath] = finding
 
     def _finding(self, code: str, where: str, owner: str, t: torch.Tensor, message: str,
-                 hint: str) -> Finding:
+                 hint: str, severity: Severity | None = None) -> Finding:
         r = rule(code)
         return Finding(
-            code=code, kind=r.kind, severity=r.severity, where=where, module=owner,
+            code=code, kind=r.kind, severity=severity or r.severity, where=where, module=owner,
             device=tensor_device(t), expected=self.target, dtype=_dtype(t), shape=_shape(t),
             nbytes=tensor_nbytes(t), count=1, message=message, hint=hint,
         )
@@ -453,4 +566,9 @@ def walk(model: nn.Module, target: str, snapshot: Snapshot | None = None) -> Wal
         "buffers": n_buffers,
         "unregistered_tensors": walker.strays,
     }
-    return WalkResult(walker.findings, walker.origins, walker.storages, stats, walker.by_origin)
+    notes = []
+    if walker.too_deep:
+        more = f" (and {len(walker.too_deep) - 1} more)" if len(walker.too_deep) > 1 else ""
+        notes.append(f"walk: stopped {_MAX_DEPTH} containers deep at {walker.too_deep[0]!r}{more}: "
+                     "tensors nested deeper were not checked")
+    return WalkResult(walker.findings, walker.origins, walker.storages, stats, walker.by_origin, notes)

@@ -314,3 +314,105 @@ def test_unregistered_module_with_back_reference_counts_only_its_own_tensors() -
     report = placecheck.audit(model, device="cuda", engine="fake")
     (head,) = [f for f in report.findings if f.code == "PC102"]
     assert (head.where, head.count, head.nbytes) == ("heads[0]", 2, (4 * 2 + 2) * 4)
+
+
+def test_depth_limit_is_a_note_naming_the_path() -> None:
+    from placecheck.walk import _MAX_DEPTH, Snapshot, walk
+
+    class Node:
+        def __init__(self, nxt: object) -> None:
+            self.nxt = nxt
+            self.t = torch.ones(1)
+
+    class Chain(nn.Module):
+        def __init__(self, length: int) -> None:
+            super().__init__()
+            node: object = None
+            for _ in range(length):
+                node = Node(node)
+            self.chain = node
+
+    short = Chain(12)
+    assert walk(short, "cuda:0", Snapshot.take(short)).notes == []
+    long = Chain(_MAX_DEPTH + 5)
+    result = walk(long, "cuda:0", Snapshot.take(long))
+    assert len(result.findings) == _MAX_DEPTH  # one tensor per node the walk reached
+    (note,) = result.notes
+    assert f"stopped {_MAX_DEPTH} containers deep at 'chain" in note and "not checked" in note
+
+
+def test_set_members_are_reported_in_the_same_order_whatever_their_ids() -> None:
+    def audit_bag(order: list[int]) -> list[tuple[str, str]]:
+        shapes = [(1,), (2,), (3,), (2, 2), (5,)]
+
+        class Bag(nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.proj = nn.Linear(2, 2)
+                padding = [torch.ones(1) for _ in range(order[0] * 3)]  # shifts the ids
+                self.bag = set()
+                for i in order:
+                    self.bag.add(torch.ones(shapes[i]))
+                del padding
+
+        report = placecheck.audit(Bag, device="cuda", engine="fake", forward=False)
+        return [(f.where, f.message) for f in report.findings]
+
+    runs = [audit_bag(order) for order in ([0, 1, 2, 3, 4], [4, 3, 2, 1, 0], [2, 0, 4, 1, 3],
+                                           [3, 4, 0, 2, 1])]
+    assert all(run == runs[0] for run in runs), runs
+    assert [w for w, _ in runs[0]] == [f"bag{{{i}}}" for i in range(5)]
+
+
+def test_tensor_shared_with_an_unregistered_module_counts_once_in_the_summary() -> None:
+    class Double(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = nn.Linear(2, 2)
+            table = torch.ones(100)
+            self.table = table
+            head = nn.Linear(2, 2)
+            head.extra = table
+            self.heads = [head]
+
+    report = placecheck.audit(Double, device="cuda", engine="fake", forward=False)
+    assert report.bytes_off_device() == 100 * 4 + (4 + 2) * 4
+    assert report.summary()["bytes_off_device"] == 424
+
+
+def test_zero_dim_stray_is_a_warning_but_rules_keep_the_default() -> None:
+    from placecheck.rules import rule
+
+    class Scaled(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = nn.Linear(2, 2)
+            self.scale = torch.tensor(0.5)
+
+    (finding,) = placecheck.audit(Scaled, device="cuda", engine="fake", forward=False).findings
+    assert (finding.code, finding.severity.value) == ("PC101", "warning")
+    assert "does not raise" in finding.message
+    assert rule("PC101").severity.value == "error"
+
+
+def test_class_level_tensor_shared_by_instances_is_reported_once() -> None:
+    class WithTable(nn.Module):
+        table = torch.arange(4)
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = nn.Linear(2, 2)
+
+    class Pair(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = WithTable()
+            self.b = WithTable()
+
+    assert walk_findings(Pair) == [("PC101", "a.table")]
+
+
+def test_class_attributes_of_torch_classes_are_not_walked() -> None:
+    # nn.Module and its library subclasses carry class-level state (_version, __constants__, ...)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.LSTM(4, 4), nn.MultiheadAttention(4, 2))
+    assert walk_findings(model) == []
