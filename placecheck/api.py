@@ -124,6 +124,7 @@ def audit(
     example_inputs: str | None = None,
     forward: bool = True,
     train: bool = False,
+    library_findings: bool = False,
 ) -> Report:
     """Move ``model`` to ``device`` as a training script would, and report what went wrong.
 
@@ -151,7 +152,12 @@ def audit(
     it in training mode followed by a backward (see :mod:`placecheck.trace`).
     When fake tensors cannot run the forward, ``engine="auto"`` repeats the
     audit on the real-valued engine (:mod:`placecheck.tagged`) and says so in
-    the report's notes.
+    the report's notes. A stray tensor (PC101) that the forward replaces with
+    one on the target, or uses only in computations that never meet a device
+    tensor, is not reported (the notes say so by name). Performance findings
+    (PC202 warnings, PC204, PC205) raised entirely inside installed packages
+    (torchvision's own code) are counted in the notes instead of reported,
+    unless ``library_findings=True``.
 
     Raises :class:`~placecheck.errors.UsageError` for bad options and
     :class:`~placecheck.errors.LoadError` when the model cannot be built.
@@ -177,7 +183,7 @@ def audit(
     run_forward = forward and any(rule(c).phase == "forward" for c in codes)
     options = _Options(model, dev, _init_for(eng, init_choice), copy_model,
                        checkpoint, checkpoint_key, trust, str(name), tuple(inputs), example_inputs,
-                       run_forward, train)
+                       run_forward, train, library_findings)
     attempt = _attempt(eng, options)
     if attempt.fallback and choice is EngineChoice.AUTO and attempt.fits_in_memory:
         eng = fallback_engine(eng, attempt.fallback)
@@ -213,6 +219,7 @@ class _Options:
     example_inputs: str | None
     forward: bool
     train: bool
+    library_findings: bool = False
 
 
 @dataclass
@@ -273,9 +280,15 @@ def _attempt(eng: Engine, opts: _Options) -> _Attempt:
             leftovers_to_default_device(moved, snapshot, default_device)
         result = walk(moved, dev, snapshot)
         forward_findings: list[Finding] = []
+        walk_findings = result.findings
         if inputs is not None:
-            forward_findings, attempt.fallback = _forward(moved, eng, result, inputs, opts.train)
-    attempt.findings = [*result.findings, *checkpoint_findings, *forward_findings]
+            traced = _forward(moved, eng, result, snapshot, inputs, opts.train, opts.library_findings)
+            forward_findings, attempt.fallback = traced.findings, traced.fallback
+            attempt.notes.extend(traced.notes)
+            walk_findings = [f for f in walk_findings
+                             if not (f.code == "PC101" and f.where in traced.dismissed)]
+            attempt.notes.extend(f"{path}: not reported: {why}" for path, why in traced.dismissed.items())
+    attempt.findings = [*walk_findings, *checkpoint_findings, *forward_findings]
     attempt.stats = result.stats
     return attempt
 
@@ -308,24 +321,37 @@ def _materialise_lazy(model: nn.Module, inputs: tuple[tuple[Any, ...], dict[str,
     return True
 
 
-def _forward(model: nn.Module, eng: Engine, result: WalkResult,
-             inputs: tuple[tuple[Any, ...], dict[str, Any], str], train: bool) -> tuple[list[Finding], str]:
-    """The traced forward pass: (findings, why fake tensors could not run it)."""
+@dataclass
+class _ForwardResult:
+    findings: list[Finding]
+    fallback: str
+    """Why fake tensors could not run the forward ("" when they could)."""
+    notes: list[str]
+    dismissed: dict[str, str]
+    """Walk findings (PC101) the forward shows the code handles: path -> why."""
+
+
+def _forward(model: nn.Module, eng: Engine, result: WalkResult, snapshot: Snapshot,
+             inputs: tuple[tuple[Any, ...], dict[str, Any], str], train: bool,
+             library_findings: bool) -> _ForwardResult:
+    """The traced forward pass, then the walk again: what the forward replaced or handled."""
     from placecheck.inputs import move_inputs
     from placecheck.trace import Tracer
 
     dev = eng.device
     tracer = Tracer(model, dev, result, move=lambda t: move_inputs(t, dev))
     args, kwargs = move_inputs(inputs[0], dev), move_inputs(inputs[1], dev)
+    why = ""
     try:
         with _quiet_fake_tensor_log():
             tracer.run(args, kwargs, train=train)
     except Exception as exc:
         why = fake_limit(exc) if eng.fake else ""
-        if why:
-            return tracer.findings(), why  # what the forward found before it stopped
-        tracer.record_error(exc)
-    return tracer.findings(), ""
+        if not why:  # else keep what the forward found before fake tensors stopped
+            tracer.record_error(exc)
+    findings = tracer.findings(library_findings)
+    dismissed = tracer.dismissed_strays(walk(model, dev, snapshot)) if tracer.strays and not why else {}
+    return _ForwardResult(findings, why, tracer.notes(), dismissed)
 
 
 @contextlib.contextmanager

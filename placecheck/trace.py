@@ -55,12 +55,15 @@ def _is_internal(code: CodeType) -> bool:
     """True for torch's, placecheck's and the stdlib wrappers' own frames (cached per code object)."""
     known = _internal_code.get(code)
     if known is None:
-        name = code.co_filename
-        known = (name.startswith(_TORCH_DIR) or name.startswith("<frozen")
-                 or (name.startswith(_PLACECHECK_DIR) and not name.startswith(_EXAMPLES_DIR))
-                 or os.path.abspath(name) in _LIBRARY_FILES or "unittest/mock.py" in name)
+        known = _internal_file(code.co_filename)
         _internal_code[code] = known
     return known
+
+
+def _internal_file(name: str) -> bool:
+    return (name.startswith(_TORCH_DIR) or name.startswith("<frozen")
+            or (name.startswith(_PLACECHECK_DIR) and not name.startswith(_EXAMPLES_DIR))
+            or os.path.abspath(name) in _LIBRARY_FILES or "unittest/mock.py" in name)
 
 
 def display_path(filename: str) -> str:
@@ -70,6 +73,47 @@ def display_path(filename: str) -> str:
     except ValueError:
         return filename
     return filename if rel.startswith("..") else rel
+
+
+def _site_dirs() -> tuple[str, ...]:
+    """Where installed packages live: sysconfig's purelib/platlib and site's package directories."""
+    import site
+    import sysconfig
+
+    dirs = {sysconfig.get_paths().get(k, "") for k in ("purelib", "platlib")}
+    with contextlib.suppress(AttributeError):  # site.getsitepackages is missing in some virtualenvs
+        dirs.update(site.getsitepackages())
+    return tuple(sorted(os.path.abspath(d) + os.sep for d in dirs if d))
+
+
+_SITE_DIRS = _site_dirs()
+_library_code: dict[CodeType, str] = {}
+
+
+def library_package(code: CodeType) -> str:
+    """The installed package ``code`` belongs to ("torchvision"), or "" for the user's own code.
+
+    A file in site-packages/dist-packages is library code, unless the working
+    directory is inside that package (a package audited in place). A project's
+    own virtualenv under the working directory is still installed code; an
+    editable install's files are outside site-packages anyway. Cached per code object.
+    """
+    known = _library_code.get(code)
+    if known is None:
+        known = _library_of_file(code.co_filename)
+        _library_code[code] = known
+    return known
+
+
+def _library_of_file(filename: str) -> str:
+    name = os.path.abspath(filename)
+    cwd = os.getcwd() + os.sep
+    for base in _SITE_DIRS:
+        # a project's own virtualenv (./.venv) is still installed code; working inside
+        # site-packages itself (auditing an installed package in place) is not
+        if name.startswith(base) and not (cwd.startswith(base) and name.startswith(cwd)):
+            return name[len(base):].split(os.sep, 1)[0].removesuffix(".py")
+    return ""
 
 
 def _user_frame(frame: FrameType | None) -> FrameType | None:
@@ -109,6 +153,9 @@ class Site:
 
     source: str
     where: str
+    library: str = ""
+    """The installed package the line is in, when no frame of the forward's call chain is outside
+    installed packages (torchvision's own code called from torchvision's own module)."""
 
 
 @dataclass
@@ -149,6 +196,8 @@ class Provenance:
     creation: Creation | None = None
     lazy: bool = False
     """The tensor belongs to a module or parameter created during forward."""
+    also: tuple[Provenance, ...] = ()
+    """The other origins combined into this tensor (``torch.cat((created, self.stray))``)."""
 
     @property
     def origin(self) -> str:
@@ -374,6 +423,17 @@ class Tracer:
         self.storages: dict[int, str] = dict(walk.storages) if walk else {}
         self.walk_findings = dict(walk.finding_by_origin) if walk else {}
         self.lazy_origins: set[str] = set()
+        self.strays = {path for path, f in self.walk_findings.items() if f.code == "PC101"}
+        """The walk's stray tensors (PC101), whose use in forward is followed."""
+        self._stray_ids = {tid: path for tid, path in self.origins.items() if path in self.strays}
+        self.stray_touched: set[str] = set()
+        self.stray_fed: set[str] = set()
+        """Strays that took part (themselves or through a result) in a mismatch or an implicit transfer."""
+        self.stray_moved: set[str] = set()
+        self.completed = False
+        """The forward returned (strays untouched so far may be used later otherwise)."""
+        self.library_hidden: dict[str, int] = {}
+        """Installed package -> performance findings not reported because they are its own code."""
         self._provenance: dict[int, tuple[torch.Tensor, Provenance]] = {}
         self._recorded: set[tuple[Any, ...]] = set()
         self._move = move or (lambda t: t.to(self.target))
@@ -405,6 +465,7 @@ class Tracer:
         with torch.enable_grad() if train else torch.no_grad():
             with self.recording():
                 output = self.model(*args, **kwargs)
+            self.completed = True
             self.check_output(output)
             if train:
                 self.backward(output)
@@ -447,6 +508,11 @@ class Tracer:
         tensors = _tensor_args(args, kwargs)
         target = self.target
         off = [(pos, t) for pos, t in tensors if t.device != target]
+        if off and self._stray_ids:
+            for _, t in off:
+                stray = self._stray_ids.get(id(t))
+                if stray is not None:
+                    self.stray_touched.add(stray)
         if func in _HOST_SYNC and args and isinstance(args[0], torch.Tensor) \
                 and args[0].device.type != "cpu":
             self._record_host_sync(func, args[0])
@@ -463,9 +529,7 @@ class Tracer:
             self._off_target_result(func, args, off, out)
         elif off and func in _MOVES and isinstance(out, torch.Tensor):
             for _, t in off:
-                creation = self.provenance(t).creation
-                if creation is not None:
-                    creation.mark("moved")
+                self._mark(self.provenance(t), "moved")
         elif isinstance(out, tuple | list) and out and isinstance(out[0], torch.Tensor):
             for o in out:
                 if isinstance(o, torch.Tensor) and o.device != target:
@@ -484,8 +548,7 @@ class Tracer:
             moved: dict[int, torch.Tensor] = {}
             for _, t in offending:
                 prov = self.provenance(t)
-                if prov.creation is not None:
-                    prov.creation.mark("fed_mismatch")
+                self._mark(prov, "fed_mismatch")
                 key = ("mismatch", site.source, prov.origin)
                 if key not in self._recorded:
                     self._recorded.add(key)
@@ -516,6 +579,8 @@ class Tracer:
                 if head is not None and joined is not None and joined is not head \
                         and all(c is not joined for c in head.merged):
                     head.merged.append(joined)
+            if len(provenances) > 1:
+                first = dataclasses.replace(first, also=(*first.also, *provenances[1:]))
             self._provenance[id(out)] = (out, first)
             return
         if off:
@@ -547,10 +612,53 @@ class Tracer:
             if scalar or (func in INDEX_OPS and pos > 0):
                 site = self._site(sys._getframe())
                 key = ("implicit", site.source, scalar)
+                prov = self.provenance(t)
+                if not scalar or prov.path:  # PC205 reports a scalar only when it is stored
+                    self._mark(prov, "fed_mismatch", creations=False)
                 if key not in self._recorded:
                     self._recorded.add(key)
-                    self.events.append(ImplicitTransfer(op_name(func), scalar, site, self.provenance(t),
+                    self.events.append(ImplicitTransfer(op_name(func), scalar, site, prov,
                                                         _dtype(t), _shape(t)))
+
+    def _mark(self, prov: Provenance, what: str, creations: bool = True,
+              seen: set[int] | None = None) -> None:
+        """``what`` (``moved`` or ``fed_mismatch``) happened to a tensor of provenance ``prov``: note it
+        on its creations (PC202) and its stray attributes (PC101), combined origins included."""
+        seen = seen if seen is not None else set()
+        if id(prov) in seen:
+            return
+        seen.add(id(prov))
+        if creations and prov.creation is not None:
+            prov.creation.mark(what)
+        if prov.path in self.strays:
+            (self.stray_moved if what == "moved" else self.stray_fed).add(prov.path)
+        for other in prov.also:
+            self._mark(other, what, creations, seen)
+
+    def dismissed_strays(self, after: WalkResult) -> dict[str, str]:
+        """Walk findings (PC101) the forward shows the code handles: path -> why it is not reported.
+
+        ``after`` is the walk repeated after the forward. A stray is handled
+        when the forward replaced it with a tensor on the target, or used it
+        only in computations that never met a device tensor (no mismatch, no
+        implicit transfer traced to it). One never used, or one that fed a
+        mismatch, stays reported; so does every stray when the forward stopped early.
+        """
+        if not self.completed:
+            return {}
+        still_off = {f.where for f in after.findings if f.code == "PC101"}
+        present = set(after.origins.values())
+        target = self.target_name
+        dismissed: dict[str, str] = {}
+        for path in sorted(self.strays - self.stray_fed):
+            if path not in still_off:
+                dismissed[path] = (f"forward replaces it with a tensor on {target} before use"
+                                   if path in present else "forward removes it before use")
+            elif path in self.stray_touched:
+                dismissed[path] = ("forward only uses it in CPU computations whose results it moves "
+                                   "explicitly" if path in self.stray_moved else
+                                   f"forward only uses it in computations that never meet a {target} tensor")
+        return dismissed
 
     def _record_host_sync(self, func: Callable[..., Any], t: torch.Tensor) -> None:
         site = self._site(sys._getframe())
@@ -613,23 +721,54 @@ class Tracer:
         return Provenance(path=path, linked=self.walk_findings.get(path), lazy=path in self.lazy_origins)
 
     def _site(self, frame: FrameType | None) -> Site:
-        """The innermost user frame from ``frame`` outwards, and the module whose forward ran it."""
-        user = _user_frame(frame)
-        if user is None:
-            return Site("", "")
-        source = f"{display_path(user.f_code.co_filename)}:{user.f_lineno}"
-        where: str | None = None
-        scan: FrameType | None = user
-        while scan is not None and where is None:
-            if "self" in scan.f_code.co_varnames[:1]:
-                where = self.module_paths.get(id(scan.f_locals.get("self")))
+        """Where the call at ``frame`` happened, looking outwards no further than the forward.
+
+        ``source`` is the innermost frame outside torch, placecheck and
+        installed packages; with none, the innermost line in an installed
+        package (``library`` names it); with none either (torch code called from
+        torch modules), the definition of the module's class when that is the
+        user's, else "". ``where`` is the module whose forward ran that line:
+        the innermost ``Module.__call__`` on the stack outside it (with no
+        source, the innermost one: torch's own modules included).
+        """
+        first_outside: FrameType | None = None  # innermost frame outside torch and placecheck
+        user: FrameType | None = None  # innermost frame outside installed packages too
+        scan = frame
+        while scan is not None and scan.f_code is not _RUN_CODE and user is None:
+            if not _is_internal(scan.f_code):
+                first_outside = first_outside or scan
+                if not library_package(scan.f_code):
+                    user = scan
             scan = scan.f_back
-        return Site(source, where or "")
+        shown = user or first_outside
+        module = self._running_module(shown or frame)
+        where = self.module_paths.get(id(module), "") if module is not None else ""
+        if shown is not None:
+            return Site(f"{display_path(shown.f_code.co_filename)}:{shown.f_lineno}", where,
+                        "" if user is not None else library_package(shown.f_code))
+        return Site(_class_definition(module), where)
+
+    def _running_module(self, frame: FrameType | None) -> nn.Module | None:
+        """The model's module whose ``Module.__call__`` is innermost on the stack from ``frame`` out."""
+        while frame is not None and frame.f_code is not _RUN_CODE:
+            if frame.f_code in _CALL_CODES:
+                candidate = frame.f_locals.get("self")
+                if id(candidate) in self.module_paths:
+                    return typing.cast(nn.Module, candidate)
+            frame = frame.f_back
+        return None
 
     # -- the checks -----------------------------------------------------------------------------------
-    def findings(self) -> list[Finding]:
-        """PC201-PC207 from the recorded events, de-duplicated by (code, source line)."""
+    def findings(self, library_findings: bool = False) -> list[Finding]:
+        """PC201-PC207 from the recorded events, de-duplicated by (code, source line).
+
+        Performance findings (warning or info: PC202 that fed no mismatch,
+        PC204, PC205) whose call chain in the forward has no frame outside
+        installed packages are library code the user cannot act on: counted
+        in :attr:`library_hidden` instead, unless ``library_findings``.
+        """
         found: dict[tuple[str, str, str], Finding] = {}
+        library: dict[tuple[str, str, str], str] = {}
         lazy_lines = {e.site.source for e in self.events if isinstance(e, Registration)}
         for event in self.events:
             finding = self._finding(event, lazy_lines)
@@ -638,9 +777,32 @@ class Tracer:
             key = (finding.code, finding.source, finding.module if not finding.source else "")
             if key in found:
                 found[key] = _also_in(found[key], finding.where)
+                if finding.code == "PC201":
+                    found[key] = _also_from(found[key], finding.origin)
                 continue
             found[key] = finding
-        return list(found.values())
+            site = getattr(event, "site", None)
+            if isinstance(site, Site) and site.library:
+                library[key] = site.library
+        self.library_hidden = {}
+        kept = []
+        for key, finding in found.items():
+            package = library.get(key, "")
+            if package and not library_findings and finding.severity is not Severity.ERROR \
+                    and finding.code in _PERFORMANCE_CODES:
+                self.library_hidden[package] = self.library_hidden.get(package, 0) + 1
+                continue
+            kept.append(finding)
+        return kept
+
+    def notes(self) -> list[str]:
+        """What :meth:`findings` left out, for the report's notes."""
+        hidden = sum(self.library_hidden.values())
+        if not hidden:
+            return []
+        return [f"forward: {hidden} performance finding{'s' if hidden != 1 else ''} inside installed "
+                f"packages ({', '.join(sorted(self.library_hidden))}) not reported; --library-findings "
+                "shows them"]
 
     def _finding(self, event: Event, lazy_lines: set[str]) -> Finding | None:
         target = self.target_name
@@ -737,13 +899,30 @@ class Tracer:
                     "input's device")
         else:
             hint = "move the tensor to the input's device where it is created"
+        details = [("op", event.op), ("devices", ", ".join(event.devices))]
+        origins = _origins(prov)
+        if len(origins) > 1:
+            details.append(("origins", ", ".join(origins)))
         return _make("PC201", event.site, None, device=event.device, expected=self.target_name,
                      dtype=event.dtype, shape=event.shape, origin=prov.origin,
                      message=(f"{event.op} mixed {' and '.join(event.devices)}: its "
                               f"{event.dtype}{list(event.shape or [])} argument is on {event.device}"
                               + _came_from(prov) + "; on a GPU this raises 'Expected all tensors to be on "
                               "the same device'"),
-                     hint=hint, details=(("op", event.op), ("devices", ", ".join(event.devices))))
+                     hint=hint, details=tuple(details))
+
+
+_PERFORMANCE_CODES = frozenset({"PC202", "PC204", "PC205"})
+
+
+def _also_from(first: Finding, origin: str) -> Finding:
+    """``first`` listing one more origin of an offending tensor on the same line (``origins``)."""
+    details = dict(first.details)
+    origins = [o for o in details.get("origins", first.origin).split(", ") if o]
+    if not origin or origin in origins:
+        return first
+    details["origins"] = ", ".join([*origins, origin])
+    return dataclasses.replace(first, details=tuple(details.items()))
 
 
 def _also_in(first: Finding, where: str) -> Finding:
@@ -755,6 +934,19 @@ def _also_in(first: Finding, where: str) -> Finding:
         return first
     details["also"] = ", ".join([*also, shown])
     return dataclasses.replace(first, details=tuple(details.items()))
+
+
+def _origins(prov: Provenance) -> list[str]:
+    """Every origin combined into a tensor of provenance ``prov``, the first first."""
+    found: list[str] = []
+    pending = [prov]
+    while pending and len(found) < 16:
+        p = pending.pop(0)
+        for origin in [p.origin, *(c.site.source for c in (p.creation.merged if p.creation else []))]:
+            if origin and origin not in found:
+                found.append(origin)
+        pending.extend(p.also)
+    return found
 
 
 def _came_from(prov: Provenance) -> str:
@@ -798,6 +990,23 @@ def _attention_fast_path_kept(target: torch.device) -> Iterator[None]:
         nn.MultiheadAttention.forward = original  # type: ignore[method-assign]
 
 
+def _class_definition(module: nn.Module | None) -> str:
+    """``file:line`` of ``module``'s class when it is the user's own ("" for torch's classes)."""
+    if module is None:
+        return ""
+    cls = type(module)
+    try:
+        import inspect
+
+        filename = inspect.getsourcefile(cls) or ""
+        line = inspect.getsourcelines(cls)[1]
+    except (OSError, TypeError):
+        return ""
+    if not filename or _internal_file(filename) or _library_of_file(filename):
+        return ""
+    return f"{display_path(filename)}:{line}"
+
+
 def _module_being_built(frame: FrameType | None) -> str:
     """``nn.Linear`` when the call came from an ``nn.Module.__init__`` called by user code."""
     building = ""
@@ -818,3 +1027,9 @@ def _make(code: str, site: Site, severity: Severity | None, **fields: Any) -> Fi
                    source=site.source, **fields)
 
 
+
+
+_RUN_CODE = Tracer.run.__code__
+"""The user-frame search stops here: frames outside the forward are never a finding's source."""
+_CALL_CODES = frozenset({nn.Module._call_impl.__code__, nn.Module._wrapped_call_impl.__code__})
+"""``Module.__call__``'s frames: the innermost one on the stack names the module whose forward runs."""
