@@ -3,18 +3,26 @@
 ``TARGET`` is ``pkg.module:attr`` (importable from the current directory) or
 ``path/to/file.py:attr``; ``attr`` may be dotted. It names a module instance,
 an ``nn.Module`` subclass, or a callable returning a module. Every failure is
-a :class:`~placecheck.errors.LoadError` with one line saying what to do.
+a :class:`~placecheck.errors.LoadError` with one line saying what to do,
+``sys.exit()`` from script code (argparse at import time) included.
+
+A file inside a package (directories with ``__init__.py``) is imported by its
+dotted name, so its relative and package-absolute imports work; a file is
+imported once per process, however many times the audit builds the model.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import inspect
+import io
 import json
 import os
 import sys
-from collections.abc import Callable, Iterable
+import types
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -67,22 +75,134 @@ def split_target(spec: str) -> tuple[str, str]:
     return module, attr
 
 
+_GUARD = "guard script code with `if __name__ == '__main__':`"
+
+_FILE_MODULES: dict[tuple[Path, int, int], types.ModuleType] = {}
+"""Files already imported, by (resolved path, mtime, size): each runs its top level once."""
+
+
+@contextlib.contextmanager
+def _exit_as_load_error(doing: str) -> Iterator[None]:
+    """Turn ``sys.exit()`` inside the target's code into a one-line LoadError.
+
+    A script's ``argparse`` (or a bare ``sys.exit(0)``) would otherwise end
+    placecheck with the script's status, ``0`` reading as a clean audit in CI.
+    What the code writes to stderr is held back and replayed, except when it
+    exits: then its last line (argparse's error) goes into the message instead.
+    Ctrl-C (KeyboardInterrupt) is not caught.
+    """
+    held = io.StringIO()
+    real_stderr = sys.stderr
+    sys.stderr = held
+    try:
+        yield
+    except SystemExit as exc:
+        sys.stderr = real_stderr
+        said = [line.strip() for line in held.getvalue().splitlines() if line.strip()]
+        printed = f" after printing {said[-1]!r}" if said else ""
+        raise LoadError(f"{doing} called sys.exit({exc.code!r}){printed}: {_GUARD}") from exc
+    finally:
+        if sys.stderr is held:
+            sys.stderr = real_stderr
+            real_stderr.write(held.getvalue())
+
+
+@contextlib.contextmanager
+def _script_default_device() -> Iterator[None]:
+    """Run module-level code on the host, as in the user's script, even under ``--init meta``.
+
+    The audit builds a factory's model inside ``torch.device("meta")``; a module
+    first imported there would create its module- and class-level tensors on meta.
+    """
+    torch = sys.modules.get("torch")
+    if torch is None or torch.get_default_device().type != "meta":
+        yield
+        return
+    with torch.device("cpu"):
+        yield
+
+
+def _on_path(directory: str) -> None:
+    if directory not in sys.path:
+        sys.path.insert(0, directory)
+
+
+def _package_name(path: Path) -> tuple[str, Path] | None:
+    """``(dotted name, root directory)`` for a file inside a package; None for a plain file.
+
+    The package is every directory upwards that has an ``__init__.py``; the root
+    is the directory holding the outermost one.
+    """
+    parts = [path.stem]
+    directory = path.parent
+    while (directory / "__init__.py").is_file() and directory.name.isidentifier():
+        parts.insert(0, directory.name)
+        if directory.parent == directory:
+            break
+        directory = directory.parent
+    if len(parts) == 1 or not all(part.isidentifier() for part in parts):
+        return None
+    if path.stem == "__init__":
+        parts.pop()
+    return ".".join(parts), directory
+
+
+def _same_file(module: Any, path: Path) -> bool:
+    found = getattr(module, "__file__", None)
+    return isinstance(found, str) and Path(found).resolve() == path
+
+
 def _import_file(path_text: str) -> Any:
     path = Path(path_text)
     if not path.is_file():
         raise LoadError(f"no such file {path_text!r}: check the path in the target")
-    directory = str(path.resolve().parent)
-    if directory not in sys.path:
-        sys.path.insert(0, directory)
+    path = path.resolve()
+    stat = path.stat()
+    key = (path, stat.st_mtime_ns, stat.st_size)
+    if key in _FILE_MODULES:
+        return _FILE_MODULES[key]
+    _on_path(os.getcwd())  # the project's own packages, as `python path/to/file.py` from here
+    package = _package_name(path)
+    module = _import_package_file(path_text, path, package) if package else None
+    if module is None:
+        module = _exec_file(path_text, path)
+    _FILE_MODULES[key] = module
+    return module
+
+
+def _import_package_file(path_text: str, path: Path, package: tuple[str, Path]) -> Any:
+    """Import ``path`` by its dotted name; None when that name is taken by another file."""
+    name, root = package
+    _on_path(str(root))
+    if name in sys.modules and not _same_file(sys.modules[name], path):
+        return None
+    try:
+        with _exit_as_load_error(f"importing {path_text!r}"), _script_default_device():
+            module = importlib.import_module(name)
+    except LoadError:
+        raise
+    except Exception as exc:
+        raise LoadError(f"importing {path_text!r} (as {name}) raised {one_line(exc)}: fix the file "
+                        "(--debug shows the traceback)") from exc
+    return module if _same_file(module, path) else None
+
+
+def _exec_file(path_text: str, path: Path) -> Any:
+    """Run a file that is not (importable as) part of a package under a module name of its own."""
+    _on_path(str(path.parent))
     name = path.stem if path.stem.isidentifier() and path.stem not in sys.modules else \
-        f"_placecheck_target_{abs(hash(str(path.resolve())))}"
+        f"_placecheck_target_{abs(hash(str(path)))}"
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise LoadError(f"cannot load {path_text!r} as Python source: the file must end in .py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     try:
-        spec.loader.exec_module(module)
+        with _exit_as_load_error(f"importing {path_text!r}"), _script_default_device():
+            spec.loader.exec_module(module)
+    except LoadError:
+        sys.modules.pop(name, None)
+        raise
     except Exception as exc:
         sys.modules.pop(name, None)
         raise LoadError(f"importing {path_text!r} raised {one_line(exc)}: fix the file "
@@ -94,7 +214,10 @@ def _import_module(name: str) -> Any:
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
-        return importlib.import_module(name)
+        with _exit_as_load_error(f"importing {name!r}"), _script_default_device():
+            return importlib.import_module(name)
+    except LoadError:
+        raise
     except ModuleNotFoundError as exc:
         missing = exc.name or ""
         if missing and (name == missing or name.startswith(missing + ".")):
@@ -193,7 +316,10 @@ def build(obj: Any, name: str, kwargs: dict[str, Any]) -> Any:
     if isinstance(obj, nn.Module):
         return obj
     try:
-        result = obj(**kwargs)
+        with _exit_as_load_error(f"constructing {name}"):
+            result = obj(**kwargs)
+    except LoadError:
+        raise
     except Exception as exc:
         raise LoadError(f"constructing {name} raised {one_line(exc)}: check its arguments "
                         "(--debug shows the traceback)") from exc

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch.nn as nn
 from conftest import TESTS
@@ -107,3 +109,73 @@ def test_module_whose_dependency_is_missing_is_not_called_missing(tmp_path: obje
             resolve("pc_needs_dep:Model")
     finally:
         sys.path.remove(str(root))
+
+
+CLI_FIXTURES = TESTS / "fixtures" / "cli"
+SCRIPT_LIKE = CLI_FIXTURES / "script_like.py"
+
+
+@pytest.mark.parametrize("attr, pattern", [
+    ("exits_zero", r"constructing exits_zero called sys\.exit\(0\): guard script code"),
+    ("exits_with_message", r"called sys\.exit\('no config found'\): guard script code with "
+                           r"`if __name__ == '__main__':`"),
+])
+def test_sys_exit_in_a_factory_is_a_load_error(attr: str, pattern: str) -> None:
+    with pytest.raises(LoadError, match=pattern) as info:
+        build(resolve(f"{SCRIPT_LIKE}:{attr}"), attr, {})
+    assert "\n" not in str(info.value)
+
+
+def test_keyboard_interrupt_in_a_constructor_is_not_swallowed() -> None:
+    with pytest.raises(KeyboardInterrupt):
+        build(resolve(f"{SCRIPT_LIKE}:Interrupted"), "Interrupted", {})
+
+
+def test_argparse_at_import_is_one_load_error_with_its_message(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(LoadError, match=r"importing .*argparse_at_import\.py' called sys\.exit\(2\) after "
+                                        r"printing '.*error: .*': guard script code") as info:
+        resolve(f"{CLI_FIXTURES / 'argparse_at_import.py'}:Model")
+    assert "\n" not in str(info.value)
+    assert capsys.readouterr().err == ""  # argparse's usage lines are in the message, not printed
+
+
+def test_stderr_of_a_clean_import_is_kept(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    source = tmp_path / "pc_warns_on_import.py"
+    source.write_text("import sys\nimport torch.nn as nn\nprint('careful', file=sys.stderr)\n"
+                      "Model = nn.Linear\n")
+    resolve(f"{source}:Model")
+    assert capsys.readouterr().err == "careful\n"
+
+
+@pytest.mark.parametrize("relative", ["pkgdemo/net.py", "pkgdemo/relnet.py", "pkgdemo/sub/deep.py"])
+def test_file_inside_a_package_imports_by_its_dotted_name(relative: str) -> None:
+    model = build(resolve(f"{CLI_FIXTURES / relative}:Net"), "Net", {})
+    assert type(model).__module__ == relative.removesuffix(".py").replace("/", ".")
+    assert type(model.layer).__module__ == "pkgdemo.layers"
+
+
+def test_file_inside_a_package_from_the_current_directory(monkeypatch: pytest.MonkeyPatch) -> None:
+    # `placecheck audit pkgdemo/net.py:Net` run from the directory holding the package
+    monkeypatch.chdir(CLI_FIXTURES)
+    assert resolve("pkgdemo/relnet.py:Net").__module__ == "pkgdemo.relnet"
+
+
+def test_a_file_is_imported_once_however_often_it_is_resolved(capsys: pytest.CaptureFixture[str]) -> None:
+    import sys
+
+    first = resolve(f"{SCRIPT_LIKE}:Chatty")
+    capsys.readouterr()
+    assert resolve(f"{SCRIPT_LIKE}:Chatty") is first  # the same class object: not imported again
+    assert sys.modules[first.__module__].__file__ == str(SCRIPT_LIKE)
+    assert "script_like imported" not in capsys.readouterr().out
+
+
+def test_a_file_first_imported_under_the_meta_device_keeps_its_tensors_on_the_host(tmp_path: Path) -> None:
+    import torch
+
+    source = tmp_path / "pc_class_table.py"
+    source.write_text("import torch\nimport torch.nn as nn\nTABLE = torch.ones(2)\n"
+                      "class Model(nn.Module):\n    table = torch.arange(3)\n")
+    with torch.device("meta"):  # where --init meta/auto builds a factory's model
+        model_class = resolve(f"{source}:Model")
+    assert model_class.table.device.type == "cpu"
