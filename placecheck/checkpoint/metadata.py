@@ -10,9 +10,13 @@ Every format is read from its index alone:
 - legacy (pre-1.6, non-zip) ``torch.save`` files: the same unpickler over the
   main pickle at the start of the file; the raw storages after it are skipped;
 - ``torch.export`` programs (``.pt2``): ``model_weights_config.json`` and
-  ``model_constants_config.json`` describe every tensor;
-- safetensors: the 8-byte little-endian length and the JSON header, every
-  offset checked against the file size.
+  ``model_constants_config.json`` describe every tensor
+  (:mod:`~placecheck.checkpoint.pt2`), and every member ``torch.export.load``
+  would unpickle (sample inputs, pickled weights, opaque constants) goes
+  through the same inert unpickler for its globals;
+- safetensors: the 8-byte little-endian length and the JSON header, checked
+  as strictly as the safetensors library checks it (offsets contiguous from 0
+  and covering the data section exactly).
 
 A multi-gigabyte checkpoint is therefore read in the time it takes to read its
 index. Nothing here ever calls a global a file names: the security check
@@ -21,10 +25,11 @@ index. Nothing here ever calls a global a file names: the security check
 
 from __future__ import annotations
 
+import _compat_pickle
 import collections
+import contextlib
 import enum
 import io
-import itertools
 import json
 import os
 import pickle
@@ -36,11 +41,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from placecheck.checkpoint.pt2 import Pt2Index, read_pt2_index
 from placecheck.checkpoint.safety import normalize_module, unsafe_globals
 from placecheck.errors import LoadError, UsageError
 
 LEGACY_MAGIC_NUMBER = 0x1950A86A20F9469CFC6C
 """The first pickle of a legacy ``torch.save`` file (``torch.serialization.MAGIC_NUMBER``)."""
+
+TORCHSCRIPT_GLOBALS = ("__torch__.", "torch.jit._pickle.")
+"""Globals of a TorchScript archive that ``torch.jit.load`` handles without importing Python:
+classes compiled from its ``code/`` and the list/type-tag builders of its C++ unpickler."""
 
 _SAFETENSORS_MAX_HEADER = 100 * 2**20  # the safetensors library's own limit
 
@@ -258,7 +268,11 @@ class _MetaUnpickler(pickle.Unpickler):
         """Record directory of this pickle's storages (TorchScript constants live in constants/)."""
 
     def find_class(self, module: str, name: str) -> Any:
-        module = normalize_module(module)
+        # Python 2 names in protocol-2 pickles, mapped as pickle and torch map them (__builtin__.long:
+        # builtins.int), so that the names shown and checked are the ones torch.load would look up.
+        if (module, name) in _compat_pickle.NAME_MAPPING:
+            module, name = _compat_pickle.NAME_MAPPING[(module, name)]
+        module = normalize_module(_compat_pickle.IMPORT_MAPPING.get(module, module))
         qualname = f"{module}.{name}"
         self.globals_seen.setdefault(qualname, None)
         if qualname in _STAND_INS:
@@ -308,11 +322,20 @@ class CheckpointMeta:
     size: int = 0
     metadata: dict[str, str] = field(default_factory=dict)
     """Free-form header metadata (safetensors ``__metadata__``)."""
+    constants: dict[str, TensorMeta] = field(default_factory=dict)
+    """Tensors the file places on a device that are not in the state_dict (.pt2 constants)."""
+    pt2: Pt2Index | None = None
+    """A .pt2 archive's configs, for loading it without ``torch.export.load``."""
 
     @property
     def needs_code_execution(self) -> bool:
-        """True when loading requires ``weights_only=False`` (a TorchScript archive never does)."""
-        return bool(self.unsafe_globals) and self.format is not CheckpointFormat.TORCHSCRIPT
+        """True when loading requires ``weights_only=False``: some pickle names an unsafe global.
+
+        A TorchScript archive's ``__torch__.*`` classes are compiled from its
+        ``code/`` by ``torch.jit.load`` and are already left out of
+        :attr:`unsafe_globals`; any other global counts in every format.
+        """
+        return bool(self.unsafe_globals)
 
 
 def read_checkpoint(path: str | os.PathLike[str]) -> CheckpointMeta:
@@ -360,8 +383,9 @@ def _read_zip(p: Path, shown: str, size: int) -> CheckpointMeta:
             raise LoadError(f"{shown!r} is a zip archive but not a PyTorch checkpoint (no data.pkl): "
                             "pass a file written by torch.save, torch.jit.save or torch.export.save")
         prefix = data_pkl[0].rpartition("/")[0]
-        torchscript = any(n.startswith(f"{prefix}/code/") for n in names) or \
-            f"{prefix}/constants.pkl" in names
+        # torch's own test (torch.serialization._is_torchscript_zip): a constants.pkl record.
+        # A code/ folder alone proves nothing: anyone can add one to a hostile torch.save file.
+        torchscript = f"{prefix}/constants.pkl" in names
         fmt = CheckpointFormat.TORCHSCRIPT if torchscript else CheckpointFormat.TORCH_ZIP
         storages: dict[str, StorageMeta] = {}
         pickles = [data_pkl[0]]
@@ -373,13 +397,20 @@ def _read_zip(p: Path, shown: str, size: int) -> CheckpointMeta:
             payload = _read_member(archive, member, shown)
             key_prefix = "constants/" if member.endswith("constants.pkl") else ""
             roots.append(_unpickle(io.BytesIO(payload), storages, all_globals, shown, member, key_prefix))
+        # torch.load unpickles only these, but scan every other pickle in the archive too: what a
+        # file names anywhere is worth knowing, and a reader that picks another record is not unsafe.
+        for member in names:
+            if member.endswith(".pkl") and member not in pickles:
+                with contextlib.suppress(LoadError):  # a stray pickle torch never reads may be anything
+                    _unpickle(io.BytesIO(_read_member(archive, member, shown)), {}, all_globals, shown,
+                              member)
     root = roots[0]
     if len(roots) > 1 and roots[1]:
         root = {"<module>": roots[0], "<constants>": roots[1]}
     names_ = tuple(all_globals)
     unsafe = unsafe_globals(list(names_))
-    if torchscript:  # __torch__.* are TorchScript classes compiled from code/, not Python imports
-        unsafe = [g for g in unsafe if not g.startswith("__torch__.")]
+    if torchscript:  # torch.jit.load's own unpickler resolves these itself; it imports no Python
+        unsafe = [g for g in unsafe if not g.startswith(TORCHSCRIPT_GLOBALS)]
     return CheckpointMeta(shown, fmt, root, tuple(storages.values()), names_, tuple(unsafe), size)
 
 
@@ -424,54 +455,73 @@ def _read_legacy(p: Path, shown: str, size: int) -> CheckpointMeta:
 
 # --- torch.export .pt2 -----------------------------------------------------------------------------
 
-# torch.export's ScalarType names -> torch dtype names and sizes.
-_EXPORT_DTYPES = {
-    "BYTE": ("uint8", 1), "CHAR": ("int8", 1), "SHORT": ("int16", 2), "INT": ("int32", 4),
-    "LONG": ("int64", 8), "HALF": ("float16", 2), "FLOAT": ("float32", 4), "DOUBLE": ("float64", 8),
-    "COMPLEXHALF": ("complex32", 4), "COMPLEXFLOAT": ("complex64", 8),
-    "COMPLEXDOUBLE": ("complex128", 16), "BOOL": ("bool", 1), "BFLOAT16": ("bfloat16", 2),
-    "UINT16": ("uint16", 2), "UINT32": ("uint32", 4), "UINT64": ("uint64", 8),
-    "FLOAT8E4M3FN": ("float8_e4m3fn", 1), "FLOAT8E5M2": ("float8_e5m2", 1),
-}
-
-
-def _export_dtype(code: int) -> tuple[str, int]:
-    from torch._export.serde.schema import ScalarType
-
-    try:
-        name = ScalarType(code).name
-    except ValueError:
-        return "unknown", 1
-    return _EXPORT_DTYPES.get(name, (name.lower(), 1))
-
-
 def _read_pt2(archive: zipfile.ZipFile, names: list[str], shown: str, size: int) -> CheckpointMeta:
-    root: dict[str, TensorMeta] = {}
-    storages: list[StorageMeta] = []
-    configs = [n for n in names if n.endswith(("model_weights_config.json", "model_constants_config.json"))]
-    if not configs:
-        raise LoadError(f"{shown!r} is a .pt2 archive without a weights config: placecheck reads "
-                        "programs saved by torch.export.save (torch >= 2.6)")
-    for member in sorted(configs):
+    index = read_pt2_index(archive, names, shown)
+    found: dict[str, None] = {}
+    trusted_script: dict[str, None] = {}  # globals of TorchScript-pickled custom objects
+    legacy_root: Any = None
+    for member in index.pickled:
+        payload = _read_member(archive, member, shown)
+        seen = trusted_script if member.rpartition("/")[2].startswith("custom_obj_") else found
+        root = _scan_pickled(payload, shown, member, seen)
+        if index.legacy and member.endswith("data/weights/model.pt"):
+            legacy_root = root
+    for name in trusted_script:
+        if not name.startswith(TORCHSCRIPT_GLOBALS):  # torch._C._pickle_load_obj: TorchScript's unpickler
+            found.setdefault(name, None)
+    storages: dict[str, StorageMeta] = {}
+
+    def tensors(payloads: Mapping[str, Any]) -> dict[str, TensorMeta]:
+        out = {}
+        for fqn, p in payloads.items():
+            storage = storages.get(p.member)
+            if storage is None:
+                nbytes = archive.getinfo(p.member).file_size if p.member in names else 0
+                storage = StorageMeta(p.member, p.location, p.dtype, nbytes // p.itemsize, p.itemsize)
+                storages[p.member] = storage
+            out[fqn] = TensorMeta(p.shape, p.dtype, p.location, storage)
+        return out
+
+    if index.legacy:
+        root = as_state_dict(legacy_root) if legacy_root is not None else None
+        if root is None:
+            raise LoadError(f"{shown!r}: data/weights/model.pt holds no state_dict: the .pt2 archive is "
+                            "corrupt or was not written by torch.export.save")
+    else:
+        root = tensors(index.weights)
+    constants = tensors(index.constants)
+    names_ = tuple(found)
+    return CheckpointMeta(shown, CheckpointFormat.TORCH_EXPORT, root, tuple(storages.values()), names_,
+                          tuple(unsafe_globals(list(names_))), size, constants=constants, pt2=index)
+
+
+def _scan_pickled(payload: bytes, shown: str, member: str, found: dict[str, None]) -> Any:
+    """Run the inert unpickler over a member some loader would unpickle; return its main object.
+
+    ``payload`` is a nested ``torch.save`` zip (every ``.pkl`` in it is read), a
+    legacy ``torch.save`` stream, or a plain pickle.
+    """
+    storages: dict[str, StorageMeta] = {}
+    if payload.startswith(b"PK\x03\x04"):
         try:
-            config = json.loads(_read_member(archive, member, shown)).get("config", {})
-        except (json.JSONDecodeError, AttributeError) as exc:
-            raise LoadError(f"{shown!r}: {member} is not valid JSON ({exc}): the archive is "
+            inner = zipfile.ZipFile(io.BytesIO(payload))
+        except (zipfile.BadZipFile, OSError, ValueError) as exc:
+            raise LoadError(f"{shown!r}: {member} is a corrupt zip ({exc}): the archive is truncated or "
                             "corrupt") from None
-        for fqn, entry in config.items():
-            meta = entry.get("tensor_meta") if isinstance(entry, dict) else None
-            if not isinstance(meta, dict):
-                continue  # a non-tensor constant (a script object)
-            dtype, itemsize = _export_dtype(int(meta.get("dtype", 0)))
-            shape = tuple(int(s.get("as_int", 0)) for s in meta.get("sizes", ()))
-            dev = meta.get("device") or {}
-            location = str(dev.get("type", "cpu"))
-            if dev.get("index") is not None:
-                location += f":{dev['index']}"
-            tensor = TensorMeta(shape, dtype, location)
-            storages.append(StorageMeta(fqn, location, dtype, tensor.numel, itemsize))
-            root[fqn] = TensorMeta(shape, dtype, location, storages[-1])
-    return CheckpointMeta(shown, CheckpointFormat.TORCH_EXPORT, root, tuple(storages), size=size)
+        with inner:
+            pkls = sorted((n for n in inner.namelist() if n.endswith(".pkl")), key=len)
+            if not pkls:
+                raise LoadError(f"{shown!r}: {member} is a zip without data.pkl: the archive is corrupt")
+            roots = [_unpickle(io.BytesIO(_read_member(inner, n, shown)), storages, found, shown,
+                               f"{member}:{n}") for n in pkls]
+        return roots[0]
+    stream = io.BytesIO(payload)
+    first = _unpickle(stream, storages, found, shown, member)
+    if first != LEGACY_MAGIC_NUMBER:
+        return first
+    for what in ("protocol version", "system info"):
+        _unpickle(stream, storages, found, shown, f"{member} ({what})")
+    return _unpickle(stream, storages, found, shown, member)
 
 
 # --- safetensors -----------------------------------------------------------------------------------
@@ -493,22 +543,31 @@ def _read_safetensors(p: Path, shown: str, size: int) -> CheckpointMeta:
     if not isinstance(header, dict):
         raise lie("is not a JSON object")
     data_size = size - 8 - header_len
-    metadata = header.pop("__metadata__", None) or {}
+    metadata = header.pop("__metadata__", None)
+    if metadata is None:
+        metadata = {}
+    # The library reads __metadata__ as a map of strings to strings and refuses anything else.
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise lie(f"has a __metadata__ that is not an object of strings ({type(metadata).__name__})")
     root: dict[str, TensorMeta] = {}
     storages: list[StorageMeta] = []
     spans: list[tuple[int, int, str]] = []
     for name, entry in header.items():
-        try:
-            dtype_code, shape = entry["dtype"], tuple(int(d) for d in entry["shape"])
-            begin, end = (int(o) for o in entry["data_offsets"])
-        except (KeyError, TypeError, ValueError):
-            raise lie(f"has a malformed entry for {name!r}") from None
+        if not isinstance(entry, dict) or not isinstance(entry.get("dtype"), str) or \
+                not isinstance(entry.get("shape"), list) or not isinstance(entry.get("data_offsets"), list):
+            raise lie(f"has a malformed entry for {name!r}")
+        dtype_code, shape_list, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+        # JSON integers only (no 2.5, no true): the library parses shapes and offsets as unsigned ints.
+        if not all(type(d) is int and d >= 0 for d in [*shape_list, *offsets]) or len(offsets) != 2:
+            raise lie(f"gives {name!r} a shape or offsets that are not non-negative integers")
+        shape = tuple(shape_list)
+        begin, end = offsets
         if dtype_code not in _SAFETENSORS_DTYPES:
             raise lie(f"gives {name!r} the unknown dtype {dtype_code!r}")
         dtype, itemsize = _SAFETENSORS_DTYPES[dtype_code]
         tensor = TensorMeta(shape, dtype, "")
-        if any(d < 0 for d in shape) or not 0 <= begin <= end:
-            raise lie(f"gives {name!r} negative sizes or offsets")
+        if begin > end:
+            raise lie(f"gives {name!r} offsets that end before they begin")
         if end - begin != tensor.numel * itemsize:
             raise lie(f"says {name!r} ({dtype_code}{list(shape)}, {tensor.numel * itemsize} bytes) "
                       f"spans {end - begin} bytes")
@@ -518,12 +577,19 @@ def _read_safetensors(p: Path, shown: str, size: int) -> CheckpointMeta:
         storage = StorageMeta(name, "", dtype, tensor.numel, itemsize)
         storages.append(storage)
         root[name] = TensorMeta(shape, dtype, "", storage)
+    # As the library: sorted by offsets, each tensor starts where the previous one ended, from 0,
+    # and the last ends where the file does ("invalid offset", "file not fully covered").
     spans.sort()
-    for (_, end_a, a), (begin_b, _, b) in itertools.pairwise(spans):
-        if begin_b < end_a:
-            raise lie(f"makes {a!r} and {b!r} overlap")
+    covered, previous = 0, None
+    for begin, end, name in spans:
+        if begin != covered:
+            where = f"after {previous!r}" if previous else "at the start of the data section"
+            raise lie(f"leaves a gap or an overlap {where}: {name!r} starts at byte {begin}, not {covered}")
+        covered, previous = end, name
+    if covered != data_size:
+        raise lie(f"covers {covered} bytes of a {data_size}-byte data section (trailing bytes)")
     return CheckpointMeta(shown, CheckpointFormat.SAFETENSORS, root, tuple(storages), size=size,
-                          metadata={str(k): str(v) for k, v in dict(metadata).items()})
+                          metadata={str(k): v for k, v in metadata.items()})
 
 
 # --- finding the state_dict inside -----------------------------------------------------------------
@@ -544,13 +610,16 @@ def as_state_dict(obj: Any) -> dict[str, TensorMeta] | None:
             return tensors
         return None
     if isinstance(obj, Opaque):
-        found = dict(_module_tensors(obj, ""))
+        found = dict(_module_tensors(obj, "", set()))
         return found or None
     return None
 
 
-def _module_tensors(obj: Opaque, prefix: str) -> Iterator[tuple[str, TensorMeta]]:
+def _module_tensors(obj: Opaque, prefix: str, visited: set[int]) -> Iterator[tuple[str, TensorMeta]]:
     """The state_dict entries of a pickled module (nn.Module or TorchScript), from its attributes."""
+    if id(obj) in visited:  # a pickle may hold cycles (a child keeping a reference to its parent)
+        return
+    visited.add(id(obj))
     attrs = obj.attributes()
     if "_parameters" in attrs or "_modules" in attrs:  # a pickled nn.Module
         skip = attrs.get("_non_persistent_buffers_set") or set()
@@ -560,13 +629,18 @@ def _module_tensors(obj: Opaque, prefix: str) -> Iterator[tuple[str, TensorMeta]
                     yield prefix + name, value
         for name, child in dict(attrs.get("_modules") or {}).items():
             if isinstance(child, Opaque):
-                yield from _module_tensors(child, f"{prefix}{name}.")
+                yield from _module_tensors(child, f"{prefix}{name}.", visited)
         return
     for name, value in attrs.items():  # TorchScript: tensors and submodules are plain attributes
         if isinstance(value, TensorMeta):
             yield prefix + str(name), value
         elif isinstance(value, Opaque):
-            yield from _module_tensors(value, f"{prefix}{name}.")
+            yield from _module_tensors(value, f"{prefix}{name}.", visited)
+
+
+def _is_optimizer_state(obj: Any) -> bool:
+    """An optimizer's state_dict (``{"state": {0: {"exp_avg": ...}}, "param_groups": [...]}``)."""
+    return isinstance(obj, Mapping) and "state" in obj and "param_groups" in obj
 
 
 def _children(obj: Any) -> dict[str, Any]:
@@ -622,18 +696,7 @@ def find_state_dict(meta: CheckpointMeta, key: str | None = None) -> tuple[str, 
     sd = as_state_dict(meta.root)
     if sd is not None:
         return "", sd
-    candidates: list[tuple[str, dict[str, TensorMeta]]] = []
-
-    def search(obj: Any, path: str, depth: int) -> None:
-        for name, child in _children(obj).items():
-            child_path = f"{path}.{name}" if path else name
-            found = as_state_dict(child)
-            if found is not None:
-                candidates.append((child_path, found))
-            elif depth > 1:
-                search(child, child_path, depth - 1)
-
-    search(meta.root, "", 3)
+    candidates = _search_state_dicts(meta.root)
     if not candidates:
         return None
 
@@ -645,33 +708,56 @@ def find_state_dict(meta: CheckpointMeta, key: str | None = None) -> tuple[str, 
     return min(candidates, key=rank)
 
 
-def state_dict_candidates(meta: CheckpointMeta) -> list[str]:
-    """Every path under which a state_dict was found (for a note on what ``--key`` can pick)."""
-    out: list[str] = []
+def _search_state_dicts(root: Any, depth: int = 3) -> list[tuple[str, dict[str, TensorMeta]]]:
+    """State_dicts up to ``depth`` levels under ``root``, skipping optimizer state and cycles."""
+    found: list[tuple[str, dict[str, TensorMeta]]] = []
+    visited: set[int] = set()
 
     def search(obj: Any, path: str, depth: int) -> None:
+        if id(obj) in visited:
+            return
+        visited.add(id(obj))
         for name, child in _children(obj).items():
+            if _is_optimizer_state(child):  # Adam's exp_avg per parameter is not a model's weights
+                continue
             child_path = f"{path}.{name}" if path else name
-            if as_state_dict(child) is not None:
-                out.append(child_path)
+            sd = as_state_dict(child)
+            if sd is not None:
+                found.append((child_path, sd))
             elif depth > 1:
                 search(child, child_path, depth - 1)
 
-    if as_state_dict(meta.root) is None:
-        search(meta.root, "", 3)
-    return out
+    search(root, "", depth)
+    return found
+
+
+def state_dict_candidates(meta: CheckpointMeta) -> list[str]:
+    """Every path under which a state_dict was found (for a note on what ``--key`` can pick)."""
+    if as_state_dict(meta.root) is not None:
+        return []
+    return [path for path, _ in _search_state_dicts(meta.root)]
 
 
 def iter_tensors(obj: Any, path: str = "") -> Iterator[tuple[str, TensorMeta]]:
-    """Every :class:`TensorMeta` in a tree, with its dotted path."""
-    if isinstance(obj, TensorMeta):
-        yield path, obj
-    elif isinstance(obj, (Mapping, Opaque)):
-        for name, child in _children(obj).items():
-            yield from iter_tensors(child, f"{path}.{name}" if path else name)
-        if isinstance(obj, Opaque):
-            for i, child in enumerate([*obj.args, *obj.elements, *obj.items.values()]):
-                yield from iter_tensors(child, f"{path}[{i}]")
-    elif isinstance(obj, (list, tuple)):
-        for i, child in enumerate(obj):
-            yield from iter_tensors(child, f"{path}[{i}]")
+    """Every :class:`TensorMeta` in a tree, with its path; each container once (pickles can hold cycles)."""
+    visited: set[int] = set()
+    # An explicit stack, not recursion: a deep or cyclic pickle must not hit the recursion limit.
+    stack: list[tuple[Any, str]] = [(obj, path)]
+    while stack:
+        node, where = stack.pop()
+        if isinstance(node, TensorMeta):
+            yield where, node
+            continue
+        if not isinstance(node, (Mapping, Opaque, list, tuple)) or id(node) in visited:
+            continue
+        visited.add(id(node))
+        children: list[tuple[Any, str]] = []
+        if isinstance(node, (Mapping, Opaque)):
+            children += [(child, f"{where}.{name}" if where else name)
+                         for name, child in _children(node).items()]
+        if isinstance(node, Opaque):
+            children += [(child, f"{where}[{i}]")
+                         for i, child in enumerate([*node.args, *node.elements, *node.items.values()])]
+        elif isinstance(node, (list, tuple)):
+            children += [(child, f"{where}[{i}]") for i, child in enumerate(node)]
+        stack.extend(reversed(children))  # depth first, in the file's order

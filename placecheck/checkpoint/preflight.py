@@ -9,15 +9,21 @@ pickle's globals (PC306), the saved devices against the target machine
 runs before moving the model: the same checks, then a real load as a
 training script does it (``torch.load(map_location=...)`` then
 ``model.load_state_dict``), always ``weights_only=True`` unless ``trust``.
+A ``.pt2`` program is not loaded with ``torch.export.load`` (which unpickles
+its sample inputs and pickled payloads with ``weights_only=False``): its
+state_dict is rebuilt from the raw weight files (:mod:`~placecheck.checkpoint.pt2`).
 
-Order matters for safety: no ``torch.load`` runs before the globals are
+Order matters for safety: no loader runs before every pickle's globals are
 checked, and with unsafe globals none runs at all without ``trust``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
+import logging
+import warnings
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -34,6 +40,7 @@ from placecheck.checkpoint.metadata import (
     state_dict_candidates,
     top_level_keys,
 )
+from placecheck.checkpoint.pt2 import load_pt2_state_dict
 from placecheck.devices import normalize_device
 from placecheck.errors import LoadError, UsageError, one_line
 from placecheck.finding import Finding
@@ -42,7 +49,14 @@ from placecheck.rules import rule, selected
 
 
 class UnsafeCheckpointError(LoadError):
-    """The checkpoint needs code execution to load and ``trust`` was not given."""
+    """The checkpoint needs code execution to load and ``trust`` was not given.
+
+    ``report`` holds the PC306 finding, for the CLI to print before the error line.
+    """
+
+    def __init__(self, message: str, report: Report | None = None) -> None:
+        super().__init__(message)
+        self.report = report
 
 
 @dataclass(frozen=True)
@@ -70,7 +84,7 @@ def device_usage(meta: CheckpointMeta) -> list[DeviceUsage]:
     """Per saved location: tensors, distinct storages and their bytes, in location order."""
     tensors: dict[str, int] = defaultdict(int)
     first: dict[str, str] = {}
-    for path, t in iter_tensors(meta.root):
+    for path, t in [*iter_tensors(meta.root), *meta.constants.items()]:
         tensors[t.location] += 1
         first.setdefault(t.location, path)
     storages: dict[str, int] = defaultdict(int)
@@ -120,6 +134,12 @@ def _available(location: str, device: str, gpus: int) -> bool:
     return kind == device.partition(":")[0]
 
 
+def _loader(meta: CheckpointMeta) -> str:
+    """The function that restores this format's tensors where they were saved."""
+    return {CheckpointFormat.TORCHSCRIPT: "torch.jit.load",
+            CheckpointFormat.TORCH_EXPORT: "torch.export.load"}.get(meta.format, "torch.load")
+
+
 def _load_call(meta: CheckpointMeta, device: str) -> str:
     if meta.format is CheckpointFormat.TORCHSCRIPT:
         return f'torch.jit.load({json.dumps(meta.path)}, map_location="{device}")'
@@ -142,17 +162,21 @@ def device_findings(meta: CheckpointMeta, device: str, gpus: int) -> list[Findin
     else:
         hint = f"load with map_location: {_load_call(meta, device)}"
     out = []
+    loader = _loader(meta)
     for u in usage:
         if _available(u.location, device, gpus):
             continue
-        if u.location.startswith("cuda"):
+        if meta.format is CheckpointFormat.TORCH_EXPORT:  # no map_location: each tensor goes .to(saved)
+            why = (f"torch.export.load puts each tensor back on {u.location}, which fails on a machine "
+                   f"with {have}")
+        elif u.location.startswith("cuda"):
             idx = u.location.partition(":")[2] or "0"
-            why = ("torch.load without map_location raises 'Attempting to deserialize object on a CUDA "
+            why = (f"{loader} without map_location raises 'Attempting to deserialize object on a CUDA "
                    "device but torch.cuda.is_available() is False'" if not gpus else
-                   f"torch.load without map_location raises 'Attempting to deserialize object on CUDA "
+                   f"{loader} without map_location raises 'Attempting to deserialize object on CUDA "
                    f"device {idx} but torch.cuda.device_count() is {gpus}'")
         else:
-            why = f"torch.load without map_location cannot restore tensors on {u.location}"
+            why = f"{loader} without map_location cannot restore tensors on {u.location}"
         out.append(Finding(
             code=r.code, kind=r.kind, severity=r.severity, where=u.first_key,
             message=f"{_tensors(u.tensors, u.nbytes)} saved on {u.location} and the "
@@ -163,18 +187,27 @@ def device_findings(meta: CheckpointMeta, device: str, gpus: int) -> list[Findin
         out.append(Finding(
             code=r.code, kind=r.kind, severity=r.severity, where=usage[0].first_key,
             message=f"tensors were saved on {len(usage)} devices ({spread}): without map_location "
-                    "torch.load puts each back where it was saved, so the loaded state mixes devices",
+                    f"{loader} puts each back where it was saved, so the loaded state mixes devices",
             hint=hint, device=", ".join(u.location for u in usage), expected=device,
             nbytes=sum(u.nbytes for u in usage), count=sum(u.tensors for u in usage)))
     return out
 
 
-def unsafe_finding(meta: CheckpointMeta, trusted: bool) -> Finding:
+def unsafe_globals_text(meta: CheckpointMeta) -> str:
+    """The unsafe globals, the first eight, for one-line messages."""
+    return ", ".join(meta.unsafe_globals[:8]) + (", ..." if len(meta.unsafe_globals) > 8 else "")
+
+
+def unsafe_finding(meta: CheckpointMeta, trusted: bool, loaded: bool = True) -> Finding:
     """PC306 for a pickle that names globals outside torch's weights_only allowlist."""
     r = rule("PC306")
-    names = ", ".join(meta.unsafe_globals[:8]) + (", ..." if len(meta.unsafe_globals) > 8 else "")
-    done = ("loaded with weights_only=False because --trust was given: its code ran" if trusted else
-            "placecheck did not load it")
+    names = unsafe_globals_text(meta)
+    if not trusted:
+        done = "placecheck did not load it"
+    elif loaded:
+        done = "loaded with weights_only=False because --trust was given: its code ran"
+    else:
+        done = "--trust was given, but placecheck did not need to load it"
     return Finding(
         code=r.code, kind=r.kind, severity=r.severity, where="",
         message=f"loading needs weights_only=False, which runs code named in the file ({names}); {done}",
@@ -207,12 +240,27 @@ def _build_for_keys(factory: Callable[[], Any]) -> Any:
         return factory()
 
 
+@contextlib.contextmanager
+def _quiet_torch() -> Any:
+    """Silence warnings and torch's loggers while a loader runs: the CLI owes the user one line."""
+    torch_logger = logging.getLogger("torch")
+    level = torch_logger.level
+    torch_logger.setLevel(logging.CRITICAL + 1)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        torch_logger.setLevel(level)
+
+
 def _trusted_state(meta: CheckpointMeta) -> Any:
     """``torch.load(weights_only=False)``: runs the file's code; only ever called with ``trust``."""
     import torch
 
     try:
-        obj = torch.load(meta.path, map_location="meta", weights_only=False)
+        with _quiet_torch():
+            obj = torch.load(meta.path, map_location="meta", weights_only=False)
     except Exception as exc:
         raise LoadError(f"torch.load({meta.path!r}, weights_only=False) raised {one_line(exc)} "
                         "(--debug shows the traceback)") from exc
@@ -221,26 +269,41 @@ def _trusted_state(meta: CheckpointMeta) -> Any:
     return obj
 
 
-def _as_meta_tree(obj: Any) -> Any:
-    """A loaded object's tensors as TensorMeta, so :func:`find_state_dict` reads it like the index."""
+def _as_meta_tree(obj: Any, memo: dict[int, Any] | None = None) -> Any:
+    """A loaded object's tensors as TensorMeta, so :func:`find_state_dict` reads it like the index.
+
+    ``memo`` keeps shared and cyclic containers one object (a config dict that holds its parent).
+    """
     import torch
 
+    memo = {} if memo is None else memo
+    if id(obj) in memo:
+        return memo[id(obj)]
     if isinstance(obj, torch.nn.Module):
         obj = dict(obj.state_dict())
     if isinstance(obj, torch.Tensor):
         return TensorMeta(tuple(obj.shape), str(obj.dtype).removeprefix("torch."), str(obj.device))
     if isinstance(obj, dict):
-        return {k: _as_meta_tree(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_as_meta_tree(v) for v in obj) if isinstance(obj, list) else \
-            tuple(_as_meta_tree(v) for v in obj)
+        out: dict[Any, Any] = {}
+        memo[id(obj)] = out
+        out.update((k, _as_meta_tree(v, memo)) for k, v in obj.items())
+        return out
+    if isinstance(obj, list):
+        items: list[Any] = []
+        memo[id(obj)] = items
+        items.extend(_as_meta_tree(v, memo) for v in obj)
+        return items
+    if isinstance(obj, tuple):
+        return tuple(_as_meta_tree(v, memo) for v in obj)
     return obj
 
 
 def _notes(meta: CheckpointMeta, sd_path: str | None, n_keys: int, model_name: str | None,
-           others: list[str]) -> list[str]:
-    notes = [f"format: {meta.format}, {human_bytes(meta.size)}; read from the index only, "
-             "no tensor data was loaded"]
+           others: list[str], loaded_trusted: bool = False) -> list[str]:
+    how = ("loaded with torch.load(weights_only=False) because --trust was given (its code ran); "
+           "saved devices read from the index" if loaded_trusted else
+           "read from the index only, no tensor data was loaded")
+    notes = [f"format: {meta.format}, {human_bytes(meta.size)}; {how}"]
     notes.append(device_table(device_usage(meta), meta.format))
     if sd_path is not None:
         where = f"under {sd_path!r}" if sd_path else "at the top level"
@@ -252,6 +315,9 @@ def _notes(meta: CheckpointMeta, sd_path: str | None, n_keys: int, model_name: s
     if meta.format is CheckpointFormat.TORCHSCRIPT:
         notes.append("TorchScript archive: load it with torch.jit.load(path, map_location=...); "
                      "its code is TorchScript, not pickled Python")
+    if meta.constants:
+        notes.append(f"{len(meta.constants)} constant tensor(s) (non-persistent buffers, lifted constants) "
+                     "are placed on a device but are not in ExportedProgram.state_dict")
     if meta.metadata:
         shown = ", ".join(f"{k}={v}" for k, v in list(meta.metadata.items())[:5])
         notes.append(f"safetensors metadata: {shown}")
@@ -300,11 +366,14 @@ def check_checkpoint(
     findings: list[Finding] = []
     refused = meta.needs_code_execution and not trust
     tree_meta = meta
+    # Only a pickled object tree (a whole nn.Module) needs the real load to show its state_dict;
+    # a .pt2's or TorchScript's index already is one.
+    loaded_trusted = trust and meta.needs_code_execution and \
+        meta.format in (CheckpointFormat.TORCH_ZIP, CheckpointFormat.TORCH_LEGACY)
     if meta.needs_code_execution:
-        findings.append(unsafe_finding(meta, trusted=trust))
-        if trust:
-            tree_meta = CheckpointMeta(meta.path, meta.format, _as_meta_tree(_trusted_state(meta)),
-                                       meta.storages, meta.globals, meta.unsafe_globals, meta.size)
+        findings.append(unsafe_finding(meta, trusted=trust, loaded=loaded_trusted))
+        if loaded_trusted:
+            tree_meta = dataclasses.replace(meta, root=_as_meta_tree(_trusted_state(meta)))
     findings += device_findings(meta, dev, target_gpus(dev, eng))
     found = find_state_dict(tree_meta, key)
     sd_path, n_keys, name = None, 0, None
@@ -312,8 +381,7 @@ def check_checkpoint(
         sd_path, n_keys = found[0], len(found[1])
     if model is not None:
         if found is None:
-            raise UsageError(f"no state_dict found in {path!r} (top-level keys: "
-                             f"{', '.join(top_level_keys(meta)[:20]) or 'none'}): name it with --key")
+            raise UsageError(_no_state_dict(meta, path))
         name = model_name or "the model"
         import torch
 
@@ -321,12 +389,21 @@ def check_checkpoint(
         comparison = compare_state_dicts({k: _spec(v) for k, v in found[1].items()},
                                          model_state_specs(built), name)
         findings += comparison.findings
-    notes = _notes(meta, sd_path, n_keys, name, state_dict_candidates(tree_meta))
+    notes = _notes(meta, sd_path, n_keys, name, state_dict_candidates(tree_meta), loaded_trusted)
     if refused:
         notes.append("refused: loading would run code from the file; rerun with --trust to allow it")
     report = Report.build(path, dev, eng.name, [f for f in findings if f.code in codes],
                           notes, _stats(meta))
     return CheckpointResult(report, meta, refused)
+
+
+def _no_state_dict(meta: CheckpointMeta, path: str) -> str:
+    """The one-line error when no state_dict is found: an empty file's, or one to name with --key."""
+    if not meta.storages and not any(True for _ in iter_tensors(meta.root)):
+        return (f"{path!r} holds no tensors at all (an empty state_dict?): check that it was saved after "
+                "the model was built, e.g. torch.save(model.state_dict(), path)")
+    return (f"no state_dict found in {path!r} (top-level keys: "
+            f"{', '.join(top_level_keys(meta)[:20]) or 'none'}): name it with --key")
 
 
 # --- loading into a model for `audit --checkpoint` -------------------------------------------------
@@ -360,26 +437,34 @@ def _navigate(obj: Any, path: str) -> Any:
 
 
 def _real_load(meta: CheckpointMeta, map_location: str, trust: bool) -> Any:
-    import torch
-
     try:
-        if meta.format is CheckpointFormat.SAFETENSORS:
-            from safetensors.torch import load_file
-
-            if map_location == "meta":
-                with torch.device("meta"):
-                    return {k: torch.empty(t.shape, dtype=getattr(torch, t.dtype))
-                            for k, t in meta.root.items()}
-            return load_file(meta.path, device=map_location)
-        if meta.format is CheckpointFormat.TORCHSCRIPT:
-            scripted = torch.jit.load(meta.path, map_location=map_location)  # type: ignore[no-untyped-call]
-            return dict(scripted.state_dict())
-        if meta.format is CheckpointFormat.TORCH_EXPORT:
-            return dict(torch.export.load(meta.path).state_dict)
-        return torch.load(meta.path, map_location=map_location, weights_only=not trust)
+        with _quiet_torch():
+            return _load_by_format(meta, map_location, trust)
     except Exception as exc:
         raise LoadError(f"loading {meta.path!r} with map_location={map_location!r} raised "
                         f"{one_line(exc)} (--debug shows the traceback)") from exc
+
+
+def _load_by_format(meta: CheckpointMeta, map_location: str, trust: bool) -> Any:
+    """The state (or the loaded object) as a training script would load it; no code runs without trust."""
+    import torch
+
+    if meta.format is CheckpointFormat.SAFETENSORS:
+        from safetensors.torch import load_file
+
+        if map_location == "meta":
+            with torch.device("meta"):
+                return {k: torch.empty(t.shape, dtype=getattr(torch, t.dtype))
+                        for k, t in meta.root.items()}
+        return load_file(meta.path, device=map_location)
+    if meta.format is CheckpointFormat.TORCHSCRIPT:
+        scripted = torch.jit.load(meta.path, map_location=map_location)  # type: ignore[no-untyped-call]
+        return dict(scripted.state_dict())
+    if meta.format is CheckpointFormat.TORCH_EXPORT:
+        if meta.pt2 is None:
+            raise LoadError(f"{meta.path!r}: the .pt2 index was not read")
+        return load_pt2_state_dict(meta.path, meta.pt2, map_location, trust)
+    return torch.load(meta.path, map_location=map_location, weights_only=not trust)
 
 
 def load_into_model(model: Any, path: str, *, device: str, engine: Any, key: str | None = None,
@@ -400,16 +485,20 @@ def load_into_model(model: Any, path: str, *, device: str, engine: Any, key: str
     findings: list[Finding] = []
     if meta.needs_code_execution:
         if not trust:
-            names = ", ".join(meta.unsafe_globals[:8])
+            notes = [f"format: {meta.format}, {human_bytes(meta.size)}; refused: loading would run code "
+                     "from the file; rerun with --trust to allow it",
+                     device_table(device_usage(meta), meta.format)]
+            report = Report.build(model_name, device, engine.name, [unsafe_finding(meta, trusted=False)],
+                                  notes, _stats(meta))
             raise UnsafeCheckpointError(
-                f"{path!r} needs code execution to load (PC306: it names {names}); placecheck runs a "
-                "checkpoint's code only with --trust: pass it if you trust the file")
+                f"{path!r} needs code execution to load (PC306: it names {unsafe_globals_text(meta)}); "
+                "placecheck runs a checkpoint's code only with --trust: pass it if you trust the file",
+                report)
         findings.append(unsafe_finding(meta, trusted=True))
     findings += device_findings(meta, device, target_gpus(device, engine))
     found = find_state_dict(meta, key)
     if found is None:
-        raise UsageError(f"no state_dict found in {path!r} (top-level keys: "
-                         f"{', '.join(top_level_keys(meta)[:20]) or 'none'}): name it with --key")
+        raise UsageError(_no_state_dict(meta, path))
     sd_path, sd_meta = found
     comparison: Comparison = compare_state_dicts({k: _spec(v) for k, v in sd_meta.items()},
                                                  model_state_specs(model), model_name)
