@@ -207,6 +207,9 @@ def audit(
         out = OutputOptions(format=fmt, output=output, fail_on=fail_on, exit_zero=exit_zero, debug=debug)
         report = run_audit(opts)
     except PlacecheckError as exc:
+        refused = getattr(exc, "report", None)  # --checkpoint would run code: its PC306 report, then the line
+        if refused is not None:
+            emit(refused, out)
         raise fail(str(exc), debug) from None
     except Exception as exc:  # a bug in placecheck or something unforeseen in the model
         from placecheck.errors import one_line
@@ -300,8 +303,11 @@ def checkpoint(
         raise fail(f"unexpected {one_line(exc)}; rerun with --debug and report it", debug) from None
     code = emit(result.report, out)
     if result.refused:
-        typer.echo(f"placecheck: error: {file!r} would run pickled code when loaded; not loaded "
-                   "(pass --trust if you trust it)", err=True)
+        from placecheck.checkpoint.preflight import unsafe_globals_text
+
+        names = unsafe_globals_text(result.meta)
+        typer.echo(f"placecheck: error: {file!r} would run pickled code when loaded (it names {names}); "
+                   "not loaded (pass --trust if you trust it)", err=True)
         code = EXIT_USAGE
     raise typer.Exit(code)
 
