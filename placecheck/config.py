@@ -27,6 +27,7 @@ does not import torch: the config is read before any model is.
 
 from __future__ import annotations
 
+import datetime
 import fnmatch
 import re
 import sys
@@ -64,7 +65,8 @@ class Allow:
     code: str
     """A code or prefix (``PC204``, ``PC2``, ``ALL``)."""
     where: str
-    """An ``fnmatch`` glob over the finding's ``where`` (``*`` for anywhere)."""
+    """The finding's ``where`` exactly as a report shows it, or an ``fnmatch`` glob over it
+    (``*`` for anywhere, ``head*``)."""
     reason: str
     """Why this finding is acceptable: required, so that suppressions explain themselves."""
     line: int = 0
@@ -72,7 +74,11 @@ class Allow:
 
     def matches(self, finding: Finding) -> bool:
         """True when ``finding`` is the one this entry allows."""
-        return finding.code in expand([self.code]) and fnmatch.fnmatchcase(finding.where, self.where)
+        if finding.code not in expand([self.code]):
+            return False
+        # exact first: a where copied from a report holds brackets (heads[0], cache['k']) that a
+        # glob reads as a character class, so as a glob alone it would never match itself
+        return finding.where == self.where or fnmatch.fnmatchcase(finding.where, self.where)
 
 
 @dataclass(frozen=True)
@@ -256,7 +262,10 @@ _NOT_IN_DEFAULTS = ("target", "name")
 # ---- finding line numbers -------------------------------------------------------------------
 
 _HEADER = re.compile(r"^\s*(\[\[?)\s*([^\]]+?)\s*\]\]?\s*(#.*)?$")
-_KEY = re.compile(r"""^\s*("[^"]*"|'[^']*'|[A-Za-z0-9_-]+)\s*=""")
+_KEY_PART = r"""(?:"[^"]*"|'[^']*'|[A-Za-z0-9_-]+)"""
+# a key line, dotted keys included (``kwargs.width = 4`` sets key ``kwargs`` of the table): group 1
+# is the first part, the key of the table the line is in
+_KEY = re.compile(rf"^\s*({_KEY_PART})(?:\s*\.\s*{_KEY_PART})*\s*=")
 
 
 class _LineIndex:
@@ -284,6 +293,8 @@ class _LineIndex:
                 path: tuple[Any, ...] = ()
                 # an array-of-tables header indexes its last part; parents take their latest index
                 for i, part in enumerate(parts):
+                    # a sub-table header ([models.kwargs]) is where its key of the parent table is set
+                    self.keys.setdefault(path, {}).setdefault(part, number)
                     path += (part,)
                     is_last = i == len(parts) - 1
                     if is_last and header.group(1) == "[[":
@@ -407,6 +418,43 @@ class _Reader:
         return out
 
 
+# a TOML date, time or date-time literal (1979-05-27, 07:32:00, 1979-05-27T07:32:00Z)
+_DATETIME = r"(?:\d{4}-\d{2}-\d{2}|\d{2}:\d{2}:\d{2})"
+
+
+def _datetimes(value: Any, label: str) -> list[tuple[str, str]]:
+    """``(dotted label, last key)`` of every date/time value in a parsed TOML value, in order."""
+    if isinstance(value, (datetime.date, datetime.time)):  # datetime.datetime is a date
+        return [(label, label.rsplit(".", 1)[-1].split("[", 1)[0])]
+    found: list[tuple[str, str]] = []
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found += _datetimes(item, f"{label}.{key}" if label else str(key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            found += _datetimes(item, f"{label}[{i}]")
+    return found
+
+
+def _reject_datetimes(reader: _Reader, data: Any) -> None:
+    """Refuse TOML date/time values: no placecheck key takes one, and a model's ``kwargs`` (the
+    only free-form values) travel to its audit process as JSON, which has no dates."""
+    found = _datetimes(data, "")
+    if not found:
+        return
+    label, key = found[0]
+    pattern = re.compile(rf"(^|[{{,\s.\"']){re.escape(key)}[\"']?\s*=\s*[\[\s]*{_DATETIME}")
+    line = 0
+    for number, text in enumerate(reader.index.lines, start=1):
+        plain = re.sub(r'"[^"]*"|\'[^\']*\'', lambda m: " " * len(m.group()), text)
+        if pattern.search(text) or (not line and re.search(_DATETIME, plain)):
+            line = number
+            if pattern.search(text):
+                break
+    raise reader.error(line, label, "a TOML date/time is not accepted here: write it as a string "
+                       "(\"1979-05-27\") or a number")
+
+
 def _describe(value: Any) -> str:
     names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
              list: "an array", dict: "a table"}
@@ -439,6 +487,7 @@ def parse(text: str, path: str = "<config>", prefix: tuple[str, ...] = (),
         return reader.index.line((), key) or reader.index.line((key, 0)) or reader.index.line((key,)) \
             or top_line
 
+    _reject_datetimes(reader, data)
     reader.check_table(data, TOP_KEYS, (), "", top_line_of)
     defaults = data.get("defaults", {})
 

@@ -270,3 +270,96 @@ def test_cli_reports_config_errors_with_exit_2(tmp_path: Path) -> None:
     assert proc.stderr == (f"placecheck: error: {bad}:3: models[0].timeout: expected a number of seconds "
                            "> 0, got a string 'soon'\n")
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("""
+     [[models]]
+     target = "a:b"
+     kwargs = { width = 1979-05-27 }
+     """, "cfg.toml:4: models[0].kwargs.width: a TOML date/time is not accepted here"),
+    ("""
+     [[models]]
+     target = "a:b"
+     name = "made 1979-05-27"
+     kwargs.times = [07:32:00]
+     """, "cfg.toml:5: models[0].kwargs.times[0]: a TOML date/time is not accepted here"),
+    ("""
+     [defaults]
+     kwargs = { when = 1979-05-27T07:32:00Z }
+     [[models]]
+     target = "a:b"
+     """, "cfg.toml:3: defaults.kwargs.when: a TOML date/time is not accepted here"),
+])
+def test_date_and_time_values_are_refused_with_key_and_line(text: str, expected: str) -> None:
+    # the parent sends each model's entry to its process as JSON, which has no dates: one such value
+    # used to fail the whole run with a TypeError
+    assert _error(text).startswith(expected)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("""
+     [[models]]
+     target = "a:b"
+
+     foo.bar = 2
+     """, "cfg.toml:5: models[0].foo: unknown key"),
+    ("""
+     [[models]]
+     target = "a:b"
+     kwargs.x = 1
+     device.kind = "cuda"
+     """, "cfg.toml:5: models[0].device: expected a device string"),
+    ("""
+     [[models]]
+     target = "a:b"
+     [[models]]
+     target = "c:d"
+
+     [models.extra]
+     q = 1
+     """, "cfg.toml:7: models[1].extra: unknown key"),
+    ("""
+     [tool.placecheck]
+     [[tool.placecheck.models]]
+     target = "a:b"
+     [tool.placecheck.models.kwargs]
+     x = 1
+     [tool.placecheck.models.extras]
+     y = 1
+     """, "cfg.toml:7: models[0].extras: unknown key"),
+])
+def test_dotted_keys_and_sub_tables_are_blamed_on_their_own_line(text: str, expected: str) -> None:
+    prefix = ("tool", "placecheck") if "tool.placecheck" in text else ()
+    assert _error(text, prefix).startswith(expected)
+
+
+def test_dotted_keys_and_sub_tables_still_load() -> None:
+    cfg = _parse("""
+        [[models]]
+        target = "a:b"
+        kwargs.width = 8
+        [[models]]
+        target = "c:d"
+        [models.kwargs]
+        depth = 2
+        """)
+    assert [m.kwargs for m in cfg.models] == [{"width": 8}, {"depth": 2}]
+
+
+@pytest.mark.parametrize("where", ["heads[0]", "cache['k']", "blocks.0.cache['k']", "tables[2][1]"])
+def test_allow_where_copied_from_a_report_matches_exactly(where: str) -> None:
+    # as a glob alone, [0] and ['k'] are character classes: the entry would never match itself
+    kept, allowed, unused = apply_allows((_finding("PC101", where),), (Allow("PC101", where, "r", 3),))
+    assert kept == [] and len(allowed) == 1 and unused == []
+
+
+def test_allow_where_glob_still_applies() -> None:
+    allow = Allow("PC102", "heads[[]*", "r", 3)
+    assert allow.matches(_finding("PC102", "heads[3]"))
+    assert not Allow("PC102", "heads[0]", "r", 3).matches(_finding("PC102", "heads[1]"))
+
+
+def test_example_config_allows_a_where_with_brackets() -> None:
+    [buggy] = [m for m in load(REPO / "configs" / "example.toml").models if "buggy" in m.target]
+    assert any(a.matches(_finding("PC101", "blocks.0.cache['k']")) for a in buggy.allow)
