@@ -8,13 +8,16 @@ error). torch is imported only when an audit actually runs, so ``--help`` is fas
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from typer.core import DEFAULT_MARKUP_MODE
 
 from placecheck import __version__
 from placecheck.devices import DEVICE_HELP
@@ -30,6 +33,10 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+# rich markup reads "[tool.placecheck]" as a style tag and drops it from --help
+_TOOL_TABLE = "\\[tool.placecheck]" if DEFAULT_MARKUP_MODE == "rich" else "[tool.placecheck]"
 
 
 @dataclass(frozen=True)
@@ -72,8 +79,20 @@ def fail(message: str, debug: bool = False) -> typer.Exit:
     """Print ``placecheck: error: ...`` (and the traceback under --debug); exit 2."""
     if debug:
         traceback.print_exc()
+        message = message.replace(" (--debug shows the traceback)", "")  # it just did
     typer.echo(f"placecheck: error: {message}", err=True)
     return typer.Exit(EXIT_USAGE)
+
+
+@contextlib.contextmanager
+def _model_output_to_stderr() -> Iterator[None]:
+    """Send what the model's own code prints (import, constructor, forward) to stderr.
+
+    stdout carries the report alone: ``--format json`` stays parseable, and an
+    error leaves stdout empty.
+    """
+    with contextlib.redirect_stdout(sys.stderr):
+        yield
 
 
 def emit(report: Report, out: OutputOptions) -> int:
@@ -115,10 +134,11 @@ def audit(
     target: Annotated[str | None, typer.Argument(
         help="The model: MODULE:ATTR (e.g. torchvision.models:resnet18) or path/to/file.py:ATTR. "
              "ATTR names an nn.Module instance, an nn.Module subclass or a function returning one. "
-             "Optional with --config, or when ./pyproject.toml has a [tool.placecheck] table.",
+             f"Optional with --config, or when ./pyproject.toml has a {_TOOL_TABLE} table.",
         show_default=False)] = None,
     device: Annotated[str, typer.Option("--device", "-d", help=f"Target device: {DEVICE_HELP}.")] = "cuda",
     engine: Annotated[str, typer.Option(
+        metavar="auto|real|fake|tagged",
         help="auto: the real device when present, CUDA simulated with fake tensors when not (and "
              "with real values when fake tensors cannot run the forward); real: require the real "
              "device; fake: always simulate CUDA with fake tensors; tagged: simulate CUDA with real "
@@ -234,10 +254,12 @@ def run_audit(opts: AuditOptions) -> Report:
     def factory() -> Any:
         return build(resolve(opts.target), attr, opts.kwargs)
 
-    return run(factory, opts.device, engine=opts.engine, gpus=opts.gpus, select=opts.select or None,
-               ignore=opts.ignore or None, copy_model=False, target=opts.target, init=opts.init,
-               checkpoint=opts.checkpoint, checkpoint_key=opts.checkpoint_key, trust=opts.trust,
-               inputs=opts.inputs, example_inputs=opts.example_inputs, forward=opts.forward, train=opts.train)
+    with _model_output_to_stderr():
+        return run(factory, opts.device, engine=opts.engine, gpus=opts.gpus, select=opts.select or None,
+                   ignore=opts.ignore or None, copy_model=False, target=opts.target, init=opts.init,
+                   checkpoint=opts.checkpoint, checkpoint_key=opts.checkpoint_key, trust=opts.trust,
+                   inputs=opts.inputs, example_inputs=opts.example_inputs, forward=opts.forward,
+                   train=opts.train)
 
 
 @app.command()
@@ -320,14 +342,15 @@ def run_checkpoint(file: str, model: str | None, kwargs: dict[str, Any], **optio
 
     normalize_device(options["device"])
     factory = None
-    if model is not None:
-        _, attr = split_target(model)
-        obj = resolve(model)
+    with _model_output_to_stderr():
+        if model is not None:
+            _, attr = split_target(model)
+            obj = resolve(model)
 
-        def factory() -> Any:
-            return build(obj, attr, kwargs)
+            def factory() -> Any:
+                return build(obj, attr, kwargs)
 
-    return check_checkpoint(file, model=factory, model_name=model, **options)
+        return check_checkpoint(file, model=factory, model_name=model, **options)
 
 
 @app.command("rules")
@@ -368,5 +391,25 @@ def explain_text(r: Any) -> str:
 
 
 def entrypoint() -> None:
-    """Console-script entry point."""
-    app()
+    """Console-script entry point: click's own usage errors as one line, like placecheck's.
+
+    typer would draw a usage block and an error box; a bad ``--format`` or
+    ``--gpus`` gets ``placecheck: error: ...`` and exit 2 instead, like every
+    other bad input. ``--help``, ``--version`` and bare ``placecheck`` are unchanged.
+    """
+    if len(sys.argv) <= 1:
+        app()  # no arguments: typer's help screen, as before
+        return
+    try:
+        code = app(standalone_mode=False)
+    except typer.TyperException as exc:  # click's ClickException, UsageError, BadParameter, ...
+        if type(exc).__name__ == "NoArgsIsHelpError":
+            exc.show()  # type: ignore[attr-defined]  # a subcommand's help screen, not an error
+            sys.exit(EXIT_USAGE)
+        message = " ".join(exc.format_message().split())
+        typer.echo(f"placecheck: error: {message}", err=True)
+        sys.exit(getattr(exc, "exit_code", EXIT_USAGE))
+    except typer.Abort:
+        typer.echo("Aborted!", err=True)
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)

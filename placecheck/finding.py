@@ -7,6 +7,7 @@ This module must not import torch: the CLI's ``--help``, ``rules`` and
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -81,6 +82,21 @@ class Finding:
         return data
 
     @property
-    def sort_key(self) -> tuple[int, str, str, str, str]:
-        """Deterministic order: worst first, then code, location, source."""
-        return (-self.severity.rank, self.code, self.where, self.source, self.message)
+    def sort_key(self) -> tuple[int, str, tuple[str | int, ...], tuple[str | int, ...], str]:
+        """Deterministic order: worst first, then code, location, source.
+
+        Locations and sources sort naturally: ``blocks.2`` before ``blocks.10``,
+        ``net.py:9`` before ``net.py:10``.
+        """
+        return (-self.severity.rank, self.code, natural_key(self.where), natural_key(self.source),
+                self.message)
+
+
+def natural_key(text: str) -> tuple[str | int, ...]:
+    """``"blocks.10.attn"`` -> ``("blocks.", 10, ".attn")``: digit runs compare as numbers.
+
+    Text and numbers alternate from a text part (``re.split`` with a group), so
+    two keys never compare a string with an int.
+    """
+    parts = re.split(r"(\d+)", text)
+    return tuple(int(part) if i % 2 else part for i, part in enumerate(parts))

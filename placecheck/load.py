@@ -31,6 +31,11 @@ from placecheck.errors import LoadError, UsageError, one_line
 TARGET_HELP = "MODULE:ATTR (e.g. torchvision.models:resnet18) or path/to/file.py:ATTR"
 
 
+def _a(noun: str) -> str:
+    """``"a list"``, ``"an int"``: the article English wants before a type name."""
+    return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"
+
+
 def parse_value(text: str) -> Any:
     """``--arg`` values: int, float, bool, None, else the string itself."""
     low = text.strip().lower()
@@ -49,7 +54,10 @@ def parse_value(text: str) -> Any:
 def parse_kwargs(kwargs_json: str | None, args: Iterable[str] = ()) -> dict[str, Any]:
     """Merge ``--kwargs`` (a JSON object) and repeated ``--arg key=value``; ``--arg`` wins."""
     out: dict[str, Any] = {}
-    if kwargs_json:
+    if kwargs_json is not None:
+        if not kwargs_json.strip():
+            raise UsageError("--kwargs is empty: pass a JSON object such as "
+                             """'{"num_classes": 10}', or leave the option out""")
         try:
             data = json.loads(kwargs_json)
         except json.JSONDecodeError as exc:
@@ -57,7 +65,7 @@ def parse_kwargs(kwargs_json: str | None, args: Iterable[str] = ()) -> dict[str,
                              """pass an object such as '{"num_classes": 10}'""") from exc
         if not isinstance(data, dict):
             raise UsageError(f"--kwargs must be a JSON object such as "
-                             f"""'{{"num_classes": 10}}', not a {type(data).__name__}""")
+                             f"""'{{"num_classes": 10}}', not {_a(type(data).__name__)}""")
         out.update(data)
     for item in args:
         key, sep, value = item.partition("=")
@@ -303,7 +311,7 @@ def _validate(obj: Any, name: str, kwargs: dict[str, Any]) -> None:
         raise LoadError(f"{name} is a class but not an nn.Module subclass: name a module, a module "
                         "class or a function returning a module")
     if not callable(obj):
-        raise LoadError(f"{name} is a {type(obj).__name__}, not an nn.Module, an nn.Module "
+        raise LoadError(f"{name} is {_a(type(obj).__name__)}, not an nn.Module, an nn.Module "
                         "subclass or a function returning one")
     _check_call(obj, name, kwargs)
 
@@ -324,7 +332,7 @@ def build(obj: Any, name: str, kwargs: dict[str, Any]) -> Any:
         raise LoadError(f"constructing {name} raised {one_line(exc)}: check its arguments "
                         "(--debug shows the traceback)") from exc
     if not isinstance(result, nn.Module):
-        raise LoadError(f"{name} returned a {type(result).__name__}, not an nn.Module: "
+        raise LoadError(f"{name} returned {_a(type(result).__name__)}, not an nn.Module: "
                         "name a function that returns the model")
     return result
 

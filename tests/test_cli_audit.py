@@ -322,3 +322,115 @@ def test_python_m_placecheck_load_error_has_no_traceback() -> None:
     assert proc.returncode == 2
     assert proc.stdout == ""
     assert proc.stderr.count("\n") == 1 and "width, depth" in proc.stderr
+
+
+# -- target code that prints, exits or lives in a package ------------------------------------
+
+SCRIPT_LIKE = TESTS / "fixtures" / "cli" / "script_like.py"
+CLI_FIXTURES = TESTS / "fixtures" / "cli"
+
+
+def test_what_the_model_prints_goes_to_stderr_and_json_stays_parseable(runner: CliRunner) -> None:
+    code, out, err = run(runner, f"{SCRIPT_LIKE}:Chatty", "-f", "json", "-i", "float32[1,2]")
+    assert code == 1, err
+    data = json.loads(out)  # nothing but the report on stdout
+    assert sorted(f["where"] for f in data["findings"] if f["code"] == "PC101") == ["mask", "table"]
+    assert "building Chatty" in err and "forward of Chatty" in err
+
+
+def test_a_load_error_after_the_model_printed_leaves_stdout_empty(runner: CliRunner) -> None:
+    code, out, err = run(runner, f"{SCRIPT_LIKE}:Nope")
+    assert code == 2 and out == ""
+    assert err.strip().splitlines()[-1].startswith("placecheck: error: ")
+
+
+@pytest.mark.parametrize("attr, needle", [("exits_zero", "called sys.exit(0)"),
+                                          ("exits_with_message", "called sys.exit('no config found')")])
+def test_sys_exit_in_a_factory_is_exit_2_not_its_status(runner: CliRunner, attr: str, needle: str) -> None:
+    assert_usage_error(*run(runner, f"{SCRIPT_LIKE}:{attr}"), needle, "if __name__ == '__main__':")
+
+
+def test_argparse_at_import_is_one_line_exit_2(runner: CliRunner) -> None:
+    assert_usage_error(*run(runner, f"{CLI_FIXTURES / 'argparse_at_import.py'}:Model"),
+                       "called sys.exit(2)", "guard script code")
+
+
+def test_debug_does_not_point_at_debug(runner: CliRunner) -> None:
+    code, _, err = run(runner, f"{TARGETS}:Raises", "--debug")
+    assert code == 2 and "Traceback" in err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("placecheck: error: ") and "--debug" not in last
+    code, _, err = run(runner, f"{TARGETS}:Raises")
+    assert code == 2 and "(--debug shows the traceback)" in err
+
+
+def test_empty_kwargs_is_a_usage_error(runner: CliRunner) -> None:
+    assert_usage_error(*run(runner, CLEAN, "--kwargs", ""), "--kwargs is empty")
+
+
+@pytest.mark.parametrize("target", ["pkgdemo/net.py:Net", "pkgdemo/relnet.py:Net", "pkgdemo/sub/deep.py:Net"])
+def test_file_target_inside_a_package_from_its_root(
+        runner: CliRunner, target: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(CLI_FIXTURES)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    code, out, err = run(runner, target, "-f", "json", "--no-forward")
+    assert code == 1, err
+    assert [f["where"] for f in json.loads(out)["findings"]] == ["layer.mask"]
+
+
+def test_a_file_target_runs_its_top_level_once(runner: CliRunner, tmp_path: Path) -> None:
+    # --init auto builds on meta first, then on the CPU: two builds, one import
+    source = tmp_path / "pc_prints_on_import.py"
+    source.write_text("import torch\nimport torch.nn as nn\nprint('imported pc_prints_on_import')\n"
+                      "class Model(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+                      "        self.proj = nn.Linear(2, 2)\n        self.mask = torch.ones(2)\n")
+    code, out, err = run(runner, f"{source}:Model", "--no-forward")
+    assert code == 1, err
+    assert err.count("imported pc_prints_on_import") == 1
+    assert "imported" not in out
+
+
+def test_audit_help_shows_the_pyproject_table_and_engine_choices(runner: CliRunner) -> None:
+    result = runner.invoke(app, ["audit", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    assert "[tool.placecheck] table" in result.stdout
+    assert "auto|real|fake|tagged" in result.stdout
+
+
+# -- click's own usage errors from the console script -------------------------------------------
+
+
+def _entrypoint(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+                *argv: str) -> tuple[int, str, str]:
+    from placecheck.cli import entrypoint
+
+    monkeypatch.setattr(sys, "argv", ["placecheck", *argv])
+    with pytest.raises(SystemExit) as info:
+        entrypoint()
+    captured = capsys.readouterr()
+    code = info.value.code
+    return code if isinstance(code, int) else 1, captured.out, captured.err
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["audit", "x:y", "--format", "bogus"], "'bogus' is not one of 'table', 'json'"),
+    (["audit", "x:y", "--gpus", "0"], "--gpus"),
+    (["audit", "x:y", "--gpus", "two"], "--gpus"),
+    (["bogus"], "No such command 'bogus'"),
+    (["checkpoint"], "Missing argument"),
+])
+def test_click_usage_errors_are_one_line(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+                                         argv: list[str], needle: str) -> None:
+    assert_usage_error(*_entrypoint(monkeypatch, capsys, *argv), needle)
+
+
+def test_entrypoint_help_version_and_findings(monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _entrypoint(monkeypatch, capsys, "--version")
+    assert code == 0 and out.startswith("placecheck ")
+    code, out, _ = _entrypoint(monkeypatch, capsys, "audit", "--help")
+    assert code == 0 and "--device" in out
+    code, out, _ = _entrypoint(monkeypatch, capsys, "audit", f"{TARGETS}:Masked", "--no-forward")
+    assert code == 1 and "PC101" in out
+    code, out, _ = _entrypoint(monkeypatch, capsys, "rules")
+    assert code == 0 and "PC101" in out

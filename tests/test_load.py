@@ -28,7 +28,7 @@ def test_parse_kwargs_merges_json_and_args_args_win() -> None:
     assert parse_kwargs(None) == {}
 
 
-@pytest.mark.parametrize("bad", ["{", "nope", "[1]", "3", "null"])
+@pytest.mark.parametrize("bad", ["{", "nope", "[1]", "3", "null", "", "  "])
 def test_parse_kwargs_rejects_non_objects(bad: str) -> None:
     with pytest.raises(UsageError, match="--kwargs"):
         parse_kwargs(bad)
@@ -70,7 +70,7 @@ def test_build_instance_class_and_factory() -> None:
 
 
 @pytest.mark.parametrize("attr, kwargs, pattern", [
-    ("NOT_A_MODEL", {}, "is a int, not an nn.Module"),
+    ("NOT_A_MODEL", {}, "is an int, not an nn.Module"),
     ("NotAModule", {}, "not an nn.Module subclass"),
     ("NeedsArgs", {}, "needs arguments that were not given: width, depth"),
     ("make_clean", {"height": 1}, "takes no argument 'height'; it accepts: width"),
@@ -179,3 +179,12 @@ def test_a_file_first_imported_under_the_meta_device_keeps_its_tensors_on_the_ho
     with torch.device("meta"):  # where --init meta/auto builds a factory's model
         model_class = resolve(f"{source}:Model")
     assert model_class.table.device.type == "cpu"
+
+
+def test_type_names_take_the_right_article() -> None:
+    with pytest.raises(UsageError, match="not an int"):
+        parse_kwargs("3")
+    with pytest.raises(UsageError, match="not a list"):
+        parse_kwargs("[1]")
+    with pytest.raises(UsageError, match="--kwargs is empty"):
+        parse_kwargs("")

@@ -110,3 +110,16 @@ def test_finding_is_frozen_and_serialises() -> None:
     data = finding.to_dict()
     assert list(data)[:6] == ["code", "kind", "severity", "where", "message", "hint"]
     assert data["severity"] == "error" and data["shape"] is None and data["details"] == {}
+
+
+def test_where_and_source_sort_naturally() -> None:
+    wheres = ["blocks.10.mask", "blocks.2.mask", "blocks.1.mask", "blocks.2.cache['k']", "head", "blocks.2"]
+    findings = [Finding(code="PC101", kind="stray-tensor", severity=Severity.ERROR, where=w, message="m",
+                        hint="h") for w in wheres]
+    report = Report.build("t", "cuda:0", "simulated cuda", reversed(findings))
+    assert [f.where for f in report.findings] == [
+        "blocks.1.mask", "blocks.2", "blocks.2.cache['k']", "blocks.2.mask", "blocks.10.mask", "head"]
+    lines = [Finding(code="PC201", kind="k", severity=Severity.ERROR, where="", source=f"net.py:{n}",
+                     message="m", hint="h") for n in (100, 9, 10)]
+    assert [f.source for f in Report.build("t", "cuda:0", "e", lines).findings] == [
+        "net.py:9", "net.py:10", "net.py:100"]
