@@ -299,3 +299,111 @@ def test_api_report_is_a_report_with_the_file_as_target(tmp_path: Path) -> None:
     assert result.report.device == "cuda:0"
     assert result.report.findings == ()
     assert not result.refused
+
+
+# --- review fixes: .pt2 constants, cycles, optimizer state, texts ---------------------------------
+
+def _pt2_net(path: Path, device_tag: str | None = None) -> Path:
+    _pt2(path, Net().state_dict())
+    if device_tag is None:
+        return path
+    rewritten = path.with_name("tagged.pt2")  # the device in a .pt2 is a field of its JSON configs
+    with zipfile.ZipFile(path) as src, zipfile.ZipFile(rewritten, "w") as dst:
+        for item in src.infolist():
+            data = src.read(item)
+            if item.filename.endswith("model_weights_config.json"):
+                kind, _, index = device_tag.partition(":")
+                config = json.loads(data)
+                for entry in config["config"].values():
+                    entry["tensor_meta"]["device"] = {"type": kind, "index": int(index)}
+                data = json.dumps(config).encode()
+            dst.writestr(item, data)
+    return rewritten
+
+
+def test_pt2_constants_are_placed_but_not_in_the_state_dict(tmp_path: Path, net_target: str) -> None:
+    """Net's non-persistent 'cache' buffer is a constant of the program, not a state_dict key."""
+    path = _pt2_net(tmp_path / "prog.pt2")
+    meta = read_checkpoint(path)
+    assert set(meta.constants) == {"cache"}
+    code, report = run_json("checkpoint", str(path), "--model", net_target)
+    assert code == 0 and report["findings"] == []  # no PC303 for 'cache'
+    table = next(n for n in report["notes"] if n.startswith("saved devices"))
+    assert "total             9" in table  # 8 weights and the constant
+    assert any("not in ExportedProgram.state_dict" in n for n in report["notes"])
+
+
+def test_pt2_pc301_names_torch_export_load(tmp_path: Path) -> None:
+    path = _pt2_net(tmp_path / "prog.pt2", "cuda:3")
+    (finding,) = check_checkpoint(str(path), device="cuda", gpus=1).report.findings
+    assert finding.code == "PC301" and finding.device == "cuda:3"
+    assert "torch.export.load puts each tensor back on cuda:3" in finding.message
+    assert "torch.load" not in finding.message.replace("torch.export.load", "")
+
+
+def test_a_cyclic_pickle_is_read_without_recursion_error(tmp_path: Path, net_target: str) -> None:
+    state: dict = {"fc.weight": torch.zeros(3, 4)}
+    config: dict = {"parent": state}
+    state["cfg"] = config
+    path = tmp_path / "cyclic.pt"
+    torch.save({"model": Net().state_dict(), "extra": state}, path)
+    assert torch.load(path, weights_only=True)["extra"]["cfg"]["parent"]["fc.weight"].shape == (3, 4)
+    code, report = run_json("checkpoint", str(path), "--model", net_target)
+    assert code == 0, report
+    assert any("under 'model'" in n for n in report["notes"])
+    assert report["stats"]["tensors"] == 9  # 8 in the model, 1 in the cycle, each once
+
+
+def test_optimizer_state_is_not_a_state_dict_candidate(tmp_path: Path, net_target: str) -> None:
+    net = Net()
+    optimizer = torch.optim.Adam(net.parameters())
+    net(torch.randn(2, 4)).sum().backward()
+    optimizer.step()  # Adam now holds exp_avg/exp_avg_sq per parameter: optimizer.state.0 ...
+    path = tmp_path / "train.pt"
+    torch.save({"model": net.state_dict(), "optimizer": optimizer.state_dict()}, path)
+    _, report = run_json("checkpoint", str(path), "--model", net_target)
+    line = next(n for n in report["notes"] if n.startswith("state_dict:"))
+    assert "under 'model'" in line and "also found" not in line, line
+
+
+def test_trusted_load_says_so_in_the_notes(tmp_path: Path) -> None:
+    path = tmp_path / "module.pt"
+    torch.save(Net(), path)
+    _, out, _ = run("checkpoint", str(path), "--trust", "--format", "json")
+    notes = json.loads(out)["notes"]
+    assert "loaded with torch.load(weights_only=False) because --trust was given" in notes[0]
+    assert "no tensor data was loaded" not in notes[0]
+
+
+def test_an_empty_state_dict_says_so(tmp_path: Path, net_target: str) -> None:
+    path = tmp_path / "empty_sd.pt"
+    torch.save({}, path)
+    code, _, err = run("checkpoint", str(path), "--model", net_target)
+    assert code == 2 and err.count("\n") == 1
+    assert "holds no tensors at all (an empty state_dict?)" in err
+
+
+def test_python2_global_names_are_shown_as_torch_names_them(tmp_path: Path) -> None:
+    import collections
+
+    path = tmp_path / "dd.pt"
+    torch.save({"w": torch.zeros(1), "counts": collections.defaultdict(int)}, path)
+    meta = read_checkpoint(path)
+    # Protocol 2 writes builtins.int as __builtin__.long; torch (and pickle) read it back as builtins.int.
+    assert sorted(meta.unsafe_globals) == sorted(torch.serialization.get_unsafe_globals_in_checkpoint(path))
+    assert "builtins.int" in meta.unsafe_globals
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning", "ignore::DeprecationWarning")
+def test_audit_checkpoint_prints_no_torch_warnings(tmp_path: Path, net_target: str) -> None:
+    """torch.jit.load warns and torch's loaders log: under the CLI none of that reaches stderr."""
+    path = tmp_path / "scripted.pt"
+    _torchscript(path, Net().state_dict())
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "placecheck", "audit", net_target, "--checkpoint", str(path),
+                           "--no-forward", "--format", "json"], capture_output=True, text=True, check=False,
+                          env={**__import__("os").environ, "PYTHONWARNINGS": "default"})
+    assert done.returncode in (0, 1), done.stderr
+    assert done.stderr == ""

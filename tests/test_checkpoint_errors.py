@@ -78,6 +78,54 @@ def _safetensors_shape_lies(tmp: Path) -> Path:
     return path
 
 
+def _safetensors(tmp: Path, name: str, header: dict, data: bytes) -> Path:
+    raw = json.dumps(header).encode()
+    path = tmp / f"{name}.safetensors"
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + data)
+    return path
+
+
+def _f32(shape: list[int], begin: int, end: int) -> dict:
+    return {"dtype": "F32", "shape": shape, "data_offsets": [begin, end]}
+
+
+def _safetensors_gap(tmp: Path) -> Path:
+    return _safetensors(tmp, "gap", {"a": _f32([1], 0, 4), "b": _f32([1], 8, 12)}, b"\0" * 12)
+
+
+def _safetensors_trailing(tmp: Path) -> Path:
+    return _safetensors(tmp, "trailing", {"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}},
+                        b"\0" * 8)
+
+
+def _safetensors_overlap(tmp: Path) -> Path:
+    return _safetensors(tmp, "overlap", {"a": _f32([2], 0, 8), "b": _f32([1], 4, 8)}, b"\0" * 8)
+
+
+def _safetensors_metadata_list(tmp: Path) -> Path:
+    return _safetensors(tmp, "metalist", {"__metadata__": [1, 2, 3], "a": _f32([1], 0, 4)}, b"\0" * 4)
+
+
+def _safetensors_float_shape(tmp: Path) -> Path:
+    return _safetensors(tmp, "floatshape", {"a": {"dtype": "F32", "shape": [1.5], "data_offsets": [0, 4]}},
+                        b"\0" * 4)
+
+
+def _pt2_bad_dtype(tmp: Path) -> Path:
+    good = tmp / "good.pt2"
+    torch.export.save(torch.export.export(torch.nn.Linear(4, 3), (torch.randn(2, 4),)), str(good))
+    path = tmp / "dtype.pt2"
+    with zipfile.ZipFile(good) as src, zipfile.ZipFile(path, "w") as dst:
+        for item in src.infolist():
+            data = src.read(item)
+            if item.filename.endswith("model_weights_config.json"):
+                config = json.loads(data)
+                next(iter(config["config"].values()))["tensor_meta"]["dtype"] = "x"
+                data = json.dumps(config).encode()
+            dst.writestr(item, data)
+    return path
+
+
 def _pickle_not_torch(tmp: Path) -> Path:
     import pickle
 
@@ -96,6 +144,12 @@ def _pickle_not_torch(tmp: Path) -> Path:
     (_safetensors_offsets_lie, "ends at byte 4000 but the data section has 16 bytes"),
     (_safetensors_shape_lies, "spans 4 bytes"),
     (_pickle_not_torch, "not a torch.save file"),
+    (_safetensors_gap, "leaves a gap or an overlap after 'a'"),
+    (_safetensors_trailing, "covers 4 bytes of a 8-byte data section"),
+    (_safetensors_overlap, "leaves a gap or an overlap after 'a'"),
+    (_safetensors_metadata_list, "__metadata__ that is not an object of strings"),
+    (_safetensors_float_shape, "not non-negative integers"),
+    (_pt2_bad_dtype, "the unknown dtype 'x'"),
 ])
 def test_bad_file_is_exit_2_and_one_line(tmp_path: Path, make: Callable[[Path], Path], expected: str) -> None:
     path = make(tmp_path)
@@ -108,10 +162,50 @@ def test_bad_file_is_exit_2_and_one_line(tmp_path: Path, make: Callable[[Path], 
     assert "Traceback" not in err
 
 
-def test_bad_file_under_audit_is_exit_2_too(tmp_path: Path) -> None:
-    code, _, err = run("audit", "placecheck.examples.clean:CleanNet", "--checkpoint",
-                       str(_random_bytes(tmp_path)))
-    assert code == 2 and err.count("\n") == 1 and "is not a checkpoint" in err
+@pytest.mark.parametrize("make", [_safetensors_gap, _safetensors_trailing, _safetensors_overlap,
+                                  _safetensors_metadata_list, _safetensors_float_shape])
+def test_the_safetensors_library_refuses_what_placecheck_refuses(tmp_path: Path,
+                                                                 make: Callable[[Path], Path]) -> None:
+    from safetensors.torch import load_file
+
+    with pytest.raises(Exception):  # noqa: B017 - the library's own error types differ per check
+        load_file(str(make(tmp_path)))
+
+
+@pytest.mark.parametrize(("make", "expected"), [
+    (_random_bytes, "is not a checkpoint"),
+    (_empty, "is empty (0 bytes)"),
+    (_truncated_zip, "truncated or corrupt zip archive"),
+    (_directory, "is a directory"),
+    (_missing, "no such file"),
+    (_zip_not_checkpoint, "not a PyTorch checkpoint"),
+    (_safetensors_metadata_list, "__metadata__"),
+    (_pt2_bad_dtype, "the unknown dtype 'x'"),
+])
+def test_bad_file_under_audit_is_exit_2_too(tmp_path: Path, make: Callable[[Path], Path],
+                                            expected: str) -> None:
+    code, out, err = run("audit", "placecheck.examples.clean:CleanNet", "--checkpoint", str(make(tmp_path)),
+                         "--no-forward")
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1, err
+    assert expected in err and "unexpected" not in err
+
+
+def test_a_corrupt_pt2_is_one_line_under_audit(tmp_path: Path) -> None:
+    """A weight file shorter than its config says: torch's loader would log; placecheck says one line."""
+    good = tmp_path / "good.pt2"
+    torch.export.save(torch.export.export(torch.nn.Linear(4, 3), (torch.randn(2, 4),)), str(good))
+    path = tmp_path / "short.pt2"
+    with zipfile.ZipFile(good) as src, zipfile.ZipFile(path, "w") as dst:
+        for item in src.infolist():
+            data = src.read(item)
+            dst.writestr(item, data[:5] if item.filename.endswith("weights/weight_0") else data)
+    model = tmp_path / "lin.py"
+    model.write_text("import torch.nn as nn\nNet = lambda: nn.Linear(4, 3)\n", encoding="utf-8")
+    code, out, err = run("audit", f"{model}:Net", "--checkpoint", str(path), "--no-forward")
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1, err
+    assert "weight_0 has 5 bytes but 'weight' (float32[3, 4]) needs 48" in err
 
 
 def test_missing_key_lists_the_keys_that_exist(tmp_path: Path) -> None:
@@ -131,17 +225,27 @@ def _digest(path: Path) -> tuple[int, str]:
     return path.stat().st_mtime_ns, hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-@pytest.mark.parametrize("fmt", ["zip", "legacy", "safetensors"])
-def test_the_file_is_never_modified(tmp_path: Path, fmt: str) -> None:
+@pytest.mark.parametrize("trust", [[], ["--trust"]])
+@pytest.mark.parametrize("fmt", ["zip", "legacy", "safetensors", "torchscript", "pt2", "module"])
+@pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::UserWarning", "ignore::DeprecationWarning")
+def test_the_file_is_never_modified(tmp_path: Path, fmt: str, trust: list[str]) -> None:
     model_file = tmp_path / "net.py"
     model_file.write_text("import torch.nn as nn\nNet = lambda: nn.Linear(4, 3)\n", encoding="utf-8")
-    state = {"weight": torch.zeros(3, 4), "bias": torch.zeros(3)}
+    linear = torch.nn.Linear(4, 3)
+    state = dict(linear.state_dict())
     path = tmp_path / f"ckpt.{fmt}"
     if fmt == "safetensors":
         save_file(state, str(path))
+    elif fmt == "torchscript":
+        torch.jit.save(torch.jit.trace(linear, torch.randn(2, 4)), str(path))
+    elif fmt == "pt2":
+        torch.export.save(torch.export.export(linear, (torch.randn(2, 4),)), str(path))
+    elif fmt == "module":  # a whole pickled nn.Module: refused (2) without --trust, loaded with it
+        torch.save(linear, path)
     else:
         torch.save(state, path, _use_new_zipfile_serialization=fmt == "zip")
     before = _digest(path)
-    assert run("checkpoint", str(path), "--model", f"{model_file}:Net")[0] == 0
-    assert run("audit", f"{model_file}:Net", "--checkpoint", str(path))[0] == 0
+    expected = (2 if fmt == "module" and not trust else 1 if fmt == "module" else 0)
+    assert run("checkpoint", str(path), "--model", f"{model_file}:Net", *trust)[0] == expected
+    assert run("audit", f"{model_file}:Net", "--checkpoint", str(path), *trust)[0] == expected
     assert _digest(path) == before

@@ -470,13 +470,28 @@ def _read_pt2(archive: zipfile.ZipFile, names: list[str], shown: str, size: int)
         if not name.startswith(TORCHSCRIPT_GLOBALS):  # torch._C._pickle_load_obj: TorchScript's unpickler
             found.setdefault(name, None)
     storages: dict[str, StorageMeta] = {}
+    name_set = set(names)
 
     def tensors(payloads: Mapping[str, Any]) -> dict[str, TensorMeta]:
         out = {}
         for fqn, p in payloads.items():
+            if p.member not in name_set:
+                raise LoadError(f"{shown!r}: {p.member} (the data of {fqn!r}) is missing: the .pt2 archive "
+                                "is truncated or corrupt")
+            nbytes = archive.getinfo(p.member).file_size
+            if not p.use_pickle:
+                # The view the config describes must fit in the raw bytes, as torch.as_strided checks.
+                numel = 1
+                for d in p.shape:
+                    numel *= d
+                extent = sum((d - 1) * st for d, st in zip(p.shape, p.strides, strict=True))
+                needed = 0 if numel == 0 else p.storage_offset + extent + 1
+                if nbytes % p.itemsize or (nbytes and needed * p.itemsize > nbytes):
+                    raise LoadError(f"{shown!r}: {p.member} has {nbytes} bytes but {fqn!r} ({p.dtype}"
+                                    f"{list(p.shape)}) needs {needed * p.itemsize}: the .pt2 archive is "
+                                    "truncated or corrupt")
             storage = storages.get(p.member)
             if storage is None:
-                nbytes = archive.getinfo(p.member).file_size if p.member in names else 0
                 storage = StorageMeta(p.member, p.location, p.dtype, nbytes // p.itemsize, p.itemsize)
                 storages[p.member] = storage
             out[fqn] = TensorMeta(p.shape, p.dtype, p.location, storage)
