@@ -434,3 +434,14 @@ def test_entrypoint_help_version_and_findings(monkeypatch: pytest.MonkeyPatch,
     assert code == 1 and "PC101" in out
     code, out, _ = _entrypoint(monkeypatch, capsys, "rules")
     assert code == 0 and "PC101" in out
+
+
+def test_checkpoint_model_that_prints_keeps_json_on_stdout(runner: CliRunner, tmp_path: Path) -> None:
+    import torch
+
+    saved = tmp_path / "chatty.pt"
+    torch.save({"proj.weight": torch.zeros(2, 2), "proj.bias": torch.zeros(2)}, saved)
+    result = runner.invoke(app, ["checkpoint", str(saved), "--model", f"{SCRIPT_LIKE}:Chatty", "-f", "json"])
+    assert result.exit_code in (0, 1), result.stderr
+    json.loads(result.stdout)  # the report alone
+    assert "building Chatty" in result.stderr
