@@ -198,12 +198,23 @@ class Provenance:
     """The tensor belongs to a module or parameter created during forward."""
     also: tuple[Provenance, ...] = ()
     """The other origins combined into this tensor (``torch.cat((created, self.stray))``)."""
+    host_copy: Site | None = None
+    """Where forward copied the tensor to the host (``.cpu()``, ``.to("cpu")``)."""
 
     @property
     def origin(self) -> str:
         if self.creation is not None:
             return self.creation.site.source
+        if self.host_copy is not None:
+            return self.host_copy.source
         return self.linked.where if self.linked else self.path
+
+    @property
+    def site(self) -> Site:
+        """The line in forward that made the tensor, when forward made it."""
+        if self.creation is not None:
+            return self.creation.site
+        return self.host_copy or Site("", "")
 
 
 @dataclass
@@ -244,6 +255,8 @@ class Registration:
     type_name: str
     device: str
     site: Site
+    on_target: bool = False
+    """Built on the target (``device=x.device``): placed right, still unknown to an earlier optimizer."""
 
 
 @dataclass
@@ -285,6 +298,8 @@ _METADATA = frozenset({torch.Tensor.dim, torch.Tensor.size, torch.Tensor.numel, 
                        torch.Tensor.__repr__, torch.Tensor.__format__, torch.Tensor.__hash__,
                        torch.Tensor.element_size, torch.Tensor.get_device, torch.Tensor.is_floating_point,
                        torch.Tensor.is_complex, torch.Tensor.storage_offset, torch.Tensor.untyped_storage})
+_HOST_FACTORIES = ("from_numpy", "frombuffer")
+"""Factories that build a tensor from host memory without a torch function call the mode sees."""
 _passthrough: dict[Any, bool] = {}
 _MISMATCH_TEXTS = ("expected all tensors to be on the same device", "should be the same",
                    "but got mat2 is on", "is on cpu, different from")
@@ -448,11 +463,35 @@ class Tracer:
         handles = [module_mod.register_module_module_registration_hook(self._on_module_registered),
                    module_mod.register_module_parameter_registration_hook(self._on_parameter_registered)]
         try:
-            with _RecordingMode(self), _attention_fast_path_kept(self.target):
+            with _RecordingMode(self), _attention_fast_path_kept(self.target), self._host_factories_seen():
                 yield self
         finally:
             for handle in handles:
                 handle.remove()
+
+    @contextlib.contextmanager
+    def _host_factories_seen(self) -> Iterator[None]:
+        """``torch.from_numpy`` and ``torch.frombuffer`` never reach a torch function mode: wrap them
+        (as ``torch.X``, where model code looks them up) while recording, so their tensors are creations."""
+        originals = {name: getattr(torch, name) for name in _HOST_FACTORIES}
+
+        def wrapped(original: Callable[..., Any]) -> Callable[..., Any]:
+            @functools.wraps(original)
+            def factory(*args: Any, **kwargs: Any) -> Any:
+                with torch._C.DisableTorchFunction():  # fake tensors' own conversion is not the model's
+                    out = original(*args, **kwargs)
+                if isinstance(out, torch.Tensor) and out.device != self.target:
+                    self._off_target_result(original, args, [], out)
+                return out
+            return factory
+
+        for name, original in originals.items():
+            setattr(torch, name, wrapped(original))
+        try:
+            yield
+        finally:
+            for name, original in originals.items():
+                setattr(torch, name, original)
 
     def run(self, args: tuple[Any, ...], kwargs: dict[str, Any], train: bool = False) -> Any:
         """One forward pass (``eval()`` + ``no_grad`` unless ``train``), then the output check; in
@@ -589,7 +628,9 @@ class Tracer:
                                   and args[0].device.type != "cpu" and out.device.type == "cpu"):
             if func is torch.Tensor.to:
                 self._record_host_sync(func, args[0])
-            return  # a device-to-host copy: PC204, not a creation
+            # a device-to-host copy: PC204, not a creation; its line is where the result came from
+            self._provenance[id(out)] = (out, Provenance(host_copy=self._site(sys._getframe())))
+            return
         frame = sys._getframe()
         site = self._site(frame)
         building = _module_being_built(frame)
@@ -683,12 +724,14 @@ class Tracer:
             self._keep.append(t)
         if isinstance(submodule, nn.modules.lazy.LazyModuleMixin):
             return  # nn.Lazy* follow .to() correctly; not this bug
+        # built on the target (device=x.device, or the target is the CPU) it is placed right, but an
+        # optimizer built before the first forward still misses it: PC203 either way
         devices = {t.device for t in [*submodule.parameters(), *submodule.buffers()]}
-        if devices <= {self.target}:
-            return  # built on the target (device=x.device, or the target is the CPU): placed right
+        if not devices:
+            return  # nothing to place or to train (nn.ReLU built in forward)
         device = ", ".join(sorted(str(d) for d in devices))
         self.events.append(Registration("module", path, type(submodule).__name__, device,
-                                        self._site(sys._getframe())))
+                                        self._site(sys._getframe()), on_target=devices == {self.target}))
 
     def _on_parameter_registered(self, module: nn.Module, name: str, param: nn.Parameter | None) -> None:
         owner = self.module_paths.get(id(module))
@@ -701,10 +744,8 @@ class Tracer:
         self.origins.setdefault(id(param), path)
         self.lazy_origins.add(path)
         self._keep.append(param)
-        if param.device == self.target:
-            return
         self.events.append(Registration("parameter", path, "Parameter", str(param.device),
-                                        self._site(sys._getframe())))
+                                        self._site(sys._getframe()), on_target=param.device == self.target))
 
     # -- provenance and sites -------------------------------------------------------------------------
     def provenance(self, t: torch.Tensor) -> Provenance:
@@ -846,19 +887,22 @@ class Tracer:
                                "create the index on the device once (register_buffer or device=x.device)"),
                          details=(("op", event.op),))
         if isinstance(event, Registration):
+            on_target = event.on_target
             return _make("PC203", event.site, None, device=event.device, expected=target,
                          module=event.path,
                          message=(f"{event.what} {event.path!r} ({event.type_name}) is created during forward"
                                   + (f" on {event.device}" if event.device else "")
-                                  + ": the earlier .to() never saw it and an optimizer built before the "
-                                    "first forward does not train it"),
+                                  + (": it is on the right device, but unregistered when an optimizer is "
+                                     "built before the first forward, which then never trains it"
+                                     if on_target else
+                                     ": the earlier .to() never saw it and an optimizer built before the "
+                                     "first forward does not train it")),
                          hint=("build layers and parameters in __init__ (or use nn.Lazy* modules, which "
                                "follow .to()); a layer built in forward lands on the default device, the "
                                "CPU, whatever the input's device"))
         if isinstance(event, OutputOffDevice):
             prov = event.provenance
-            site = prov.creation.site if prov.creation else Site("", "")
-            return _make("PC206", site, None, device=event.device, expected=target, dtype=event.dtype,
+            return _make("PC206", prov.site, None, device=event.device, expected=target, dtype=event.dtype,
                          shape=event.shape, origin=prov.origin, module=event.path,
                          message=f"{event.path} ({event.dtype}{list(event.shape or [])}) is on "
                                  f"{event.device}, not {target}" + _came_from(prov),
@@ -952,6 +996,8 @@ def _origins(prov: Provenance) -> list[str]:
 def _came_from(prov: Provenance) -> str:
     if prov.creation is not None:
         return f" (created by {prov.creation.op} at {prov.creation.site.source})"
+    if prov.host_copy is not None:
+        return f" (copied to the host at {prov.host_copy.source})"
     if prov.lazy:
         return f" (from {prov.path!r}, created during forward)"
     if prov.path:

@@ -5,7 +5,9 @@ arguments; its input is inferred from its first layer). ``NAME.expected``
 lists the forward findings (PC2xx) the audit must produce, one
 ``CODE WHERE LINE`` per line: ``WHERE`` is the module whose forward ran the
 line (``<root>`` for the model itself) and ``LINE`` the line in the fixture
-file that ``source`` must point to. The audit runs for ``cuda`` under
+file that ``source`` must point to. Stray tensors the walk reports (PC101)
+are listed too, as ``PC101 ATTRIBUTE -``: the forward decides whether they
+stay reported (one it replaces, or only uses in CPU computations, is not). The audit runs for ``cuda`` under
 simulated CUDA (``auto``: fake tensors, falling back to real values), so this
 runs the same on a machine without a GPU. With a GPU, the same fixtures run on
 the real CUDA engine and must give the same codes and locations.
@@ -23,6 +25,7 @@ import placecheck
 
 FIXTURES = TESTS / "fixtures" / "forward"
 CASES = fixture_cases(FIXTURES)
+FORWARD_CODES = ["PC101", "PC2"]
 
 
 def read_forward_expected(path: Path) -> list[tuple[str, str, str]]:
@@ -38,6 +41,9 @@ def read_forward_expected(path: Path) -> list[tuple[str, str, str]]:
 def forward_rows(source: Path, report: placecheck.Report) -> list[tuple[str, str, str]]:
     rows = []
     for f in report.findings:
+        if f.code == "PC101":
+            rows.append((f.code, f.where, "-"))
+            continue
         path, _, lineno = f.source.rpartition(":")
         assert Path(path).name == source.name, f"{f.code} points outside the fixture: {f.source}"
         rows.append((f.code, f.where, lineno))
@@ -46,13 +52,13 @@ def forward_rows(source: Path, report: placecheck.Report) -> list[tuple[str, str
 
 def test_fixture_directory_has_every_forward_code() -> None:
     codes = {row[0] for _, expected in (c.values for c in CASES) for row in read_forward_expected(expected)}
-    assert codes == {"PC201", "PC202", "PC203", "PC204", "PC205", "PC206", "PC207"}
+    assert codes == {"PC101", "PC201", "PC202", "PC203", "PC204", "PC205", "PC206", "PC207"}
 
 
 @pytest.mark.parametrize("source, expected", CASES)
 def test_forward_fixture(source: Path, expected: Path) -> None:
     assert expected.is_file(), f"{source.name} has no {expected.name} beside it"
-    report = placecheck.audit(load_file(source), device="cuda", select=["PC2"])
+    report = placecheck.audit(load_file(source), device="cuda", select=FORWARD_CODES)
     assert report.engine.startswith("simulated cuda")
     assert forward_rows(source, report) == read_forward_expected(expected), report.notes
 
@@ -60,7 +66,7 @@ def test_forward_fixture(source: Path, expected: Path) -> None:
 @pytest.mark.parametrize("source, expected", CASES)
 def test_forward_fixture_on_a_second_simulated_gpu_with_real_values(source: Path, expected: Path) -> None:
     # cuda:1 of two simulated GPUs, on the real-valued engine: the same codes and locations
-    report = placecheck.audit(load_file(source), device="cuda:1", engine="tagged", select=["PC2"])
+    report = placecheck.audit(load_file(source), device="cuda:1", engine="tagged", select=FORWARD_CODES)
     assert forward_rows(source, report) == read_forward_expected(expected), report.notes
     assert all(f.expected == "cuda:1" for f in report.findings)
 
@@ -69,7 +75,7 @@ def test_forward_fixture_on_a_second_simulated_gpu_with_real_values(source: Path
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("source, expected", CASES)
 def test_forward_fixture_on_a_real_gpu_matches_the_simulation(source: Path, expected: Path) -> None:
-    real = placecheck.audit(load_file(source), device="cuda", engine="real", select=["PC2"])
-    simulated = placecheck.audit(load_file(source), device="cuda", engine="tagged", select=["PC2"])
+    real = placecheck.audit(load_file(source), device="cuda", engine="real", select=FORWARD_CODES)
+    simulated = placecheck.audit(load_file(source), device="cuda", engine="tagged", select=FORWARD_CODES)
     assert real.engine == "cuda"
     assert forward_rows(source, real) == forward_rows(source, simulated) == read_forward_expected(expected)
