@@ -3,6 +3,10 @@
 - :mod:`~placecheck.checkpoint.metadata` reads a checkpoint's structure (every
   storage's saved location tag, dtype, shape and size) from the file's index
   alone, never its tensor data and never running its pickled code;
+- :mod:`~placecheck.checkpoint.pt2` reads a ``torch.export`` program's configs
+  and rebuilds its state_dict from the raw weight files, never through
+  ``torch.export.load`` (which unpickles parts of the archive with
+  ``weights_only=False``);
 - :mod:`~placecheck.checkpoint.safety` lists the globals a pickle asks for
   and which of them ``torch.load(weights_only=True)`` would refuse;
 - :mod:`~placecheck.checkpoint.compare` checks a state_dict against a model's;

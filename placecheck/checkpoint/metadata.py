@@ -461,9 +461,13 @@ def _read_pt2(archive: zipfile.ZipFile, names: list[str], shown: str, size: int)
     trusted_script: dict[str, None] = {}  # globals of TorchScript-pickled custom objects
     legacy_root: Any = None
     for member in index.pickled:
-        payload = _read_member(archive, member, shown)
         seen = trusted_script if member.rpartition("/")[2].startswith("custom_obj_") else found
-        root = _scan_pickled(payload, shown, member, seen)
+        try:
+            with archive.open(member) as stream:  # streamed: a nested zip's tensor data is never read
+                root = _scan_pickled(stream, shown, member, seen)
+        except (zipfile.BadZipFile, OSError, EOFError, ValueError, KeyError) as exc:
+            raise LoadError(f"{shown!r}: cannot read {member} ({exc}): the archive is truncated or "
+                            "corrupt; copy or save it again") from None
         if index.legacy and member.endswith("data/weights/model.pt"):
             legacy_root = root
     for name in trusted_script:
@@ -510,16 +514,18 @@ def _read_pt2(archive: zipfile.ZipFile, names: list[str], shown: str, size: int)
                           tuple(unsafe_globals(list(names_))), size, constants=constants, pt2=index)
 
 
-def _scan_pickled(payload: bytes, shown: str, member: str, found: dict[str, None]) -> Any:
+def _scan_pickled(stream: IO[bytes], shown: str, member: str, found: dict[str, None]) -> Any:
     """Run the inert unpickler over a member some loader would unpickle; return its main object.
 
-    ``payload`` is a nested ``torch.save`` zip (every ``.pkl`` in it is read), a
-    legacy ``torch.save`` stream, or a plain pickle.
+    ``stream`` (seekable) holds a nested ``torch.save`` zip (every ``.pkl`` in it
+    is read, no storage), a legacy ``torch.save`` stream, or a plain pickle.
     """
     storages: dict[str, StorageMeta] = {}
-    if payload.startswith(b"PK\x03\x04"):
+    head = stream.read(4)
+    stream.seek(0)
+    if head == b"PK\x03\x04":
         try:
-            inner = zipfile.ZipFile(io.BytesIO(payload))
+            inner = zipfile.ZipFile(stream)
         except (zipfile.BadZipFile, OSError, ValueError) as exc:
             raise LoadError(f"{shown!r}: {member} is a corrupt zip ({exc}): the archive is truncated or "
                             "corrupt") from None
@@ -530,7 +536,6 @@ def _scan_pickled(payload: bytes, shown: str, member: str, found: dict[str, None
             roots = [_unpickle(io.BytesIO(_read_member(inner, n, shown)), storages, found, shown,
                                f"{member}:{n}") for n in pkls]
         return roots[0]
-    stream = io.BytesIO(payload)
     first = _unpickle(stream, storages, found, shown, member)
     if first != LEGACY_MAGIC_NUMBER:
         return first

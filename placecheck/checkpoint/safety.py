@@ -8,7 +8,8 @@ inert unpickler's ``find_class`` sees every one (GLOBAL, STACK_GLOBAL at any
 protocol, INST/OBJ/EXT) and imports none. This module compares them with the
 allowlist, the same check as
 ``torch.serialization.get_unsafe_globals_in_checkpoint`` but for every pickle
-placecheck reads (zip, legacy, any protocol).
+placecheck reads (zip, legacy, any protocol, and every member of a ``.pt2``
+archive that ``torch.export.load`` would unpickle).
 """
 
 from __future__ import annotations
