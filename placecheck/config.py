@@ -117,9 +117,8 @@ class ModelConfig:
     """A free-form label (configs/torchvision.toml's model family); not used by the audit."""
     unsupported: str = ""
     """Why placecheck cannot audit this model yet (documentation; the model is still audited)."""
-    known_findings: str = ""
-    """Why placecheck still reports findings on this model that are not the user's to fix
-    (documentation; tests/test_zoo_forward.py expects them)."""
+    library_findings: bool | None = None
+    """Also report performance findings raised entirely inside installed packages (``--library-findings``)."""
     line: int = 0
     """Line of the entry's header in the config file."""
 
@@ -233,7 +232,8 @@ MODEL_KEYS: dict[str, tuple[Check, str]] = {
     "timeout": (_is_positive_number, "seconds this model may take, overriding the run's"),
     "family": (_is_str, "a free-form label, unused by the audit"),
     "unsupported": (_is_str, "why this model cannot be audited yet (documentation only)"),
-    "known_findings": (_is_str, "why findings on this model are library internals (documentation only)"),
+    "library_findings": (_is_bool, "also report performance findings inside installed packages, "
+                                   "as --library-findings"),
 }
 """Every key a ``[[models]]`` entry (or ``[defaults]``) may hold: its check and its meaning."""
 
