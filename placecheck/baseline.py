@@ -14,6 +14,10 @@ messages are left out because they name sizes and dtypes that change
 without the bug changing. Two findings can share a key (two tensors created
 off-device in one module's forward, same file), so an entry holds a ``count``
 and hides at most that many: a third such finding is new.
+
+PC901 (the audit did not finish: a crash, a hang, out of memory) is never
+recorded and never hidden: it says nothing about placement, and a baselined
+one would let a model that segfaults pass CI forever.
 """
 
 from __future__ import annotations
@@ -32,6 +36,9 @@ from placecheck.formats.location import repo_path, split_source
 from placecheck.report import Report
 
 BASELINE_VERSION = 1
+
+NEVER_BASELINED = "PC901"
+"""runner.INCOMPLETE, named here without importing the runner."""
 
 Key = tuple[str, str, str, str]
 """``(model, code, where, file)``."""
@@ -75,6 +82,8 @@ def write(path: str | Path, reports: Sequence[Report]) -> int:
     messages: dict[Key, str] = {}
     for report in reports:
         for f in report.findings:
+            if f.code == NEVER_BASELINED:
+                continue
             key = finding_key(report.target, f)
             counts[key] += 1
             messages.setdefault(key, f.message)
@@ -114,11 +123,15 @@ def read(path: str | Path) -> Counter[Key]:
     return counts
 
 
-def apply(reports: Sequence[Report], baseline: Counter[Key]) -> BaselineResult:
+def apply(reports: Sequence[Report], baseline: Counter[Key], complete: bool = False) -> BaselineResult:
     """Hide the findings ``baseline`` records; report entries left unmatched as stale.
 
-    Stale entries are only judged for models in this run (auditing one model
-    of a config must not call every other model's entries stale).
+    Stale entries are judged only for models in this run (auditing one model
+    with a baseline must not call every other model's entries stale), unless
+    ``complete`` says the run audited every model there is (a ``--config``
+    run): then an entry of a model the config no longer lists is stale too.
+    A PC901 finding is never hidden (a PC901 entry, from an older placecheck,
+    matches nothing and is stale).
     """
     remaining = Counter(baseline)
     out: list[Report] = []
@@ -128,7 +141,7 @@ def apply(reports: Sequence[Report], baseline: Counter[Key]) -> BaselineResult:
         hidden = 0
         for f in report.findings:
             key = finding_key(report.target, f)
-            if remaining[key] > 0:
+            if remaining[key] > 0 and f.code != NEVER_BASELINED:
                 remaining[key] -= 1
                 hidden += 1
             else:
@@ -140,7 +153,7 @@ def apply(reports: Sequence[Report], baseline: Counter[Key]) -> BaselineResult:
         out.append(replace(report, findings=tuple(kept), notes=tuple(notes)))
     audited = {r.target for r in reports}
     stale = tuple(StaleEntry(*key, count=n) for key, n in sorted(remaining.items())
-                  if n > 0 and key[0] in audited)
+                  if n > 0 and (complete or key[0] in audited))
     for i, report in enumerate(out):
         mine = [f"baseline: stale entry, no longer found: {s.describe()}" for s in stale
                 if s.model == report.target]

@@ -7,6 +7,9 @@ writes the formatted run and returns one exit code for every model:
 2 when the config is wrong or a model could not be loaded, else 1 when any
 model has a finding at or above ``--fail-on``, else 0.
 
+``placecheck audit TARGET --timeout N`` also runs its one audit in a child
+process (:func:`audit_with_timeout`), so that a hanging forward is stopped.
+
 Options given on the command line next to ``--config`` apply to every model:
 ``--device``, ``--engine``, ``--gpus``, ``--init``, ``--select`` and
 ``--ignore`` override the config's values; options that describe one model
@@ -30,7 +33,7 @@ MODEL_OVERRIDES = {"device": "device", "engine": "engine", "gpus": "gpus", "init
 # Options about the run as a whole.
 RUN_OPTIONS = {"target", "config", "jobs", "timeout", "baseline", "write_baseline", "fmt", "output",
                "fail_on", "exit_zero", "debug"}
-CONFIG_ONLY = ("jobs", "timeout")
+CONFIG_ONLY = ("jobs",)
 
 
 def _given(ctx: typer.Context) -> list[str]:
@@ -57,6 +60,60 @@ def reject_run_options(ctx: typer.Context) -> None:
     if given:
         flags = " and ".join(_flag(ctx, n) for n in given)
         raise UsageError(f"{flags} apply to --config runs (many models); for one TARGET drop them")
+
+
+def audit_with_timeout(opts: Any, timeout: float) -> Report:
+    """``placecheck audit TARGET --timeout N``: the audit in a child process, stopped after N s.
+
+    The child is the one a ``--config`` run uses for each model
+    (:func:`placecheck.runner.audit_in_subprocess`). Whatever stops the audit
+    (the timeout, a crash, a load error) is one UsageError line: with one
+    target there are no other results to keep. Without ``--timeout`` the audit
+    runs in this process, which spares a second interpreter and torch import.
+    """
+    from dataclasses import fields
+
+    from placecheck.config import ModelConfig
+    from placecheck.runner import INCOMPLETE, audit_in_subprocess
+
+    # the command line's options and a config entry's keys share their names
+    shared = [f.name for f in fields(ModelConfig) if hasattr(opts, f.name)]
+    model = ModelConfig(**{name: getattr(opts, name) for name in shared})
+    outcome = audit_in_subprocess(model, timeout)
+    if outcome.load_error:
+        raise UsageError(outcome.load_error)
+    stopped = next((f for f in outcome.report.findings if f.code == INCOMPLETE), None)
+    if stopped is None:
+        return outcome.report
+    reason = dict(stopped.details).get("reason", "")
+    if reason == "timeout":
+        raise UsageError(f"{opts.target} did not finish within {timeout:g} s (a forward that hangs? "
+                         "if it is only slow, raise --timeout)")
+    raise UsageError(f"{opts.target}: {stopped.message}; rerun without --timeout (with --debug) to see why")
+
+
+def _check_overrides(ctx: typer.Context, overrides: dict[str, Any]) -> None:
+    """Refuse a bad ``--device``/``--engine``/... once, before any model's process starts.
+
+    The config's checks only see the file's values; an override is applied to
+    every model after them, so a bad one would otherwise fail in each child and
+    be blamed on the config's lines.
+    """
+    from placecheck.config import MODEL_KEYS
+    from placecheck.devices import normalize_device
+    from placecheck.rules import expand
+
+    for key, value in overrides.items():
+        if key == "device":
+            normalize_device(value)  # its own one-line UsageError names the device and the choices
+        elif key in ("select", "ignore"):
+            try:
+                expand(value)
+            except ValueError as exc:
+                raise UsageError(str(exc)) from None
+        elif (problem := MODEL_KEYS[key][0](value)) is not None:
+            flag = _flag(ctx, next(n for n, k in MODEL_OVERRIDES.items() if k == key))
+            raise UsageError(f"{flag} {value!r}: expected {problem}")
 
 
 def _split(values: list[str] | None) -> list[str]:
@@ -91,17 +148,10 @@ def run_config_audit(ctx: typer.Context, target: str | None, config_path: str | 
                 value = params[name]
                 overrides[MODEL_OVERRIDES[name]] = tuple(_split(value)) if name in ("select", "ignore") \
                     else value
+        _check_overrides(ctx, overrides)
         from placecheck.config import load
 
         config = load(config_path, overrides)
-        if "select" in overrides or "ignore" in overrides:
-            from placecheck.rules import expand
-
-            for key in ("select", "ignore"):
-                try:
-                    expand(overrides.get(key, ()))
-                except ValueError as exc:
-                    raise UsageError(str(exc)) from None
         fail_on = params["fail_on"] if "fail_on" in given else config.fail_on
         if fail_on not in FAIL_ON_CHOICES:
             raise UsageError(f"--fail-on {fail_on!r} is not one of {', '.join(FAIL_ON_CHOICES)}")
@@ -120,12 +170,16 @@ def run_config_audit(ctx: typer.Context, target: str | None, config_path: str | 
                        f"{outcome.load_error}", err=True)
     baseline_path = params["baseline"] or config.baseline
     return finish_with_baseline([o.report for o in outcomes], out, baseline_path, params["write_baseline"],
-                                load_error=any(o.load_error for o in outcomes))
+                                load_error=any(o.load_error for o in outcomes), config_run=True)
 
 
 def finish_with_baseline(reports: list[Report], out: Any, baseline_path: str | None,
-                         write_path: str | None, load_error: bool) -> int:
-    """Record and/or apply a baseline, write the run, return the exit code."""
+                         write_path: str | None, load_error: bool, config_run: bool = False) -> int:
+    """Record and/or apply a baseline, write the run, return the exit code.
+
+    ``config_run``: every model of a config was audited, so baseline entries of
+    models the config no longer lists are stale too.
+    """
     from placecheck.cli import emit_reports, fail
 
     try:
@@ -134,7 +188,7 @@ def finish_with_baseline(reports: list[Report], out: Any, baseline_path: str | N
             typer.echo(f"placecheck: recorded {recorded} finding{'s' if recorded != 1 else ''} "
                        f"in {write_path}", err=True)
         if baseline_path is not None:
-            result = baselines.apply(reports, baselines.read(baseline_path))
+            result = baselines.apply(reports, baselines.read(baseline_path), complete=config_run)
             reports = list(result.reports)
             if result.stale:
                 typer.echo(f"placecheck: {baseline_path}: {len(result.stale)} stale "
@@ -144,7 +198,7 @@ def finish_with_baseline(reports: list[Report], out: Any, baseline_path: str | N
                     typer.echo(f"  {entry.describe()}", err=True)
     except PlacecheckError as exc:
         raise fail(str(exc), out.debug) from None
-    code = emit_reports(reports, out)
+    code = emit_reports(reports, out, config_run=config_run)
     if load_error:
         return EXIT_USAGE
     return EXIT_OK if write_path is not None else code

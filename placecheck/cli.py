@@ -100,9 +100,13 @@ def emit(report: Report, out: OutputOptions) -> int:
     return emit_reports([report], out)
 
 
-def emit_reports(reports: list[Report], out: OutputOptions) -> int:
-    """Write a run's reports (one or many models) where ``--output`` says; return the exit code."""
-    text = formatter_for(out.format).format_reports(reports)
+def emit_reports(reports: list[Report], out: OutputOptions, config_run: bool = False) -> int:
+    """Write a run's reports (one or many models) where ``--output`` says; return the exit code.
+
+    ``config_run``: a ``--config`` run, rendered in the run shape even with one model.
+    """
+    formatter = formatter_for(out.format)
+    text = formatter.format_run(reports) if config_run else formatter.format_reports(reports)
     if out.output == "-":
         sys.stdout.write(text)
         sys.stdout.flush()
@@ -192,8 +196,11 @@ def audit(
         "--jobs", "-j", help="With --config: models audited in parallel (default: the config's, else 1).",
         min=1)] = None,
     timeout: Annotated[float | None, typer.Option(
-        "--timeout", help="With --config: seconds one model may take before it is stopped and reported "
-                          "as PC901 (default: the config's, else 600).", min=0.001)] = None,
+        "--timeout", help="Seconds one model's audit may take before it is stopped. With --config "
+                          "each model runs in its own process and one that runs past it is reported "
+                          "as PC901 (default: the config's, else 600); with one TARGET the audit runs "
+                          "in a child process only when this is given, and running past it is an "
+                          "error (exit 2).", min=0.001)] = None,
     baseline: Annotated[str | None, typer.Option(
         "--baseline", help="Hide the findings this baseline file records; report entries it no longer "
                            "matches as stale.")] = None,
@@ -225,7 +232,12 @@ def audit(
             example_inputs=example_inputs, forward=not no_forward, train=train,
         )
         out = OutputOptions(format=fmt, output=output, fail_on=fail_on, exit_zero=exit_zero, debug=debug)
-        report = run_audit(opts)
+        if timeout is not None:
+            from placecheck.ci import audit_with_timeout
+
+            report = audit_with_timeout(opts, timeout)
+        else:
+            report = run_audit(opts)
     except PlacecheckError as exc:
         refused = getattr(exc, "report", None)  # --checkpoint would run code: its PC306 report, then the line
         if refused is not None:

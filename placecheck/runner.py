@@ -110,7 +110,7 @@ def _audit(spec: dict[str, Any]) -> Report:
     optional = {"checkpoint": spec["checkpoint"], "checkpoint_key": spec["checkpoint_key"],
                 "trust": spec["trust"], "inputs": tuple(spec["inputs"]),
                 "example_inputs": spec["example_inputs"], "train": spec["train"],
-                "forward": spec["forward"]}
+                "forward": spec["forward"], "library_findings": spec.get("library_findings")}
     for key, value in optional.items():
         if value is None or value == () or (value is False and key != "forward"):
             continue
@@ -160,8 +160,8 @@ def _incomplete(model: ModelConfig, reason: str, message: str, stderr: str = "")
     r = rule(INCOMPLETE)
     hints = {
         "timeout": "raise --timeout (or the model's timeout), or make the model smaller to build",
-        "crash": "run `placecheck audit` on this model alone with --debug; the stack above the "
-                 "crash is in the details",
+        "crash": "run `placecheck audit` on this model alone with --debug; the interpreter's last "
+                 "stack lines are in the finding's details (--format json or junit)",
         "out-of-memory": "give the runner more memory, or build the model with --init meta",
         "load-error": "fix the model's entry in the config (target, kwargs, inputs)",
         "error": "rerun this model alone with --debug and report it",
@@ -203,13 +203,18 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
+def _child_command(spec_path: Path, result_path: Path) -> list[str]:
+    """The command line of one model's audit process (a seam for the tests)."""
+    return [sys.executable, "-m", "placecheck.runner", str(spec_path), str(result_path)]
+
+
 def audit_in_subprocess(model: ModelConfig, timeout: float, workdir: str | None = None) -> ModelOutcome:
     """Audit one model in a child process; never raises for what the model does."""
     with tempfile.TemporaryDirectory(prefix="placecheck-") as tmp:
         spec_path, result_path, stderr_path = (Path(tmp) / n for n in ("spec.json", "result.json",
                                                                          "stderr.txt"))
         spec_path.write_text(json.dumps(_spec(model)), encoding="utf-8")
-        command = [sys.executable, "-m", "placecheck.runner", str(spec_path), str(result_path)]
+        command = _child_command(spec_path, result_path)
         with open(stderr_path, "wb") as stderr:
             # A new session, so that a timeout kills the child's own children too.
             child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -234,8 +239,13 @@ def audit_in_subprocess(model: ModelConfig, timeout: float, workdir: str | None 
             return ModelOutcome(model, _incomplete(
                 model, "crash", f"the audit process exited with status {returncode} without a report",
                 stderr_text))
-        result = json.loads(result_path.read_text(encoding="utf-8"))
-    status = result["status"]
+        try:
+            result = json.loads(result_path.read_text(encoding="utf-8"))
+            status = result["status"]
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            return ModelOutcome(model, _incomplete(
+                model, "error", f"the audit process wrote an unreadable result ({one_line(exc)})",
+                stderr_text))
     if status == "ok":
         return ModelOutcome(model, report_from_dict(result["report"]))
     if status == "oom":
@@ -274,8 +284,13 @@ def finish(outcome: ModelOutcome) -> ModelOutcome:
 
 
 def show_progress() -> bool:
-    """A progress bar only for a person at a terminal: not in CI, not when stderr is redirected."""
-    return sys.stderr.isatty() and not os.environ.get("CI")
+    """A progress bar only for a person at a terminal: not in CI, not when stderr is redirected.
+
+    CI services set ``CI=true`` (or ``1``); ``CI=false`` or ``CI=0`` means "not CI", so only a
+    truthy value hides the bar.
+    """
+    in_ci = os.environ.get("CI", "").strip().lower() in ("1", "true", "yes", "on")
+    return sys.stderr.isatty() and not in_ci
 
 
 def run_models(config: RunConfig, jobs: int | None = None, timeout: float | None = None,
@@ -292,9 +307,13 @@ def run_models(config: RunConfig, jobs: int | None = None, timeout: float | None
 
     def one(index: int) -> None:
         model = models[index]
-        outcome = audit_one(model, model.timeout or default_timeout, workdir)
+        try:
+            outcome = finish(audit_one(model, model.timeout or default_timeout, workdir))
+        except Exception as exc:  # placecheck's own failure on this model must not lose the others
+            outcome = ModelOutcome(model, _incomplete(
+                model, "error", f"placecheck failed on this model: {one_line(exc)}"))
         with lock:
-            outcomes[index] = finish(outcome)
+            outcomes[index] = outcome
             if bar is not None:
                 bar.advance(model.label)
 

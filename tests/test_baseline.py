@@ -107,3 +107,49 @@ def test_cli_adopts_then_fails_only_on_new_findings(tmp_path: Path) -> None:
     net.write_text(net.read_text().replace("self.mask = torch.ones(4)", "pass"))
     fixed = placecheck("--baseline", str(path))
     assert "1 stale entry" in fixed.stderr and "PC101 at mask" in fixed.stderr
+
+
+def _incomplete() -> Finding:
+    return Finding(code="PC901", kind="audit-incomplete", severity=Severity.ERROR, where="",
+                   message="the audit crashed the Python interpreter (SIGSEGV)", hint="h")
+
+
+def test_pc901_is_never_recorded(tmp_path: Path) -> None:
+    # a model that segfaults today must not pass CI forever once a baseline is written
+    path = tmp_path / "b.json"
+    assert baseline.write(path, [_report("a:A", _incomplete(), _f("PC101", "mask"))]) == 1
+    assert [e["code"] for e in json.loads(path.read_text())["entries"]] == ["PC101"]
+
+
+def test_pc901_is_never_hidden(tmp_path: Path) -> None:
+    # a baseline written by hand (or by an older placecheck) with a PC901 entry
+    path = tmp_path / "b.json"
+    path.write_text(json.dumps({"placecheck_baseline": 1, "entries": [
+        {"model": "a:A", "code": "PC901", "where": "", "file": "", "count": 1}]}))
+    result = baseline.apply([_report("a:A", _incomplete())], baseline.read(path))
+    assert [f.code for f in result.reports[0].findings] == ["PC901"]
+    assert result.suppressed == 0
+
+
+def test_a_complete_run_calls_entries_of_absent_models_stale(tmp_path: Path) -> None:
+    path = tmp_path / "b.json"
+    baseline.write(path, [_report("a:A", _f("PC101", "mask")), _report("gone:G", _f("PC101", "x"))])
+    run = [_report("a:A", _f("PC101", "mask"))]
+    assert baseline.apply(run, baseline.read(path)).stale == ()  # one TARGET: other models not judged
+    stale = baseline.apply(run, baseline.read(path), complete=True).stale
+    assert [s.describe() for s in stale] == ["gone:G: PC101 at x"]
+
+
+def test_a_config_run_reports_entries_of_models_no_longer_listed(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    from placecheck.ci import finish_with_baseline
+    from placecheck.cli import OutputOptions
+
+    path = tmp_path / "b.json"
+    baseline.write(path, [_report("a:A"), _report("gone:G", _f("PC101", "x"))])
+    out = OutputOptions(output=str(tmp_path / "out.txt"))
+    code = finish_with_baseline([_report("a:A")], out, str(path), None, load_error=False, config_run=True)
+    assert code == 0
+    assert "1 stale entry" in capsys.readouterr().err
+    assert finish_with_baseline([_report("a:A")], out, str(path), None, load_error=False) == 0
+    assert "stale" not in capsys.readouterr().err

@@ -169,7 +169,9 @@ def test_report_json_round_trip() -> None:
     assert runner.report_from_dict(json.loads(json.dumps(report_to_dict(report)))) == report
 
 
-@pytest.mark.parametrize("tty, ci, shown", [(True, None, True), (True, "true", False), (False, None, False)])
+@pytest.mark.parametrize("tty, ci, shown", [(True, None, True), (True, "true", False), (False, None, False),
+                                             (True, "1", False), (True, "false", True), (True, "0", True),
+                                             (True, "", True)])
 def test_progress_bar_only_on_a_terminal_outside_ci(monkeypatch: pytest.MonkeyPatch, tty: bool,
                                                     ci: str | None, shown: bool) -> None:
     monkeypatch.setattr(sys.stderr, "isatty", lambda: tty)
@@ -221,3 +223,99 @@ def test_pyproject_is_used_when_no_target_is_given(tmp_path: Path) -> None:
                           capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == 1, proc.stderr
     assert proc.stdout.startswith("::error ") and "PC101" in proc.stdout and "PC102" not in proc.stdout
+
+
+# ---- one model's failure never loses the others ---------------------------------------------------
+
+
+def test_an_exception_for_one_model_becomes_its_pc901() -> None:
+    cfg = RunConfig(path="x", models=(ModelConfig(target="a:A"), ModelConfig(target="b:B")))
+    healthy = _fake({"a:A": [_finding("PC101", "mask")]}, [])
+
+    def audit_one(model: ModelConfig, timeout: float, workdir: str | None) -> runner.ModelOutcome:
+        if model.target == "b:B":
+            raise RuntimeError("boom")
+        return healthy(model, timeout, workdir)  # type: ignore[no-any-return]
+
+    a, b = (o.report for o in runner.run_models(cfg, progress=False, audit_one=audit_one))
+    assert [f.code for f in a.findings] == ["PC101"]
+    assert [(f.code, f.message) for f in b.findings] == [
+        ("PC901", "placecheck failed on this model: RuntimeError: boom")]
+
+
+def test_a_spec_json_cannot_encode_is_that_models_pc901() -> None:
+    # a date kwarg (config validation refuses it; the API can still pass one): json.dumps raises in
+    # the parent before any child starts
+    import datetime
+
+    dated = ModelConfig(target="d:D", kwargs={"width": datetime.date(1979, 5, 27)})
+    cfg = RunConfig(path="x", models=(ModelConfig(target="a:A"), dated))
+    healthy = _fake({"a:A": []}, [])
+
+    def audit_one(model: ModelConfig, timeout: float, workdir: str | None) -> runner.ModelOutcome:
+        if model.target == "d:D":
+            return runner.audit_in_subprocess(model, timeout, workdir)
+        return healthy(model, timeout, workdir)  # type: ignore[no-any-return]
+
+    a, d = (o.report for o in runner.run_models(cfg, progress=False, audit_one=audit_one))
+    assert a.target == "a:A" and a.findings == ()
+    [finding] = d.findings
+    assert finding.code == "PC901" and "TypeError" in finding.message
+
+
+def test_a_corrupt_child_result_is_that_models_pc901(monkeypatch: pytest.MonkeyPatch) -> None:
+    def writes_garbage(spec_path: Path, result_path: Path) -> list[str]:
+        return [sys.executable, "-c", "import sys; open(sys.argv[1], 'w').write('{not json')",
+                str(result_path)]
+
+    monkeypatch.setattr(runner, "_child_command", writes_garbage)
+    outcome = runner.audit_in_subprocess(ModelConfig(target="a:A"), timeout=60)
+    [finding] = outcome.report.findings
+    assert finding.code == "PC901" and "unreadable result" in finding.message
+    assert dict(finding.details)["reason"] == "error"
+
+
+def test_bad_command_line_overrides_fail_once_before_any_model_runs(tmp_path: Path) -> None:
+    config = _config(tmp_path, """
+        [[models]]
+        target = "tests/fixtures/ci/models.py:Healthy"
+        [[models]]
+        target = "tests/fixtures/ci/models.py:Buggy"
+        """)
+    proc = _placecheck("audit", "--config", str(config), "--device", "gpu")
+    assert proc.returncode == 2
+    assert proc.stderr == "placecheck: error: unknown device 'gpu': use cuda, cuda:N, cpu, mps or meta\n"
+    proc = _placecheck("audit", "--config", str(config), "--engine", "bogus")
+    assert proc.returncode == 2
+    assert proc.stderr == ("placecheck: error: --engine 'bogus': expected one of \"auto\", \"real\", "
+                           "\"fake\", \"tagged\"\n")
+    proc = _placecheck("audit", "--config", str(config), "--init", "disk")
+    assert proc.returncode == 2 and proc.stderr.startswith("placecheck: error: --init 'disk': expected one")
+
+
+# ---- one TARGET with --timeout --------------------------------------------------------------------
+
+
+def test_one_target_that_hangs_is_stopped_by_timeout() -> None:
+    proc = _placecheck("audit", f"{MODELS}:Hang", "--timeout", "2")
+    assert proc.returncode == 2
+    assert proc.stderr == (f"placecheck: error: {MODELS}:Hang did not finish within 2 s (a forward that "
+                           "hangs? if it is only slow, raise --timeout)\n")
+    assert proc.stdout == ""
+
+
+def test_one_target_with_timeout_reports_as_in_process() -> None:
+    proc = _placecheck("audit", f"{MODELS}:Buggy", "--kwargs", '{"width": 3}', "--timeout", "300",
+                       "--select", "PC1", "--format", "json")
+    assert proc.returncode == 1, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["target"] == f"{MODELS}:Buggy"  # the single-report shape
+    assert [(f["code"], f["where"], f["shape"]) for f in report["findings"]] == [
+        ("PC101", "mask", [3]), ("PC102", "heads[0]", None)]
+
+
+def test_one_target_with_timeout_that_does_not_load() -> None:
+    proc = _placecheck("audit", f"{MODELS}:Missing", "--timeout", "300")
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("placecheck: error: ") and proc.stderr.count("\n") == 1
+    assert "Missing" in proc.stderr

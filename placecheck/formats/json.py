@@ -27,7 +27,7 @@ def report_to_dict(report: Report) -> dict[str, Any]:
 
 
 def run_to_dict(reports: Sequence[Report]) -> dict[str, Any]:
-    """The JSON object for a run of several models (``--config``).
+    """The JSON object for a ``--config`` run (any number of models).
 
     ``models`` holds each model's report object; ``findings`` lists every
     finding of the run, each with the ``target`` of its model, so a consumer of
@@ -54,4 +54,8 @@ class JsonFormatter(Formatter):
     def format_reports(self, reports: Sequence[Report]) -> str:
         if len(reports) == 1:
             return self.format(reports[0])
+        return self.format_run(reports)
+
+    def format_run(self, reports: Sequence[Report]) -> str:
+        # a --config run is always the run object, even with one model
         return json.dumps(run_to_dict(reports), indent=2) + "\n"
