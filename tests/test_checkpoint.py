@@ -381,6 +381,8 @@ def test_an_empty_state_dict_says_so(tmp_path: Path, net_target: str) -> None:
     code, _, err = run("checkpoint", str(path), "--model", net_target)
     assert code == 2 and err.count("\n") == 1
     assert "holds no tensors at all (an empty state_dict?)" in err
+    code, report = run_json("checkpoint", str(path))  # without --model: a note, not an error
+    assert code == 0 and any("holds no tensors at all" in n for n in report["notes"])
 
 
 def test_python2_global_names_are_shown_as_torch_names_them(tmp_path: Path) -> None:

@@ -390,6 +390,8 @@ def check_checkpoint(
                                          model_state_specs(built), name)
         findings += comparison.findings
     notes = _notes(meta, sd_path, n_keys, name, state_dict_candidates(tree_meta), loaded_trusted)
+    if found is None:
+        notes.append(_no_state_dict(tree_meta, path))
     if refused:
         notes.append("refused: loading would run code from the file; rerun with --trust to allow it")
     report = Report.build(path, dev, eng.name, [f for f in findings if f.code in codes],
