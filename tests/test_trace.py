@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+import typing
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,7 @@ from typer.testing import CliRunner
 
 import placecheck
 from placecheck.cli import app
+from placecheck.trace import display_path
 
 HERE = Path(__file__).name
 
@@ -274,3 +277,181 @@ def test_attention_is_traced_and_its_inference_fast_path_kept_when_clean(engine:
     (mismatch,) = report.findings
     assert mismatch.code == "PC201" and mismatch.origin == "mask"
     assert mismatch.source.endswith(f"{HERE}:{_line_of('MARK attention')}")
+
+
+# -- where the finding is attributed: no user frame, library code, the running module ---------------
+
+
+SHOWN = display_path(__file__)
+"""This file as ``source`` shows it (relative to the working directory)."""
+
+
+class ToCpu(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.cpu()  # MARK to-cpu
+
+
+def _no_user_frame_sequential() -> nn.Module:
+    return nn.Sequential(nn.Linear(4, 4), ToCpu(), nn.Linear(4, 4))
+
+
+def _plain_weight_on_a_torch_module() -> nn.Module:
+    lin = nn.Linear(4, 4)
+    weight = lin.weight.detach().clone()
+    del lin.weight
+    lin.weight = weight  # type: ignore[assignment]  # plain tensor attribute: .to() leaves it
+    return nn.Sequential(nn.Linear(4, 4), nn.ReLU(), lin)
+
+
+@pytest.mark.parametrize("engine", ["auto", "tagged"])
+def test_with_no_user_frame_in_forward_the_module_is_named_and_source_stays_inside(engine: str) -> None:
+    # the mismatch is raised in torch code called from torch code: no frame of the forward is the
+    # user's, and the search must not escape to the caller of audit() (this file's test function)
+    report = placecheck.audit(_no_user_frame_sequential, "cuda", engine=engine)
+    mismatch = next(f for f in report.findings if f.code == "PC201")
+    assert (mismatch.where, mismatch.source) == ("2", "")
+    sync = next(f for f in report.findings if f.code == "PC204")
+    assert (sync.where, sync.source) == ("1", f"{SHOWN}:{_line_of('MARK to-cpu')}")
+    report = placecheck.audit(_plain_weight_on_a_torch_module, "cuda", engine=engine, select=["PC2"])
+    rows = [(f.code, f.where, f.source, f.origin) for f in report.findings]
+    assert rows == [("PC201", "2", "", "2.weight")]
+
+
+def test_cli_source_never_points_at_the_cli() -> None:
+    result = CliRunner().invoke(app, ["audit", f"{Path(__file__)}:_no_user_frame_sequential", "-f", "json"])
+    data = json.loads(result.stdout)
+    assert [(f["code"], f["where"], f["source"]) for f in data["findings"] if f["code"] == "PC201"] == [
+        ("PC201", "2", "")]
+
+
+class Postprocess(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def finish(self, x: torch.Tensor) -> torch.Tensor:
+        return x * x.sum().item()  # MARK helper-item
+
+
+class CallsAHelperMethod(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+        self.post = Postprocess()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.post.finish(self.proj(x))
+
+
+def test_where_is_the_module_whose_forward_runs_not_the_owner_of_a_helper_method() -> None:
+    # torchvision's transform.postprocess called from GeneralizedRCNN.forward: the root's forward runs
+    report = placecheck.audit(CallsAHelperMethod, "cuda", select=["PC204"])
+    assert [(f.where, f.source) for f in report.findings] == [("", f"{SHOWN}:{_line_of('MARK helper-item')}")]
+
+
+_FAKE_LIBRARY = '''
+import torch
+import torch.nn as nn
+
+
+class Head(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.fc(x)
+        n = int(y.argmax())                      # line 13: a host sync inside the library
+        idx = torch.arange(2)                    # line 14: a CPU index made by the library
+        return y[:, idx] + torch.ones(2) * n     # line 15: a mismatch inside the library
+'''
+
+
+@pytest.fixture
+def fake_library(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """``fakelib``, installed in a site-packages directory of its own; returns its file."""
+    from placecheck import trace
+
+    site = tmp_path / "site-packages"
+    (site / "fakelib").mkdir(parents=True)
+    (site / "fakelib" / "__init__.py").write_text(_FAKE_LIBRARY, encoding="utf-8")
+    monkeypatch.setattr(trace, "_SITE_DIRS", (str(site) + os.sep,))
+    monkeypatch.setattr(trace, "_library_code", {})
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.delitem(sys.modules, "fakelib", raising=False)
+    return str(site / "fakelib" / "__init__.py")
+
+
+class WrapsTheLibrary(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        import fakelib  # type: ignore[import-not-found]
+
+        self.head = fakelib.Head()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(x)  # MARK calls-library
+
+
+def _library_alone() -> nn.Module:
+    import fakelib
+
+    return typing.cast(nn.Module, fakelib.Head())
+
+
+def test_performance_findings_inside_installed_packages_are_counted_not_reported(fake_library: str) -> None:
+    report = placecheck.audit(_library_alone, "cuda", select=["PC2"])
+    rows = sorted((f.code, f.severity.value, f.where, f.source) for f in report.findings)
+    library_line = os.path.relpath(fake_library) if not os.path.relpath(fake_library).startswith("..") \
+        else fake_library
+    # the mismatch is an error: always reported, at the library's line (no user frame in the forward)
+    assert rows == [("PC201", "error", "", f"{library_line}:15"),
+                    ("PC202", "error", "", f"{library_line}:15")]
+    assert "forward: 3 performance findings inside installed packages (fakelib) not reported; " \
+           "--library-findings shows them" in report.notes
+    shown = placecheck.audit(_library_alone, "cuda", select=["PC2"], library_findings=True)
+    assert sorted((f.code, f.source) for f in shown.findings if f.code in ("PC202", "PC204", "PC205")) == [
+        ("PC202", f"{library_line}:14"), ("PC202", f"{library_line}:15"), ("PC204", f"{library_line}:13"),
+        ("PC205", f"{library_line}:15")]
+    assert not any("performance findings inside" in n for n in shown.notes)
+
+
+def test_library_code_called_from_the_users_forward_is_attributed_to_their_line(fake_library: str) -> None:
+    report = placecheck.audit(WrapsTheLibrary, "cuda", select=["PC2"])
+    line = f"{SHOWN}:{_line_of('MARK calls-library')}"
+    assert {(f.code, f.where, f.source) for f in report.findings} >= {
+        ("PC201", "", line), ("PC204", "", line), ("PC205", "", line)}
+    assert not any("performance findings inside" in n for n in report.notes)
+
+
+def test_cli_library_findings_flag(fake_library: str) -> None:
+    runner = CliRunner()
+    target = f"{Path(__file__)}:_library_alone"
+    hidden = json.loads(runner.invoke(app, ["audit", target, "--select", "PC204", "-f", "json"]).stdout)
+    assert hidden["findings"] == [] and any("--library-findings shows them" in n for n in hidden["notes"])
+    shown = json.loads(runner.invoke(app, ["audit", target, "--select", "PC204", "--library-findings",
+                                           "-f", "json"]).stdout)
+    assert [f["code"] for f in shown["findings"]] == ["PC204"]
+
+
+# -- several origins on one line; PC207 --------------------------------------------------------------
+
+
+class SeveralCreationsMeet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.proj(x)
+        a = torch.full((4,), 2.0)  # MARK first-creation
+        b = torch.linspace(0, 1, 4)  # MARK second-creation
+        return x + a + b  # MARK creations-meet
+
+
+def test_a_mismatch_line_lists_every_origin_of_its_offending_tensors() -> None:
+    report = placecheck.audit(SeveralCreationsMeet, "cuda", select=["PC201"])
+    (finding,) = report.findings
+    first, second = (f"{SHOWN}:{_line_of(m)}" for m in ("MARK first-creation", "MARK second-creation"))
+    assert finding.source == f"{SHOWN}:{_line_of('MARK creations-meet')}"
+    assert finding.origin == first
+    assert dict(finding.details)["origins"] == f"{first}, {second}"
