@@ -69,6 +69,7 @@ class AuditOptions:
     example_inputs: str | None = None
     forward: bool = True
     train: bool = False
+    library_findings: bool = False
 
 
 def _split_codes(values: list[str] | None) -> tuple[str, ...]:
@@ -176,6 +177,9 @@ def audit(
                         "check every gradient lands on the device.")] = False,
     no_forward: Annotated[bool, typer.Option(
         "--no-forward", help="Skip the forward pass: only the walk after .to() (and --checkpoint).")] = False,
+    library_findings: Annotated[bool, typer.Option(
+        "--library-findings", help="Also report performance findings (PC202 warnings, PC204, PC205) raised "
+                                   "entirely inside installed packages such as torchvision.")] = False,
     select: Annotated[list[str] | None, typer.Option(
         help="Report only these codes or prefixes (PC1, PC204, ALL); comma-separated or repeated.")] = None,
     ignore: Annotated[list[str] | None, typer.Option(
@@ -230,6 +234,7 @@ def audit(
             gpus=gpus, select=_split_codes(select), ignore=_split_codes(ignore), init=init,
             checkpoint=checkpoint, checkpoint_key=key, trust=trust, inputs=tuple(input_specs or ()),
             example_inputs=example_inputs, forward=not no_forward, train=train,
+            library_findings=library_findings,
         )
         out = OutputOptions(format=fmt, output=output, fail_on=fail_on, exit_zero=exit_zero, debug=debug)
         if timeout is not None:
@@ -271,7 +276,7 @@ def run_audit(opts: AuditOptions) -> Report:
                    ignore=opts.ignore or None, copy_model=False, target=opts.target, init=opts.init,
                    checkpoint=opts.checkpoint, checkpoint_key=opts.checkpoint_key, trust=opts.trust,
                    inputs=opts.inputs, example_inputs=opts.example_inputs, forward=opts.forward,
-                   train=opts.train)
+                   train=opts.train, library_findings=opts.library_findings)
 
 
 @app.command()
