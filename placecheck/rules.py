@@ -148,21 +148,30 @@ self.proj = nn.LazyLinear(64)      # in __init__
 """)
 
 _rule("PC204", "host-sync", W, "forward", "device-to-host synchronisation in forward()", """
-.item(), .tolist(), .cpu(), .numpy() and bool()/if on a device tensor wait
-for the GPU to finish and copy to the host: legal, but a stall per call that
-serialises the pipeline. Keep the value on the device (torch.where, masks) or
-move the check out of the hot path.""", """
+.item(), .tolist(), .cpu() and bool()/if on a device tensor wait for the GPU
+to finish and copy to the host: legal, but a stall per call that serialises
+the pipeline. (.numpy() on a CUDA tensor does not sync: it raises TypeError
+"can't convert cuda:0 device type tensor to numpy"; the sync is the .cpu() in
+.cpu().numpy().) Keep the value on the device (torch.where, masks) or move the
+check out of the hot path.""", """
 if (x.abs().max() > 10).item():
     x = x.clamp(-10, 10)
 """, """
 x = x.clamp(-10, 10)
 """)
 
-_rule("PC205", "implicit-transfer", W, "forward", "CPU tensor silently copied to the device", """
-Some mixes do not raise: indexing a device tensor with a CPU index tensor, or
-a 0-dim CPU tensor used as a scalar. PyTorch copies the CPU tensor to the
-device on every call, a hidden host-to-device transfer (and sync). Create the
-index/scalar on the device once (register_buffer) or use a Python number.""", """
+_rule("PC205", "implicit-transfer", W, "forward",
+      "CPU index copied to the device each call, or CPU scalar", """
+Two mixes of a CPU tensor with device tensors do not raise. Indexing a device
+tensor with a CPU index tensor copies the index to the device on every call:
+a hidden, blocking host-to-device transfer (a warning). A 0-dim CPU tensor
+used as a scalar is not copied: PyTorch reads its value on the host and passes
+it to the kernel like a Python number (no device copy, no GPU sync).
+placecheck notes that case (info) only for a 0-dim tensor stored on the model:
+.to() did not move it, which is harmless while it is a scalar and a device
+mismatch once it is used as more (reshaped, concatenated). Create the index on
+the device once (register_buffer, device=x.device); keep a scalar as a Python
+number or a registered buffer.""", """
 idx = torch.arange(4)
 return x[:, idx]
 """, """
@@ -248,7 +257,8 @@ not finish: the interpreter crashed (a segfault in an extension), it ran past
 --timeout, it ran out of memory (MemoryError, or SIGKILL from the kernel's
 out-of-memory killer), or the model could not be loaded at all. Nothing is
 known about this model's placement; the other models' results are complete.
-The finding's details keep the reason and the end of the process's stderr.
+The finding's details keep the reason and the end of the process's stderr
+(--format json, junit and markdown show them).
 Not a placement rule, so --select PC1 does not hide it; --ignore PC901 does.""", """
 [[models]]
 target = "big.py:Model"     # builds 300 GB of weights on the CPU runner

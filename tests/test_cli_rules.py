@@ -57,3 +57,16 @@ def test_no_torch_import(args: list[str]) -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == "False"
+
+
+def test_explain_texts_state_what_pytorch_does() -> None:
+    sync, transfer = RULES["PC204"].explanation, RULES["PC205"].explanation
+    # .numpy() on a CUDA tensor raises ("can't convert cuda:0 device type tensor to numpy"); it is not a sync
+    assert ".numpy() on a CUDA tensor does not sync: it raises TypeError" in sync
+    assert ".item(), .tolist(), .cpu()" in sync and ".cpu().numpy()" in sync
+    # a 0-dim CPU scalar is read on the host (no device copy, no sync); a CPU index is copied each call
+    assert "copies the CPU tensor to the\ndevice on every call" not in transfer
+    assert "(and sync)" not in transfer
+    assert "0-dim CPU tensor\nused as a scalar is not copied" in transfer
+    assert "CPU index tensor copies the index to the device on every call" in transfer
+    assert "scalar" in RULES["PC205"].title and "index" in RULES["PC205"].title

@@ -7,10 +7,12 @@ Golden files live in tests/golden/ci/ (``pytest --update-golden`` rewrites them)
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import jsonschema
@@ -112,7 +114,7 @@ def test_sarif_rules_results_and_locations() -> None:
     assert set(by_rule) == {"PC101", "PC204", "PC901"}
     for result in run["results"]:
         assert rules[result["ruleIndex"]]["id"] == result["ruleId"]
-        assert result["partialFingerprints"]["placecheck/v1"]
+        assert result["partialFingerprints"]["placecheck/v2"]
     # a finding with a source line points at it
     sync = by_rule["PC204"]["locations"][0]["physicalLocation"]
     assert sync == {"artifactLocation": {"uri": "pkg/net.py", "uriBaseId": "%SRCROOT%"},
@@ -223,3 +225,113 @@ def test_single_report_output_is_unchanged_by_the_run_interface() -> None:
 def test_junit_is_well_formed_xml() -> None:
     root = ET.fromstring(_render(OutputFormat.JUNIT).encode())
     assert root.tag == "testsuites"
+
+
+# ---- fixes from review: fingerprints, the JSON run shape, PC901's stack, Python 3.10 --------------
+
+
+def _mismatch(op: str, line: int, origin: str, what: str) -> Finding:
+    return Finding(code="PC201", kind="device-mismatch", severity=Severity.ERROR, where="",
+                   message=f"{op} mixed cpu and cuda:0: its argument is on cpu ({what}); a GPU raises",
+                   hint="h", source=f"pkg/net.py:{line}", origin=origin, details=(("op", op),))
+
+
+def _root_forward(shift: int) -> Report:
+    # BuggyNet's root forward: three PC201 in one module, one file
+    return Report.build("pkg/net.py:Net", "cuda:0", "x", [
+        _mismatch("Tensor.add", 54 + shift, f"pkg/net.py:{54 + shift}",
+                  f"created by torch.randn at pkg/net.py:{54 + shift}"),
+        _mismatch("torch.linear", 61 + shift, "gate.weight", "from 'gate.weight', created during forward"),
+        _mismatch("torch.linear", 62 + shift, "heads[0]", "from attribute 'heads[0].weight'"),
+    ])
+
+
+def _fingerprints(reports: list[Report]) -> list[str]:
+    results = json.loads(_render(OutputFormat.SARIF, reports))["runs"][0]["results"]
+    return [r["partialFingerprints"]["placecheck/v2"] for r in results]
+
+
+def test_sarif_fingerprints_tell_findings_of_one_module_apart() -> None:
+    # GitHub merges results that share a fingerprint into one alert
+    before = _fingerprints([_root_forward(0)])
+    assert len(set(before)) == 3
+    # and each survives an edit above it that moves every line (in the message and origin too)
+    assert _fingerprints([_root_forward(7)]) == before
+
+
+def test_sarif_exact_duplicates_get_an_occurrence_index() -> None:
+    twice = _mismatch("Tensor.add", 54, "x", "y")
+    first = _fingerprints([Report.build("t:T", "cuda:0", "x", [twice, twice])])
+    assert len(set(first)) == 2
+    assert _fingerprints([Report.build("t:T", "cuda:0", "x", [twice])])[0] == first[0]
+
+
+def test_json_config_run_shape_does_not_depend_on_the_number_of_models(tmp_path: Path) -> None:
+    from placecheck.ci import finish_with_baseline
+    from placecheck.cli import OutputOptions
+
+    shapes = []
+    for reports in ([RUN[0]], RUN[:2]):
+        out = OutputOptions(format=OutputFormat.JSON, output=str(tmp_path / "out.json"))
+        finish_with_baseline(reports, out, None, None, load_error=False, config_run=True)
+        data = json.loads((tmp_path / "out.json").read_text(encoding="utf-8"))
+        shapes.append(sorted(data))
+        assert [m["target"] for m in data["models"]] == [r.target for r in reports]
+    assert shapes[0] == shapes[1] == ["findings", "models", "schema_version", "summary"]
+    # one TARGET keeps the single-report object
+    out = OutputOptions(format=OutputFormat.JSON, output=str(tmp_path / "one.json"))
+    finish_with_baseline([RUN[0]], out, None, None, load_error=False)
+    assert json.loads((tmp_path / "one.json").read_text(encoding="utf-8"))["target"] == RUN[0].target
+
+
+def test_markdown_shows_a_dead_audits_last_stack_lines() -> None:
+    stack = "Fatal Python error: Segmentation fault\n  File \"pkg/ext.py\", line 3 in build"
+    crashed = Report.build("pkg.crashy:Model", "cuda:0", "not run",
+                           [replace(CRASH, details=(("reason", "crash"), ("stderr", stack)))])
+    text = _render(OutputFormat.MARKDOWN, [crashed])
+    assert "**stderr:**<br>Fatal Python error: Segmentation fault<br>  File \"pkg/ext.py\", line 3" in text
+
+
+# names the standard library gained after Python 3.10 (requires-python is >=3.10)
+_NEWER_THAN_310 = {
+    "typing": {"assert_never", "assert_type", "reveal_type", "Self", "Never", "LiteralString", "Required",
+               "NotRequired", "TypeVarTuple", "Unpack", "dataclass_transform", "get_overloads",
+               "clear_overloads", "override", "TypeAliasType", "ReadOnly", "TypeIs", "is_protocol",
+               "get_protocol_members", "NoDefault"},
+    "enum": {"StrEnum", "ReprEnum", "verify", "member", "nonmember", "property", "global_enum",
+             "EnumCheck", "FlagBoundary"},
+    "datetime": {"UTC"},
+    "contextlib": {"chdir"},
+    "hashlib": {"file_digest"},
+    "asyncio": {"TaskGroup", "timeout", "Runner"},
+}
+_MODULES_NEWER_THAN_310 = {"tomllib", "wsgiref.types"}
+
+
+def _version_guarded(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> bool:
+    while node in parents:
+        node = parents[node]
+        if isinstance(node, ast.If) and "version_info" in ast.unparse(node.test):
+            return True
+    return False
+
+
+def test_the_package_imports_nothing_python_3_10_lacks() -> None:
+    problems = []
+    for path in sorted((TESTS.parent / "placecheck").rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+        for node in ast.walk(tree):
+            if _version_guarded(node, parents):
+                continue
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = {a.name for a in node.names} & _NEWER_THAN_310.get(node.module, set())
+                if names or node.module in _MODULES_NEWER_THAN_310:
+                    problems.append(f"{path.name}:{node.lineno}: from {node.module} import {names or '...'}")
+            elif isinstance(node, ast.Import):
+                problems += [f"{path.name}:{node.lineno}: import {a.name}" for a in node.names
+                             if a.name in _MODULES_NEWER_THAN_310]
+            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                    and node.attr in _NEWER_THAN_310.get(node.value.id, set()):
+                problems.append(f"{path.name}:{node.lineno}: {node.value.id}.{node.attr}")
+    assert problems == []

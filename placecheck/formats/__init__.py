@@ -7,9 +7,18 @@ one ``case`` below; ``tests/test_formats.py`` checks every choice has one.
 from __future__ import annotations
 
 import enum
-from typing import assert_never
+from typing import NoReturn
 
 from placecheck.formats.base import Formatter
+
+
+def assert_never(value: NoReturn) -> NoReturn:
+    """``typing.assert_never`` (Python 3.11+), here so that Python 3.10 can import placecheck.
+
+    mypy checks the ``match`` below is exhaustive through the ``NoReturn`` parameter, as it does
+    for the typing one.
+    """
+    raise AssertionError(f"unhandled output format: {value!r}")
 
 
 class OutputFormat(str, enum.Enum):

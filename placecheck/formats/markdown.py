@@ -1,7 +1,8 @@
 """``--format markdown``: a pull-request comment.
 
 A heading with the verdict, one table row per finding (model, code, where,
-source, problem and fix), then each model's summary line. Text in cells is
+source, problem and fix; for a PC901 whose audit process died, the last lines
+of its stderr), then each model's summary line. Text in cells is
 escaped so that a ``|`` or a newline in a message cannot break the table.
 """
 
@@ -30,6 +31,9 @@ def _row(report: Report, f: Finding) -> str:
     problem = cell(f.message + (f" (from {f.origin})" if f.origin else ""))
     if f.hint:
         problem += f"<br>**fix:** {cell(f.hint)}"
+    stderr = dict(f.details).get("stderr", "")
+    if stderr:  # a dead audit process's last stack lines (PC901): the only clue to why it died
+        problem += f"<br>**stderr:**<br>{cell(stderr)}"
     cells = [_ICON[f.severity], f"{f.code} {f.kind}", _code(report.target), _code(f.where or "<root>"),
              _code(f.source), problem]
     return "| " + " | ".join(cells) + " |"

@@ -4,7 +4,8 @@ One run, the tool's rules with their help text (from :mod:`placecheck.rules`),
 one result per finding. A result points at the finding's source line when it
 has one, else at the file its model's TARGET names (GitHub needs a physical
 location for every result). ``partialFingerprints`` keep a result's identity
-when lines shift, so code scanning does not reopen it as new.
+when lines shift, so code scanning does not reopen it as new, and tell distinct
+results apart (see :func:`fingerprint_key`).
 tests/test_formats_ci.py validates the output against the official schema.
 """
 
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -59,14 +62,41 @@ def _location(report: Report, f: Finding) -> dict[str, Any]:
             "logicalLocations": [{"fullyQualifiedName": logical, "kind": "member"}]}
 
 
-def _fingerprint(report: Report, f: Finding) -> str:
-    # line numbers are left out on purpose: a fingerprint must survive edits above the line
+_LINE_NUMBER = re.compile(r"(\.py):\d+\b|\bline \d+\b")
+
+
+def _without_lines(text: str) -> str:
+    return _LINE_NUMBER.sub(lambda m: m.group(1) or "line", text)
+
+
+def fingerprint_key(report: Report, f: Finding) -> str:
+    """What identifies a result across runs: everything but line numbers.
+
+    Line numbers are left out so that an edit above the line does not make an
+    alert new; the op, the origin and the message are kept so that distinct
+    findings of one module's forward (three PC201 on different ops) stay
+    distinct alerts, which GitHub would otherwise merge into one.
+    """
     path = repo_path(split_source(f.source)[0]) if f.source else ""
-    key = "\0".join((report.target, f.code, f.where, path))
-    return hashlib.sha256(key.encode()).hexdigest()[:32]
+    parts = (report.target, f.code, f.where, path, dict(f.details).get("op", ""),
+             _without_lines(f.origin), _without_lines(f.message))
+    return "\0".join(parts)
 
 
-def _result(report: Report, f: Finding, rule_index: dict[str, int]) -> dict[str, Any]:
+def _fingerprints(reports: Sequence[Report]) -> list[str]:
+    """One fingerprint per finding of the run, in order; exact duplicates get an occurrence index."""
+    seen: Counter[str] = Counter()
+    out = []
+    for report in reports:
+        for f in report.findings:
+            key = fingerprint_key(report, f)
+            seen[key] += 1
+            occurrence = f"\0{seen[key] - 1}" if seen[key] > 1 else ""
+            out.append(hashlib.sha256((key + occurrence).encode()).hexdigest()[:32])
+    return out
+
+
+def _result(report: Report, f: Finding, rule_index: dict[str, int], fingerprint: str) -> dict[str, Any]:
     text = f"{report.target}: {f.where or '<root>'}: {f.message}"
     if f.origin:
         text += f" (from {f.origin})"
@@ -80,7 +110,7 @@ def _result(report: Report, f: Finding, rule_index: dict[str, int]) -> dict[str,
         "level": _LEVEL[f.severity],
         "message": {"text": text},
         "locations": [_location(report, f)],
-        "partialFingerprints": {"placecheck/v1": _fingerprint(report, f)},
+        "partialFingerprints": {"placecheck/v2": fingerprint},
         "properties": properties,
     }
     if f.code in rule_index:
@@ -92,7 +122,9 @@ def sarif_log(reports: Sequence[Report]) -> dict[str, Any]:
     """The SARIF log object of a run."""
     rules = list(RULES.values())
     rule_index = {r.code: i for i, r in enumerate(rules)}
-    results = [_result(report, f, rule_index) for report in reports for f in report.findings]
+    pairs = [(report, f) for report in reports for f in report.findings]
+    results = [_result(report, f, rule_index, fingerprint)
+               for (report, f), fingerprint in zip(pairs, _fingerprints(reports), strict=True)]
     return {
         "$schema": SARIF_SCHEMA,
         "version": "2.1.0",
