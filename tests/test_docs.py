@@ -44,12 +44,37 @@ def test_readme_workflow_is_valid_yaml_naming_real_flags() -> None:
     runs = [step["run"] for step in steps if "run" in step and "placecheck audit" in step["run"]]
     assert len(runs) == 1
     _check_command_line(runs[0])
-    assert "--engine fake" in runs[0] and "--format sarif" in runs[0]
+    # the default engine (auto) falls back to real values where fake tensors stop (.item()): no --engine
+    assert "--engine" not in runs[0] and "--format sarif" in runs[0]
     assert workflow["jobs"]["placecheck"]["runs-on"].startswith("ubuntu")  # a CPU runner
     upload = next(s for s in steps if str(s.get("uses", "")).startswith("github/codeql-action/upload-sarif"))
     out = shlex.split(runs[0])
-    assert upload["with"]["sarif_file"] == out[out.index("--output") + 1]
+    sarif = out[out.index("--output") + 1]
+    assert upload["with"]["sarif_file"] == sarif
+    # after findings (exit 1) too, but not after a config error, which writes no SARIF
+    assert upload["if"] == f"always() && hashFiles('{sarif}') != ''"
     assert workflow["jobs"]["placecheck"]["permissions"]["security-events"] == "write"
+
+
+def _pins() -> dict[str, str]:
+    """The newest torch and torchvision placecheck admits (pyproject's ``<=`` bounds)."""
+    text = (REPO / "pyproject.toml").read_text(encoding="utf-8")
+    return dict(re.findall(r'"(torch|torchvision)>=[^,]+,<=([^"]+)"', text))
+
+
+def test_readme_workflow_installs_matching_cpu_builds_first() -> None:
+    # torch alone from the CPU index, then placecheck, pulled a PyPI torchvision built for another torch
+    # ("operator torchvision::nms does not exist"), and an index torch newer than the pin was replaced
+    # by a CUDA torch from PyPI
+    [block] = re.findall(r"```yaml\n(.*?)```", _section("Use in CI"), re.S)
+    steps = yaml.safe_load(block)["jobs"]["placecheck"]["steps"]
+    installs = [shlex.split(s["run"]) for s in steps if str(s.get("run", "")).startswith("pip install")]
+    pins = _pins()
+    assert set(pins) == {"torch", "torchvision"}
+    first, second = installs
+    assert first == ["pip", "install", f"torch=={pins['torch']}", f"torchvision=={pins['torchvision']}",
+                     "--index-url", "https://download.pytorch.org/whl/cpu"]
+    assert second == ["pip", "install", "placecheck"]
 
 
 def test_readme_console_examples_name_real_flags() -> None:
