@@ -123,8 +123,10 @@ def _user_frame(frame: FrameType | None) -> FrameType | None:
 
 
 def user_line(exc: BaseException) -> str:
-    """``file:line`` of the innermost user frame in ``exc``'s traceback ("" when none)."""
+    """``file:line`` of the innermost user frame in ``exc``'s traceback: outside installed packages
+    when there is one, else the innermost outside torch and placecheck ("" when none)."""
     frames = [f for f in _frames_of(exc.__traceback__) if not _is_internal(f.f_code)]
+    frames = [f for f in frames if not library_package(f.f_code)] or frames
     if not frames:
         return ""
     tb = exc.__traceback__
@@ -512,7 +514,7 @@ class Tracer:
 
     def record_error(self, exc: BaseException, phase: str = "forward") -> None:
         """Record what the forward (or backward) raised, at the innermost user frame of its traceback."""
-        frames = [f for f in _frames_of(exc.__traceback__) if not _is_internal(f.f_code)]
+        frames = _frames_of(exc.__traceback__)
         site = self._site(frames[-1]) if frames else Site("", "")
         self.events.append(ForwardError(phase, one_line(exc), site, mismatch=is_device_mismatch(exc)))
 
