@@ -279,6 +279,7 @@ def _attempt(eng: Engine, opts: _Options) -> _Attempt:
         if construction.on_meta:
             leftovers_to_default_device(moved, snapshot, default_device)
         result = walk(moved, dev, snapshot)
+        attempt.notes.extend(result.notes)
         forward_findings: list[Finding] = []
         walk_findings = result.findings
         if inputs is not None:

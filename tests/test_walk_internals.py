@@ -416,3 +416,23 @@ def test_class_attributes_of_torch_classes_are_not_walked() -> None:
     # nn.Module and its library subclasses carry class-level state (_version, __constants__, ...)
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.LSTM(4, 4), nn.MultiheadAttention(4, 2))
     assert walk_findings(model) == []
+
+
+def test_depth_limit_note_reaches_the_report() -> None:
+    from placecheck.walk import _MAX_DEPTH
+
+    class Node:
+        def __init__(self, nxt: object) -> None:
+            self.nxt = nxt
+            self.t = torch.ones(1)
+
+    class Chain(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            node: object = None
+            for _ in range(_MAX_DEPTH + 5):
+                node = Node(node)
+            self.chain = node
+
+    report = placecheck.audit(Chain(), device="cuda", engine="fake", forward=False)
+    assert [n for n in report.notes if n.startswith("walk: stopped")], report.notes
