@@ -59,12 +59,15 @@ class StaleEntry:
     where: str
     file: str
     count: int
+    absent: bool = False
+    """The entry's model was not in the run (a ``--config`` run: the config no longer lists it)."""
 
     def describe(self) -> str:
         """One line for humans."""
         place = f"{self.where or '<root>'}" + (f" ({self.file})" if self.file else "")
         times = f" x{self.count}" if self.count > 1 else ""
-        return f"{self.model}: {self.code} at {place}{times}"
+        gone = " (model no longer in the config)" if self.absent else ""
+        return f"{self.model}: {self.code} at {place}{times}{gone}"
 
 
 @dataclass(frozen=True)
@@ -152,8 +155,8 @@ def apply(reports: Sequence[Report], baseline: Counter[Key], complete: bool = Fa
         suppressed += hidden
         out.append(replace(report, findings=tuple(kept), notes=tuple(notes)))
     audited = {r.target for r in reports}
-    stale = tuple(StaleEntry(*key, count=n) for key, n in sorted(remaining.items())
-                  if n > 0 and (complete or key[0] in audited))
+    stale = tuple(StaleEntry(*key, count=n, absent=key[0] not in audited)
+                  for key, n in sorted(remaining.items()) if n > 0 and (complete or key[0] in audited))
     for i, report in enumerate(out):
         mine = [f"baseline: stale entry, no longer found: {s.describe()}" for s in stale
                 if s.model == report.target]

@@ -137,7 +137,7 @@ def test_a_complete_run_calls_entries_of_absent_models_stale(tmp_path: Path) -> 
     run = [_report("a:A", _f("PC101", "mask"))]
     assert baseline.apply(run, baseline.read(path)).stale == ()  # one TARGET: other models not judged
     stale = baseline.apply(run, baseline.read(path), complete=True).stale
-    assert [s.describe() for s in stale] == ["gone:G: PC101 at x"]
+    assert [s.describe() for s in stale] == ["gone:G: PC101 at x (model no longer in the config)"]
 
 
 def test_a_config_run_reports_entries_of_models_no_longer_listed(tmp_path: Path,
