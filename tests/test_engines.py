@@ -121,3 +121,92 @@ def test_fake_and_real_valued_engines_agree_on_a_model_both_can_run() -> None:
         report = placecheck.audit(Mixed, "cuda", engine=engine, inputs=["float32[2,4]"])
         rows[engine] = [(f.code, f.where, f.source, f.origin, f.message) for f in report.findings]
     assert rows["fake"] == rows["tagged"] and len(rows["fake"]) == 4  # PC101, PC201, PC202, PC206
+
+
+def test_gpus_fewer_than_the_device_index_needs_is_a_usage_error() -> None:
+    with pytest.raises(UsageError, match=r"--device cuda:3 needs at least 4 GPUs; --gpus 1 was given"):
+        choose_engine("cuda:3", gpus=1)
+    with pytest.raises(UsageError, match="needs at least 2 GPUs"):
+        placecheck.audit(nn.Linear(2, 2), "cuda:1", gpus=1)
+    assert choose_engine("cuda:3", EngineChoice.FAKE, gpus=4).gpus == 4
+    assert choose_engine("cuda:3", EngineChoice.FAKE).gpus == 4  # no --gpus: enough for the index
+
+
+def test_gpus_fewer_than_the_device_index_needs_from_the_cli() -> None:
+    from typer.testing import CliRunner
+
+    from placecheck.cli import app
+
+    result = CliRunner().invoke(app, ["audit", "torch.nn:Identity", "--gpus", "1", "--device", "cuda:3"])
+    assert result.exit_code == 2 and result.stdout == ""
+    assert result.stderr.strip().splitlines() == [
+        "placecheck: error: --device cuda:3 needs at least 4 GPUs; --gpus 1 was given: "
+        "use --gpus 4 or a lower device index"]
+
+
+def test_one_fake_mode_per_engine_shared_by_its_sessions() -> None:
+    """A model built in one session (CUDA tensors in __init__) moves and runs in the next."""
+    eng = choose_engine("cuda:0", EngineChoice.FAKE)
+    with eng.session() as first:
+        model = nn.Sequential(nn.Linear(2, 2).cuda(), nn.Linear(2, 2))
+        alias = model[1].weight
+    # no_grad, as the audit's fake forward: autograd on fake CUDA aborts a CPU-only build of torch
+    with eng.session() as second, torch.no_grad():
+        assert first is second is eng.fake_mode
+        moved = move_model(model, eng)
+        out = moved(torch.ones(3, 2, device="cuda"))
+    assert out.device == torch.device("cuda:0")
+    assert alias is moved[1].weight and alias.device == torch.device("cuda:0")  # kept, as on a GPU
+    assert choose_engine("cuda:0", EngineChoice.FAKE).fake_mode is not eng.fake_mode
+
+
+def test_fake_limit_recognises_fake_tensor_limits_only() -> None:
+    from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+
+    from placecheck.engine import fake_limit
+
+    assert "reads tensor values" in fake_limit(DataDependentOutputException(torch.ops.aten.nonzero.default))
+    assert "output shape depends" in fake_limit(DynamicOutputShapeException(torch.ops.aten.nonzero.default))
+    assert "not implemented for fake" in fake_limit(AssertionError("NYI: aten._pin_memory.default"))
+    not_linked = RuntimeError("PyTorch is not linked with support for cuda devices")
+    assert "no CUDA support" in fake_limit(not_linked)
+    wrapped = RuntimeError("while running the head")
+    wrapped.__cause__ = DataDependentOutputException(torch.ops.aten.item.default)
+    assert fake_limit(wrapped)
+    # the model's own errors, even when they mention fakes
+    assert fake_limit(ValueError("fake news detector: expected 3 labels")) == ""
+    assert fake_limit(RuntimeError("mat1 and mat2 shapes cannot be multiplied (fake_batch)")) == ""
+
+
+def test_an_error_mentioning_fake_is_the_models_own_pc207_not_a_fallback() -> None:
+    class FakeNewsHead(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = nn.Linear(4, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            raise ValueError("fake news head: expected 3 labels")
+
+    report = placecheck.audit(FakeNewsHead, "cuda", inputs=["float32[2,4]"])
+    assert [f.code for f in report.findings] == ["PC207"]
+    assert not any("fell back" in n or "fake tensors stopped" in n for n in report.notes)
+
+
+def test_is_simulation_limit_names_driver_errors_only() -> None:
+    from placecheck.engine import is_simulation_limit
+
+    note = is_simulation_limit(RuntimeError("Found no NVIDIA driver on your system."))
+    assert "needs a real CUDA driver" in note and "Found no NVIDIA driver" in note
+    assert is_simulation_limit(RuntimeError("CUDA driver version is insufficient for CUDA runtime version"))
+    assert is_simulation_limit(RuntimeError("Expected all tensors to be on the same device")) == ""
+    assert is_simulation_limit(ValueError("mat1 and mat2 shapes cannot be multiplied")) == ""
+
+
+@no_gpu
+def test_lazy_batchnorm_buffers_move_under_fake_tensors() -> None:
+    eng = choose_engine("cuda:0", EngineChoice.FAKE)
+    model = nn.Sequential(nn.LazyLinear(4), nn.LazyBatchNorm1d())
+    with eng.session():
+        moved = move_model(model, eng)
+        assert {str(b.device) for b in moved.buffers()} == {"cuda:0"}
+        assert {str(p.device) for p in moved.parameters()} == {"cuda:0"}
