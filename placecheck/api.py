@@ -46,7 +46,10 @@ def _build(model: ModelOrFactory, engine: Engine, copy_model: bool) -> nn.Module
 
     Under simulation a factory runs with ``torch.cuda`` answering for the
     simulated GPUs. If it then creates CUDA tensors outright (``torch.zeros(...,
-    device="cuda")`` in ``__init__``), it is built again inside the fake mode.
+    device="cuda")`` or ``.cuda()`` in ``__init__``, a factory returning
+    ``Net().to("cuda")``), it is built again inside the engine's session: the
+    fake engine's sessions share one fake mode, so the move and the forward
+    later run on the same fake tensors.
     """
     if isinstance(model, nn.Module):
         return _copy(model) if copy_model else model
@@ -60,12 +63,7 @@ def _build(model: ModelOrFactory, engine: Engine, copy_model: bool) -> nn.Module
             text = f"{exc} {exc.__cause__ or ''}".lower()
             if not any(s in text for s in _CUDA_BUILD_ERRORS):
                 raise
-    if engine.real_values:
-        with engine.session():
-            return _checked(model())
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    with cuda_queries_simulated(gpus), FakeTensorMode(allow_non_fake_inputs=True):
+    with engine.session():
         return _checked(model())
 
 
@@ -371,32 +369,7 @@ def _quiet_fake_tensor_log() -> Iterator[None]:
 
 
 def fake_limit(exc: BaseException) -> str:
-    """Why the fake engine could not run a forward, when ``exc`` says it was its limit ("" otherwise)."""
-    from torch._subclasses.fake_tensor import (
-        DataDependentOutputException,
-        DynamicOutputShapeException,
-        UnsupportedOperatorException,
-    )
+    """Why the fake engine could not run a forward ("" when ``exc`` is the model's own error)."""
+    from placecheck.engine import fake_limit as engine_fake_limit
 
-    from placecheck.trace import user_line
-
-    seen: BaseException | None = exc
-    why = ""
-    while seen is not None and not why:
-        text = str(seen).lower()
-        if isinstance(seen, DataDependentOutputException) or "data-dependent" in text \
-                or "data dependent" in text:
-            why = "it reads tensor values (.item(), .tolist(), bool() or if on a tensor)"
-        elif isinstance(seen, DynamicOutputShapeException):
-            why = "an op's output shape depends on values (nonzero, boolean-mask indexing, unique)"
-        elif isinstance(seen, UnsupportedOperatorException):
-            why = f"an operator has no fake-tensor implementation ({one_line(seen)})"
-        elif "not linked with support for cuda" in text:
-            why = "this torch build has no CUDA support, which some fake-tensor ops need"
-        elif "hasprimarycontext" in text or "cannot access data pointer" in text or "fake" in text:
-            why = one_line(seen)
-        seen = seen.__cause__ or seen.__context__
-    if not why:
-        return ""
-    line = user_line(exc)
-    return f"{why} at {line}" if line else why
+    return engine_fake_limit(exc)
