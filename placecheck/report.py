@@ -86,15 +86,15 @@ class Report:
         if n == 0:
             return f"no placement problems found on {self.device} ({self.engine})"
         mods = len(self.modules())
-        parts = [_plural(v, k) for k, v in self.counts().items() if v]
-        line = f"{_plural(n, 'problem')} in {_plural(mods, 'module')}: {', '.join(parts)}"
+        parts = [plural(v, k) for k, v in self.counts().items() if v]
+        line = f"{plural(n, 'problem')} in {plural(mods, 'module')}: {', '.join(parts)}"
         off = self.bytes_off_device()
         if off:
             line += f"; {human_bytes(off)} not on {self.device}"
         return line
 
 
-def _plural(n: int, word: str) -> str:
+def plural(n: int, word: str) -> str:
     if word == "info":
         return f"{n} info"
     return f"{n} {word}" + ("" if n == 1 else "s")

@@ -335,3 +335,10 @@ def test_the_package_imports_nothing_python_3_10_lacks() -> None:
                     and node.attr in _NEWER_THAN_310.get(node.value.id, set()):
                 problems.append(f"{path.name}:{node.lineno}: {node.value.id}.{node.attr}")
     assert problems == []
+
+
+def test_table_run_summary_counts_in_good_english() -> None:
+    one = [RUN[1], Report.build("pkg/net.py:Net", "cuda:0", "simulated cuda", [STRAY])]
+    assert _render(OutputFormat.TABLE, one).endswith(
+        "placecheck: 2 models, 1 with problems, 1 problem in all\n")
+    assert _render(OutputFormat.TABLE).endswith("placecheck: 3 models, 2 with problems, 3 problems in all\n")

@@ -8,7 +8,7 @@ from tabulate import tabulate
 
 from placecheck.finding import Finding
 from placecheck.formats.base import Formatter
-from placecheck.report import Report, human_bytes
+from placecheck.report import Report, human_bytes, plural
 
 HEADERS = ("severity", "code", "where", "device", "size", "problem / fix")
 
@@ -59,6 +59,6 @@ class TableFormatter(Formatter):
             return self.format(reports[0])
         failing = sum(1 for r in reports if r.findings)
         total = sum(len(r.findings) for r in reports)
-        tail = (f"placecheck: {len(reports)} models, {failing} with problems, {total} problems in all"
+        tail = (f"placecheck: {len(reports)} models, {failing} with problems, {plural(total, 'problem')} in all"
                 if total else f"placecheck: {len(reports)} models, no placement problems")
         return "\n".join(self.format(r) for r in reports) + "\n" + tail + "\n"
