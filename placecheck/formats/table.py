@@ -59,6 +59,7 @@ class TableFormatter(Formatter):
             return self.format(reports[0])
         failing = sum(1 for r in reports if r.findings)
         total = sum(len(r.findings) for r in reports)
-        tail = (f"placecheck: {len(reports)} models, {failing} with problems, {plural(total, 'problem')} in all"
-                if total else f"placecheck: {len(reports)} models, no placement problems")
+        head = f"placecheck: {len(reports)} models"
+        tail = (f"{head}, {failing} with problems, {plural(total, 'problem')} in all"
+                if total else f"{head}, no placement problems")
         return "\n".join(self.format(r) for r in reports) + "\n" + tail + "\n"
