@@ -61,6 +61,13 @@ def test_cuda_tensors_created_in_init(name: str, engine: str) -> None:
 
 @no_gpu
 @pytest.mark.parametrize("name", sorted(CUDA_IN_INIT_CASES))
+def test_cuda_tensors_created_in_init_built_on_meta(name: str) -> None:
+    report = placecheck.audit(load_file(CUDA_IN_INIT, name), "cuda", init="meta", inputs=["float32[3,2]"])
+    assert rows(report) == CUDA_IN_INIT_CASES[name] and report.engine == SIMULATED_CUDA
+
+
+@no_gpu
+@pytest.mark.parametrize("name", sorted(CUDA_IN_INIT_CASES))
 def test_cuda_tensors_created_in_init_from_the_cli(name: str) -> None:
     result = CliRunner().invoke(app, ["audit", f"{CUDA_IN_INIT}:{name}", "--no-forward", "--format", "json"])
     walk_rows = [r for r in CUDA_IN_INIT_CASES[name] if r[0].startswith("PC1")]
