@@ -334,6 +334,7 @@ def _forward(model: nn.Module, eng: Engine, result: WalkResult, snapshot: Snapsh
              inputs: tuple[tuple[Any, ...], dict[str, Any], str], train: bool,
              library_findings: bool) -> _ForwardResult:
     """The traced forward pass, then the walk again: what the forward replaced or handled."""
+    from placecheck.engine import is_simulation_limit
     from placecheck.inputs import move_inputs
     from placecheck.trace import Tracer
 
@@ -341,16 +342,22 @@ def _forward(model: nn.Module, eng: Engine, result: WalkResult, snapshot: Snapsh
     tracer = Tracer(model, dev, result, move=lambda t: move_inputs(t, dev))
     args, kwargs = move_inputs(inputs[0], dev), move_inputs(inputs[1], dev)
     why = ""
+    notes: list[str] = []
     try:
         with _quiet_fake_tensor_log():
             tracer.run(args, kwargs, train=train)
     except Exception as exc:
         why = fake_limit(exc) if eng.fake else ""
-        if not why:  # else keep what the forward found before fake tensors stopped
+        # code correct on a GPU that needs the real driver (an unsimulated torch.cuda API) is the
+        # simulation's limit, not a PC207 against the user's code
+        limit = is_simulation_limit(exc) if eng.simulated and not why else ""
+        if limit:
+            notes.append(limit)
+        elif not why:  # else keep what the forward found before fake tensors stopped
             tracer.record_error(exc)
     findings = tracer.findings(library_findings)
     dismissed = tracer.dismissed_strays(walk(model, dev, snapshot)) if tracer.strays and not why else {}
-    return _ForwardResult(findings, why, tracer.notes(), dismissed)
+    return _ForwardResult(findings, why, [*notes, *tracer.notes()], dismissed)
 
 
 @contextlib.contextmanager

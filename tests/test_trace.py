@@ -455,3 +455,40 @@ def test_a_mismatch_line_lists_every_origin_of_its_offending_tensors() -> None:
     assert finding.source == f"{SHOWN}:{_line_of('MARK creations-meet')}"
     assert finding.origin == first
     assert dict(finding.details)["origins"] == f"{first}, {second}"
+
+
+class NeedsTheDriver(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+        self.mask = torch.ones(4)  # plain attribute: a mismatch before the driver call
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.proj(x) * self.mask  # MARK before-driver
+        graph = torch.cuda.CUDAGraph()  # MARK needs-driver
+        return y + 0 * len(str(graph))
+
+
+@pytest.mark.parametrize("engine", ["auto", "tagged"])
+def test_an_unsimulated_cuda_api_is_a_note_not_a_forward_error(engine: str) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("a real GPU is present: nothing is simulated")
+    if not torch.backends.cuda.is_built():
+        pytest.skip("the CPU-only build's CUDAGraph is a dummy class ('Tried to instantiate dummy base "
+                    "class'), which engine.is_simulation_limit does not recognise yet")
+    report = placecheck.audit(NeedsTheDriver, "cuda", engine=engine, select=["PC2"])
+    before = f"{SHOWN}:{_line_of('MARK before-driver')}"
+    assert [(f.code, f.source) for f in report.findings] == [("PC201", before)]
+    assert any(n.startswith(f"forward: stopped at {SHOWN}:{_line_of('MARK needs-driver')}: ")
+               for n in report.notes), report.notes
+
+
+def test_without_the_forward_no_stray_is_dismissed() -> None:
+    replaced = load_file(TESTS / "fixtures" / "forward" / "pc101_stray_replaced_in_forward.py")
+    report = placecheck.audit(replaced, "cuda")
+    assert not any(f.code == "PC101" for f in report.findings)
+    assert "anchors.cell_anchors[0]: not reported: forward replaces it with a tensor on cuda:0 before use" \
+        in report.notes
+    report = placecheck.audit(replaced, "cuda", forward=False)
+    assert [(f.code, f.where) for f in report.findings] == [("PC101", "anchors.cell_anchors[0]")]
+    assert not any("not reported" in n for n in report.notes)
