@@ -12,7 +12,16 @@ devices, module, user line, where the offending tensor came from), moves the
 offending argument to the target and runs the call again, so one forward
 reports every mismatch.
 
-Cost: a clean op costs a dictionary lookup and a scan of its arguments; the
+A finding's ``source`` is the innermost frame of the forward outside torch,
+placecheck and installed packages (site-packages), never a frame outside the
+forward. Performance findings whose whole call chain is installed code
+(torchvision's own ``.item()``) are counted in a note rather than reported. The
+walk's stray tensors (PC101) are followed too: one the forward replaces with a
+tensor on the target, or uses only in computations that never meet a device
+tensor, is handled by the code and not reported (:meth:`Tracer.dismissed_strays`).
+
+Cost: a clean op costs a dictionary lookup and a scan of its arguments (plus,
+for off-target arguments only, a lookup among the strays); the
 Python stack is walked only when an event is recorded, and which code objects
 are torch's or placecheck's own is cached per code object.
 
