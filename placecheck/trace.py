@@ -826,7 +826,9 @@ class Tracer:
             finding = self._finding(event, lazy_lines)
             if finding is None:
                 continue
-            key = (finding.code, finding.source, finding.module if not finding.source else "")
+            # one finding per line; per output for PC206 (two host copies returned from one line)
+            key = (finding.code, finding.source,
+                   finding.module if not finding.source or finding.code == "PC206" else "")
             if key in found:
                 found[key] = _also_in(found[key], finding.where)
                 if finding.code == "PC201":

@@ -492,3 +492,21 @@ def test_without_the_forward_no_stray_is_dismissed() -> None:
     report = placecheck.audit(replaced, "cuda", forward=False)
     assert [(f.code, f.where) for f in report.findings] == [("PC101", "anchors.cell_anchors[0]")]
     assert not any("not reported" in n for n in report.notes)
+
+
+class ReturnsTwoHostCopiesFromOneLine(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        y = self.proj(x)
+        return {"a": y.cpu(), "b": y, "c": y.to("cpu", torch.float16)}  # MARK two-copies
+
+
+def test_each_output_off_the_device_is_its_own_finding_sourced_to_the_copy() -> None:
+    report = placecheck.audit(ReturnsTwoHostCopiesFromOneLine, "cuda", select=["PC206"])
+    line = f"{SHOWN}:{_line_of('MARK two-copies')}"
+    assert sorted((f.module, f.source, f.origin) for f in report.findings) == [
+        ("output['a']", line, line), ("output['c']", line, line)]
+    assert all(f"copied to the host at {line}" in f.message for f in report.findings)
