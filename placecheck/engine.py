@@ -461,6 +461,9 @@ def _fake_on(fake_mode: Any, t: torch.Tensor, device: torch.device, dtype: torch
     return fake
 
 
+_META = torch.device("meta")
+
+
 class _FakeCudaMoves(TorchFunctionMode):
     """``x.to("cuda")`` / ``x.cuda()`` as fake CUDA tensors, for a CPU-only build of torch.
 
@@ -468,11 +471,32 @@ class _FakeCudaMoves(TorchFunctionMode):
     devices"), fake tensors included, while fake CUDA factories work; so each
     move to CUDA becomes a new fake CUDA tensor of the same shape and dtype,
     whether it runs in ``__init__``, in ``model.to()`` or in forward.
+
+    Indexing a fake CUDA tensor (``x[0]``, ``x[:, 0]``, ``x[idx]``) fails there
+    too: Python's indexing sets a CUDA device guard before any dispatch. It is
+    computed on fake ``meta`` stand-ins instead (shapes and errors are the
+    same; fake tensors hold no values) and the result made a fake CUDA tensor.
+    The tracer's mode, entered later, has checked the devices before this runs.
     """
 
     def __init__(self, fake_mode: Any) -> None:
         super().__init__()
         self.fake_mode = fake_mode
+
+    def _on_meta(self, value: Any) -> Any:
+        """``value`` with every fake CUDA tensor in it (one level of tuples/lists) a fake meta one."""
+        if isinstance(value, torch.Tensor) and value.device.type == "cuda":
+            return _fake_on(self.fake_mode, value, _META, value.dtype)
+        if isinstance(value, tuple | list):
+            return type(value)(self._on_meta(v) for v in value)
+        return value
+
+    def _index(self, func: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+        source: torch.Tensor = args[0]
+        out = func(*(self._on_meta(a) for a in args))
+        if func is torch.Tensor.__setitem__:
+            return None  # fake tensors hold no values to write; the meta call checked the shapes
+        return _fake_on(self.fake_mode, out, source.device, out.dtype)
 
     def __torch_function__(self, func: Callable[..., Any], types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
@@ -491,6 +515,9 @@ class _FakeCudaMoves(TorchFunctionMode):
                 if source.requires_grad and torch.is_grad_enabled():
                     moved.requires_grad_(True)
                 return moved
+        if func in (torch.Tensor.__getitem__, torch.Tensor.__setitem__) and args \
+                and isinstance(args[0], torch.Tensor) and args[0].device.type == "cuda":
+            return self._index(func, args)
         return func(*args, **kwargs)
 
 

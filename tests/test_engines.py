@@ -210,3 +210,25 @@ def test_lazy_batchnorm_buffers_move_under_fake_tensors() -> None:
         moved = move_model(model, eng)
         assert {str(b.device) for b in moved.buffers()} == {"cuda:0"}
         assert {str(p.device) for p in moved.parameters()} == {"cuda:0"}
+
+
+def test_indexing_fake_cuda_tensors_runs_on_every_build() -> None:
+    """The CPU-only build refuses ``x[0]`` on a fake CUDA tensor unless placecheck computes it on meta."""
+
+    class Indexing(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lstm = nn.LSTM(4, 8, proj_size=2, batch_first=True)
+            self.table = torch.ones(4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out, (h, _) = self.lstm(x)
+            y = out[:, -1] + h[-1]
+            y[0] = 0.0
+            return y[torch.tensor([0, 1])] * self.table[:1]
+
+    report = placecheck.audit(Indexing, "cuda", engine="fake", inputs=["float32[2,5,4]"])
+    assert sorted(f.code for f in report.findings) == ["PC101", "PC201", "PC202", "PC205"]
+    assert not any("fake tensors stopped" in note for note in report.notes)
+    (mismatch,) = [f for f in report.findings if f.code == "PC201"]
+    assert mismatch.origin == "table"
