@@ -894,8 +894,11 @@ class Tracer:
             return _make("PC205", event.site, Severity.INFO if event.scalar else None, device="cpu",
                          expected=target, dtype=event.dtype, shape=event.shape,
                          origin=event.provenance.origin,
-                         message=f"{event.op}: {what} is copied to {target} on every call"
-                                 + _came_from(event.provenance),
+                         message=(f"{event.op}: {what}" + (
+                             ": PyTorch reads it on the host and passes the value to the kernel (legal, "
+                             "no device copy), but .to() did not move it" if event.scalar
+                             else f" is copied to {target} on every call (a blocking host-to-device "
+                                  "transfer)")) + _came_from(event.provenance),
                          hint=("use a Python number" if event.scalar else
                                "create the index on the device once (register_buffer or device=x.device)"),
                          details=(("op", event.op),))

@@ -510,3 +510,13 @@ def test_each_output_off_the_device_is_its_own_finding_sourced_to_the_copy() -> 
     assert sorted((f.module, f.source, f.origin) for f in report.findings) == [
         ("output['a']", line, line), ("output['c']", line, line)]
     assert all(f"copied to the host at {line}" in f.message for f in report.findings)
+
+
+def test_pc205_states_the_true_rule_for_scalars_and_indices() -> None:
+    model = load_file(TESTS / "fixtures" / "forward" / "pc205_implicit_transfer.py")
+    report = placecheck.audit(model(), device="cuda", engine="fake", inputs=["float32[2,8]"])
+    by_line = {f.source.rpartition(":")[2]: f for f in report.findings if f.code == "PC205"}
+    scalar, index = by_line["13"], by_line["15"]
+    assert scalar.severity.value == "info" and "reads it on the host" in scalar.message
+    assert "copied" not in scalar.message.replace("no device copy", "")
+    assert index.severity.value == "warning" and "copied to cuda:0 on every call" in index.message
