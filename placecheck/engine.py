@@ -5,7 +5,14 @@ The simulated engine enters ``FakeTensorMode(allow_non_fake_inputs=True)``:
 tensors (no memory for their data), everything ``.to()`` did not move stays a
 real CPU tensor, and an op mixing the two raises PyTorch's own "Expected all
 tensors to be on the same device". Model code that asks
-``torch.cuda.is_available()`` or ``device_count()`` sees the simulated GPUs.
+``torch.cuda.is_available()`` or ``device_count()`` sees the simulated GPUs,
+and the rest of the common ``torch.cuda`` runtime API (streams, events, RNG,
+device properties, memory statistics, autocast) answers harmlessly (see
+:func:`_cuda_query_patches`); cuDNN is off, so recurrent layers take
+PyTorch's native kernels. All sessions of one engine share one fake mode: a
+model whose ``__init__`` creates CUDA tensors is built in it, then moved in it.
+:func:`fake_limit` says when an error was the fake engine's limit,
+:func:`is_simulation_limit` when it was code needing a real CUDA driver.
 
 The real-valued engine (:mod:`placecheck.tagged`) keeps real CPU data in
 tensors that report the simulated device: slower and needing the weights in
@@ -373,8 +380,12 @@ def cuda_queries_simulated(gpus: int) -> Iterator[None]:
     with contextlib.ExitStack() as stack:
         for name, fn in _cuda_query_patches(gpus).items():
             real = getattr(torch.cuda, name, None)
-            if real is not None:
-                stack.enter_context(mock.patch.object(torch.cuda, name, _for_user_code(fn, real)))
+            if real is None:
+                continue
+            # classes stay classes (isinstance(s, torch.cuda.Stream) must work); the real ones need a
+            # driver whoever calls them
+            patched = fn if isinstance(fn, type) else _for_user_code(fn, real)
+            stack.enter_context(mock.patch.object(torch.cuda, name, patched))
         stack.enter_context(_cudnn_disabled())
         if _CPU_ONLY_BUILD:
             stack.enter_context(warnings.catch_warnings())

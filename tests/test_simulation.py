@@ -147,6 +147,10 @@ def test_simulated_device_says_it_is_simulated() -> None:
         assert torch.cuda.get_device_capability() == (9, 0)
         assert torch.cuda.memory_allocated() == 0 and torch.cuda.memory_stats() == {}
         assert torch.cuda.current_stream().query() and torch.cuda.Event().query()
+        assert isinstance(torch.cuda.default_stream(), torch.cuda.Stream)
+        assert isinstance(torch.cuda.Event(enable_timing=True), torch.cuda.Event)
+        with torch.cuda.device(1), torch.cuda.stream(torch.cuda.Stream()):
+            torch.cuda.synchronize()
 
 
 @no_gpu
