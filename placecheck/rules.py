@@ -138,7 +138,8 @@ created on the default device, the CPU, not on the input's device: it does
 not inherit anything from the input, and the earlier model.to() never saw it.
 Its parameters are also missing from an optimizer built before the first
 forward, even when it is built on the input's device (device=x.device): that
-layer is reported too. Build layers in __init__, or use torch.nn.Lazy*
+layer is reported too, as a warning (it cannot crash the job; a layer off the
+target is an error). Build layers in __init__, or use torch.nn.Lazy*
 modules, which follow .to() correctly.""", """
 def forward(self, x):
     if self.proj is None:

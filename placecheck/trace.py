@@ -904,7 +904,9 @@ class Tracer:
                          details=(("op", event.op),))
         if isinstance(event, Registration):
             on_target = event.on_target
-            return _make("PC203", event.site, None, device=event.device, expected=target,
+            # on the target it cannot crash the job: only the optimizer misses it
+            return _make("PC203", event.site, Severity.WARNING if on_target else None,
+                         device=event.device, expected=target,
                          module=event.path,
                          message=(f"{event.what} {event.path!r} ({event.type_name}) is created during forward"
                                   + (f" on {event.device}" if event.device else "")

@@ -520,3 +520,13 @@ def test_pc205_states_the_true_rule_for_scalars_and_indices() -> None:
     assert scalar.severity.value == "info" and "reads it on the host" in scalar.message
     assert "copied" not in scalar.message.replace("no device copy", "")
     assert index.severity.value == "warning" and "copied to cuda:0 on every call" in index.message
+
+
+@pytest.mark.parametrize("fixture, severity", [
+    ("pc203_layer_in_forward", "error"),             # built on the CPU: a mismatch on the GPU
+    ("pc203_layer_on_device_in_forward", "warning"),  # on the target: only the optimizer misses it
+])
+def test_pc203_severity_says_whether_the_job_crashes(fixture: str, severity: str) -> None:
+    model = load_file(TESTS / "fixtures" / "forward" / f"{fixture}.py")
+    report = placecheck.audit(model(), device="cuda", engine="fake")
+    assert [f.severity.value for f in report.findings if f.code == "PC203"] == [severity]
