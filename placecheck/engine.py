@@ -386,11 +386,26 @@ def cuda_queries_simulated(gpus: int) -> Iterator[None]:
             # driver whoever calls them
             patched = fn if isinstance(fn, type) else _for_user_code(fn, real)
             stack.enter_context(mock.patch.object(torch.cuda, name, patched))
+        # page-locked host memory and the allocator's stream hint need a driver; neither changes
+        # where a tensor is: pin_memory() is a CPU copy, record_stream() nothing
+        stack.enter_context(mock.patch.object(torch.Tensor, "pin_memory", _pinned_copy))
+        stack.enter_context(mock.patch.object(torch.Tensor, "record_stream", _record_stream))
         stack.enter_context(_cudnn_disabled())
         if _CPU_ONLY_BUILD:
             stack.enter_context(warnings.catch_warnings())
             warnings.filterwarnings("ignore", message=re.escape(_AUTOCAST_DISABLED_WARNING))
         yield
+
+
+def _pinned_copy(self: torch.Tensor, device: Any = None) -> torch.Tensor:
+    """``Tensor.pin_memory()`` under simulation: a copy on the CPU, as pinned memory is."""
+    if self.device.type != "cpu":
+        raise RuntimeError(f"cannot pin '{self.device}' memory: only dense CPU tensors can be pinned")
+    return self.clone()
+
+
+def _record_stream(self: torch.Tensor, stream: Any) -> None:
+    """``Tensor.record_stream(s)`` under simulation: nothing to tell an allocator that does not exist."""
 
 
 @contextlib.contextmanager

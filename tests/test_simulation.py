@@ -129,13 +129,14 @@ def test_cudnn_is_restored_after_a_session() -> None:
 # -- 4. the torch.cuda runtime API ------------------------------------------------------------------
 
 @no_gpu
-@pytest.mark.parametrize("name", ["StreamsAndEvents", "Autocast"])
+@pytest.mark.parametrize("name", ["StreamsAndEvents", "Autocast", "PinnedCopy"])
 @pytest.mark.parametrize("engine", ["fake", "tagged"])
 def test_cuda_runtime_api_is_simulated(name: str, engine: str) -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         report = placecheck.audit(load_file(CUDA_API, name), "cuda", engine=engine, inputs=["float32[2,4]"])
     assert report.findings == (), [f.message for f in report.findings]
+    assert not any("stopped" in note or "fell back" in note for note in report.notes), report.notes
     assert not [w for w in caught if "autocast" in str(w.message).lower()]
 
 
