@@ -346,8 +346,9 @@ def test_walk_of_ten_thousand_modules_finds_every_planted_stray() -> None:
     stats = dict(report.stats)
     assert stats["modules"] == 2 + MODULES_PER_BLOCK * blocks >= 10_000
     assert stats["parameters"] == 4 * blocks
+    # natural order: blocks.500 before blocks.1000
     assert [(f.code, f.where, f.device) for f in report.findings] == [
-        ("PC101", f"blocks.{i}.scale", "cpu") for i in range(0, blocks, 500)]  # natural order: blocks.500 before blocks.1000
+        ("PC101", f"blocks.{i}.scale", "cpu") for i in range(0, blocks, 500)]
 
 
 def test_walk_of_ten_thousand_modules_clean() -> None:
