@@ -300,7 +300,8 @@ Event = typing.Union[Creation, Mismatch, HostSync, ImplicitTransfer, Registratio
 
 # -- calls -------------------------------------------------------------------------------------
 
-_HOST_SYNC = frozenset({torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.cpu, torch.Tensor.numpy,
+# Not .numpy(): on a CUDA tensor it raises TypeError (reported as PC207); .cpu().numpy() syncs at .cpu()
+_HOST_SYNC = frozenset({torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.cpu,
                         torch.Tensor.__bool__, torch.Tensor.__int__, torch.Tensor.__float__,
                         torch.Tensor.__index__})
 _MOVES = frozenset({torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.type_as})

@@ -530,3 +530,20 @@ def test_pc203_severity_says_whether_the_job_crashes(fixture: str, severity: str
     model = load_file(TESTS / "fixtures" / "forward" / f"{fixture}.py")
     report = placecheck.audit(model(), device="cuda", engine="fake")
     assert [f.severity.value for f in report.findings if f.code == "PC203"] == [severity]
+
+
+def test_numpy_on_a_device_tensor_is_the_crash_a_gpu_gives_not_a_host_sync(tmp_path: Path) -> None:
+    source = tmp_path / "np_model.py"
+    source.write_text(
+        "import torch.nn as nn\n\n\n"
+        "class Model(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.proj = nn.Linear(4, 4)\n\n"
+        "    def forward(self, x):\n"
+        "        y = self.proj(x)\n"
+        "        y.numpy()\n"
+        "        return y\n", encoding="utf-8")
+    report = placecheck.audit(load_file(source)(), device="cuda", inputs=["float32[2,4]"])
+    assert [(f.code, f.source.rpartition(":")[2]) for f in report.findings] == [("PC207", "11")]
+    assert "can't convert cuda:0 device type tensor to numpy" in report.findings[0].message
