@@ -514,7 +514,7 @@ def test_each_output_off_the_device_is_its_own_finding_sourced_to_the_copy() -> 
 
 def test_pc205_states_the_true_rule_for_scalars_and_indices() -> None:
     model = load_file(TESTS / "fixtures" / "forward" / "pc205_implicit_transfer.py")
-    report = placecheck.audit(model(), device="cuda", engine="fake", inputs=["float32[2,8]"])
+    report = placecheck.audit(model(), device="cuda", inputs=["float32[2,8]"])
     by_line = {f.source.rpartition(":")[2]: f for f in report.findings if f.code == "PC205"}
     scalar, index = by_line["13"], by_line["15"]
     assert scalar.severity.value == "info" and "reads it on the host" in scalar.message
@@ -528,7 +528,7 @@ def test_pc205_states_the_true_rule_for_scalars_and_indices() -> None:
 ])
 def test_pc203_severity_says_whether_the_job_crashes(fixture: str, severity: str) -> None:
     model = load_file(TESTS / "fixtures" / "forward" / f"{fixture}.py")
-    report = placecheck.audit(model(), device="cuda", engine="fake")
+    report = placecheck.audit(model(), device="cuda")
     assert [f.severity.value for f in report.findings if f.code == "PC203"] == [severity]
 
 
