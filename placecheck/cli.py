@@ -9,6 +9,7 @@ error). torch is imported only when an audit actually runs, so ``--help`` is fas
 from __future__ import annotations
 
 import contextlib
+import shutil
 import sys
 import traceback
 from collections.abc import Iterator
@@ -106,7 +107,8 @@ def emit_reports(reports: list[Report], out: OutputOptions, config_run: bool = F
 
     ``config_run``: a ``--config`` run, rendered in the run shape even with one model.
     """
-    formatter = formatter_for(out.format)
+    to_terminal = out.output == "-" and sys.stdout.isatty()
+    formatter = formatter_for(out.format, shutil.get_terminal_size().columns if to_terminal else None)
     text = formatter.format_run(reports) if config_run else formatter.format_reports(reports)
     if out.output == "-":
         sys.stdout.write(text)

@@ -8,8 +8,11 @@ them with ``pytest tests/test_formats.py --update-golden`` and review the diff.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from conftest import REPO, load_file
@@ -107,3 +110,47 @@ def test_json_contract_fields() -> None:
         "code": "PC101", "kind": "stray-tensor", "severity": "error", "where": "mask", "source": "",
         "device": "cpu", "expected": "cuda:0", "message": "m", "hint": "h"}
     assert out["shape"] == [2, 3] and out["nbytes"] == 24
+
+
+def _grid_width(text: str) -> int:
+    return max(len(line) for line in text.splitlines() if line[:1] in "┌│├└")
+
+
+@pytest.mark.parametrize("width, compact", [(100, True), (120, True), (140, False)])
+def test_table_fits_the_terminal_it_is_written_to(width: int, compact: bool) -> None:
+    report = _python_report()
+    fixed = formatter_for(OutputFormat.TABLE).format(report)
+    assert _grid_width(fixed) > 140  # the file/pipe layout: wide and always the same
+    fitted = formatter_for(OutputFormat.TABLE, width).format(report)
+    assert _grid_width(fitted) <= width
+    def letters(text: str) -> list[str]:
+        return sorted(ch for ch in text if not ch.isspace() and ch not in "┌┬┐├┼┤└┴┘│─")
+
+    if compact:  # severity beside the code, no column of its own
+        assert "severity" not in fitted and "PC101 error" in fitted
+    else:  # the same text, only wrapped narrower
+        assert letters(fitted) == letters(fixed)
+
+
+def test_table_width_reaches_the_formatter_only_for_a_terminal(monkeypatch: pytest.MonkeyPatch,
+                                                               tmp_path: Path) -> None:
+    import placecheck.cli as cli
+
+    seen: list[int | None] = []
+    real = cli.formatter_for
+
+    def spy(fmt: OutputFormat, width: int | None = None) -> Formatter:
+        seen.append(width)
+        return real(fmt, width)
+
+    monkeypatch.setattr(cli, "formatter_for", spy)
+    monkeypatch.setattr(cli.shutil, "get_terminal_size", lambda: os.terminal_size((111, 40)))
+    report = _python_report()
+    options = cli.OutputOptions(format=OutputFormat.TABLE, output="-", fail_on="warning", exit_zero=True,
+                                debug=False)
+    monkeypatch.setattr(cli.sys.stdout, "isatty", lambda: True, raising=False)
+    cli.emit(report, options)
+    monkeypatch.setattr(cli.sys.stdout, "isatty", lambda: False, raising=False)
+    cli.emit(report, options)
+    cli.emit(report, dataclasses.replace(options, output=str(tmp_path / "report.txt")))
+    assert seen == [111, None, None]

@@ -35,13 +35,13 @@ class OutputFormat(str, enum.Enum):
         return self.value
 
 
-def formatter_for(fmt: OutputFormat) -> Formatter:
-    """The formatter for one ``--format`` choice."""
+def formatter_for(fmt: OutputFormat, width: int | None = None) -> Formatter:
+    """The formatter for one ``--format`` choice; ``width``: the terminal's, when writing to one."""
     match fmt:
         case OutputFormat.TABLE:
             from placecheck.formats.table import TableFormatter
 
-            return TableFormatter()
+            return TableFormatter(width)
         case OutputFormat.JSON:
             from placecheck.formats.json import JsonFormatter
 
