@@ -191,9 +191,11 @@ def audit(
                    if choice is EngineChoice.AUTO else "use --engine tagged (or auto) to run it")
         attempt.notes.append(f"forward: checked only up to where fake tensors stopped "
                              f"({attempt.fallback}); {instead}")
+        attempt.incomplete = f"fake tensors stopped ({attempt.fallback})"
     findings = [f for f in attempt.findings if f.code in codes]
     notes = [f"engine: {eng.name}: {eng.reason}", *attempt.notes]
-    return Report.build(str(name), dev, eng.name, findings, notes, attempt.stats)
+    return Report.build(str(name), dev, eng.name, findings, notes, attempt.stats,
+                        incomplete=attempt.incomplete)
 
 
 def _init_for(eng: Engine, init: Any) -> Any:
@@ -227,6 +229,8 @@ class _Attempt:
     stats: dict[str, int] = field(default_factory=dict)
     fallback: str = ""
     """Why fake tensors could not run the forward ("" when they could, or were not used)."""
+    incomplete: str = ""
+    """Why the forward was not checked to its end ("" when it was, or did not run)."""
     on_meta: bool = False
     fits_in_memory: bool = True
     """The weights fit in this machine's memory (always true for a CPU build)."""
@@ -283,6 +287,7 @@ def _attempt(eng: Engine, opts: _Options) -> _Attempt:
         if inputs is not None:
             traced = _forward(moved, eng, result, snapshot, inputs, opts.train, opts.library_findings)
             forward_findings, attempt.fallback = traced.findings, traced.fallback
+            attempt.incomplete = traced.stopped
             attempt.notes.extend(traced.notes)
             walk_findings = [f for f in walk_findings
                              if not (f.code == "PC101" and f.where in traced.dismissed)]
@@ -328,6 +333,8 @@ class _ForwardResult:
     notes: list[str]
     dismissed: dict[str, str]
     """Walk findings (PC101) the forward shows the code handles: path -> why."""
+    stopped: str = ""
+    """Where and why the forward stopped at a limit of the simulation ("" when it did not)."""
 
 
 def _forward(model: nn.Module, eng: Engine, result: WalkResult, snapshot: Snapshot,
@@ -341,7 +348,7 @@ def _forward(model: nn.Module, eng: Engine, result: WalkResult, snapshot: Snapsh
     dev = eng.device
     tracer = Tracer(model, dev, result, move=lambda t: move_inputs(t, dev))
     args, kwargs = move_inputs(inputs[0], dev), move_inputs(inputs[1], dev)
-    why = ""
+    why = limit = ""
     notes: list[str] = []
     try:
         with _quiet_fake_tensor_log():
@@ -357,7 +364,7 @@ def _forward(model: nn.Module, eng: Engine, result: WalkResult, snapshot: Snapsh
             tracer.record_error(exc)
     findings = tracer.findings(library_findings)
     dismissed = tracer.dismissed_strays(walk(model, dev, snapshot)) if tracer.strays and not why else {}
-    return _ForwardResult(findings, why, [*notes, *tracer.notes()], dismissed)
+    return _ForwardResult(findings, why, [*notes, *tracer.notes()], dismissed, limit)
 
 
 @contextlib.contextmanager

@@ -664,7 +664,8 @@ def fake_limit(exc: BaseException) -> str:
 # Errors from code that needs a real CUDA driver, which no simulation here can give.
 _DRIVER_ERRORS = ("found no nvidia driver", "cuda driver version is insufficient",
                   "no cuda gpus are available", "not compiled with cuda", "cudagetdevicecount",
-                  "hasprimarycontext", "cuda error: ")
+                  "hasprimarycontext", "cuda error: ",
+                  "tried to instantiate dummy base class")  # CUDA classes on the CPU-only build
 
 
 def is_simulation_limit(exc: BaseException) -> str:

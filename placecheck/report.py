@@ -36,17 +36,20 @@ class Report:
     notes: tuple[str, ...] = ()
     stats: tuple[tuple[str, int], ...] = field(default_factory=tuple)
     """Counts from the audit (modules, parameters, buffers, bytes walked)."""
+    incomplete: str = ""
+    """Why the forward pass was not checked to its end (a limit of the simulation), "" when it was:
+    "no placement problems" then covers only the part that ran, and the summary says so."""
 
     @staticmethod
     def build(
         target: str, device: str, engine: str, findings: Iterable[Finding],
-        notes: Iterable[str] = (), stats: dict[str, int] | None = None,
+        notes: Iterable[str] = (), stats: dict[str, int] | None = None, incomplete: str = "",
     ) -> Report:
         """Make a report with findings in their canonical order."""
         return Report(
             target=target, device=device, engine=engine,
             findings=tuple(sorted(findings, key=lambda f: f.sort_key)),
-            notes=tuple(notes), stats=tuple((stats or {}).items()),
+            notes=tuple(notes), stats=tuple((stats or {}).items()), incomplete=incomplete,
         )
 
     @property
@@ -77,6 +80,7 @@ class Report:
             "modules": len(self.modules()),
             **{f"{k}s" if k != "info" else k: v for k, v in self.counts().items()},
             "bytes_off_device": self.bytes_off_device(),
+            "incomplete": self.incomplete,
             "line": self.summary_line(),
         }
 
@@ -84,13 +88,16 @@ class Report:
         """One line, e.g. ``3 problems in 2 modules: 2 errors, 1 warning; 1.2 MiB not on cuda:0``."""
         n = len(self.findings)
         if n == 0:
-            return f"no placement problems found on {self.device} ({self.engine})"
-        mods = len(self.modules())
-        parts = [plural(v, k) for k, v in self.counts().items() if v]
-        line = f"{plural(n, 'problem')} in {plural(mods, 'module')}: {', '.join(parts)}"
-        off = self.bytes_off_device()
-        if off:
-            line += f"; {human_bytes(off)} not on {self.device}"
+            line = f"no placement problems found on {self.device} ({self.engine})"
+        else:
+            mods = len(self.modules())
+            parts = [plural(v, k) for k, v in self.counts().items() if v]
+            line = f"{plural(n, 'problem')} in {plural(mods, 'module')}: {', '.join(parts)}"
+            off = self.bytes_off_device()
+            if off:
+                line += f"; {human_bytes(off)} not on {self.device}"
+        if self.incomplete:
+            line += "; the forward pass stopped before its end, the rest is unchecked (see the notes)"
         return line
 
 

@@ -78,6 +78,7 @@ def report_from_dict(data: dict[str, Any]) -> Report:
         findings=tuple(finding_from_dict(f) for f in data["findings"]),
         notes=tuple(data.get("notes", ())),
         stats=tuple((str(k), int(v)) for k, v in data.get("stats", {}).items()),
+        incomplete=str(data.get("summary", {}).get("incomplete", "")),
     )
 
 

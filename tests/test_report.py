@@ -47,7 +47,16 @@ def test_summary_dict() -> None:
     report = Report.build("Net", "cuda:0", "cuda", [make(nbytes=5), make(severity=Severity.WARNING,
                                                                          where="x", nbytes=7)])
     assert report.summary() == {"problems": 2, "modules": 1, "errors": 1, "warnings": 1, "info": 0,
-                                "bytes_off_device": 12, "line": report.summary_line()}
+                                "bytes_off_device": 12, "incomplete": "", "line": report.summary_line()}
+
+
+def test_an_incomplete_audit_says_so_in_its_summary() -> None:
+    clean = Report.build("Net", "cuda:0", "simulated cuda", [], incomplete="fake tensors stopped (.item())")
+    assert clean.summary_line() == ("no placement problems found on cuda:0 (simulated cuda); the forward "
+                                    "pass stopped before its end, the rest is unchecked (see the notes)")
+    found = Report.build("Net", "cuda:0", "cuda", [make(nbytes=5)], incomplete="stopped")
+    assert found.summary_line().startswith("1 problem in 1 module: 1 error; 5 B not on cuda:0; the forward")
+    assert found.summary()["incomplete"] == "stopped"
 
 
 def test_bytes_count_only_tensors_off_the_target() -> None:

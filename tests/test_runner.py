@@ -167,6 +167,8 @@ def test_report_json_round_trip() -> None:
                       hint="y", shape=(2, 3), details=(("op", "add"),), nbytes=24, count=1)
     report = Report.build("t", "cuda:0", "fake", [finding], ["n"], {"modules": 3})
     assert runner.report_from_dict(json.loads(json.dumps(report_to_dict(report)))) == report
+    stopped = Report.build("t", "cuda:0", "fake", [], incomplete="fake tensors stopped (.item())")
+    assert runner.report_from_dict(json.loads(json.dumps(report_to_dict(stopped)))) == stopped
 
 
 @pytest.mark.parametrize("tty, ci, shown", [(True, None, True), (True, "true", False), (False, None, False),

@@ -547,3 +547,27 @@ def test_numpy_on_a_device_tensor_is_the_crash_a_gpu_gives_not_a_host_sync(tmp_p
     report = placecheck.audit(load_file(source)(), device="cuda", inputs=["float32[2,4]"])
     assert [(f.code, f.source.rpartition(":")[2]) for f in report.findings] == [("PC207", "11")]
     assert "can't convert cuda:0 device type tensor to numpy" in report.findings[0].message
+
+
+def test_a_forward_stopped_by_the_simulation_is_not_called_clean(tmp_path: Path) -> None:
+    """Code that needs a real driver stops the simulated forward: the summary must not claim the
+    whole model is clean, and JSON carries why (``summary.incomplete``)."""
+    source = tmp_path / "graph_model.py"
+    source.write_text(
+        "import torch\nimport torch.nn as nn\n\n\n"
+        "class Model(nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.proj = nn.Linear(4, 4)\n\n"
+        "    def forward(self, x):\n"
+        "        torch.cuda.CUDAGraph()\n"
+        "        return self.proj(x)\n", encoding="utf-8")
+    report = placecheck.audit(load_file(source)(), device="cuda", inputs=["float32[2,4]"])
+    assert report.findings == ()
+    assert "graph_model.py:11" in report.incomplete
+    assert report.summary_line().endswith("the forward pass stopped before its end, the rest is unchecked "
+                                          "(see the notes)")
+    assert report.summary()["incomplete"] == report.incomplete
+    clean = placecheck.audit(load_file(source)(), device="cuda", forward=False)
+    assert clean.incomplete == "" and clean.summary_line() == "no placement problems found on cuda:0 " \
+        "(simulated cuda)"
