@@ -256,9 +256,10 @@ def _cuda_query_patches(gpus: int) -> dict[str, Callable[..., Any]]:
     events (no-op objects), ``synchronize``, the CUDA RNG (seeding is a no-op;
     the state is an empty byte tensor), memory statistics (all 0, 80 GiB free),
     and ``torch.autocast("cuda")``'s availability check (see
-    :data:`_ASKING_FOR_USER_CODE`). Not simulated: CUDA graphs, NCCL,
-    ``torch.cuda.nvtx``/profiler internals, custom kernels, ``Tensor.record_stream``
-    and ``pin_memory`` (they need a driver; see :func:`is_simulation_limit`).
+    :data:`_ASKING_FOR_USER_CODE`); ``Tensor.pin_memory`` and ``record_stream`` are
+    patched in :func:`cuda_queries_simulated`. Not simulated: CUDA graphs, NCCL,
+    ``torch.cuda.nvtx``/profiler internals, custom kernels (they need a driver;
+    see :func:`is_simulation_limit`).
     """
 
     def _props(device: Any = None) -> Any:
