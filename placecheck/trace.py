@@ -916,7 +916,9 @@ class Tracer:
                                      if on_target else
                                      ": the earlier .to() never saw it and an optimizer built before the "
                                      "first forward does not train it")),
-                         hint=("build layers and parameters in __init__ (or use nn.Lazy* modules, which "
+                         hint=("build layers and parameters in __init__ (or use nn.Lazy* modules), so that "
+                               "an optimizer made before the first forward trains them" if on_target else
+                               "build layers and parameters in __init__ (or use nn.Lazy* modules, which "
                                "follow .to()); a layer built in forward lands on the default device, the "
                                "CPU, whatever the input's device"))
         if isinstance(event, OutputOffDevice):

@@ -529,7 +529,10 @@ def test_pc205_states_the_true_rule_for_scalars_and_indices() -> None:
 def test_pc203_severity_says_whether_the_job_crashes(fixture: str, severity: str) -> None:
     model = load_file(TESTS / "fixtures" / "forward" / f"{fixture}.py")
     report = placecheck.audit(model(), device="cuda")
-    assert [f.severity.value for f in report.findings if f.code == "PC203"] == [severity]
+    (pc203,) = [f for f in report.findings if f.code == "PC203"]
+    assert pc203.severity.value == severity
+    # the hint states the true rule for each case: off the target, where the layer landed
+    assert ("lands on the default device" in pc203.hint) == (severity == "error")
 
 
 def test_numpy_on_a_device_tensor_is_the_crash_a_gpu_gives_not_a_host_sync(tmp_path: Path) -> None:
