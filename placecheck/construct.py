@@ -34,6 +34,7 @@ from torch.nn.parameter import UninitializedBuffer, UninitializedParameter
 from placecheck.engine import Engine, move_model
 from placecheck.errors import LoadError, UsageError, one_line
 from placecheck.report import human_bytes
+from placecheck.walk import MAX_DEPTH  # as deep as the walk looks into containers and helper objects
 
 COMFORTABLE_FRACTION = 0.5
 """``auto`` builds on the CPU when parameters and buffers take at most this
@@ -45,7 +46,6 @@ REAL_LEFTOVER_BUDGET = 256 * 2**20
 CUDA, as a CPU build would have them; beyond it they become fake CPU tensors
 (no memory), so a model whose big blocks sit in a plain list still fits."""
 
-_MAX_DEPTH = 64  # as deep as the walk looks into containers and helper objects (walk._MAX_DEPTH)
 _MODULE_INTERNALS = frozenset(vars(nn.Module()))
 _UNINITIALIZED = (UninitializedParameter, UninitializedBuffer)  # nn.Lazy* state: no shape to copy
 
@@ -231,7 +231,7 @@ class _Materialiser:
         if isinstance(value, nn.Module):
             self.module(value)
             return value
-        if depth >= _MAX_DEPTH or isinstance(value, str | bytes | int | float | type):
+        if depth >= MAX_DEPTH or isinstance(value, str | bytes | int | float | type):
             return value
         if id(value) in self.done:
             return self.done[id(value)]

@@ -57,16 +57,12 @@ _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _PLACECHECK_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _EXAMPLES_DIR = _PLACECHECK_DIR + "examples" + os.sep
 _LIBRARY_FILES = frozenset(os.path.abspath(m.__file__ or "") for m in (contextlib, functools, typing))
-_internal_code: dict[CodeType, bool] = {}
 
 
+@functools.cache
 def _is_internal(code: CodeType) -> bool:
     """True for torch's, placecheck's and the stdlib wrappers' own frames (cached per code object)."""
-    known = _internal_code.get(code)
-    if known is None:
-        known = _internal_file(code.co_filename)
-        _internal_code[code] = known
-    return known
+    return _internal_file(code.co_filename)
 
 
 def _internal_file(name: str) -> bool:
@@ -96,9 +92,9 @@ def _site_dirs() -> tuple[str, ...]:
 
 
 _SITE_DIRS = _site_dirs()
-_library_code: dict[CodeType, str] = {}
 
 
+@functools.cache
 def library_package(code: CodeType) -> str:
     """The installed package ``code`` belongs to ("torchvision"), or "" for the user's own code.
 
@@ -107,11 +103,7 @@ def library_package(code: CodeType) -> str:
     own virtualenv under the working directory is still installed code; an
     editable install's files are outside site-packages anyway. Cached per code object.
     """
-    known = _library_code.get(code)
-    if known is None:
-        known = _library_of_file(code.co_filename)
-        _library_code[code] = known
-    return known
+    return _library_of_file(code.co_filename)
 
 
 def _library_of_file(filename: str) -> str:

@@ -36,7 +36,7 @@ _ATOMS = (str, bytes, bytearray, int, float, complex, bool, type(None), torch.de
 _HELPER = "helper:"  # prefix of a ``parent`` kind naming a plain helper object's class
 # Class-level values the walk looks into: state, not methods, properties or constants.
 _CLASS_STATE = (torch.Tensor, nn.Module, list, tuple, dict, set, frozenset, collections.deque)
-_MAX_DEPTH = 64
+MAX_DEPTH = 64
 """How many containers/helper objects deep the walk descends. Cycle detection
 already bounds the walk; this only stops pathological chains (a linked list of
 thousands of nodes), and a report note names the path where it stopped."""
@@ -277,12 +277,17 @@ def reachable_tensors(model: nn.Module) -> Iterator[torch.Tensor]:
             continue
         if isinstance(value, nn.Module):
             children: Iterator[tuple[str, Any]] | None = iter(list(vars(value).items()))
-        elif depth >= _MAX_DEPTH:
+        elif depth >= MAX_DEPTH:
             continue
         else:
             children = _items(value)
         for _, child in children or ():
             stack.append((child, depth + 1))
+
+
+def _helper_class(parent: str | None) -> str:
+    """The class name when the immediate holder is a plain helper object (``"helper:RopeCache"``), else ""."""
+    return parent.removeprefix(_HELPER) if parent and parent.startswith(_HELPER) else ""
 
 
 def _holder_name(path: str) -> str:
@@ -322,7 +327,7 @@ class _Walker:
         self.class_paths: set[str] = set()
         """Paths of class-level attributes, for the message."""
         self.too_deep: list[str] = []
-        """Paths where the walk stopped at _MAX_DEPTH."""
+        """Paths where the walk stopped at MAX_DEPTH."""
 
     # -- registered state ---------------------------------------------------------
     def registered_off_device(self, model: nn.Module) -> None:
@@ -377,7 +382,7 @@ class _Walker:
         items = _items(value)
         if items is None:
             return
-        if depth >= _MAX_DEPTH:
+        if depth >= MAX_DEPTH:
             self.too_deep.append(path)
             return
         self.seen.add(id(value))
@@ -418,8 +423,8 @@ class _Walker:
                 hint=f"do not keep references to buffers; read self.{stale} where it is needed",
             )
         elif isinstance(t, nn.Parameter):
-            if parent and parent.startswith(_HELPER):
-                cls_name = parent.removeprefix(_HELPER)
+            cls_name = _helper_class(parent)
+            if cls_name:
                 where = f"inside {cls_name} object {_holder_name(path)!r}"
                 hint = (f"make {cls_name} an nn.Module, or hold the parameter on the model itself: "
                         ".to() does not look inside plain objects")
@@ -515,8 +520,8 @@ class _Walker:
             return
         nbytes = sum(tensor_nbytes(t) for _, t in counted)
         devices = sorted({tensor_device(t) for _, t in off})
-        if parent and parent.startswith(_HELPER):
-            cls_name = parent.removeprefix(_HELPER)
+        cls_name = _helper_class(parent)
+        if cls_name:
             where = f"inside {cls_name} object {_holder_name(path)!r} at {path!r}"
             hint = (f"make {cls_name} an nn.Module, or hold the {type(m).__name__} on the model itself: "
                     ".to() does not look inside plain objects")
@@ -569,6 +574,6 @@ def walk(model: nn.Module, target: str, snapshot: Snapshot | None = None) -> Wal
     notes = []
     if walker.too_deep:
         more = f" (and {len(walker.too_deep) - 1} more)" if len(walker.too_deep) > 1 else ""
-        notes.append(f"walk: stopped {_MAX_DEPTH} containers deep at {walker.too_deep[0]!r}{more}: "
+        notes.append(f"walk: stopped {MAX_DEPTH} containers deep at {walker.too_deep[0]!r}{more}: "
                      "tensors nested deeper were not checked")
     return WalkResult(walker.findings, walker.origins, walker.storages, stats, walker.by_origin, notes)

@@ -9,6 +9,7 @@ import json
 import os
 import sys
 import typing
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -367,18 +368,19 @@ class Head(nn.Module):
 
 
 @pytest.fixture
-def fake_library(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    """``fakelib``, installed in a site-packages directory of its own; returns its file."""
+def fake_library(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """``fakelib``, installed in a site-packages directory of its own; yields its file."""
     from placecheck import trace
 
     site = tmp_path / "site-packages"
     (site / "fakelib").mkdir(parents=True)
     (site / "fakelib" / "__init__.py").write_text(_FAKE_LIBRARY, encoding="utf-8")
     monkeypatch.setattr(trace, "_SITE_DIRS", (str(site) + os.sep,))
-    monkeypatch.setattr(trace, "_library_code", {})
+    trace.library_package.cache_clear()  # answers cached under the real site-packages
     monkeypatch.syspath_prepend(str(site))
     monkeypatch.delitem(sys.modules, "fakelib", raising=False)
-    return str(site / "fakelib" / "__init__.py")
+    yield str(site / "fakelib" / "__init__.py")
+    trace.library_package.cache_clear()  # nothing judged under the fake site-packages outlives the test
 
 
 class WrapsTheLibrary(nn.Module):

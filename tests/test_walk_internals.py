@@ -319,7 +319,7 @@ def test_unregistered_module_with_back_reference_counts_only_its_own_tensors() -
 
 
 def test_depth_limit_is_a_note_naming_the_path() -> None:
-    from placecheck.walk import _MAX_DEPTH, Snapshot, walk
+    from placecheck.walk import MAX_DEPTH, Snapshot, walk
 
     class Node:
         def __init__(self, nxt: object) -> None:
@@ -336,11 +336,11 @@ def test_depth_limit_is_a_note_naming_the_path() -> None:
 
     short = Chain(12)
     assert walk(short, "cuda:0", Snapshot.take(short)).notes == []
-    long = Chain(_MAX_DEPTH + 5)
+    long = Chain(MAX_DEPTH + 5)
     result = walk(long, "cuda:0", Snapshot.take(long))
-    assert len(result.findings) == _MAX_DEPTH  # one tensor per node the walk reached
+    assert len(result.findings) == MAX_DEPTH  # one tensor per node the walk reached
     (note,) = result.notes
-    assert f"stopped {_MAX_DEPTH} containers deep at 'chain" in note and "not checked" in note
+    assert f"stopped {MAX_DEPTH} containers deep at 'chain" in note and "not checked" in note
 
 
 def test_set_members_are_reported_in_the_same_order_whatever_their_ids() -> None:
@@ -421,7 +421,7 @@ def test_class_attributes_of_torch_classes_are_not_walked() -> None:
 
 
 def test_depth_limit_note_reaches_the_report() -> None:
-    from placecheck.walk import _MAX_DEPTH
+    from placecheck.walk import MAX_DEPTH
 
     class Node:
         def __init__(self, nxt: object) -> None:
@@ -432,7 +432,7 @@ def test_depth_limit_note_reaches_the_report() -> None:
         def __init__(self) -> None:
             super().__init__()
             node: object = None
-            for _ in range(_MAX_DEPTH + 5):
+            for _ in range(MAX_DEPTH + 5):
                 node = Node(node)
             self.chain = node
 
