@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.utils.prune
-from conftest import walk_findings
+from conftest import TESTS, load_file, walk_findings
 from torch.nn.utils import parametrizations, parametrize
 
 import placecheck
@@ -310,33 +310,37 @@ def test_walk_result_records_origins_for_the_forward_pass() -> None:
 
 
 def test_unregistered_module_with_back_reference_counts_only_its_own_tensors() -> None:
-    from conftest import TESTS, load_file
-
     model = load_file(TESTS / "fixtures" / "walk" / "module_in_list_backref.py")
     report = placecheck.audit(model, device="cuda", engine="fake")
     (head,) = [f for f in report.findings if f.code == "PC102"]
     assert (head.where, head.count, head.nbytes) == ("heads[0]", 2, (4 * 2 + 2) * 4)
 
 
+class _Node:
+    """A linked-list node of a plain helper object, holding one stray tensor."""
+
+    def __init__(self, nxt: object) -> None:
+        self.nxt = nxt
+        self.t = torch.ones(1)
+
+
+class _Chain(nn.Module):
+    """``length`` helper objects, each inside the previous: as deep as the walk may have to go."""
+
+    def __init__(self, length: int) -> None:
+        super().__init__()
+        node: object = None
+        for _ in range(length):
+            node = _Node(node)
+        self.chain = node
+
+
 def test_depth_limit_is_a_note_naming_the_path() -> None:
     from placecheck.walk import MAX_DEPTH, Snapshot, walk
 
-    class Node:
-        def __init__(self, nxt: object) -> None:
-            self.nxt = nxt
-            self.t = torch.ones(1)
-
-    class Chain(nn.Module):
-        def __init__(self, length: int) -> None:
-            super().__init__()
-            node: object = None
-            for _ in range(length):
-                node = Node(node)
-            self.chain = node
-
-    short = Chain(12)
+    short = _Chain(12)
     assert walk(short, "cuda:0", Snapshot.take(short)).notes == []
-    long = Chain(MAX_DEPTH + 5)
+    long = _Chain(MAX_DEPTH + 5)
     result = walk(long, "cuda:0", Snapshot.take(long))
     assert len(result.findings) == MAX_DEPTH  # one tensor per node the walk reached
     (note,) = result.notes
@@ -367,17 +371,8 @@ def test_set_members_are_reported_in_the_same_order_whatever_their_ids() -> None
 
 
 def test_tensor_shared_with_an_unregistered_module_counts_once_in_the_summary() -> None:
-    class Double(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.proj = nn.Linear(2, 2)
-            table = torch.ones(100)
-            self.table = table
-            head = nn.Linear(2, 2)
-            head.extra = table
-            self.heads = [head]
-
-    report = placecheck.audit(Double, device="cuda", engine="fake", forward=False)
+    double = load_file(TESTS / "fixtures" / "walk" / "shared_with_unregistered_module.py")
+    report = placecheck.audit(double, device="cuda", engine="fake", forward=False)
     assert report.bytes_off_device() == 100 * 4 + (4 + 2) * 4
     assert report.summary()["bytes_off_device"] == 424
 
@@ -423,18 +418,5 @@ def test_class_attributes_of_torch_classes_are_not_walked() -> None:
 def test_depth_limit_note_reaches_the_report() -> None:
     from placecheck.walk import MAX_DEPTH
 
-    class Node:
-        def __init__(self, nxt: object) -> None:
-            self.nxt = nxt
-            self.t = torch.ones(1)
-
-    class Chain(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            node: object = None
-            for _ in range(MAX_DEPTH + 5):
-                node = Node(node)
-            self.chain = node
-
-    report = placecheck.audit(Chain(), device="cuda", engine="fake", forward=False)
+    report = placecheck.audit(_Chain(MAX_DEPTH + 5), device="cuda", engine="fake", forward=False)
     assert [n for n in report.notes if n.startswith("walk: stopped")], report.notes
