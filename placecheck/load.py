@@ -89,6 +89,11 @@ _FILE_MODULES: dict[tuple[Path, int, int], types.ModuleType] = {}
 """Files already imported, by (resolved path, mtime, size): each runs its top level once."""
 
 
+def forget_imported_files() -> None:
+    """Import every file target again on its next use (a re-audit of edited sources)."""
+    _FILE_MODULES.clear()
+
+
 @contextlib.contextmanager
 def _exit_as_load_error(doing: str) -> Iterator[None]:
     """Turn ``sys.exit()`` inside the target's code into a one-line LoadError.
