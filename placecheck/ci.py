@@ -25,6 +25,7 @@ import typer
 
 from placecheck import baseline as baselines
 from placecheck.errors import PlacecheckError, UsageError, one_line
+from placecheck.output import OutputOptions, emit_reports, fail
 from placecheck.report import EXIT_OK, EXIT_USAGE, FAIL_ON_CHOICES, Report
 
 # Command-line options that apply to every model of a config run (python name -> config key).
@@ -122,8 +123,6 @@ def _split(values: list[str] | None) -> list[str]:
 
 def run_config_audit(ctx: typer.Context, target: str | None, config_path: str | None, debug: bool) -> int:
     """``placecheck audit --config FILE`` (or ``[tool.placecheck]``); returns the exit code."""
-    from placecheck.cli import OutputOptions, fail
-
     params = ctx.params
     try:
         if target is not None:
@@ -180,8 +179,6 @@ def finish_with_baseline(reports: list[Report], out: Any, baseline_path: str | N
     ``config_run``: every model of a config was audited, so baseline entries of
     models the config no longer lists are stale too.
     """
-    from placecheck.cli import emit_reports, fail
-
     try:
         if write_path is not None:
             recorded = baselines.write(write_path, reports)

@@ -134,7 +134,7 @@ def test_table_fits_the_terminal_it_is_written_to(width: int, compact: bool) -> 
 
 def test_table_width_reaches_the_formatter_only_for_a_terminal(monkeypatch: pytest.MonkeyPatch,
                                                                tmp_path: Path) -> None:
-    import placecheck.cli as cli
+    import placecheck.output as cli
 
     seen: list[int | None] = []
     real = cli.formatter_for

@@ -1,0 +1,64 @@
+"""The ``placecheck`` typer application and its console-script entry point.
+
+Each command lives in its own module of this package and registers itself on
+:data:`app` with ``@app.command()``; :mod:`placecheck.cli` imports them all.
+No torch import here: ``placecheck --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from placecheck import __version__
+from placecheck.report import EXIT_USAGE
+
+app = typer.Typer(
+    name="placecheck",
+    help="Find PyTorch device-placement bugs before they cost a GPU job.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"placecheck {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="Show the version and exit.")] = False,
+) -> None:
+    """Find PyTorch device-placement bugs before they cost a GPU job."""
+
+
+def entrypoint() -> None:
+    """Console-script entry point: click's own usage errors as one line, like placecheck's.
+
+    typer would draw a usage block and an error box; a bad ``--format`` or
+    ``--gpus`` gets ``placecheck: error: ...`` and exit 2 instead, like every
+    other bad input. ``--help``, ``--version`` and bare ``placecheck`` are unchanged.
+    """
+    if len(sys.argv) <= 1:
+        app()  # no arguments: typer's help screen, as before
+        return
+    try:
+        code = app(standalone_mode=False)
+    except typer.TyperException as exc:  # click's ClickException, UsageError, BadParameter, ...
+        if type(exc).__name__ == "NoArgsIsHelpError":
+            exc.show()  # type: ignore[attr-defined]  # a subcommand's help screen, not an error
+            sys.exit(EXIT_USAGE)
+        message = " ".join(exc.format_message().split())
+        typer.echo(f"placecheck: error: {message}", err=True)
+        sys.exit(getattr(exc, "exit_code", EXIT_USAGE))
+    except typer.Abort:
+        typer.echo("Aborted!", err=True)
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -1,0 +1,106 @@
+"""``placecheck checkpoint``: check a checkpoint file before a job loads it."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from placecheck.cli.app import app
+from placecheck.cli.audit import split_codes
+from placecheck.devices import DEVICE_HELP
+from placecheck.errors import PlacecheckError
+from placecheck.formats import OutputFormat
+from placecheck.output import OutputOptions, emit, fail, model_output_to_stderr
+from placecheck.report import EXIT_USAGE, FAIL_ON_CHOICES
+
+
+@app.command()
+def checkpoint(
+    file: Annotated[str, typer.Argument(
+        help="The checkpoint: a torch.save file (zip or legacy), a TorchScript archive, a .pt2 "
+             "program or a .safetensors file.", show_default=False)],
+    model: Annotated[str | None, typer.Option(
+        "--model", "-m", help="Compare with this model's state_dict(): MODULE:ATTR or "
+                              "path/to/file.py:ATTR.")] = None,
+    device: Annotated[str, typer.Option("--device", "-d", help=f"Target device: {DEVICE_HELP}.")] = "cuda",
+    engine: Annotated[str, typer.Option(
+        help="auto: the real machine's GPUs when present, simulated ones when not; real; fake.")] = "auto",
+    gpus: Annotated[int | None, typer.Option(
+        help="Number of GPUs the target machine has when simulated (default: enough for --device).",
+        min=1)] = None,
+    key: Annotated[str | None, typer.Option(
+        "--key", help="Where the state_dict is inside the checkpoint, e.g. model.ema (default: found "
+                      "automatically).")] = None,
+    trust: Annotated[bool, typer.Option(
+        "--trust", help="Allow loading a checkpoint that runs pickled code (weights_only=False).")] = False,
+    kwargs: Annotated[str | None, typer.Option(
+        "--kwargs", help="Constructor arguments for --model as a JSON object.")] = None,
+    arg: Annotated[list[str] | None, typer.Option(
+        "--arg", help="Constructor argument KEY=VALUE for --model; repeatable.")] = None,
+    select: Annotated[list[str] | None, typer.Option(
+        help="Report only these codes or prefixes (PC3, PC301, ALL); comma-separated or repeated.")] = None,
+    ignore: Annotated[list[str] | None, typer.Option(
+        help="Do not report these codes or prefixes; comma-separated or repeated.")] = None,
+    fmt: Annotated[OutputFormat, typer.Option("--format", "-f", help="Output format.")] = OutputFormat.TABLE,
+    output: Annotated[str, typer.Option(
+        "--output", "-o", help="Write the report to FILE ('-' is stdout).")] = "-",
+    fail_on: Annotated[str, typer.Option(
+        help=f"Exit 1 when a finding is at or above this severity: {', '.join(FAIL_ON_CHOICES)}."
+    )] = "warning",
+    exit_zero: Annotated[bool, typer.Option(
+        "--exit-zero", help="Exit 0 even when there are findings.")] = False,
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for errors.")] = False,
+) -> None:
+    """Check a checkpoint before a job loads it: saved devices, keys against a model, and safety.
+
+    Reads only the file's index (never its tensor data, never its pickled
+    code) and never modifies it. Exit status: 0 when no finding is at or above
+    --fail-on, 1 when one is, 2 for unreadable files, bad options and
+    checkpoints that would run code (unless --trust).
+    """
+    from placecheck.errors import UsageError
+    from placecheck.load import parse_kwargs
+
+    try:
+        if fail_on not in FAIL_ON_CHOICES:
+            raise UsageError(f"--fail-on {fail_on!r} is not one of {', '.join(FAIL_ON_CHOICES)}")
+        out = OutputOptions(format=fmt, output=output, fail_on=fail_on, exit_zero=exit_zero, debug=debug)
+        constructor_kwargs = parse_kwargs(kwargs, arg or ())
+        result = run_checkpoint(file, model, constructor_kwargs, device=device, engine=engine, gpus=gpus,
+                                key=key, trust=trust, select=split_codes(select),
+                                ignore=split_codes(ignore))
+    except PlacecheckError as exc:
+        raise fail(str(exc), debug) from None
+    except Exception as exc:  # a bug in placecheck or something unforeseen in the file
+        from placecheck.errors import one_line
+
+        raise fail(f"unexpected {one_line(exc)}; rerun with --debug and report it", debug) from None
+    code = emit(result.report, out)
+    if result.refused:
+        from placecheck.checkpoint.preflight import unsafe_globals_text
+
+        names = unsafe_globals_text(result.meta)
+        typer.echo(f"placecheck: error: {file!r} would run pickled code when loaded (it names {names}); "
+                   "not loaded (pass --trust if you trust it)", err=True)
+        code = EXIT_USAGE
+    raise typer.Exit(code)
+
+
+def run_checkpoint(file: str, model: str | None, kwargs: dict[str, Any], **options: Any) -> Any:
+    """Resolve ``--model`` (if any) and check the checkpoint; raises PlacecheckError subclasses."""
+    from placecheck.checkpoint import check_checkpoint
+    from placecheck.devices import normalize_device
+    from placecheck.load import build, resolve, split_target
+
+    normalize_device(options["device"])
+    factory = None
+    with model_output_to_stderr():
+        if model is not None:
+            _, attr = split_target(model)
+            obj = resolve(model)
+
+            def factory() -> Any:
+                return build(obj, attr, kwargs)
+
+        return check_checkpoint(file, model=factory, model_name=model, **options)

@@ -1,0 +1,47 @@
+"""``placecheck rules`` and ``placecheck explain``: the finding codes and what they mean."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from placecheck.cli.app import app
+from placecheck.output import fail
+
+
+@app.command("rules")
+def rules_command() -> None:
+    """List every finding code with its severity and title."""
+    from tabulate import tabulate
+
+    from placecheck.rules import RULES
+
+    rows = [(r.code, r.kind, r.severity.value, r.phase, r.title) for r in RULES.values()]
+    typer.echo(tabulate(rows, headers=("code", "kind", "severity", "found by", "title"), tablefmt="simple"))
+    typer.echo("\nplacecheck explain CODE shows what a code means, why it matters and how to fix it.")
+
+
+@app.command()
+def explain(
+    code: Annotated[str, typer.Argument(help="A finding code (PC101) or its kind (stray-tensor).",
+                                        show_default=False)],
+) -> None:
+    """Explain a finding code: what it means, why it matters, a wrong and a right example."""
+    from placecheck.rules import RULES, Rule
+
+    wanted = code.strip()
+    found: Rule | None = RULES.get(wanted.upper()) or next(
+        (r for r in RULES.values() if r.kind == wanted.lower()), None)
+    if found is None:
+        raise fail(f"unknown code {code!r}: `placecheck rules` lists them (PC101 ... {list(RULES)[-1]})")
+    typer.echo(explain_text(found))
+
+
+def explain_text(r: Any) -> str:
+    """The text ``placecheck explain`` prints for one rule."""
+    def indent(text: str) -> str:
+        return "\n".join(f"    {line}" if line else "" for line in text.splitlines())
+
+    return (f"{r.code} {r.kind} ({r.severity.value}, found by the {r.phase} phase)\n"
+            f"{r.title}\n\n{r.explanation}\n\nWrong:\n{indent(r.wrong)}\n\nRight:\n{indent(r.right)}")

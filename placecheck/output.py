@@ -1,0 +1,82 @@
+"""Writing a report where the user asked and turning it into an exit code; one-line errors.
+
+Every command ends here: :func:`emit_reports` renders the reports with the
+chosen formatter, writes them to stdout or ``--output`` and returns the exit
+code from :func:`placecheck.report.exit_code`; :func:`fail` prints
+``placecheck: error: ...`` and gives the exit-2 exception. This module sits
+below :mod:`placecheck.cli` and :mod:`placecheck.ci` (both use it) and never
+imports torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import sys
+import traceback
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import typer
+
+from placecheck.formats import OutputFormat, formatter_for
+from placecheck.report import EXIT_USAGE, Report, exit_code
+
+
+@dataclass(frozen=True)
+class OutputOptions:
+    """How to render and judge a report."""
+
+    format: OutputFormat = OutputFormat.TABLE
+    output: str = "-"
+    """Where the report goes: a file path, or ``-`` for stdout."""
+    fail_on: str = "warning"
+    """The lowest severity that makes the exit code 1."""
+    exit_zero: bool = False
+    debug: bool = False
+    """Print the traceback of an error before its one-line message."""
+
+
+def fail(message: str, debug: bool = False) -> typer.Exit:
+    """Print ``placecheck: error: ...`` (and the traceback under --debug); return the exit-2 exception."""
+    if debug:
+        traceback.print_exc()
+        message = message.replace(" (--debug shows the traceback)", "")  # it just did
+    typer.echo(f"placecheck: error: {message}", err=True)
+    return typer.Exit(EXIT_USAGE)
+
+
+@contextlib.contextmanager
+def model_output_to_stderr() -> Iterator[None]:
+    """Send what the model's own code prints (import, constructor, forward) to stderr.
+
+    stdout carries the report alone: ``--format json`` stays parseable, and an
+    error leaves stdout empty.
+    """
+    with contextlib.redirect_stdout(sys.stderr):
+        yield
+
+
+def emit(report: Report, out: OutputOptions) -> int:
+    """Write the formatted report where ``--output`` says; return the exit code."""
+    return emit_reports([report], out)
+
+
+def emit_reports(reports: list[Report], out: OutputOptions, config_run: bool = False) -> int:
+    """Write a run's reports (one or many models) where ``--output`` says; return the exit code.
+
+    ``config_run``: a ``--config`` run, rendered in the run shape even with one model.
+    """
+    to_terminal = out.output == "-" and sys.stdout.isatty()
+    formatter = formatter_for(out.format, shutil.get_terminal_size().columns if to_terminal else None)
+    text = formatter.format_run(reports) if config_run else formatter.format_reports(reports)
+    if out.output == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    else:
+        try:
+            Path(out.output).write_text(text, encoding="utf-8")
+        except OSError as exc:
+            raise fail(f"cannot write --output {out.output!r}: {exc.strerror or exc}") from None
+    return exit_code(reports, out.fail_on, out.exit_zero)
