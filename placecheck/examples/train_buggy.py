@@ -1,0 +1,51 @@
+"""The seeds' CIFAR-10 training loop with the labels forgotten: ``placecheck run`` finds it.
+
+Runs on the CPU as it is (no GPU: ``device`` is the CPU); on a GPU, or under
+``placecheck run placecheck/examples/train_buggy.py``, the loss mixes the
+moved images' logits with labels left on the CPU. Data is synthetic
+(torchvision's FakeData), so nothing is downloaded.
+"""
+
+import torch
+import torch.nn as nn
+import torchvision
+import torchvision.transforms as transforms
+
+device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+transform = transforms.Compose([transforms.ToTensor(), transforms.Normalize((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))])
+trainset = torchvision.datasets.FakeData(size=256, image_size=(3, 32, 32), num_classes=10, transform=transform)
+trainloader = torch.utils.data.DataLoader(trainset, batch_size=64, shuffle=True)
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 6, 5)
+        self.pool = nn.MaxPool2d(2, 2)
+        self.conv2 = nn.Conv2d(6, 16, 5)
+        self.fc1 = nn.Linear(16 * 5 * 5, 120)
+        self.fc2 = nn.Linear(120, 84)
+        self.fc3 = nn.Linear(84, 10)
+
+    def forward(self, x):
+        x = self.pool(nn.functional.relu(self.conv1(x)))
+        x = self.pool(nn.functional.relu(self.conv2(x)))
+        x = x.view(-1, 16 * 5 * 5)
+        x = nn.functional.relu(self.fc1(x))
+        x = nn.functional.relu(self.fc2(x))
+        return self.fc3(x)
+
+
+net = Net().to(device)
+criterion = nn.CrossEntropyLoss()
+optimizer = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+
+for epoch in range(2):
+    for images, labels in trainloader:
+        images = images.to(device)
+        optimizer.zero_grad()
+        loss = criterion(net(images), labels)
+        loss.backward()
+        optimizer.step()
+        print(f"epoch {epoch} loss {loss.item():.3f}")

@@ -1,0 +1,96 @@
+"""``placecheck.run``: a whole training or inference script on a simulated GPU.
+
+    >>> import placecheck
+    >>> report = placecheck.run("train.py", ["--epochs", "1"], steps=2)
+    >>> [f.code for f in report.findings]
+    ['PC201']
+
+The script really runs (its side effects happen: files it writes are
+written); ``steps`` bounds the work. CUDA is simulated with real CPU values
+(:mod:`placecheck.tagged`): scripts print losses, call ``.item()`` and branch
+on data, so the fake-tensor engine cannot run them; that is why this engine is
+the default here. What the run finds is described in
+:mod:`placecheck.run.recorder`.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import types
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from placecheck.report import Report
+from placecheck.rules import selected
+from placecheck.run.script import Outcome, Program, execute
+
+DEFAULT_STEPS = 2
+
+
+def run(target: str | Callable[[], Any], args: Sequence[str] = (), *, module: bool = False,
+        steps: int = DEFAULT_STEPS, gpus: int = 1, timeout: float | None = None,
+        select: Iterable[str] | None = None, ignore: Iterable[str] | None = None) -> Report:
+    """Run a script (path), a module (``module=True``: ``python -m target``) or a callable on a
+    simulated GPU and report every placement problem the program meets.
+
+    ``steps``: stop after that many ``optimizer.step()`` calls (0: run to the end).
+    ``gpus``: what ``torch.cuda.device_count()`` answers. ``timeout``: stop after
+    that many seconds. Stopping early is not an error; a note says where it stopped.
+    Raises :class:`~placecheck.errors.LoadError` for a missing script or
+    module or a syntax error; what the script raises is reported, not raised.
+    """
+    from placecheck.engine import SIMULATED_CUDA_VALUES
+    from placecheck.run.recorder import RunRecorder
+    from placecheck.tagged import tagged_cuda
+
+    codes = selected(select, ignore)
+    program = Program(target, tuple(args), module)
+    program.check()
+    recorder = RunRecorder(gpus=gpus, steps=steps)
+    notes = [f"engine: CUDA simulated with real CPU values ({gpus} GPU{'s' if gpus != 1 else ''}), the "
+             "default for run: scripts read values (.item(), printed losses, data-driven branches) and "
+             "run backward, which fake tensors cannot; the script really runs and its side effects happen"]
+    started = time.perf_counter()
+    with tagged_cuda(gpus), recorder.recording():
+        outcome = execute(program, timeout, notes)
+    seconds = time.perf_counter() - started
+    findings = recorder.findings()
+    if outcome.error is not None:
+        finding = recorder.error_finding(outcome.error)
+        if finding is not None:
+            findings.append(finding)
+    notes.append(_ending(outcome, recorder.steps))
+    if not recorder.moved_modules and not recorder.optimizers:
+        notes.append("run: the script moved no module to the GPU and built no optimizer: nothing of a "
+                     "training or inference loop was seen")
+    notes.extend(recorder.notes)
+    kept = [f for f in findings if f.code in codes]
+    stats = {"optimizer_steps": recorder.steps, "modules_moved": len(recorder.moved_modules),
+             "optimizers": len(recorder.optimizers), "milliseconds": int(seconds * 1000)}
+    return Report.build(program.name, recorder.target, SIMULATED_CUDA_VALUES, kept, notes, stats)
+
+
+def _ending(outcome: Outcome, steps: int) -> str:
+    at = f" at {outcome.line}" if outcome.line else ""
+    done = f"{steps} optimizer step{'s' if steps != 1 else ''}"
+    if outcome.kind == "stopped":
+        return f"run: stopped {outcome.reason}{at}; stopping early is not an error"
+    if outcome.kind == "exit":
+        return f"run: the script called sys.exit({outcome.exit_code!r}){at} after {done}"
+    if outcome.kind == "error":
+        return f"run: the script raised an exception{at} after {done}"
+    return f"run: the script ran to its end ({done})"
+
+
+class _CallableModule(types.ModuleType):
+    """``placecheck.run`` is both this package and the function: importing the package makes it the
+    parent's attribute, shadowing the function, so calling the package calls :func:`run`."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Report:
+        return run(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
+
+__all__ = ["DEFAULT_STEPS", "run"]

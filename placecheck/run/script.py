@@ -1,0 +1,147 @@
+"""Running the user's program as ``python SCRIPT.py ARGS`` (or ``python -m MODULE ARGS``) would.
+
+The script runs as ``__main__`` through :mod:`runpy`: ``sys.argv`` is
+``[script, *args]``, the script's directory (the working directory for
+``-m``) is first on ``sys.path``, the working directory is left as it is.
+What ends it: its own end, ``sys.exit``, an exception, or a
+:class:`~placecheck.run.recorder.StopRun` raised into it (enough optimizer
+steps, or ``--timeout`` by ``SIGALRM``). Everything is restored afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import runpy
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+from placecheck.errors import LoadError
+from placecheck.run.recorder import StopRun
+from placecheck.run.sites import raised_at
+
+
+@dataclass(frozen=True)
+class Program:
+    """What ``placecheck run`` runs: a script path, a module name (``-m``), or a Python callable."""
+
+    target: str | Callable[[], Any]
+    args: tuple[str, ...] = ()
+    module: bool = False
+
+    @property
+    def name(self) -> str:
+        """How the report names it."""
+        if callable(self.target):
+            return getattr(self.target, "__qualname__", repr(self.target))
+        return f"-m {self.target}" if self.module else self.target
+
+    def check(self) -> None:
+        """Refuse what cannot run, with one line: a missing script or module, a syntax error."""
+        if callable(self.target):
+            return
+        if self.module:
+            try:
+                spec = importlib.util.find_spec(self.target)
+            except (ImportError, ValueError) as exc:
+                raise LoadError(f"cannot find module {self.target!r}: {exc}") from None
+            if spec is None:
+                raise LoadError(f"no module named {self.target!r} (on sys.path from {os.getcwd()})")
+            return
+        if not os.path.isfile(self.target):
+            raise LoadError(f"no such script: {self.target!r}")
+        try:
+            with open(self.target, "rb") as handle:
+                compile(handle.read(), self.target, "exec")
+        except SyntaxError as exc:
+            raise LoadError(f"{self.target}:{exc.lineno}: syntax error: {exc.msg}") from None
+        except (OSError, ValueError) as exc:
+            raise LoadError(f"cannot read script {self.target!r}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How the program ended."""
+
+    kind: str
+    """``end`` (it finished), ``exit`` (sys.exit), ``stopped`` (steps or timeout), ``error``."""
+    line: str = ""
+    """The user's line where it stopped or raised ("" when unknown)."""
+    reason: str = ""
+    exit_code: int | str | None = None
+    error: BaseException | None = None
+
+
+@contextlib.contextmanager
+def _as_main(program: Program) -> Iterator[None]:
+    """``sys.argv`` and ``sys.path`` as Python sets them for the program; restored afterwards."""
+    argv, path = sys.argv[:], sys.path[:]
+    target = program.target
+    if isinstance(target, str):
+        first = os.getcwd() if program.module else os.path.dirname(os.path.abspath(target))
+        sys.argv = [target, *program.args]
+        sys.path.insert(0, first)
+    try:
+        yield
+    finally:
+        sys.argv[:] = argv
+        sys.path[:] = path
+
+
+@contextlib.contextmanager
+def _deadline(seconds: float | None) -> Iterator[bool]:
+    """Raise :class:`StopRun` into the program after ``seconds``; yields False when it cannot (not the
+    main thread, or no SIGALRM on this platform)."""
+    usable = (seconds is not None and seconds > 0 and hasattr(signal, "setitimer")
+              and threading.current_thread() is threading.main_thread())
+    if not usable:
+        yield seconds is None
+        return
+
+    def expire(signum: int, frame: FrameType | None) -> None:
+        raise StopRun(f"at --timeout {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, float(seconds or 0))
+    try:
+        yield True
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def execute(program: Program, timeout: float | None = None, notes: list[str] | None = None) -> Outcome:
+    """Run ``program`` to its end or until it is stopped; never raises what the program raises."""
+    with _as_main(program), _deadline(timeout) as armed:
+        if not armed and notes is not None:
+            notes.append("run: --timeout is not enforced here (it needs SIGALRM in the main thread)")
+        try:
+            target = program.target
+            if callable(target):
+                target()
+            elif program.module:
+                runpy.run_module(target, run_name="__main__", alter_sys=True)
+            else:
+                runpy.run_path(target, run_name="__main__")
+        except StopRun as stop:
+            return Outcome("stopped", raised_at(stop), stop.reason)
+        except SystemExit as exc:
+            code = exc.code if exc.code is not None else 0
+            return Outcome("exit", raised_at(exc), exit_code=code)
+        except BaseException as exc:  # noqa: BLE001 (the program's own failure is reported, not raised)
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            return Outcome("error", raised_at(exc), error=exc)
+    return Outcome("end")
+
+
+def script_args(args: Sequence[str]) -> tuple[str, ...]:
+    """The program's arguments, a leading ``--`` separator dropped."""
+    items = list(args)
+    return tuple(items[1:] if items and items[0] == "--" else items)
