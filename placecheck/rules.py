@@ -253,6 +253,49 @@ torch.save(model, "model.pt")          # pickles the class and its code path
 torch.save(model.state_dict(), "model.pt")
 """)
 
+_rule("PC209", "repeated-transfer", W, "run", "the same host tensor copied to the device every step", """
+placecheck run saw one host tensor copied to the device at the same line in
+several optimizer steps: the whole dataset (or a constant) moved inside the
+loop. The tensor's bytes cross the bus again at every step for data that does
+not change; a GPU job spends that time waiting. Move it once, before the loop,
+and index the device copy; or move only each batch.""", """
+for step in range(steps):
+    x = images.to(device)[idx]        # all of `images`, every step
+""", """
+images = images.to(device)            # once
+for step in range(steps):
+    x = images[idx]
+""")
+
+_rule("PC307", "optimizer-state-off-device", E, "run", "optimizer state not on its parameter's device", """
+Optimizer.load_state_dict casts each state tensor (Adam's exp_avg and
+exp_avg_sq, SGD's momentum_buffer) to the device its parameter is on at that
+moment. Resumed before the model is moved, the state stays on the CPU (or on
+the GPU it was saved from) while the parameters move: the first
+optimizer.step() mixes devices. Move the model first, then load the
+optimizer's state (or build the optimizer after the move).""", """
+optimizer.load_state_dict(ckpt["optimizer"])
+model.to(device)
+""", """
+model.to(device)
+optimizer.load_state_dict(ckpt["optimizer"])
+""")
+
+_rule("PC308", "optimizer-stale-params", E, "run", "the optimizer holds parameters the model no longer uses", """
+An optimizer steps the Parameter objects it was given when it was built. If
+the script then re-creates or re-loads the model (model = Net(), model =
+torch.load(...)), or moves it with
+torch.__future__.set_overwrite_module_params_on_conversion(True), the forward
+uses new Parameter objects: the loss goes down nowhere, nothing crashes.
+Build the optimizer from the model the script actually trains, after it is
+created, loaded and moved.""", """
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+model = Net().to(device)              # a new model: the optimizer holds the old one
+""", """
+model = Net().to(device)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+""")
+
 _rule("PC901", "audit-incomplete", E, "run", "the audit of this model did not finish", """
 The model's audit ran in its own process (placecheck audit --config) and did
 not finish: the interpreter crashed (a segfault in an extension), it ran past
