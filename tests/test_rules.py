@@ -25,12 +25,15 @@ CONTRACT = {
     "PC205": ("implicit-transfer", "forward"),
     "PC206": ("output-off-device", "forward"),
     "PC207": ("forward-error", "forward"),
+    "PC209": ("repeated-transfer", "run"),
     "PC301": ("checkpoint-device", "checkpoint"),
     "PC302": ("missing-key", "checkpoint"),
     "PC303": ("unexpected-key", "checkpoint"),
     "PC304": ("shape-mismatch", "checkpoint"),
     "PC305": ("dtype-mismatch", "checkpoint"),
     "PC306": ("unsafe-checkpoint", "checkpoint"),
+    "PC307": ("optimizer-state-off-device", "run"),
+    "PC308": ("optimizer-stale-params", "run"),
 }
 
 
