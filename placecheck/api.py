@@ -18,6 +18,7 @@ from typing import Any, Union
 import torch
 import torch.nn as nn
 
+from placecheck import classify
 from placecheck.construct import construct, leftovers_to_default_device, move_from_meta, parse_init
 from placecheck.devices import normalize_device
 from placecheck.engine import (
@@ -35,11 +36,6 @@ from placecheck.rules import rule, selected
 from placecheck.walk import Snapshot, WalkResult, reachable_tensors, walk
 
 ModelOrFactory = Union[nn.Module, Callable[[], nn.Module]]
-
-# Errors that mean "this code wanted a real GPU while building the model".
-_CUDA_BUILD_ERRORS = ("no nvidia driver", "not compiled with cuda", "cuda driver", "cuda error",
-                      "found no nvidia", "not linked with support for cuda", "cudagetdevicecount")
-
 
 def _build(model: ModelOrFactory, engine: Engine, copy_model: bool) -> nn.Module:
     """The audit's own model object: a copy of an instance, or a factory's product.
@@ -60,8 +56,7 @@ def _build(model: ModelOrFactory, engine: Engine, copy_model: bool) -> nn.Module
         try:
             return _checked(model())
         except Exception as exc:
-            text = f"{exc} {exc.__cause__ or ''}".lower()
-            if not any(s in text for s in _CUDA_BUILD_ERRORS):
+            if not classify.needs_cuda_driver(exc):
                 raise
     with engine.session():
         return _checked(model())
@@ -341,7 +336,6 @@ def _forward(model: nn.Module, eng: Engine, result: WalkResult, snapshot: Snapsh
              inputs: tuple[tuple[Any, ...], dict[str, Any], str], train: bool,
              library_findings: bool) -> _ForwardResult:
     """The traced forward pass, then the walk again: what the forward replaced or handled."""
-    from placecheck.engine import is_simulation_limit
     from placecheck.inputs import move_inputs
     from placecheck.trace import Tracer
 
@@ -354,17 +348,19 @@ def _forward(model: nn.Module, eng: Engine, result: WalkResult, snapshot: Snapsh
         with _quiet_fake_tensor_log():
             tracer.run(args, kwargs, train=train)
     except Exception as exc:
-        why = fake_limit(exc) if eng.fake else ""
+        why = classify.fake_limit(exc) if eng.fake else ""
         # code correct on a GPU that needs the real driver (an unsimulated torch.cuda API) is the
         # simulation's limit, not a PC207 against the user's code
-        limit = is_simulation_limit(exc) if eng.simulated and not why else ""
+        limit = classify.simulation_limit(exc) if eng.simulated and not why else ""
         if limit:
             notes.append(limit)
         elif not why:  # else keep what the forward found before fake tensors stopped
             tracer.record_error(exc)
     findings = tracer.findings(library_findings)
     dismissed = tracer.dismissed_strays(walk(model, dev, snapshot)) if tracer.strays and not why else {}
-    return _ForwardResult(findings, why, [*notes, *tracer.notes()], dismissed, limit)
+    from placecheck.datadep import assumption_notes  # what the fake engine assumed to run data-dependent ops
+
+    return _ForwardResult(findings, why, [*notes, *tracer.notes(), *assumption_notes()], dismissed, limit)
 
 
 @contextlib.contextmanager
@@ -380,10 +376,3 @@ def _quiet_fake_tensor_log() -> Iterator[None]:
         yield
     finally:
         logger.setLevel(level)
-
-
-def fake_limit(exc: BaseException) -> str:
-    """Why the fake engine could not run a forward ("" when ``exc`` is the model's own error)."""
-    from placecheck.engine import fake_limit as engine_fake_limit
-
-    return engine_fake_limit(exc)

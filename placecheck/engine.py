@@ -8,11 +8,11 @@ tensors to be on the same device". Model code that asks
 ``torch.cuda.is_available()`` or ``device_count()`` sees the simulated GPUs,
 and the rest of the common ``torch.cuda`` runtime API (streams, events, RNG,
 device properties, memory statistics, autocast) answers harmlessly (see
-:func:`_cuda_query_patches`); cuDNN is off, so recurrent layers take
+:mod:`placecheck.cudaapi`); cuDNN is off, so recurrent layers take
 PyTorch's native kernels. All sessions of one engine share one fake mode: a
 model whose ``__init__`` creates CUDA tensors is built in it, then moved in it.
-:func:`fake_limit` says when an error was the fake engine's limit,
-:func:`is_simulation_limit` when it was code needing a real CUDA driver.
+:mod:`placecheck.classify` says when an error was the fake engine's limit or
+code needing a real CUDA driver.
 
 The real-valued engine (:mod:`placecheck.tagged`) keeps real CPU data in
 tensors that report the simulated device: slower and needing the weights in
@@ -28,10 +28,6 @@ from __future__ import annotations
 import contextlib
 import enum
 import functools
-import re
-import sys
-import types
-import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -42,8 +38,20 @@ import torch
 import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 
+from placecheck.cudaapi import (
+    CPU_ONLY_BUILD,
+    SIMULATED_GPU_NAME,
+    SimulatedEvent,
+    SimulatedStream,
+    cuda_queries_simulated,
+)
 from placecheck.devices import device_index
 from placecheck.errors import UsageError
+from placecheck.tagged import move_destination, tagged_cuda, to_options
+
+__all__ = ["SIMULATED_CUDA", "SIMULATED_CUDA_VALUES", "SIMULATED_GPU_NAME", "Engine", "EngineChoice",
+           "SimulatedEvent", "SimulatedStream", "choose_engine", "cuda_queries_simulated", "fallback_engine",
+           "move_model", "simulated_cuda"]
 
 
 class EngineChoice(str, enum.Enum):
@@ -95,8 +103,6 @@ class Engine:
         built in one (its ``__init__`` made CUDA tensors) is moved in the next.
         """
         if self.real_values:
-            from placecheck.tagged import tagged_cuda
-
             return tagged_cuda(self.gpus)
         if self.simulated:
             return simulated_cuda(self.gpus, self.fake_mode)
@@ -171,255 +177,6 @@ def fallback_engine(engine: Engine, why: str) -> Engine:
                          f"CUDA simulated with real CPU values ({engine.gpus} GPU{plural})")
 
 
-class SimulatedStream:
-    """A CUDA stream of the simulation: every operation is a no-op (fake tensors run nothing)."""
-
-    def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any) -> None:
-        self.device = torch.device("cuda", device_index(str(device)) if device is not None else 0)
-        self.priority = priority
-        self.cuda_stream = 0
-
-    def wait_event(self, event: Any) -> None:
-        """No-op."""
-
-    def wait_stream(self, stream: Any) -> None:
-        """No-op."""
-
-    def record_event(self, event: Any = None) -> SimulatedEvent:
-        """The event, recorded (no-op)."""
-        return event if isinstance(event, SimulatedEvent) else SimulatedEvent()
-
-    def query(self) -> bool:
-        """Always done."""
-        return True
-
-    def synchronize(self) -> None:
-        """No-op."""
-
-    def __enter__(self) -> SimulatedStream:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
-
-    def __repr__(self) -> str:
-        return f"<placecheck simulated CUDA stream on {self.device}>"
-
-
-class SimulatedEvent:
-    """A CUDA event of the simulation: recorded and complete at once; no time elapses."""
-
-    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False,
-                 **kwargs: Any) -> None:
-        self.enable_timing = enable_timing
-
-    def record(self, stream: Any = None) -> None:
-        """No-op."""
-
-    def wait(self, stream: Any = None) -> None:
-        """No-op."""
-
-    def query(self) -> bool:
-        """Always complete."""
-        return True
-
-    def synchronize(self) -> None:
-        """No-op."""
-
-    def elapsed_time(self, end_event: Any) -> float:
-        """0.0 ms: the simulation measures no time."""
-        return 0.0
-
-
-class _SimulatedDeviceContext:
-    """``torch.cuda.device(i)`` / ``device_of(t)``: selects nothing (the simulation has no current device)."""
-
-    def __init__(self, device: Any = None) -> None:
-        self.idx = device if isinstance(device, int) else 0
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
-
-
-SIMULATED_GPU_NAME = "placecheck simulated GPU"
-_EMPTY_RNG_STATE = torch.zeros(0, dtype=torch.uint8)  # what the simulated torch.cuda.get_rng_state() returns
-
-
-def _cuda_query_patches(gpus: int) -> dict[str, Callable[..., Any]]:
-    """What model code may ask ``torch.cuda``, answered for ``gpus`` simulated GPUs.
-
-    Simulated: availability and count, device name/capability/properties
-    (an 80 GiB sm_90 part named ``placecheck simulated GPU``), streams and
-    events (no-op objects), ``synchronize``, the CUDA RNG (seeding is a no-op;
-    the state is an empty byte tensor), memory statistics (all 0, 80 GiB free),
-    and ``torch.autocast("cuda")``'s availability check (see
-    :data:`_ASKING_FOR_USER_CODE`); ``Tensor.pin_memory`` and ``record_stream`` are
-    patched in :func:`cuda_queries_simulated`. Not simulated: CUDA graphs, NCCL,
-    ``torch.cuda.nvtx``/profiler internals, custom kernels (they need a driver;
-    see :func:`is_simulation_limit`).
-    """
-
-    def _props(device: Any = None) -> Any:
-        return types.SimpleNamespace(name=SIMULATED_GPU_NAME, total_memory=80 * 2**30, major=9, minor=0,
-                                     multi_processor_count=132, is_integrated=False, is_multi_gpu_board=False,
-                                     L2_cache_size=50 * 2**20, warp_size=32, gcnArchName="NVIDIA",
-                                     uuid="00000000-0000-0000-0000-000000000000")
-
-    def _stream(device: Any = None) -> SimulatedStream:
-        return SimulatedStream(device)
-
-    def _stream_context(stream: Any = None) -> contextlib.AbstractContextManager[Any]:
-        return contextlib.nullcontext(stream)
-
-    def _rng_state(device: Any = "cuda") -> torch.Tensor:
-        return _EMPTY_RNG_STATE  # made once, outside any session: not a tensor the model created
-
-    def _none(*args: Any, **kwargs: Any) -> None:
-        return None
-
-    def _zero(*args: Any, **kwargs: Any) -> int:
-        return 0
-
-    return {
-        "is_available": lambda: True,
-        "device_count": lambda: gpus,
-        "current_device": lambda: 0,
-        "is_initialized": lambda: True,
-        "init": _none,
-        "get_device_name": lambda device=None: SIMULATED_GPU_NAME,
-        "get_device_capability": lambda device=None: (9, 0),
-        "get_device_properties": _props,
-        "get_arch_list": lambda: ["sm_90"],
-        "is_bf16_supported": lambda *a, **k: True,
-        "is_tf32_supported": lambda *a, **k: True,
-        "can_device_access_peer": lambda device, peer: True,
-        "set_device": _none,
-        "device": _SimulatedDeviceContext,
-        "device_of": lambda obj: _SimulatedDeviceContext(),
-        "synchronize": _none,
-        "ipc_collect": _none,
-        "current_stream": _stream,
-        "default_stream": _stream,
-        "Stream": SimulatedStream,
-        "stream": _stream_context,
-        "set_stream": _none,
-        "Event": SimulatedEvent,
-        "manual_seed": _none,
-        "manual_seed_all": _none,
-        "seed": _none,
-        "seed_all": _none,
-        "initial_seed": _zero,
-        "get_rng_state": _rng_state,
-        "get_rng_state_all": lambda: [_rng_state() for _ in range(gpus)],
-        "set_rng_state": _none,
-        "set_rng_state_all": _none,
-        "empty_cache": _none,
-        "reset_peak_memory_stats": _none,
-        "reset_max_memory_allocated": _none,
-        "reset_accumulated_memory_stats": _none,
-        "memory_allocated": _zero,
-        "max_memory_allocated": _zero,
-        "memory_reserved": _zero,
-        "max_memory_reserved": _zero,
-        "memory_stats": lambda device=None: {},
-        "memory_summary": lambda device=None, abbreviated=False: f"{SIMULATED_GPU_NAME}: no memory used",
-        "mem_get_info": lambda device=None: (80 * 2**30, 80 * 2**30),
-    }
-
-
-# torch modules that ask torch.cuda on the user's behalf: torch.autocast("cuda") checks
-# availability (and bf16 support) before it enables itself; under simulation it must see the
-# simulated GPU, or it prints "CUDA is not available ... Disabling autocast" and runs in fp32.
-# With fake tensors autocast then really applies (fake CUDA tensors carry the autocast key);
-# with the real-valued engine the data is on the CPU, so ops stay fp32 there.
-# A CPU-only build of torch aborts the process when autocast("cuda") is enabled on fake CUDA
-# tensors ("not linked with support for cuda devices", from C++): there autocast stays disabled,
-# its warning silenced, and the forward runs in fp32.
-_ASKING_FOR_USER_CODE = ("torch.cuda.amp.common", "torch.amp.autocast_mode")
-_CPU_ONLY_BUILD = torch.version.cuda is None and torch.version.hip is None
-_AUTOCAST_DISABLED_WARNING = "CUDA is not available or torch_xla is imported. Disabling autocast"
-
-
-def _called_from_torch(depth: int = 2) -> bool:
-    """True when the caller of the patched function is torch itself."""
-    name = sys._getframe(depth).f_globals.get("__name__", "")
-    for_user = name in _ASKING_FOR_USER_CODE and not _CPU_ONLY_BUILD
-    return bool(name == "torch" or name.startswith("torch.")) and not for_user
-
-
-def _for_user_code(simulated: Callable[..., Any], real: Callable[..., Any]) -> Callable[..., Any]:
-    """Answer model code with the simulated value, torch's own internals with the real one.
-
-    torch consults ``torch.cuda.is_available()`` itself (fake tensors use it
-    to decide whether they may initialise a device); only the user's code
-    must see the simulated GPUs.
-    """
-
-    def query(*args: Any, **kwargs: Any) -> Any:
-        if _called_from_torch():
-            return real(*args, **kwargs)
-        return simulated(*args, **kwargs)
-
-    query.__name__ = getattr(real, "__name__", "query")
-    query.__doc__ = getattr(real, "__doc__", None)
-    return query
-
-
-@contextlib.contextmanager
-def cuda_queries_simulated(gpus: int) -> Iterator[None]:
-    """Make ``torch.cuda.is_available()`` and friends report ``gpus`` GPUs to model code.
-
-    cuDNN is switched off for the session: with it, ``nn.LSTM``/``GRU``/``RNN``
-    take cuDNN's path on (simulated) CUDA tensors, whose ``flatten_parameters``
-    and ``_cudnn_rnn`` need a driver ("Found no NVIDIA driver", "CUDA driver
-    version is insufficient"). Without it they run PyTorch's native kernels,
-    which follow the same device rules; placement does not depend on the backend.
-    """
-    with contextlib.ExitStack() as stack:
-        for name, fn in _cuda_query_patches(gpus).items():
-            real = getattr(torch.cuda, name, None)
-            if real is None:
-                continue
-            # classes stay classes (isinstance(s, torch.cuda.Stream) must work); the real ones need a
-            # driver whoever calls them
-            patched = fn if isinstance(fn, type) else _for_user_code(fn, real)
-            stack.enter_context(mock.patch.object(torch.cuda, name, patched))
-        # page-locked host memory and the allocator's stream hint need a driver; neither changes
-        # where a tensor is: pin_memory() is a CPU copy, record_stream() nothing
-        stack.enter_context(mock.patch.object(torch.Tensor, "pin_memory", _pinned_copy))
-        stack.enter_context(mock.patch.object(torch.Tensor, "record_stream", _record_stream))
-        stack.enter_context(_cudnn_disabled())
-        if _CPU_ONLY_BUILD:
-            stack.enter_context(warnings.catch_warnings())
-            warnings.filterwarnings("ignore", message=re.escape(_AUTOCAST_DISABLED_WARNING))
-        yield
-
-
-def _pinned_copy(self: torch.Tensor, device: Any = None) -> torch.Tensor:
-    """``Tensor.pin_memory()`` under simulation: a copy on the CPU, as pinned memory is."""
-    if self.device.type != "cpu":
-        raise RuntimeError(f"cannot pin '{self.device}' memory: only dense CPU tensors can be pinned")
-    return self.clone()
-
-
-def _record_stream(self: torch.Tensor, stream: Any) -> None:
-    """``Tensor.record_stream(s)`` under simulation: nothing to tell an allocator that does not exist."""
-
-
-@contextlib.contextmanager
-def _cudnn_disabled() -> Iterator[None]:
-    """``torch.backends.cudnn.enabled = False`` for the block, leaving the other cuDNN flags alone."""
-    enabled = torch._C._get_cudnn_enabled()
-    torch._C._set_cudnn_enabled(False)
-    try:
-        yield
-    finally:
-        torch._C._set_cudnn_enabled(enabled)
-
-
 @contextlib.contextmanager
 def simulated_cuda(gpus: int = 1, fake_mode: Any = None) -> Iterator[Any]:
     """Fake-tensor mode plus simulated ``torch.cuda`` queries; yields the fake mode.
@@ -433,8 +190,10 @@ def simulated_cuda(gpus: int = 1, fake_mode: Any = None) -> Iterator[Any]:
 
     mode = fake_mode if fake_mode is not None else FakeTensorMode(allow_non_fake_inputs=True)
     # A CPU-only build refuses .to("cuda") even on fake tensors; there the moves are made by hand.
-    moves = _FakeCudaMoves(mode) if _CPU_ONLY_BUILD else contextlib.nullcontext()
-    with cuda_queries_simulated(gpus), _fake_parameters_swappable(), mode, moves:
+    moves = _FakeCudaMoves(mode) if CPU_ONLY_BUILD else contextlib.nullcontext()
+    from placecheck.datadep import DataDependentMode  # runs nonzero, .item()... with stated assumptions
+
+    with cuda_queries_simulated(gpus), _fake_parameters_swappable(), mode, moves, DataDependentMode(mode):
         yield mode
 
 
@@ -527,14 +286,12 @@ class _FakeCudaMoves(TorchFunctionMode):
 
     def __torch_function__(self, func: Callable[..., Any], types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
-        from placecheck.tagged import _destination, _to_options
-
         kwargs = kwargs or {}
         if func in (torch.Tensor.to, torch.Tensor.cuda) and args and isinstance(args[0], torch.Tensor):
-            dest = _destination(func, args, kwargs)
+            dest = move_destination(func, args, kwargs)
             if dest is not None and dest.type == "cuda":
                 source: torch.Tensor = args[0]
-                options = _to_options(args, kwargs) if func is torch.Tensor.to else {}
+                options = to_options(args, kwargs) if func is torch.Tensor.to else {}
                 dtype = options.get("dtype") or source.dtype
                 if source.device == dest and dtype == source.dtype and not options.get("copy"):
                     return source  # already there: .to() returns the tensor itself
@@ -605,89 +362,3 @@ def _fake_on_same_device(t: torch.Tensor) -> torch.Tensor:
     if fake_mode is None:
         return torch.empty(0, dtype=t.dtype, device=t.device)
     return _fake_on(fake_mode, t, t.device, t.dtype)
-
-
-# What fake tensors cannot run, by the message PyTorch raises when no exception type says it.
-_FAKE_LIMIT_TEXTS: tuple[tuple[str, str], ...] = (
-    ("not linked with support for cuda",
-     "this torch build has no CUDA support, which some fake-tensor ops need"),
-    ("hasprimarycontext", "autograd needs a real CUDA device under fake tensors"),
-    ("cannot access data pointer of tensor", "it reads a tensor's memory (data_ptr)"),
-    (".numpy() is not supported for tensor subclasses", "it reads tensor values (.numpy())"),
-    ("not available for 'meta' device type", "it reads a tensor's storage"),
-)
-
-
-def fake_limit(exc: BaseException) -> str:
-    """Why the fake engine could not run a forward, when ``exc`` (or its cause) says it was its limit.
-
-    "" otherwise: an error of the model's own (a shape mismatch, a bad
-    ``device=``) is the model's, even when its message mentions fake tensors.
-    Recognised: fake tensors' own exceptions (data-dependent values and
-    shapes, an operator without a fake implementation, a tensor they cannot
-    convert, a guard on a data-dependent symbolic size), their "NYI: aten.*"
-    assertions, and the messages in :data:`_FAKE_LIMIT_TEXTS`.
-    """
-    from torch._subclasses.fake_tensor import (
-        DataDependentOutputException,
-        DynamicOutputShapeException,
-        UnsupportedFakeTensorException,
-        UnsupportedOperatorException,
-    )
-    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
-
-    from placecheck.errors import one_line
-    from placecheck.trace import user_line
-
-    seen: BaseException | None = exc
-    why = ""
-    while seen is not None and not why:
-        text = str(seen).lower()
-        if isinstance(seen, DataDependentOutputException | GuardOnDataDependentSymNode):
-            why = "it reads tensor values (.item(), .tolist(), bool() or if on a tensor)"
-        elif isinstance(seen, DynamicOutputShapeException):
-            why = "an op's output shape depends on values (nonzero, boolean-mask indexing, unique)"
-        elif isinstance(seen, UnsupportedOperatorException):
-            why = f"an operator has no fake-tensor implementation ({one_line(seen)})"
-        elif isinstance(seen, UnsupportedFakeTensorException):
-            why = f"fake tensors cannot represent a tensor it uses ({one_line(seen)})"
-        elif isinstance(seen, AssertionError) and text.startswith("nyi: aten."):
-            why = f"an operator is not implemented for fake tensors ({one_line(seen)})"
-        else:
-            why = next((reason for needle, reason in _FAKE_LIMIT_TEXTS if needle in text), "")
-        seen = seen.__cause__ or seen.__context__
-    if not why:
-        return ""
-    line = user_line(exc)
-    return f"{why} at {line}" if line else why
-
-
-# Errors from code that needs a real CUDA driver, which no simulation here can give.
-_DRIVER_ERRORS = ("found no nvidia driver", "cuda driver version is insufficient",
-                  "no cuda gpus are available", "not compiled with cuda", "cudagetdevicecount",
-                  "hasprimarycontext", "cuda error: ",
-                  "tried to instantiate dummy base class")  # CUDA classes on the CPU-only build
-
-
-def is_simulation_limit(exc: BaseException) -> str:
-    """A note when ``exc``, raised during a simulated forward, is the simulation's limit, not the model's.
-
-    Returns "" when ``exc`` is not such an error. Code that is correct on a GPU
-    can still call into the CUDA driver (a custom kernel, ``torch.cuda.graphs``,
-    NCCL, an API :func:`_cuda_query_patches` does not simulate); its error
-    says nothing about the model's placement, so it belongs in the report's
-    notes, not in a PC207 that blames the user's code.
-    """
-    from placecheck.errors import one_line
-    from placecheck.trace import user_line
-
-    seen: BaseException | None = exc
-    while seen is not None:
-        text = str(seen).lower()
-        if any(needle in text for needle in _DRIVER_ERRORS):
-            line = user_line(exc)
-            where = f" at {line}" if line else ""
-            return (f"forward: stopped{where}: the code there needs a real CUDA driver, which the simulation "
-                    f"does not provide ({one_line(seen)}); run on a GPU to check the rest")
-        seen = seen.__cause__ or seen.__context__
-    return ""

@@ -365,7 +365,8 @@ def infer_inputs(model: nn.Module) -> tuple[tuple[Any, ...], dict[str, Any], str
     with _real():
         family = zoo.family_inputs(model)
     if family is not None:
-        return family
+        args, kwargs, whose = family
+        return args, kwargs, f"inferred input {describe(args, kwargs)} for {whose}"
     name = type(model).__name__
     for path, module in model.named_modules():
         if not _recognised(module):
@@ -400,29 +401,16 @@ def resolve_inputs(model: nn.Module, specs: Sequence[str],
 def move_inputs(obj: Any, device: str) -> Any:
     """``obj`` with every tensor in nested lists, tuples (namedtuples too) and dicts moved to ``device``.
 
-    Other values are returned as they are. On a CPU-only build of torch,
-    ``.to("cuda")`` fails inside the simulated engine's fake mode ("not linked
-    with support for cuda devices"); there the tensor is converted to a fake
-    one on ``device`` directly, as the engine does for parameters.
+    The containers are those ``torch.utils._pytree`` flattens (as PyTorch's
+    own tracing does); other values are returned as they are. On a CPU-only
+    build of torch, ``.to("cuda")`` fails inside the simulated engine's fake
+    mode ("not linked with support for cuda devices"); there the tensor is
+    converted to a fake one on ``device`` directly, as the engine does for parameters.
     """
     import torch
+    from torch.utils._pytree import tree_map_only
 
-    if isinstance(obj, torch.Tensor):
-        return _move_tensor(obj, device)
-    if isinstance(obj, dict):
-        moved = {k: move_inputs(v, device) for k, v in obj.items()}
-        try:
-            return type(obj)(moved)
-        except TypeError:
-            return moved
-    if isinstance(obj, list):
-        return [move_inputs(v, device) for v in obj]
-    if isinstance(obj, tuple):
-        items = [move_inputs(v, device) for v in obj]
-        if hasattr(obj, "_fields"):  # a namedtuple
-            return type(obj)(*items)
-        return tuple(items)
-    return obj
+    return tree_map_only(torch.Tensor, lambda t: _move_tensor(t, device), obj)
 
 
 def _move_tensor(t: torch.Tensor, device: str) -> torch.Tensor:

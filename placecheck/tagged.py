@@ -36,6 +36,10 @@ from typing import Any
 import torch
 from torch._C import DisableTorchFunctionSubclass
 from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_map_only
+
+from placecheck.classify import DeviceMismatchError, legal_cpu_argument, tensor_arguments
+from placecheck.cudaapi import cuda_queries_simulated
 
 _CPU = torch.device("cpu")
 
@@ -45,14 +49,7 @@ _CROSS_DEVICE: frozenset[Callable[..., Any]] = frozenset({
     torch.Tensor.set_, torch._has_compatible_shallow_copy_type, torch.Tensor.new_tensor,
     torch.Tensor.__deepcopy__, torch.Tensor.__reduce_ex__,
 })
-# Ops whose index arguments may be CPU tensors on a GPU (an implicit copy, not an error).
-INDEX_OPS: frozenset[Callable[..., Any]] = frozenset({
-    torch.Tensor.__getitem__, torch.Tensor.__setitem__, torch.Tensor.index_put_,
-    torch.Tensor.index_put, torch.index_put,
-})
-
-
-class SimulatedDeviceMismatchError(RuntimeError):
+class SimulatedDeviceMismatchError(DeviceMismatchError):
     """An op mixed devices under the real-valued engine (PyTorch's own text)."""
 
 
@@ -126,24 +123,14 @@ class SimulatedTensor(torch.Tensor):
         return _tag_all(out, device)
 
 
-def _tensors(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Iterator[tuple[int, torch.Tensor]]:
-    """``(argument position, tensor)`` for tensors in args/kwargs and one level of lists."""
-    for pos, a in enumerate((*args, *kwargs.values())):
-        if isinstance(a, torch.Tensor):
-            yield pos, a
-        elif isinstance(a, list | tuple):
-            for x in a:
-                if isinstance(x, torch.Tensor):
-                    yield pos, x
-
-
 def _result_device(func: Callable[..., Any], args: tuple[Any, ...],
                    kwargs: dict[str, Any]) -> torch.device | None:
     """The simulated device of ``func``'s result; raises on an illegal mix of devices."""
     simulated: torch.device | None = None
     plain: list[tuple[int, torch.Tensor]] = []
     mixed = False
-    for pos, t in _tensors(args, kwargs):
+    tensors = list(tensor_arguments(args, kwargs))
+    for pos, t in tensors:
         if isinstance(t, SimulatedTensor):
             if simulated is None:
                 simulated = t._pc_device
@@ -156,11 +143,10 @@ def _result_device(func: Callable[..., Any], args: tuple[Any, ...],
     if func in _CROSS_DEVICE:
         first = args[0] if args else None
         return first._pc_device if isinstance(first, SimulatedTensor) else None
-    offending = [t for pos, t in plain
-                 if t.dim() > 0 and not (func in INDEX_OPS and pos > 0)]  # 0-dim: a legal scalar
+    offending = [t for pos, t in plain if not legal_cpu_argument(func, pos, t)]
     if offending or mixed:
         other = offending[0].device if offending else next(
-            t._pc_device for _, t in _tensors(args, kwargs)
+            t._pc_device for _, t in tensors
             if isinstance(t, SimulatedTensor) and t._pc_device != simulated)
         name = getattr(func, "__name__", str(func))
         raise SimulatedDeviceMismatchError(
@@ -170,16 +156,11 @@ def _result_device(func: Callable[..., Any], args: tuple[Any, ...],
 
 
 def _tag_all(out: Any, device: torch.device) -> Any:
-    if isinstance(out, torch.Tensor):
-        return SimulatedTensor.tag(out, device)
-    if isinstance(out, tuple) and hasattr(out, "_fields"):
-        return type(out)(*(_tag_all(o, device) for o in out))
-    if isinstance(out, list | tuple):
-        return type(out)(_tag_all(o, device) for o in out)
-    return out
+    """Every tensor in an op's output (nested lists, tuples, namedtuples, return types) tagged ``device``."""
+    return tree_map_only(torch.Tensor, lambda t: SimulatedTensor.tag(t, device), out)
 
 
-def _destination(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def move_destination(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Where a ``.to()``/``.cuda()``/``.cpu()`` call sends its tensor: a torch.device, or None."""
     if func is torch.Tensor.cpu:
         return _CPU
@@ -194,7 +175,7 @@ def _destination(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[s
     return None
 
 
-def _to_options(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+def to_options(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
     """The keyword form of a ``Tensor.to`` call, less its device: ``dtype``, ``non_blocking``, ..."""
     rest = list(args[1:])
     options = {k: v for k, v in kwargs.items() if k not in ("device", "other")}
@@ -220,7 +201,7 @@ def _move(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any
     simulated = isinstance(source, SimulatedTensor)
     with DisableTorchFunctionSubclass():
         data = source.as_subclass(torch.Tensor) if simulated else source
-        out = torch.Tensor.to(data, **_to_options(args, kwargs)) if func is torch.Tensor.to else data
+        out = torch.Tensor.to(data, **to_options(args, kwargs)) if func is torch.Tensor.to else data
         if dest.type != "cuda":
             if simulated and out.data_ptr() == data.data_ptr():
                 out = out.clone()  # a device-to-host copy never aliases the device tensor
@@ -239,7 +220,7 @@ class _TaggingMode(TorchFunctionMode):
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
         if func in (torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.cpu):
-            dest = _destination(func, args, kwargs)
+            dest = move_destination(func, args, kwargs)
             if dest is not None:
                 return _move(func, args, kwargs, dest)
         device = kwargs.get("device")
@@ -254,8 +235,6 @@ class _TaggingMode(TorchFunctionMode):
 @contextlib.contextmanager
 def tagged_cuda(gpus: int = 1) -> Iterator[None]:
     """The real-valued session: tagging mode, simulated ``torch.cuda`` queries, new params on ``.to()``."""
-    from placecheck.engine import cuda_queries_simulated
-
     overwrite = torch.__future__.get_overwrite_module_params_on_conversion()
     torch.__future__.set_overwrite_module_params_on_conversion(True)
     try:

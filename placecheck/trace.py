@@ -5,25 +5,19 @@ owns the state and the events; a private ``TorchFunctionMode`` only hands
 each call to it. The checks (:meth:`Tracer.findings`) read the events
 afterwards and turn them into findings PC201-PC207.
 
-The mode sees every torch call before dispatch. When a call fails because it
-mixes devices (PyTorch's own rule, raised by the fake-tensor engine, the
-real-valued engine or a real GPU), the tracer records the mismatch (op,
-devices, module, user line, where the offending tensor came from), moves the
-offending argument to the target and runs the call again, so one forward
-reports every mismatch.
+The mode sees every torch call before dispatch. When a call fails and its
+tensor arguments are on two devices (decided from the tensors, by
+:mod:`placecheck.classify`, whatever PyTorch's message says), the tracer
+records the mismatch (op, devices, module, user line, where the offending
+tensor came from), moves the offending argument to the target and runs the
+call again, so one forward reports every mismatch.
 
-A finding's ``source`` is the innermost frame of the forward outside torch,
-placecheck and installed packages (site-packages), never a frame outside the
-forward. Performance findings whose whole call chain is installed code
-(torchvision's own ``.item()``) are counted in a note rather than reported. The
-walk's stray tensors (PC101) are followed too: one the forward replaces with a
-tensor on the target, or uses only in computations that never meet a device
-tensor, is handled by the code and not reported (:meth:`Tracer.dismissed_strays`).
+Where an event happened is :mod:`placecheck.sources`' answer; where an
+off-target tensor came from is :mod:`placecheck.provenance`'s.
 
 Cost: a clean op costs a dictionary lookup and a scan of its arguments (plus,
 for off-target arguments only, a lookup among the strays); the
-Python stack is walked only when an event is recorded, and which code objects
-are torch's or placecheck's own is cached per code object.
+Python stack is walked only when an event is recorded.
 
 Not reentrant: one tracer at a time per process (the registration hooks are global).
 """
@@ -33,191 +27,26 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import os
 import sys
 import typing
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from types import CodeType, FrameType, TracebackType
 from typing import Any
 
 import torch
 import torch.nn as nn
 from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import keystr, tree_flatten_with_path, tree_map_only
 
+from placecheck import classify
 from placecheck.errors import one_line
 from placecheck.finding import Finding, Severity
+from placecheck.provenance import Creation, Provenance, Provenances
 from placecheck.rules import rule
-from placecheck.tagged import INDEX_OPS, SimulatedDeviceMismatchError
-from placecheck.walk import WalkResult, join, storage_key
-
-# -- user frames -------------------------------------------------------------------------------
-
-_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
-_PLACECHECK_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-_EXAMPLES_DIR = _PLACECHECK_DIR + "examples" + os.sep
-_LIBRARY_FILES = frozenset(os.path.abspath(m.__file__ or "") for m in (contextlib, functools, typing))
-
-
-@functools.cache
-def _is_internal(code: CodeType) -> bool:
-    """True for torch's, placecheck's and the stdlib wrappers' own frames (cached per code object)."""
-    return _internal_file(code.co_filename)
-
-
-def _internal_file(name: str) -> bool:
-    return (name.startswith(_TORCH_DIR) or name.startswith("<frozen")
-            or (name.startswith(_PLACECHECK_DIR) and not name.startswith(_EXAMPLES_DIR))
-            or os.path.abspath(name) in _LIBRARY_FILES or "unittest/mock.py" in name)
-
-
-def display_path(filename: str) -> str:
-    """``filename`` relative to the working directory when it is under it."""
-    try:
-        rel = os.path.relpath(filename)
-    except ValueError:
-        return filename
-    return filename if rel.startswith("..") else rel
-
-
-def _site_dirs() -> tuple[str, ...]:
-    """Where installed packages live: sysconfig's purelib/platlib and site's package directories."""
-    import site
-    import sysconfig
-
-    dirs = {sysconfig.get_paths().get(k, "") for k in ("purelib", "platlib")}
-    with contextlib.suppress(AttributeError):  # site.getsitepackages is missing in some virtualenvs
-        dirs.update(site.getsitepackages())
-    return tuple(sorted(os.path.abspath(d) + os.sep for d in dirs if d))
-
-
-_SITE_DIRS = _site_dirs()
-
-
-@functools.cache
-def library_package(code: CodeType) -> str:
-    """The installed package ``code`` belongs to ("torchvision"), or "" for the user's own code.
-
-    A file in site-packages/dist-packages is library code, unless the working
-    directory is inside that package (a package audited in place). A project's
-    own virtualenv under the working directory is still installed code; an
-    editable install's files are outside site-packages anyway. Cached per code object.
-    """
-    return _library_of_file(code.co_filename)
-
-
-def _library_of_file(filename: str) -> str:
-    name = os.path.abspath(filename)
-    cwd = os.getcwd() + os.sep
-    for base in _SITE_DIRS:
-        # a project's own virtualenv (./.venv) is still installed code; working inside
-        # site-packages itself (auditing an installed package in place) is not
-        if name.startswith(base) and not (cwd.startswith(base) and name.startswith(cwd)):
-            return name[len(base):].split(os.sep, 1)[0].removesuffix(".py")
-    return ""
-
-
-def _user_frame(frame: FrameType | None) -> FrameType | None:
-    while frame is not None and _is_internal(frame.f_code):
-        frame = frame.f_back
-    return frame
-
-
-def user_line(exc: BaseException) -> str:
-    """``file:line`` of the innermost user frame in ``exc``'s traceback: outside installed packages
-    when there is one, else the innermost outside torch and placecheck ("" when none)."""
-    frames = [f for f in _frames_of(exc.__traceback__) if not _is_internal(f.f_code)]
-    frames = [f for f in frames if not library_package(f.f_code)] or frames
-    if not frames:
-        return ""
-    tb = exc.__traceback__
-    line = 0
-    while tb is not None:
-        if tb.tb_frame is frames[-1]:
-            line = tb.tb_lineno
-        tb = tb.tb_next
-    return f"{display_path(frames[-1].f_code.co_filename)}:{line}"
-
-
-def _frames_of(tb: TracebackType | None) -> list[FrameType]:
-    frames = []
-    while tb is not None:
-        frames.append(tb.tb_frame)
-        tb = tb.tb_next
-    return frames
-
+from placecheck.sources import NOWHERE, Attribution, Site, frames_of, module_being_built
+from placecheck.walk import WalkResult, join
 
 # -- events ------------------------------------------------------------------------------------
-
-
-@dataclass
-class Site:
-    """Where an event happened: the user's ``file:line`` and the module whose forward ran it."""
-
-    source: str
-    where: str
-    library: str = ""
-    """The installed package the line is in, when no frame of the forward's call chain is outside
-    installed packages (torchvision's own code called from torchvision's own module)."""
-
-
-@dataclass
-class Creation:
-    """A tensor created in forward off the target (a factory without ``device=``, ``.cpu()``...)."""
-
-    op: str
-    device: str
-    site: Site
-    dtype: str
-    shape: tuple[int, ...] | None
-    fed_mismatch: bool = False
-    """True once a tensor from here took part in a device mismatch."""
-    moved: bool = False
-    """True once a tensor from here was moved to the target explicitly (``.to(x.device)``)."""
-    merged: list[Creation] = dataclasses.field(default_factory=list)
-    """Other creations whose tensors were combined with this one's (``torch.meshgrid(a, b)``):
-    what happens to the combination happens to them too."""
-
-    def mark(self, attr: str, seen: set[int] | None = None) -> None:
-        """Set ``moved`` or ``fed_mismatch`` here and on every creation merged into this one."""
-        seen = seen if seen is not None else set()
-        if id(self) in seen:
-            return
-        seen.add(id(self))
-        setattr(self, attr, True)
-        for other in self.merged:
-            other.mark(attr, seen)
-
-
-@dataclass
-class Provenance:
-    """Where an off-target tensor came from: an attribute path, or a creation in forward."""
-
-    path: str = ""
-    linked: Finding | None = None
-    """The walk's finding about that attribute, when there is one."""
-    creation: Creation | None = None
-    lazy: bool = False
-    """The tensor belongs to a module or parameter created during forward."""
-    also: tuple[Provenance, ...] = ()
-    """The other origins combined into this tensor (``torch.cat((created, self.stray))``)."""
-    host_copy: Site | None = None
-    """Where forward copied the tensor to the host (``.cpu()``, ``.to("cpu")``)."""
-
-    @property
-    def origin(self) -> str:
-        if self.creation is not None:
-            return self.creation.site.source
-        if self.host_copy is not None:
-            return self.host_copy.source
-        return self.linked.where if self.linked else self.path
-
-    @property
-    def site(self) -> Site:
-        """The line in forward that made the tensor, when forward made it."""
-        if self.creation is not None:
-            return self.creation.site
-        return self.host_copy or Site("", "")
 
 
 @dataclass
@@ -292,10 +121,6 @@ Event = typing.Union[Creation, Mismatch, HostSync, ImplicitTransfer, Registratio
 
 # -- calls -------------------------------------------------------------------------------------
 
-# Not .numpy(): on a CUDA tensor it raises TypeError (reported as PC207); .cpu().numpy() syncs at .cpu()
-_HOST_SYNC = frozenset({torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.cpu,
-                        torch.Tensor.__bool__, torch.Tensor.__int__, torch.Tensor.__float__,
-                        torch.Tensor.__index__})
 _MOVES = frozenset({torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.type_as})
 _METADATA = frozenset({torch.Tensor.dim, torch.Tensor.size, torch.Tensor.numel, torch.Tensor.stride,
                        torch.Tensor.is_contiguous, torch.Tensor.data_ptr, torch.Tensor.__len__,
@@ -305,8 +130,83 @@ _METADATA = frozenset({torch.Tensor.dim, torch.Tensor.size, torch.Tensor.numel, 
 _HOST_FACTORIES = ("from_numpy", "frombuffer")
 """Factories that build a tensor from host memory without a torch function call the mode sees."""
 _passthrough: dict[Any, bool] = {}
-_MISMATCH_TEXTS = ("expected all tensors to be on the same device", "should be the same",
-                   "but got mat2 is on", "is on cpu, different from")
+
+
+def _on_device(value: Any) -> torch.Tensor | None:
+    """``value`` when it is a tensor on an accelerator (not the CPU, not meta), else None."""
+    if isinstance(value, torch.Tensor) and value.device.type not in ("cpu", "meta"):
+        return value
+    return None
+
+
+def _subject(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
+    return _on_device(args[0]) if args else None
+
+
+def _any_argument(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
+    return next((t for _, t in classify.tensor_arguments(args, kwargs) if _on_device(t) is not None), None)
+
+
+def _boolean_mask(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """The device tensor indexed by a boolean mask on the device (``x[mask]``, ``x[mask] = v``):
+    finding the selected elements is a ``nonzero`` whose size the host must read."""
+    if len(args) < 2 or _on_device(args[0]) is None:
+        return None
+    for _, t in classify.tensor_arguments((args[1],), {}):
+        if t.dtype in (torch.bool, torch.uint8) and _on_device(t) is not None:
+            return typing.cast(torch.Tensor, args[0])
+    return None
+
+
+def _repeats_on_device(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """``repeat_interleave`` with a tensor of repeats and no ``output_size``: the host reads their sum."""
+    if kwargs.get("output_size") is not None or len(args) > 3:
+        return None
+    repeats = args[1] if len(args) > 1 else kwargs.get("repeats", args[0] if args else None)
+    return _on_device(repeats)
+
+
+def _condition_only(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """``torch.where(condition)`` with one argument is ``nonzero(as_tuple=True)``."""
+    return _on_device(args[0]) if len(args) == 1 and not kwargs else None
+
+
+_SyncProbe = Callable[[tuple[Any, ...], dict[str, Any]], "torch.Tensor | None"]
+
+
+def _host_syncs() -> dict[Any, tuple[str, _SyncProbe]]:
+    """Every call that makes the host wait for the device (what ``torch.cuda.set_sync_debug_mode
+    ("warn")`` reports), with its name and a probe returning the device tensor it waits on.
+
+    Not ``.numpy()``: on a CUDA tensor it raises TypeError (the crash a GPU gives, reported as
+    PC207); ``.cpu().numpy()`` syncs at ``.cpu()``.
+    """
+    T = torch.Tensor
+    table: dict[Any, tuple[str, _SyncProbe]] = {
+        T.item: (".item()", _subject), T.tolist: (".tolist()", _subject), T.cpu: (".cpu()", _subject),
+        T.__bool__: ("bool()", _subject), T.__int__: ("int()", _subject), T.__float__: ("float()", _subject),
+        T.__index__: ("an index", _subject), T.__contains__: ("`in` (Tensor.__contains__)", _subject),
+        T.__repr__: ("printing", _subject), T.__format__: ("formatting", _subject),
+        T.nonzero: (".nonzero()", _subject), torch.nonzero: ("torch.nonzero", _subject),
+        T.argwhere: (".argwhere()", _subject), torch.argwhere: ("torch.argwhere", _subject),
+        T.masked_select: (".masked_select()", _any_argument),
+        torch.masked_select: ("torch.masked_select", _any_argument),
+        T.unique: (".unique()", _subject), torch.unique: ("torch.unique", _subject),
+        T.unique_consecutive: (".unique_consecutive()", _subject),
+        torch.unique_consecutive: ("torch.unique_consecutive", _subject),
+        T.equal: (".equal()", _any_argument), torch.equal: ("torch.equal", _any_argument),
+        T.allclose: (".allclose()", _any_argument), torch.allclose: ("torch.allclose", _any_argument),
+        torch.is_nonzero: ("torch.is_nonzero", _subject),
+        T.repeat_interleave: (".repeat_interleave() without output_size", _repeats_on_device),
+        torch.repeat_interleave: ("torch.repeat_interleave without output_size", _repeats_on_device),
+        torch.where: ("torch.where(condition)", _condition_only),
+    }
+    for indexing in (T.__getitem__, T.__setitem__, T.index_put_, T.index_put, torch.index_put):
+        table[indexing] = ("boolean-mask indexing", _boolean_mask)
+    return table
+
+
+_HOST_SYNCS = _host_syncs()
 
 
 def _is_passthrough(func: Callable[..., Any]) -> bool:
@@ -315,17 +215,6 @@ def _is_passthrough(func: Callable[..., Any]) -> bool:
         known = func in _METADATA or getattr(func, "__name__", "") in ("__get__", "__set__")
         _passthrough[func] = known
     return known
-
-
-def is_device_mismatch(exc: BaseException) -> bool:
-    """True for PyTorch's device-mismatch errors, on any engine."""
-    from torch._subclasses.fake_tensor import FakeTensorDeviceMismatchError
-
-    if isinstance(exc, FakeTensorDeviceMismatchError | SimulatedDeviceMismatchError):
-        return True
-    text = str(exc).lower()
-    return isinstance(exc, RuntimeError) and any(t in text for t in _MISMATCH_TEXTS) and (
-        "device" in text or "cuda" in text)
 
 
 def op_name(func: Callable[..., Any]) -> str:
@@ -351,56 +240,22 @@ def _shape(t: torch.Tensor) -> tuple[int, ...] | None:
         return None
 
 
-def _describe(t: torch.Tensor) -> str:
-    return f"{_dtype(t)}{list(_shape(t) or [])}"
-
-
-def _tensor_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[int, torch.Tensor]]:
-    """``(argument position, tensor)``: tensors in args/kwargs and one level of lists and tuples."""
-    found = []
-    for pos, a in enumerate((*args, *kwargs.values())):
-        if isinstance(a, torch.Tensor):
-            found.append((pos, a))
-        elif isinstance(a, list | tuple):
-            found.extend((pos, x) for x in a if isinstance(x, torch.Tensor))
-    return found
-
-
-def _legal_cpu_argument(func: Callable[..., Any], pos: int, t: torch.Tensor) -> bool:
-    """A CPU tensor a GPU op accepts: a 0-dim scalar, or an index tensor."""
-    return t.device.type == "cpu" and (t.dim() == 0 or (func in INDEX_OPS and pos > 0))
-
-
 def _replace(obj: Any, moved: dict[int, torch.Tensor]) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return moved.get(id(obj), obj)
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-        return type(obj)(*(_replace(o, moved) for o in obj))
-    if isinstance(obj, list | tuple):
-        return type(obj)(_replace(o, moved) for o in obj)
-    if isinstance(obj, dict):
-        return {k: _replace(v, moved) for k, v in obj.items()}
-    return obj
+    """``obj`` (call arguments) with the tensors in ``moved`` (by id) replaced."""
+    return tree_map_only(torch.Tensor, lambda t: moved.get(id(t), t), obj)
 
 
-def _output_tensors(obj: Any, path: str, depth: int = 0) -> Iterator[tuple[str, torch.Tensor]]:
-    """Every tensor in a forward output: nested lists, tuples, dicts, namedtuples, dataclasses."""
-    if depth > 8:
-        return
-    if isinstance(obj, torch.Tensor):
-        yield path, obj
-    elif isinstance(obj, dict):
-        for k, v in obj.items():
-            yield from _output_tensors(v, f"{path}[{k!r}]", depth + 1)
-    elif isinstance(obj, tuple) and hasattr(obj, "_fields"):
-        for name in obj._fields:
-            yield from _output_tensors(getattr(obj, name), f"{path}.{name}", depth + 1)
-    elif isinstance(obj, list | tuple):
-        for i, v in enumerate(obj):
-            yield from _output_tensors(v, f"{path}[{i}]", depth + 1)
-    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        for f in dataclasses.fields(obj):
-            yield from _output_tensors(getattr(obj, f.name, None), f"{path}.{f.name}", depth + 1)
+def _output_tensors(obj: Any, path: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor in a forward output, with its path: nested lists, tuples, dicts, namedtuples
+    (what ``torch.utils._pytree`` flattens), and the fields of dataclasses it leaves whole."""
+    leaves, _ = tree_flatten_with_path(obj)
+    for key_path, leaf in leaves:
+        here = path + keystr(key_path)
+        if isinstance(leaf, torch.Tensor):
+            yield here, leaf
+        elif dataclasses.is_dataclass(leaf) and not isinstance(leaf, type) and here.count(".") < 8:
+            for f in dataclasses.fields(leaf):
+                yield from _output_tensors(getattr(leaf, f.name, None), f"{here}.{f.name}")
 
 
 # -- the tracer --------------------------------------------------------------------------------
@@ -438,25 +293,23 @@ class Tracer:
         for path, module in model.named_modules(remove_duplicate=False):
             self.module_paths.setdefault(id(module), path)
         self.parameters = {id(p) for p in model.parameters()}
-        self.origins: dict[int, str] = dict(walk.origins) if walk else {}
-        self.storages: dict[int, str] = dict(walk.storages) if walk else {}
-        self.walk_findings = dict(walk.finding_by_origin) if walk else {}
-        self.lazy_origins: set[str] = set()
-        self.strays = {path for path, f in self.walk_findings.items() if f.code == "PC101"}
-        """The walk's stray tensors (PC101), whose use in forward is followed."""
-        self._stray_ids = {tid: path for tid, path in self.origins.items() if path in self.strays}
-        self.stray_touched: set[str] = set()
-        self.stray_fed: set[str] = set()
-        """Strays that took part (themselves or through a result) in a mismatch or an implicit transfer."""
-        self.stray_moved: set[str] = set()
+        self.prov = Provenances(walk)
+        """Where each off-target tensor came from, and what happened to the walk's strays."""
         self.completed = False
         """The forward returned (strays untouched so far may be used later otherwise)."""
         self.library_hidden: dict[str, int] = {}
         """Installed package -> performance findings not reported because they are its own code."""
-        self._provenance: dict[int, tuple[torch.Tensor, Provenance]] = {}
+        self._unregistered_paths: dict[int, str] = {}
+        self.attribution = Attribution(_RUN_CODE, self.module_paths, self._unregistered_path)
         self._recorded: set[tuple[Any, ...]] = set()
+        self._mismatch_errors: list[BaseException] = []
+        """Errors of ops whose arguments mixed devices that the tracer could not repair."""
         self._move = move or (lambda t: t.to(self.target))
-        self._keep: list[Any] = []
+
+    @property
+    def strays(self) -> set[str]:
+        """The walk's stray tensors (PC101), whose use in forward is followed."""
+        return self.prov.strays
 
     # -- the recording context ----------------------------------------------------------------
     @contextlib.contextmanager
@@ -514,11 +367,21 @@ class Tracer:
                 self.backward(output)
         return output
 
+    def is_mismatch(self, exc: BaseException) -> bool:
+        """True when ``exc`` is a device mismatch: an op whose arguments mixed devices raised it (seen
+        by this tracer), or an engine raised its own mismatch type."""
+        chain: BaseException | None = exc
+        while chain is not None:
+            if any(chain is known for known in self._mismatch_errors):
+                return True
+            chain = chain.__cause__ or chain.__context__
+        return classify.is_engine_mismatch(exc)
+
     def record_error(self, exc: BaseException, phase: str = "forward") -> None:
         """Record what the forward (or backward) raised, at the innermost user frame of its traceback."""
-        frames = _frames_of(exc.__traceback__)
-        site = self._site(frames[-1]) if frames else Site("", "")
-        self.events.append(ForwardError(phase, one_line(exc), site, mismatch=is_device_mismatch(exc)))
+        frames = frames_of(exc.__traceback__)
+        site = self._site(frames[-1]) if frames else NOWHERE
+        self.events.append(ForwardError(phase, one_line(exc), site, mismatch=self.is_mismatch(exc)))
 
     def backward(self, output: Any) -> None:
         """Backward of the summed floating outputs; then every gradient must be on the target."""
@@ -546,52 +409,66 @@ class Tracer:
     # -- per call ---------------------------------------------------------------------------------
     def on_call(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """One torch call: run it, recording what it does across devices."""
+        sync = _HOST_SYNCS.get(func)
+        if sync is not None:
+            waited_on = sync[1](args, kwargs)
+            if waited_on is not None:
+                self._record_host_sync(sync[0], waited_on)
         if _is_passthrough(func):
             return func(*args, **kwargs)
-        tensors = _tensor_args(args, kwargs)
+        tensors = list(classify.tensor_arguments(args, kwargs))
         target = self.target
         off = [(pos, t) for pos, t in tensors if t.device != target]
-        if off and self._stray_ids:
-            for _, t in off:
-                stray = self._stray_ids.get(id(t))
-                if stray is not None:
-                    self.stray_touched.add(stray)
-        if func in _HOST_SYNC and args and isinstance(args[0], torch.Tensor) \
-                and args[0].device.type != "cpu":
-            self._record_host_sync(func, args[0])
+        if off:
+            self.prov.touched(off)
         if off and len(off) < len(tensors):
             self._check_implicit(func, off)
         try:
             out = func(*args, **kwargs)
         except Exception as exc:
-            if not off or not is_device_mismatch(exc):
+            if not off or not classify.mixes_devices(func, tensors):
                 raise
             out = self._repair(func, args, kwargs, off, exc)
             off = []
         if isinstance(out, torch.Tensor) and out.device != target:
             self._off_target_result(func, args, off, out)
-        elif off and func in _MOVES and isinstance(out, torch.Tensor):
-            for _, t in off:
-                self._mark(self.provenance(t), "moved")
+        elif off and isinstance(out, torch.Tensor):
+            self._copied_to_device(func, off, out)
         elif isinstance(out, tuple | list) and out and isinstance(out[0], torch.Tensor):
             for o in out:
                 if isinstance(o, torch.Tensor) and o.device != target:
                     self._off_target_result(func, args, off, o)
         return out
 
+    def _copied_to_device(self, func: Callable[..., Any], off: list[tuple[int, torch.Tensor]],
+                          out: torch.Tensor) -> None:
+        """A call took off-target tensors and returned one on the target: a copy to the device
+        (``.to(x.device)``, ``.cuda()``, ``.type_as(x)``, ``torch.as_tensor(t, device=...)``).
+        A legal CPU scalar or index an op reads is not a copy of that tensor."""
+        copied = off if func in _MOVES else [(pos, t) for pos, t in off
+                                             if not classify.legal_cpu_argument(func, pos, t)]
+        if not copied:
+            return
+        site: Site | None = None
+        for _, t in copied:
+            prov = self.provenance(t)
+            if prov.creation is not None or prov.path or prov.also:
+                site = site or self._site(sys._getframe())
+                self.prov.mark(prov, "moved", at=site, to=str(out.device))
+
     def _repair(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
                 off: list[tuple[int, torch.Tensor]], exc: Exception) -> Any:
         """Record the mismatch, move the offending arguments to the target, and run the call again."""
         for _ in range(self._MAX_RETRIES):
-            offending = [(pos, t) for pos, t in off if not _legal_cpu_argument(func, pos, t)]
+            offending = classify.offending_arguments(func, off, self.target)
             if not offending:
-                raise exc
+                break
             devices = sorted({str(t.device) for _, t in off} | {self.target_name})
             site = self._site(sys._getframe())
             moved: dict[int, torch.Tensor] = {}
             for _, t in offending:
                 prov = self.provenance(t)
-                self._mark(prov, "fed_mismatch")
+                self.prov.mark(prov, "fed_mismatch")
                 key = ("mismatch", site.source, prov.origin)
                 if key not in self._recorded:
                     self._recorded.add(key)
@@ -602,16 +479,18 @@ class Tracer:
             try:
                 return func(*args, **kwargs)
             except Exception as again:
-                if not is_device_mismatch(again):
+                tensors = list(classify.tensor_arguments(args, kwargs))
+                if not classify.mixes_devices(func, tensors):
                     raise
                 exc = again
-                off = [(pos, t) for pos, t in _tensor_args(args, kwargs) if t.device != self.target]
+                off = [(pos, t) for pos, t in tensors if t.device != self.target]
+        self._mismatch_errors.append(exc)
         raise exc
 
     def _off_target_result(self, func: Callable[..., Any], args: tuple[Any, ...],
                            off: list[tuple[int, torch.Tensor]], out: torch.Tensor) -> None:
         """An op returned a tensor off the target: derived from an off-target input, or created here."""
-        if id(out) in self._provenance or id(out) in self.origins:
+        if self.prov.knows(out):
             return
         provenances = [p for p in (self.provenance(t) for _, t in off) if p.path or p.creation is not None]
         if provenances:
@@ -624,20 +503,20 @@ class Tracer:
                     head.merged.append(joined)
             if len(provenances) > 1:
                 first = dataclasses.replace(first, also=(*first.also, *provenances[1:]))
-            self._provenance[id(out)] = (out, first)
+            self.prov.remember(out, first)
             return
         if off:
             return
-        if func in _HOST_SYNC or (func is torch.Tensor.to and args and isinstance(args[0], torch.Tensor)
-                                  and args[0].device.type != "cpu" and out.device.type == "cpu"):
+        if func is torch.Tensor.cpu or (func is torch.Tensor.to and args and isinstance(args[0], torch.Tensor)
+                                        and args[0].device.type != "cpu" and out.device.type == "cpu"):
             if func is torch.Tensor.to:
-                self._record_host_sync(func, args[0])
+                self._record_host_sync(".to()", args[0])
             # a device-to-host copy: PC204, not a creation; its line is where the result came from
-            self._provenance[id(out)] = (out, Provenance(host_copy=self._site(sys._getframe())))
+            self.prov.remember(out, Provenance(host_copy=self._site(sys._getframe())))
             return
         frame = sys._getframe()
         site = self._site(frame)
-        building = _module_being_built(frame)
+        building = module_being_built(frame)
         op = f"{building}(...) built in forward" if building else op_name(func)
         creation = Creation(op, str(out.device), site, _dtype(out), _shape(out))
         key = ("creation", site.source, op)
@@ -647,71 +526,42 @@ class Tracer:
         else:
             creation = next(e for e in self.events if isinstance(e, Creation)
                             and e.site.source == site.source and e.op == op)
-        self._provenance[id(out)] = (out, Provenance(creation=creation))
+        self.prov.remember(out, Provenance(creation=creation))
 
     def _check_implicit(self, func: Callable[..., Any], off: list[tuple[int, torch.Tensor]]) -> None:
         for pos, t in off:
             if t.device.type != "cpu":
                 continue
             scalar = t.dim() == 0
-            if scalar or (func in INDEX_OPS and pos > 0):
+            if scalar or (func in classify.index_ops() and pos > 0):
                 site = self._site(sys._getframe())
                 key = ("implicit", site.source, scalar)
                 prov = self.provenance(t)
                 if not scalar or prov.path:  # PC205 reports a scalar only when it is stored
-                    self._mark(prov, "fed_mismatch", creations=False)
+                    self.prov.mark(prov, "fed_mismatch", creations=False)
                 if key not in self._recorded:
                     self._recorded.add(key)
                     self.events.append(ImplicitTransfer(op_name(func), scalar, site, prov,
                                                         _dtype(t), _shape(t)))
 
-    def _mark(self, prov: Provenance, what: str, creations: bool = True,
-              seen: set[int] | None = None) -> None:
-        """``what`` (``moved`` or ``fed_mismatch``) happened to a tensor of provenance ``prov``: note it
-        on its creations (PC202) and its stray attributes (PC101), combined origins included."""
-        seen = seen if seen is not None else set()
-        if id(prov) in seen:
-            return
-        seen.add(id(prov))
-        if creations and prov.creation is not None:
-            prov.creation.mark(what)
-        if prov.path in self.strays:
-            (self.stray_moved if what == "moved" else self.stray_fed).add(prov.path)
-        for other in prov.also:
-            self._mark(other, what, creations, seen)
-
     def dismissed_strays(self, after: WalkResult) -> dict[str, str]:
         """Walk findings (PC101) the forward shows the code handles: path -> why it is not reported.
 
-        ``after`` is the walk repeated after the forward. A stray is handled
-        when the forward replaced it with a tensor on the target, or used it
-        only in computations that never met a device tensor (no mismatch, no
-        implicit transfer traced to it). One never used, or one that fed a
-        mismatch, stays reported; so does every stray when the forward stopped early.
+        ``after`` is the walk repeated after the forward (see
+        :meth:`placecheck.provenance.Provenances.stray_verdicts`).
         """
-        if not self.completed:
-            return {}
-        still_off = {f.where for f in after.findings if f.code == "PC101"}
-        present = set(after.origins.values())
         target = self.target_name
-        dismissed: dict[str, str] = {}
-        for path in sorted(self.strays - self.stray_fed):
-            if path not in still_off:
-                dismissed[path] = (f"forward replaces it with a tensor on {target} before use"
-                                   if path in present else "forward removes it before use")
-            elif path in self.stray_touched:
-                dismissed[path] = ("forward only uses it in CPU computations whose results it moves "
-                                   "explicitly" if path in self.stray_moved else
-                                   f"forward only uses it in computations that never meet a {target} tensor")
-        return dismissed
+        why = {"replaced": f"forward replaces it with a tensor on {target} before use",
+               "removed": "forward removes it before use",
+               "moved-copies": "forward only uses it in CPU computations whose results it moves explicitly",
+               "cpu-only": f"forward only uses it in computations that never meet a {target} tensor"}
+        return {v.path: why[v.how] for v in self.prov.stray_verdicts(after, self.completed)}
 
-    def _record_host_sync(self, func: Callable[..., Any], t: torch.Tensor) -> None:
+    def _record_host_sync(self, name: str, t: torch.Tensor) -> None:
         site = self._site(sys._getframe())
-        key = ("sync", site.source, func)
+        key = ("sync", site.source, name)
         if key not in self._recorded:
             self._recorded.add(key)
-            name = {"__bool__": "bool()", "__int__": "int()", "__float__": "float()",
-                    "__index__": "an index"}.get(func.__name__, f".{func.__name__}()")
             self.events.append(HostSync(name, str(t.device), site))
 
     # -- registrations (PC203) ----------------------------------------------------------------------
@@ -723,9 +573,7 @@ class Tracer:
         for sub_path, sub in submodule.named_modules():
             self.module_paths.setdefault(id(sub), join(path, sub_path))
         for tname, t in [*submodule.named_parameters(), *submodule.named_buffers()]:
-            self.origins.setdefault(id(t), join(path, tname))
-            self.lazy_origins.add(join(path, tname))
-            self._keep.append(t)
+            self.prov.add_lazy(t, join(path, tname))
         if isinstance(submodule, nn.modules.lazy.LazyModuleMixin):
             return  # nn.Lazy* follow .to() correctly; not this bug
         # built on the target (device=x.device, or the target is the CPU) it is placed right, but an
@@ -742,66 +590,35 @@ class Tracer:
         if owner is None or param is None or id(param) in self.parameters:
             return
         path = join(owner, name)
-        if path in self.lazy_origins:
+        if path in self.prov.lazy_origins:
             return  # set while building a module registered in forward: reported with that module
         self.parameters.add(id(param))
-        self.origins.setdefault(id(param), path)
-        self.lazy_origins.add(path)
-        self._keep.append(param)
+        self.prov.add_lazy(param, path)
         self.events.append(Registration("parameter", path, "Parameter", str(param.device),
                                         self._site(sys._getframe()), on_target=param.device == self.target))
 
     # -- provenance and sites -------------------------------------------------------------------------
     def provenance(self, t: torch.Tensor) -> Provenance:
         """Where ``t`` came from: created in forward, derived from, or itself an attribute."""
-        path = self.origins.get(id(t))
-        if path is None:
-            known = self._provenance.get(id(t))
-            if known is not None and known[0] is t:
-                return known[1]
-            key = storage_key(t)
-            path = self.storages.get(key) if key is not None else None
-        if path is None:
-            return Provenance()
-        return Provenance(path=path, linked=self.walk_findings.get(path), lazy=path in self.lazy_origins)
+        return self.prov.of(t)
 
-    def _site(self, frame: FrameType | None) -> Site:
-        """Where the call at ``frame`` happened, looking outwards no further than the forward.
+    def _site(self, frame: typing.Any) -> Site:
+        return self.attribution.site(frame)
 
-        ``source`` is the innermost frame outside torch, placecheck and
-        installed packages; with none, the innermost line in an installed
-        package (``library`` names it); with none either (torch code called from
-        torch modules), the definition of the module's class when that is the
-        user's, else "". ``where`` is the module whose forward ran that line:
-        the innermost ``Module.__call__`` on the stack outside it (with no
-        source, the innermost one: torch's own modules included).
-        """
-        first_outside: FrameType | None = None  # innermost frame outside torch and placecheck
-        user: FrameType | None = None  # innermost frame outside installed packages too
-        scan = frame
-        while scan is not None and scan.f_code is not _RUN_CODE and user is None:
-            if not _is_internal(scan.f_code):
-                first_outside = first_outside or scan
-                if not library_package(scan.f_code):
-                    user = scan
-            scan = scan.f_back
-        shown = user or first_outside
-        module = self._running_module(shown or frame)
-        where = self.module_paths.get(id(module), "") if module is not None else ""
-        if shown is not None:
-            return Site(f"{display_path(shown.f_code.co_filename)}:{shown.f_lineno}", where,
-                        "" if user is not None else library_package(shown.f_code))
-        return Site(_class_definition(module), where)
-
-    def _running_module(self, frame: FrameType | None) -> nn.Module | None:
-        """The model's module whose ``Module.__call__`` is innermost on the stack from ``frame`` out."""
-        while frame is not None and frame.f_code is not _RUN_CODE:
-            if frame.f_code in _CALL_CODES:
-                candidate = frame.f_locals.get("self")
-                if id(candidate) in self.module_paths:
-                    return typing.cast(nn.Module, candidate)
-            frame = frame.f_back
-        return None
+    def _unregistered_path(self, module: nn.Module) -> str:
+        """The path of a module the model holds unregistered (``heads[0]`` in a plain list), read from
+        where the walk found its parameters and buffers; "" when the walk did not find it."""
+        known = self._unregistered_paths.get(id(module))
+        if known is not None:
+            return known
+        path = ""
+        for name, t in [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]:
+            found = self.prov.origins.get(id(t), "")
+            if found.endswith("." + name):
+                path = found[:-len(name) - 1]
+                break
+        self._unregistered_paths[id(module)] = path
+        return path
 
     # -- the checks -----------------------------------------------------------------------------------
     def findings(self, library_findings: bool = False) -> list[Finding]:
@@ -957,7 +774,7 @@ class Tracer:
         else:
             hint = "move the tensor to the input's device where it is created"
         details = [("op", event.op), ("devices", ", ".join(event.devices))]
-        origins = _origins(prov)
+        origins = prov.origins()
         if len(origins) > 1:
             details.append(("origins", ", ".join(origins)))
         return _make("PC201", event.site, None, device=event.device, expected=self.target_name,
@@ -991,19 +808,6 @@ def _also_in(first: Finding, where: str) -> Finding:
         return first
     details["also"] = ", ".join([*also, shown])
     return dataclasses.replace(first, details=tuple(details.items()))
-
-
-def _origins(prov: Provenance) -> list[str]:
-    """Every origin combined into a tensor of provenance ``prov``, the first first."""
-    found: list[str] = []
-    pending = [prov]
-    while pending and len(found) < 16:
-        p = pending.pop(0)
-        for origin in [p.origin, *(c.site.source for c in (p.creation.merged if p.creation else []))]:
-            if origin and origin not in found:
-                found.append(origin)
-        pending.extend(p.also)
-    return found
 
 
 def _came_from(prov: Provenance) -> str:
@@ -1049,36 +853,6 @@ def _attention_fast_path_kept(target: torch.device) -> Iterator[None]:
         nn.MultiheadAttention.forward = original  # type: ignore[method-assign]
 
 
-def _class_definition(module: nn.Module | None) -> str:
-    """``file:line`` of ``module``'s class when it is the user's own ("" for torch's classes)."""
-    if module is None:
-        return ""
-    cls = type(module)
-    try:
-        import inspect
-
-        filename = inspect.getsourcefile(cls) or ""
-        line = inspect.getsourcelines(cls)[1]
-    except (OSError, TypeError):
-        return ""
-    if not filename or _internal_file(filename) or _library_of_file(filename):
-        return ""
-    return f"{display_path(filename)}:{line}"
-
-
-def _module_being_built(frame: FrameType | None) -> str:
-    """``nn.Linear`` when the call came from an ``nn.Module.__init__`` called by user code."""
-    building = ""
-    while frame is not None and _is_internal(frame.f_code):
-        if frame.f_code.co_name == "__init__":
-            obj = frame.f_locals.get("self")
-            if isinstance(obj, nn.Module):
-                building = f"nn.{type(obj).__name__}" if type(obj).__module__.startswith("torch.") \
-                    else type(obj).__name__
-        frame = frame.f_back
-    return building
-
-
 def _make(code: str, site: Site, severity: Severity | None, **fields: Any) -> Finding:
     r = rule(code)
     fields.setdefault("module", site.where)
@@ -1090,5 +864,3 @@ def _make(code: str, site: Site, severity: Severity | None, **fields: Any) -> Fi
 
 _RUN_CODE = Tracer.run.__code__
 """The user-frame search stops here: frames outside the forward are never a finding's source."""
-_CALL_CODES = frozenset({nn.Module._call_impl.__code__, nn.Module._wrapped_call_impl.__code__})
-"""``Module.__call__``'s frames: the innermost one on the stack names the module whose forward runs."""

@@ -9,9 +9,9 @@ inputs that ``--input`` cannot spell are here, as ``--example-inputs`` targets:
   --arg weights_backbone=none --example-inputs placecheck.zoo:detection_images``);
 - :func:`flow_frames`: optical-flow models (RAFT) take two frames.
 
-:func:`family_inputs` is what input inference uses for a torchvision model:
-the family is told by the module that defines the model's class, so nothing
-here imports torchvision.
+:func:`family_inputs` is what input inference (:mod:`placecheck.inputs`, the
+layer above) uses for a torchvision model: the family is told by the module
+that defines the model's class, so nothing here imports torchvision.
 """
 
 from __future__ import annotations
@@ -68,14 +68,13 @@ def torchvision_family(model: nn.Module) -> tuple[str, str] | None:
 
 
 def family_inputs(model: nn.Module) -> tuple[tuple[Any, ...], dict[str, Any], str] | None:
-    """The usual input of a torchvision model's family, with a description; ``None`` if not one."""
+    """The usual input of a torchvision model's family, with whose input it is ("torchvision's
+    classification models (ResNet)"); ``None`` if not one."""
     found = torchvision_family(model)
     if found is None:
         return None
     family, cls_name = found
     import torch
-
-    from placecheck.inputs import describe
 
     args: tuple[Any, ...]
     if family == "detection":
@@ -92,6 +91,4 @@ def family_inputs(model: nn.Module) -> tuple[tuple[Any, ...], dict[str, Any], st
         elif cls_name in ("Inception3", "QuantizableInception3"):
             side = INCEPTION_SIZE
         args = (torch.randn(2, 3, side, side),)
-    text = f"inferred input {describe(args, {})} for torchvision's {family.replace('_', ' ')} " \
-           f"models ({cls_name})"
-    return args, {}, text
+    return args, {}, f"torchvision's {family.replace('_', ' ')} models ({cls_name})"

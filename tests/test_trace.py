@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 import placecheck
 from placecheck.cli import app
-from placecheck.trace import display_path
+from placecheck.sources import display_path
 
 HERE = Path(__file__).name
 
@@ -149,7 +149,7 @@ class DataDependent(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.proj(x)  # MARK proj
-        keep = x[x > 0]  # boolean mask: a data-dependent shape
+        keep = x[x > 0]  # MARK mask: a data-dependent shape, and a host sync
         scale = x.abs().max().item()  # MARK item
         return (x + self.offset) / (scale + keep.numel())  # MARK offset
 
@@ -160,14 +160,18 @@ def test_auto_falls_back_to_real_values_for_item_and_boolean_masks_and_says_why(
     assert "fell back from fake tensors" in report.notes[0]
     assert f"{HERE}:" in report.notes[0]  # the user's line that the fake engine could not run
     codes = sorted((f.code, int(f.source.rpartition(":")[2]) if f.source else 0) for f in report.findings)
-    assert codes == [("PC101", 0), ("PC201", _line_of("MARK offset")), ("PC204", _line_of("MARK item"))]
+    # boolean-mask indexing is a host sync too: the host reads how many elements the mask selects
+    assert codes == [("PC101", 0), ("PC201", _line_of("MARK offset")), ("PC204", _line_of("MARK mask")),
+                     ("PC204", _line_of("MARK item"))]
 
 
 def test_fake_engine_alone_reports_that_it_could_not_run_the_forward() -> None:
     report = placecheck.audit(DataDependent, "cuda", engine="fake", inputs=["float32[8,4]"])
     assert report.engine == "simulated cuda"
     assert any("forward: checked only up to" in n and "--engine tagged" in n for n in report.notes)
-    assert {f.code for f in report.findings} == {"PC101"}  # stopped at the boolean mask
+    # stopped at the boolean mask, which it reports as the host sync it is
+    assert sorted((f.code, f.source.rpartition("/")[2]) for f in report.findings) == [
+        ("PC101", ""), ("PC204", f"{HERE}:{_line_of('MARK mask')}")]
 
 
 class MismatchThenMask(nn.Module):
@@ -183,7 +187,7 @@ class MismatchThenMask(nn.Module):
 
 def test_what_fake_tensors_found_before_they_stopped_is_kept() -> None:
     report = placecheck.audit(MismatchThenMask, "cuda", engine="fake", inputs=["float32[8,4]"])
-    assert sorted(f.code for f in report.findings) == ["PC101", "PC201"]
+    assert sorted(f.code for f in report.findings) == ["PC101", "PC201", "PC204"]  # PC204: the mask
 
 
 def test_forward_error_keeps_every_other_finding() -> None:
@@ -370,7 +374,7 @@ class Head(nn.Module):
 @pytest.fixture
 def fake_library(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """``fakelib``, installed in a site-packages directory of its own; yields its file."""
-    from placecheck import trace
+    from placecheck import sources as trace
 
     site = tmp_path / "site-packages"
     (site / "fakelib").mkdir(parents=True)

@@ -1,0 +1,278 @@
+"""The simulated ``torch.cuda`` runtime API: what model code may ask a GPU that is not there.
+
+Model code that asks ``torch.cuda.is_available()`` or ``device_count()`` must
+see the simulated GPUs during a simulated audit, or it takes its CPU path;
+the rest of the common runtime API (streams, events, RNG, device properties,
+memory statistics, autocast's availability check) answers harmlessly (see
+:func:`_cuda_query_patches`). torch's own internals keep the real answers.
+
+Both simulating engines (fake tensors in :mod:`placecheck.engine`, real values
+in :mod:`placecheck.tagged`) enter :func:`cuda_queries_simulated`; this module
+imports no other placecheck module but :mod:`placecheck.devices`.
+
+Not reentrant: one simulated session at a time per process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import sys
+import types
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+from unittest import mock
+
+import torch
+
+from placecheck.devices import device_index
+
+
+class SimulatedStream:
+    """A CUDA stream of the simulation: every operation is a no-op (fake tensors run nothing)."""
+
+    def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any) -> None:
+        self.device = torch.device("cuda", device_index(str(device)) if device is not None else 0)
+        self.priority = priority
+        self.cuda_stream = 0
+
+    def wait_event(self, event: Any) -> None:
+        """No-op."""
+
+    def wait_stream(self, stream: Any) -> None:
+        """No-op."""
+
+    def record_event(self, event: Any = None) -> SimulatedEvent:
+        """The event, recorded (no-op)."""
+        return event if isinstance(event, SimulatedEvent) else SimulatedEvent()
+
+    def query(self) -> bool:
+        """Always done."""
+        return True
+
+    def synchronize(self) -> None:
+        """No-op."""
+
+    def __enter__(self) -> SimulatedStream:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+    def __repr__(self) -> str:
+        return f"<placecheck simulated CUDA stream on {self.device}>"
+
+
+class SimulatedEvent:
+    """A CUDA event of the simulation: recorded and complete at once; no time elapses."""
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False,
+                 **kwargs: Any) -> None:
+        self.enable_timing = enable_timing
+
+    def record(self, stream: Any = None) -> None:
+        """No-op."""
+
+    def wait(self, stream: Any = None) -> None:
+        """No-op."""
+
+    def query(self) -> bool:
+        """Always complete."""
+        return True
+
+    def synchronize(self) -> None:
+        """No-op."""
+
+    def elapsed_time(self, end_event: Any) -> float:
+        """0.0 ms: the simulation measures no time."""
+        return 0.0
+
+
+class _SimulatedDeviceContext:
+    """``torch.cuda.device(i)`` / ``device_of(t)``: selects nothing (the simulation has no current device)."""
+
+    def __init__(self, device: Any = None) -> None:
+        self.idx = device if isinstance(device, int) else 0
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+SIMULATED_GPU_NAME = "placecheck simulated GPU"
+_EMPTY_RNG_STATE = torch.zeros(0, dtype=torch.uint8)  # what the simulated torch.cuda.get_rng_state() returns
+
+
+def _cuda_query_patches(gpus: int) -> dict[str, Callable[..., Any]]:
+    """What model code may ask ``torch.cuda``, answered for ``gpus`` simulated GPUs.
+
+    Simulated: availability and count, device name/capability/properties
+    (an 80 GiB sm_90 part named ``placecheck simulated GPU``), streams and
+    events (no-op objects), ``synchronize``, the CUDA RNG (seeding is a no-op;
+    the state is an empty byte tensor), memory statistics (all 0, 80 GiB free),
+    and ``torch.autocast("cuda")``'s availability check (see
+    :data:`_ASKING_FOR_USER_CODE`); ``Tensor.pin_memory`` and ``record_stream`` are
+    patched in :func:`cuda_queries_simulated`. Not simulated: CUDA graphs, NCCL,
+    ``torch.cuda.nvtx``/profiler internals, custom kernels (they need a driver;
+    see :func:`is_simulation_limit`).
+    """
+
+    def _props(device: Any = None) -> Any:
+        return types.SimpleNamespace(name=SIMULATED_GPU_NAME, total_memory=80 * 2**30, major=9, minor=0,
+                                     multi_processor_count=132, is_integrated=False, is_multi_gpu_board=False,
+                                     L2_cache_size=50 * 2**20, warp_size=32, gcnArchName="NVIDIA",
+                                     uuid="00000000-0000-0000-0000-000000000000")
+
+    def _stream(device: Any = None) -> SimulatedStream:
+        return SimulatedStream(device)
+
+    def _stream_context(stream: Any = None) -> contextlib.AbstractContextManager[Any]:
+        return contextlib.nullcontext(stream)
+
+    def _rng_state(device: Any = "cuda") -> torch.Tensor:
+        return _EMPTY_RNG_STATE  # made once, outside any session: not a tensor the model created
+
+    def _none(*args: Any, **kwargs: Any) -> None:
+        return None
+
+    def _zero(*args: Any, **kwargs: Any) -> int:
+        return 0
+
+    return {
+        "is_available": lambda: True,
+        "device_count": lambda: gpus,
+        "current_device": lambda: 0,
+        "is_initialized": lambda: True,
+        "init": _none,
+        "get_device_name": lambda device=None: SIMULATED_GPU_NAME,
+        "get_device_capability": lambda device=None: (9, 0),
+        "get_device_properties": _props,
+        "get_arch_list": lambda: ["sm_90"],
+        "is_bf16_supported": lambda *a, **k: True,
+        "is_tf32_supported": lambda *a, **k: True,
+        "can_device_access_peer": lambda device, peer: True,
+        "set_device": _none,
+        "device": _SimulatedDeviceContext,
+        "device_of": lambda obj: _SimulatedDeviceContext(),
+        "synchronize": _none,
+        "ipc_collect": _none,
+        "current_stream": _stream,
+        "default_stream": _stream,
+        "Stream": SimulatedStream,
+        "stream": _stream_context,
+        "set_stream": _none,
+        "Event": SimulatedEvent,
+        "manual_seed": _none,
+        "manual_seed_all": _none,
+        "seed": _none,
+        "seed_all": _none,
+        "initial_seed": _zero,
+        "get_rng_state": _rng_state,
+        "get_rng_state_all": lambda: [_rng_state() for _ in range(gpus)],
+        "set_rng_state": _none,
+        "set_rng_state_all": _none,
+        "empty_cache": _none,
+        "reset_peak_memory_stats": _none,
+        "reset_max_memory_allocated": _none,
+        "reset_accumulated_memory_stats": _none,
+        "memory_allocated": _zero,
+        "max_memory_allocated": _zero,
+        "memory_reserved": _zero,
+        "max_memory_reserved": _zero,
+        "memory_stats": lambda device=None: {},
+        "memory_summary": lambda device=None, abbreviated=False: f"{SIMULATED_GPU_NAME}: no memory used",
+        "mem_get_info": lambda device=None: (80 * 2**30, 80 * 2**30),
+    }
+
+
+# torch modules that ask torch.cuda on the user's behalf: torch.autocast("cuda") checks
+# availability (and bf16 support) before it enables itself; under simulation it must see the
+# simulated GPU, or it prints "CUDA is not available ... Disabling autocast" and runs in fp32.
+# With fake tensors autocast then really applies (fake CUDA tensors carry the autocast key);
+# with the real-valued engine the data is on the CPU, so ops stay fp32 there.
+# A CPU-only build of torch aborts the process when autocast("cuda") is enabled on fake CUDA
+# tensors ("not linked with support for cuda devices", from C++): there autocast stays disabled,
+# its warning silenced, and the forward runs in fp32.
+_ASKING_FOR_USER_CODE = ("torch.cuda.amp.common", "torch.amp.autocast_mode")
+CPU_ONLY_BUILD = torch.version.cuda is None and torch.version.hip is None
+_AUTOCAST_DISABLED_WARNING = "CUDA is not available or torch_xla is imported. Disabling autocast"
+
+
+def _called_from_torch(depth: int = 2) -> bool:
+    """True when the caller of the patched function is torch itself."""
+    name = sys._getframe(depth).f_globals.get("__name__", "")
+    for_user = name in _ASKING_FOR_USER_CODE and not CPU_ONLY_BUILD
+    return bool(name == "torch" or name.startswith("torch.")) and not for_user
+
+
+def _for_user_code(simulated: Callable[..., Any], real: Callable[..., Any]) -> Callable[..., Any]:
+    """Answer model code with the simulated value, torch's own internals with the real one.
+
+    torch consults ``torch.cuda.is_available()`` itself (fake tensors use it
+    to decide whether they may initialise a device); only the user's code
+    must see the simulated GPUs.
+    """
+
+    def query(*args: Any, **kwargs: Any) -> Any:
+        if _called_from_torch():
+            return real(*args, **kwargs)
+        return simulated(*args, **kwargs)
+
+    query.__name__ = getattr(real, "__name__", "query")
+    query.__doc__ = getattr(real, "__doc__", None)
+    return query
+
+
+@contextlib.contextmanager
+def cuda_queries_simulated(gpus: int) -> Iterator[None]:
+    """Make ``torch.cuda.is_available()`` and friends report ``gpus`` GPUs to model code.
+
+    cuDNN is switched off for the session: with it, ``nn.LSTM``/``GRU``/``RNN``
+    take cuDNN's path on (simulated) CUDA tensors, whose ``flatten_parameters``
+    and ``_cudnn_rnn`` need a driver ("Found no NVIDIA driver", "CUDA driver
+    version is insufficient"). Without it they run PyTorch's native kernels,
+    which follow the same device rules; placement does not depend on the backend.
+    """
+    with contextlib.ExitStack() as stack:
+        for name, fn in _cuda_query_patches(gpus).items():
+            real = getattr(torch.cuda, name, None)
+            if real is None:
+                continue
+            # classes stay classes (isinstance(s, torch.cuda.Stream) must work); the real ones need a
+            # driver whoever calls them
+            patched = fn if isinstance(fn, type) else _for_user_code(fn, real)
+            stack.enter_context(mock.patch.object(torch.cuda, name, patched))
+        # page-locked host memory and the allocator's stream hint need a driver; neither changes
+        # where a tensor is: pin_memory() is a CPU copy, record_stream() nothing
+        stack.enter_context(mock.patch.object(torch.Tensor, "pin_memory", _pinned_copy))
+        stack.enter_context(mock.patch.object(torch.Tensor, "record_stream", _record_stream))
+        stack.enter_context(_cudnn_disabled())
+        if CPU_ONLY_BUILD:
+            stack.enter_context(warnings.catch_warnings())
+            warnings.filterwarnings("ignore", message=re.escape(_AUTOCAST_DISABLED_WARNING))
+        yield
+
+
+def _pinned_copy(self: torch.Tensor, device: Any = None) -> torch.Tensor:
+    """``Tensor.pin_memory()`` under simulation: a copy on the CPU, as pinned memory is."""
+    if self.device.type != "cpu":
+        raise RuntimeError(f"cannot pin '{self.device}' memory: only dense CPU tensors can be pinned")
+    return self.clone()
+
+
+def _record_stream(self: torch.Tensor, stream: Any) -> None:
+    """``Tensor.record_stream(s)`` under simulation: nothing to tell an allocator that does not exist."""
+
+
+@contextlib.contextmanager
+def _cudnn_disabled() -> Iterator[None]:
+    """``torch.backends.cudnn.enabled = False`` for the block, leaving the other cuDNN flags alone."""
+    enabled = torch._C._get_cudnn_enabled()
+    torch._C._set_cudnn_enabled(False)
+    try:
+        yield
+    finally:
+        torch._C._set_cudnn_enabled(enabled)

@@ -1,0 +1,227 @@
+"""Source attribution: which line of the user's code, and which module's forward, an event belongs to.
+
+A finding's ``source`` is the innermost frame outside torch, placecheck and
+installed packages (site-packages), never a frame outside the forward; its
+``where`` is the module whose ``forward`` ran that line. Which code objects are
+torch's or placecheck's own, and which installed package a file belongs to,
+is cached per code object: the Python stack is walked only when an event is
+recorded.
+
+This module imports no other placecheck module: the classifier, the engines
+and the tracer all build on it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import os
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import CodeType, FrameType, TracebackType
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_PLACECHECK_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_EXAMPLES_DIR = _PLACECHECK_DIR + "examples" + os.sep
+_LIBRARY_FILES = frozenset(os.path.abspath(m.__file__ or "") for m in (contextlib, functools, typing))
+
+
+@functools.cache
+def is_internal(code: CodeType) -> bool:
+    """True for torch's, placecheck's and the stdlib wrappers' own frames (cached per code object)."""
+    return internal_file(code.co_filename)
+
+
+def internal_file(name: str) -> bool:
+    """True for a file of torch, of placecheck's own machinery, or of the stdlib's call wrappers."""
+    return (name.startswith(_TORCH_DIR) or name.startswith("<frozen")
+            or (name.startswith(_PLACECHECK_DIR) and not name.startswith(_EXAMPLES_DIR))
+            or os.path.abspath(name) in _LIBRARY_FILES or "unittest/mock.py" in name)
+
+
+def display_path(filename: str) -> str:
+    """``filename`` relative to the working directory when it is under it."""
+    try:
+        rel = os.path.relpath(filename)
+    except ValueError:
+        return filename
+    return filename if rel.startswith("..") else rel
+
+
+def _site_dirs() -> tuple[str, ...]:
+    """Where installed packages live: sysconfig's purelib/platlib and site's package directories."""
+    import site
+    import sysconfig
+
+    dirs = {sysconfig.get_paths().get(k, "") for k in ("purelib", "platlib")}
+    with contextlib.suppress(AttributeError):  # site.getsitepackages is missing in some virtualenvs
+        dirs.update(site.getsitepackages())
+    return tuple(sorted(os.path.abspath(d) + os.sep for d in dirs if d))
+
+
+_SITE_DIRS = _site_dirs()
+
+
+@functools.cache
+def library_package(code: CodeType) -> str:
+    """The installed package ``code`` belongs to ("torchvision"), or "" for the user's own code.
+
+    A file in site-packages/dist-packages is library code, unless the working
+    directory is inside that package (a package audited in place). A project's
+    own virtualenv under the working directory is still installed code; an
+    editable install's files are outside site-packages anyway. Cached per code object.
+    """
+    return library_of_file(code.co_filename)
+
+
+def library_of_file(filename: str) -> str:
+    """The installed package ``filename`` belongs to, or "" (see :func:`library_package`)."""
+    name = os.path.abspath(filename)
+    cwd = os.getcwd() + os.sep
+    for base in _SITE_DIRS:
+        # a project's own virtualenv (./.venv) is still installed code; working inside
+        # site-packages itself (auditing an installed package in place) is not
+        if name.startswith(base) and not (cwd.startswith(base) and name.startswith(cwd)):
+            return name[len(base):].split(os.sep, 1)[0].removesuffix(".py")
+    return ""
+
+
+def frames_of(tb: TracebackType | None) -> list[FrameType]:
+    """The frames of a traceback, outermost first."""
+    frames = []
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    return frames
+
+
+def user_line(exc: BaseException) -> str:
+    """``file:line`` of the innermost user frame in ``exc``'s traceback: outside installed packages
+    when there is one, else the innermost outside torch and placecheck ("" when none)."""
+    frames = [f for f in frames_of(exc.__traceback__) if not is_internal(f.f_code)]
+    frames = [f for f in frames if not library_package(f.f_code)] or frames
+    if not frames:
+        return ""
+    tb = exc.__traceback__
+    line = 0
+    while tb is not None:
+        if tb.tb_frame is frames[-1]:
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    return f"{display_path(frames[-1].f_code.co_filename)}:{line}"
+
+
+@dataclass
+class Site:
+    """Where an event happened: the user's ``file:line`` and the module whose forward ran it."""
+
+    source: str
+    where: str
+    library: str = ""
+    """The installed package the line is in, when no frame of the forward's call chain is outside
+    installed packages (torchvision's own code called from torchvision's own module)."""
+
+
+NOWHERE = Site("", "")
+
+_CALL_CODES = frozenset({nn.Module._call_impl.__code__, nn.Module._wrapped_call_impl.__code__})
+"""``Module.__call__``'s frames: the innermost one on the stack names the module whose forward runs."""
+
+
+class Attribution:
+    """Turns a Python frame into a :class:`Site` for one traced forward.
+
+    ``stop`` is the code object of the function that ran the forward: the
+    search for the user's line never looks beyond it. ``module_paths`` maps
+    ``id(module)`` to its dotted path; a module the forward calls that is not
+    registered (held in a plain list) is named when it is first seen running
+    (:meth:`module_path`).
+    """
+
+    def __init__(self, stop: CodeType, module_paths: dict[int, str],
+                 unregistered: Callable[[nn.Module], str] | None = None) -> None:
+        self.stop = stop
+        self.module_paths = module_paths
+        self.unregistered = unregistered
+
+    def site(self, frame: FrameType | None) -> Site:
+        """Where the call at ``frame`` happened, looking outwards no further than the forward.
+
+        ``source`` is the innermost frame outside torch, placecheck and
+        installed packages; with none, the innermost line in an installed
+        package (``library`` names it); with none either (torch code called from
+        torch modules), the definition of the module's class when that is the
+        user's, else "". ``where`` is the module whose forward ran that line:
+        the innermost ``Module.__call__`` on the stack outside it (with no
+        source, the innermost one: torch's own modules included).
+        """
+        first_outside: FrameType | None = None  # innermost frame outside torch and placecheck
+        user: FrameType | None = None  # innermost frame outside installed packages too
+        scan = frame
+        while scan is not None and scan.f_code is not self.stop and user is None:
+            if not is_internal(scan.f_code):
+                first_outside = first_outside or scan
+                if not library_package(scan.f_code):
+                    user = scan
+            scan = scan.f_back
+        shown = user or first_outside
+        module = self.running_module(shown or frame)
+        where = self.module_path(module) if module is not None else ""
+        if shown is not None:
+            return Site(f"{display_path(shown.f_code.co_filename)}:{shown.f_lineno}", where,
+                        "" if user is not None else library_package(shown.f_code))
+        return Site(class_definition(module), where)
+
+    def module_path(self, module: nn.Module) -> str:
+        """The dotted path of ``module``: registered, or named by the caller's ``unregistered``."""
+        path = self.module_paths.get(id(module))
+        if path is None:
+            path = self.unregistered(module) if self.unregistered is not None else ""
+        return path
+
+    def running_module(self, frame: FrameType | None) -> nn.Module | None:
+        """The module whose ``Module.__call__`` is innermost on the stack from ``frame`` out (a module
+        of the model, or one the forward runs that the model holds unregistered)."""
+        while frame is not None and frame.f_code is not self.stop:
+            if frame.f_code in _CALL_CODES:
+                candidate = frame.f_locals.get("self")
+                if isinstance(candidate, nn.Module) and (
+                        id(candidate) in self.module_paths
+                        or (self.unregistered is not None and self.unregistered(candidate))):
+                    return candidate
+            frame = frame.f_back
+        return None
+
+
+def class_definition(module: nn.Module | None) -> str:
+    """``file:line`` of ``module``'s class when it is the user's own ("" for torch's classes)."""
+    if module is None:
+        return ""
+    cls = type(module)
+    try:
+        filename = inspect.getsourcefile(cls) or ""
+        line = inspect.getsourcelines(cls)[1]
+    except (OSError, TypeError):
+        return ""
+    if not filename or internal_file(filename) or library_of_file(filename):
+        return ""
+    return f"{display_path(filename)}:{line}"
+
+
+def module_being_built(frame: FrameType | None) -> str:
+    """``nn.Linear`` when the call came from an ``nn.Module.__init__`` called by user code."""
+    building = ""
+    while frame is not None and is_internal(frame.f_code):
+        if frame.f_code.co_name == "__init__":
+            obj: Any = frame.f_locals.get("self")
+            if isinstance(obj, nn.Module):
+                building = f"nn.{type(obj).__name__}" if type(obj).__module__.startswith("torch.") \
+                    else type(obj).__name__
+        frame = frame.f_back
+    return building
