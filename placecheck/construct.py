@@ -18,11 +18,8 @@ comfortably in available memory; the report's notes say which it chose.
 
 from __future__ import annotations
 
-import collections
 import contextlib
-import enum
 import os
-import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,8 +30,9 @@ from torch.nn.parameter import UninitializedBuffer, UninitializedParameter
 
 from placecheck.engine import Engine, move_model
 from placecheck.errors import LoadError, UsageError, one_line
+from placecheck.options import InitChoice
 from placecheck.report import human_bytes
-from placecheck.walk import MAX_DEPTH  # as deep as the walk looks into containers and helper objects
+from placecheck.state import replace_tensors
 
 COMFORTABLE_FRACTION = 0.5
 """``auto`` builds on the CPU when parameters and buffers take at most this
@@ -46,19 +44,7 @@ REAL_LEFTOVER_BUDGET = 256 * 2**20
 CUDA, as a CPU build would have them; beyond it they become fake CPU tensors
 (no memory), so a model whose big blocks sit in a plain list still fits."""
 
-_MODULE_INTERNALS = frozenset(vars(nn.Module()))
 _UNINITIALIZED = (UninitializedParameter, UninitializedBuffer)  # nn.Lazy* state: no shape to copy
-
-
-class InitChoice(str, enum.Enum):
-    """The ``--init`` choices."""
-
-    AUTO = "auto"
-    CPU = "cpu"
-    META = "meta"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass
@@ -177,7 +163,7 @@ def move_from_meta(model: nn.Module, engine: Engine) -> nn.Module:
 
 @dataclass
 class _Materialiser:
-    """Replaces every meta tensor reachable from a model with one on ``device``."""
+    """Gives each meta tensor a replacement on ``device``, the same one each time it is met."""
 
     device: torch.device
     fake: bool
@@ -186,7 +172,6 @@ class _Materialiser:
     replaced: dict[int, torch.Tensor] = field(default_factory=dict)
     originals: list[torch.Tensor] = field(default_factory=list)
     """Keeps each replaced tensor alive, so that no id in ``replaced`` is reused."""
-    done: dict[int, Any] = field(default_factory=dict)
 
     def tensor(self, t: torch.Tensor) -> torch.Tensor:
         if t.device.type != "meta" or isinstance(t, _UNINITIALIZED):
@@ -205,83 +190,6 @@ class _Materialiser:
         self.replaced[id(t)] = new
         self.originals.append(t)
         return new
-
-    def module(self, m: nn.Module) -> None:
-        if id(m) in self.done:
-            return
-        self.done[id(m)] = m
-        stores: tuple[dict[str, Any], ...] = (m._parameters, m._buffers)
-        for store in stores:
-            for name, t in list(store.items()):
-                if t is not None:
-                    store[name] = self.tensor(t)
-        for attr, value in list(vars(m).items()):
-            if attr not in _MODULE_INTERNALS:
-                new = self.value(value, 0)
-                if new is not value:
-                    m.__dict__[attr] = new
-        for child in m._modules.values():
-            if child is not None:
-                self.module(child)
-
-    def value(self, value: Any, depth: int) -> Any:
-        """``value`` with meta tensors replaced: the same object, changed in place, where it can be."""
-        if isinstance(value, torch.Tensor):
-            return self.tensor(value)
-        if isinstance(value, nn.Module):
-            self.module(value)
-            return value
-        if depth >= MAX_DEPTH or isinstance(value, str | bytes | int | float | type):
-            return value
-        if id(value) in self.done:
-            return self.done[id(value)]
-        self.done[id(value)] = value  # cycles end here
-        result = self._contents(value, depth + 1)
-        self.done[id(value)] = result
-        return result
-
-    def _contents(self, value: Any, depth: int) -> Any:
-        if isinstance(value, dict):
-            for key, item in list(value.items()):
-                new = self.value(item, depth)
-                if new is not item:
-                    value[key] = new
-            return value
-        if isinstance(value, types.MappingProxyType):  # read-only: a new proxy over a new dict
-            entries = {key: self.value(item, depth) for key, item in value.items()}
-            unchanged = all(entries[key] is item for key, item in value.items())
-            return value if unchanged else types.MappingProxyType(entries)
-        if isinstance(value, list | collections.deque):
-            for i, item in enumerate(list(value)):
-                new = self.value(item, depth)
-                if new is not item:
-                    value[i] = new
-            return value
-        if isinstance(value, tuple | set | frozenset):
-            items = [self.value(item, depth) for item in value]
-            if all(new is old for new, old in zip(items, value, strict=True)):
-                return value
-            try:
-                if hasattr(value, "_fields"):  # a namedtuple
-                    return getattr(type(value), "_make")(items)  # noqa: B009
-                return type(value)(items)
-            except TypeError:
-                return value  # a tuple subclass that cannot be rebuilt: leave it
-        if type(value).__module__ in ("builtins", "types"):
-            return value
-        attrs: dict[str, Any] = {}
-        with contextlib.suppress(TypeError):  # no __dict__: slots only
-            attrs.update(vars(value))
-        for cls in type(value).__mro__:
-            slots = getattr(cls, "__slots__", ())
-            for slot in (slots,) if isinstance(slots, str) else slots:
-                if slot not in attrs and slot not in ("__dict__", "__weakref__") and hasattr(value, slot):
-                    attrs[slot] = getattr(value, slot)
-        for attr, item in attrs.items():
-            new = self.value(item, depth)
-            if new is not item:
-                object.__setattr__(value, attr, new)  # frozen dataclasses too
-        return value
 
 
 def _real_tensors() -> contextlib.AbstractContextManager[Any]:
@@ -307,7 +215,7 @@ def leftovers_to_default_device(model: nn.Module, snapshot: Any = None,
 
     materialiser = _Materialiser(torch.device(device), fake=active_fake_mode() is not None,
                                  budget=REAL_LEFTOVER_BUDGET)
-    materialiser.module(model)
+    replace_tensors(model, materialiser.tensor)
     if snapshot is not None:
         for old_id, new in materialiser.replaced.items():
             for table in (snapshot.params, snapshot.buffers):

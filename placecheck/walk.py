@@ -12,11 +12,6 @@ so the forward pass can say which attribute an offending tensor came from.
 
 from __future__ import annotations
 
-import collections
-import dataclasses
-import itertools
-import types
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,24 +21,11 @@ import torch.nn as nn
 from placecheck.finding import Finding, Severity
 from placecheck.report import human_bytes
 from placecheck.rules import rule
+from placecheck.state import MAX_DEPTH, MODULE_INTERNALS, Held, attributes, class_state, held
+from placecheck.state import reachable_tensors as reachable_tensors  # the API's copy uses it from here
 
-# Attributes every nn.Module has; hooks and bookkeeping, never user state.
-_MODULE_INTERNALS = frozenset(vars(nn.Module())) | {"_flat_weight_refs"}
-
-# Leaf values the walk never descends into.
-_ATOMS = (str, bytes, bytearray, int, float, complex, bool, type(None), torch.device,
-          torch.dtype, torch.Size, range, slice, memoryview, type)
-_HELPER = "helper:"  # prefix of a ``parent`` kind naming a plain helper object's class
-# Class-level values the walk looks into: state, not methods, properties or constants.
-_CLASS_STATE = (torch.Tensor, nn.Module, list, tuple, dict, set, frozenset, collections.deque)
-MAX_DEPTH = 64
-"""How many containers/helper objects deep the walk descends. Cycle detection
-already bounds the walk; this only stops pathological chains (a linked list of
-thousands of nodes), and a report note names the path where it stopped."""
-_MAX_ITEMS = 100_000
-
-# Classes whose class-level attributes are library state, never the user's.
-_LIBRARY_PACKAGES = frozenset({"torch", "builtins", "typing", "abc", "collections", "enum"})
+__all__ = ["MAX_DEPTH", "Snapshot", "WalkResult", "join", "reachable_tensors", "storage_key",
+           "tensor_device", "tensor_nbytes", "walk"]
 
 
 @dataclass
@@ -165,146 +147,10 @@ def _library_managed(module: nn.Module) -> set[str]:
     return set()
 
 
-def _instance_dict(value: Any) -> dict[str, Any] | None:
-    """``value.__dict__`` read without running the object's ``__getattr__``/``__getattribute__``.
-
-    Helper objects may define hooks that raise, or that invent attributes on
-    demand (proxies); the walk must neither crash on them nor follow them.
-    """
-    try:
-        found = object.__getattribute__(value, "__dict__")
-    except Exception:
-        return None
-    return found if isinstance(found, dict) else None
-
-
-def _slot_values(value: Any) -> dict[str, Any]:
-    """The ``__slots__`` a helper object has set, read through the slot descriptors."""
-    found: dict[str, Any] = {}
-    for cls in type(value).__mro__:
-        slots = cls.__dict__.get("__slots__", ())
-        for slot in (slots,) if isinstance(slots, str) else slots:
-            descriptor: Any = cls.__dict__.get(slot)
-            if slot in found or not hasattr(descriptor, "__get__"):
-                continue
-            try:
-                found[slot] = descriptor.__get__(value, cls)
-            except Exception:  # unset slot (AttributeError) or a raising descriptor
-                continue
-    return found
-
-
-def _items(value: Any) -> Iterator[tuple[str, Any]] | None:
-    """``(path suffix, child)`` pairs for a container or helper object; None for a leaf."""
-    if isinstance(value, dict | types.MappingProxyType):
-        return ((f"[{k!r}]", v) for k, v in list(value.items())[:_MAX_ITEMS])
-    fields = getattr(type(value), "_fields", None)
-    if isinstance(value, tuple) and isinstance(fields, tuple):
-        return ((f".{name}", v) for name, v in zip(fields, value, strict=False))
-    if isinstance(value, list | tuple | collections.deque):
-        return ((f"[{i}]", v) for i, v in enumerate(itertools.islice(value, _MAX_ITEMS)))
-    if isinstance(value, set | frozenset):
-        # iteration order follows id()/hash: sort by what the members are, not where they live
-        members = sorted(itertools.islice(value, _MAX_ITEMS), key=_set_member_key)
-        return ((f"{{{i}}}", v) for i, v in enumerate(members))
-    if isinstance(value, _ATOMS):  # type is among them: classes are code, not state
-        return None
-    if type(value).__module__ in ("builtins", "types"):
-        return None  # functions, methods, modules, code objects, ...
-    instance_dict = _instance_dict(value)
-    if callable(value) and instance_dict is None:
-        return None
-    attrs: dict[str, Any] = dict(instance_dict or {})
-    if dataclasses.is_dataclass(value):
-        # declared fields first, in declaration order
-        names = [f.name for f in dataclasses.fields(value)]
-        attrs = {n: attrs[n] for n in names if n in attrs} | attrs
-    for slot, slot_value in _slot_values(value).items():
-        attrs.setdefault(slot, slot_value)
-    if not attrs:
-        return None
-    return ((f".{k}", v) for k, v in attrs.items())
-
-
-def _set_member_key(value: Any) -> tuple[Any, ...]:
-    """A content-free sort key for a set member: tensors by dtype, shape, device and size.
-
-    Members that compare equal under this key look the same in every report
-    (same dtype, shape, device, bytes), so their relative order does not show.
-    """
-    if isinstance(value, torch.Tensor):
-        return (0, type(value).__name__, _dtype(value), _shape(value) or (), tensor_device(value),
-                tensor_nbytes(value), "")
-    shown = repr(value) if isinstance(value, _ATOMS) else ""
-    return (1, type(value).__name__, "", (), "", 0, shown)
-
-
-def class_attributes(module: nn.Module) -> dict[str, Any]:
-    """Attributes defined on the user's classes of ``module`` (above nn.Module in its MRO).
-
-    ``class M(nn.Module): table = torch.arange(10)`` creates one tensor shared
-    by every instance, which ``.to()`` never moves. torch's own classes (and
-    Python's) are skipped, as are dunder names and names the instance shadows.
-    """
-    found: dict[str, Any] = {}
-    instance = vars(module)
-    for cls in type(module).__mro__:
-        if cls.__module__.partition(".")[0] in _LIBRARY_PACKAGES:
-            continue
-        for name, value in vars(cls).items():
-            if name.startswith("__") or name in instance or name in found:
-                continue
-            found[name] = value
-    return found
-
-
-def reachable_tensors(model: nn.Module) -> Iterator[torch.Tensor]:
-    """Every tensor reachable from the attributes of ``model``'s modules, once each.
-
-    Registered or not, through the same containers and helper objects the walk
-    descends into (and through modules held in them); for code that must treat
-    every tensor a model holds, such as copying it.
-    """
-    seen: set[int] = set()
-    stack: list[tuple[Any, int]] = [(model, 0)]
-    while stack:
-        value, depth = stack.pop()
-        if id(value) in seen:
-            continue
-        seen.add(id(value))
-        if isinstance(value, torch.Tensor):
-            yield value
-            continue
-        if isinstance(value, nn.Module):
-            children: Iterator[tuple[str, Any]] | None = iter(list(vars(value).items()))
-        elif depth >= MAX_DEPTH:
-            continue
-        else:
-            children = _items(value)
-        for _, child in children or ():
-            stack.append((child, depth + 1))
-
-
-def _helper_class(parent: str | None) -> str:
-    """The class name when the immediate holder is a plain helper object (``"helper:RopeCache"``), else ""."""
-    return parent.removeprefix(_HELPER) if parent and parent.startswith(_HELPER) else ""
-
-
 def _holder_name(path: str) -> str:
     """``"h.layer"`` -> ``"h"``: the path of the object holding the last step of ``path``."""
     cut = max(path.rfind("."), path.rfind("["), path.rfind("{"))
     return path[:cut] if cut > 0 else path
-
-
-def _container_kind(value: Any) -> str:
-    if isinstance(value, dict | types.MappingProxyType):
-        return "dict"
-    if isinstance(value, tuple) and hasattr(value, "_fields"):
-        return "namedtuple"
-    if isinstance(value, list | tuple | set | frozenset | collections.deque):
-        return type(value).__name__ if type(value) in (list, tuple, set, frozenset, collections.deque) \
-            else "sequence"
-    return type(value).__name__
 
 
 class _Walker:
@@ -352,53 +198,28 @@ class _Walker:
         for mpath, module in model.named_modules():
             if id(module) in outer_modules:
                 continue
-            skip = _MODULE_INTERNALS | _hook_derived(module) | _library_managed(module)
-            for attr, value in list(vars(module).items()):
-                if attr in skip:
-                    continue
-                self.visit(value, join(mpath, attr), mpath, attr, container=None, helper=None, depth=0)
-            for attr, value in class_attributes(module).items():
-                if attr in skip or not isinstance(value, _CLASS_STATE):
-                    continue  # methods, properties, constants: code, not state
-                self.class_paths.add(join(mpath, attr))
-                self.visit(value, join(mpath, attr), mpath, attr, container=None, helper=None, depth=0)
+            skip = _hook_derived(module) | _library_managed(module)
+            for attr, value in attributes(module):
+                if attr not in skip:
+                    self.visit(value, mpath, attr)
+            for attr, value in class_state(module).items():
+                if attr not in skip and attr not in MODULE_INTERNALS:
+                    self.class_paths.add(join(mpath, attr))
+                    self.visit(value, mpath, attr)
 
-    def visit(self, value: Any, path: str, owner: str, attr: str, container: str | None,
-              helper: str | None, depth: int, parent: str | None = None) -> None:
-        """Report what ``value`` (found at ``path``) holds.
-
-        ``container``/``helper`` name the outermost plain holder under the
-        module attribute (for the message); ``parent`` is the kind of the
-        immediate holder ("dict", "list", ... or "helper:ClassName"), which decides the fix.
-        """
-        if isinstance(value, torch.Tensor):
-            self.tensor(value, path, owner, attr, container, helper, parent)
-            return
-        if isinstance(value, nn.Module):
-            self.module(value, path, owner, container, helper, parent)
-            return
-        if id(value) in self.seen:
-            return
-        items = _items(value)
-        if items is None:
-            return
-        if depth >= MAX_DEPTH:
-            self.too_deep.append(path)
-            return
-        self.seen.add(id(value))
-        is_container = isinstance(value, dict | list | tuple | set | frozenset | collections.deque |
-                                  types.MappingProxyType)
-        if container is None and helper is None:
-            if is_container:
-                container = _container_kind(value)
+    def visit(self, value: Any, owner: str, attr: str) -> None:
+        """Report what the attribute ``attr`` of module ``owner`` holds."""
+        for found in held(value, join(owner, attr), owner, attr, self.seen, self.too_deep):
+            if isinstance(found.value, torch.Tensor):
+                self.tensor(found)
             else:
-                helper = type(value).__name__
-        kind = _container_kind(value) if is_container else f"{_HELPER}{type(value).__name__}"
-        for suffix, child in items:
-            self.visit(child, path + suffix, owner, attr, container, helper, depth + 1, kind)
+                self.module(found)
 
-    def tensor(self, t: torch.Tensor, path: str, owner: str, attr: str, container: str | None,
-               helper: str | None, parent: str | None = None) -> None:
+    def tensor(self, found: Held) -> None:
+        t: torch.Tensor = found.value
+        path, owner, attr, parent = found.path, found.owner, found.attr, found.parent
+        container = found.outer.kind if found.outer and not found.outer.is_object else None
+        helper = found.outer.class_name if found.outer and found.outer.is_object else None
         key = id(t)
         if key in self.registered or key in self.snapshot.params or key in self.seen:
             return
@@ -423,14 +244,14 @@ class _Walker:
                 hint=f"do not keep references to buffers; read self.{stale} where it is needed",
             )
         elif isinstance(t, nn.Parameter):
-            cls_name = _helper_class(parent)
-            if cls_name:
+            if parent and parent.is_object:
+                cls_name = parent.class_name
                 where = f"inside {cls_name} object {_holder_name(path)!r}"
                 hint = (f"make {cls_name} an nn.Module, or hold the parameter on the model itself: "
                         ".to() does not look inside plain objects")
             else:
                 where = f"in plain {container or helper or 'object'} {attr!r}"
-                fix = "nn.ParameterDict" if parent == "dict" else "nn.ParameterList"
+                fix = "nn.ParameterDict" if parent and parent.kind == "dict" else "nn.ParameterList"
                 hint = f"hold parameters in {fix} (or assign each as a module attribute)"
             finding = self._finding(
                 "PC103", path, owner, t,
@@ -480,8 +301,10 @@ class _Walker:
         self.findings.append(finding)
         self.by_origin[path] = finding
 
-    def module(self, m: nn.Module, path: str, owner: str, container: str | None,
-               helper: str | None = None, parent: str | None = None) -> None:
+    def module(self, found: Held) -> None:
+        m: nn.Module = found.value
+        path, owner, parent = found.path, found.owner, found.parent
+        container = found.outer.kind if found.outer and not found.outer.is_object else None
         key = id(m)
         if key in self.modules or key in self.seen:
             return
@@ -520,15 +343,15 @@ class _Walker:
             return
         nbytes = sum(tensor_nbytes(t) for _, t in counted)
         devices = sorted({tensor_device(t) for _, t in off})
-        cls_name = _helper_class(parent)
-        if cls_name:
+        if parent and parent.is_object:
+            cls_name = parent.class_name
             where = f"inside {cls_name} object {_holder_name(path)!r} at {path!r}"
             hint = (f"make {cls_name} an nn.Module, or hold the {type(m).__name__} on the model itself: "
                     ".to() does not look inside plain objects")
         else:
             kind = container or "attribute"
             where = f"in plain {kind} at {path!r}"
-            fix = "nn.ModuleDict" if parent == "dict" else "nn.ModuleList"
+            fix = "nn.ModuleDict" if parent and parent.kind == "dict" else "nn.ModuleList"
             hint = f"hold submodules in {fix} (nn.Sequential for a pipeline) instead of a plain {kind}"
         also = f", {already} more already reported where the walk met them first" if already else ""
         finding = Finding(
