@@ -101,17 +101,17 @@ class SimulatedTensor(torch.Tensor):
     def is_cpu(self) -> bool:  # type: ignore[override]
         return self._pc_device.type == "cpu"
 
-    def __repr__(self, *args: Any, **kwargs: Any) -> str:  # type: ignore[override]
-        with DisableTorchFunctionSubclass():
-            text = repr(self.as_subclass(torch.Tensor))
-        return f"{text[:-1]}, device='{self._pc_device}')" if text.endswith(")") else text
-
     @classmethod
     def __torch_function__(cls, func: Callable[..., Any], types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
         if func is torch.Tensor.get_device:
             return args[0]._pc_device.index if isinstance(args[0], SimulatedTensor) else -1
+        if func is torch.Tensor.__repr__ and isinstance(args[0], SimulatedTensor):
+            # through __torch_function__ (no __repr__ override), so that a mode sees printing
+            with DisableTorchFunctionSubclass():
+                text = repr(args[0].as_subclass(torch.Tensor))
+            return f"{text[:-1]}, device='{args[0]._pc_device}')" if text.endswith(")") else text
         if func is torch.Tensor.numpy and isinstance(args[0], SimulatedTensor):
             raise TypeError(f"can't convert {args[0]._pc_device} device type tensor to numpy. "
                             "Use Tensor.cpu() to copy the tensor to host memory first.")

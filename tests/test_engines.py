@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn as nn
+from forward_helpers import ungrouped  # noqa: F401 (the fixture)
 
 import placecheck
 from placecheck.engine import (
@@ -21,6 +22,8 @@ from placecheck.engine import (
 )
 from placecheck.errors import UsageError
 from placecheck.tagged import SimulatedDeviceMismatchError, SimulatedTensor, tagged_cuda
+
+pytestmark = pytest.mark.usefixtures("ungrouped")
 
 no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="a real GPU is present")
 

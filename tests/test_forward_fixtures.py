@@ -20,12 +20,15 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import TESTS, fixture_cases, load_file
+from forward_helpers import ungrouped  # noqa: F401 (the fixture)
 
 import placecheck
 
 FIXTURES = TESTS / "fixtures" / "forward"
 CASES = fixture_cases(FIXTURES)
 FORWARD_CODES = ["PC101", "PC2"]
+
+pytestmark = pytest.mark.usefixtures("ungrouped")
 
 
 def read_forward_expected(path: Path) -> list[tuple[str, str, str]]:

@@ -16,11 +16,14 @@ import pytest
 import torch
 import torch.nn as nn
 from conftest import BUGGY, TESTS, load_file
+from forward_helpers import ungrouped  # noqa: F401 (the fixture)
 from typer.testing import CliRunner
 
 import placecheck
 from placecheck.cli import app
 from placecheck.sources import display_path
+
+pytestmark = pytest.mark.usefixtures("ungrouped")
 
 HERE = Path(__file__).name
 

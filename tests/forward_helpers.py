@@ -1,0 +1,30 @@
+"""Shared by the forward-pass tests: reports with one finding per instance.
+
+These tests check what the tracer detects, instance by instance (a PC201 and
+the PC202 that fed it are two findings); the report's grouping of findings
+into problems by root cause has tests of its own. The fixture builds every
+report of a test ungrouped, as ``--no-group`` does.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import placecheck.report
+
+
+@pytest.fixture
+def ungrouped(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every ``Report.build`` in the test keeps one finding per instance."""
+    build = placecheck.report.Report.build
+    if "group" in inspect.signature(build).parameters:
+        def one_per_instance(*args: Any, **kwargs: Any) -> placecheck.report.Report:
+            kwargs["group"] = False
+            return build(*args, **kwargs)
+
+        monkeypatch.setattr(placecheck.report.Report, "build", staticmethod(one_per_instance))
+    yield
