@@ -65,6 +65,7 @@ def run(target: str | Callable[[], Any], args: Sequence[str] = (), *, module: bo
         notes.append("run: the script moved no module to the GPU and built no optimizer: nothing of a "
                      "training or inference loop was seen")
     notes.extend(recorder.notes)
+    notes.extend(recorder.copy_notes())
     kept = [f for f in findings if f.code in codes]
     stats = {"optimizer_steps": recorder.steps, "modules_moved": len(recorder.moved_modules),
              "optimizers": len(recorder.optimizers), "milliseconds": int(seconds * 1000)}

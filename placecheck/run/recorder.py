@@ -240,6 +240,8 @@ class RunRecorder:
         self.syncs: dict[tuple[str, str], list[Any]] = {}
         """(source, call) -> [count, in-forward module name or "", device, optimizer steps it ran in]."""
         self.copies: dict[tuple[str, int], _Copies] = {}
+        self.batch_copies: dict[tuple[str, str, bool], dict[str, None]] = {}
+        """(copy line, loop line, pinned) -> batch paths copied with the other non_blocking than pinned."""
         self.moved_modules: list[weakref.ref[nn.Module]] = []
         self._walked: set[tuple[int, str]] = set()
         self.optimizers: weakref.WeakKeyDictionary[torch.optim.Optimizer, str] = weakref.WeakKeyDictionary()
@@ -315,6 +317,10 @@ class RunRecorder:
             self._record_sync(func.__name__, args[0])
             with self.quiet():
                 return func(*args, **kwargs)
+        if func is torch.Tensor.module_load and len(args) > 1 and not kwargs.get("assign", False):
+            # load_state_dict under the swap flag: a copy into the parameter, legal across devices
+            # on a GPU as copy_ is (the tagged engine does not list module_load as a copy)
+            return args[0].copy_(args[1]).detach()
         try:
             out = func(*args, **kwargs)
         except Exception as exc:
@@ -363,7 +369,7 @@ class RunRecorder:
                          and not (func in _INDEX_OPS and pos > 0)]
             if not offending:
                 raise exc
-            line, frame = here(3)
+            line, frame = here()
             moved: dict[int, torch.Tensor] = {}
             for t in offending:
                 self._mismatch(func, t, reference, line, frame)
@@ -432,7 +438,7 @@ class RunRecorder:
         return ""
 
     def _record_sync(self, name: str, t: torch.Tensor) -> None:
-        line, _ = here(3)
+        line, _ = here()
         if not line:
             return
         module = type(self._forward_stack[-1]).__name__ if self._forward_stack else ""
@@ -457,20 +463,14 @@ class RunRecorder:
         if out.device.type != "cuda" or source.device.type != "cpu" or out is source \
                 or isinstance(source, nn.Parameter):  # a weak reference would stop .to() swapping it
             return
-        line, _ = here(3)
+        line, _ = here()
         if not line:
             return
         origin = self._origin(source)
         if origin is not None and origin.kind == "batch":
             non_blocking = _non_blocking(func, args, kwargs)
-            if non_blocking and not origin.pinned:
-                self.notes[f"{line}: .to(..., non_blocking=True) of {origin.path} from a DataLoader without "
-                           f"pin_memory=True ({origin.line}): from pageable memory the copy is synchronous, "
-                           "the flag does nothing; pass pin_memory=True to the DataLoader"] = None
-            elif origin.pinned and not non_blocking:
-                self.notes[f"{line}: {origin.path} comes from pinned memory (pin_memory=True at "
-                           f"{origin.line}) but is copied with a blocking .to(); non_blocking=True lets the "
-                           "copy overlap with compute"] = None
+            if non_blocking != origin.pinned:
+                self.batch_copies.setdefault((line, origin.line, origin.pinned), {})[origin.path] = None
             return
         key = (line, id(source))
         copies = self.copies.get(key)
@@ -495,7 +495,7 @@ class RunRecorder:
         if self._moving or self._quiet:
             return original(module, *args, **kwargs)
         dest = _cuda_destination(args, kwargs, cuda_call)
-        line, _ = here(2)
+        line, _ = here()
         snapshot = Snapshot.take(module) if dest is not None else None
         self._moving += 1
         try:
@@ -525,12 +525,12 @@ class RunRecorder:
         def __init__(opt: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
             original(opt, *args, **kwargs)
             if opt not in self.optimizers:
-                self.optimizers[opt] = here(1)[0]
+                self.optimizers[opt] = here()[0]
         return __init__
 
     def _optimizer_load(self, original: Callable[..., Any]) -> Callable[..., Any]:
         def load_state_dict(opt: torch.optim.Optimizer, state_dict: Any) -> Any:
-            self._resumed[opt] = here(1)[0]
+            self._resumed[opt] = here()[0]
             return original(opt, state_dict)
         return load_state_dict
 
@@ -543,7 +543,7 @@ class RunRecorder:
         self.steps += 1
         self._roots.clear()
         self._prune()
-        self.step_line = here(1)[0]
+        self.step_line = here()[0]
         if self.max_steps and self.steps >= self.max_steps:
             raise StopRun(f"after {self.steps} optimizer step{'s' if self.steps != 1 else ''} (--steps "
                           f"{self.max_steps})")
@@ -624,7 +624,7 @@ class RunRecorder:
     def _loader_iter(self, original: Callable[..., Any]) -> Callable[..., Any]:
         def __iter__(loader: Any) -> Any:
             iterator = original(loader)
-            self._loaders[id(iterator)] = (bool(getattr(loader, "pin_memory", False)), here(1)[0])
+            self._loaders[id(iterator)] = (bool(getattr(loader, "pin_memory", False)), here()[0])
             return iterator
         return __iter__
 
@@ -632,7 +632,7 @@ class RunRecorder:
         def __next__(iterator: Any) -> Any:
             batch = original(iterator)
             pinned, _ = self._loaders.get(id(iterator), (False, ""))
-            line = here(1)[0]
+            line = here()[0]
             for path, t in _batch_leaves(batch, "batch"):
                 if type(t) is torch.Tensor:
                     self._track(t, _Origin("batch", path, line, pinned))
@@ -653,7 +653,7 @@ class RunRecorder:
         from placecheck.checkpoint import read_checkpoint
         from placecheck.checkpoint.preflight import device_findings
 
-        line = here(3)[0]
+        line = here()[0]
         if map_location is None and (isinstance(f, str | bytes) or hasattr(f, "__fspath__")):
             try:
                 meta = read_checkpoint(f)
@@ -744,6 +744,21 @@ class RunRecorder:
                 hint="move it to the device once, before the loop, and index the device copy",
                 details=(("bytes per step", str(copies.nbytes)),)))
         return out
+
+    def copy_notes(self) -> list[str]:
+        """Batches copied with ``non_blocking`` that does not match the loader's ``pin_memory``."""
+        notes = []
+        for (line, loop, pinned), paths in self.batch_copies.items():
+            what = ", ".join(paths)
+            if pinned:
+                notes.append(f"{line}: {what} from pinned memory (a DataLoader with pin_memory=True, iterated "
+                             f"at {loop}) copied with a blocking .to(): non_blocking=True lets the copy "
+                             "overlap with compute")
+            else:
+                notes.append(f"{line}: .to(..., non_blocking=True) of {what} from a DataLoader without "
+                             f"pin_memory=True (iterated at {loop}): from pageable memory the copy is "
+                             "synchronous, the flag does nothing; pass pin_memory=True to the DataLoader")
+        return notes
 
     def error_finding(self, exc: BaseException) -> Finding | None:
         """The script's own exception: PC201 when it mixed devices, PC207 otherwise; None when reported."""

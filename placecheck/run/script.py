@@ -47,10 +47,13 @@ class Program:
         if callable(self.target):
             return
         if self.module:
+            sys.path.insert(0, os.getcwd())  # as python -m searches it
             try:
                 spec = importlib.util.find_spec(self.target)
             except (ImportError, ValueError) as exc:
                 raise LoadError(f"cannot find module {self.target!r}: {exc}") from None
+            finally:
+                sys.path.remove(os.getcwd())
             if spec is None:
                 raise LoadError(f"no module named {self.target!r} (on sys.path from {os.getcwd()})")
             return

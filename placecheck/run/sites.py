@@ -71,9 +71,9 @@ def user_frame(frame: FrameType | None) -> FrameType | None:
     return frame
 
 
-def here(depth: int = 1) -> tuple[str, FrameType | None]:
-    """``(file:line, frame)`` of the user's code calling the caller; ``("", None)`` when there is none."""
-    frame = user_frame(sys._getframe(depth + 1))
+def here() -> tuple[str, FrameType | None]:
+    """``(file:line, frame)`` of the innermost user frame around the caller; ``("", None)`` when none."""
+    frame = user_frame(sys._getframe(1))
     return (where_is(frame), frame)
 
 

@@ -1,0 +1,303 @@
+"""``placecheck.run``: whole scripts on a simulated GPU, one buggy/fixed fixture pair per problem.
+
+Each pair lives in ``tests/fixtures/run/``: the buggy script must report the
+problem at the user's lines, its fixed twin must not. The scripts really run
+(in this process, as ``__main__``), bounded by ``steps``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+
+import placecheck
+from placecheck.errors import LoadError
+from placecheck.finding import Finding, Severity
+from placecheck.report import Report
+from placecheck.run import run
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "run"
+EXAMPLES = Path(__file__).resolve().parent.parent / "placecheck" / "examples"
+
+
+def script(name: str) -> str:
+    """A fixture's path as the user would type it from the working directory."""
+    return os.path.relpath(FIXTURES / name)
+
+
+def at(name: str, line: int) -> str:
+    return f"{script(name)}:{line}"
+
+
+def codes(report: Report) -> list[str]:
+    return [f.code for f in report.findings]
+
+
+def only(report: Report, code: str) -> list[Finding]:
+    return [f for f in report.findings if f.code == code]
+
+
+@pytest.fixture
+def cuda3_checkpoint(tmp_path: Path) -> str:
+    from checkpoint_writer import save_with_locations
+
+    path = tmp_path / "saved_on_cuda3.pt"
+    save_with_locations(dict(nn.Linear(8, 2).state_dict()), path, default="cuda:3")
+    return str(path)
+
+
+@pytest.fixture
+def cpu_resume_checkpoint(tmp_path: Path) -> str:
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.randn(2, 8)).sum().backward()
+    optimizer.step()
+    path = tmp_path / "resume.pt"
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, path)
+    return str(path)
+
+
+# -- 1. a batch element not moved ------------------------------------------------------------------
+
+def test_batch_element_left_on_the_cpu_names_the_loss_the_loader_line_and_the_element() -> None:
+    report = run(script("batch_buggy.py"))
+    [finding] = report.findings
+    assert finding.code == "PC201"
+    assert finding.source == at("batch_buggy.py", 16)  # the loss
+    assert finding.origin == f"batch[1] from {at('batch_buggy.py', 14)}"  # the loader loop
+    assert finding.where == "labels"
+    assert finding.device == "cpu" and finding.expected == "cuda:0"
+    assert "labels = labels.to(device)" in finding.hint
+
+
+def test_batch_fully_moved_is_clean() -> None:
+    report = run(script("batch_fixed.py"))
+    assert report.findings == ()
+    assert any("stopped after 2 optimizer steps" in n for n in report.notes)
+
+
+# -- 2. a criterion or metric holding CPU tensors -------------------------------------------------------
+
+def test_criterion_weight_pos_weight_and_metric_on_the_cpu() -> None:
+    report = run(script("criterion_buggy.py"))
+    found = {f.where: f for f in report.findings}
+    assert set(found) == {"criterion.weight", "pos_weight", "total"}
+    assert all(f.code == "PC201" for f in found.values())
+    assert found["criterion.weight"].source == at("criterion_buggy.py", 23)
+    assert "criterion.to(device)" in found["criterion.weight"].hint
+    assert found["pos_weight"].source == at("criterion_buggy.py", 24)
+    assert found["pos_weight"].origin == at("criterion_buggy.py", 15)  # where it was created
+    assert found["total"].source == at("criterion_buggy.py", 28)
+    assert found["total"].origin == at("criterion_buggy.py", 17)
+
+
+def test_criterion_moved_and_tensors_made_on_the_device_is_clean() -> None:
+    assert run(script("criterion_fixed.py")).findings == ()
+
+
+# -- 3. host syncs in the loop --------------------------------------------------------------------------
+
+def test_loop_syncs_are_one_info_per_line_with_calls_per_step_forward_sync_stays_pc204() -> None:
+    report = run(script("syncs_buggy.py"))
+    loop = {f.source: f for f in report.findings if f.severity is Severity.INFO}
+    assert set(loop) == {at("syncs_buggy.py", n) for n in (29, 30, 31)}  # .item(), .cpu(), print(loss)
+    assert all(f.code == "PC204" and "1 per optimizer step" in f.message for f in loop.values())
+    [forward] = [f for f in report.findings if f.severity is not Severity.INFO]
+    assert (forward.code, forward.severity, forward.source) == ("PC204", Severity.WARNING,
+                                                                at("syncs_buggy.py", 15))
+    assert forward.where == "Net"
+
+
+def test_no_syncs_in_loop_or_forward_is_clean() -> None:
+    assert run(script("syncs_fixed.py")).findings == ()
+
+
+# -- 4. checkpoints and resumed optimizers ----------------------------------------------------------------
+
+def test_checkpoint_from_a_gpu_the_machine_lacks_is_pc301_at_the_load(cuda3_checkpoint: str) -> None:
+    report = run(script("resume_buggy.py"), [cuda3_checkpoint])
+    assert codes(report) == ["PC301"]  # the load's failure itself is not a second finding
+    finding = report.findings[0]
+    assert finding.source == at("resume_buggy.py", 10)
+    assert finding.device == "cuda:3"
+    assert "map_location" in finding.hint
+
+
+def test_checkpoint_loaded_with_map_location_is_clean(cuda3_checkpoint: str) -> None:
+    report = run(script("resume_fixed.py"), [cuda3_checkpoint])
+    assert report.findings == ()
+    assert any("ran to its end" in n for n in report.notes)
+
+
+def test_optimizer_state_resumed_before_the_move_is_pc307_with_bytes(cpu_resume_checkpoint: str) -> None:
+    report = run(script("optimizer_buggy.py"), [cpu_resume_checkpoint])
+    [finding] = report.findings
+    assert finding.code == "PC307"
+    assert finding.source == at("optimizer_buggy.py", 16)  # optimizer.load_state_dict
+    assert finding.where == "Adam.param_groups[0]"
+    assert (finding.device, finding.expected) == ("cpu", "cuda:0")
+    # exp_avg and exp_avg_sq of 4 parameters (16*8 + 16 + 16 + 1 floats each)
+    assert finding.count == 8 and finding.nbytes == 2 * (16 * 8 + 16 + 16 + 1) * 4
+
+
+def test_optimizer_state_loaded_after_the_move_is_clean(cpu_resume_checkpoint: str) -> None:
+    assert run(script("optimizer_fixed.py"), [cpu_resume_checkpoint]).findings == ()
+
+
+# -- 5. DataLoader and copies ---------------------------------------------------------------------------
+
+def test_whole_dataset_copied_every_step_is_pc209_and_pinning_mismatches_are_notes() -> None:
+    report = run(script("loader_buggy.py"))
+    [finding] = report.findings
+    assert (finding.code, finding.severity, finding.source) == ("PC209", Severity.WARNING,
+                                                                at("loader_buggy.py", 19))
+    assert finding.nbytes == 256 * 8 * 4
+    [unpinned] = [n for n in report.notes if "non_blocking=True) of" in n]
+    assert unpinned.startswith(at("loader_buggy.py", 17)) and "batch[0], batch[1]" in unpinned
+    [blocking] = [n for n in report.notes if "blocking .to()" in n]
+    assert blocking.startswith(at("loader_buggy.py", 18))
+
+
+def test_pinned_non_blocking_batches_and_dataset_moved_once_is_clean() -> None:
+    report = run(script("loader_fixed.py"))
+    assert report.findings == ()
+    assert not [n for n in report.notes if "pin_memory" in n]
+
+
+# -- 6. an optimizer of a model the forward no longer uses ---------------------------------------------
+
+def test_optimizer_built_before_the_model_is_recreated_is_pc308() -> None:
+    report = run(script("stale_buggy.py"))
+    [finding] = report.findings
+    assert finding.code == "PC308"
+    assert finding.source == at("stale_buggy.py", 8)  # the line that built the optimizer
+    assert "0.weight, 0.bias, 2.weight, 2.bias" in finding.message
+
+
+def test_optimizer_built_from_the_trained_model_is_clean() -> None:
+    assert run(script("stale_fixed.py")).findings == ()
+
+
+def test_optimizer_built_before_model_to_stays_valid() -> None:
+    """On a GPU .to() keeps each Parameter object, so an optimizer built before the move is fine."""
+
+    def train() -> None:
+        model = nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        model.to("cuda")
+        for _ in range(3):
+            model(torch.randn(2, 4, device="cuda")).sum().backward()
+            optimizer.step()
+
+    report = run(train)
+    assert report.findings == ()
+
+
+# -- the seeds' loop ------------------------------------------------------------------------------------
+
+def test_example_training_loop_with_labels_forgotten() -> None:
+    buggy = run(os.path.relpath(EXAMPLES / "train_buggy.py"))
+    assert [f.where for f in buggy.findings if f.code == "PC201"] == ["labels"]
+    fixed = run(os.path.relpath(EXAMPLES / "train_fixed.py"))
+    assert fixed.ok and "PC201" not in codes(fixed)
+
+
+# -- walking module moves -------------------------------------------------------------------------------
+
+def test_modules_the_script_moves_are_walked_at_the_move() -> None:
+    def main() -> None:
+        class Net(nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.fc = nn.Linear(4, 4)
+                self.mask = torch.ones(4)
+
+            def forward(self, x: torch.Tensor) -> torch.Tensor:
+                return self.fc(x)
+
+        Net().to("cuda")
+
+    report = run(main)
+    [finding] = report.findings
+    assert (finding.code, finding.where) == ("PC101", "mask")
+    assert ("model", "Net") in finding.details
+
+
+# -- how runs end, and bad input -------------------------------------------------------------------------
+
+def test_missing_script_syntax_error_and_missing_module_are_load_errors(tmp_path: Path) -> None:
+    with pytest.raises(LoadError, match="no such script"):
+        run(str(tmp_path / "absent.py"))
+    broken = tmp_path / "broken.py"
+    broken.write_text((FIXTURES / "syntax_error.py.txt").read_text())
+    with pytest.raises(LoadError, match=r"broken.py:1: syntax error"):
+        run(str(broken))
+    with pytest.raises(LoadError, match="no module named 'placecheck_no_such_module'"):
+        run("placecheck_no_such_module", module=True)
+
+
+def test_sys_exit_is_reported_in_the_notes_not_raised() -> None:
+    report = run(script("exits_3.py"))
+    assert report.findings == ()
+    assert any("sys.exit(3)" in n and n.endswith(f"at {at('exits_3.py', 9)} after 0 optimizer steps")
+               for n in report.notes)
+
+
+def test_script_without_model_or_optimizer_gets_a_note() -> None:
+    report = run(script("no_model.py"))
+    assert report.findings == ()
+    assert any("moved no module to the GPU and built no optimizer" in n for n in report.notes)
+
+
+def test_script_error_is_pc207_at_its_line() -> None:
+    report = run(script("raises.py"))
+    [finding] = report.findings
+    assert (finding.code, finding.source) == ("PC207", at("raises.py", 8))
+    assert "RuntimeError" in finding.message
+
+
+def test_dataloader_workers_run_on_the_cpu() -> None:
+    report = run(script("workers_fixed.py"))
+    assert report.findings == ()
+    assert dict(report.stats)["optimizer_steps"] == 2
+
+
+def test_timeout_stops_a_hanging_script() -> None:
+    report = run(script("hangs.py"), timeout=0.5)
+    assert any("stopped at --timeout 0.5 s at " + at("hangs.py", 9) in n for n in report.notes)
+
+
+def test_steps_bound_the_run_and_zero_runs_to_the_end() -> None:
+    assert dict(run(script("stale_fixed.py"), steps=1).stats)["optimizer_steps"] == 1
+    assert dict(run(script("stale_fixed.py"), steps=0).stats)["optimizer_steps"] == 4
+
+
+def test_module_form_runs_like_python_dash_m(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(FIXTURES)
+    report = run("batch_buggy", module=True)
+    assert report.target == "-m batch_buggy"
+    assert [f.where for f in report.findings] == ["labels"]
+
+
+def test_script_sees_its_argv_and_the_simulated_gpus(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    out = tmp_path / "seen.txt"
+    probe.write_text("import sys, torch\n"
+                     "open(sys.argv[2], 'w').write(f'{sys.argv[1:]} {torch.cuda.is_available()} '\n"
+                     "                             f'{torch.cuda.device_count()} {__name__}')\n")
+    run(str(probe), ["--flag", str(out)], gpus=4)
+    assert out.read_text() == f"['--flag', '{out}'] True 4 __main__"
+
+
+def test_select_and_ignore_filter_run_findings() -> None:
+    assert run(script("criterion_buggy.py"), ignore=["PC2"]).findings == ()
+    assert codes(run(script("criterion_buggy.py"), select=["PC201"])) == ["PC201"] * 3
+
+
+def test_package_attribute_is_callable_as_the_function() -> None:
+    assert callable(placecheck.run)
+    assert placecheck.run(script("batch_fixed.py")).findings == ()
