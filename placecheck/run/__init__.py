@@ -16,7 +16,6 @@ the default here. What the run finds is described in
 from __future__ import annotations
 
 import sys
-import time
 import types
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -51,10 +50,8 @@ def run(target: str | Callable[[], Any], args: Sequence[str] = (), *, module: bo
     notes = [f"engine: CUDA simulated with real CPU values ({gpus} GPU{'s' if gpus != 1 else ''}), the "
              "default for run: scripts read values (.item(), printed losses, data-driven branches) and "
              "run backward, which fake tensors cannot; the script really runs and its side effects happen"]
-    started = time.perf_counter()
     with tagged_cuda(gpus), recorder.recording():
         outcome = execute(program, timeout, notes)
-    seconds = time.perf_counter() - started
     findings = recorder.findings()
     if outcome.error is not None:
         finding = recorder.error_finding(outcome.error)
@@ -68,7 +65,7 @@ def run(target: str | Callable[[], Any], args: Sequence[str] = (), *, module: bo
     notes.extend(recorder.copy_notes())
     kept = [f for f in findings if f.code in codes]
     stats = {"optimizer_steps": recorder.steps, "modules_moved": len(recorder.moved_modules),
-             "optimizers": len(recorder.optimizers), "milliseconds": int(seconds * 1000)}
+             "optimizers": len(recorder.optimizers)}
     return Report.build(program.name, recorder.target, SIMULATED_CUDA_VALUES, kept, notes, stats)
 
 

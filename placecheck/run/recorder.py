@@ -393,7 +393,7 @@ class RunRecorder:
         in_module = self._forward_stack[-1] if self._forward_stack else None
         if origin is not None and origin.kind == "batch":
             what = f"{named} ({origin.path} of the batch from {origin.line})"
-            where, origin_text = names[0] if names else origin.path, f"{origin.path} from {origin.line}"
+            where, origin_text = names[0] if names else origin.path, f"{origin.path} at {origin.line}"
             hint = (f"move every tensor of the batch to the device, not only the inputs: "
                     f"{names[0] if names else 'x'} = {names[0] if names else 'x'}.to(device)")
         elif owner:

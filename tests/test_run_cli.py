@@ -1,0 +1,104 @@
+"""``placecheck run`` on the command line: options, formats carrying run findings, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from placecheck.cli import app
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "run"
+BUGGY = os.path.relpath(FIXTURES / "batch_buggy.py")
+
+
+def invoke(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(app, ["run", *args])
+    return result.exit_code, result.stdout, result.stderr
+
+
+def assert_one_line_error(code: int, out: str, err: str, needle: str) -> None:
+    assert code == 2, err
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("placecheck: error: ") and needle in lines[0], err
+
+
+def test_json_carries_the_run_finding_with_its_lines() -> None:
+    code, out, err = invoke(BUGGY, "--format", "json")
+    assert code == 1, err
+    [finding] = json.loads(out)["findings"]
+    assert (finding["code"], finding["where"], finding["source"]) == ("PC201", "labels", f"{BUGGY}:16")
+    assert finding["origin"] == f"batch[1] at {BUGGY}:14"
+
+
+def test_sarif_and_table_carry_the_run_finding(tmp_path: Path) -> None:
+    sarif = tmp_path / "run.sarif"
+    code, out, _ = invoke(BUGGY, "--format", "sarif", "-o", str(sarif))
+    assert code == 1 and out == ""
+    [result] = json.loads(sarif.read_text())["runs"][0]["results"]
+    assert result["ruleId"] == "PC201"
+    assert result["locations"][0]["physicalLocation"]["region"]["startLine"] == 16
+    code, out, _ = invoke(BUGGY)
+    assert "PC201" in out and f"{BUGGY}:16" in out
+
+
+def test_script_arguments_after_double_dash_and_steps(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    seen = tmp_path / "seen.txt"
+    probe.write_text("import sys\nopen(sys.argv[-1], 'w').write(repr(sys.argv[1:]))\n")
+    code, _, err = invoke(str(probe), "--steps", "1", "--", "--lr", "0.1", str(seen))
+    assert code == 0, err
+    assert seen.read_text() == repr(["--lr", "0.1", str(seen)])
+
+
+def test_script_output_goes_to_stderr_so_json_stays_parseable() -> None:
+    code, out, err = invoke(os.path.relpath(FIXTURES / "no_model.py"), "--format", "json")
+    assert code == 0
+    assert "3.0" in err  # the script's print
+    assert any("built no optimizer" in n for n in json.loads(out)["notes"])
+
+
+def test_sys_exit_3_is_reported_not_an_error_of_placecheck() -> None:
+    code, out, _ = invoke(os.path.relpath(FIXTURES / "exits_3.py"), "--format", "json")
+    assert code == 0
+    assert any("sys.exit(3)" in n for n in json.loads(out)["notes"])
+
+
+def test_select_ignore_and_exit_code() -> None:
+    code, out, _ = invoke(BUGGY, "--ignore", "PC201", "--format", "json")
+    assert code == 0 and json.loads(out)["findings"] == []
+
+
+def test_module_form(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(FIXTURES)
+    code, out, err = invoke("-m", "batch_buggy", "--format", "json")
+    assert code == 1, err
+    assert json.loads(out)["target"] == "-m batch_buggy"
+
+
+def test_timeout_stops_a_hanging_script() -> None:
+    code, out, err = invoke(os.path.relpath(FIXTURES / "hangs.py"), "--timeout", "0.5", "--format", "json")
+    assert code == 0, err
+    assert any("--timeout 0.5 s" in n for n in json.loads(out)["notes"])
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    assert_one_line_error(*invoke(str(tmp_path / "absent.py")), "no such script")
+    broken = tmp_path / "broken.py"
+    broken.write_text("def broken(:\n    pass\n")
+    assert_one_line_error(*invoke(str(broken)), "broken.py:1: syntax error")
+    assert_one_line_error(*invoke("-m", "placecheck_no_such_module"), "no module named")
+    assert_one_line_error(*invoke(), "give a script to run")
+    assert_one_line_error(*invoke(BUGGY, "--select", "XX1"), "invalid code selector")
+
+
+def test_help_says_the_script_really_runs_and_what_is_simulated() -> None:
+    code, out, _ = invoke("--help")
+    assert code == 0
+    text = " ".join(out.split())
+    assert "REALLY RUNS" in text and "--steps bounds the work" in text
+    assert "Not simulated" in text and "device_count() is --gpus" in text
