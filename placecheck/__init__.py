@@ -1,6 +1,6 @@
 """placecheck: find PyTorch device-placement bugs before they cost a GPU job.
 
-The public API is :func:`audit`, returning a :class:`Report` of
+The public API is :func:`audit` (and :func:`run` for whole scripts), returning a :class:`Report` of
 :class:`Finding` objects. Importing this package does not import torch;
 ``audit`` does, when called.
 """
@@ -16,6 +16,7 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from placecheck.api import audit
+    from placecheck.run import run
 
 
 def __getattr__(name: str) -> Any:
@@ -23,7 +24,11 @@ def __getattr__(name: str) -> Any:
         from placecheck.api import audit
 
         return audit
+    if name == "run":  # importing the subpackage makes it this attribute; it is callable as run()
+        from placecheck.run import run
+
+        return run
     raise AttributeError(f"module 'placecheck' has no attribute {name!r}")
 
 
-__all__ = ["Finding", "Report", "Severity", "__version__", "audit"]
+__all__ = ["Finding", "Report", "Severity", "__version__", "audit", "run"]
