@@ -68,7 +68,8 @@ def test_batch_element_left_on_the_cpu_names_the_loss_the_loader_line_and_the_el
     [finding] = report.findings
     assert finding.code == "PC201"
     assert finding.source == at("batch_buggy.py", 16)  # the loss
-    assert finding.origin == f"batch[1] at {at('batch_buggy.py', 14)}"  # the loader loop
+    assert finding.origin == at("batch_buggy.py", 14)  # the loader loop
+    assert "`labels` (batch[1], from the DataLoader at" in finding.message
     assert finding.where == "labels"
     assert finding.device == "cpu" and finding.expected == "cuda:0"
     assert "labels = labels.to(device)" in finding.hint

@@ -32,7 +32,7 @@ def test_json_carries_the_run_finding_with_its_lines() -> None:
     assert code == 1, err
     [finding] = json.loads(out)["findings"]
     assert (finding["code"], finding["where"], finding["source"]) == ("PC201", "labels", f"{BUGGY}:16")
-    assert finding["origin"] == f"batch[1] at {BUGGY}:14"
+    assert finding["origin"] == f"{BUGGY}:14"
 
 
 def test_sarif_and_table_carry_the_run_finding(tmp_path: Path) -> None:

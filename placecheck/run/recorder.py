@@ -392,8 +392,8 @@ class RunRecorder:
         owner = self._module_owner(t, frame)
         in_module = self._forward_stack[-1] if self._forward_stack else None
         if origin is not None and origin.kind == "batch":
-            what = f"{named} ({origin.path} of the batch from {origin.line})"
-            where, origin_text = names[0] if names else origin.path, f"{origin.path} at {origin.line}"
+            what = f"{named} ({origin.path}, from the DataLoader at {origin.line})"
+            where, origin_text = names[0] if names else origin.path, origin.line
             hint = (f"move every tensor of the batch to the device, not only the inputs: "
                     f"{names[0] if names else 'x'} = {names[0] if names else 'x'}.to(device)")
         elif owner:
@@ -418,7 +418,7 @@ class RunRecorder:
             code=r.code, kind=r.kind, severity=r.severity, where=where, message=message, hint=hint,
             source=line, device=str(t.device), expected=str(reference), dtype=str(t.dtype).removeprefix("torch."),
             shape=tuple(t.shape), nbytes=_nbytes(t), count=1, origin=origin_text,
-            details=(("op", op),)), key_extra=origin_text or where)
+            details=(("op", op),)), key_extra=f"{where}|{origin_text}")
 
     def _module_owner(self, t: torch.Tensor, frame: FrameType | None) -> str:
         """``criterion.weight`` when ``t`` is a parameter or buffer of a module the script names."""
