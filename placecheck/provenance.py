@@ -34,6 +34,9 @@ class Creation:
     """True once a tensor from here took part in a device mismatch."""
     moved: bool = False
     """True once a tensor from here was moved to the target explicitly (``.to(x.device)``)."""
+    met_device: bool = False
+    """True once a tensor from here met the device legally: a CPU index copied to it (PC205), or
+    returned from forward (PC206). Never met, moved or mismatched, it was CPU-side work: no finding."""
     moved_at: Site | None = None
     """The line that first copied a tensor from here to the target."""
     moved_to: str = ""
@@ -171,15 +174,16 @@ class Provenances:
 
     def mark(self, prov: Provenance, what: str, creations: bool = True, seen: set[int] | None = None,
              at: Site | None = None, to: str = "") -> None:
-        """``what`` (``moved`` or ``fed_mismatch``) happened to a tensor of provenance ``prov``: note it
-        on its creations (PC202) and its stray attributes (PC101), combined origins included."""
+        """``what`` (``moved``, ``fed_mismatch`` or ``met_device``) happened to a tensor of provenance
+        ``prov``: note it on its creations (PC202) and, but ``met_device``, on its stray attributes
+        (PC101), combined origins included."""
         seen = seen if seen is not None else set()
         if id(prov) in seen:
             return
         seen.add(id(prov))
         if creations and prov.creation is not None:
             prov.creation.mark(what, at=at, to=to)
-        if prov.path in self.strays:
+        if prov.path in self.strays and what != "met_device":
             (self.stray_moved if what == "moved" else self.stray_fed).add(prov.path)
         for other in prov.also:
             self.mark(other, what, creations, seen, at, to)

@@ -223,6 +223,9 @@ class _TaggingMode(TorchFunctionMode):
             dest = move_destination(func, args, kwargs)
             if dest is not None:
                 return _move(func, args, kwargs, dest)
+        if func is torch.Tensor.type_as and len(args) == 2 and isinstance(args[1], torch.Tensor):
+            # x.type_as(other) is x.to(other.dtype) on other's device
+            return _move(torch.Tensor.to, (args[0], args[1].dtype), {}, args[1].device)
         device = kwargs.get("device")
         dest = _cuda(device) if device is not None else None
         if dest is not None:

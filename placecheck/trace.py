@@ -403,8 +403,9 @@ class Tracer:
         """PC206: every tensor in the (nested) output must be on the target."""
         for path, t in _output_tensors(output, "output"):
             if t.device != self.target:
-                self.events.append(OutputOffDevice(path, str(t.device), _dtype(t), _shape(t),
-                                                   self.provenance(t)))
+                prov = self.provenance(t)
+                self.prov.mark(prov, "met_device")
+                self.events.append(OutputOffDevice(path, str(t.device), _dtype(t), _shape(t), prov))
 
     # -- per call ---------------------------------------------------------------------------------
     def on_call(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -539,6 +540,8 @@ class Tracer:
                 prov = self.provenance(t)
                 if not scalar or prov.path:  # PC205 reports a scalar only when it is stored
                     self.prov.mark(prov, "fed_mismatch", creations=False)
+                if not scalar:
+                    self.prov.mark(prov, "met_device")
                 if key not in self._recorded:
                     self._recorded.add(key)
                     self.events.append(ImplicitTransfer(op_name(func), scalar, site, prov,
@@ -676,19 +679,10 @@ class Tracer:
             if event.site.source in lazy_lines:
                 return None  # the parameters of a layer built in forward: that is PC203
             fed = event.fed_mismatch
-            if not fed and (event.moved or event.shape == ()):
-                # moved to the device explicitly before use (seed 002's `torch.randn(...).to(device)`),
-                # or a 0-dim scalar, which PyTorch reads on the host like a Python number
-                return None
-            return _make("PC202", event.site, Severity.ERROR if fed else None, device=event.device,
-                         expected=target, dtype=event.dtype, shape=event.shape, origin=event.site.source,
-                         message=(f"{event.op} in forward creates {event.dtype}{list(event.shape or [])} on "
-                                  f"{event.device}, not {target}"
-                                  + (": it then fed a device mismatch" if fed else "")),
-                         hint=("tensors created in forward land on the default device (the CPU), not the "
-                               "input's: pass device=x.device (and dtype=x.dtype), or use torch.zeros_like/"
-                               "x.new_zeros"),
-                         details=(("op", event.op),))
+            if fed or event.moved or (event.met_device and event.shape != ()):
+                return self._creation_finding(event)
+            # CPU-side work never copied to the device, or a 0-dim scalar PyTorch reads on the host
+            return None
         if isinstance(event, HostSync):
             return _make("PC204", event.site, None, device=event.device, expected=target,
                          message=f"{event.op} on a {event.device} tensor in forward waits for the device "
@@ -757,11 +751,32 @@ class Tracer:
                               "it so that .to() moves it", details=(("op", "backward"),))
         return None
 
+    def _creation_finding(self, event: Creation) -> Finding:
+        target = self.target_name
+        fed = event.fed_mismatch
+        copied = event.moved and not fed and event.moved_at is not None
+        shown = f"{event.dtype}{list(event.shape or [])}"
+        if copied:
+            assert event.moved_at is not None
+            message = (f"{event.op} in forward creates {shown} on {event.device}, then copies it to "
+                       f"{event.moved_to or target} at {event.moved_at.source}: a host allocation and a "
+                       "blocking host-to-device copy on every call")
+            hint = ("create it on the device: pass device=x.device to the factory (torch.arange(n, "
+                    "device=x.device)), or, for a constant, build it once in __init__ with "
+                    "register_buffer(..., persistent=False)")
+        else:
+            message = (f"{event.op} in forward creates {shown} on {event.device}, not {target}"
+                       + (": it then fed a device mismatch" if fed else ""))
+            hint = _created_hint(event.device)
+        return _make("PC202", event.site, Severity.ERROR if fed else None, device=event.device,
+                     expected=target, dtype=event.dtype, shape=event.shape, origin=event.site.source,
+                     message=message, hint=hint, details=(("op", event.op),))
+
     def _mismatch_finding(self, event: Mismatch) -> Finding:
         prov = event.provenance
         if prov.creation is not None:
             hint = ("create it on the input's device: device=x.device (or torch.zeros_like / x.new_zeros); "
-                    "tensors created in forward land on the default device, the CPU")
+                    + _landed_on(prov.creation.device))
         elif prov.lazy:
             hint = "build the layer or parameter in __init__, so that .to() moves it"
         elif prov.linked is not None:
@@ -787,6 +802,22 @@ class Tracer:
 
 
 _PERFORMANCE_CODES = frozenset({"PC202", "PC204", "PC205"})
+
+
+def _landed_on(device: str) -> str:
+    """Why a tensor created in forward is on ``device``: the default device, or a hard-coded one."""
+    if device.startswith(("cpu", "meta")):
+        return "tensors created in forward land on the default device, the CPU"
+    return (f"a hard-coded device (.cuda(), device=\"cuda\") put it on {device}, whatever the input's "
+            "device")
+
+
+def _created_hint(device: str) -> str:
+    if device.startswith(("cpu", "meta")):
+        return ("tensors created in forward land on the default device (the CPU), not the input's: pass "
+                "device=x.device (and dtype=x.dtype), or use torch.zeros_like/x.new_zeros")
+    return (f"a hard-coded device (.cuda(), device=\"cuda\") put it on {device}, not the input's: pass "
+            "device=x.device (and dtype=x.dtype), or use torch.zeros_like/x.new_zeros")
 
 
 def _also_from(first: Finding, origin: str) -> Finding:

@@ -17,11 +17,14 @@ import pytest
 import torch
 import torch.nn as nn
 from conftest import TESTS, load_file
+from forward_helpers import ungrouped  # noqa: F401 (the fixture)
 from typer.testing import CliRunner
 
 import placecheck
 from placecheck.cli import app
 from placecheck.engine import SIMULATED_CUDA, SIMULATED_GPU_NAME, simulated_cuda
+
+pytestmark = pytest.mark.usefixtures("ungrouped")
 
 FIXTURES = TESTS / "fixtures" / "simulation"
 CUDA_IN_INIT = FIXTURES / "cuda_in_init.py"
@@ -42,10 +45,10 @@ def rows(report: placecheck.Report) -> list[tuple[str, str, str]]:
 # stray CPU tensor beside them is not, and using it in forward is a mismatch.
 CUDA_IN_INIT_CASES = {
     "DeviceKeyword": [],
-    "BufferOnCuda": [("PC101", "stray", "")],
-    "CudaCall": [("PC101", "stray", "")],
-    "IsAvailable": [("PC101", "stray", ""), ("PC201", "", "cuda_in_init.py:59")],
-    "moved_by_factory": [("PC101", "mask", "")],
+    "BufferOnCuda": [("PC101", "stray", "cuda_in_init.py:30")],
+    "CudaCall": [("PC101", "stray", "cuda_in_init.py:42")],
+    "IsAvailable": [("PC101", "stray", "cuda_in_init.py:56"), ("PC201", "", "cuda_in_init.py:59")],
+    "moved_by_factory": [("PC101", "mask", "cuda_in_init.py:66")],
 }
 
 
@@ -74,7 +77,8 @@ def test_cuda_tensors_created_in_init_from_the_cli(name: str) -> None:
     assert result.exit_code == (1 if walk_rows else 0), result.stderr
     report = json.loads(result.stdout)
     assert report["engine"] == SIMULATED_CUDA
-    assert sorted((f["code"], f["where"], "") for f in report["findings"]) == walk_rows
+    found = sorted((f["code"], f["where"], f["source"].rsplit("/", 1)[-1]) for f in report["findings"])
+    assert found == walk_rows
 
 
 @no_gpu

@@ -164,7 +164,8 @@ def test_auto_falls_back_to_real_values_for_item_and_boolean_masks_and_says_why(
     assert f"{HERE}:" in report.notes[0]  # the user's line that the fake engine could not run
     codes = sorted((f.code, int(f.source.rpartition(":")[2]) if f.source else 0) for f in report.findings)
     # boolean-mask indexing is a host sync too: the host reads how many elements the mask selects
-    assert codes == [("PC101", 0), ("PC201", _line_of("MARK offset")), ("PC204", _line_of("MARK mask")),
+    assert codes == [("PC101", _line_of("self.offset = torch.ones(4)  # plain attribute")),
+                     ("PC201", _line_of("MARK offset")), ("PC204", _line_of("MARK mask")),
                      ("PC204", _line_of("MARK item"))]
 
 
@@ -174,7 +175,8 @@ def test_fake_engine_alone_reports_that_it_could_not_run_the_forward() -> None:
     assert any("forward: checked only up to" in n and "--engine tagged" in n for n in report.notes)
     # stopped at the boolean mask, which it reports as the host sync it is
     assert sorted((f.code, f.source.rpartition("/")[2]) for f in report.findings) == [
-        ("PC101", ""), ("PC204", f"{HERE}:{_line_of('MARK mask')}")]
+        ("PC101", f"{HERE}:{_line_of('self.offset = torch.ones(4)  # plain attribute')}"),
+        ("PC204", f"{HERE}:{_line_of('MARK mask')}")]
 
 
 class MismatchThenMask(nn.Module):
