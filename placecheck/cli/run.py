@@ -12,7 +12,7 @@ from placecheck.formats import OutputFormat
 from placecheck.output import OutputOptions, emit, fail, model_output_to_stderr
 from placecheck.report import FAIL_ON_CHOICES
 
-RUN_HELP = """Run a training or inference script on a simulated GPU and report every placement problem it meets.
+RUN_HELP = """Run a training or inference script on a simulated GPU: every placement problem it meets.
 
 The script REALLY RUNS, as `python SCRIPT.py ARGS` would (as __main__, with
 sys.argv, its directory on sys.path, the current working directory): files it

@@ -74,7 +74,7 @@ _MAX_RETRIES = 4
 _PIN_WARNING = "'pin_memory' argument is set as true but no accelerator is found"
 
 
-class StopRun(BaseException):  # noqa: N818 (not an error: the run's planned end)
+class StopRun(BaseException):
     """Raised into the script to end the run early (``--steps`` reached, ``--timeout``).
 
     A ``BaseException``, so the script's own ``except Exception`` does not swallow it.
@@ -313,7 +313,8 @@ class RunRecorder:
         """One torch call: run it, recording syncs, copies and mismatches."""
         if self._quiet:
             return func(*args, **kwargs)
-        if func in _HOST_SYNC and args and isinstance(args[0], torch.Tensor) and args[0].device.type == "cuda":
+        if func in _HOST_SYNC and args and isinstance(args[0], torch.Tensor) \
+                and args[0].device.type == "cuda":
             self._record_sync(func.__name__, args[0])
             with self.quiet():
                 return func(*args, **kwargs)
@@ -416,7 +417,8 @@ class RunRecorder:
                    f"raises 'Expected all tensors to be on the same device'")
         self._add(Finding(
             code=r.code, kind=r.kind, severity=r.severity, where=where, message=message, hint=hint,
-            source=line, device=str(t.device), expected=str(reference), dtype=str(t.dtype).removeprefix("torch."),
+            source=line, device=str(t.device), expected=str(reference),
+            dtype=str(t.dtype).removeprefix("torch."),
             shape=tuple(t.shape), nbytes=_nbytes(t), count=1, origin=origin_text,
             details=(("op", op),)), key_extra=f"{where}|{origin_text}")
 
@@ -576,8 +578,10 @@ class RunRecorder:
             line = self._resumed.get(opt) or self.optimizers.get(opt, "")
             state_on, params_on = ", ".join(sorted(devices)), ", ".join(sorted(param_devices))
             self._add(Finding(
-                code=r.code, kind=r.kind, severity=r.severity, where=f"{type(opt).__name__}.param_groups[{index}]",
-                message=(f"{off_count} state tensor{'s' if off_count != 1 else ''} ({human_bytes(off_bytes)}) "
+                code=r.code, kind=r.kind, severity=r.severity,
+                where=f"{type(opt).__name__}.param_groups[{index}]",
+                message=(f"{off_count} state tensor{'s' if off_count != 1 else ''} "
+                         f"({human_bytes(off_bytes)}) "
                          f"of param group {index} {'are' if off_count != 1 else 'is'} on {state_on} while "
                          f"the parameters are on {params_on}: the first step mixes devices"),
                 hint=("load_state_dict casts the state to where the parameters are at that moment: move "
@@ -715,7 +719,8 @@ class RunRecorder:
                 out.append(Finding(
                     code=r.code, kind=r.kind, severity=r.severity, where=module, source=line, device=device,
                     expected=device, count=count,
-                    message=f"{call} of a {device} tensor in {module}.forward waits for the GPU on every call",
+                    message=f"{call} of a {device} tensor in {module}.forward waits for the GPU on every "
+                            "call",
                     hint="keep the value on the device (torch.where, masks), or compute it outside forward",
                     details=(("call", call), ("calls", str(count)))))
                 continue
@@ -739,7 +744,8 @@ class RunRecorder:
                 code=r.code, kind=r.kind, severity=r.severity, where="", source=line, device="cpu",
                 expected=copies.device, nbytes=copies.nbytes, count=len(copies.steps),
                 message=(f"the same {human_bytes(copies.nbytes)} host tensor is copied to {copies.device} at "
-                         f"every step ({len(copies.steps)} steps seen): {human_bytes(copies.nbytes)} per step "
+                         f"every step ({len(copies.steps)} steps seen): {human_bytes(copies.nbytes)} per "
+                         "step "
                          "over the bus for data that does not change"),
                 hint="move it to the device once, before the loop, and index the device copy",
                 details=(("bytes per step", str(copies.nbytes)),)))
@@ -751,7 +757,8 @@ class RunRecorder:
         for (line, loop, pinned), paths in self.batch_copies.items():
             what = ", ".join(paths)
             if pinned:
-                notes.append(f"{line}: {what} from pinned memory (a DataLoader with pin_memory=True, iterated "
+                notes.append(f"{line}: {what} from pinned memory (a DataLoader with pin_memory=True, "
+                             "iterated "
                              f"at {loop}) copied with a blocking .to(): non_blocking=True lets the copy "
                              "overlap with compute")
             else:

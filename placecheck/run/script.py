@@ -137,7 +137,7 @@ def execute(program: Program, timeout: float | None = None, notes: list[str] | N
         except SystemExit as exc:
             code = exc.code if exc.code is not None else 0
             return Outcome("exit", raised_at(exc), exit_code=code)
-        except BaseException as exc:  # noqa: BLE001 (the program's own failure is reported, not raised)
+        except BaseException as exc:  # the program's own failure is reported, not raised
             if isinstance(exc, KeyboardInterrupt):
                 raise
             return Outcome("error", raised_at(exc), error=exc)

@@ -85,7 +85,7 @@ def _own(filename: str) -> bool:
 def called_from_user() -> str:
     """``file:line`` when the torch call being handled was made by the user's code itself (not by
     torch or a library on its behalf, as ``nn.Linear.__init__`` calls ``torch.empty``); else ""."""
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     while frame is not None and _own(frame.f_code.co_filename):
         frame = frame.f_back
     if frame is None or is_foreign(frame.f_code):
