@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 
@@ -29,11 +29,71 @@ class Severity(str, enum.Enum):
 
 
 @dataclass(frozen=True)
+class Evidence:
+    """A finding that another problem caused, kept inside that problem (:attr:`Finding.evidence`).
+
+    A forward-pass mismatch fed by a stray tensor or by a tensor created off the
+    device says where the bug *bites*; the stray tensor or the creating line is
+    the problem to fix.
+    """
+
+    code: str
+    """The code of the linked finding, e.g. ``PC201``."""
+    kind: str
+    severity: Severity
+    where: str
+    """Path of the module whose forward ran the line (``""`` for the root)."""
+    source: str
+    """``file:line`` of the line that ran."""
+    message: str
+    op: str = ""
+    """The op that ran there (``Tensor.mul``), when the finding names one."""
+    origin: str = ""
+
+    @staticmethod
+    def of(finding: Finding) -> Evidence:
+        """The evidence record of ``finding`` (its instances and evidence are not kept)."""
+        return Evidence(code=finding.code, kind=finding.kind, severity=finding.severity,
+                        where=finding.where, source=finding.source, message=finding.message,
+                        op=dict(finding.details).get("op", ""), origin=finding.origin)
+
+    def summary(self) -> str:
+        """What happens where: ``crashes on a GPU at net.py:33 in blocks.0: Tensor.mul mixed ...``."""
+        effect = _EFFECT.get(self.code, self.kind)
+        place = f" at {self.source}" if self.source else ""
+        headline = self.message.partition(": ")[0] if ": " in self.message else self.message
+        return f"{effect}{place} in {self.where or '<root>'}: {headline}"
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["severity"] = self.severity.value
+        return data
+
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> Evidence:
+        """The inverse of :meth:`to_dict`."""
+        names = {f.name for f in fields(Evidence)}
+        values = {k: v for k, v in data.items() if k in names}
+        values["severity"] = Severity(values["severity"])
+        return Evidence(**values)
+
+
+_EFFECT = {"PC201": "crashes on a GPU", "PC204": "waits for the GPU",
+           "PC205": "copies to the GPU on every call",
+           "PC206": "returned off the device", "PC208": "copies between devices"}
+"""What a linked finding does, said from the user's side (others use the rule's kind)."""
+
+
+@dataclass(frozen=True)
 class Finding:
     """One placement problem.
 
     The first nine fields are the public JSON contract (see PLACEMENT.md);
-    the rest add detail that formats may show.
+    the rest add detail that formats may show. A report groups findings that
+    share a root cause into one problem (:mod:`placecheck.problems`): the
+    problem is a ``Finding`` whose ``where``/``source`` are its first
+    instance's, with every instance's ``where`` in ``instances`` and the
+    findings it caused in ``evidence``. Ungrouped (``--no-group``), both are empty.
     """
 
     code: str
@@ -72,6 +132,11 @@ class Finding:
     """Dotted path of the module that owns the offending state."""
     details: tuple[tuple[str, str], ...] = field(default_factory=tuple)
     """Extra key/value facts (op name, dtype pairs, ...), in a fixed order."""
+    instances: tuple[str, ...] = ()
+    """Every ``where`` this problem covers, the first first (``blocks.0.mask`` ... ``blocks.23.mask``);
+    empty for an ungrouped finding. ``nbytes`` and ``count`` then total all instances."""
+    evidence: tuple[Evidence, ...] = ()
+    """The findings this problem caused (a mismatch fed by the stray tensor), in report order."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict, keys in declaration order."""
@@ -79,7 +144,27 @@ class Finding:
         data["severity"] = self.severity.value
         data["shape"] = list(self.shape) if self.shape is not None else None
         data["details"] = dict(self.details)
+        data["instances"] = list(self.instances)
+        data["evidence"] = [e.to_dict() for e in self.evidence]
         return data
+
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> Finding:
+        """The inverse of :meth:`to_dict` (unknown keys, such as a run's ``target``, are ignored)."""
+        names = {f.name for f in fields(Finding)}
+        values = {k: v for k, v in data.items() if k in names}
+        values["severity"] = Severity(values["severity"])
+        if values.get("shape") is not None:
+            values["shape"] = tuple(values["shape"])
+        values["details"] = tuple((str(k), str(v)) for k, v in (values.get("details") or {}).items())
+        values["instances"] = tuple(str(w) for w in values.get("instances") or ())
+        values["evidence"] = tuple(Evidence.from_dict(e) for e in values.get("evidence") or ())
+        return Finding(**values)
+
+    @property
+    def instance_count(self) -> int:
+        """How many per-instance findings this covers (what ``--no-group`` would list)."""
+        return max(1, len(self.instances)) + len(self.evidence)
 
     @property
     def sort_key(self) -> tuple[int, str, tuple[str | int, ...], tuple[str | int, ...], str]:

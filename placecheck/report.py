@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from placecheck import problems
 from placecheck.finding import Finding, Severity
 
 EXIT_OK = 0
@@ -22,8 +23,10 @@ class Report:
     """What one audit found.
 
     ``findings`` are sorted deterministically (worst first, then code and
-    location); ``notes`` are human remarks on how the audit ran (the engine
-    chosen, an inferred input, a fallback taken).
+    location); built with ``group=True`` (an audit's default) they are *problems*:
+    findings sharing a root cause grouped into one (see
+    :mod:`placecheck.problems`). ``notes`` are human remarks on how the audit
+    ran (the engine chosen, an inferred input, a fallback taken).
     """
 
     target: str
@@ -44,13 +47,24 @@ class Report:
     def build(
         target: str, device: str, engine: str, findings: Iterable[Finding],
         notes: Iterable[str] = (), stats: dict[str, int] | None = None, incomplete: str = "",
+        group: bool = False,
     ) -> Report:
-        """Make a report with findings in their canonical order."""
+        """Make a report with findings in their canonical order.
+
+        ``group``: one finding per problem (root cause), with its instances and
+        evidence (what ``audit()`` gives by default, ``AuditOptions.group``);
+        ``False`` keeps one finding per instance (``--no-group``).
+        """
+        ordered = problems.group(findings) if group else sorted(findings, key=lambda f: f.sort_key)
         return Report(
             target=target, device=device, engine=engine,
-            findings=tuple(sorted(findings, key=lambda f: f.sort_key)),
+            findings=tuple(ordered),
             notes=tuple(notes), stats=tuple((stats or {}).items()), incomplete=incomplete,
         )
+
+    def grouped(self) -> Report:
+        """This report with its findings grouped into problems (the same report when they already are)."""
+        return replace(self, findings=tuple(problems.group(self.findings)))
 
     @property
     def ok(self) -> bool:
@@ -73,10 +87,15 @@ class Report:
         """Bytes of tensor data found off the target device."""
         return sum(f.nbytes for f in self.findings if f.device and f.device != f.expected)
 
+    def instances(self) -> int:
+        """The per-instance findings the problems cover (what ``--no-group`` lists), evidence included."""
+        return sum(f.instance_count for f in self.findings)
+
     def summary(self) -> dict[str, Any]:
         """Machine-readable summary (used by the JSON format)."""
         return {
             "problems": len(self.findings),
+            "instances": self.instances(),
             "modules": len(self.modules()),
             **{f"{k}s" if k != "info" else k: v for k, v in self.counts().items()},
             "bytes_off_device": self.bytes_off_device(),
@@ -85,14 +104,19 @@ class Report:
         }
 
     def summary_line(self) -> str:
-        """One line, e.g. ``3 problems in 2 modules: 2 errors, 1 warning; 1.2 MiB not on cuda:0``."""
+        """One line, e.g. ``3 problems (5 instances) in 2 modules: 2 errors; 1.2 MiB not on cuda:0``.
+
+        The instance count is shown when grouping made it differ from the problem count.
+        """
         n = len(self.findings)
         if n == 0:
             line = f"no placement problems found on {self.device} ({self.engine})"
         else:
             mods = len(self.modules())
             parts = [plural(v, k) for k, v in self.counts().items() if v]
-            line = f"{plural(n, 'problem')} in {plural(mods, 'module')}: {', '.join(parts)}"
+            instances = self.instances()
+            grouped = f" ({plural(instances, 'instance')})" if instances != n else ""
+            line = f"{plural(n, 'problem')}{grouped} in {plural(mods, 'module')}: {', '.join(parts)}"
             off = self.bytes_off_device()
             if off:
                 line += f"; {human_bytes(off)} not on {self.device}"

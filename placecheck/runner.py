@@ -27,14 +27,14 @@ import tempfile
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from placecheck.config import ModelConfig, RunConfig, apply_allows
 from placecheck.devices import normalize_device
 from placecheck.errors import PlacecheckError, UsageError, one_line
-from placecheck.finding import Finding, Severity
+from placecheck.finding import Finding
 from placecheck.report import Report
 from placecheck.rules import expand, rule
 
@@ -62,13 +62,7 @@ class ModelOutcome:
 
 def finding_from_dict(data: dict[str, Any]) -> Finding:
     """The inverse of :meth:`Finding.to_dict`."""
-    names = {f.name for f in fields(Finding)}
-    values = {k: v for k, v in data.items() if k in names}
-    values["severity"] = Severity(values["severity"])
-    if values.get("shape") is not None:
-        values["shape"] = tuple(values["shape"])
-    values["details"] = tuple((str(k), str(v)) for k, v in (values.get("details") or {}).items())
-    return Finding(**values)
+    return Finding.from_dict(data)
 
 
 def report_from_dict(data: dict[str, Any]) -> Report:

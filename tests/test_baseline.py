@@ -23,8 +23,8 @@ def _f(code: str, where: str, source: str = "", message: str = "m") -> Finding:
                    source=source)
 
 
-def _report(target: str, *findings: Finding) -> Report:
-    return Report.build(target, "cuda:0", "fake", findings)
+def _report(target: str, *findings: Finding, group: bool = True) -> Report:
+    return Report.build(target, "cuda:0", "fake", findings, group=group)
 
 
 def test_round_trip_hides_everything(tmp_path: Path) -> None:
@@ -50,7 +50,9 @@ def test_new_findings_and_counts(tmp_path: Path) -> None:
     baseline.write(path, [_report("a:A", two, replace(two, source="net.py:2"))])
     assert json.loads(path.read_text())["entries"][0]["count"] == 2
     # a third finding with the same key, one in another module, one in another model: all new
-    later = [_report("a:A", two, two, two, _f("PC202", "other", "net.py:1")), _report("b:B", two)]
+    # (ungrouped: grouped, three identical findings are one problem)
+    later = [_report("a:A", two, two, two, _f("PC202", "other", "net.py:1"), group=False),
+             _report("b:B", two)]
     result = baseline.apply(later, baseline.read(path))
     assert [(f.code, f.where) for f in result.reports[0].findings] == [("PC202", "blk"), ("PC202", "other")]
     assert len(result.reports[1].findings) == 1
@@ -153,3 +155,61 @@ def test_a_config_run_reports_entries_of_models_no_longer_listed(tmp_path: Path,
     assert "1 stale entry" in capsys.readouterr().err
     assert finish_with_baseline([_report("a:A")], out, str(path), None, load_error=False) == 0
     assert "stale" not in capsys.readouterr().err
+
+
+# ---- problems (issue 10): keyed by problem; version-1 files still read ----------------------------
+
+V1_BASELINE = REPO / "tests" / "fixtures" / "baseline" / "buggy.v1.json"
+"""Written by placecheck before grouping (baseline version 1, one entry per finding) for the demo model."""
+
+
+def _buggy(monkeypatch: pytest.MonkeyPatch) -> Report:
+    from conftest import load_file
+
+    import placecheck
+
+    monkeypatch.chdir(REPO)  # sources repository-relative, as when the file was written
+    model = load_file(REPO / "placecheck" / "examples" / "buggy.py", "BuggyNet")
+    return placecheck.audit(model, device="cuda", engine="fake", init="cpu",
+                            target="placecheck/examples/buggy.py:BuggyNet")
+
+
+def test_a_version_1_baseline_still_hides_what_it_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert json.loads(V1_BASELINE.read_text())["placecheck_baseline"] == 1
+    report = _buggy(monkeypatch)
+    for run in (report.grouped(), report):  # problems, and --no-group
+        result = baseline.apply([run], baseline.read(V1_BASELINE))
+        assert result.reports[0].findings == () and result.stale == ()
+        assert result.suppressed == len(run.findings)
+    # a new problem is still new, and an entry that matches nothing any more is stale
+    extra = _f("PC102", "towers[0]")
+    fixed = replace(report, findings=tuple(f for f in report.findings if not f.where.endswith("mask")))
+    result = baseline.apply([replace(fixed, findings=(*fixed.findings, extra)).grouped()],
+                            baseline.read(V1_BASELINE))
+    assert [(f.code, f.where) for f in result.reports[0].findings] == [("PC102", "towers[0]")]
+    assert sorted(s.where for s in result.stale) == ["blocks.0.mask", "blocks.1.mask"]
+
+
+def test_a_version_1_walk_entry_matches_once_walk_findings_carry_their_line(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # version-1 walk entries have no file (walk findings had no source then)
+    report = _buggy(monkeypatch)
+    with_lines = [replace(f, source="placecheck/examples/buggy.py:27") if f.code.startswith("PC1") else f
+                  for f in report.findings]
+    run = replace(report, findings=tuple(with_lines)).grouped()
+    assert baseline.apply([run], baseline.read(V1_BASELINE)).reports[0].findings == ()
+
+
+def test_problem_keys_survive_a_change_in_the_instance_count(tmp_path: Path) -> None:
+    path = tmp_path / "b.json"
+    masks = [replace(_f("PC101", f"blocks.{i}.mask"), module=f"blocks.{i}") for i in range(24)]
+    assert baseline.write(path, [_report("a:A", *masks[:12])]) == 1  # one problem recorded
+    data = json.loads(path.read_text())
+    (entry,) = data["entries"]
+    assert (data["placecheck_baseline"], entry["where"], entry["instance"]) == (
+        2, "blocks.*.mask", "blocks.0.mask")
+    grown = baseline.apply([_report("a:A", *masks)], baseline.read(path))
+    assert grown.reports[0].findings == () and grown.stale == ()
+    other = baseline.apply([_report("a:A", _f("PC101", "blocks.0.bias"))], baseline.read(path))
+    assert len(other.reports[0].findings) == 1
+    assert [s.describe() for s in other.stale] == ["a:A: PC101 at blocks.0.mask"]

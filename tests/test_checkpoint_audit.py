@@ -57,6 +57,17 @@ def test_a_ddp_checkpoint_loads_after_the_prefix_fix(tmp_path: Path) -> None:
     assert [(f.code, f.where) for f in loaded.findings] == [("PC302", "<prefix module.>")]
     assert torch.equal(model.fc.bias, state["module.fc.bias"])
     assert "3 of 3 tensors loaded from 'model'" in loaded.notes[0]
+    # the lenient load is placecheck's: a training script's strict load raises, and the note says so
+    assert "as a training script would" not in loaded.notes[0]
+    assert ("load_state_dict(state) (strict=True, the default) raises: every key is missing and "
+            "unexpected (prefix 'module.')") in loaded.notes[0]
+
+
+def test_the_load_note_says_a_strict_load_accepts_a_matching_checkpoint(tmp_path: Path) -> None:
+    path = tmp_path / "plain.pt"
+    torch.save(_trained(), path)
+    loaded = load_into_model(Small(), str(path), device="cpu", engine=choose_engine("cpu"))
+    assert loaded.notes[0].endswith("a strict load_state_dict (the default) accepts it as it is")
 
 
 def test_shape_mismatch_is_reported_and_the_rest_still_loads(tmp_path: Path) -> None:

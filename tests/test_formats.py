@@ -35,6 +35,12 @@ def in_repo(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(REPO)
 
 
+@pytest.fixture(autouse=True)
+def no_columns(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the table honours $COLUMNS when piped: the goldens are the 80-column default
+    monkeypatch.delenv("COLUMNS", raising=False)
+
+
 def _cli(*args: str) -> str:
     result = CliRunner().invoke(app, ["audit", TARGET, *STABLE, *args])
     assert result.exit_code == 1, result.stderr
@@ -65,6 +71,16 @@ def test_json_golden(golden: Callable[[str, str], None]) -> None:
 
 
 @pytest.mark.usefixtures("in_repo")
+@pytest.mark.parametrize("fmt, name", [(OutputFormat.TABLE, "buggy.grouped.table.txt"),
+                                       (OutputFormat.JSON, "buggy.grouped.json"),
+                                       (OutputFormat.SARIF, "buggy.grouped.sarif")], ids=str)
+def test_grouped_golden(fmt: OutputFormat, name: str, golden: Callable[[str, str], None]) -> None:
+    # the demo's 18 findings as problems: one per root cause, the mismatches as their evidence
+    text = formatter_for(fmt).format(_python_report().grouped())
+    golden(name, text.replace(placecheck.__version__, "VERSION"))
+
+
+@pytest.mark.usefixtures("in_repo")
 def test_formatters_usable_from_python_give_the_cli_output() -> None:
     report = _python_report()
     assert formatter_for(OutputFormat.TABLE).format(report) == _cli()
@@ -77,14 +93,17 @@ def test_output_is_deterministic() -> None:
     assert _cli("-f", "json") == _cli("-f", "json")
 
 
-def test_table_shows_device_size_and_summary() -> None:
+def test_table_shows_problem_fix_and_summary() -> None:
+    # the device and size columns are gone (issue 10: severity, code, where, source, problem per row);
+    # the bytes off the device are in the summary line, the rest in --format json
     finding = Finding(code="PC102", kind="unregistered-module", severity=Severity.ERROR,
                       where="heads[0]", message="m", hint="use nn.ModuleList", device="cpu",
                       expected="cuda:0", nbytes=2048, count=3, module="")
     text = formatter_for(OutputFormat.TABLE).format(Report.build("Net", "cuda:0", "cuda", [finding]))
     lines = text.splitlines()
     assert lines[0] == "placecheck: Net on cuda:0 (cuda)"
-    assert "cpu → cuda:0" in text and "2.0 KiB (3 tensors)" in text and "fix: use nn.ModuleList" in text
+    assert lines[2:4] == ["error   PC102 heads[0]", "              m"]
+    assert "  PC102 unregistered-module: use nn.ModuleList" in lines
     assert lines[-1] == "1 problem in 1 module: 1 error; 2.0 KiB not on cuda:0"
 
 
@@ -112,24 +131,59 @@ def test_json_contract_fields() -> None:
     assert out["shape"] == [2, 3] and out["nbytes"] == 24
 
 
-def _grid_width(text: str) -> int:
-    return max(len(line) for line in text.splitlines() if line[:1] in "┌│├└")
+def _widest(text: str) -> int:
+    return max(len(line) for line in text.splitlines())
 
 
-@pytest.mark.parametrize("width, compact", [(100, True), (120, True), (140, False)])
-def test_table_fits_the_terminal_it_is_written_to(width: int, compact: bool) -> None:
-    report = _python_report()
+@pytest.mark.parametrize("grouped", [False, True], ids=["no-group", "group"])
+@pytest.mark.parametrize("width", [60, 80, 100, 120])
+def test_table_fits_the_terminal_it_is_written_to(width: int, grouped: bool) -> None:
+    report = _python_report().grouped() if grouped else _python_report()
     fixed = formatter_for(OutputFormat.TABLE).format(report)
-    assert _grid_width(fixed) > 140  # the file/pipe layout: wide and always the same
+    assert 70 < _widest(fixed) <= 80  # a file, a pipe, a CI log: 80 columns, the same everywhere
     fitted = formatter_for(OutputFormat.TABLE, width).format(report)
-    assert _grid_width(fitted) <= width
-    def letters(text: str) -> list[str]:
-        return sorted(ch for ch in text if not ch.isspace() and ch not in "┌┬┐├┼┤└┴┘│─")
+    assert _widest(fitted) <= width
+    # wrapped at word boundaries only: the same words, none broken (``self.register_buffe`` / ``r(...)``)
+    assert fitted.split() == fixed.split()
+    assert 'self.register_buffer("mask",' in fitted.split()
 
-    if compact:  # severity beside the code, no column of its own
-        assert "severity" not in fitted and "PC101 error" in fitted
-    else:  # the same text, only wrapped narrower
-        assert letters(fitted) == letters(fixed)
+
+def test_table_honours_columns_when_piped(monkeypatch: pytest.MonkeyPatch) -> None:
+    report = _python_report()
+    monkeypatch.setenv("COLUMNS", "80")
+    at_80 = formatter_for(OutputFormat.TABLE).format(report)
+    assert _widest(at_80) <= 80
+    monkeypatch.setenv("COLUMNS", "120")
+    at_120 = formatter_for(OutputFormat.TABLE).format(report)
+    assert 80 < _widest(at_120) <= 120
+    assert at_120.split() == at_80.split()
+
+
+def test_table_problem_takes_at_most_three_lines_at_100_columns() -> None:
+    report = _python_report().grouped()
+    text = formatter_for(OutputFormat.TABLE, 100).format(report)
+    blocks: list[list[str]] = []
+    for line in text.splitlines():
+        if line[:7].rstrip() in ("error", "warning", "info") and line[8:10] == "PC":
+            blocks.append([line])
+        elif blocks and line.startswith(" " * 14) and not line.startswith(" " * 17) \
+                and not line.lstrip().startswith("->"):
+            blocks[-1].append(line)  # the problem's own lines (-> lines and theirs: what it caused)
+        elif blocks and not line.startswith(" "):
+            break
+    assert len(blocks) == len(report.findings)
+    assert max(len(b) for b in blocks) <= 3
+
+
+def test_table_hints_once_per_rule_or_on_every_row() -> None:
+    twice = [Finding(code="PC202", kind="created-off-device", severity=Severity.WARNING, where="",
+                     message=f"m{n}", hint="pass device=x.device", source=f"net.py:{n}") for n in (3, 9)]
+    report = Report.build("Net", "cuda:0", "cuda", twice, group=True)
+    once = formatter_for(OutputFormat.TABLE).format(report)
+    assert once.count("pass device=x.device") == 1
+    assert "  PC202 created-off-device: pass device=x.device" in once.splitlines()
+    every = formatter_for(OutputFormat.TABLE, hints=True).format(report)
+    assert every.count("fix: pass device=x.device") == 2 and "how to fix" not in every
 
 
 def test_table_width_reaches_the_formatter_only_for_a_terminal(monkeypatch: pytest.MonkeyPatch,

@@ -47,6 +47,12 @@ RUN = [
 ]
 
 
+@pytest.fixture(autouse=True)
+def no_columns(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the table honours $COLUMNS when piped: the goldens are the 80-column default
+    monkeypatch.delenv("COLUMNS", raising=False)
+
+
 @pytest.fixture
 def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     # locations depend on which files exist under the current directory: make that fixed
@@ -114,7 +120,7 @@ def test_sarif_rules_results_and_locations() -> None:
     assert set(by_rule) == {"PC101", "PC204", "PC901"}
     for result in run["results"]:
         assert rules[result["ruleIndex"]]["id"] == result["ruleId"]
-        assert result["partialFingerprints"]["placecheck/v2"]
+        assert result["partialFingerprints"]["placecheck/v3"]
     # a finding with a source line points at it
     sync = by_rule["PC204"]["locations"][0]["physicalLocation"]
     assert sync == {"artifactLocation": {"uri": "pkg/net.py", "uriBaseId": "%SRCROOT%"},
@@ -213,7 +219,7 @@ def test_json_run_keeps_the_findings_contract() -> None:
     assert [m["target"] for m in data["models"]] == [r.target for r in RUN]
     assert len(data["findings"]) == 4 - 1  # every finding, each with its model
     assert {f["target"] for f in data["findings"]} == {"pkg/net.py:Net", "pkg.crashy:Model"}
-    assert data["summary"] == {"models": 3, "models_with_problems": 2, "problems": 3}
+    assert data["summary"] == {"models": 3, "models_with_problems": 2, "problems": 3, "instances": 3}
 
 
 def test_single_report_output_is_unchanged_by_the_run_interface() -> None:
@@ -248,7 +254,7 @@ def _root_forward(shift: int) -> Report:
 
 def _fingerprints(reports: list[Report]) -> list[str]:
     results = json.loads(_render(OutputFormat.SARIF, reports))["runs"][0]["results"]
-    return [r["partialFingerprints"]["placecheck/v2"] for r in results]
+    return [r["partialFingerprints"]["placecheck/v3"] for r in results]
 
 
 def test_sarif_fingerprints_tell_findings_of_one_module_apart() -> None:
@@ -260,8 +266,9 @@ def test_sarif_fingerprints_tell_findings_of_one_module_apart() -> None:
 
 
 def test_sarif_exact_duplicates_get_an_occurrence_index() -> None:
+    # ungrouped (--no-group): grouped, the two identical findings are one problem
     twice = _mismatch("Tensor.add", 54, "x", "y")
-    first = _fingerprints([Report.build("t:T", "cuda:0", "x", [twice, twice])])
+    first = _fingerprints([Report.build("t:T", "cuda:0", "x", [twice, twice], group=False)])
     assert len(set(first)) == 2
     assert _fingerprints([Report.build("t:T", "cuda:0", "x", [twice])])[0] == first[0]
 
@@ -342,3 +349,62 @@ def test_table_run_summary_counts_in_good_english() -> None:
     assert _render(OutputFormat.TABLE, one).endswith(
         "placecheck: 2 models, 1 with problems, 1 problem in all\n")
     assert _render(OutputFormat.TABLE).endswith("placecheck: 3 models, 2 with problems, 3 problems in all\n")
+
+
+# ---- problems: instances and evidence (issue 10) --------------------------------------------------
+
+
+def _blocks(n: int, source: str = "") -> Report:
+    """``n`` blocks that each keep a stray mask, and the mismatch the first one causes; grouped."""
+    strays = [replace(STRAY, where=f"blocks.{i}.mask", module=f"blocks.{i}", source=source) for i in range(n)]
+    crash = Finding(code="PC201", kind="device-mismatch", severity=Severity.ERROR, where="blocks.0",
+                    message="Tensor.mul mixed cpu and cuda:0: its argument is on cpu", hint="h",
+                    source="pkg/net.py:33", origin="blocks.0.mask", details=(("op", "Tensor.mul"),))
+    return Report.build("pkg/net.py:Net", "cuda:0", "simulated cuda", [*strays, crash], group=True)
+
+
+@pytest.mark.usefixtures("in_tmp")
+def test_sarif_one_result_per_problem_with_related_locations() -> None:
+    log = json.loads(_render(OutputFormat.SARIF, [_blocks(3)]))
+    jsonschema.validate(log, SCHEMA, cls=jsonschema.Draft4Validator)
+    (result,) = log["runs"][0]["results"]
+    related = result["relatedLocations"]
+    assert [r["id"] for r in related] == [1, 2, 3]
+    assert [r["logicalLocations"][0]["fullyQualifiedName"] for r in related] == [
+        "pkg/net.py:Net.blocks.1.mask", "pkg/net.py:Net.blocks.2.mask", "pkg/net.py:Net.blocks.0"]
+    crash = related[2]
+    assert crash["physicalLocation"]["region"] == {"startLine": 33}  # the evidence at its own line
+    assert crash["message"]["text"].startswith("PC201: crashes on a GPU at pkg/net.py:33 in blocks.0")
+    # no source of its own: the problem points at the line where it crashes
+    assert result["locations"][0]["physicalLocation"]["region"] == {"startLine": 33}
+    assert result["properties"]["instances"] == ["blocks.0.mask", "blocks.1.mask", "blocks.2.mask"]
+
+
+def test_sarif_fingerprint_is_stable_when_the_instance_count_changes() -> None:
+    assert _fingerprints([_blocks(2)]) == _fingerprints([_blocks(24)])
+    assert _fingerprints([_blocks(2)]) != _fingerprints([_root_forward(0)])[:1]
+
+
+@pytest.mark.usefixtures("in_tmp")
+def test_walk_findings_of_a_config_run_point_at_their_assignment_line() -> None:
+    # a --config run names its models by name: no file to fall back on, so the walk finding's
+    # source (the line that assigned the attribute) is what SARIF and GitHub point at
+    report = replace(_blocks(2, source="pkg/net.py:14"), target="encoder-small")
+    sarif = json.loads(_render(OutputFormat.SARIF, [report]))["runs"][0]["results"][0]
+    assert sarif["locations"][0]["physicalLocation"] == {
+        "artifactLocation": {"uri": "pkg/net.py", "uriBaseId": "%SRCROOT%"}, "region": {"startLine": 14}}
+    (annotation,) = [line for line in _render(OutputFormat.GITHUB, [report]).splitlines()
+                     if line.startswith("::")]
+    assert annotation.startswith("::error file=pkg/net.py,line=14,title=placecheck PC101 stray-tensor::")
+    assert "blocks.{0,1}.mask (2)" in annotation and "crashes on a GPU at pkg/net.py:33" in annotation
+
+
+def test_junit_and_markdown_show_a_problem_once_with_its_instances_and_evidence() -> None:
+    junit = _render(OutputFormat.JUNIT, [_blocks(3)])
+    assert junit.count("<failure ") == 1
+    assert "instances: blocks.0.mask, blocks.1.mask, blocks.2.mask" in junit
+    assert "caused PC201: crashes on a GPU at pkg/net.py:33" in junit
+    markdown = _render(OutputFormat.MARKDOWN, [_blocks(3)])
+    rows = [line for line in markdown.splitlines() if line.startswith("| ")]
+    assert len(rows) == 2 + 1 and "`blocks.{0..2}.mask (3)`" in rows[2]
+    assert "→ crashes on a GPU at pkg/net.py:33" in rows[2]

@@ -46,8 +46,9 @@ def test_summary_line_clean() -> None:
 def test_summary_dict() -> None:
     report = Report.build("Net", "cuda:0", "cuda", [make(nbytes=5), make(severity=Severity.WARNING,
                                                                          where="x", nbytes=7)])
-    assert report.summary() == {"problems": 2, "modules": 1, "errors": 1, "warnings": 1, "info": 0,
-                                "bytes_off_device": 12, "incomplete": "", "line": report.summary_line()}
+    assert report.summary() == {"problems": 2, "instances": 2, "modules": 1, "errors": 1, "warnings": 1,
+                                "info": 0, "bytes_off_device": 12, "incomplete": "",
+                                "line": report.summary_line()}
 
 
 def test_an_incomplete_audit_says_so_in_its_summary() -> None:
@@ -125,7 +126,8 @@ def test_where_and_source_sort_naturally() -> None:
     wheres = ["blocks.10.mask", "blocks.2.mask", "blocks.1.mask", "blocks.2.cache['k']", "head", "blocks.2"]
     findings = [Finding(code="PC101", kind="stray-tensor", severity=Severity.ERROR, where=w, message="m",
                         hint="h") for w in wheres]
-    report = Report.build("t", "cuda:0", "simulated cuda", reversed(findings))
+    # ungrouped: with grouping the three blocks.N.mask are one problem (tests/test_problems.py)
+    report = Report.build("t", "cuda:0", "simulated cuda", reversed(findings), group=False)
     assert [f.where for f in report.findings] == [
         "blocks.1.mask", "blocks.2", "blocks.2.cache['k']", "blocks.2.mask", "blocks.10.mask", "head"]
     lines = [Finding(code="PC201", kind="k", severity=Severity.ERROR, where="", source=f"net.py:{n}",

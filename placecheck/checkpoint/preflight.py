@@ -469,6 +469,31 @@ def _load_by_format(meta: CheckpointMeta, map_location: str, trust: bool) -> Any
     return torch.load(meta.path, map_location=map_location, weights_only=not trust)
 
 
+def strict_load_verdict(comparison: Comparison) -> str:
+    """What ``model.load_state_dict(state)`` (``strict=True``, the default) would do with this checkpoint.
+
+    The audit loads leniently (prefix fixed, unloadable keys left out) so that it
+    can go on; a training script that loads strictly gets an exception instead,
+    and the note must not suggest otherwise.
+    """
+    codes = [f.code for f in comparison.findings]
+    reasons = []
+    if comparison.fix is not None:
+        reasons.append(f"every key is missing and unexpected (prefix {comparison.fix.prefix!r})")
+    missing = codes.count("PC302") - (comparison.fix is not None)
+    if missing:
+        reasons.append(f"{missing} missing key{'s' if missing != 1 else ''}")
+    if codes.count("PC303"):
+        reasons.append(f"{codes.count('PC303')} unexpected key{'s' if codes.count('PC303') != 1 else ''}")
+    if codes.count("PC304"):
+        reasons.append(f"{codes.count('PC304')} size mismatch{'es' if codes.count('PC304') != 1 else ''} "
+                       "(strict=False raises too)")
+    if not reasons:
+        return "; a strict load_state_dict (the default) accepts it as it is"
+    return ("; placecheck fixed or left out what does not load, but a training script's "
+            f"load_state_dict(state) (strict=True, the default) raises: {', '.join(reasons)}")
+
+
 def load_into_model(model: Any, path: str, *, device: str, engine: Any, key: str | None = None,
                     trust: bool = False, on_meta: bool = False, model_name: str = "the model") -> Loaded:
     """Check ``path`` against ``model`` (PC301-PC306), then load it into ``model`` in place.
@@ -521,9 +546,8 @@ def load_into_model(model: Any, path: str, *, device: str, engine: Any, key: str
         raise LoadError(f"model.load_state_dict(...) with {path!r} raised {one_line(exc)} "
                         "(--debug shows the traceback)") from exc
     notes = [f"checkpoint {path!r} ({meta.format}) loaded into the model with map_location="
-             f"{map_location!r} before .to({device!r}), as a training script would: "
-             f"{len(state)} of {len(sd_meta)} tensors loaded"
-             + (f" from {sd_path!r}" if sd_path else "")]
+             f"{map_location!r} before .to({device!r}): {len(state)} of {len(sd_meta)} tensors loaded"
+             + (f" from {sd_path!r}" if sd_path else "") + strict_load_verdict(comparison)]
     with contextlib.suppress(Exception):
         notes.append(device_table(device_usage(meta), meta.format))
     return Loaded(tuple(findings), tuple(notes))

@@ -35,13 +35,17 @@ class OutputFormat(str, enum.Enum):
         return self.value
 
 
-def formatter_for(fmt: OutputFormat, width: int | None = None) -> Formatter:
-    """The formatter for one ``--format`` choice; ``width``: the terminal's, when writing to one."""
+def formatter_for(fmt: OutputFormat, width: int | None = None, hints: bool = False) -> Formatter:
+    """The formatter for one ``--format`` choice.
+
+    ``width``: the terminal's, when writing to one; ``hints``: the table shows
+    the fix under every problem (``--hints``) instead of once per rule.
+    """
     match fmt:
         case OutputFormat.TABLE:
             from placecheck.formats.table import TableFormatter
 
-            return TableFormatter(width)
+            return TableFormatter(width, hints)
         case OutputFormat.JSON:
             from placecheck.formats.json import JsonFormatter
 

@@ -1,9 +1,11 @@
 """``--format github``: GitHub Actions workflow commands, shown as annotations on the PR.
 
-One ``::error``/``::warning``/``::notice`` line per finding, with ``file`` and
-``line`` from its source (or the file its model's TARGET names), then a
-summary line. Values are escaped as the runner expects (``%``, CR, LF; and
-``:`` and ``,`` inside properties).
+One ``::error``/``::warning``/``::notice`` line per problem, with ``file`` and
+``line`` from its source (for a walk finding, the line that assigned the
+attribute; else the first line where it did harm; else the file its model's
+TARGET names), naming its instances and what it caused, then a summary line.
+Values are escaped as the runner expects (``%``, CR, LF; and ``:`` and ``,``
+inside properties).
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from collections.abc import Sequence
 from placecheck.finding import Finding, Severity
 from placecheck.formats.base import RunFormatter
 from placecheck.formats.location import repo_path, split_source, target_file
+from placecheck.formats.sarif import problem_source
+from placecheck.problems import where_label
 from placecheck.report import Report
 
 _COMMAND = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "notice"}
@@ -29,8 +33,9 @@ def escape_property(text: str) -> str:
 
 
 def annotation(report: Report, f: Finding) -> str:
-    """The workflow command for one finding."""
-    path, line = split_source(f.source) if f.source else ("", None)
+    """The workflow command for one problem."""
+    source = problem_source(f)
+    path, line = split_source(source) if source else ("", None)
     path = repo_path(path) if path else ""
     if not path:
         path, line = target_file(report.target)
@@ -40,7 +45,8 @@ def annotation(report: Report, f: Finding) -> str:
         if line:
             props.append(f"line={line}")
     props.append(f"title={escape_property(f'placecheck {f.code} {f.kind}')}")
-    message = f"{report.target}: {f.where or '<root>'}: {f.message}"
+    message = f"{report.target}: {where_label(f)}: {f.message}"
+    message += "".join(f"\n{e.summary()}" for e in f.evidence)
     if f.hint:
         message += f"\nfix: {f.hint}"
     return f"::{_COMMAND[f.severity]} {','.join(props)}::{escape_data(message)}"

@@ -39,6 +39,7 @@ def run_to_dict(reports: Sequence[Report]) -> dict[str, Any]:
             "models": len(reports),
             "models_with_problems": sum(1 for r in reports if r.findings),
             "problems": sum(len(r.findings) for r in reports),
+            "instances": sum(r.instances() for r in reports),
         },
         "models": [report_to_dict(r) for r in reports],
         "findings": [{"target": r.target, **f.to_dict()} for r in reports for f in r.findings],

@@ -1,8 +1,8 @@
 """``--format junit``: JUnit XML, for CI systems that show test results.
 
 One ``<testsuite>`` for the run, one ``<testcase>`` per model, one
-``<failure>`` per finding (type = the code, message = the finding's message,
-text = where, source, devices and the fix). A model with no findings is a
+``<failure>`` per problem (type = the code, message = the problem's message,
+text = where, instances, source, devices, what it caused and the fix). A model with no findings is a
 passing test case. CI tools that accept only one failure per test case show
 the first; all of them are in the file.
 """
@@ -14,11 +14,14 @@ from collections.abc import Sequence
 
 from placecheck.finding import Finding
 from placecheck.formats.base import RunFormatter
+from placecheck.problems import where_label
 from placecheck.report import Report
 
 
 def _failure_text(f: Finding) -> str:
-    lines = [f"{f.code} {f.kind} ({f.severity.value}) at {f.where or '<root>'}"]
+    lines = [f"{f.code} {f.kind} ({f.severity.value}) at {where_label(f)}"]
+    if len(f.instances) > 1:
+        lines.append(f"instances: {', '.join(f.instances)}")
     if f.source:
         lines.append(f"source: {f.source}")
     if f.device or f.expected:
@@ -26,6 +29,7 @@ def _failure_text(f: Finding) -> str:
     if f.origin:
         lines.append(f"from: {f.origin}")
     lines.append(f.message)
+    lines += [f"caused {e.code}: {e.summary()}" for e in f.evidence]
     if f.hint:
         lines.append(f"fix: {f.hint}")
     lines += [f"{k}: {v}" for k, v in f.details]
@@ -48,7 +52,7 @@ class JunitFormatter(RunFormatter):
             case = ET.SubElement(suite, "testcase", classname=f"placecheck.{report.device}",
                                  name=report.target)
             for f in report.findings:
-                failure = ET.SubElement(case, "failure", message=f"{f.code} {f.where or '<root>'}: "
+                failure = ET.SubElement(case, "failure", message=f"{f.code} {where_label(f)}: "
                                         f"{f.message}", type=f.code)
                 failure.text = _failure_text(f)
             out = [report.summary_line(), *report.notes]

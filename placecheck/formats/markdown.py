@@ -1,9 +1,10 @@
 """``--format markdown``: a pull-request comment.
 
-A heading with the verdict, one table row per finding (model, code, where,
-source, problem and fix; for a PC901 whose audit process died, the last lines
-of its stderr), then each model's summary line. Text in cells is
-escaped so that a ``|`` or a newline in a message cannot break the table.
+A heading with the verdict, one table row per problem (model, code, where
+with its instance count, source, problem, what it caused and fix; for a
+PC901 whose audit process died, the last lines of its stderr), then each
+model's summary line. Text in cells is escaped so that a ``|`` or a newline
+in a message cannot break the table.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections.abc import Sequence
 
 from placecheck.finding import Finding, Severity
 from placecheck.formats.base import RunFormatter
+from placecheck.problems import where_label
 from placecheck.report import Report
 
 _ICON = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "info"}
@@ -29,12 +31,13 @@ def _code(text: str) -> str:
 
 def _row(report: Report, f: Finding) -> str:
     problem = cell(f.message + (f" (from {f.origin})" if f.origin else ""))
+    problem += "".join(f"<br>→ {cell(e.summary())}" for e in f.evidence)
     if f.hint:
         problem += f"<br>**fix:** {cell(f.hint)}"
     stderr = dict(f.details).get("stderr", "")
     if stderr:  # a dead audit process's last stack lines (PC901): the only clue to why it died
         problem += f"<br>**stderr:**<br>{cell(stderr)}"
-    cells = [_ICON[f.severity], f"{f.code} {f.kind}", _code(report.target), _code(f.where or "<root>"),
+    cells = [_ICON[f.severity], f"{f.code} {f.kind}", _code(report.target), _code(where_label(f)),
              _code(f.source), problem]
     return "| " + " | ".join(cells) + " |"
 

@@ -1,11 +1,14 @@
 """``--format sarif``: SARIF 2.1.0 as GitHub code scanning accepts it.
 
 One run, the tool's rules with their help text (from :mod:`placecheck.rules`),
-one result per finding. A result points at the finding's source line when it
-has one, else at the file its model's TARGET names (GitHub needs a physical
-location for every result). ``partialFingerprints`` keep a result's identity
-when lines shift, so code scanning does not reopen it as new, and tell distinct
-results apart (see :func:`fingerprint_key`).
+one result per problem (a grouped finding). A result points at the problem's
+source line when it has one (for a walk finding, the line that assigned the
+attribute), else at the line of the first finding it caused, else at the file
+its model's TARGET names (GitHub needs a physical location for every result).
+``relatedLocations`` list the problem's other instances and the findings it
+caused (each at its own line). ``partialFingerprints`` keep a result's identity
+when lines shift or the instance count changes, so code scanning does not
+reopen it as new, and tell distinct results apart (see :func:`fingerprint_key`).
 tests/test_formats_ci.py validates the output against the official schema.
 """
 
@@ -22,6 +25,7 @@ from placecheck import __version__
 from placecheck.finding import Finding, Severity
 from placecheck.formats.base import RunFormatter
 from placecheck.formats.location import repo_path, split_source, target_file
+from placecheck.problems import identity, where_label
 from placecheck.report import Report
 from placecheck.rules import RULES, Rule
 
@@ -48,8 +52,8 @@ def _rule_descriptor(r: Rule) -> dict[str, Any]:
     }
 
 
-def _location(report: Report, f: Finding) -> dict[str, Any]:
-    path, line = split_source(f.source) if f.source else ("", None)
+def _physical(report: Report, source: str) -> dict[str, Any]:
+    path, line = split_source(source) if source else ("", None)
     path = repo_path(path) if path else ""
     if not path:
         path, line = target_file(report.target)
@@ -57,9 +61,32 @@ def _location(report: Report, f: Finding) -> dict[str, Any]:
                                                      "uriBaseId": "%SRCROOT%"}}
     if line:
         physical["region"] = {"startLine": line}
-    logical = ".".join(p for p in (report.target, f.where) if p)
-    return {"physicalLocation": physical,
-            "logicalLocations": [{"fullyQualifiedName": logical, "kind": "member"}]}
+    return physical
+
+
+def _logical(report: Report, where: str) -> list[dict[str, str]]:
+    return [{"fullyQualifiedName": ".".join(p for p in (report.target, where) if p), "kind": "member"}]
+
+
+def problem_source(f: Finding) -> str:
+    """The line a problem points at: its own source, else the first line where it did harm."""
+    return f.source or next((e.source for e in f.evidence if e.source), "")
+
+
+def _location(report: Report, f: Finding) -> dict[str, Any]:
+    return {"physicalLocation": _physical(report, problem_source(f)),
+            "logicalLocations": _logical(report, f.where)}
+
+
+def _related(report: Report, f: Finding) -> list[dict[str, Any]]:
+    """The problem's other instances (at its line) and the findings it caused (at theirs)."""
+    related = [{"physicalLocation": _physical(report, problem_source(f)),
+                "logicalLocations": _logical(report, w),
+                "message": {"text": f"also at {w or '<root>'}"}} for w in f.instances[1:]]
+    related += [{"physicalLocation": _physical(report, e.source),
+                 "logicalLocations": _logical(report, e.where),
+                 "message": {"text": f"{e.code}: {e.summary()}"}} for e in f.evidence]
+    return [{"id": i, **location} for i, location in enumerate(related, start=1)]
 
 
 _LINE_NUMBER = re.compile(r"(\.py):\d+\b|\bline \d+\b")
@@ -70,15 +97,19 @@ def _without_lines(text: str) -> str:
 
 
 def fingerprint_key(report: Report, f: Finding) -> str:
-    """What identifies a result across runs: everything but line numbers.
+    """What identifies a result across runs: everything but line numbers and instance counts.
 
     Line numbers are left out so that an edit above the line does not make an
-    alert new; the op, the origin and the message are kept so that distinct
-    findings of one module's forward (three PC201 on different ops) stay
-    distinct alerts, which GitHub would otherwise merge into one.
+    alert new; the where is taken with its indices collapsed
+    (:func:`placecheck.problems.identity`), and the instances and evidence are
+    left out, so that a model growing from 12 blocks to 24 keeps its alert; the
+    op, the origin and the message are kept so that distinct findings of one
+    module's forward (three PC201 on different ops) stay distinct alerts,
+    which GitHub would otherwise merge into one.
     """
     path = repo_path(split_source(f.source)[0]) if f.source else ""
-    parts = (report.target, f.code, f.where, path, dict(f.details).get("op", ""),
+    code, where = identity(f)
+    parts = (report.target, code, where, path, dict(f.details).get("op", ""),
              _without_lines(f.origin), _without_lines(f.message))
     return "\0".join(parts)
 
@@ -97,22 +128,28 @@ def _fingerprints(reports: Sequence[Report]) -> list[str]:
 
 
 def _result(report: Report, f: Finding, rule_index: dict[str, int], fingerprint: str) -> dict[str, Any]:
-    text = f"{report.target}: {f.where or '<root>'}: {f.message}"
+    text = f"{report.target}: {where_label(f)}: {f.message}"
     if f.origin:
         text += f" (from {f.origin})"
+    text += "".join(f"; {e.summary()}" for e in f.evidence)
     if f.hint:
         text += f" Fix: {f.hint}"
     properties: dict[str, Any] = {"target": report.target, "where": f.where, "kind": f.kind}
     if f.device or f.expected:
         properties.update(device=f.device, expected=f.expected)
+    if f.instances:
+        properties["instances"] = list(f.instances)
     result: dict[str, Any] = {
         "ruleId": f.code,
         "level": _LEVEL[f.severity],
         "message": {"text": text},
         "locations": [_location(report, f)],
-        "partialFingerprints": {"placecheck/v2": fingerprint},
+        "partialFingerprints": {"placecheck/v3": fingerprint},
         "properties": properties,
     }
+    related = _related(report, f)
+    if related:
+        result["relatedLocations"] = related
     if f.code in rule_index:
         result["ruleIndex"] = rule_index[f.code]
     return result

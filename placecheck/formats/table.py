@@ -1,111 +1,108 @@
-"""``--format table`` (the default): a tabulate grid for a terminal or CI log."""
+"""``--format table`` (the default): one short block per problem, for a terminal or a CI log.
+
+Each problem takes a header line (severity, code, where with its instance
+count, the source line) and its one-sentence problem under it, indented; the
+findings it caused follow on ``->`` lines. The fix hints come once under the
+table (one line per distinct hint, labelled with its rule), or under every
+problem with ``hints=True``; ``placecheck explain CODE`` has the long text.
+
+Every line is wrapped at word boundaries to the width: the terminal's when
+writing to one, else ``$COLUMNS`` when set, else 80, so that a file, a pipe or
+a CI log looks the same wherever it is produced.
+"""
 
 from __future__ import annotations
 
+import os
+import textwrap
 from collections.abc import Sequence
-
-from tabulate import tabulate
 
 from placecheck.finding import Finding
 from placecheck.formats.base import Formatter
-from placecheck.report import Report, human_bytes, plural
+from placecheck.problems import where_label
+from placecheck.report import Report, plural
 
-HEADERS = ("severity", "code", "where", "device", "size", "problem / fix")
-
-
-def _width(table: str) -> int:
-    return len(table.partition("\n")[0])
-
-
-def _where(f: Finding) -> str:
-    where = f.where or "<root>"
-    return f"{where}\n{f.source}" if f.source else where
+DEFAULT_WIDTH = 80
+_MIN_WIDTH = 40
+_INDENT = " " * 14
+"""Continuation lines start under the ``where`` of the header (``warning PC101 ``)."""
 
 
-def _device(f: Finding) -> str:
-    if not f.device and not f.expected:
-        return ""
-    return f"{f.device or '?'} → {f.expected}"
+def _columns_from_environment() -> int | None:
+    value = os.environ.get("COLUMNS", "")
+    return int(value) if value.isdigit() and int(value) > 0 else None
 
 
-def _size(f: Finding) -> str:
-    if not f.nbytes and not f.count:
-        return ""
-    size = human_bytes(f.nbytes)
-    return f"{size} ({f.count} tensors)" if f.count > 1 else size
+def _wrap(text: str, width: int, first: str = "", rest: str = "") -> list[str]:
+    # break_long_words only splits a word longer than a whole line (a long path), never a fitting one
+    return textwrap.wrap(text, width=width, initial_indent=first, subsequent_indent=rest,
+                         break_on_hyphens=False) or [first.rstrip()]
 
 
-def _problem(f: Finding) -> str:
-    text = f.message
-    if f.origin:
-        text += f"\nfrom: {f.origin}"
-    return f"{text}\nfix: {f.hint}" if f.hint else text
+def _header(f: Finding) -> str:
+    parts = [f"{f.severity.value:<7} {f.code} {where_label(f)}"]
+    if f.source:
+        parts.append(f.source)
+    return "  ".join(parts)
 
 
-# Widest and narrowest wrap widths of the two free-text columns (where, problem / fix).
-_WHERE_MAX, _WHERE_MIN = 40, 16
-_PROBLEM_MAX, _PROBLEM_MIN = 60, 24
-_COMPACT_HEADERS = ("code", "where", "device", "size", "problem / fix")
+def _problem_lines(f: Finding, width: int, hints: bool) -> list[str]:
+    lines = _wrap(_header(f), width, rest=_INDENT)
+    shown = f.origin and f.origin != f.source and f.origin not in f.message
+    message = f.message + (f" (from {f.origin})" if shown else "")
+    lines += _wrap(message, width, _INDENT, _INDENT)
+    for evidence in f.evidence:
+        lines += _wrap(f"-> {evidence.summary()}", width, _INDENT, _INDENT + "   ")
+    if hints and f.hint:
+        lines += _wrap(f"fix: {f.hint}", width, _INDENT, _INDENT + "     ")
+    return lines
 
 
-def _row(f: Finding) -> tuple[str, ...]:
-    return (f.severity.value, f"{f.code} {f.kind}", _where(f), _device(f), _size(f), _problem(f))
-
-
-def _compact_row(f: Finding) -> tuple[str, ...]:
-    """The same facts in narrower cells: severity beside the code, kind and tensor count below."""
-    size = ""
-    if f.nbytes or f.count:
-        size = human_bytes(f.nbytes) + (f"\n{f.count} tensors" if f.count > 1 else "")
-    return (f"{f.code} {f.severity.value}\n{f.kind}", _where(f), _device(f), size, _problem(f))
-
-
-def _grid(rows: list[tuple[str, ...]], where: int, problem: int) -> str:
-    compact = len(rows[0]) == len(_COMPACT_HEADERS)
-    return tabulate(rows, headers=_COMPACT_HEADERS if compact else HEADERS, tablefmt="simple_grid",
-                    maxcolwidths=[None, where, None, None, problem] if compact
-                    else [None, None, where, None, None, problem])
+def _hint_lines(findings: Sequence[Finding], width: int) -> list[str]:
+    """Each distinct fix once, labelled with its rule (with its first problem's where, when a rule has
+    several fixes)."""
+    by_code: dict[str, dict[str, Finding]] = {}
+    for f in findings:
+        if f.hint:
+            by_code.setdefault(f.code, {}).setdefault(f.hint, f)
+    lines = []
+    for code, hints in by_code.items():
+        for hint, first in hints.items():
+            label = f"{code} {first.kind}" if len(hints) == 1 else f"{code} {where_label(first)}"
+            lines += _wrap(f"{label}: {hint}", width, "  ", "    ")
+    if lines:
+        lines.insert(0, "how to fix (placecheck explain CODE says more):")
+    return lines
 
 
 class TableFormatter(Formatter):
-    """A header line, notes, one grid row per finding, then the summary line.
+    """A header line, notes, one block per problem, the fixes, then the summary line.
 
-    ``width``: the terminal's width, when the table goes to one; the free-text
-    columns then wrap narrower so that the grid fits (down to a readable
-    minimum), and when even that is too wide, the compact layout folds the
-    severity, the kind and the tensor count into the neighbouring cells.
-    Without it (a file, a pipe, a CI log) the layout is fixed, so that the
-    output is the same wherever it is produced.
+    ``width``: the terminal's width, when the table goes to one (else
+    ``$COLUMNS``, else 80). ``hints``: the fix under every problem instead of
+    once per rule under the table.
     """
 
-    def __init__(self, width: int | None = None) -> None:
-        self.width = width
+    def __init__(self, width: int | None = None, hints: bool = False) -> None:
+        self.width = max(_MIN_WIDTH, width or _columns_from_environment() or DEFAULT_WIDTH)
+        self.hints = hints
 
     def format(self, report: Report) -> str:
-        lines = [f"placecheck: {report.target} on {report.device} ({report.engine})"]
-        lines += [f"note: {n}" for n in report.notes]
+        width = self.width
+        lines = _wrap(f"placecheck: {report.target} on {report.device} ({report.engine})", width, rest="  ")
+        for note in report.notes:
+            lines += _wrap(f"note: {note}", width, rest="      ")
         if report.findings:
-            table = self._fitted([_row(f) for f in report.findings])
-            if self.width is not None and _width(table) > self.width:
-                table = self._fitted([_compact_row(f) for f in report.findings])
-            lines.append(table)
-        lines.append(report.summary_line())
+            lines.append("")
+            for f in report.findings:
+                lines += _problem_lines(f, width, self.hints)
+            if not self.hints:
+                hint_lines = _hint_lines(report.findings, width)
+                if hint_lines:
+                    lines += ["", *hint_lines]
+            lines.append("")
+        lines += _wrap(report.summary_line(), width, rest="  ")
         return "\n".join(lines) + "\n"
-
-    def _fitted(self, rows: list[tuple[str, ...]]) -> str:
-        where, problem = _WHERE_MAX, _PROBLEM_MAX
-        table = _grid(rows, where, problem)
-        # narrow the problem column first, then where, each as far as its minimum
-        while self.width is not None:
-            over = _width(table) - self.width
-            if over <= 0 or (where, problem) == (_WHERE_MIN, _PROBLEM_MIN):
-                break
-            if problem > _PROBLEM_MIN:
-                problem = max(_PROBLEM_MIN, problem - over)
-            else:
-                where = max(_WHERE_MIN, where - over)
-            table = _grid(rows, where, problem)
-        return table
 
     def format_reports(self, reports: Sequence[Report]) -> str:
         if len(reports) == 1:
