@@ -9,7 +9,7 @@ folklore of the seed articles. This module must not import torch.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from placecheck.finding import Severity
@@ -121,6 +121,70 @@ def forward(self, x):
 self.register_buffer("bias_table", table, persistent=False)
 """)
 
+
+# -- message builders of the forward rules: plain data in, (message, hint) out ------------------------
+
+
+def came_from(*, created_by: str = "", created_at: str = "", host_copy_at: str = "", attribute: str = "",
+              lazy: bool = False) -> str:
+    """`` (created by torch.randn at net.py:12)``: where an offending tensor came from, for a message."""
+    if created_by:
+        return f" (created by {created_by} at {created_at})"
+    if host_copy_at:
+        return f" (copied to the host at {host_copy_at})"
+    if lazy:
+        return f" (from {attribute!r}, created during forward)"
+    if attribute:
+        return f" (from attribute {attribute!r}, which .to() did not move)"
+    return ""
+
+
+def landed_on(device: str) -> str:
+    """Why a tensor created in forward is on ``device``: the default device, or a hard-coded one."""
+    if device.startswith(("cpu", "meta")):
+        return "tensors created in forward land on the default device, the CPU"
+    return f"a hard-coded device (.cuda(), device=\"cuda\") put it on {device}, whatever the input's device"
+
+
+def device_mismatch(op: str, devices: Sequence[str], device: str, tensor: str, origin_text: str, *,
+                    created_on: str = "", lazy: bool = False, linked_hint: str = "",
+                    attribute: str = "") -> tuple[str, str]:
+    """PC201: ``op`` mixed ``devices``; its ``tensor`` argument was on ``device``. The hint follows where
+    that tensor came from: created in forward on ``created_on``, a lazily built layer, a walk finding
+    (its hint), or a plain ``attribute``."""
+    if created_on:
+        hint = ("create it on the input's device: device=x.device (or torch.zeros_like / x.new_zeros); "
+                + landed_on(created_on))
+    elif lazy:
+        hint = "build the layer or parameter in __init__, so that .to() moves it"
+    elif linked_hint:
+        hint = linked_hint
+    elif attribute:
+        attr = attribute.rpartition(".")[2]
+        hint = (f'register it: self.register_buffer("{attr}", tensor, persistent=False) in __init__ '
+                "(.to() moves only registered parameters and buffers), or create it in forward on the "
+                "input's device")
+    else:
+        hint = "move the tensor to the input's device where it is created"
+    message = (f"{op} mixed {' and '.join(devices)}: its {tensor} argument is on {device}{origin_text}; "
+               "on a GPU this raises 'Expected all tensors to be on the same device'")
+    return message, hint
+
+
+def device_mismatch_untraced(phase: str, error: str) -> tuple[str, str]:
+    """PC201 for a mismatch an engine raised that no op's arguments showed."""
+    return (f"the {phase} raised a device mismatch placecheck could not trace to an argument: {error}",
+            "look for tensors held outside the call's arguments on another device")
+
+
+def gradient_off_device(path: str, device: str, target: str) -> tuple[str, str]:
+    """PC201 found by the backward: a parameter's gradient is off the target."""
+    return (f"the gradient of parameter {path!r} lands on {device}, not {target}: optimizer.step() will "
+            "mix devices",
+            "the parameter itself is off the target: create it in __init__ and register it so that .to() "
+            "moves it")
+
+
 _rule("PC202", "created-off-device", W, "forward", "tensor created in forward() off the target device", """
 Factory calls (torch.zeros, randn, arange, tensor, from_numpy, ...) inside
 forward() create tensors on the default device (the CPU unless
@@ -131,6 +195,26 @@ noise = torch.randn(x.shape)
 """, """
 noise = torch.randn(x.shape, device=x.device, dtype=x.dtype)  # or torch.randn_like(x)
 """)
+
+
+def created_off_device(op: str, tensor: str, device: str, target: str, *, fed: bool = False,
+                       copied_to: str = "", copied_at: str = "") -> tuple[str, str]:
+    """PC202: ``op`` in forward made ``tensor`` on ``device``; it then fed a mismatch (``fed``), or was
+    copied to ``copied_to`` at ``copied_at`` (correct, but a host allocation and a copy per call)."""
+    if copied_at and not fed:
+        return (f"{op} in forward creates {tensor} on {device}, then copies it to {copied_to or target} at "
+                f"{copied_at}: a host allocation and a blocking host-to-device copy on every call",
+                "create it on the device: pass device=x.device to the factory (torch.arange(n, "
+                "device=x.device)), or, for a constant, build it once in __init__ with "
+                "register_buffer(..., persistent=False)")
+    message = f"{op} in forward creates {tensor} on {device}, not {target}" + (
+        ": it then fed a device mismatch" if fed else "")
+    if device.startswith(("cpu", "meta")):
+        where = "tensors created in forward land on the default device (the CPU), not the input's"
+    else:
+        where = f"a hard-coded device (.cuda(), device=\"cuda\") put it on {device}, not the input's"
+    return message, f"{where}: pass device=x.device (and dtype=x.dtype), or use torch.zeros_like/x.new_zeros"
+
 
 _rule("PC203", "lazy-module", E, "forward", "module or parameter created during forward()", """
 A layer built in forward() (self.proj = nn.Linear(...) on first call) is
@@ -149,6 +233,26 @@ def forward(self, x):
 self.proj = nn.LazyLinear(64)      # in __init__
 """)
 
+
+def created_in_forward(what: str, path: str, type_name: str, device: str, on_target: bool) -> tuple[str, str]:
+    """PC203: a ``module`` or ``parameter`` registered at ``path`` during forward, on ``device``."""
+    message = (f"{what} {path!r} ({type_name}) is created during forward"
+               + (f" on {device}" if device else "")
+               + (": it is on the right device, but unregistered when an optimizer is built before the "
+                  "first forward, which then never trains it" if on_target else
+                  ": the earlier .to() never saw it and an optimizer built before the first forward does "
+                  "not train it"))
+    if on_target:
+        hint = ("build layers and parameters in __init__ (or use nn.Lazy* modules), so that an optimizer "
+                "made before the first forward trains them")
+    else:
+        hint = ("build layers and parameters in __init__ (or use nn.Lazy* modules, which follow .to()); "
+                + ("a layer built in forward lands on the default device, the CPU, whatever the input's "
+                   "device" if device.startswith(("cpu", "meta")) or not device else
+                   f"this one landed on {device}, not on the target"))
+    return message, hint
+
+
 _rule("PC204", "host-sync", W, "forward", "device-to-host synchronisation in forward()", """
 .item(), .tolist(), .cpu() and bool()/if on a device tensor wait for the GPU
 to finish and copy to the host: legal, but a stall per call that serialises
@@ -161,6 +265,19 @@ if (x.abs().max() > 10).item():
 """, """
 x = x.clamp(-10, 10)
 """)
+
+
+def host_sync(op: str, device: str, *, returned_as: str = "") -> tuple[str, str]:
+    """PC204: ``op`` on a ``device`` tensor made the host wait; ``returned_as`` names the output a
+    device-to-host copy became (then the copy, not a check, is what to move)."""
+    message = f"{op} on a {device} tensor in forward waits for the device and copies to the host"
+    if returned_as:
+        return (message + f" ({returned_as} is returned on the host)",
+                "return the tensor on the device and let the caller copy it to the host when it needs to "
+                "(one .cpu() outside forward, ideally after the step)")
+    return message, ("keep the value on the device (torch.where, masks, clamp) or move the check out of "
+                     "forward")
+
 
 _rule("PC205", "implicit-transfer", W, "forward",
       "CPU index copied to the device each call, or CPU scalar", """
@@ -181,6 +298,18 @@ idx = torch.arange(4, device=x.device)
 return x[:, idx]
 """)
 
+
+def implicit_transfer(op: str, scalar: bool, tensor: str, target: str, origin_text: str) -> tuple[str, str]:
+    """PC205: a CPU index tensor copied to ``target`` per call, or a stored 0-dim CPU scalar."""
+    what = "0-dim CPU tensor used as a scalar" if scalar else f"CPU index tensor {tensor}"
+    rest = (": PyTorch reads it on the host and passes the value to the kernel (legal, no device copy), "
+            "but .to() did not move it" if scalar else
+            f" is copied to {target} on every call (a blocking host-to-device transfer)")
+    return (f"{op}: {what}{rest}{origin_text}",
+            "use a Python number" if scalar else
+            "create the index on the device once (register_buffer or device=x.device)")
+
+
 _rule("PC206", "output-off-device", E, "forward", "forward() returned a tensor off the target device", """
 A tensor in the model's output is not on the target device. The caller's next
 op with it (a loss, a metric, the next stage) will mix devices.""", """
@@ -188,6 +317,13 @@ return logits, torch.tensor(lengths)
 """, """
 return logits, torch.tensor(lengths, device=logits.device)
 """)
+
+
+def output_off_device(path: str, tensor: str, device: str, target: str, origin_text: str) -> tuple[str, str]:
+    """PC206: the output at ``path`` (``tensor``) is on ``device``."""
+    return (f"{path} ({tensor}) is on {device}, not {target}{origin_text}",
+            "create every returned tensor on the input's device (device=x.device)")
+
 
 _rule("PC207", "forward-error", E, "forward", "forward() raised an error unrelated to placement", """
 The sample forward pass raised something other than a device mismatch (a
@@ -198,6 +334,13 @@ placecheck audit net:Net --input float32[1,3,32,32]   # model expects 224x224
 """, """
 placecheck audit net:Net --input float32[1,3,224,224]
 """)
+
+
+def forward_error(phase: str, error: str) -> tuple[str, str]:
+    """PC207: the ``phase`` (forward or backward) raised ``error``, not a placement error."""
+    return (f"the {phase} raised {error}",
+            "check the input (--input, --example-inputs); findings before this point are still reported")
+
 
 _rule("PC301", "checkpoint-device", E, "checkpoint", "checkpoint saved on devices the target lacks", """
 torch.save records the device of every storage ("cuda:1"). torch.load without

@@ -30,7 +30,6 @@ import functools
 import sys
 import typing
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -40,84 +39,21 @@ from torch.utils._pytree import keystr, tree_flatten_with_path, tree_map_only
 
 from placecheck import classify
 from placecheck.errors import one_line
-from placecheck.finding import Finding, Severity
+from placecheck.events import (
+    Event,
+    ForwardError,
+    GradOffDevice,
+    HostSync,
+    ImplicitTransfer,
+    Mismatch,
+    OutputOffDevice,
+    Registration,
+)
+from placecheck.finding import Finding
+from placecheck.forward_checks import ForwardFindings, forward_findings
 from placecheck.provenance import Creation, Provenance, Provenances
-from placecheck.rules import rule
 from placecheck.sources import NOWHERE, Attribution, Site, frames_of, module_being_built
 from placecheck.walk import WalkResult, join
-
-# -- events ------------------------------------------------------------------------------------
-
-
-@dataclass
-class Mismatch:
-    op: str
-    devices: tuple[str, ...]
-    device: str
-    site: Site
-    provenance: Provenance
-    dtype: str
-    shape: tuple[int, ...] | None
-
-
-@dataclass
-class HostSync:
-    op: str
-    device: str
-    site: Site
-
-
-@dataclass
-class ImplicitTransfer:
-    op: str
-    scalar: bool
-    site: Site
-    provenance: Provenance
-    dtype: str
-    shape: tuple[int, ...] | None
-
-
-@dataclass
-class Registration:
-    """A module or parameter registered on the model during forward."""
-
-    what: str
-    """``module`` or ``parameter``."""
-    path: str
-    type_name: str
-    device: str
-    site: Site
-    on_target: bool = False
-    """Built on the target (``device=x.device``): placed right, still unknown to an earlier optimizer."""
-
-
-@dataclass
-class OutputOffDevice:
-    path: str
-    device: str
-    dtype: str
-    shape: tuple[int, ...] | None
-    provenance: Provenance
-
-
-@dataclass
-class ForwardError:
-    phase: str
-    """``forward`` or ``backward``."""
-    message: str
-    site: Site
-    mismatch: bool = False
-    """The error is a device mismatch the tracer could not repair (PC201)."""
-
-
-@dataclass
-class GradOffDevice:
-    path: str
-    device: str
-
-
-Event = typing.Union[Creation, Mismatch, HostSync, ImplicitTransfer, Registration, OutputOffDevice,
-                     ForwardError, GradOffDevice]
 
 # -- calls -------------------------------------------------------------------------------------
 
@@ -299,6 +235,7 @@ class Tracer:
         """The forward returned (strays untouched so far may be used later otherwise)."""
         self.library_hidden: dict[str, int] = {}
         """Installed package -> performance findings not reported because they are its own code."""
+        self._checked: ForwardFindings | None = None
         self._unregistered_paths: dict[int, str] = {}
         self.attribution = Attribution(_RUN_CODE, self.module_paths, self._unregistered_path)
         self._recorded: set[tuple[Any, ...]] = set()
@@ -405,7 +342,10 @@ class Tracer:
             if t.device != self.target:
                 prov = self.provenance(t)
                 self.prov.mark(prov, "met_device")
-                self.events.append(OutputOffDevice(path, str(t.device), _dtype(t), _shape(t), prov))
+                copied_at = prov.host_copy.source if prov.host_copy is not None else None
+                sync = next((e for e in self.events
+                             if isinstance(e, HostSync) and e.site.source == copied_at), None)
+                self.events.append(OutputOffDevice(path, str(t.device), _dtype(t), _shape(t), prov, sync))
 
     # -- per call ---------------------------------------------------------------------------------
     def on_call(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -625,232 +565,14 @@ class Tracer:
 
     # -- the checks -----------------------------------------------------------------------------------
     def findings(self, library_findings: bool = False) -> list[Finding]:
-        """PC201-PC207 from the recorded events, de-duplicated by (code, source line).
-
-        Performance findings (warning or info: PC202 that fed no mismatch,
-        PC204, PC205) whose call chain in the forward has no frame outside
-        installed packages are library code the user cannot act on: counted
-        in :attr:`library_hidden` instead, unless ``library_findings``.
-        """
-        found: dict[tuple[str, str, str], Finding] = {}
-        library: dict[tuple[str, str, str], str] = {}
-        lazy_lines = {e.site.source for e in self.events if isinstance(e, Registration)}
-        for event in self.events:
-            finding = self._finding(event, lazy_lines)
-            if finding is None:
-                continue
-            # one finding per line; per output for PC206 (two host copies returned from one line)
-            key = (finding.code, finding.source,
-                   finding.module if not finding.source or finding.code == "PC206" else "")
-            if key in found:
-                found[key] = _also_in(found[key], finding.where)
-                if finding.code == "PC201":
-                    found[key] = _also_from(found[key], finding.origin)
-                continue
-            found[key] = finding
-            site = getattr(event, "site", None)
-            if isinstance(site, Site) and site.library:
-                library[key] = site.library
-        self.library_hidden = {}
-        kept = []
-        for key, finding in found.items():
-            package = library.get(key, "")
-            if package and not library_findings and finding.severity is not Severity.ERROR \
-                    and finding.code in _PERFORMANCE_CODES:
-                self.library_hidden[package] = self.library_hidden.get(package, 0) + 1
-                continue
-            kept.append(finding)
-        return kept
+        """PC201-PC207 from the recorded events (see :mod:`placecheck.forward_checks`)."""
+        self._checked = forward_findings(self.events, self.target_name, library_findings)
+        self.library_hidden = self._checked.library_hidden
+        return self._checked.findings
 
     def notes(self) -> list[str]:
         """What :meth:`findings` left out, for the report's notes."""
-        hidden = sum(self.library_hidden.values())
-        if not hidden:
-            return []
-        return [f"forward: {hidden} performance finding{'s' if hidden != 1 else ''} inside installed "
-                f"packages ({', '.join(sorted(self.library_hidden))}) not reported; --library-findings "
-                "shows them"]
-
-    def _finding(self, event: Event, lazy_lines: set[str]) -> Finding | None:
-        target = self.target_name
-        if isinstance(event, Mismatch):
-            return self._mismatch_finding(event)
-        if isinstance(event, Creation):
-            if event.site.source in lazy_lines:
-                return None  # the parameters of a layer built in forward: that is PC203
-            fed = event.fed_mismatch
-            if fed or event.moved or (event.met_device and event.shape != ()):
-                return self._creation_finding(event)
-            # CPU-side work never copied to the device, or a 0-dim scalar PyTorch reads on the host
-            return None
-        if isinstance(event, HostSync):
-            return _make("PC204", event.site, None, device=event.device, expected=target,
-                         message=f"{event.op} on a {event.device} tensor in forward waits for the device "
-                                 "and copies to the host",
-                         hint="keep the value on the device (torch.where, masks, clamp) or move the check "
-                              "out of forward", details=(("op", event.op),))
-        if isinstance(event, ImplicitTransfer):
-            if event.scalar and not event.provenance.path:
-                # a scalar made in forward is a Python number to PyTorch; a stored one could be a buffer
-                return None
-            what = ("0-dim CPU tensor used as a scalar" if event.scalar
-                    else f"CPU index tensor {event.dtype}{list(event.shape or [])}")
-            return _make("PC205", event.site, Severity.INFO if event.scalar else None, device="cpu",
-                         expected=target, dtype=event.dtype, shape=event.shape,
-                         origin=event.provenance.origin,
-                         message=(f"{event.op}: {what}" + (
-                             ": PyTorch reads it on the host and passes the value to the kernel (legal, "
-                             "no device copy), but .to() did not move it" if event.scalar
-                             else f" is copied to {target} on every call (a blocking host-to-device "
-                                  "transfer)")) + _came_from(event.provenance),
-                         hint=("use a Python number" if event.scalar else
-                               "create the index on the device once (register_buffer or device=x.device)"),
-                         details=(("op", event.op),))
-        if isinstance(event, Registration):
-            on_target = event.on_target
-            # on the target it cannot crash the job: only the optimizer misses it
-            return _make("PC203", event.site, Severity.WARNING if on_target else None,
-                         device=event.device, expected=target,
-                         module=event.path,
-                         message=(f"{event.what} {event.path!r} ({event.type_name}) is created during forward"
-                                  + (f" on {event.device}" if event.device else "")
-                                  + (": it is on the right device, but unregistered when an optimizer is "
-                                     "built before the first forward, which then never trains it"
-                                     if on_target else
-                                     ": the earlier .to() never saw it and an optimizer built before the "
-                                     "first forward does not train it")),
-                         hint=("build layers and parameters in __init__ (or use nn.Lazy* modules), so that "
-                               "an optimizer made before the first forward trains them" if on_target else
-                               "build layers and parameters in __init__ (or use nn.Lazy* modules, which "
-                               "follow .to()); a layer built in forward lands on the default device, the "
-                               "CPU, whatever the input's device"))
-        if isinstance(event, OutputOffDevice):
-            prov = event.provenance
-            return _make("PC206", prov.site, None, device=event.device, expected=target, dtype=event.dtype,
-                         shape=event.shape, origin=prov.origin, module=event.path,
-                         message=f"{event.path} ({event.dtype}{list(event.shape or [])}) is on "
-                                 f"{event.device}, not {target}" + _came_from(prov),
-                         hint="create every returned tensor on the input's device (device=x.device)",
-                         details=(("output", event.path),))
-        if isinstance(event, ForwardError):
-            if event.mismatch:
-                return _make("PC201", event.site, None, expected=target,
-                             message=f"the {event.phase} raised a device mismatch placecheck could not "
-                                     f"trace to an argument: {event.message}",
-                             hint="look for tensors held outside the call's arguments on another device")
-            return _make("PC207", event.site, None, expected=target,
-                         message=f"the {event.phase} raised {event.message}",
-                         hint="check the input (--input, --example-inputs); findings before this point "
-                              "are still reported", details=(("phase", event.phase),))
-        if isinstance(event, GradOffDevice):
-            return _make("PC201", Site("", ""), None, device=event.device, expected=target,
-                         module=event.path, origin=event.path,
-                         message=f"the gradient of parameter {event.path!r} lands on {event.device}, not "
-                                 f"{target}: optimizer.step() will mix devices",
-                         hint="the parameter itself is off the target: create it in __init__ and register "
-                              "it so that .to() moves it", details=(("op", "backward"),))
-        return None
-
-    def _creation_finding(self, event: Creation) -> Finding:
-        target = self.target_name
-        fed = event.fed_mismatch
-        copied = event.moved and not fed and event.moved_at is not None
-        shown = f"{event.dtype}{list(event.shape or [])}"
-        if copied:
-            assert event.moved_at is not None
-            message = (f"{event.op} in forward creates {shown} on {event.device}, then copies it to "
-                       f"{event.moved_to or target} at {event.moved_at.source}: a host allocation and a "
-                       "blocking host-to-device copy on every call")
-            hint = ("create it on the device: pass device=x.device to the factory (torch.arange(n, "
-                    "device=x.device)), or, for a constant, build it once in __init__ with "
-                    "register_buffer(..., persistent=False)")
-        else:
-            message = (f"{event.op} in forward creates {shown} on {event.device}, not {target}"
-                       + (": it then fed a device mismatch" if fed else ""))
-            hint = _created_hint(event.device)
-        return _make("PC202", event.site, Severity.ERROR if fed else None, device=event.device,
-                     expected=target, dtype=event.dtype, shape=event.shape, origin=event.site.source,
-                     message=message, hint=hint, details=(("op", event.op),))
-
-    def _mismatch_finding(self, event: Mismatch) -> Finding:
-        prov = event.provenance
-        if prov.creation is not None:
-            hint = ("create it on the input's device: device=x.device (or torch.zeros_like / x.new_zeros); "
-                    + _landed_on(prov.creation.device))
-        elif prov.lazy:
-            hint = "build the layer or parameter in __init__, so that .to() moves it"
-        elif prov.linked is not None:
-            hint = prov.linked.hint
-        elif prov.path:
-            attr = prov.path.rpartition(".")[2]
-            hint = (f'register it: self.register_buffer("{attr}", tensor, persistent=False) in __init__ '
-                    "(.to() moves only registered parameters and buffers), or create it in forward on the "
-                    "input's device")
-        else:
-            hint = "move the tensor to the input's device where it is created"
-        details = [("op", event.op), ("devices", ", ".join(event.devices))]
-        origins = prov.origins()
-        if len(origins) > 1:
-            details.append(("origins", ", ".join(origins)))
-        return _make("PC201", event.site, None, device=event.device, expected=self.target_name,
-                     dtype=event.dtype, shape=event.shape, origin=prov.origin,
-                     message=(f"{event.op} mixed {' and '.join(event.devices)}: its "
-                              f"{event.dtype}{list(event.shape or [])} argument is on {event.device}"
-                              + _came_from(prov) + "; on a GPU this raises 'Expected all tensors to be on "
-                              "the same device'"),
-                     hint=hint, details=tuple(details))
-
-
-_PERFORMANCE_CODES = frozenset({"PC202", "PC204", "PC205"})
-
-
-def _landed_on(device: str) -> str:
-    """Why a tensor created in forward is on ``device``: the default device, or a hard-coded one."""
-    if device.startswith(("cpu", "meta")):
-        return "tensors created in forward land on the default device, the CPU"
-    return (f"a hard-coded device (.cuda(), device=\"cuda\") put it on {device}, whatever the input's "
-            "device")
-
-
-def _created_hint(device: str) -> str:
-    if device.startswith(("cpu", "meta")):
-        return ("tensors created in forward land on the default device (the CPU), not the input's: pass "
-                "device=x.device (and dtype=x.dtype), or use torch.zeros_like/x.new_zeros")
-    return (f"a hard-coded device (.cuda(), device=\"cuda\") put it on {device}, not the input's: pass "
-            "device=x.device (and dtype=x.dtype), or use torch.zeros_like/x.new_zeros")
-
-
-def _also_from(first: Finding, origin: str) -> Finding:
-    """``first`` listing one more origin of an offending tensor on the same line (``origins``)."""
-    details = dict(first.details)
-    origins = [o for o in details.get("origins", first.origin).split(", ") if o]
-    if not origin or origin in origins:
-        return first
-    details["origins"] = ", ".join([*origins, origin])
-    return dataclasses.replace(first, details=tuple(details.items()))
-
-
-def _also_in(first: Finding, where: str) -> Finding:
-    """``first`` noting that the same line also ran in module ``where`` (one finding per line)."""
-    details = dict(first.details)
-    also = [w for w in details.get("also", "").split(", ") if w]
-    shown = where or "''"
-    if where == first.where or shown in also:
-        return first
-    details["also"] = ", ".join([*also, shown])
-    return dataclasses.replace(first, details=tuple(details.items()))
-
-
-def _came_from(prov: Provenance) -> str:
-    if prov.creation is not None:
-        return f" (created by {prov.creation.op} at {prov.creation.site.source})"
-    if prov.host_copy is not None:
-        return f" (copied to the host at {prov.host_copy.source})"
-    if prov.lazy:
-        return f" (from {prov.path!r}, created during forward)"
-    if prov.path:
-        return f" (from attribute {prov.path!r}, which .to() did not move)"
-    return ""
+        return self._checked.notes() if self._checked is not None else []
 
 
 @contextlib.contextmanager
@@ -882,15 +604,6 @@ def _attention_fast_path_kept(target: torch.device) -> Iterator[None]:
         yield
     finally:
         nn.MultiheadAttention.forward = original  # type: ignore[method-assign]
-
-
-def _make(code: str, site: Site, severity: Severity | None, **fields: Any) -> Finding:
-    r = rule(code)
-    fields.setdefault("module", site.where)
-    return Finding(code=code, kind=r.kind, severity=severity or r.severity, where=site.where,
-                   source=site.source, **fields)
-
-
 
 
 _RUN_CODE = Tracer.run.__code__

@@ -71,7 +71,8 @@ def test_forward_fixture_on_a_second_simulated_gpu_with_real_values(source: Path
     # cuda:1 of two simulated GPUs, on the real-valued engine: the same codes and locations
     report = placecheck.audit(load_file(source), device="cuda:1", engine="tagged", select=FORWARD_CODES)
     assert forward_rows(source, report) == read_forward_expected(expected), report.notes
-    assert all(f.expected == "cuda:1" for f in report.findings)
+    # a device-to-host copy that forward returns (PC204 tied to its PC206) is expected on the host
+    assert all(f.expected == ("cpu" if f.code == "PC204" and f.origin else "cuda:1") for f in report.findings)
 
 
 @pytest.mark.gpu

@@ -520,6 +520,16 @@ def test_each_output_off_the_device_is_its_own_finding_sourced_to_the_copy() -> 
     assert all(f"copied to the host at {line}" in f.message for f in report.findings)
 
 
+def test_a_returned_host_copy_is_a_pc206_and_a_pc204_tied_to_it() -> None:
+    report = placecheck.audit(ReturnsTwoHostCopiesFromOneLine, "cuda", select=["PC204", "PC206"])
+    line = f"{SHOWN}:{_line_of('MARK two-copies')}"
+    (sync,) = [f for f in report.findings if f.code == "PC204"]
+    # the copy goes to the host (not "cuda:0 -> cuda:0"); origin and source tie it to the PC206s
+    assert (sync.device, sync.expected, sync.source, sync.origin) == ("cuda:0", "cpu", line, line)
+    assert {f.origin for f in report.findings if f.code == "PC206"} == {line}
+    assert "returned on the host" in sync.message and "return the tensor on the device" in sync.hint
+
+
 def test_pc205_states_the_true_rule_for_scalars_and_indices() -> None:
     model = load_file(TESTS / "fixtures" / "forward" / "pc205_implicit_transfer.py")
     report = placecheck.audit(model(), device="cuda", inputs=["float32[2,8]"])

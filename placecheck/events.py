@@ -1,0 +1,99 @@
+"""The events one traced forward records: what happened, on which device, at which line.
+
+The tracer (:mod:`placecheck.trace`) only records these; the checks
+(:mod:`placecheck.forward_checks`) read them afterwards and turn them into
+findings with the words of each rule (:mod:`placecheck.rules`).
+"""
+
+from __future__ import annotations
+
+import typing
+from dataclasses import dataclass
+
+from placecheck.provenance import Creation, Provenance
+from placecheck.sources import Site
+
+
+@dataclass
+class Mismatch:
+    """An op whose arguments mixed devices (PC201); the tracer moved the offending one and went on."""
+
+    op: str
+    devices: tuple[str, ...]
+    device: str
+    site: Site
+    provenance: Provenance
+    dtype: str
+    shape: tuple[int, ...] | None
+
+
+@dataclass
+class HostSync:
+    """A call that made the host wait for the device (PC204)."""
+
+    op: str
+    device: str
+    site: Site
+
+
+@dataclass
+class ImplicitTransfer:
+    """A legal CPU argument of a device op: an index copied per call, or a 0-dim scalar (PC205)."""
+
+    op: str
+    scalar: bool
+    site: Site
+    provenance: Provenance
+    dtype: str
+    shape: tuple[int, ...] | None
+
+
+@dataclass
+class Registration:
+    """A module or parameter registered on the model during forward."""
+
+    what: str
+    """``module`` or ``parameter``."""
+    path: str
+    type_name: str
+    device: str
+    site: Site
+    on_target: bool = False
+    """Built on the target (``device=x.device``): placed right, still unknown to an earlier optimizer."""
+
+
+@dataclass
+class OutputOffDevice:
+    """A tensor of the forward's output off the target (PC206)."""
+
+    path: str
+    device: str
+    dtype: str
+    shape: tuple[int, ...] | None
+    provenance: Provenance
+    host_sync: HostSync | None = None
+    """The device-to-host copy (``.cpu()``) that made this output, when one did."""
+
+
+@dataclass
+class ForwardError:
+    """What the forward or backward raised (PC207, or PC201 for an untraced mismatch)."""
+
+    phase: str
+    """``forward`` or ``backward``."""
+    message: str
+    site: Site
+    mismatch: bool = False
+    """The error is a device mismatch the tracer could not repair (PC201)."""
+
+
+@dataclass
+class GradOffDevice:
+    """A parameter whose gradient the backward left off the target (PC201)."""
+
+    path: str
+    device: str
+
+
+Event = typing.Union[Creation, Mismatch, HostSync, ImplicitTransfer, Registration, OutputOffDevice,
+                     ForwardError, GradOffDevice]

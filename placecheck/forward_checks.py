@@ -1,0 +1,213 @@
+"""The forward-pass checks: the events one traced forward recorded, turned into findings PC201-PC207.
+
+The tracer (:mod:`placecheck.trace`) records; this module decides what each
+event means (is it a finding, at which severity, what it links to) and takes
+the words of each rule from its builder in :mod:`placecheck.rules`. One
+finding per code and source line (per output for PC206), other modules that
+ran the line listed in ``details["also"]``.
+
+The link a problem is grouped by (see :mod:`placecheck.problems`) is the
+``origin`` field: the attribute path of the stray an offending tensor came
+from (``blocks.0.mask``), or the ``file:line`` that created it (PC201, PC205,
+PC206, and the PC202 itself); a PC204 of a device-to-host copy that forward
+returned has the ``origin`` of its PC206 (the copying line).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from placecheck import rules
+from placecheck.events import (
+    Event,
+    ForwardError,
+    GradOffDevice,
+    HostSync,
+    ImplicitTransfer,
+    Mismatch,
+    OutputOffDevice,
+    Registration,
+)
+from placecheck.finding import Finding, Severity
+from placecheck.provenance import Creation, Provenance
+from placecheck.sources import NOWHERE, Site
+
+_PERFORMANCE_CODES = frozenset({"PC202", "PC204", "PC205"})
+
+
+@dataclasses.dataclass
+class ForwardFindings:
+    """The findings of one traced forward, and the performance findings left out as library code."""
+
+    findings: list[Finding]
+    library_hidden: dict[str, int]
+    """Installed package -> performance findings not reported because they are its own code."""
+
+    def notes(self) -> list[str]:
+        """What the findings left out, for the report's notes."""
+        hidden = sum(self.library_hidden.values())
+        if not hidden:
+            return []
+        return [f"forward: {hidden} performance finding{'s' if hidden != 1 else ''} inside installed "
+                f"packages ({', '.join(sorted(self.library_hidden))}) not reported; --library-findings "
+                "shows them"]
+
+
+def forward_findings(events: list[Event], target: str, library_findings: bool = False) -> ForwardFindings:
+    """PC201-PC207 from the recorded events, de-duplicated by (code, source line).
+
+    Performance findings (warning or info: PC202 that fed no mismatch,
+    PC204, PC205) whose call chain in the forward has no frame outside
+    installed packages are library code the user cannot act on: counted
+    in ``library_hidden`` instead, unless ``library_findings``.
+    """
+    found: dict[tuple[str, str, str], Finding] = {}
+    library: dict[tuple[str, str, str], str] = {}
+    lazy_lines = {e.site.source for e in events if isinstance(e, Registration)}
+    returned = {id(e.host_sync): e for e in events if isinstance(e, OutputOffDevice) and e.host_sync}
+    for event in events:
+        finding = _finding(event, target, lazy_lines, returned)
+        if finding is None:
+            continue
+        # one finding per line; per output for PC206 (two host copies returned from one line)
+        key = (finding.code, finding.source,
+               finding.module if not finding.source or finding.code == "PC206" else "")
+        if key in found:
+            found[key] = _also_in(found[key], finding.where)
+            if finding.code == "PC201":
+                found[key] = _also_from(found[key], finding.origin)
+            continue
+        found[key] = finding
+        site = getattr(event, "site", None)
+        if isinstance(site, Site) and site.library:
+            library[key] = site.library
+    hidden: dict[str, int] = {}
+    kept = []
+    for key, finding in found.items():
+        package = library.get(key, "")
+        if package and not library_findings and finding.severity is not Severity.ERROR \
+                and finding.code in _PERFORMANCE_CODES:
+            hidden[package] = hidden.get(package, 0) + 1
+            continue
+        kept.append(finding)
+    return ForwardFindings(kept, hidden)
+
+
+def _tensor(dtype: str, shape: tuple[int, ...] | None) -> str:
+    return f"{dtype}{list(shape or [])}"
+
+
+def _came_from(prov: Provenance) -> str:
+    creation = prov.creation
+    return rules.came_from(created_by=creation.op if creation else "",
+                           created_at=creation.site.source if creation else "",
+                           host_copy_at=prov.host_copy.source if prov.host_copy else "",
+                           attribute=prov.path, lazy=prov.lazy)
+
+
+def _finding(event: Event, target: str, lazy_lines: set[str],
+             returned: dict[int, OutputOffDevice]) -> Finding | None:
+    if isinstance(event, Mismatch):
+        return _mismatch(event, target)
+    if isinstance(event, Creation):
+        if event.site.source in lazy_lines:
+            return None  # the parameters of a layer built in forward: that is PC203
+        if event.fed_mismatch or event.moved or (event.met_device and event.shape != ()):
+            return _creation(event, target)
+        # CPU-side work never copied to the device, or a 0-dim scalar PyTorch reads on the host
+        return None
+    if isinstance(event, HostSync):
+        output = returned.get(id(event))
+        message, hint = rules.host_sync(event.op, event.device, returned_as=output.path if output else "")
+        # a copy forward returns goes to the host: its device column reads cuda:0 -> cpu
+        return _make("PC204", event.site, None, device=event.device,
+                     expected=output.device if output else target,
+                     origin=output.provenance.origin if output else "",
+                     message=message, hint=hint, details=(("op", event.op),))
+    if isinstance(event, ImplicitTransfer):
+        if event.scalar and not event.provenance.path:
+            # a scalar made in forward is a Python number to PyTorch; a stored one could be a buffer
+            return None
+        message, hint = rules.implicit_transfer(event.op, event.scalar, _tensor(event.dtype, event.shape),
+                                                target, _came_from(event.provenance))
+        return _make("PC205", event.site, Severity.INFO if event.scalar else None, device="cpu",
+                     expected=target, dtype=event.dtype, shape=event.shape, origin=event.provenance.origin,
+                     message=message, hint=hint, details=(("op", event.op),))
+    if isinstance(event, Registration):
+        message, hint = rules.created_in_forward(event.what, event.path, event.type_name, event.device,
+                                                 event.on_target)
+        # on the target it cannot crash the job: only the optimizer misses it
+        return _make("PC203", event.site, Severity.WARNING if event.on_target else None,
+                     device=event.device, expected=target, module=event.path, message=message, hint=hint)
+    if isinstance(event, OutputOffDevice):
+        prov = event.provenance
+        message, hint = rules.output_off_device(event.path, _tensor(event.dtype, event.shape), event.device,
+                                                target, _came_from(prov))
+        return _make("PC206", prov.site, None, device=event.device, expected=target, dtype=event.dtype,
+                     shape=event.shape, origin=prov.origin, module=event.path, message=message, hint=hint,
+                     details=(("output", event.path),))
+    if isinstance(event, ForwardError):
+        if event.mismatch:
+            message, hint = rules.device_mismatch_untraced(event.phase, event.message)
+            return _make("PC201", event.site, None, expected=target, message=message, hint=hint)
+        message, hint = rules.forward_error(event.phase, event.message)
+        return _make("PC207", event.site, None, expected=target, message=message, hint=hint,
+                     details=(("phase", event.phase),))
+    if isinstance(event, GradOffDevice):
+        message, hint = rules.gradient_off_device(event.path, event.device, target)
+        return _make("PC201", NOWHERE, None, device=event.device, expected=target, module=event.path,
+                     origin=event.path, message=message, hint=hint, details=(("op", "backward"),))
+    return None
+
+
+def _creation(event: Creation, target: str) -> Finding:
+    fed = event.fed_mismatch
+    message, hint = rules.created_off_device(
+        event.op, _tensor(event.dtype, event.shape), event.device, target, fed=fed,
+        copied_to=event.moved_to, copied_at=event.moved_at.source if event.moved and event.moved_at else "")
+    return _make("PC202", event.site, Severity.ERROR if fed else None, device=event.device, expected=target,
+                 dtype=event.dtype, shape=event.shape, origin=event.site.source, message=message, hint=hint,
+                 details=(("op", event.op),))
+
+
+def _mismatch(event: Mismatch, target: str) -> Finding:
+    prov = event.provenance
+    message, hint = rules.device_mismatch(
+        event.op, event.devices, event.device, _tensor(event.dtype, event.shape), _came_from(prov),
+        created_on=prov.creation.device if prov.creation else "", lazy=prov.lazy,
+        linked_hint=prov.linked.hint if prov.linked else "", attribute=prov.path)
+    details = [("op", event.op), ("devices", ", ".join(event.devices))]
+    origins = prov.origins()
+    if len(origins) > 1:
+        details.append(("origins", ", ".join(origins)))
+    return _make("PC201", event.site, None, device=event.device, expected=target, dtype=event.dtype,
+                 shape=event.shape, origin=prov.origin, message=message, hint=hint, details=tuple(details))
+
+
+def _also_from(first: Finding, origin: str) -> Finding:
+    """``first`` listing one more origin of an offending tensor on the same line (``origins``)."""
+    details = dict(first.details)
+    origins = [o for o in details.get("origins", first.origin).split(", ") if o]
+    if not origin or origin in origins:
+        return first
+    details["origins"] = ", ".join([*origins, origin])
+    return dataclasses.replace(first, details=tuple(details.items()))
+
+
+def _also_in(first: Finding, where: str) -> Finding:
+    """``first`` noting that the same line also ran in module ``where`` (one finding per line)."""
+    details = dict(first.details)
+    also = [w for w in details.get("also", "").split(", ") if w]
+    shown = where or "''"
+    if where == first.where or shown in also:
+        return first
+    details["also"] = ", ".join([*also, shown])
+    return dataclasses.replace(first, details=tuple(details.items()))
+
+
+def _make(code: str, site: Site, severity: Severity | None, **fields: Any) -> Finding:
+    r = rules.rule(code)
+    fields.setdefault("module", site.where)
+    return Finding(code=code, kind=r.kind, severity=severity or r.severity, where=site.where,
+                   source=site.source, **fields)
