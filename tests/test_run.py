@@ -198,6 +198,34 @@ def test_optimizer_built_before_model_to_stays_valid() -> None:
     assert report.findings == ()
 
 
+def test_optimizer_built_before_a_move_that_overwrites_parameters_is_pc308() -> None:
+    def train() -> None:
+        torch.__future__.set_overwrite_module_params_on_conversion(True)
+        model = nn.Linear(4, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        model.to("cuda")
+        model(torch.randn(2, 4, device="cuda")).sum().backward()
+        optimizer.step()
+
+    assert codes(run(train)) == ["PC308"]
+
+
+def test_state_dict_saved_by_the_script_is_plain_and_loads_back_where_it_was(tmp_path: Path) -> None:
+    saved = tmp_path / "model.pt"
+    seen = []
+
+    def train() -> None:
+        model = nn.Linear(4, 1).to("cuda")
+        torch.save(model.state_dict(), saved)
+        state = torch.load(saved)  # weights_only: a placecheck class in the file would be refused
+        seen.append(str(state["weight"].device))
+
+    report = run(train)
+    assert report.findings == ()
+    assert seen == ["cuda:0"]
+    assert type(torch.load(saved)["weight"]) is torch.Tensor
+
+
 # -- the seeds' loop ------------------------------------------------------------------------------------
 
 def test_example_training_loop_with_labels_forgotten() -> None:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
@@ -254,6 +255,10 @@ class RunRecorder:
         """Top-level modules called since the last optimizer step."""
         self._quiet = 0
         self._moving = 0
+        self.user_overwrite = False
+        self._saved: dict[str, list[str]] = {}
+        """Files this run saved with torch.save -> the device of each tensor, in order."""
+        """The script asked for new Parameter objects on ``.to()`` (``torch.__future__``)."""
         self.reported_errors: set[int] = set()
         """ids of exceptions raised to reproduce a failure already reported (a PC301 load)."""
 
@@ -285,6 +290,7 @@ class RunRecorder:
                     (dataloader._BaseDataLoaderIter, "__next__", self._loader_next),
                     (torch, "load", self._torch_load), (torch, "save", self._torch_save),
                     (SimulatedTensor, "__repr__", self._simulated_repr),
+                    (torch.__future__, "set_overwrite_module_params_on_conversion", self._overwrite_flag),
                 ):
                     original = getattr(owner, name)
                     stack.enter_context(mock.patch.object(owner, name, make(original)))
@@ -329,7 +335,7 @@ class RunRecorder:
         if func in _MOVES and isinstance(out, torch.Tensor) and args and isinstance(args[0], torch.Tensor):
             self._record_move(func, args, kwargs, args[0], out)
         elif isinstance(out, torch.Tensor) and type(out) is torch.Tensor:
-            if func in _FACTORIES and not self._forward_stack:
+            if func in _FACTORIES:
                 line = called_from_user()
                 if line:
                     self._track(out, _Origin("created", f"torch.{_op_name(func)}", line))
@@ -405,7 +411,9 @@ class RunRecorder:
         elif origin is not None:
             what = f"{named} (created by {origin.path} at {origin.line})"
             where, origin_text = names[0] if names else "", origin.line
-            hint = (f"create it on the device ({origin.path}(..., device=device)), or move it once before "
+            hint = (f"create it on the input's device in forward ({origin.path}(..., device=x.device))"
+                    if in_module is not None else
+                    f"create it on the device ({origin.path}(..., device=device)), or move it once before "
                     "the loop; a metric can also accumulate Python numbers")
         else:
             what, where, origin_text = named, names[0] if names else "", ""
@@ -500,10 +508,14 @@ class RunRecorder:
         line, _ = here()
         snapshot = Snapshot.take(module) if dest is not None else None
         self._moving += 1
+        # the engine needs new tensors from .to(); a GPU keeps each Parameter object unless the script
+        # asked for new ones (set_overwrite_module_params_on_conversion(True))
+        torch.__future__.set_swap_module_params_on_conversion(not self.user_overwrite)
         try:
             with self.quiet():  # the move's own copies are not the script's transfers
                 moved = original(module, *args, **kwargs)
         finally:
+            torch.__future__.set_swap_module_params_on_conversion(True)
             self._moving -= 1
         if dest is None:
             return moved
@@ -521,6 +533,11 @@ class RunRecorder:
         for note in result.notes:
             self.notes[note] = None
         return moved
+
+    def _overwrite_flag(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def set_overwrite_module_params_on_conversion(value: bool) -> None:
+            self.user_overwrite = bool(value)  # the engine's own setting (True) stays in force
+        return set_overwrite_module_params_on_conversion
 
     # -- optimizers -------------------------------------------------------------------------------------
     def _optimizer_init(self, original: Callable[..., Any]) -> Callable[..., Any]:
@@ -680,9 +697,11 @@ class RunRecorder:
             return storage
 
         loaded = original(f, remember, *args, **kwargs)
+        saved_here = iter(self._saved.get(os.path.abspath(f), [])
+                          if isinstance(f, str) or hasattr(f, "__fspath__") else [])
 
         def place(t: torch.Tensor) -> torch.Tensor:
-            saved = locations.get(t.untyped_storage().data_ptr(), "cpu")
+            saved = next(saved_here, None) or locations.get(t.untyped_storage().data_ptr(), "cpu")
             dest = self._mapped(map_location, saved)
             if dest.type == "cuda":
                 return SimulatedTensor.tag(_plain(t), dest)
@@ -704,9 +723,20 @@ class RunRecorder:
         return torch.device("cuda", device.index or 0) if device.type == "cuda" else device
 
     def _torch_save(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        def save(obj: Any, *args: Any, **kwargs: Any) -> Any:
+        def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
+            devices: list[str] = []
+
+            def host(t: torch.Tensor) -> torch.Tensor:
+                devices.append(str(t.device))
+                return _plain(t)
+
             with self.quiet():
-                return original(_map_tree(obj, _plain), *args, **kwargs)
+                plain = _map_tree(obj, host)
+                if isinstance(f, str) or hasattr(f, "__fspath__"):
+                    # the file holds host tensors (no placecheck class in it); a later torch.load of it
+                    # in this run puts each back on the device it was saved from, as on a GPU
+                    self._saved[os.path.abspath(f)] = devices
+                return original(plain, f, *args, **kwargs)
         return save
 
     # -- results ---------------------------------------------------------------------------------------------
