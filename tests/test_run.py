@@ -113,6 +113,22 @@ def test_loop_syncs_are_one_info_per_line_with_calls_per_step_forward_sync_stays
     assert forward.where == "Net"
 
 
+def test_a_sync_inside_torch_names_the_function_that_made_it() -> None:
+    def train() -> None:
+        model = nn.Linear(4, 1).to("cuda")
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        scaler = torch.amp.GradScaler("cuda")
+        for _ in range(2):
+            scaler.scale(model(torch.randn(2, 4, device="cuda")).sum()).backward()
+            scaler.step(optimizer)
+            scaler.update()
+
+    [finding] = run(train).findings
+    assert finding.code == "PC204" and finding.severity is Severity.INFO
+    assert ".item() in GradScaler._maybe_opt_step of a cuda:0 tensor" in finding.message
+    assert "syncs by design" in finding.hint
+
+
 def test_no_syncs_in_loop_or_forward_is_clean() -> None:
     assert run(script("syncs_fixed.py")).findings == ()
 

@@ -54,7 +54,7 @@ from placecheck.errors import PlacecheckError, one_line
 from placecheck.finding import Finding, Severity
 from placecheck.report import human_bytes
 from placecheck.rules import rule
-from placecheck.run.sites import called_from_user, here, names_of, raised_at
+from placecheck.run.sites import called_from_user, here, library_caller, names_of, raised_at
 from placecheck.tagged import SimulatedDeviceMismatchError, SimulatedTensor
 from placecheck.walk import Snapshot, walk
 
@@ -452,7 +452,11 @@ class RunRecorder:
         if not line:
             return
         module = type(self._forward_stack[-1]).__name__ if self._forward_stack else ""
-        entry = self.syncs.setdefault((line, _SYNC_NAMES.get(name, f".{name}()")),
+        call = _SYNC_NAMES.get(name, f".{name}()")
+        via = library_caller()
+        if via:
+            call = f"{call} in {via}"
+        entry = self.syncs.setdefault((line, call),
                                       [0, module, str(t.device), set()])
         entry[0] += 1
         entry[3].add(self.steps)
@@ -761,8 +765,9 @@ class RunRecorder:
                 expected=device, count=count,
                 message=(f"{call} of a {device} tensor in the loop: a host sync, {rate}; each waits for "
                          "the GPU to finish the queued work"),
-                hint=("fine once per step for logging; accumulate on the device (loss.detach()) and read it "
-                      "every N steps when steps are short"),
+                hint=(f"{call.split(' in ', 1)[1]} syncs by design; nothing to change here" if " in " in call
+                      else "fine once per step for logging; accumulate on the device (loss.detach()) and "
+                           "read it every N steps when steps are short"),
                 details=(("call", call), ("calls", str(count)))))
         r = rule("PC209")
         repeated: dict[str, _Copies] = {}

@@ -93,6 +93,18 @@ def called_from_user() -> str:
     return where_is(frame)
 
 
+def library_caller() -> str:
+    """The function (``GradScaler.step``) that made the torch call being handled, when it is not the
+    user's own code but torch's or a library's called from it; "" when the user made the call."""
+    frame: FrameType | None = sys._getframe(2)
+    while frame is not None and _own(frame.f_code.co_filename):
+        frame = frame.f_back
+    if frame is None or not is_foreign(frame.f_code):
+        return ""
+    name: str = getattr(frame.f_code, "co_qualname", frame.f_code.co_name)
+    return name.split(".<locals>", 1)[0]
+
+
 def where_is(frame: FrameType | None) -> str:
     """``file:line`` of ``frame`` as the user would type it ("" for none)."""
     if frame is None:
