@@ -28,6 +28,7 @@ import torch
 import torch.nn as nn
 from torch.nn.parameter import UninitializedBuffer, UninitializedParameter
 
+from placecheck.assignments import Assignments, build_recorded
 from placecheck.engine import Engine, move_model
 from placecheck.errors import LoadError, UsageError, one_line
 from placecheck.options import InitChoice
@@ -55,6 +56,9 @@ class Construction:
     on_meta: bool
     note: str = ""
     """For the report's notes: what ``--init`` chose and why; empty when nothing was chosen."""
+    assignments: Assignments = field(default_factory=Assignments)
+    """Where the user's code assigned each module attribute while the model was built (empty for a
+    model built before the audit): the ``source`` of walk findings."""
 
 
 def available_memory() -> int:
@@ -115,31 +119,37 @@ def construct(
         raise UsageError("--init meta cannot tell moved tensors from unmoved ones when the "
                          "target is meta itself: use --device cuda, or --init cpu")
     if init is InitChoice.CPU or device == "meta":
-        return Construction(build(model), on_meta=False, note="init: cpu (as requested)"
-                            if init is InitChoice.CPU else "")
+        return _built(build, model, note="init: cpu (as requested)" if init is InitChoice.CPU else "")
 
     def on_meta() -> nn.Module:
         with torch.device("meta"):
             return model()
 
     try:
-        meta_model = build(on_meta)
+        meta_model, meta_assignments = build_recorded(lambda: build(on_meta))
     except Exception as exc:
         if init is InitChoice.META:
             raise LoadError(f"building the model on the meta device raised {one_line(exc)}: "
                             "use --init cpu (--debug shows the traceback)") from exc
-        return Construction(build(model), on_meta=False,
-                            note=f"init: cpu (auto: building on the meta device raised "
-                                 f"{one_line(exc)}; built on the CPU instead)")
+        return _built(build, model, note=f"init: cpu (auto: building on the meta device raised "
+                                         f"{one_line(exc)}; built on the CPU instead)")
     if init is InitChoice.META:
-        return Construction(meta_model, on_meta=True, note=f"init: meta (as requested): {_META_NOTE}")
+        return Construction(meta_model, on_meta=True, note=f"init: meta (as requested): {_META_NOTE}",
+                            assignments=meta_assignments)
     need, have = state_nbytes(meta_model), available_memory()
     sizes = f"{human_bytes(need)} of parameters and buffers, {human_bytes(have)} of memory available"
     if need <= COMFORTABLE_FRACTION * have:
-        del meta_model
-        return Construction(build(model), on_meta=False, note=f"init: cpu (auto: {sizes})")
+        del meta_model, meta_assignments
+        return _built(build, model, note=f"init: cpu (auto: {sizes})")
     return Construction(meta_model, on_meta=True,
-                        note=f"init: meta (auto: {sizes}, too much to build on the CPU): {_META_NOTE}")
+                        note=f"init: meta (auto: {sizes}, too much to build on the CPU): {_META_NOTE}",
+                        assignments=meta_assignments)
+
+
+def _built(build: Callable[[Any], nn.Module], factory: Callable[[], nn.Module], note: str) -> Construction:
+    """A CPU build by ``factory``, recording where the user's code assigned each module attribute."""
+    model, assignments = build_recorded(lambda: build(factory))
+    return Construction(model, on_meta=False, note=note, assignments=assignments)
 
 
 _META_NOTE = ("built on the meta device, no memory for weights; tensors .to() did not move are "

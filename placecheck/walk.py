@@ -12,12 +12,14 @@ so the forward pass can say which attribute an offending tensor came from.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.nn as nn
 
+from placecheck.assignments import Assignments
 from placecheck.finding import Finding, Severity
 from placecheck.report import human_bytes
 from placecheck.rules import rule
@@ -154,9 +156,12 @@ def _holder_name(path: str) -> str:
 
 
 class _Walker:
-    def __init__(self, model: nn.Module, target: str, snapshot: Snapshot) -> None:
+    def __init__(self, model: nn.Module, target: str, snapshot: Snapshot,
+                 assignments: Assignments | None = None) -> None:
+        self.root = model
         self.target = target
         self.snapshot = snapshot
+        self.assignments = assignments or Assignments()
         self.registered: set[int] = set()
         for _, p in model.named_parameters(remove_duplicate=False):
             self.registered.add(id(p))
@@ -185,7 +190,7 @@ class _Walker:
                 owner, _, attr = name.rpartition(".")
                 what = "parameter" if code == "PC104" else "buffer"
                 self.findings.append(self._finding(
-                    code, name, owner, t,
+                    code, name, owner, t, source=self.source(owner, model.get_submodule(owner), attr),
                     message=f"registered {what} {name!r} is on {dev} after .to({self.target!r})",
                     hint=("something overrode the move: a custom _apply()/to() that skips it, or "
                           f"{attr!r} re-assigned after .to(); keep the default _apply and create "
@@ -201,21 +206,33 @@ class _Walker:
             skip = _hook_derived(module) | _library_managed(module)
             for attr, value in attributes(module):
                 if attr not in skip:
-                    self.visit(value, mpath, attr)
+                    self.visit(value, mpath, module, attr)
             for attr, value in class_state(module).items():
                 if attr not in skip and attr not in MODULE_INTERNALS:
                     self.class_paths.add(join(mpath, attr))
-                    self.visit(value, mpath, attr)
+                    self.visit(value, mpath, module, attr)
 
-    def visit(self, value: Any, owner: str, attr: str) -> None:
-        """Report what the attribute ``attr`` of module ``owner`` holds."""
-        for found in held(value, join(owner, attr), owner, attr, self.seen, self.too_deep):
+    def source(self, mpath: str, module: nn.Module, attr: str) -> str:
+        """Where the user's code assigned ``module.<attr>``; for an attribute of a class that is not
+        the user's (``nn.Linear``'s ``weight``), where the module itself was assigned, and so on up."""
+        found = self.assignments.source(module, attr)
+        while not found and mpath:
+            mpath, _, attr = mpath.rpartition(".")
+            found = self.assignments.source(self.root.get_submodule(mpath), attr)
+        return found
+
+    def visit(self, value: Any, mpath: str, module: nn.Module, attr: str) -> None:
+        """Report what the attribute ``attr`` of ``module`` (at ``mpath``) holds."""
+        def source() -> str:  # asked only when there is something to report
+            return self.source(mpath, module, attr)
+
+        for found in held(value, join(mpath, attr), mpath, attr, self.seen, self.too_deep):
             if isinstance(found.value, torch.Tensor):
-                self.tensor(found)
+                self.tensor(found, source)
             else:
-                self.module(found)
+                self.module(found, source)
 
-    def tensor(self, found: Held) -> None:
+    def tensor(self, found: Held, source: Callable[[], str]) -> None:
         t: torch.Tensor = found.value
         path, owner, attr, parent = found.path, found.owner, found.attr, found.parent
         container = found.outer.kind if found.outer and not found.outer.is_object else None
@@ -237,7 +254,7 @@ class _Walker:
         desc = f"{_dtype(t)}{list(_shape(t) or [])}"
         if stale is not None:
             finding = self._finding(
-                "PC101", path, owner, t,
+                "PC101", path, owner, t, source=source(),
                 message=(f"{path!r} holds buffer {stale!r} as it was before .to(): .to() replaced "
                          "the buffer with a moved copy, this reference still points at the old one "
                          f"on {dev}"),
@@ -254,7 +271,7 @@ class _Walker:
                 fix = "nn.ParameterDict" if parent and parent.kind == "dict" else "nn.ParameterList"
                 hint = f"hold parameters in {fix} (or assign each as a module attribute)"
             finding = self._finding(
-                "PC103", path, owner, t,
+                "PC103", path, owner, t, source=source(),
                 message=(f"nn.Parameter {desc} {where} stays on {dev}: "
                          ".to(), state_dict() and the optimizer never see it"),
                 hint=hint,
@@ -263,7 +280,7 @@ class _Walker:
             # PLACEMENT.md: a 0-dim CPU tensor used as a scalar with device tensors does
             # not raise, so this is waste (a host read per use) and a state_dict gap, not a crash
             finding = self._finding(
-                "PC101", path, owner, t, severity=Severity.WARNING,
+                "PC101", path, owner, t, source=source(), severity=Severity.WARNING,
                 message=(f"0-dim tensor {path!r} ({_dtype(t)}) stays on {dev}: used as a scalar beside "
                          f"{self.target} tensors it does not raise, but .to() does not move it, "
                          "state_dict() does not save it and each use reads it on the host"),
@@ -272,7 +289,7 @@ class _Walker:
             )
         elif path in self.class_paths:
             finding = self._finding(
-                "PC101", path, owner, t,
+                "PC101", path, owner, t, source=source(),
                 message=(f"class attribute {attr!r} {desc} stays on {dev}: a tensor defined in the class "
                          "body is shared by every instance and .to() never moves it"),
                 hint=(f'create it in __init__ and self.register_buffer("{attr}", tensor, persistent=False), '
@@ -294,14 +311,14 @@ class _Walker:
                 hint = (f'self.register_buffer("{attr}", tensor, persistent=False) in __init__, or '
                         "create it in forward() on the input's device")
             finding = self._finding(
-                "PC101", path, owner, t,
+                "PC101", path, owner, t, source=source(),
                 message=f"{what} stays on {dev}: .to() moves only registered parameters and buffers",
                 hint=hint,
             )
         self.findings.append(finding)
         self.by_origin[path] = finding
 
-    def module(self, found: Held) -> None:
+    def module(self, found: Held, source: Callable[[], str]) -> None:
         m: nn.Module = found.value
         path, owner, parent = found.path, found.owner, found.parent
         container = found.outer.kind if found.outer and not found.outer.is_object else None
@@ -356,7 +373,7 @@ class _Walker:
         also = f", {already} more already reported where the walk met them first" if already else ""
         finding = Finding(
             code="PC102", kind=rule("PC102").kind, severity=rule("PC102").severity,
-            where=path, module=owner, device=", ".join(devices), expected=self.target,
+            where=path, module=owner, source=source(), device=", ".join(devices), expected=self.target,
             nbytes=nbytes, count=len(counted),
             message=(f"{type(m).__name__} {where}: its {len(counted)} tensor"
                      f"{'s' if len(counted) != 1 else ''} ({human_bytes(nbytes)}{also}) stay on "
@@ -368,22 +385,26 @@ class _Walker:
             self.by_origin[tpath] = finding
 
     def _finding(self, code: str, where: str, owner: str, t: torch.Tensor, message: str,
-                 hint: str, severity: Severity | None = None) -> Finding:
+                 hint: str, source: str, severity: Severity | None = None) -> Finding:
         r = rule(code)
         return Finding(
-            code=code, kind=r.kind, severity=severity or r.severity, where=where, module=owner,
+            code=code, kind=r.kind, severity=severity or r.severity, where=where, module=owner, source=source,
             device=tensor_device(t), expected=self.target, dtype=_dtype(t), shape=_shape(t),
             nbytes=tensor_nbytes(t), count=1, message=message, hint=hint,
         )
 
 
-def walk(model: nn.Module, target: str, snapshot: Snapshot | None = None) -> WalkResult:
+def walk(model: nn.Module, target: str, snapshot: Snapshot | None = None,
+         assignments: Assignments | None = None) -> WalkResult:
     """Walk ``model`` (already moved to ``target``) and report what ``.to()`` left behind.
 
     ``snapshot`` is :meth:`Snapshot.take` of the model before the move; without
     it, stale references to pre-move parameters cannot be told from strays.
+    ``assignments`` (recorded while the model was built, see
+    :mod:`placecheck.assignments`) give each finding its ``source``; without
+    them it is read from the classes' source code.
     """
-    walker = _Walker(model, target, snapshot or Snapshot())
+    walker = _Walker(model, target, snapshot or Snapshot(), assignments)
     walker.registered_off_device(model)
     walker.module_attributes(model)
     n_params = sum(1 for _ in model.parameters())
