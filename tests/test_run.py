@@ -242,6 +242,20 @@ def test_state_dict_saved_by_the_script_is_plain_and_loads_back_where_it_was(tmp
     assert type(torch.load(saved)["weight"]) is torch.Tensor
 
 
+# -- forward-pass performance anywhere in the run ---------------------------------------------------------
+
+def test_created_then_copied_in_forward_is_pc202_and_cpu_indices_are_pc205() -> None:
+    report = run(script("forward_buggy.py"))
+    found = {(f.code, f.source, f.where) for f in report.findings}
+    assert found == {("PC202", at("forward_buggy.py", 16), "Net"),
+                     ("PC205", at("forward_buggy.py", 18), "Net"),
+                     ("PC205", at("forward_buggy.py", 25), "")}
+
+
+def test_tensors_made_on_the_device_in_forward_is_clean() -> None:
+    assert run(script("forward_fixed.py")).findings == ()
+
+
 # -- the seeds' loop ------------------------------------------------------------------------------------
 
 def test_example_training_loop_with_labels_forgotten() -> None:

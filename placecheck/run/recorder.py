@@ -98,6 +98,8 @@ class _Origin:
     """The loop line that produced the batch, or the line that created the tensor."""
     pinned: bool = False
     """The batch came from a DataLoader with ``pin_memory=True``."""
+    module: str = ""
+    """For a creation: the class of the module whose forward made it ("" outside any forward)."""
 
 
 @dataclass
@@ -328,6 +330,9 @@ class RunRecorder:
             # load_state_dict under the swap flag: a copy into the parameter, legal across devices
             # on a GPU as copy_ is (the tagged engine does not list module_load as a copy)
             return args[0].copy_(args[1]).detach()
+        if func in _INDEX_OPS and args and isinstance(args[0], torch.Tensor) \
+                and args[0].device.type == "cuda":
+            self._implicit_index(func, args)
         try:
             out = func(*args, **kwargs)
         except Exception as exc:
@@ -338,7 +343,8 @@ class RunRecorder:
             if func in _FACTORIES:
                 line = called_from_user()
                 if line:
-                    self._track(out, _Origin("created", f"torch.{_op_name(func)}", line))
+                    module = type(self._forward_stack[-1]).__name__ if self._forward_stack else ""
+                    self._track(out, _Origin("created", f"torch.{_op_name(func)}", line, module=module))
             elif self._tracked:
                 for _, t in _tensor_args(args, kwargs):
                     origin = self._origin(t)
@@ -486,11 +492,45 @@ class RunRecorder:
             if non_blocking != origin.pinned:
                 self.batch_copies.setdefault((line, origin.line, origin.pinned), {})[origin.path] = None
             return
+        if origin is not None and origin.module:
+            self._created_then_moved(origin, str(out.device), source)
+            return
         key = (line, id(source))
         copies = self.copies.get(key)
         if copies is None or copies.ref() is not source:
             copies = self.copies[key] = _Copies(weakref.ref(source), _nbytes(source), str(out.device))
         copies.steps.add(self.steps)
+
+    def _created_then_moved(self, origin: _Origin, device: str, t: torch.Tensor) -> None:
+        """PC202: made on the host in forward, then copied to the device, on every call."""
+        r = rule("PC202")
+        self._add(Finding(
+            code=r.code, kind=r.kind, severity=Severity.WARNING, where=origin.module, source=origin.line,
+            device="cpu", expected=device, dtype=str(t.dtype).removeprefix("torch."), shape=tuple(t.shape),
+            nbytes=_nbytes(t), count=1,
+            message=(f"{origin.path} in {origin.module}.forward creates the tensor on the CPU and it is then "
+                     f"copied to {device}: a host allocation and a blocking copy on every call"),
+            hint=f"create it on the device directly: {origin.path}(..., device=x.device)"))
+
+    def _implicit_index(self, func: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        """PC205: a CPU index tensor indexing a device tensor (a host-to-device copy per call)."""
+        index = args[1] if len(args) > 1 else None
+        items = index if isinstance(index, tuple | list) else (index,)
+        cpu = [t for t in items if isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.dim() > 0]
+        if not cpu:
+            return
+        line, _ = here()
+        if not line:
+            return
+        r = rule("PC205")
+        self._add(Finding(
+            code=r.code, kind=r.kind, severity=r.severity, source=line, device="cpu",
+            where=type(self._forward_stack[-1]).__name__ if self._forward_stack else "",
+            expected=str(args[0].device), dtype=str(cpu[0].dtype).removeprefix("torch."),
+            shape=tuple(cpu[0].shape), nbytes=_nbytes(cpu[0]), count=1,
+            message=(f"a CPU index tensor {tuple(cpu[0].shape)} indexes a {args[0].device} tensor: legal, "
+                     "but PyTorch copies the index to the device (and waits) on every call"),
+            hint="make the index on the device (torch.arange(n, device=x.device), idx.to(device) once)"))
 
     # -- module moves ----------------------------------------------------------------------------------
     def _module_to(self, original: Callable[..., Any]) -> Callable[..., Any]:
