@@ -60,7 +60,7 @@ from placecheck.walk import Snapshot, walk
 
 _HOST_SYNC = frozenset({torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.cpu, torch.Tensor.__bool__,
                         torch.Tensor.__int__, torch.Tensor.__float__, torch.Tensor.__index__,
-                        torch.Tensor.__format__, torch.Tensor.__repr__, torch.Tensor.numpy})
+                        torch.Tensor.__format__, torch.Tensor.__repr__})
 _SYNC_NAMES = {"__bool__": "bool()", "__int__": "int()", "__float__": "float()", "__index__": "an index",
                "__format__": "formatting", "__repr__": "printing"}
 _MOVES = frozenset({torch.Tensor.to, torch.Tensor.cuda})
@@ -72,6 +72,7 @@ _FACTORIES = frozenset(getattr(torch, name) for name in (
 _INDEX_OPS = frozenset({torch.Tensor.__getitem__, torch.Tensor.__setitem__, torch.Tensor.index_put_,
                         torch.Tensor.index_put, torch.index_put})
 _MAX_RETRIES = 4
+_MAX_TRACKED = 50_000
 _PIN_WARNING = "'pin_memory' argument is set as true but no accelerator is found"
 
 
@@ -355,6 +356,8 @@ class RunRecorder:
 
     def _track(self, t: torch.Tensor, origin: _Origin) -> None:
         self._tracked[id(t)] = _Tracked(weakref.ref(t), origin)
+        if len(self._tracked) > _MAX_TRACKED:  # a long stretch without optimizer steps
+            self._prune()
 
     def _origin(self, t: torch.Tensor) -> _Origin | None:
         tracked = self._tracked.get(id(t))
@@ -363,7 +366,9 @@ class RunRecorder:
         return tracked.origin
 
     def _prune(self) -> None:
+        """Forget tensors that no longer exist (their ids may be reused)."""
         self._tracked = {k: v for k, v in self._tracked.items() if v.ref() is not None}
+        self.copies = {k: v for k, v in self.copies.items() if v.ref() is not None or len(v.steps) > 1}
 
     def _repair(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
                 exc: Exception) -> Any:
