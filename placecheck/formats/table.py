@@ -6,9 +6,11 @@ findings it caused follow on ``->`` lines. The fix hints come once under the
 table (one line per distinct hint, labelled with its rule), or under every
 problem with ``hints=True``; ``placecheck explain CODE`` has the long text.
 
-Every line is wrapped at word boundaries to the width: the terminal's when
-writing to one, else ``$COLUMNS`` when set, else 80, so that a file, a pipe or
-a CI log looks the same wherever it is produced.
+Every line but the first (which names the TARGET) is wrapped at word
+boundaries to the width: the terminal's when writing to one, else
+``$COLUMNS`` when set, else 80, so that a file, a pipe or a CI log looks the
+same wherever it is produced. A multi-line note (a checkpoint's device table)
+keeps its lines.
 """
 
 from __future__ import annotations
@@ -37,6 +39,19 @@ def _wrap(text: str, width: int, first: str = "", rest: str = "") -> list[str]:
     # break_long_words only splits a word longer than a whole line (a long path), never a fitting one
     return textwrap.wrap(text, width=width, initial_indent=first, subsequent_indent=rest,
                          break_on_hyphens=False) or [first.rstrip()]
+
+
+def _wrap_lines(text: str, width: int, first: str, rest: str) -> list[str]:
+    """Each line of ``text`` wrapped on its own: a note that holds a small table keeps its rows."""
+    out: list[str] = []
+    for i, line in enumerate(text.splitlines() or [""]):
+        prefix = first if i == 0 else rest
+        if len(prefix) + len(line) <= width:
+            out.append((prefix + line).rstrip())
+        else:
+            indent = rest + " " * (len(line) - len(line.lstrip()))
+            out += _wrap(line.strip(), width, prefix + " " * (len(line) - len(line.lstrip())), indent)
+    return out
 
 
 def _header(f: Finding) -> str:
@@ -89,9 +104,10 @@ class TableFormatter(Formatter):
 
     def format(self, report: Report) -> str:
         width = self.width
-        lines = _wrap(f"placecheck: {report.target} on {report.device} ({report.engine})", width, rest="  ")
+        # the first line is not wrapped: a long TARGET path cannot be broken usefully, and tools grep it
+        lines = [f"placecheck: {report.target} on {report.device} ({report.engine})"]
         for note in report.notes:
-            lines += _wrap(f"note: {note}", width, rest="      ")
+            lines += _wrap_lines(note, width, "note: ", "      ")
         if report.findings:
             lines.append("")
             for f in report.findings:
