@@ -30,9 +30,10 @@ from placecheck.engine import (
     move_model,
 )
 from placecheck.errors import LoadError, UsageError, one_line
-from placecheck.finding import Finding
+from placecheck.finding import Finding, Severity
 from placecheck.report import Report
 from placecheck.rules import rule, selected
+from placecheck.rules import stray_handled_by_forward as rule_stray_handled
 from placecheck.walk import Snapshot, WalkResult, reachable_tensors, walk
 
 ModelOrFactory = Union[nn.Module, Callable[[], nn.Module]]
@@ -284,12 +285,21 @@ def _attempt(eng: Engine, opts: _Options) -> _Attempt:
             forward_findings, attempt.fallback = traced.findings, traced.fallback
             attempt.incomplete = traced.stopped
             attempt.notes.extend(traced.notes)
-            walk_findings = [f for f in walk_findings
-                             if not (f.code == "PC101" and f.where in traced.dismissed)]
-            attempt.notes.extend(f"{path}: not reported: {why}" for path, why in traced.dismissed.items())
+            walk_findings = [_handled_by_forward(f, traced.handled.get(f.where), dev)
+                             if f.code == "PC101" else f for f in walk_findings]
     attempt.findings = [*walk_findings, *checkpoint_findings, *forward_findings]
     attempt.stats = result.stats
     return attempt
+
+
+def _handled_by_forward(finding: Finding, how: str | None, target: str) -> Finding:
+    """A stray (PC101) the forward handles: an ``info`` finding saying how, decided from what the
+    forward did (never from the library or attribute names): .to() still leaves it behind."""
+    if how is None:
+        return finding
+    why = rule_stray_handled(how, target)
+    return dataclasses.replace(finding, severity=Severity.INFO, message=f"{finding.message}; {why}",
+                               details=(*finding.details, ("forward", how)))
 
 
 def _materialise_lazy(model: nn.Module, inputs: tuple[tuple[Any, ...], dict[str, Any], str],
@@ -326,8 +336,9 @@ class _ForwardResult:
     fallback: str
     """Why fake tensors could not run the forward ("" when they could)."""
     notes: list[str]
-    dismissed: dict[str, str]
-    """Walk findings (PC101) the forward shows the code handles: path -> why."""
+    handled: dict[str, str]
+    """Stray tensors (PC101) the forward shows the code handles: path -> how
+    (:attr:`placecheck.provenance.StrayVerdict.how`)."""
     stopped: str = ""
     """Where and why the forward stopped at a limit of the simulation ("" when it did not)."""
 
@@ -357,10 +368,11 @@ def _forward(model: nn.Module, eng: Engine, result: WalkResult, snapshot: Snapsh
         elif not why:  # else keep what the forward found before fake tensors stopped
             tracer.record_error(exc)
     findings = tracer.findings(library_findings)
-    dismissed = tracer.dismissed_strays(walk(model, dev, snapshot)) if tracer.strays and not why else {}
+    handled = ({v.path: v.how for v in tracer.stray_verdicts(walk(model, dev, snapshot))}
+               if tracer.strays and not why else {})
     from placecheck.datadep import assumption_notes  # what the fake engine assumed to run data-dependent ops
 
-    return _ForwardResult(findings, why, [*notes, *tracer.notes(), *assumption_notes()], dismissed, limit)
+    return _ForwardResult(findings, why, [*notes, *tracer.notes(), *assumption_notes()], handled, limit)
 
 
 @contextlib.contextmanager

@@ -38,29 +38,26 @@ _PERFORMANCE_CODES = frozenset({"PC202", "PC204", "PC205"})
 
 @dataclasses.dataclass
 class ForwardFindings:
-    """The findings of one traced forward, and the performance findings left out as library code."""
+    """The findings of one traced forward."""
 
     findings: list[Finding]
-    library_hidden: dict[str, int]
-    """Installed package -> performance findings not reported because they are its own code."""
+    library: dict[str, int]
+    """Installed package -> performance findings raised entirely inside it (reported at ``info``)."""
 
     def notes(self) -> list[str]:
-        """What the findings left out, for the report's notes."""
-        hidden = sum(self.library_hidden.values())
-        if not hidden:
-            return []
-        return [f"forward: {hidden} performance finding{'s' if hidden != 1 else ''} inside installed "
-                f"packages ({', '.join(sorted(self.library_hidden))}) not reported; --library-findings "
-                "shows them"]
+        """Remarks for the report's notes (none: library findings are findings of their own)."""
+        return []
 
 
 def forward_findings(events: list[Event], target: str, library_findings: bool = False) -> ForwardFindings:
     """PC201-PC207 from the recorded events, de-duplicated by (code, source line).
 
-    Performance findings (warning or info: PC202 that fed no mismatch,
-    PC204, PC205) whose call chain in the forward has no frame outside
-    installed packages are library code the user cannot act on: counted
-    in ``library_hidden`` instead, unless ``library_findings``.
+    Performance findings (PC202 that fed no mismatch, PC204, PC205) whose
+    call chain in the forward has no frame outside installed packages are
+    library code: reported at ``info``, naming the package ("in transformers,
+    not your code: ..."), since no line of the user's code changes them (the
+    user may still act: another attention implementation, no mask without
+    padding). ``library_findings`` keeps their rule's severity.
     """
     found: dict[tuple[str, str, str], Finding] = {}
     library: dict[tuple[str, str, str], str] = {}
@@ -82,16 +79,18 @@ def forward_findings(events: list[Event], target: str, library_findings: bool = 
         site = getattr(event, "site", None)
         if isinstance(site, Site) and site.library:
             library[key] = site.library
-    hidden: dict[str, int] = {}
+    counted: dict[str, int] = {}
     kept = []
     for key, finding in found.items():
         package = library.get(key, "")
-        if package and not library_findings and finding.severity is not Severity.ERROR \
-                and finding.code in _PERFORMANCE_CODES:
-            hidden[package] = hidden.get(package, 0) + 1
-            continue
+        if package and finding.severity is not Severity.ERROR and finding.code in _PERFORMANCE_CODES:
+            counted[package] = counted.get(package, 0) + 1
+            finding = dataclasses.replace(
+                finding, message=rules.in_library(package, finding.message),
+                severity=finding.severity if library_findings else Severity.INFO,
+                details=(*finding.details, ("library", package)))
         kept.append(finding)
-    return ForwardFindings(kept, hidden)
+    return ForwardFindings(kept, counted)
 
 
 def _tensor(dtype: str, shape: tuple[int, ...] | None) -> str:

@@ -109,8 +109,9 @@ class StrayVerdict:
     path: str
     how: str
     """``replaced`` (forward swapped in a tensor on the target before use), ``removed``,
-    ``moved-copies`` (only used in CPU work whose results it copies to the target), or
-    ``cpu-only`` (only used in work that never met a device tensor)."""
+    ``moved-copies`` (only used in CPU work whose results it copies to the target),
+    ``cpu-only`` (only used in work that never met a device tensor), or ``scalar`` (only used
+    as a 0-dim scalar, which PyTorch reads on the host)."""
 
 
 class Provenances:
@@ -206,6 +207,9 @@ class Provenances:
             if path not in still_off:
                 verdicts.append(StrayVerdict(path, "replaced" if path in present else "removed"))
             elif path in self.stray_touched:
-                how = "moved-copies" if path in self.stray_moved else "cpu-only"
+                if self.scalar_only.get(path):
+                    how = "scalar"
+                else:
+                    how = "moved-copies" if path in self.stray_moved else "cpu-only"
                 verdicts.append(StrayVerdict(path, how))
         return verdicts

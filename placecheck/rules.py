@@ -67,6 +67,47 @@ class Net(nn.Module):
         self.register_buffer("mask", torch.tril(torch.ones(8, 8)), persistent=False)
 """)
 
+# -- message builders of the walk rules: plain data in, (message, hint) out ------------------------
+
+
+def stray_tensor(path: str, attr: str, tensor: str, device: str, target: str, *, stale_buffer: str = "",
+                 scalar_dtype: str = "", class_level: bool = False, container: str = "",
+                 helper: str = "") -> tuple[str, str]:
+    """PC101: ``tensor`` (``float32[4, 4]``) at ``path``, the attribute ``attr`` of its module, is on
+    ``device``. It is a reference to the buffer ``stale_buffer`` as it was before ``.to()``; or a 0-dim
+    tensor of ``scalar_dtype``; or defined in the class body (``class_level``); or held in a plain
+    ``container`` (``dict``) or a ``helper`` object (its class); else a plain attribute."""
+    if stale_buffer:
+        return (f"{path!r} holds buffer {stale_buffer!r} as it was before .to(): .to() replaced the buffer "
+                f"with a moved copy, this reference still points at the old one on {device}",
+                f"do not keep references to buffers; read self.{stale_buffer} where it is needed")
+    if scalar_dtype:
+        # a 0-dim CPU tensor used as a scalar with device tensors does not raise: waste and a
+        # state_dict gap, not a crash
+        return (f"0-dim tensor {path!r} ({scalar_dtype}) stays on {device}: used as a scalar beside "
+                f"{target} tensors it does not raise, but .to() does not move it, state_dict() does not "
+                "save it and each use reads it on the host",
+                f'self.register_buffer("{attr}", tensor, persistent=False) in __init__ (or a Python '
+                "number if it never changes)")
+    if class_level:
+        return (f"class attribute {attr!r} {tensor} stays on {device}: a tensor defined in the class body "
+                "is shared by every instance and .to() never moves it",
+                f'create it in __init__ and self.register_buffer("{attr}", tensor, persistent=False), or '
+                "create it in forward() on the input's device")
+    if container:
+        what = f"tensor {tensor} in plain {container} {attr!r}"
+        hint = ("register each tensor with self.register_buffer(name, t, persistent=False), or create it "
+                f"in forward() on the input's device: .to() does not look inside a plain {container}")
+    elif helper:
+        what = f"tensor {tensor} inside {helper} object {attr!r}"
+        hint = (f"make {helper} an nn.Module and register its tensors with register_buffer(), or create "
+                "them in forward() on the input's device: .to() does not look inside plain objects")
+    else:
+        what = f"tensor attribute {attr!r} {tensor}"
+        hint = (f'self.register_buffer("{attr}", tensor, persistent=False) in __init__, or create it in '
+                "forward() on the input's device")
+    return f"{what} stays on {device}: .to() moves only registered parameters and buffers", hint
+
 _rule("PC102", "unregistered-module", E, "walk", "module kept in a plain list, dict or tuple", """
 Submodules are registered only when assigned directly as attributes or held
 in nn.ModuleList / nn.ModuleDict / nn.Sequential. Modules in a plain Python
@@ -78,6 +119,33 @@ self.heads = [nn.Linear(64, 10) for _ in range(4)]
 self.heads = nn.ModuleList([nn.Linear(64, 10) for _ in range(4)])
 """)
 
+
+def unregistered_module(type_name: str, path: str, count: int, size: str, devices: Sequence[str],
+                        target: str, *, container: str = "", object_class: str = "", object_path: str = "",
+                        in_dict: bool = False, reported_elsewhere: int = 0) -> tuple[str, str]:
+    """PC102: a ``type_name`` module at ``path``, not registered, with ``count`` tensors (``size``) on
+    ``devices``; held directly by a helper object (``object_class`` at ``object_path``), or in a plain
+    ``container`` (``in_dict`` when its immediate holder is a dict); ``reported_elsewhere`` of its
+    tensors were reported where the walk met them first. On the target too it is a bug: state_dict()
+    and the optimizer still miss it."""
+    if object_class:
+        where = f"inside {object_class} object {object_path!r} at {path!r}"
+        hint = (f"make {object_class} an nn.Module, or hold the {type_name} on the model itself: .to() "
+                "does not look inside plain objects")
+    else:
+        kind = container or "attribute"
+        where = f"in plain {kind} at {path!r}"
+        fix = "nn.ModuleDict" if in_dict else "nn.ModuleList"
+        hint = f"hold submodules in {fix} (nn.Sequential for a pipeline) instead of a plain {kind}"
+    also = f", {reported_elsewhere} more already reported where the walk met them first" \
+        if reported_elsewhere else ""
+    tensors = f"{count} tensor{'s' if count != 1 else ''}"
+    if any(device != target for device in devices):
+        unseen = f"stay on {', '.join(devices)}; .to(), state_dict() and the optimizer never see them"
+    else:
+        unseen = "are not in state_dict() and not handed to the optimizer"
+    return f"{type_name} {where}: its {tensors} ({size}{also}) {unseen}", hint
+
 _rule("PC103", "unregistered-parameter", E, "walk", "nn.Parameter kept in a plain container", """
 An nn.Parameter assigned as a module attribute is registered; one inside a
 plain list or dict is not: .to() does not move it, state_dict() does not save
@@ -86,6 +154,28 @@ self.scales = [nn.Parameter(torch.ones(64)) for _ in range(4)]
 """, """
 self.scales = nn.ParameterList([nn.Parameter(torch.ones(64)) for _ in range(4)])
 """)
+
+
+def unregistered_parameter(tensor: str, attr: str, device: str, target: str, *, container: str = "",
+                           helper: str = "", object_class: str = "", object_path: str = "",
+                           in_dict: bool = False) -> tuple[str, str]:
+    """PC103: an nn.Parameter ``tensor`` on ``device`` in the attribute ``attr``: held directly by a
+    helper object (``object_class`` at ``object_path``), or in a plain ``container`` or ``helper``
+    object (the outermost holder; ``in_dict`` when its immediate holder is a dict). On the target too
+    it is a bug: state_dict() and the optimizer still miss it."""
+    if object_class:
+        where = f"inside {object_class} object {object_path!r}"
+        hint = (f"make {object_class} an nn.Module, or hold the parameter on the model itself: .to() "
+                "does not look inside plain objects")
+    else:
+        where = f"in plain {container or helper or 'object'} {attr!r}"
+        fix = "nn.ParameterDict" if in_dict else "nn.ParameterList"
+        hint = f"hold parameters in {fix} (or assign each as a module attribute)"
+    if device != target:
+        unseen = f"stays on {device}: .to(), state_dict() and the optimizer never see it"
+    else:
+        unseen = "is not in state_dict() and not handed to the optimizer"
+    return f"nn.Parameter {tensor} {where} {unseen}", hint
 
 _rule("PC104", "param-off-device", E, "walk", "registered parameter still off the target after .to()", """
 .to() is recursive and moves every registered parameter. A parameter that is
@@ -98,6 +188,18 @@ def _apply(self, fn, recurse=True):
 Do not override _apply()/to(); or call super()._apply(fn, recurse) first.
 """)
 
+
+def param_off_device(name: str, device: str, target: str) -> tuple[str, str]:
+    """PC104: the registered parameter ``name`` (dotted, from the root) is on ``device`` after the move."""
+    return _registered_off_device("parameter", name, device, target)
+
+
+def _registered_off_device(what: str, name: str, device: str, target: str) -> tuple[str, str]:
+    attr = name.rpartition(".")[2]
+    return (f"registered {what} {name!r} is on {device} after .to({target!r})",
+            f"something overrode the move: a custom _apply()/to() that skips it, or {attr!r} re-assigned "
+            "after .to(); keep the default _apply and create replacements on the existing tensor's device")
+
 _rule("PC105", "buffer-off-device", E, "walk", "registered buffer still off the target after .to()", """
 .to() moves every registered buffer. A buffer left elsewhere means a custom
 _apply()/to() skipped it or code re-assigned it after the move (for example a
@@ -107,6 +209,11 @@ model.pos.cache = torch.zeros(16)     # re-assigned on the CPU after the move
 """, """
 model.pos.cache = torch.zeros(16, device=model.pos.cache.device)
 """)
+
+
+def buffer_off_device(name: str, device: str, target: str) -> tuple[str, str]:
+    """PC105: the registered buffer ``name`` (dotted, from the root) is on ``device`` after the move."""
+    return _registered_off_device("buffer", name, device, target)
 
 _rule("PC201", "device-mismatch", E, "forward", "an op mixed tensors on different devices", """
 An operation received tensors on two devices. On a GPU this raises
@@ -137,6 +244,26 @@ def came_from(*, created_by: str = "", created_at: str = "", host_copy_at: str =
     if attribute:
         return f" (from attribute {attribute!r}, which .to() did not move)"
     return ""
+
+
+def in_library(package: str, message: str) -> str:
+    """A performance finding raised entirely inside an installed ``package``: its message, saying so."""
+    return f"in {package}, not your code: {message}"
+
+
+def stray_handled_by_forward(how: str, target: str) -> str:
+    """What the forward did with a stray tensor (PC101) that it never let meet a device tensor, for the
+    finding's message; ``how`` is ``replaced``, ``removed``, ``moved-copies``, ``cpu-only`` or ``scalar``."""
+    return {
+        "replaced": "moved lazily by forward: .to() leaves it behind; the first forward copies it",
+        "removed": "removed by forward before use: .to() leaves it behind until then",
+        "moved-copies": f"forward uses it only in CPU work whose results it copies to {target}: legal, but a "
+                        "host computation and a copy on every call",
+        "cpu-only": f"forward uses it only in CPU work that never meets a {target} tensor: legal, while it "
+                    "stays so",
+        "scalar": "forward uses it only as a 0-dim scalar, which PyTorch reads on the host: legal and cheap, "
+                  "while it stays a scalar",
+    }[how]
 
 
 def landed_on(device: str) -> str:

@@ -51,7 +51,7 @@ from placecheck.events import (
 )
 from placecheck.finding import Finding
 from placecheck.forward_checks import ForwardFindings, forward_findings
-from placecheck.provenance import Creation, Provenance, Provenances
+from placecheck.provenance import Creation, Provenance, Provenances, StrayVerdict
 from placecheck.sources import NOWHERE, Attribution, Site, frames_of, module_being_built
 from placecheck.walk import WalkResult, join
 
@@ -183,8 +183,21 @@ def _replace(obj: Any, moved: dict[int, torch.Tensor]) -> Any:
 
 def _output_tensors(obj: Any, path: str) -> Iterator[tuple[str, torch.Tensor]]:
     """Every tensor in a forward output, with its path: nested lists, tuples, dicts, namedtuples
-    (what ``torch.utils._pytree`` flattens), and the fields of dataclasses it leaves whole."""
-    leaves, _ = tree_flatten_with_path(obj)
+    (what ``torch.utils._pytree`` flattens), and the fields of dataclasses it leaves whole.
+
+    A container type registered with pytree without key paths (transformers' ``ModelOutput``, an
+    ordered dict) is opened as the mapping or sequence it is.
+    """
+    try:
+        leaves, _ = tree_flatten_with_path(obj)
+    except ValueError:  # a registered node without a flatten_with_keys_fn
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                yield from _output_tensors(v, f"{path}[{k!r}]")
+        elif isinstance(obj, list | tuple):
+            for i, v in enumerate(obj):
+                yield from _output_tensors(v, f"{path}[{i}]")
+        return
     for key_path, leaf in leaves:
         here = path + keystr(key_path)
         if isinstance(leaf, torch.Tensor):
@@ -233,8 +246,8 @@ class Tracer:
         """Where each off-target tensor came from, and what happened to the walk's strays."""
         self.completed = False
         """The forward returned (strays untouched so far may be used later otherwise)."""
-        self.library_hidden: dict[str, int] = {}
-        """Installed package -> performance findings not reported because they are its own code."""
+        self.library: dict[str, int] = {}
+        """Installed package -> performance findings raised entirely inside it (info findings)."""
         self._checked: ForwardFindings | None = None
         self._unregistered_paths: dict[int, str] = {}
         self.attribution = Attribution(_RUN_CODE, self.module_paths, self._unregistered_path)
@@ -478,27 +491,18 @@ class Tracer:
                 site = self._site(sys._getframe())
                 key = ("implicit", site.source, scalar)
                 prov = self.provenance(t)
-                if not scalar or prov.path:  # PC205 reports a scalar only when it is stored
+                if not scalar:  # a copied index; a scalar is read on the host, legally
                     self.prov.mark(prov, "fed_mismatch", creations=False)
-                if not scalar:
                     self.prov.mark(prov, "met_device")
                 if key not in self._recorded:
                     self._recorded.add(key)
                     self.events.append(ImplicitTransfer(op_name(func), scalar, site, prov,
                                                         _dtype(t), _shape(t)))
 
-    def dismissed_strays(self, after: WalkResult) -> dict[str, str]:
-        """Walk findings (PC101) the forward shows the code handles: path -> why it is not reported.
-
-        ``after`` is the walk repeated after the forward (see
-        :meth:`placecheck.provenance.Provenances.stray_verdicts`).
-        """
-        target = self.target_name
-        why = {"replaced": f"forward replaces it with a tensor on {target} before use",
-               "removed": "forward removes it before use",
-               "moved-copies": "forward only uses it in CPU computations whose results it moves explicitly",
-               "cpu-only": f"forward only uses it in computations that never meet a {target} tensor"}
-        return {v.path: why[v.how] for v in self.prov.stray_verdicts(after, self.completed)}
+    def stray_verdicts(self, after: WalkResult) -> list[StrayVerdict]:
+        """The strays (PC101) the forward shows it handles, and how (``after``: the walk repeated after
+        the forward; see :meth:`placecheck.provenance.Provenances.stray_verdicts`)."""
+        return self.prov.stray_verdicts(after, self.completed)
 
     def _record_host_sync(self, name: str, t: torch.Tensor) -> None:
         site = self._site(sys._getframe())
@@ -567,7 +571,7 @@ class Tracer:
     def findings(self, library_findings: bool = False) -> list[Finding]:
         """PC201-PC207 from the recorded events (see :mod:`placecheck.forward_checks`)."""
         self._checked = forward_findings(self.events, self.target_name, library_findings)
-        self.library_hidden = self._checked.library_hidden
+        self.library = self._checked.library
         return self._checked.findings
 
     def notes(self) -> list[str]:

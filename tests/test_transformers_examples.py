@@ -72,14 +72,14 @@ def test_shared_embedding_of_t5_moves_under_simulation() -> None:
 
 @pytest.mark.parametrize("library_findings", [False, True])
 def test_bert_with_sdpa_attention_syncs_with_the_host_inside_transformers(library_findings: bool) -> None:
-    """The SDPA mask check is a real host sync, in transformers' own code: counted in a note by
-    default (the user cannot change that line), reported with library_findings."""
+    """The SDPA mask check is a real host sync, in transformers' own code: an info finding naming the
+    package by default (the user cannot change that line, but can pick another attention or drop an
+    all-ones mask), its rule's warning with library_findings."""
     report = audit(lambda: transformers_models.bert(attention="sdpa"), "cuda",
                    library_findings=library_findings,
                    inputs=["input_ids=int64[1,16]:0..30522", "attention_mask=int64[1,16]:1..2"])
-    found = [(f.code, f.source.rpartition("/")[2].partition(":")[0]) for f in report.findings]
-    library_notes = [n for n in report.notes if "inside installed packages (transformers)" in n]
-    if library_findings:
-        assert found == [("PC204", "modeling_attn_mask_utils.py")] and not library_notes
-    else:
-        assert found == [] and len(library_notes) == 1, report.notes
+    found = [(f.code, f.severity.value, f.source.rpartition("/")[2].partition(":")[0])
+             for f in report.findings]
+    severity = "warning" if library_findings else "info"
+    assert found == [("PC204", severity, "modeling_attn_mask_utils.py")], report.notes
+    assert report.findings[0].message.startswith("in transformers, not your code: ")
