@@ -165,3 +165,19 @@ def test_audit_loads_a_torchscript_archive_with_constants(tmp_path: Path) -> Non
     loaded = load_into_model(model, str(path), device="cpu", engine=choose_engine("cpu"))
     assert loaded.findings == ()
     assert torch.equal(model.fc.weight, source.fc.weight)
+
+
+class _Tower(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(width, width) for _ in range(4)])
+
+
+def test_a_checkpoint_of_a_differently_sized_model_is_one_shape_problem(tmp_path: Path) -> None:
+    path = tmp_path / "wide.pt"
+    torch.save(_Tower(8).state_dict(), path)
+    (problem,) = check_checkpoint(str(path), model=_Tower(4), device="cpu").report.findings
+    assert problem.code == "PC304" and len(problem.instances) == 8  # 4 weights and 4 biases
+    assert problem.instances[:2] == ("layers.0.bias", "layers.0.weight")
+    ungrouped = check_checkpoint(str(path), model=_Tower(4), device="cpu", group=False).report.findings
+    assert [f.code for f in ungrouped] == ["PC304"] * 8

@@ -348,8 +348,13 @@ def check_checkpoint(
     select: Iterable[str] | None = None,
     ignore: Iterable[str] | None = None,
     model_name: str | None = None,
+    group: bool = True,
 ) -> CheckpointResult:
-    """Inspect ``path`` for loading on ``device`` (and into ``model``, an ``nn.Module`` or a factory)."""
+    """Inspect ``path`` for loading on ``device`` (and into ``model``, an ``nn.Module`` or a factory).
+
+    ``group``: findings of one root cause are one problem (every size mismatch of a checkpoint saved
+    from a differently sized model is one PC304); ``False`` lists each (``--no-group``).
+    """
     from placecheck.engine import EngineChoice, choose_engine
 
     dev = normalize_device(device)
@@ -395,7 +400,7 @@ def check_checkpoint(
     if refused:
         notes.append("refused: loading would run code from the file; rerun with --trust to allow it")
     report = Report.build(path, dev, eng.name, [f for f in findings if f.code in codes],
-                          notes, _stats(meta))
+                          notes, _stats(meta), group=group)
     return CheckpointResult(report, meta, refused)
 
 
