@@ -126,19 +126,27 @@ def group(findings: Iterable[Finding]) -> list[Finding]:
     for f in ordered:
         groups.setdefault(_group_key(f), []).append(f)
     problems = [_merge(members) for members in groups.values()]
-    causes = [p for p in problems if p.code.startswith("PC1") or p.code in ("PC202", "PC203", "PC206")]
+    parent: dict[int, int] = {}
+    for i, p in enumerate(problems):
+        cause = _cause_of(p, problems) if p.code in _SYMPTOM_CODES else None
+        if cause is not None and cause != i:
+            parent[i] = cause
     evidence: dict[int, list[Finding]] = {}
-    kept: list[Finding] = []
-    for p in problems:
-        cause = _cause_of(p, causes) if p.code in _SYMPTOM_CODES else None
-        if cause is None or causes[cause] is p:
-            kept.append(p)
-        else:
-            evidence.setdefault(cause, []).append(p)
-    linked = {id(causes[i]): found for i, found in evidence.items()}
+    absorbed: set[int] = set()
+    for i in parent:
+        # a chain (the sync of an output that a stray tensor made) ends at the first cause
+        root, seen = i, {i}
+        while root in parent and parent[root] not in seen:
+            root = parent[root]
+            seen.add(root)
+        if root != i and root not in parent:
+            evidence.setdefault(root, []).append(problems[i])
+            absorbed.add(i)
     out = []
-    for p in kept:
-        found = linked.get(id(p), [])
+    for i, p in enumerate(problems):
+        if i in absorbed:
+            continue
+        found = sorted(evidence.get(i, []), key=lambda f: f.sort_key)
         if found:
             worst = min((p.severity, *(f.severity for f in found)), key=lambda s: -s.rank)
             p = dataclasses.replace(p, severity=worst,

@@ -164,3 +164,13 @@ def test_identity_ignores_indices_and_instance_count() -> None:
 def test_where_label_writes_one_pattern_only_when_it_is_exact(wheres: list[str], label: str) -> None:
     problem = replace(_stray(0), instances=tuple(wheres))
     assert where_label(problem) == label
+
+
+def test_a_chain_of_causes_ends_at_the_first() -> None:
+    # a stray tensor returned through .cpu(): the output and its sync are both evidence of the stray
+    output = Finding(code="PC206", kind="output-off-device", severity=Severity.ERROR, where="",
+                     message="output is on cpu", hint="h", source="model.py:6", origin="blocks.0.mask")
+    sync = Finding(code="PC204", kind="host-sync", severity=Severity.WARNING, where="",
+                   message=".cpu() waits", hint="h", source="model.py:6", details=(("op", ".cpu()"),))
+    (problem,) = group([_stray(0), output, sync])
+    assert problem.code == "PC101" and sorted(e.code for e in problem.evidence) == ["PC204", "PC206"]
