@@ -137,7 +137,8 @@ def _finding(event: Event, target: str, lazy_lines: set[str],
         message, hint = rules.created_in_forward(event.what, event.path, event.type_name, event.device,
                                                  event.on_target)
         # on the target it cannot crash the job: only the optimizer misses it
-        return _make("PC203", event.site, Severity.WARNING if event.on_target else None,
+        # where: the created module or parameter, as a walk finding's; source: the line that created it
+        return _make("PC203", event.site, Severity.WARNING if event.on_target else None, where=event.path,
                      device=event.device, expected=target, module=event.path, message=message, hint=hint)
     if isinstance(event, OutputOffDevice):
         prov = event.provenance
@@ -205,8 +206,10 @@ def _also_in(first: Finding, where: str) -> Finding:
     return dataclasses.replace(first, details=tuple(details.items()))
 
 
-def _make(code: str, site: Site, severity: Severity | None, **fields: Any) -> Finding:
+def _make(code: str, site: Site, severity: Severity | None, where: str | None = None,
+          **fields: Any) -> Finding:
+    """A finding of rule ``code`` at ``site``; ``where`` defaults to the module whose forward ran the line."""
     r = rules.rule(code)
     fields.setdefault("module", site.where)
-    return Finding(code=code, kind=r.kind, severity=severity or r.severity, where=site.where,
-                   source=site.source, **fields)
+    return Finding(code=code, kind=r.kind, severity=severity or r.severity,
+                   where=site.where if where is None else where, source=site.source, **fields)
