@@ -84,7 +84,7 @@ def _merge(members: Sequence[Finding]) -> Finding:
     first = members[0]
     instances: list[str] = []
     for m in members:
-        for where in m.instances or (m.where,):
+        for where in m.instances or (m.where, *_also(m)):
             if where not in instances:
                 instances.append(where)
     worst = min((m.severity for m in members), key=lambda s: -s.rank)
@@ -92,6 +92,12 @@ def _merge(members: Sequence[Finding]) -> Finding:
         first, severity=worst, instances=tuple(instances),
         nbytes=sum(m.nbytes for m in members), count=sum(m.count for m in members),
         evidence=tuple(e for m in members for e in m.evidence))
+
+
+def _also(f: Finding) -> list[str]:
+    """The other modules whose forward ran the same line (the trace reports a line once, ``also``)."""
+    also = dict(f.details).get("also", "")
+    return ["" if w == "''" else w for w in also.split(", ") if w]
 
 
 def _under(path: str, prefix: str) -> bool:

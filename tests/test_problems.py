@@ -174,3 +174,15 @@ def test_a_chain_of_causes_ends_at_the_first() -> None:
                    message=".cpu() waits", hint="h", source="model.py:6", details=(("op", ".cpu()"),))
     (problem,) = group([_stray(0), output, sync])
     assert problem.code == "PC101" and sorted(e.code for e in problem.evidence) == ["PC204", "PC206"]
+
+
+def test_a_forward_line_run_by_several_modules_lists_them_as_instances() -> None:
+    crash = replace(_mismatch("", "model.py:40"), details=(("op", "Tensor.mul"), ("also", "blocks.1, ''")))
+    (problem,) = group([crash])
+    assert problem.instances == ("blocks.0", "blocks.1", "")
+
+
+def test_grouping_twice_changes_nothing() -> None:
+    findings = [*(_stray(i) for i in range(3)), _mismatch("blocks.0.mask"), _mismatch("", "model.py:40")]
+    once = Report.build("N", "cuda:0", "x", findings, group=True)
+    assert once.grouped() == once
