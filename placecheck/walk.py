@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from placecheck import rules
 from placecheck.assignments import Assignments
 from placecheck.finding import Finding, Severity
 from placecheck.report import human_bytes
@@ -188,14 +189,10 @@ class _Walker:
                 if dev == self.target:
                     continue
                 owner, _, attr = name.rpartition(".")
-                what = "parameter" if code == "PC104" else "buffer"
+                words = rules.param_off_device if code == "PC104" else rules.buffer_off_device
                 self.findings.append(self._finding(
-                    code, name, owner, t, source=self.source(owner, model.get_submodule(owner), attr),
-                    message=f"registered {what} {name!r} is on {dev} after .to({self.target!r})",
-                    hint=("something overrode the move: a custom _apply()/to() that skips it, or "
-                          f"{attr!r} re-assigned after .to(); keep the default _apply and create "
-                          "replacements on the existing tensor's device"),
-                ))
+                    code, name, owner, t, *words(name, dev, self.target),
+                    source=self.source(owner, model.get_submodule(owner), attr)))
 
     # -- unregistered state -------------------------------------------------------
     def module_attributes(self, model: nn.Module, outer_modules: frozenset[int] = frozenset()) -> None:
@@ -234,9 +231,7 @@ class _Walker:
 
     def tensor(self, found: Held, source: Callable[[], str]) -> None:
         t: torch.Tensor = found.value
-        path, owner, attr, parent = found.path, found.owner, found.attr, found.parent
-        container = found.outer.kind if found.outer and not found.outer.is_object else None
-        helper = found.outer.class_name if found.outer and found.outer.is_object else None
+        path, owner, attr, parent, outer = found.path, found.owner, found.attr, found.parent, found.outer
         key = id(t)
         if key in self.registered or key in self.snapshot.params or key in self.seen:
             return
@@ -248,80 +243,39 @@ class _Walker:
         if skey is not None:
             self.storages.setdefault(skey, path)
         dev = tensor_device(t)
-        stale = self.snapshot.buffers.get(key)
-        if dev == self.target and stale is None:
+        stale = self.snapshot.buffers.get(key, "")
+        is_param = isinstance(t, nn.Parameter)
+        # a parameter in a plain container is missed by state_dict() and the optimizer on any device
+        if dev == self.target and not stale and not is_param:
             return
         desc = f"{_dtype(t)}{list(_shape(t) or [])}"
-        if stale is not None:
-            finding = self._finding(
-                "PC101", path, owner, t, source=source(),
-                message=(f"{path!r} holds buffer {stale!r} as it was before .to(): .to() replaced "
-                         "the buffer with a moved copy, this reference still points at the old one "
-                         f"on {dev}"),
-                hint=f"do not keep references to buffers; read self.{stale} where it is needed",
-            )
-        elif isinstance(t, nn.Parameter):
-            if parent and parent.is_object:
-                cls_name = parent.class_name
-                where = f"inside {cls_name} object {_holder_name(path)!r}"
-                hint = (f"make {cls_name} an nn.Module, or hold the parameter on the model itself: "
-                        ".to() does not look inside plain objects")
-            else:
-                where = f"in plain {container or helper or 'object'} {attr!r}"
-                fix = "nn.ParameterDict" if parent and parent.kind == "dict" else "nn.ParameterList"
-                hint = f"hold parameters in {fix} (or assign each as a module attribute)"
-            finding = self._finding(
-                "PC103", path, owner, t, source=source(),
-                message=(f"nn.Parameter {desc} {where} stays on {dev}: "
-                         ".to(), state_dict() and the optimizer never see it"),
-                hint=hint,
-            )
-        elif _shape(t) == () and dev == "cpu" and path not in self.class_paths:
-            # PLACEMENT.md: a 0-dim CPU tensor used as a scalar with device tensors does
-            # not raise, so this is waste (a host read per use) and a state_dict gap, not a crash
-            finding = self._finding(
-                "PC101", path, owner, t, source=source(), severity=Severity.WARNING,
-                message=(f"0-dim tensor {path!r} ({_dtype(t)}) stays on {dev}: used as a scalar beside "
-                         f"{self.target} tensors it does not raise, but .to() does not move it, "
-                         "state_dict() does not save it and each use reads it on the host"),
-                hint=(f'self.register_buffer("{attr}", tensor, persistent=False) in __init__ (or a '
-                      "Python number if it never changes)"),
-            )
-        elif path in self.class_paths:
-            finding = self._finding(
-                "PC101", path, owner, t, source=source(),
-                message=(f"class attribute {attr!r} {desc} stays on {dev}: a tensor defined in the class "
-                         "body is shared by every instance and .to() never moves it"),
-                hint=(f'create it in __init__ and self.register_buffer("{attr}", tensor, persistent=False), '
-                      "or create it in forward() on the input's device"),
-            )
+        container = outer.kind if outer and not outer.is_object else ""
+        helper = outer.class_name if outer and outer.is_object else ""
+        severity = None
+        if is_param and not stale:
+            in_object = parent is not None and parent.is_object
+            message, hint = rules.unregistered_parameter(
+                desc, attr, dev, self.target, container=container, helper=helper,
+                object_class=parent.class_name if parent and in_object else "",
+                object_path=_holder_name(path) if in_object else "",
+                in_dict=parent is not None and parent.kind == "dict")
+            code = "PC103"
         else:
-            if container:
-                what = f"tensor {desc} in plain {container} {attr!r}"
-                hint = ("register each tensor with self.register_buffer(name, t, persistent=False), "
-                        "or create it in forward() on the input's device: .to() does not look inside "
-                        f"a plain {container}")
-            elif helper:
-                what = f"tensor {desc} inside {helper} object {attr!r}"
-                hint = (f"make {helper} an nn.Module and register its tensors with register_buffer(), "
-                        "or create them in forward() on the input's device: .to() does not look "
-                        "inside plain objects")
-            else:
-                what = f"tensor attribute {attr!r} {desc}"
-                hint = (f'self.register_buffer("{attr}", tensor, persistent=False) in __init__, or '
-                        "create it in forward() on the input's device")
-            finding = self._finding(
-                "PC101", path, owner, t, source=source(),
-                message=f"{what} stays on {dev}: .to() moves only registered parameters and buffers",
-                hint=hint,
-            )
+            class_level = path in self.class_paths
+            scalar = _shape(t) == () and dev == "cpu" and not class_level and not stale
+            message, hint = rules.stray_tensor(
+                path, attr, desc, dev, self.target, stale_buffer=stale,
+                scalar_dtype=_dtype(t) if scalar else "", class_level=class_level,
+                container=container, helper=helper)
+            code = "PC101"
+            severity = Severity.WARNING if scalar else None
+        finding = self._finding(code, path, owner, t, message, hint, source(), severity)
         self.findings.append(finding)
         self.by_origin[path] = finding
 
     def module(self, found: Held, source: Callable[[], str]) -> None:
         m: nn.Module = found.value
-        path, owner, parent = found.path, found.owner, found.parent
-        container = found.outer.kind if found.outer and not found.outer.is_object else None
+        path, owner, parent, outer = found.path, found.owner, found.parent, found.outer
         key = id(m)
         if key in self.modules or key in self.seen:
             return
@@ -329,7 +283,7 @@ class _Walker:
         # A back-reference from the unregistered module to the model (registered as its
         # submodule, or held in a plain attribute) must not pull the model's own state
         # into this module's count: what the model registers, or walks itself, is skipped.
-        outer = frozenset(self.modules)
+        outer_modules = frozenset(self.modules)
         tensors: dict[int, tuple[str, torch.Tensor]] = {}
         named = (*m.named_parameters(remove_duplicate=False), *m.named_buffers(remove_duplicate=False))
         for name, tensor in named:
@@ -337,16 +291,18 @@ class _Walker:
                 tensors.setdefault(id(tensor), (join(path, name), tensor))
         # plain tensor attributes of the unregistered module and its children
         sub = _Walker(m, self.target, Snapshot())
-        sub.modules |= outer
-        sub.module_attributes(m, outer_modules=outer)
+        sub.modules |= outer_modules
+        sub.module_attributes(m, outer_modules=outer_modules)
         for tid, (tpath, t) in sub.found.items():
             tensors.setdefault(tid, (join(path, tpath), t))
-        off = [(p, t) for p, t in tensors.values() if tensor_device(t) != self.target]
+        # off the target, its tensors are a crash waiting; on it, state_dict() and the optimizer
+        # still miss them: reported either way, counting the off-target ones when there are any
+        off = {tid for tid, (_, t) in tensors.items() if tensor_device(t) != self.target}
+        reported = {tid: pt for tid, pt in tensors.items() if tid in off or not off}
         # a tensor also reachable elsewhere (a plain attribute of the model) is reported,
         # and counted in the summary's bytes, only where the walk met it first
-        counted = [(p, t) for tid, (p, t) in tensors.items()
-                   if tid not in self.seen and tensor_device(t) != self.target]
-        already = len(off) - len(counted)
+        counted = [(p, t) for tid, (p, t) in reported.items() if tid not in self.seen]
+        already = len(reported) - len(counted)
         for tid, (tpath, t) in tensors.items():
             if tid in self.seen:
                 continue
@@ -356,36 +312,28 @@ class _Walker:
             skey = storage_key(t)
             if skey is not None:
                 self.storages.setdefault(skey, tpath)
-        if not off:
+        if not reported:
             return
         nbytes = sum(tensor_nbytes(t) for _, t in counted)
-        devices = sorted({tensor_device(t) for _, t in off})
-        if parent and parent.is_object:
-            cls_name = parent.class_name
-            where = f"inside {cls_name} object {_holder_name(path)!r} at {path!r}"
-            hint = (f"make {cls_name} an nn.Module, or hold the {type(m).__name__} on the model itself: "
-                    ".to() does not look inside plain objects")
-        else:
-            kind = container or "attribute"
-            where = f"in plain {kind} at {path!r}"
-            fix = "nn.ModuleDict" if parent and parent.kind == "dict" else "nn.ModuleList"
-            hint = f"hold submodules in {fix} (nn.Sequential for a pipeline) instead of a plain {kind}"
-        also = f", {already} more already reported where the walk met them first" if already else ""
+        devices = sorted({tensor_device(t) for _, t in reported.values()})
+        in_object = parent is not None and parent.is_object
+        message, hint = rules.unregistered_module(
+            type(m).__name__, path, len(counted), human_bytes(nbytes), devices, self.target,
+            container=outer.kind if outer and not outer.is_object else "",
+            object_class=parent.class_name if parent and in_object else "",
+            object_path=_holder_name(path) if in_object else "",
+            in_dict=parent is not None and parent.kind == "dict", reported_elsewhere=already)
         finding = Finding(
             code="PC102", kind=rule("PC102").kind, severity=rule("PC102").severity,
             where=path, module=owner, source=source(), device=", ".join(devices), expected=self.target,
-            nbytes=nbytes, count=len(counted),
-            message=(f"{type(m).__name__} {where}: its {len(counted)} tensor"
-                     f"{'s' if len(counted) != 1 else ''} ({human_bytes(nbytes)}{also}) stay on "
-                     f"{', '.join(devices)}; .to(), state_dict() and the optimizer never see them"),
-            hint=hint,
+            nbytes=nbytes, count=len(counted), message=message, hint=hint,
         )
         self.findings.append(finding)
         for tpath, _ in counted:
             self.by_origin[tpath] = finding
 
     def _finding(self, code: str, where: str, owner: str, t: torch.Tensor, message: str,
-                 hint: str, source: str, severity: Severity | None = None) -> Finding:
+                 hint: str, source: str = "", severity: Severity | None = None) -> Finding:
         r = rule(code)
         return Finding(
             code=code, kind=r.kind, severity=severity or r.severity, where=where, module=owner, source=source,

@@ -174,15 +174,17 @@ def test_device_second_gpu_is_visible_to_model_code(runner: CliRunner) -> None:
     assert [f["where"] for f in json.loads(out)["findings"]] == ["mask"]
 
 
-def test_device_cpu_on_buggy_reports_only_the_layer_built_in_forward(runner: CliRunner) -> None:
-    # everything the buggy model holds is already on the cpu; the layer it builds in forward is
-    # on the cpu too, but an optimizer built before the first forward never sees it (a warning)
+def test_device_cpu_on_buggy_reports_what_state_dict_and_the_optimizer_miss(runner: CliRunner) -> None:
+    # everything the buggy model holds is already on the cpu, but modules and parameters in plain
+    # lists are missed by state_dict() and the optimizer on any device (errors); the layer it builds
+    # in forward is on the cpu too, and an optimizer built before the first forward never sees it
     code, out, _ = run(runner, BUGGY, "--device", "cpu", "--format", "json")
     rows = [(f["code"], f["severity"], f["source"].rpartition("/")[2]) for f in json.loads(out)["findings"]]
-    assert rows == [("PC203", "warning", "buggy.py:60")]
+    assert sorted(set(rows)) == [("PC102", "error", "buggy.py:46"), ("PC103", "error", "buggy.py:48"),
+                                 ("PC203", "warning", "buggy.py:60")]
     assert code == 1
     code, _, _ = run(runner, BUGGY, "--device", "cpu", "--fail-on", "error")
-    assert code == 0
+    assert code == 1
 
 
 @pytest.mark.parametrize("device", ["tpu", "cuda:x", "cpu:1", ""])

@@ -280,15 +280,23 @@ def test_parameter_in_plain_list_hint_names_parameterlist() -> None:
     assert finding.code == "PC103" and "nn.ParameterList" in finding.hint
 
 
-def test_moved_tensor_in_plain_attribute_is_not_reported_on_cpu_target() -> None:
-    # everything starts on cpu: auditing for cpu finds nothing even in a buggy model
+def test_on_the_cpu_target_a_plain_tensor_is_fine_but_unregistered_modules_and_parameters_are_not() -> None:
+    # everything starts on cpu: .to("cpu") leaves nothing behind, but state_dict() and the
+    # optimizer miss modules and parameters in plain containers on any device
     class Masked(nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.mask = torch.ones(2)
             self.heads = [nn.Linear(2, 2)]
+            self.scales = [nn.Parameter(torch.ones(2))]
 
-    assert walk_findings(Masked, device="cpu") == []
+    assert walk_findings(Masked, device="cpu") == [("PC102", "heads[0]"), ("PC103", "scales[0]")]
+    report = placecheck.audit(Masked, device="cpu", select=["PC1"], forward=False)
+    for finding in report.findings:
+        assert finding.severity == "error" and finding.device == finding.expected == "cpu"
+        assert "not in state_dict() and not handed to the optimizer" in finding.message
+        assert "stay" not in finding.message  # nothing is left off the device
+    assert report.bytes_off_device() == 0
 
 
 def test_walk_result_records_origins_for_the_forward_pass() -> None:
