@@ -21,7 +21,8 @@ def test_buggy_example_on_the_cpu_reports_its_unregistered_modules_and_parameter
     assert result.exit_code == 1, result.stderr
     findings = json.loads(result.stdout)["findings"]
     walk = sorted((f["code"], f["where"]) for f in findings if f["code"].startswith("PC1"))
-    assert walk == [("PC102", "heads[0]"), ("PC102", "heads[1]"), ("PC103", "scales[0]"), ("PC103", "scales[1]")]
+    assert walk == [("PC102", "heads[0]"), ("PC102", "heads[1]"),
+                    ("PC103", "scales[0]"), ("PC103", "scales[1]")]
     for f in findings:
         if f["code"] in ("PC102", "PC103"):
             assert f["severity"] == "error" and f["device"] == f["expected"] == "cpu"
