@@ -32,8 +32,8 @@ from placecheck.engine import (
 from placecheck.errors import LoadError, UsageError, one_line
 from placecheck.finding import Finding, Severity
 from placecheck.report import Report
-from placecheck.rules import rule, selected
-from placecheck.rules import stray_handled_by_forward as rule_stray_handled
+from placecheck.rules import in_library, rule, selected, stray_handled_by_forward
+from placecheck.sources import library_of_class
 from placecheck.walk import Snapshot, WalkResult, reachable_tensors, walk
 
 ModelOrFactory = Union[nn.Module, Callable[[], nn.Module]]
@@ -285,20 +285,35 @@ def _attempt(eng: Engine, opts: _Options) -> _Attempt:
             forward_findings, attempt.fallback = traced.findings, traced.fallback
             attempt.incomplete = traced.stopped
             attempt.notes.extend(traced.notes)
-            walk_findings = [_handled_by_forward(f, traced.handled.get(f.where), dev)
+            walk_findings = [_handled_by_forward(f, traced.handled.get(f.where), dev, moved)
                              if f.code == "PC101" else f for f in walk_findings]
     attempt.findings = [*walk_findings, *checkpoint_findings, *forward_findings]
     attempt.stats = result.stats
     return attempt
 
 
-def _handled_by_forward(finding: Finding, how: str | None, target: str) -> Finding:
+def _handled_by_forward(finding: Finding, how: str | None, target: str, model: nn.Module) -> Finding:
     """A stray (PC101) the forward handles: an ``info`` finding saying how, decided from what the
-    forward did (never from the library or attribute names): .to() still leaves it behind."""
+    forward did (never from the library or attribute names): .to() still leaves it behind.
+
+    A stray the forward never used stays as it is, unless it is state of a module whose class an
+    installed package defines (transformers' rotary embedding keeps a stale alias of a buffer that
+    only some configurations read): then it is ``info`` naming the package, as library findings are.
+    """
     if how is None:
         return finding
-    why = rule_stray_handled(how, target)
-    return dataclasses.replace(finding, severity=Severity.INFO, message=f"{finding.message}; {why}",
+    why = stray_handled_by_forward(how, target)
+    message = f"{finding.message}; {why}"
+    if how == "unused":
+        try:
+            owner = model.get_submodule(finding.module) if finding.module else model
+        except AttributeError:
+            return finding
+        package = library_of_class(type(owner))
+        if not package:
+            return finding
+        message = in_library(package, message)
+    return dataclasses.replace(finding, severity=Severity.INFO, message=message,
                                details=(*finding.details, ("forward", how)))
 
 

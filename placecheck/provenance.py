@@ -111,7 +111,8 @@ class StrayVerdict:
     """``replaced`` (forward swapped in a tensor on the target before use), ``removed``,
     ``moved-copies`` (only used in CPU work whose results it copies to the target),
     ``cpu-only`` (only used in work that never met a device tensor), or ``scalar`` (only used
-    as a 0-dim scalar, which PyTorch reads on the host)."""
+    as a 0-dim scalar, which PyTorch reads on the host), or ``unused`` (never used by a forward that
+    ran to its end)."""
 
 
 class Provenances:
@@ -195,8 +196,8 @@ class Provenances:
         ``after`` is the walk repeated after the forward. A stray is handled
         when the forward replaced it with a tensor on the target, or used it
         only in computations that never met a device tensor (no mismatch, no
-        implicit transfer traced to it). One never used, or one that fed a
-        mismatch, is not handled; nothing is when the forward stopped early.
+        implicit transfer traced to it). One never used is ``unused``; one that
+        fed a mismatch is not handled; nothing is when the forward stopped early.
         """
         if not completed:
             return []
@@ -204,7 +205,9 @@ class Provenances:
         present = set(after.origins.values())
         verdicts = []
         for path in sorted(self.strays - self.stray_fed):
-            if path not in still_off:
+            if path in still_off and path not in self.stray_touched:
+                verdicts.append(StrayVerdict(path, "unused"))
+            elif path not in still_off:
                 verdicts.append(StrayVerdict(path, "replaced" if path in present else "removed"))
             elif path in self.stray_touched:
                 if self.scalar_only.get(path):

@@ -253,7 +253,8 @@ def in_library(package: str, message: str) -> str:
 
 def stray_handled_by_forward(how: str, target: str) -> str:
     """What the forward did with a stray tensor (PC101) that it never let meet a device tensor, for the
-    finding's message; ``how`` is ``replaced``, ``removed``, ``moved-copies``, ``cpu-only`` or ``scalar``."""
+    finding's message; ``how`` is ``replaced``, ``removed``, ``moved-copies``, ``cpu-only``, ``scalar`` or
+    ``unused``."""
     return {
         "replaced": "moved lazily by forward: .to() leaves it behind; the first forward copies it",
         "removed": "removed by forward before use: .to() leaves it behind until then",
@@ -263,6 +264,7 @@ def stray_handled_by_forward(how: str, target: str) -> str:
                     "stays so",
         "scalar": "forward uses it only as a 0-dim scalar, which PyTorch reads on the host: legal and cheap, "
                   "while it stays a scalar",
+        "unused": "the forward never uses it",
     }[how]
 
 

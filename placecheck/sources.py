@@ -199,6 +199,15 @@ class Attribution:
         return None
 
 
+def library_of_class(cls: type) -> str:
+    """The installed package that defines ``cls`` ("transformers"), or "" (the user's, or unknown)."""
+    try:
+        filename = inspect.getsourcefile(cls) or ""
+    except (OSError, TypeError):
+        return ""
+    return library_of_file(filename) if filename else ""
+
+
 def class_definition(module: nn.Module | None) -> str:
     """``file:line`` of ``module``'s class when it is the user's own ("" for torch's classes)."""
     if module is None:

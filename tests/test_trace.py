@@ -373,6 +373,16 @@ class Head(nn.Module):
         n = int(y.argmax())                      # line 13: a host sync inside the library
         idx = torch.arange(2)                    # line 14: a CPU index made by the library
         return y[:, idx] + torch.ones(2) * n     # line 15: a mismatch inside the library
+
+
+class Rotary(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("inv_freq", torch.ones(4), persistent=False)
+        self.original_inv_freq = self.inv_freq   # an alias .to() leaves behind, unused by forward
+
+    def forward(self, x):
+        return x * self.inv_freq
 '''
 
 
@@ -429,6 +439,29 @@ def test_performance_findings_inside_installed_packages_are_info_naming_it(fake_
                   if f.code in ("PC202", "PC204", "PC205")) == [
         ("PC202", "error", f"{library_line}:15"), ("PC202", "warning", f"{library_line}:14"),
         ("PC204", "warning", f"{library_line}:13"), ("PC205", "warning", f"{library_line}:15")]
+
+
+class HoldsAStrayAndTheLibrary(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        import fakelib
+
+        self.rotary = fakelib.Rotary()
+        self.unused = torch.ones(4)  # the user's own stray, never used: stays an error
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.rotary(x)
+
+
+def test_a_stray_inside_a_library_module_the_forward_never_uses_is_info(fake_library: str) -> None:
+    report = placecheck.audit(HoldsAStrayAndTheLibrary, "cuda", inputs=["float32[2,4]"])
+    rows = {f.where: (f.severity.value, f.message) for f in report.findings if f.code == "PC101"}
+    assert rows["unused"][0] == "error"
+    severity, message = rows["rotary.original_inv_freq"]
+    assert severity == "info" and message.startswith("in fakelib, not your code: ")
+    assert message.endswith("; the forward never uses it")
+    without_forward = placecheck.audit(HoldsAStrayAndTheLibrary, "cuda", forward=False, select=["PC1"])
+    assert {f.severity.value for f in without_forward.findings} == {"error"}
 
 
 def test_library_code_called_from_the_users_forward_is_attributed_to_their_line(fake_library: str) -> None:
