@@ -55,6 +55,13 @@ def test_records_an_assignment_made_by_the_factory_which_the_class_source_cannot
     assert static_source(_Block, "extra") == ""
 
 
+def test_the_audit_reports_the_line_recorded_while_it_built_the_model() -> None:
+    report = placecheck.audit(_with_extra, device="cuda", engine="fake", select=["PC101"], forward=False)
+    sources = {f.where: f.source for f in report.findings}
+    assert sources["extra"].endswith(f":{_line_of('model.extra =', _with_extra)}")
+    assert sources["mask"].endswith(f":{_line_of('self.mask =', _Block)}")
+
+
 def test_reads_the_class_source_for_a_model_built_before() -> None:
     assert static_source(_Block, "mask").endswith(f":{_line_of('self.mask =', _Block)}")
     assert static_source(_Block, "pos").endswith(f":{_line_of('register_buffer', _Block)}")
