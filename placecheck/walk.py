@@ -4,7 +4,13 @@
 ``_modules``). The walk reports registered tensors still off the target
 (PC104/PC105) and everything reachable from module attributes that is not
 registered: tensors (PC101), modules (PC102) and parameters (PC103) in plain
-attributes, containers and helper objects, nested, de-duplicated by identity.
+attributes, containers and helper objects, nested, de-duplicated by identity
+(what is module state, and how it is traversed: :mod:`placecheck.state`).
+Modules and parameters in plain containers are reported on the target device
+too: ``state_dict()`` and the optimizer miss them anywhere. Each finding's
+``source`` is the user's line that assigned the attribute
+(:mod:`placecheck.assignments`); its words come from its rule's builder in
+:mod:`placecheck.rules`.
 
 It also records where every stray tensor lives (:attr:`WalkResult.origins`),
 so the forward pass can say which attribute an offending tensor came from.
