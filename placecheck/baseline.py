@@ -163,9 +163,19 @@ def read(path: str | Path) -> Baseline:
     return Baseline(counts, version, shown)
 
 
+_LEGACY_WHERE_CHANGED = frozenset({"PC203"})
+"""Codes whose ``where`` changed meaning since version 1: PC203's was the module whose forward built
+the layer, it is now the layer's own path; such an entry matches by model, code and file."""
+
+
 def _take(remaining: Counter[Key], key: Key, legacy: bool) -> bool:
     """Use up one entry for ``key``; a version-1 walk entry had no file (walk findings had no source)."""
-    for candidate in (key, (*key[:3], "")) if legacy and key[3] else (key,):
+    candidates = [key]
+    if legacy and key[3]:
+        candidates.append((*key[:3], ""))
+    if legacy and key[1] in _LEGACY_WHERE_CHANGED:
+        candidates += sorted(k for k in remaining if (k[0], k[1], k[3]) == (key[0], key[1], key[3]))
+    for candidate in candidates:
         if remaining[candidate] > 0:
             remaining[candidate] -= 1
             return True

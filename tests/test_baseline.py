@@ -213,3 +213,15 @@ def test_problem_keys_survive_a_change_in_the_instance_count(tmp_path: Path) -> 
     other = baseline.apply([_report("a:A", _f("PC101", "blocks.0.bias"))], baseline.read(path))
     assert len(other.reports[0].findings) == 1
     assert [s.describe() for s in other.stale] == ["a:A: PC101 at blocks.0.mask"]
+
+
+def test_a_version_1_pc203_entry_matches_the_layer_path_it_now_has(tmp_path: Path) -> None:
+    # PC203's where was the module whose forward built the layer ("" for the root); it is now the layer
+    path = tmp_path / "v1.json"
+    path.write_text(json.dumps({"placecheck_baseline": 1, "entries": [
+        {"model": "a:A", "code": "PC203", "where": "", "file": "net.py", "count": 1}]}))
+    lazy = replace(_f("PC203", "gate", "net.py:60"), module="gate")
+    result = baseline.apply([_report("a:A", lazy)], baseline.read(path))
+    assert result.reports[0].findings == () and result.stale == ()
+    elsewhere = baseline.apply([_report("a:A", replace(lazy, source="other.py:3"))], baseline.read(path))
+    assert len(elsewhere.reports[0].findings) == 1 and len(elsewhere.stale) == 1
