@@ -129,6 +129,19 @@ def test_a_sync_inside_torch_names_the_function_that_made_it() -> None:
     assert "syncs by design" in finding.hint
 
 
+def test_formatting_a_device_scalar_works_and_is_a_sync_once() -> None:
+    seen = []
+
+    def main() -> None:
+        loss = torch.ones((), device="cuda") * 2
+        seen.append(f"{loss:.3f}")
+
+    [finding] = run(main).findings
+    assert seen == ["2.000"]
+    assert finding.code == "PC204" and "formatting of a cuda:0 tensor" in finding.message
+    assert "a host sync, once" in finding.message
+
+
 def test_no_syncs_in_loop_or_forward_is_clean() -> None:
     assert run(script("syncs_fixed.py")).findings == ()
 

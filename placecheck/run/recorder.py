@@ -326,6 +326,10 @@ class RunRecorder:
                 and args[0].device.type == "cuda":
             self._record_sync(func.__name__, args[0])
             with self.quiet():
+                if func is torch.Tensor.__format__ and args[0].dim() == 0 and len(args) > 1:
+                    # f"{loss:.3f}": a GPU formats the value (Tensor.__format__ does so only for
+                    # exact torch.Tensor, not for the engine's subclass)
+                    return args[0].item().__format__(args[1])
                 return func(*args, **kwargs)
         if func is torch.Tensor.module_load and len(args) > 1 and not kwargs.get("assign", False):
             # load_state_dict under the swap flag: a copy into the parameter, legal across devices
@@ -804,12 +808,13 @@ class RunRecorder:
                     details=(("call", call), ("calls", str(count)))))
                 continue
             # per step in which the line ran: the run may stop mid-step, before a step's logging line
-            rate = f"{count / len(steps):g} per optimizer step" if self.steps else f"{count} in the run"
+            rate = ("once" if count == 1 else f"{count / len(steps):g} per optimizer step" if self.steps
+                    else f"{count} times")
             out.append(Finding(
                 code=r.code, kind=r.kind, severity=Severity.INFO, where="", source=line, device=device,
                 expected=device, count=count,
-                message=(f"{call} of a {device} tensor in the loop: a host sync, {rate}; each waits for "
-                         "the GPU to finish the queued work"),
+                message=(f"{call} of a {device} tensor outside the model's forward: a host sync, {rate}; "
+                         "each waits for the GPU to finish the queued work"),
                 hint=(f"{call.split(' in ', 1)[1]} syncs by design; nothing to change here" if " in " in call
                       else "fine once per step for logging; accumulate on the device (loss.detach()) and "
                            "read it every N steps when steps are short"),

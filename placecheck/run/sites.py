@@ -43,6 +43,12 @@ def _installed(filename: str) -> bool:
                for base in _SITE_DIRS)
 
 
+# torch's own dispatch of a Tensor method to a torch function mode (Tensor.__format__ -> overrides):
+# the call is still the caller's
+_DISPATCH_FILES = frozenset(os.path.join(os.path.dirname(torch.__file__), name)
+                            for name in ("overrides.py", "_tensor.py"))
+
+
 def display_path(filename: str) -> str:
     """``filename`` relative to the working directory when it is under it."""
     try:
@@ -97,7 +103,8 @@ def library_caller() -> str:
     """The function (``GradScaler.step``) that made the torch call being handled, when it is not the
     user's own code but torch's or a library's called from it; "" when the user made the call."""
     frame: FrameType | None = sys._getframe(2)
-    while frame is not None and _own(frame.f_code.co_filename):
+    while frame is not None and (_own(frame.f_code.co_filename)
+                                 or os.path.abspath(frame.f_code.co_filename) in _DISPATCH_FILES):
         frame = frame.f_back
     if frame is None or not is_foreign(frame.f_code):
         return ""
