@@ -57,10 +57,16 @@ class Evidence:
                         where=finding.where, source=finding.source, message=finding.message,
                         op=dict(finding.details).get("op", ""), origin=finding.origin)
 
-    def summary(self) -> str:
-        """What happens where: ``crashes on a GPU at net.py:33 in blocks.0: Tensor.mul mixed ...``."""
+    def summary(self, same_file: str = "") -> str:
+        """What happens where: ``crashes on a GPU at net.py:33 in blocks.0: Tensor.mul mixed ...``.
+
+        ``same_file``: the file the reader already sees (the problem's own); a source in it is
+        written ``line 33``.
+        """
         effect = _EFFECT.get(self.code, self.kind)
-        place = f" at {self.source}" if self.source else ""
+        path, _, line = self.source.rpartition(":")
+        shown = f"line {line}" if same_file and path == same_file and line.isdigit() else self.source
+        place = f" at {shown}" if self.source else ""
         headline = self.message.partition(": ")[0] if ": " in self.message else self.message
         return f"{effect}{place} in {self.where or '<root>'}: {headline}"
 

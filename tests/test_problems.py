@@ -186,3 +186,9 @@ def test_grouping_twice_changes_nothing() -> None:
     findings = [*(_stray(i) for i in range(3)), _mismatch("blocks.0.mask"), _mismatch("", "model.py:40")]
     once = Report.build("N", "cuda:0", "x", findings, group=True)
     assert once.grouped() == once
+
+
+def test_evidence_in_the_problems_own_file_is_named_by_its_line() -> None:
+    evidence = Evidence.of(_mismatch("blocks.0.mask", "pkg/model.py:33"))
+    assert evidence.summary("pkg/model.py").startswith("crashes on a GPU at line 33 in blocks.0: ")
+    assert evidence.summary("pkg/other.py").startswith("crashes on a GPU at pkg/model.py:33 in blocks.0")

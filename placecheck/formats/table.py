@@ -66,8 +66,9 @@ def _problem_lines(f: Finding, width: int, hints: bool) -> list[str]:
     shown = f.origin and f.origin != f.source and f.origin not in f.message
     message = f.message + (f" (from {f.origin})" if shown else "")
     lines += _wrap(message, width, _INDENT, _INDENT)
+    same_file = f.source.rpartition(":")[0]
     for evidence in f.evidence:
-        lines += _wrap(f"-> {evidence.summary()}", width, _INDENT, _INDENT + "   ")
+        lines += _wrap(f"-> {evidence.summary(same_file)}", width, _INDENT, _INDENT + "   ")
     if hints and f.hint:
         lines += _wrap(f"fix: {f.hint}", width, _INDENT, _INDENT + "     ")
     return lines
