@@ -274,6 +274,9 @@ def test_tensors_made_on_the_device_in_forward_is_clean() -> None:
 def test_example_training_loop_with_labels_forgotten() -> None:
     buggy = run(os.path.relpath(EXAMPLES / "train_buggy.py"))
     assert [f.where for f in buggy.findings if f.code == "PC201"] == ["labels"]
+    # the logging line after optimizer.step() ran once before the --steps stop: still per step
+    [logging] = [f for f in buggy.findings if f.code == "PC204"]
+    assert "1 per optimizer step" in logging.message
     fixed = run(os.path.relpath(EXAMPLES / "train_fixed.py"))
     assert fixed.ok and "PC201" not in codes(fixed)
 

@@ -259,6 +259,7 @@ class RunRecorder:
         self._quiet = 0
         self._moving = 0
         self.user_overwrite = False
+        self.stopped_by_steps = False
         self._saved: dict[str, list[str]] = {}
         """Files this run saved with torch.save -> the device of each tensor, in order."""
         """The script asked for new Parameter objects on ``.to()`` (``torch.__future__``)."""
@@ -617,6 +618,7 @@ class RunRecorder:
         self._prune()
         self.step_line = here()[0]
         if self.max_steps and self.steps >= self.max_steps:
+            self.stopped_by_steps = True
             raise StopRun(f"after {self.steps} optimizer step{'s' if self.steps != 1 else ''} (--steps "
                           f"{self.max_steps})")
 
@@ -808,8 +810,10 @@ class RunRecorder:
                     details=(("call", call), ("calls", str(count)))))
                 continue
             # per step in which the line ran: the run may stop mid-step, before a step's logging line
-            rate = ("once" if count == 1 else f"{count / len(steps):g} per optimizer step" if self.steps
-                    else f"{count} times")
+            # a line that ran once may be a per-step line the --steps stop cut short (logging after step())
+            cut_short = self.stopped_by_steps and max(steps) >= self.steps - 1
+            rate = ("once" if count == 1 and not cut_short else
+                    f"{count / len(steps):g} per optimizer step" if self.steps else f"{count} times")
             out.append(Finding(
                 code=r.code, kind=r.kind, severity=Severity.INFO, where="", source=line, device=device,
                 expected=device, count=count,
