@@ -368,6 +368,17 @@ def test_script_sees_its_argv_and_the_simulated_gpus(tmp_path: Path) -> None:
     assert out.read_text() == f"['--flag', '{out}'] True 4 __main__"
 
 
+def test_a_gpu_the_machine_lacks_fails_as_on_the_machine_and_two_gpus_can_mismatch() -> None:
+    def second_gpu() -> None:
+        model = nn.Linear(4, 1).to("cuda:1")
+        model(torch.randn(2, 4, device="cuda:0"))
+
+    [finding] = run(second_gpu).findings
+    assert finding.code == "PC207" and "invalid device ordinal" in finding.message
+    [finding] = run(second_gpu, gpus=2).findings
+    assert (finding.code, finding.device, finding.expected) == ("PC201", "cuda:0", "cuda:1")
+
+
 def test_select_and_ignore_filter_run_findings() -> None:
     assert run(script("criterion_buggy.py"), ignore=["PC2"]).findings == ()
     assert codes(run(script("criterion_buggy.py"), select=["PC201"])) == ["PC201"] * 3

@@ -343,6 +343,9 @@ class RunRecorder:
             out = func(*args, **kwargs)
         except Exception as exc:
             out = self._repair(func, args, kwargs, exc)
+        if isinstance(out, torch.Tensor) and out.device.type == "cuda" \
+                and (out.device.index or 0) >= self.gpus:
+            raise self._no_such_gpu(out.device)
         if func in _MOVES and isinstance(out, torch.Tensor) and args and isinstance(args[0], torch.Tensor):
             self._record_move(func, args, kwargs, args[0], out)
         elif isinstance(out, torch.Tensor) and type(out) is torch.Tensor:
@@ -358,6 +361,11 @@ class RunRecorder:
                         self._track(out, origin)  # a view or a cast of a batch element keeps its origin
                         break
         return out
+
+    def _no_such_gpu(self, device: torch.device) -> RuntimeError:
+        """What CUDA raises for a device index the machine lacks (--gpus sets how many it has)."""
+        return RuntimeError(f"CUDA error: invalid device ordinal ({device} on a machine with {self.gpus} "
+                            f"GPU{'s' if self.gpus != 1 else ''}; placecheck run --gpus sets how many)")
 
     def _track(self, t: torch.Tensor, origin: _Origin) -> None:
         self._tracked[id(t)] = _Tracked(weakref.ref(t), origin)
@@ -559,6 +567,8 @@ class RunRecorder:
         if self._moving or self._quiet:
             return original(module, *args, **kwargs)
         dest = _cuda_destination(args, kwargs, cuda_call)
+        if dest is not None and (dest.index or 0) >= self.gpus:
+            raise self._no_such_gpu(dest)
         line, _ = here()
         snapshot = Snapshot.take(module) if dest is not None else None
         self._moving += 1
