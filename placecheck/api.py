@@ -33,7 +33,7 @@ from placecheck.errors import LoadError, UsageError, one_line
 from placecheck.finding import Finding, Severity
 from placecheck.report import Report
 from placecheck.rules import in_library, rule, selected, stray_handled_by_forward
-from placecheck.sources import library_of_class
+from placecheck.sources import library_of_class, user_line
 from placecheck.walk import Snapshot, WalkResult, reachable_tensors, walk
 
 ModelOrFactory = Union[nn.Module, Callable[[], nn.Module]]
@@ -276,12 +276,14 @@ def _attempt(eng: Engine, opts: _Options) -> _Attempt:
                             "(--debug shows the traceback)") from exc
         if construction.on_meta:
             leftovers_to_default_device(moved, snapshot, default_device)
-        result = walk(moved, dev, snapshot)
+        result = walk(moved, dev, snapshot, construction.assignments)
         attempt.notes.extend(result.notes)
         forward_findings: list[Finding] = []
         walk_findings = result.findings
         if inputs is not None:
-            traced = _forward(moved, eng, result, snapshot, inputs, opts.train, opts.library_findings)
+            inferred = not opts.inputs and opts.example_inputs is None
+            traced = _forward(moved, eng, result, snapshot, inputs, opts.train, opts.library_findings,
+                              inferred)
             forward_findings, attempt.fallback = traced.findings, traced.fallback
             attempt.incomplete = traced.stopped
             attempt.notes.extend(traced.notes)
@@ -360,8 +362,13 @@ class _ForwardResult:
 
 def _forward(model: nn.Module, eng: Engine, result: WalkResult, snapshot: Snapshot,
              inputs: tuple[tuple[Any, ...], dict[str, Any], str], train: bool,
-             library_findings: bool) -> _ForwardResult:
-    """The traced forward pass, then the walk again: what the forward replaced or handled."""
+             library_findings: bool, inferred: bool = False) -> _ForwardResult:
+    """The traced forward pass, then the walk again: what the forward replaced or handled.
+
+    ``inferred``: placecheck guessed the input. A forward that then raises anything but a
+    placement error most likely says the guess was wrong, not that the model is: the audit is
+    incomplete (a note asks for --input), not a PC207 that fails CI on a correct model.
+    """
     from placecheck.inputs import move_inputs
     from placecheck.trace import Tracer
 
@@ -378,6 +385,10 @@ def _forward(model: nn.Module, eng: Engine, result: WalkResult, snapshot: Snapsh
         # code correct on a GPU that needs the real driver (an unsimulated torch.cuda API) is the
         # simulation's limit, not a PC207 against the user's code
         limit = classify.simulation_limit(exc) if eng.simulated and not why else ""
+        if not limit and not why and inferred and not tracer.is_mismatch(exc):
+            line = user_line(exc)
+            limit = (f"forward: stopped{f' at {line}' if line else ''} with the inferred input "
+                     f"({one_line(exc)}): pass --input (or --example-inputs) to check the rest")
         if limit:
             notes.append(limit)
         elif not why:  # else keep what the forward found before fake tensors stopped

@@ -1,7 +1,8 @@
 """One fixture model per forward-pass code, beside its expected findings, collected automatically.
 
 Each ``tests/fixtures/forward/NAME.py`` defines ``Model`` (built with no
-arguments; its input is inferred from its first layer). ``NAME.expected``
+arguments; its input is inferred from its first layer unless the file names
+``--input`` specs in a module-level ``INPUTS`` list). ``NAME.expected``
 lists the forward findings (PC2xx) the audit must produce, one
 ``CODE WHERE LINE`` per line: ``WHERE`` is the module whose forward ran the
 line (``<root>`` for the model itself) and ``LINE`` the line in the fixture
@@ -15,6 +16,7 @@ the real CUDA engine and must give the same codes and locations.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -53,6 +55,12 @@ def forward_rows(source: Path, report: placecheck.Report) -> list[tuple[str, str
     return sorted(rows)
 
 
+def fixture_inputs(source: Path) -> list[str]:
+    """The ``--input`` specs a fixture names in a module-level ``INPUTS`` (none: the input is inferred)."""
+    inputs: list[str] = getattr(sys.modules[f"_pc_fixture_{source.parent.name}_{source.stem}"], "INPUTS", [])
+    return inputs
+
+
 def test_fixture_directory_has_every_forward_code() -> None:
     codes = {row[0] for _, expected in (c.values for c in CASES) for row in read_forward_expected(expected)}
     assert codes == {"PC101", "PC201", "PC202", "PC203", "PC204", "PC205", "PC206", "PC207"}
@@ -61,7 +69,8 @@ def test_fixture_directory_has_every_forward_code() -> None:
 @pytest.mark.parametrize("source, expected", CASES)
 def test_forward_fixture(source: Path, expected: Path) -> None:
     assert expected.is_file(), f"{source.name} has no {expected.name} beside it"
-    report = placecheck.audit(load_file(source), device="cuda", select=FORWARD_CODES)
+    model = load_file(source)
+    report = placecheck.audit(model, device="cuda", select=FORWARD_CODES, inputs=fixture_inputs(source))
     assert report.engine.startswith("simulated cuda")
     assert forward_rows(source, report) == read_forward_expected(expected), report.notes
 
@@ -69,7 +78,9 @@ def test_forward_fixture(source: Path, expected: Path) -> None:
 @pytest.mark.parametrize("source, expected", CASES)
 def test_forward_fixture_on_a_second_simulated_gpu_with_real_values(source: Path, expected: Path) -> None:
     # cuda:1 of two simulated GPUs, on the real-valued engine: the same codes and locations
-    report = placecheck.audit(load_file(source), device="cuda:1", engine="tagged", select=FORWARD_CODES)
+    model = load_file(source)
+    report = placecheck.audit(model, device="cuda:1", engine="tagged", select=FORWARD_CODES,
+                              inputs=fixture_inputs(source))
     assert forward_rows(source, report) == read_forward_expected(expected), report.notes
     # a device-to-host copy that forward returns (PC204 tied to its PC206) is expected on the host
     assert all(f.expected == ("cpu" if f.code == "PC204" and f.origin else "cuda:1") for f in report.findings)
@@ -79,7 +90,10 @@ def test_forward_fixture_on_a_second_simulated_gpu_with_real_values(source: Path
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("source, expected", CASES)
 def test_forward_fixture_on_a_real_gpu_matches_the_simulation(source: Path, expected: Path) -> None:
-    real = placecheck.audit(load_file(source), device="cuda", engine="real", select=FORWARD_CODES)
-    simulated = placecheck.audit(load_file(source), device="cuda", engine="tagged", select=FORWARD_CODES)
+    model = load_file(source)
+    real = placecheck.audit(model, device="cuda", engine="real", select=FORWARD_CODES,
+                            inputs=fixture_inputs(source))
+    simulated = placecheck.audit(model, device="cuda", engine="tagged", select=FORWARD_CODES,
+                                 inputs=fixture_inputs(source))
     assert real.engine == "cuda"
     assert forward_rows(source, real) == forward_rows(source, simulated) == read_forward_expected(expected)

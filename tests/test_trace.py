@@ -560,6 +560,17 @@ def test_each_output_off_the_device_is_its_own_finding_sourced_to_the_copy() -> 
     assert all(f"copied to the host at {line}" in f.message for f in report.findings)
 
 
+def test_an_inferred_input_the_forward_rejects_makes_the_audit_incomplete_not_a_pc207() -> None:
+    broken = load_file(TESTS / "fixtures" / "forward" / "pc207_forward_error.py")
+    report = placecheck.audit(broken, "cuda")  # no --input: placecheck infers float32[2,4]
+    codes = sorted(f.code for f in report.findings)
+    assert codes == ["PC101", "PC201"]  # what the forward found before it stopped is kept
+    assert report.incomplete and "pass --input" in report.incomplete
+    assert any("with the inferred input" in n and "pass --input" in n for n in report.notes)
+    given = placecheck.audit(broken, "cuda", inputs=["float32[2,4]"])
+    assert "PC207" in {f.code for f in given.findings} and not given.incomplete
+
+
 def test_a_returned_host_copy_is_a_pc206_and_a_pc204_tied_to_it() -> None:
     report = placecheck.audit(ReturnsTwoHostCopiesFromOneLine, "cuda", select=["PC204", "PC206"])
     line = f"{SHOWN}:{_line_of('MARK two-copies')}"
