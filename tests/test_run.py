@@ -157,6 +157,16 @@ def test_checkpoint_from_a_gpu_the_machine_lacks_is_pc301_at_the_load(cuda3_chec
     assert "map_location" in finding.hint
 
 
+def test_checkpoint_from_a_gpu_the_machine_has_loads_there(tmp_path: Path) -> None:
+    from checkpoint_writer import save_with_locations
+
+    path = tmp_path / "saved_on_cuda0.pt"
+    save_with_locations({"w": torch.ones(3)}, path, default="cuda:0")
+    seen = []
+    report = run(lambda: seen.append(str(torch.load(path)["w"].device)))
+    assert report.findings == () and seen == ["cuda:0"]
+
+
 def test_checkpoint_loaded_with_map_location_is_clean(cuda3_checkpoint: str) -> None:
     report = run(script("resume_fixed.py"), [cuda3_checkpoint])
     assert report.findings == ()
