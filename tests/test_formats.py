@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import REPO, load_file
 from typer.testing import CliRunner
 
@@ -210,3 +211,25 @@ def test_table_width_reaches_the_formatter_only_for_a_terminal(monkeypatch: pyte
     cli.emit(report, options)
     cli.emit(report, dataclasses.replace(options, output=str(tmp_path / "report.txt")))
     assert seen == [111, None, None]
+
+
+class _Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+        self.mask = torch.tril(torch.ones(4, 4))  # a plain attribute: .to() leaves it behind
+
+
+class _Tower(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([_Block() for _ in range(24)])
+
+
+def test_24_blocks_with_one_stray_line_are_one_short_problem() -> None:
+    report = placecheck.audit(_Tower(), device="cuda", engine="fake", forward=False).grouped()
+    (problem,) = report.findings
+    assert problem.code == "PC101" and len(problem.instances) == 24
+    text = formatter_for(OutputFormat.TABLE).format(report)
+    assert "PC101 blocks.{0..23}.mask (24)" in text
+    assert text.count("\n") < 20 and _widest(text) <= 80  # was 24 grid rows, 135 lines, 96 columns
