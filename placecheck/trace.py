@@ -588,7 +588,8 @@ def _attention_fast_path_kept(target: torch.device) -> Iterator[None]:
     every tensor it gets and holds is already on the target, nothing inside it
     can mix devices, so it runs with torch functions disabled (fused kernel
     included). Anything else, and the real-valued engine (whose tensors need
-    ``__torch_function__``), takes the traced path.
+    ``__torch_function__``), takes the traced path. tests/test_attention_fast_path.py
+    audits each attention configuration both ways: the findings must be the same.
     """
     from placecheck.tagged import SimulatedTensor
 
