@@ -64,9 +64,10 @@ def test_select_and_ignore() -> None:
     assert placecheck.audit(BuggyNet, engine="fake", ignore=["PC1", "PC2"]).findings == ()
 
 
-def test_walk_findings_have_no_source_line() -> None:
-    # walk findings carry no source line: the walk does not run code
-    assert all(f.source == "" for f in placecheck.audit(BuggyNet, engine="fake", select=["PC1"]).findings)
+def test_walk_findings_carry_the_line_that_assigned_the_attribute() -> None:
+    # recorded while the audit built the model (placecheck.assignments)
+    findings = placecheck.audit(BuggyNet, engine="fake", select=["PC1"]).findings
+    assert findings and all("examples/buggy.py:" in f.source for f in findings)
 
 
 @pytest.mark.parametrize("kwargs, error, pattern", [
