@@ -259,10 +259,10 @@ class RunRecorder:
         self._quiet = 0
         self._moving = 0
         self.user_overwrite = False
+        """The script asked for new Parameter objects on ``.to()`` (``torch.__future__``)."""
         self.stopped_by_steps = False
         self._saved: dict[str, list[str]] = {}
         """Files this run saved with torch.save -> the device of each tensor, in order."""
-        """The script asked for new Parameter objects on ``.to()`` (``torch.__future__``)."""
         self.reported_errors: set[int] = set()
         """ids of exceptions raised to reproduce a failure already reported (a PC301 load)."""
 
@@ -387,9 +387,13 @@ class RunRecorder:
                 exc: Exception) -> Any:
         """Record a device mismatch, move the offending arguments to the majority device, run again.
 
-        The mismatch is decided from the devices of the arguments, never from the error's text.
+        The mismatch is decided from the devices of the arguments (the engine's own decision, which
+        it raises as SimulatedDeviceMismatchError), never from an error's text; any other error is the
+        script's and propagates.
         """
         for _ in range(_MAX_RETRIES):
+            if not isinstance(exc, SimulatedDeviceMismatchError):
+                raise exc
             tensors = _tensor_args(args, kwargs)
             on_cuda = [t.device for _, t in tensors if t.device.type == "cuda"]
             if not on_cuda:
