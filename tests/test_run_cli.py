@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from placecheck.cli import app
+from placecheck.formats import OutputFormat
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "run"
 BUGGY = os.path.relpath(FIXTURES / "batch_buggy.py")
@@ -44,6 +45,13 @@ def test_sarif_and_table_carry_the_run_finding(tmp_path: Path) -> None:
     assert result["locations"][0]["physicalLocation"]["region"]["startLine"] == 16
     code, out, _ = invoke(BUGGY)
     assert "PC201" in out and f"{BUGGY}:16" in out
+
+
+@pytest.mark.parametrize("fmt", [f.value for f in OutputFormat])
+def test_every_format_carries_the_run_finding_and_its_line(fmt: str) -> None:
+    code, out, err = invoke(BUGGY, "--format", fmt)
+    assert code == 1, err
+    assert "PC201" in out and "batch_buggy.py" in out and "16" in out
 
 
 def test_script_arguments_after_double_dash_and_steps(tmp_path: Path) -> None:
