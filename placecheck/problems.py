@@ -161,6 +161,24 @@ def group(findings: Iterable[Finding]) -> list[Finding]:
     return sorted(out, key=lambda f: f.sort_key)
 
 
+def instance_modules(finding: Finding) -> list[str]:
+    """The module of each instance: ``blocks.0`` ... ``blocks.23`` for ``blocks.{0..23}.mask``.
+
+    A problem keeps only its first instance's ``module``; the others' are its
+    instance paths without the attribute (for a forward line run by several
+    modules, the instances are the modules).
+    """
+    if len(finding.instances) <= 1 or not finding.module:
+        return [finding.module]
+    if finding.where == finding.module:
+        return list(finding.instances)
+    if not finding.where.startswith(finding.module + "."):
+        return [finding.module]
+    match = _ATTRIBUTE.match(finding.where[len(finding.module) + 1:])
+    attribute = "." + (match.group() if match else "")
+    return [w[:w.rfind(attribute)] if w.rfind(attribute) > 0 else finding.module for w in finding.instances]
+
+
 def where_label(finding: Finding) -> str:
     """``blocks.{0..23}.mask (24)`` for a problem with instances; its ``where`` (or ``<root>``) otherwise.
 

@@ -77,10 +77,11 @@ class Report:
         return {s.value: c.get(s.value, 0) for s in Severity}
 
     def modules(self) -> list[str]:
-        """The distinct module paths the findings point at, in order."""
+        """The distinct module paths the findings point at (every instance's), in order."""
         seen: dict[str, None] = {}
         for f in self.findings:
-            seen.setdefault(f.module, None)
+            for module in problems.instance_modules(f):
+                seen.setdefault(module, None)
         return list(seen)
 
     def bytes_off_device(self) -> int:

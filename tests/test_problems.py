@@ -38,7 +38,7 @@ def test_24_module_instances_of_one_attribute_are_one_problem() -> None:
     assert where_label(problem) == "blocks.{0..23}.mask (24)"
     report = Report.build("Net", "cuda:0", "simulated cuda", [_stray(i) for i in range(24)], group=True)
     assert report.summary()["problems"] == 1 and report.summary()["instances"] == 24
-    assert report.summary_line().startswith("1 problem (24 instances) in 1 module")
+    assert report.summary_line().startswith("1 problem (24 instances) in 24 modules")
     assert report.bytes_off_device() == 24 * 1024
 
 
@@ -192,3 +192,11 @@ def test_evidence_in_the_problems_own_file_is_named_by_its_line() -> None:
     evidence = Evidence.of(_mismatch("blocks.0.mask", "pkg/model.py:33"))
     assert evidence.summary("pkg/model.py").startswith("crashes on a GPU at line 33 in blocks.0: ")
     assert evidence.summary("pkg/other.py").startswith("crashes on a GPU at pkg/model.py:33 in blocks.0")
+
+
+def test_a_problem_counts_the_modules_of_all_its_instances() -> None:
+    findings = [*(_stray(i) for i in range(3)), *(_stray(i, "cache['k']") for i in range(2))]
+    grouped = Report.build("N", "cuda:0", "x", findings, group=True)
+    ungrouped = Report.build("N", "cuda:0", "x", findings)
+    assert grouped.modules() == ungrouped.modules() == ["blocks.0", "blocks.1", "blocks.2"]
+    assert grouped.summary_line().startswith("2 problems (5 instances) in 3 modules")
