@@ -279,6 +279,28 @@ def test_tensors_made_on_the_device_in_forward_is_clean() -> None:
     assert run(script("forward_fixed.py")).findings == ()
 
 
+def test_layer_built_in_forward_is_pc203_at_its_line() -> None:
+    def main() -> None:
+        class Net(nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.proj: nn.Module | None = None
+
+            def forward(self, x: torch.Tensor) -> torch.Tensor:
+                if self.proj is None:
+                    self.proj = nn.Linear(x.shape[-1], 2)
+                return self.proj(x)
+
+        Net().to("cuda")(torch.randn(2, 4, device="cuda"))
+
+    found = {f.code: f for f in run(main).findings}
+    assert set(found) == {"PC201", "PC203"}  # built on the CPU: it also mixes devices at its first call
+    assert (found["PC203"].where, found["PC203"].device) == ("Net.proj", "cpu")
+    path, line = found["PC203"].source.rsplit(":", 1)
+    assert path.endswith("test_run.py")
+    assert "self.proj = nn.Linear" in Path(__file__).read_text().splitlines()[int(line) - 1]
+
+
 # -- the seeds' loop ------------------------------------------------------------------------------------
 
 def test_example_training_loop_with_labels_forgotten() -> None:

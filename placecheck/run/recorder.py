@@ -281,6 +281,7 @@ class RunRecorder:
             optimizer_mod.register_optimizer_step_post_hook(self._after_step),
             module_mod.register_module_forward_pre_hook(self._forward_enter),
             module_mod.register_module_forward_hook(self._forward_exit, always_call=True),
+            module_mod.register_module_module_registration_hook(self._module_registered),
         ]
         try:
             with contextlib.ExitStack() as stack:
@@ -700,6 +701,30 @@ class RunRecorder:
                   "reloaded or moved: optimizer = Optim(model.parameters()) last"),
             source=line, count=len(names), module=model,
             details=(("optimizer", type(opt).__name__), ("parameters", shown))))
+
+    def _module_registered(self, owner: nn.Module, name: str, submodule: nn.Module | None) -> None:
+        """PC203: a layer with parameters built during a forward (an optimizer built before misses it)."""
+        if not self._forward_stack or submodule is None \
+                or isinstance(submodule, nn.modules.lazy.LazyModuleMixin):
+            return  # nn.Lazy* follow .to() correctly
+        devices = sorted({str(t.device) for t in [*submodule.parameters(), *submodule.buffers()]})
+        if not devices:
+            return  # nothing to place or to train (nn.ReLU built in forward)
+        line, _ = here()
+        target = next((str(t.device) for m in self._forward_stack for t in m.parameters()
+                       if t.device.type == "cuda"), "")
+        on_target = devices == [target]
+        r = rule("PC203")
+        self._add(Finding(
+            code=r.code, kind=r.kind, severity=Severity.WARNING if on_target else r.severity,
+            where=f"{type(owner).__name__}.{name}", source=line, device=", ".join(devices),
+            expected=target,
+            message=(f"{type(submodule).__name__} {name!r} is built during {type(owner).__name__}.forward "
+                     f"on {', '.join(devices)}: " + (
+                         "an optimizer built before the first forward does not hold its parameters"
+                         if on_target else "the earlier .to() never saw it, and no optimizer holds it")),
+            hint="build layers in __init__ (or use an nn.Lazy* module), then move the model and build the "
+                 "optimizer"))
 
     def _forward_enter(self, module: nn.Module, args: Any) -> None:
         if not self._forward_stack:
