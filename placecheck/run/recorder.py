@@ -18,6 +18,8 @@ What the recorder adds on top of the engine:
   and every mismatch is found;
 - host syncs: in a module's forward they are PC204; in the loop itself one
   info finding per line, counting calls per optimizer step;
+- in forward: a tensor made on the CPU then copied to the device (PC202), a
+  layer built there (PC203), CPU index tensors indexing device tensors (PC205);
 - copies of the same host tensor to the device at every step (PC209), and
   ``non_blocking`` copies of unpinned batches (a note);
 - every ``Module.to()``/``.cuda()`` to CUDA is walked at that moment (PC101-PC105);
