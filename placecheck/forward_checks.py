@@ -175,7 +175,7 @@ def _mismatch(event: Mismatch, target: str) -> Finding:
     prov = event.provenance
     message, hint = rules.device_mismatch(
         event.op, event.devices, event.device, _tensor(event.dtype, event.shape), _came_from(prov),
-        created_on=prov.creation.device if prov.creation else "", lazy=prov.lazy,
+        created_on=event.device if prov.creation else "", lazy=prov.lazy,
         linked_hint=prov.linked.hint if prov.linked else "", attribute=prov.path)
     details = [("op", event.op), ("devices", ", ".join(event.devices))]
     origins = prov.origins()

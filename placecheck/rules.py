@@ -338,6 +338,8 @@ def created_off_device(op: str, tensor: str, device: str, target: str, *, fed: b
                 "register_buffer(..., persistent=False)")
     message = f"{op} in forward creates {tensor} on {device}, not {target}" + (
         ": it then fed a device mismatch" if fed else "")
+    if copied_to and copied_to != target:
+        device = copied_to  # a hard-coded .cuda() put it there: that is what to fix
     if device.startswith(("cpu", "meta")):
         where = "tensors created in forward land on the default device (the CPU), not the input's"
     else:

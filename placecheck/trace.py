@@ -457,6 +457,8 @@ class Tracer:
                     head.merged.append(joined)
             if len(provenances) > 1:
                 first = dataclasses.replace(first, also=(*first.also, *provenances[1:]))
+            if func in _MOVES and head is not None and not head.moved_to:
+                head.moved_to = str(out.device)  # a hard-coded .cuda()/.to("cuda:0"): where it went
             self.prov.remember(out, first)
             return
         if off:
@@ -559,7 +561,7 @@ class Tracer:
         if known is not None:
             return known
         path = ""
-        for name, t in [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]:
+        for name, t in [*module.named_parameters(), *module.named_buffers()]:
             found = self.prov.origins.get(id(t), "")
             if found.endswith("." + name):
                 path = found[:-len(name) - 1]

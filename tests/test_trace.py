@@ -643,3 +643,52 @@ def test_a_forward_stopped_by_the_simulation_is_not_called_clean(tmp_path: Path)
     clean = placecheck.audit(load_file(source)(), device="cuda", forward=False)
     assert clean.incomplete == "" and clean.summary_line() == "no placement problems found on cuda:0 " \
         "(simulated cuda)"
+
+
+class _Head(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+        self.bias = torch.ones(4)  # plain attribute: .to() leaves it behind
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x) + self.bias  # MARK head-mismatch
+
+
+class HeadsInAPlainList(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.trunk = nn.Linear(4, 4)
+        self.heads = [_Head(), _Head()]  # a plain list: unregistered
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.trunk(x)
+        return self.heads[0](y)
+
+
+@pytest.mark.parametrize("engine", ["fake", "tagged"])
+def test_a_mismatch_in_a_module_held_in_a_plain_list_names_that_module(engine: str) -> None:
+    report = placecheck.audit(HeadsInAPlainList, "cuda", engine=engine, inputs=["float32[2,4]"],
+                              select=["PC201"])
+    line = f"{SHOWN}:{_line_of('MARK head-mismatch')}"
+    assert {(f.where, f.source) for f in report.findings} == {("heads[0]", line)}
+    assert {f.origin for f in report.findings} == {"heads[0]"}  # the walk's PC102 about the list
+
+
+class HardCodedCuda(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        noise = torch.randn(4).cuda()  # MARK hard-coded
+        return self.proj(x) + noise
+
+
+def test_hints_for_a_hard_coded_cuda_say_where_it_landed() -> None:
+    report = placecheck.audit(HardCodedCuda, "cuda:1", gpus=2, inputs=["float32[2,4]"], select=["PC2"])
+    line = f"{SHOWN}:{_line_of('MARK hard-coded')}"
+    (created,) = [f for f in report.findings if f.code == "PC202" and f.source == line]
+    (mismatch,) = [f for f in report.findings if f.code == "PC201"]
+    assert created.device == "cpu" and "put it on cuda:0" in created.hint and "CPU" not in created.hint
+    assert "put it on cuda:0" in mismatch.hint and "the CPU" not in mismatch.hint
