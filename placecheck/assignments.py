@@ -41,10 +41,8 @@ from placecheck.sources import display_path, internal_file, is_internal, library
 
 BuiltT = TypeVar("BuiltT")
 
-# The methods through which a module's attribute is assigned, and the position of the
-# attribute's name among their arguments (after self).
-_ASSIGNING = {"__setattr__": 0, "register_buffer": 0, "register_parameter": 0, "register_module": 0,
-              "add_module": 0}
+# The methods through which a module's attribute is assigned; each takes the name first (after self).
+_ASSIGNING = ("__setattr__", "register_buffer", "register_parameter", "register_module", "add_module")
 
 
 class Assignments:
@@ -91,7 +89,7 @@ def build_recorded(build: Callable[[], BuiltT]) -> tuple[BuiltT, Assignments]:
     assignments = Assignments()
     originals = {name: getattr(nn.Module, name) for name in _ASSIGNING}
     for name, original in originals.items():
-        setattr(nn.Module, name, _recording(original, _ASSIGNING[name], assignments))
+        setattr(nn.Module, name, _recording(original, assignments))
     try:
         return build(), assignments
     finally:
@@ -99,11 +97,11 @@ def build_recorded(build: Callable[[], BuiltT]) -> tuple[BuiltT, Assignments]:
             setattr(nn.Module, name, original)
 
 
-def _recording(method: Callable[..., Any], name_at: int, assignments: Assignments) -> Callable[..., Any]:
+def _recording(method: Callable[..., Any], assignments: Assignments) -> Callable[..., Any]:
     @functools.wraps(method)
     def wrapper(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
         result = method(self, *args, **kwargs)
-        name = args[name_at] if len(args) > name_at else kwargs.get("name")
+        name = args[0] if args else kwargs.get("name")
         if isinstance(name, str):
             source = _assigning_line(sys._getframe(1))
             if source:
