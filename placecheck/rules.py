@@ -555,7 +555,7 @@ model.to(device)
 optimizer.load_state_dict(ckpt["optimizer"])
 """)
 
-_rule("PC308", "optimizer-stale-params", E, "run", "the optimizer holds parameters the model no longer uses", """
+_rule("PC308", "optimizer-stale-params", E, "run", "optimizer holds parameters the model no longer uses", """
 An optimizer steps the Parameter objects it was given when it was built. If
 the script then re-creates or re-loads the model (model = Net(), model =
 torch.load(...)), or moves it with
