@@ -61,6 +61,8 @@ def forward_findings(events: list[Event], target: str, library_findings: bool = 
     """
     found: dict[tuple[str, str, str], Finding] = {}
     library: dict[tuple[str, str, str], str] = {}
+    crashes: set[tuple[str, str, str]] = set()
+    """Creations that fed a mismatch: the cause of an error, never downgraded as library performance."""
     lazy_lines = {e.site.source for e in events if isinstance(e, Registration)}
     returned = {id(e.host_sync): e for e in events if isinstance(e, OutputOffDevice) and e.host_sync}
     for event in events:
@@ -76,6 +78,8 @@ def forward_findings(events: list[Event], target: str, library_findings: bool = 
                 found[key] = _also_from(found[key], finding.origin)
             continue
         found[key] = finding
+        if isinstance(event, Creation) and event.fed_mismatch:
+            crashes.add(key)
         site = getattr(event, "site", None)
         if isinstance(site, Site) and site.library:
             library[key] = site.library
@@ -83,7 +87,8 @@ def forward_findings(events: list[Event], target: str, library_findings: bool = 
     kept = []
     for key, finding in found.items():
         package = library.get(key, "")
-        if package and finding.severity is not Severity.ERROR and finding.code in _PERFORMANCE_CODES:
+        if package and finding.severity is not Severity.ERROR and finding.code in _PERFORMANCE_CODES \
+                and key not in crashes:
             counted[package] = counted.get(package, 0) + 1
             finding = dataclasses.replace(
                 finding, message=rules.in_library(package, finding.message),
@@ -166,7 +171,8 @@ def _creation(event: Creation, target: str) -> Finding:
     message, hint = rules.created_off_device(
         event.op, _tensor(event.dtype, event.shape), event.device, target, fed=fed,
         copied_to=event.moved_to, copied_at=event.moved_at.source if event.moved and event.moved_at else "")
-    return _make("PC202", event.site, Severity.ERROR if fed else None, device=event.device, expected=target,
+    # always the rule's severity (one truth with the rule table): the mismatch it fed is its own PC201 error
+    return _make("PC202", event.site, None, device=event.device, expected=target,
                  dtype=event.dtype, shape=event.shape, origin=event.site.source, message=message, hint=hint,
                  details=(("op", event.op),))
 

@@ -318,8 +318,12 @@ _rule("PC202", "created-off-device", W, "forward", "tensor created in forward() 
 Factory calls (torch.zeros, randn, arange, tensor, from_numpy, ...) inside
 forward() create tensors on the default device (the CPU unless
 torch.set_default_device says otherwise), not on the input's device. Pass
-device=x.device, or use x.new_zeros / torch.zeros_like. An error when the
-tensor later feeds a device mismatch.""", """
+device=x.device, or use x.new_zeros / torch.zeros_like. Created on the CPU
+and then copied with .to(x.device)/.cuda()/.type_as(x), it is correct but
+allocates on the host and pays a blocking copy on every call (PyTorch's
+performance tuning guide: create tensors on the target directly). Always a
+warning: when the tensor then feeds a device mismatch, that crash is reported
+as PC201, an error, which the report groups under this problem.""", """
 noise = torch.randn(x.shape)
 """, """
 noise = torch.randn(x.shape, device=x.device, dtype=x.dtype)  # or torch.randn_like(x)

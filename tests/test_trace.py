@@ -92,14 +92,16 @@ class CreatesInForward(nn.Module):
         return self.proj(x) + bias  # MARK fed
 
 
-def test_created_tensor_provenance_is_its_line_and_the_creation_becomes_an_error() -> None:
+def test_created_tensor_provenance_is_its_line_and_the_mismatch_it_feeds_is_the_error() -> None:
     report = placecheck.audit(CreatesInForward, "cuda", inputs=["float32[3,4]"])
     created = f"{_line_of('MARK created')}"
     (mismatch,) = [f for f in report.findings if f.code == "PC201"]
     assert mismatch.source.endswith(f"{HERE}:{_line_of('MARK fed')}")
     assert mismatch.origin.endswith(f"{HERE}:{created}")  # the line that created the tensor
     (creation,) = [f for f in report.findings if f.code == "PC202"]
-    assert creation.source.endswith(f"{HERE}:{created}") and creation.severity == "error"
+    # PC202 keeps its rule's severity (the rule table's one truth); the crash it feeds is the PC201 error
+    assert creation.source.endswith(f"{HERE}:{created}") and creation.severity == "warning"
+    assert mismatch.severity == "error" and "it then fed a device mismatch" in creation.message
     assert "torch.ones" in creation.message
 
 
@@ -424,11 +426,11 @@ def test_performance_findings_inside_installed_packages_are_info_naming_it(fake_
     rows = sorted((f.code, f.severity.value, f.where, f.source) for f in report.findings)
     library_line = os.path.relpath(fake_library) if not os.path.relpath(fake_library).startswith("..") \
         else fake_library
-    # the mismatch is an error: always reported, at the library's line (no user frame in the forward);
-    # the performance findings are info, naming the package
+    # the mismatch is an error: always reported, at the library's line (no user frame in the forward),
+    # with the creation that fed it at its rule's severity; the performance findings are info
     assert rows == [("PC201", "error", "", f"{library_line}:15"),
-                    ("PC202", "error", "", f"{library_line}:15"),
                     ("PC202", "info", "", f"{library_line}:14"),
+                    ("PC202", "warning", "", f"{library_line}:15"),
                     ("PC204", "info", "", f"{library_line}:13"),
                     ("PC205", "info", "", f"{library_line}:15")]
     infos = [f for f in report.findings if f.severity.value == "info"]
@@ -437,7 +439,7 @@ def test_performance_findings_inside_installed_packages_are_info_naming_it(fake_
     shown = placecheck.audit(_library_alone, "cuda", select=["PC2"], library_findings=True)
     assert sorted((f.code, f.severity.value, f.source) for f in shown.findings
                   if f.code in ("PC202", "PC204", "PC205")) == [
-        ("PC202", "error", f"{library_line}:15"), ("PC202", "warning", f"{library_line}:14"),
+        ("PC202", "warning", f"{library_line}:14"), ("PC202", "warning", f"{library_line}:15"),
         ("PC204", "warning", f"{library_line}:13"), ("PC205", "warning", f"{library_line}:15")]
 
 
