@@ -301,6 +301,25 @@ def test_layer_built_in_forward_is_pc203_at_its_line() -> None:
     assert "self.proj = nn.Linear" in Path(__file__).read_text().splitlines()[int(line) - 1]
 
 
+def test_whole_module_saved_and_loaded_by_the_script(tmp_path: Path) -> None:
+    saved = tmp_path / "whole.pt"
+    seen = []
+
+    def main() -> None:
+        model = nn.BatchNorm1d(3).to("cuda")
+        torch.save(model, saved)
+        seen.append(str(next(model.parameters()).device))  # the script's model is untouched
+        loaded = torch.load(saved, weights_only=False)
+        seen.append(str(loaded.running_mean.device))
+        loaded(torch.randn(4, 3, device="cuda"))
+
+    report = run(main)
+    assert report.findings == ()
+    assert seen == ["cuda:0", "cuda:0"]
+    plain = torch.load(saved, weights_only=False)  # the file names no placecheck class
+    assert type(plain.weight) is nn.Parameter and plain.weight.device.type == "cpu"
+
+
 # -- the seeds' loop ------------------------------------------------------------------------------------
 
 def test_example_training_loop_with_labels_forgotten() -> None:

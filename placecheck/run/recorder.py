@@ -206,25 +206,61 @@ def _plain(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def _map_tree(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor], depth: int = 0) -> Any:
-    """``obj`` with ``fn`` applied to every tensor in its dicts, lists and tuples (rebuilt, not mutated)."""
+def _map_tree(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor], undo: _Undo | None = None,
+              depth: int = 0) -> Any:
+    """``obj`` with ``fn`` applied to every tensor in its dicts, lists and tuples (rebuilt, not mutated)
+    and in the modules in it (replaced in place; ``undo`` collects the originals)."""
     if isinstance(obj, torch.Tensor):
         return fn(obj)
     if depth > 32:
         return obj
     if isinstance(obj, dict):
-        items = [(k, _map_tree(v, fn, depth + 1)) for k, v in obj.items()]
+        items = [(k, _map_tree(v, fn, undo, depth + 1)) for k, v in obj.items()]
         try:
             out = type(obj)()
         except TypeError:
             out = {}
         out.update(items)
+        metadata = getattr(obj, "_metadata", None)
+        if metadata is not None:  # a state_dict's per-module versions, which load_state_dict reads
+            out._metadata = metadata  # type: ignore[attr-defined]
         return out
     if isinstance(obj, list):
-        return [_map_tree(v, fn, depth + 1) for v in obj]
+        return [_map_tree(v, fn, undo, depth + 1) for v in obj]
     if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
-        return tuple(_map_tree(v, fn, depth + 1) for v in obj)
+        return tuple(_map_tree(v, fn, undo, depth + 1) for v in obj)
+    if isinstance(obj, nn.Module):  # a pickled whole module: its tensors are replaced in place
+        _replace_module_tensors(obj, fn, undo)
     return obj
+
+
+_Undo = list[tuple[dict[str, Any], str, Any]]
+
+
+def _replace_module_tensors(model: nn.Module, fn: Callable[[torch.Tensor], torch.Tensor],
+                            undo: _Undo | None) -> None:
+    """Every parameter and buffer of ``model`` replaced by ``fn`` of it (parameters stay parameters);
+    ``undo`` collects what was replaced, for :func:`_restore`."""
+    for module in model.modules():
+        for name, param in list(module._parameters.items()):
+            if param is not None:
+                new = fn(param)
+                if new is not param:
+                    if undo is not None:
+                        undo.append((module._parameters, name, param))
+                    module._parameters[name] = nn.Parameter(new, requires_grad=param.requires_grad)
+        for name, buffer in list(module._buffers.items()):
+            if buffer is not None:
+                new = fn(buffer)
+                if new is not buffer:
+                    if undo is not None:
+                        undo.append((module._buffers, name, buffer))
+                    module._buffers[name] = new
+
+
+def _restore(undo: _Undo) -> None:
+    for table, name, original in reversed(undo):
+        table[name] = original
 
 
 class RunRecorder:
@@ -826,13 +862,17 @@ class RunRecorder:
                 devices.append(str(t.device))
                 return _plain(t)
 
+            undo: _Undo = []
             with self.quiet():
-                plain = _map_tree(obj, host)
-                if isinstance(f, str) or hasattr(f, "__fspath__"):
-                    # the file holds host tensors (no placecheck class in it); a later torch.load of it
-                    # in this run puts each back on the device it was saved from, as on a GPU
-                    self._saved[os.path.abspath(f)] = devices
-                return original(plain, f, *args, **kwargs)
+                try:
+                    plain = _map_tree(obj, host, undo)
+                    if isinstance(f, str) or hasattr(f, "__fspath__"):
+                        # the file holds host tensors (no placecheck class in it); a later torch.load of
+                        # it in this run puts each back on the device it was saved from, as on a GPU
+                        self._saved[os.path.abspath(f)] = devices
+                    return original(plain, f, *args, **kwargs)
+                finally:
+                    _restore(undo)  # a whole module saved: the script's module keeps its own tensors
         return save
 
     # -- results ---------------------------------------------------------------------------------------------
