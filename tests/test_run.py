@@ -184,6 +184,19 @@ def test_optimizer_state_resumed_before_the_move_is_pc307_with_bytes(cpu_resume_
     assert finding.count == 8 and finding.nbytes == 2 * (16 * 8 + 16 + 16 + 1) * 4
 
 
+def test_optimizer_state_left_on_another_gpu_is_pc307(cpu_resume_checkpoint: str) -> None:
+    def resume() -> None:
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1)).to("cuda:1")
+        optimizer = torch.optim.Adam(model.parameters())
+        optimizer.load_state_dict(torch.load(cpu_resume_checkpoint)["optimizer"])  # cast to cuda:1
+        model.to("cuda:0")
+        model(torch.randn(2, 8, device="cuda:0")).sum().backward()
+        optimizer.step()
+
+    [finding] = run(resume, gpus=2).findings
+    assert (finding.code, finding.device, finding.expected) == ("PC307", "cuda:1", "cuda:0")
+
+
 def test_optimizer_state_loaded_after_the_move_is_clean(cpu_resume_checkpoint: str) -> None:
     assert run(script("optimizer_fixed.py"), [cpu_resume_checkpoint]).findings == ()
 
