@@ -125,7 +125,7 @@ def test_a_sync_inside_torch_names_the_function_that_made_it() -> None:
 
     [finding] = run(train).findings
     assert finding.code == "PC204" and finding.severity is Severity.INFO
-    assert ".item() in GradScaler._maybe_opt_step of a cuda:0 tensor" in finding.message
+    assert ".item() in GradScaler._maybe_opt_step (torch) of a cuda:0 tensor" in finding.message
     assert "syncs by design" in finding.hint
 
 
@@ -140,6 +140,21 @@ def test_formatting_a_device_scalar_works_and_is_a_sync_once() -> None:
     assert seen == ["2.000"]
     assert finding.code == "PC204" and "formatting of a cuda:0 tensor" in finding.message
     assert "a host sync, once" in finding.message
+
+
+def test_a_sync_inside_installed_code_in_forward_is_info_naming_it() -> None:
+    transformers = pytest.importorskip("transformers")
+
+    def main() -> None:
+        config = transformers.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1,
+                                         num_attention_heads=2, intermediate_size=32)
+        model = transformers.BertModel(config).to("cuda")
+        ids = torch.randint(0, 50, (2, 8), device="cuda")
+        model(input_ids=ids, attention_mask=torch.ones_like(ids))
+
+    [finding] = run(main).findings
+    assert (finding.code, finding.severity, finding.where) == ("PC204", Severity.INFO, "BertModel")
+    assert "(transformers)" in finding.message and finding.source.rsplit(":", 1)[0].endswith("test_run.py")
 
 
 def test_no_syncs_in_loop_or_forward_is_clean() -> None:

@@ -109,7 +109,18 @@ def library_caller() -> str:
     if frame is None or not is_foreign(frame.f_code):
         return ""
     name: str = getattr(frame.f_code, "co_qualname", frame.f_code.co_name)
-    return name.split(".<locals>", 1)[0]
+    name = name.split(".<locals>", 1)[0]
+    package = _package_of(frame.f_code.co_filename)
+    return f"{name} ({package})" if package else name
+
+
+def _package_of(filename: str) -> str:
+    """The installed package a file belongs to (``transformers``), "" when none."""
+    name = os.path.abspath(filename)
+    for base in _SITE_DIRS:
+        if name.startswith(base):
+            return name[len(base):].split(os.sep, 1)[0].removesuffix(".py")
+    return ""
 
 
 def where_is(frame: FrameType | None) -> str:
