@@ -192,3 +192,18 @@ class _CpuOnly(nn.Module):
 def test_host_work_on_cpu_tensors_is_no_sync(engine: str) -> None:
     report = placecheck.audit(_CpuOnly, "cuda", engine=engine, inputs=["float32[2,8]"])
     assert _host_syncs(report) == []
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("case, name", CASES, ids=[c[0].__name__.strip("_") for c in CASES])
+def test_a_real_gpu_reports_each_case_as_a_sync(case: Case, name: str) -> None:
+    """The reference: with ``set_sync_debug_mode("error")`` a GPU raises at every sync this file lists."""
+    x = torch.randn(2, 8, device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with pytest.raises(RuntimeError, match="synchroniz"):
+            case(x)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
