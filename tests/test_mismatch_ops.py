@@ -183,3 +183,13 @@ def test_the_decision_is_from_devices_not_from_the_message() -> None:
     assert not classify.mixes_devices(torch.Tensor.__getitem__, [(0, cuda), (1, cpu)])  # a CPU index too
     assert classify.mixes_devices(torch.Tensor.__getitem__, [(0, cpu), (1, cuda)])
     assert not classify.mixes_devices(torch.add, [(0, cpu), (1, cpu)])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("case, argument", CASES, ids=[c[1] for c in CASES])
+def test_a_real_gpu_raises_at_each_case(case: Case, argument: str) -> None:
+    """The reference: each case really crashes on a GPU, whatever its message says."""
+    model = _Host(case).cuda().eval()
+    with pytest.raises(RuntimeError), torch.no_grad():
+        model(torch.randn(2, 8, device="cuda"))
