@@ -33,7 +33,7 @@ from placecheck.errors import LoadError, UsageError, one_line
 from placecheck.finding import Finding, Severity
 from placecheck.report import Report
 from placecheck.rules import in_library, rule, selected, stray_handled_by_forward
-from placecheck.sources import library_of_class, user_line
+from placecheck.sources import library_of_class, treat_as_user_code, user_line
 from placecheck.walk import Snapshot, WalkResult, reachable_tensors, walk
 
 ModelOrFactory = Union[nn.Module, Callable[[], nn.Module]]
@@ -49,18 +49,38 @@ def _build(model: ModelOrFactory, engine: Engine, copy_model: bool) -> nn.Module
     later run on the same fake tensors.
     """
     if isinstance(model, nn.Module):
+        treat_as_user_code(*{type(m) for m in model.modules()})
         return _copy(model) if copy_model else model
-    if not engine.simulated:
-        return _checked(model())
-    gpus = engine.gpus
-    with cuda_queries_simulated(gpus):
-        try:
+    with _module_classes_are_user_code():
+        if not engine.simulated:
             return _checked(model())
-        except Exception as exc:
-            if not classify.needs_cuda_driver(exc):
-                raise
-    with engine.session():
-        return _checked(model())
+        gpus = engine.gpus
+        with cuda_queries_simulated(gpus):
+            try:
+                return _checked(model())
+            except Exception as exc:
+                if not classify.needs_cuda_driver(exc):
+                    raise
+        with engine.session():
+            return _checked(model())
+
+
+@contextlib.contextmanager
+def _module_classes_are_user_code() -> Iterator[None]:
+    """While a factory builds the model, every module class it builds is code under audit
+    (:func:`placecheck.sources.treat_as_user_code`), so that its lines are sources even when it lives
+    in placecheck's own package (the examples), from its first ``__init__`` line on."""
+    original = nn.Module.__init__
+
+    def init(self: nn.Module, *args: Any, **kwargs: Any) -> None:
+        treat_as_user_code(type(self))
+        original(self, *args, **kwargs)
+
+    nn.Module.__init__ = init  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        nn.Module.__init__ = original  # type: ignore[method-assign]
 
 
 def _copy(model: nn.Module) -> nn.Module:

@@ -28,20 +28,45 @@ import torch.nn as nn
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _PLACECHECK_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-_EXAMPLES_DIR = _PLACECHECK_DIR + "examples" + os.sep
 _LIBRARY_FILES = frozenset(os.path.abspath(m.__file__ or "") for m in (contextlib, functools, typing))
+_USER_FILES: set[str] = set()
+"""Files inside placecheck's package that hold code under audit (see :func:`treat_as_user_code`)."""
+
+
+def treat_as_user_code(*classes: type) -> None:
+    """The files defining ``classes`` (the model's module classes) are the user's code.
+
+    The code under audit is user code by definition, even when it lives in
+    placecheck's own package (the examples an audit runs): its lines are a
+    finding's ``source``, not frames of the tool. Only files inside placecheck
+    need saying so; torch's classes are never the user's.
+    """
+    for cls in classes:
+        try:
+            filename = inspect.getsourcefile(cls) or ""
+        except (OSError, TypeError):
+            continue
+        if os.path.abspath(filename).startswith(_PLACECHECK_DIR):
+            _USER_FILES.update((filename, os.path.abspath(filename)))
+
+
+def is_internal(code: CodeType) -> bool:
+    """True for torch's, placecheck's and the stdlib wrappers' own frames; not the code under audit."""
+    return _internal_code(code) and code.co_filename not in _USER_FILES
 
 
 @functools.cache
-def is_internal(code: CodeType) -> bool:
-    """True for torch's, placecheck's and the stdlib wrappers' own frames (cached per code object)."""
-    return internal_file(code.co_filename)
+def _internal_code(code: CodeType) -> bool:
+    return _machinery(code.co_filename)  # cached per code object: the stack is walked often
 
 
 def internal_file(name: str) -> bool:
     """True for a file of torch, of placecheck's own machinery, or of the stdlib's call wrappers."""
-    return (name.startswith(_TORCH_DIR) or name.startswith("<frozen")
-            or (name.startswith(_PLACECHECK_DIR) and not name.startswith(_EXAMPLES_DIR))
+    return _machinery(name) and name not in _USER_FILES and os.path.abspath(name) not in _USER_FILES
+
+
+def _machinery(name: str) -> bool:
+    return (name.startswith(_TORCH_DIR) or name.startswith("<frozen") or name.startswith(_PLACECHECK_DIR)
             or os.path.abspath(name) in _LIBRARY_FILES or "unittest/mock.py" in name)
 
 

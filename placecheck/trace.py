@@ -52,7 +52,7 @@ from placecheck.events import (
 from placecheck.finding import Finding
 from placecheck.forward_checks import ForwardFindings, forward_findings
 from placecheck.provenance import Creation, Provenance, Provenances, StrayVerdict
-from placecheck.sources import NOWHERE, Attribution, Site, frames_of, module_being_built
+from placecheck.sources import NOWHERE, Attribution, Site, frames_of, module_being_built, treat_as_user_code
 from placecheck.walk import WalkResult, join
 
 # -- calls -------------------------------------------------------------------------------------
@@ -241,6 +241,7 @@ class Tracer:
         self.module_paths: dict[int, str] = {}
         for path, module in model.named_modules(remove_duplicate=False):
             self.module_paths.setdefault(id(module), path)
+        treat_as_user_code(*{type(m) for m in model.modules()})
         self.parameters = {id(p) for p in model.parameters()}
         self.prov = Provenances(walk)
         """Where each off-target tensor came from, and what happened to the walk's strays."""

@@ -694,3 +694,13 @@ def test_hints_for_a_hard_coded_cuda_say_where_it_landed() -> None:
     (mismatch,) = [f for f in report.findings if f.code == "PC201"]
     assert created.device == "cpu" and "put it on cuda:0" in created.hint and "CPU" not in created.hint
     assert "put it on cuda:0" in mismatch.hint and "the CPU" not in mismatch.hint
+
+
+def test_the_examples_in_placecheck_are_user_code_when_audited() -> None:
+    """No folder of placecheck is special-cased: the code under audit is the user's wherever it lives."""
+    from placecheck.examples.buggy import BuggyNet
+
+    for model in (BuggyNet, BuggyNet()):  # a factory (the class) and an instance
+        report = placecheck.audit(model, "cuda", engine="fake", select=["PC2"])
+        sources = {f.source.rpartition(":")[0] for f in report.findings}
+        assert sources == {os.path.join("placecheck", "examples", "buggy.py")}, sources
