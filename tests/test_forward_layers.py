@@ -1,0 +1,47 @@
+"""The forward-pass core's layers: a lower module never imports a higher one, not even inside a function.
+
+Bottom to top: sources (user lines) < classify (what an error means) < cudaapi
+(the simulated torch.cuda API) < tagged (the real-valued engine) < datadep
+(fake tensors' data-dependent ops) < engine <
+provenance < events < forward_checks < trace. Each module may import only
+modules below it (and placecheck's torch-free basics); zoo imports no
+placecheck module, so inputs can import it.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).parents[1] / "placecheck"
+ORDER = ["sources", "classify", "cudaapi", "tagged", "datadep", "engine", "provenance", "events",
+         "forward_checks", "trace"]
+BASICS = {"errors", "finding", "rules", "devices", "walk", "options"}
+"""Modules any layer may use: torch-free basics, and the walk's result the tracer starts from."""
+
+
+def _imports(module: str) -> set[str]:
+    """Every placecheck module ``module`` imports, at module level or inside functions."""
+    tree = ast.parse((PACKAGE / f"{module}.py").read_text(encoding="utf-8"))
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("placecheck"):
+            if node.module == "placecheck":
+                found.update(alias.name for alias in node.names)
+            else:
+                found.add(node.module.split(".")[1])
+        elif isinstance(node, ast.Import):
+            found.update(a.name.split(".")[1] for a in node.names if a.name.startswith("placecheck."))
+    return found
+
+
+@pytest.mark.parametrize("module", ORDER)
+def test_a_layer_imports_only_layers_below_it(module: str) -> None:
+    below = set(ORDER[:ORDER.index(module)])
+    assert _imports(module) - below - BASICS == set()
+
+
+def test_zoo_imports_no_placecheck_module() -> None:
+    assert _imports("zoo") == set()
