@@ -143,19 +143,6 @@ def _hook_derived(module: nn.Module) -> set[str]:
     return names
 
 
-def _library_managed(module: nn.Module) -> set[str]:
-    """Plain tensor attributes that their library moves to the input's device before use.
-
-    transformers' rotary embeddings keep ``original_inv_freq``, a plain
-    reference to the ``inv_freq`` buffer, and ``dynamic_rope_update`` calls
-    ``self.original_inv_freq.to(x.device)`` before reading it ("needed if the
-    model has been moved to a device after being initialized"): not a bug.
-    """
-    if "inv_freq" in module._buffers and hasattr(module, "rope_type"):
-        return {"original_inv_freq"}
-    return set()
-
-
 def _holder_name(path: str) -> str:
     """``"h.layer"`` -> ``"h"``: the path of the object holding the last step of ``path``."""
     cut = max(path.rfind("."), path.rfind("["), path.rfind("{"))
@@ -206,7 +193,7 @@ class _Walker:
         for mpath, module in model.named_modules():
             if id(module) in outer_modules:
                 continue
-            skip = _hook_derived(module) | _library_managed(module)
+            skip = _hook_derived(module)
             for attr, value in attributes(module):
                 if attr not in skip:
                     self.visit(value, mpath, module, attr)
