@@ -391,7 +391,12 @@ def created_in_forward(what: str, path: str, type_name: str, device: str, on_tar
 _rule("PC204", "host-sync", W, "forward", "device-to-host synchronisation in forward()", """
 .item(), .tolist(), .cpu() and bool()/if on a device tensor wait for the GPU
 to finish and copy to the host: legal, but a stall per call that serialises
-the pipeline. (.numpy() on a CUDA tensor does not sync: it raises TypeError
+the pipeline. So does everything torch.cuda.set_sync_debug_mode("warn")
+reports: `x in t`, int()/float()/an index, nonzero/argwhere and
+torch.where(condition), boolean-mask indexing and masked_select, unique,
+repeat_interleave without output_size, printing a device tensor, and
+torch.equal/allclose.
+(.numpy() on a CUDA tensor does not sync: it raises TypeError
 "can't convert cuda:0 device type tensor to numpy"; the sync is the .cpu() in
 .cpu().numpy().) Keep the value on the device (torch.where, masks) or move the
 check out of the hot path.""", """
