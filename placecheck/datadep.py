@@ -1,0 +1,569 @@
+"""Data-dependent ops under fake tensors: run through them with stated assumptions.
+
+Fake tensors hold no values, so PyTorch's fake mode stops where an op's result
+depends on them: a value read to the host (``.item()``, ``.tolist()``,
+``bool(t)``/``if t``, ``int(t)``, a tensor used as an index) raises
+``DataDependentOutputException``, and an op whose output *shape* depends on
+values (``nonzero``/``torch.where(mask)``/``argwhere``, boolean-mask indexing,
+``masked_select``, ``unique``, ``repeat_interleave`` without ``output_size``)
+raises ``DynamicOutputShapeException``. Mixture-of-experts routers and
+transformers' padding checks hit both.
+
+:class:`DataDependentMode`, a dispatch mode entered just inside the fake
+mode, answers those ops instead:
+
+- It keeps the real values of the tensors whose values do not depend on the
+  weights, when they are small: what was copied from host data (the forward's
+  inputs, ``torch.tensor([...], device="cuda")``), deterministic factories
+  (``arange``, ``zeros``, ``full``...), and what is computed from those alone.
+  A data-dependent op on such tensors gets its exact result; no assumption.
+- Where the values are unknown (they come from weights fake tensors do not
+  hold), it assumes the plausible upper bound of a shape (every element of a
+  mask is nonzero, every element of ``unique``'s input is distinct, each
+  ``repeat_interleave`` count is 1; so every expert of a router is visited),
+  that floating values are finite (``isnan``/``isinf`` are all false), and
+  that a value read to the host is 1 (``True``, ``1``, ``1.0``). Each
+  assumption is recorded as an :class:`Assumption` with the line that made it;
+  a value read where the code branches on it is marked so: the other path was
+  not checked.
+
+Host syncs are not this module's business: the tracer reports them (PC204)
+wherever they happen. Not reentrant: one mode per fake mode, entered once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dis
+import functools
+import os
+import sys
+import typing
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils.weak import WeakIdKeyDictionary
+
+aten = torch.ops.aten
+
+KNOWN_BYTES_LIMIT = 1 << 20
+"""The largest tensor (storage bytes) whose real values are kept; larger ones are unknown."""
+
+REPRESENTATIVE = 1
+"""The value assumed for a number read from a tensor whose values are unknown (``True``, ``1``, ``1.0``)."""
+
+
+@dataclass(frozen=True)
+class Assumption:
+    """One assumption the fake engine made to run through a data-dependent op."""
+
+    what: str
+    """What was assumed, in words ("every element is nonzero")."""
+    op: str
+    """The op or the host read that needed it ("nonzero", "bool()")."""
+    line: str
+    """``file:line`` of the innermost frame outside torch and placecheck ("" when none)."""
+    branch: bool = False
+    """The code branched on the assumed value: the other path was not checked."""
+
+    def note(self, count: int = 1) -> str:
+        """The report's note for this assumption, made ``count`` times at its line."""
+        where = f" at {self.line}" if self.line else ""
+        times = f" ({count} times)" if count > 1 else ""
+        text = (f"forward: {self.op}{where}{times} ran on an assumption (fake tensors hold no values): "
+                f"{self.what}")
+        if self.branch:
+            text += "; the code branches on that value there: a path another value takes was not checked"
+        return text
+
+
+_Handler = Callable[["DataDependentMode", Any, tuple[Any, ...], dict[str, Any]], Any]
+_Args = tuple[Any, ...]
+_HANDLERS: dict[Any, _Handler] = {}
+
+
+def _handles(*ops: Any) -> Callable[[_Handler], _Handler]:
+    """Register a handler for ``ops`` (aten overloads); a second handler for one op is refused."""
+    def register(handler: _Handler) -> _Handler:
+        for op in ops:
+            if op in _HANDLERS:
+                raise ValueError(f"{op} already has a data-dependent handler")
+            _HANDLERS[op] = handler
+        return handler
+    return register
+
+
+# Factories whose values are not defined (empty) or not worth computing; random ones are
+# skipped by their nondeterministic tag.
+_NO_VALUES = frozenset({aten.empty.memory_format, aten.empty_strided.default, aten.new_empty.default,
+                        aten.new_empty_strided.default, aten.empty_like.default, aten.empty_permuted.default})
+# Results whose values do not depend on their input's values, only on its shape and dtype.
+_SHAPE_ONLY = frozenset({aten.zeros_like.default, aten.ones_like.default, aten.full_like.default,
+                         aten.new_zeros.default, aten.new_ones.default, aten.new_full.default})
+# Predicates assumed all false on unknown floating values (they are assumed finite).
+_NOT_FINITE = frozenset({aten.isnan.default, aten.isinf.default, aten.isposinf.default,
+                         aten.isneginf.default})
+_META_OPS = frozenset({torch.ops.prim.device.default, aten.sym_size.int, aten.sym_stride.int,
+                       aten.sym_numel.default, aten.sym_storage_offset.default, aten.dim.default,
+                       aten.is_contiguous.default, aten.is_contiguous.memory_format})
+
+
+def _fake_tensor_type() -> type[torch.Tensor]:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return FakeTensor
+
+
+class DataDependentMode(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch's mode is untyped
+    """Runs data-dependent ops on fake tensors with exact values where known, stated assumptions elsewhere.
+
+    Enter it inside ``fake_mode`` (it must see each op before the fake mode
+    does). :attr:`assumptions` holds what was assumed, in order, once per
+    (assumption, line); :meth:`notes` words them for the report.
+    """
+
+    def __init__(self, fake_mode: Any) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.fake_mode = fake_mode
+        self.known: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        """fake tensor -> (its real CPU values, the assumption they rest on or None)."""
+        self.assumptions: dict[Assumption, int] = {}
+        """Each assumption made -> how many times."""
+        self._fake_type: type[torch.Tensor] = _fake_tensor_type()
+
+    # -- what the report gets -------------------------------------------------------------------
+    def notes(self) -> list[str]:
+        """One note per assumption and line, in the order they were first made."""
+        return [a.note(n) for a, n in self.assumptions.items()]
+
+    def branched(self) -> list[Assumption]:
+        """The assumptions the code branched on (a path depending on another value was not checked)."""
+        return [a for a in self.assumptions if a.branch]
+
+    def reset(self) -> None:
+        """Forget the assumptions recorded so far (the values known stay)."""
+        self.assumptions.clear()
+
+    # -- dispatch -------------------------------------------------------------------------------
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func in _META_OPS:
+            return func(*args, **kwargs)
+        handler = _HANDLERS.get(func)
+        if handler is not None:
+            return handler(self, func, args, kwargs)
+        out = func(*args, **kwargs)
+        self._propagate(func, args, kwargs, out)
+        return out
+
+    # -- values ---------------------------------------------------------------------------------
+    def value(self, t: Any) -> tuple[torch.Tensor | None, Assumption | None]:
+        """The real values of ``t`` when known (a real tensor is its own value), and what they rest on."""
+        if not isinstance(t, torch.Tensor):
+            return None, None
+        if not isinstance(t, self._fake_type):
+            return (t, None) if t.device.type == "cpu" else (None, None)
+        known: tuple[torch.Tensor, Assumption | None] | None = self.known.get(t)  # type: ignore[no-untyped-call]
+        return known if known is not None else (None, None)
+
+    def _keep(self, fake: Any, real: Any, assumption: Assumption | None) -> None:
+        if not (isinstance(fake, self._fake_type) and isinstance(real, torch.Tensor)):
+            return
+        if real.untyped_storage().nbytes() > KNOWN_BYTES_LIMIT or fake.shape != real.shape:
+            self.known.pop(fake, None)  # type: ignore[no-untyped-call]
+            return
+        self.known[fake] = (real, assumption)
+
+    def _forget(self, fake: Any) -> None:
+        """``fake`` was written with values not known: forget it and every known view of its storage."""
+        if not isinstance(fake, self._fake_type) or not len(self.known):
+            return
+        storage = fake.untyped_storage()._cdata
+        for other in [k for k in self.known if k.untyped_storage()._cdata == storage]:
+            self.known.pop(other, None)  # type: ignore[no-untyped-call]
+
+    def _real(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+              values: dict[int, torch.Tensor]) -> Any:
+        """``func`` run on the CPU with the real values ``values`` (id of fake tensor -> values)."""
+        def real(a: Any) -> Any:
+            if isinstance(a, torch.Tensor) and id(a) in values:
+                return values[id(a)]
+            if isinstance(a, torch.device) and a.type != "cpu":
+                return torch.device("cpu")
+            return a
+
+        real_args, real_kwargs = tree_map(real, (args, kwargs))
+        if "device" in real_kwargs:
+            real_kwargs["device"] = torch.device("cpu")
+        if real_kwargs.get("pin_memory"):
+            real_kwargs["pin_memory"] = False
+        with on_host():
+            return func(*real_args, **real_kwargs)
+
+    def _propagate(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
+        """Keep the real values of ``out`` when they follow from known inputs; forget what was overwritten."""
+        tensors = _tensors_in(args, kwargs)
+        if not tensors and not isinstance(out, self._fake_type):
+            return
+        values: dict[int, torch.Tensor] = {}
+        rests_on: Assumption | None = None
+        unknown = []
+        for t in tensors:
+            real, assumption = self.value(t)
+            if real is None:
+                unknown.append(t)
+                if func not in _NOT_FINITE and func not in _SHAPE_ONLY:
+                    break  # one unknown input is enough: nothing to compute
+            else:
+                values[id(t)] = real
+                rests_on = rests_on or assumption
+        if func in _NOT_FINITE and unknown and unknown[0].is_floating_point():
+            with on_host():
+                out_real = torch.zeros((), dtype=torch.bool).expand(unknown[0].shape)
+            self._keep(out, out_real, self._assume("finite values (no NaN or infinity)", func, record=False))
+            return
+        if func in _SHAPE_ONLY and unknown and unknown[0] is args[0]:
+            src = args[0]
+            with on_host():
+                values[id(src)] = torch.zeros((), dtype=src.dtype).expand(src.shape)
+            unknown = unknown[1:]
+        if unknown or not self._worth_computing(func, out):
+            if len(self.known):
+                for _, arg in _written(func, args, kwargs):
+                    self._forget(arg)
+            return
+        try:
+            real_out = self._real(func, args, kwargs, values)
+        except Exception:  # the real op disagrees (a CPU-only kernel): the values stay unknown
+            for _, arg in _written(func, args, kwargs):
+                self._forget(arg)
+            return
+        fakes, _ = tree_flatten(out)
+        reals, _ = tree_flatten(real_out)
+        if len(fakes) == len(reals):
+            for fake, real in zip(fakes, reals, strict=True):
+                self._keep(fake, real, rests_on)
+        for _, arg in _written(func, args, kwargs):
+            if arg is not out and id(arg) in values:
+                self._keep(arg, values[id(arg)], rests_on)
+
+    def _worth_computing(self, func: Any, out: Any) -> bool:
+        if func in _NO_VALUES or torch.Tag.nondeterministic_seeded in func.tags:
+            return False
+        for fake in tree_flatten(out)[0]:
+            if isinstance(fake, torch.Tensor) and fake.numel() * fake.element_size() > KNOWN_BYTES_LIMIT:
+                return False
+        return True
+
+    # -- assumptions ----------------------------------------------------------------------------
+    def _assume(self, what: str, func: Any, record: bool = True, op: str = "") -> Assumption:
+        frame = _outside_frame(sys._getframe(1))
+        line = f"{_display(frame.f_code.co_filename)}:{frame.f_lineno}" if frame is not None else ""
+        assumption = Assumption(what, op or _op_name(func), line, branch=_branches(frame))
+        if record:
+            self.assumptions[assumption] = self.assumptions.get(assumption, 0) + 1
+        return assumption
+
+    def _noted(self, assumption: Assumption | None, func: Any, op: str = "") -> None:
+        """A data-dependent op read values that rest on an earlier assumption: note it at this line."""
+        if assumption is not None:
+            made = f" at {assumption.line}" if assumption.line else ""
+            self._assume(f"{assumption.what} (assumed for {assumption.op}{made})", func, op=op)
+
+    def _fake_empty(self, shape: tuple[int, ...], like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return torch.empty(shape, dtype=dtype, device=like.device)
+
+    def nonzero(self, mask: torch.Tensor, func: Any, op: str = "") -> torch.Tensor:
+        """``mask.nonzero()``: exact when the values are known, else every element assumed nonzero."""
+        real, rests_on = self.value(mask)
+        if real is not None:
+            self._noted(rests_on, func, op)
+            result = real.nonzero()
+        else:
+            assumption = self._assume("every element is nonzero (the largest shape)", func, op=op)
+            rests_on = assumption
+            result = None
+            if mask.numel() * 8 * max(mask.dim(), 1) <= KNOWN_BYTES_LIMIT:
+                with on_host():
+                    result = torch.ones(mask.shape, dtype=torch.bool).nonzero()
+        shape = tuple(result.shape) if result is not None else (mask.numel(), mask.dim())
+        out = self._fake_empty(shape, mask, torch.int64)
+        if result is not None:
+            self._keep(out, result, rests_on)
+        return out
+
+
+def _tensors_in(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+    """The tensors among an aten op's arguments (aten takes tensors directly or in one list)."""
+    found = []
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+        elif isinstance(value, list | tuple):
+            found.extend(v for v in value if isinstance(v, torch.Tensor))
+    return found
+
+
+@functools.cache
+def _mutable_arguments(func: Any) -> tuple[tuple[int, str, bool], ...]:
+    """(position, name, keyword-only) of each argument ``func``'s schema writes to."""
+    return tuple((i, a.name, a.kwarg_only) for i, a in enumerate(func._schema.arguments)
+                 if a.alias_info is not None and a.alias_info.is_write)
+
+
+def _written(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Iterator[tuple[int, Any]]:
+    """The arguments ``func`` writes to (its schema's mutable arguments, ``out=`` included)."""
+    for i, name, kwarg_only in _mutable_arguments(func):
+        value = args[i] if i < len(args) and not kwarg_only else kwargs.get(name)
+        if isinstance(value, torch.Tensor):
+            yield i, value
+        elif isinstance(value, list | tuple):
+            for v in value:
+                if isinstance(v, torch.Tensor):
+                    yield i, v
+
+
+@contextlib.contextmanager
+def on_host() -> Iterator[None]:
+    """No fake mode and no dispatch mode for the block: real values are computed on the CPU there."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with unset_fake_temporarily(), _disable_current_modes():
+        yield
+
+
+def _op_name(func: Any) -> str:
+    return str(getattr(func, "__name__", func)).split(".")[0] + "()"
+
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_PLACECHECK_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep + "placecheck" + os.sep
+_EXAMPLES_DIR = _PLACECHECK_DIR + "examples" + os.sep
+_WRAPPER_FILES = frozenset(os.path.abspath(m.__file__ or "") for m in (contextlib, functools, typing))
+
+
+@functools.cache
+def _internal(filename: str) -> bool:
+    """torch's, placecheck's (not its examples') and the stdlib call wrappers' own files."""
+    return (filename.startswith(_TORCH_DIR) or filename.startswith("<frozen")
+            or (filename.startswith(_PLACECHECK_DIR) and not filename.startswith(_EXAMPLES_DIR))
+            or os.path.abspath(filename) in _WRAPPER_FILES or "unittest/mock.py" in filename)
+
+
+def _outside_frame(frame: FrameType | None) -> FrameType | None:
+    """The innermost frame outside torch and placecheck (the model's code, or a library's)."""
+    while frame is not None and _internal(frame.f_code.co_filename):
+        frame = frame.f_back
+    return frame
+
+
+def _display(filename: str) -> str:
+    """``filename`` relative to the working directory when it is under it."""
+    try:
+        rel = os.path.relpath(filename)
+    except ValueError:
+        return filename
+    return filename if rel.startswith("..") else rel
+
+
+# Python 3.11's POP_JUMP_FORWARD_IF_FALSE, 3.12's POP_JUMP_IF_FALSE, JUMP_IF_FALSE_OR_POP
+# (and/or), 3.13's TO_BOOL (the conversion before the jump), UNARY_NOT, CONTAINS_OP (x in t)
+_BRANCH_OPS = frozenset(name for name in dis.opname
+                        if ("JUMP" in name and "IF" in name)
+                        or name in ("TO_BOOL", "UNARY_NOT", "CONTAINS_OP"))
+
+
+def _branches(frame: FrameType | None) -> bool:
+    """True when ``frame`` is at an instruction that branches on the value being read (``if t:``,
+    ``while t:``, ``x in t``, ``and``/``or``/``not``), judged from the bytecode it is executing."""
+    if frame is None or frame.f_lasti < 0:
+        return False
+    code = frame.f_code.co_code
+    if frame.f_lasti >= len(code):
+        return False
+    return dis.opname[code[frame.f_lasti]] in _BRANCH_OPS
+
+
+# -- handlers ------------------------------------------------------------------------------------
+def _exact(mode: DataDependentMode, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+           tensors: list[torch.Tensor], op: str) -> tuple[bool, Any]:
+    """(True, real result) when every tensor in ``tensors`` has known values, noting what they rest on."""
+    values: dict[int, torch.Tensor] = {}
+    rests_on: Assumption | None = None
+    for t in tensors:
+        real, assumption = mode.value(t)
+        if real is None:
+            return False, None
+        values[id(t)] = real
+        rests_on = rests_on or assumption
+    mode._noted(rests_on, func, op)
+    return True, (mode._real(func, args, kwargs, values), rests_on)
+
+
+def _as_fake(mode: DataDependentMode, real: Any, like: torch.Tensor, rests_on: Assumption | None) -> Any:
+    """Fake tensors on ``like``'s device shaped like the real results, their values kept."""
+    if isinstance(real, torch.Tensor):
+        fake = mode._fake_empty(tuple(real.shape), like, real.dtype)
+        mode._keep(fake, real, rests_on)
+        return fake
+    return type(real)(_as_fake(mode, r, like, rests_on) for r in real)
+
+
+@_handles(aten.nonzero.default)
+def _nonzero(mode: DataDependentMode, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return mode.nonzero(args[0], func)
+
+
+@_handles(aten.index.Tensor)
+def _index(mode: DataDependentMode, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``x[mask]``: each boolean index becomes the long indices of its nonzero elements (its columns)."""
+    source, indices = args[0], list(args[1])
+    expanded: list[Any] = []
+    masked = False
+    for index in indices:
+        if isinstance(index, torch.Tensor) and index.dtype in (torch.bool, torch.uint8):
+            masked = True
+            positions = mode.nonzero(index, func, op="boolean-mask indexing")
+            real, rests_on = mode.value(positions)
+            for dim in range(index.dim()):
+                column = positions.select(1, dim)
+                if real is not None:
+                    mode._keep(column, real.select(1, dim), rests_on)
+                expanded.append(column)
+        else:
+            expanded.append(index)
+    if not masked:
+        out = func(*args, **kwargs)
+        mode._propagate(func, args, kwargs, out)
+        return out
+    new_args = (source, expanded)
+    out = func(*new_args, **kwargs)
+    mode._propagate(func, new_args, kwargs, out)
+    return out
+
+
+@_handles(aten.masked_select.default)
+def _masked_select(mode: DataDependentMode, func: Any, args: _Args, kwargs: dict[str, Any]) -> Any:
+    source, mask = args[0], args[1]
+    done, result = _exact(mode, func, args, kwargs, [source, mask], "masked_select()")
+    if done:
+        return _as_fake(mode, result[0], source, result[1])
+    mode._assume("every element of the mask is true (the largest shape)", func, op="masked_select()")
+    numel = torch.broadcast_shapes(source.shape, mask.shape).numel()  # type: ignore[no-untyped-call]
+    return mode._fake_empty((numel,), source, source.dtype)
+
+
+@_handles(aten._unique2.default, aten._unique.default, aten.unique_consecutive.default,
+          aten.unique_dim.default, aten.unique_dim_consecutive.default)
+def _unique(mode: DataDependentMode, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``torch.unique``: exact when known, else every element (or slice along ``dim``) assumed distinct."""
+    source: torch.Tensor = args[0]
+    done, result = _exact(mode, func, args, kwargs, [source], "unique()")
+    if done:
+        return _as_fake(mode, result[0], source, result[1])
+    assumption = mode._assume("every element is distinct (the largest shape)", func, op="unique()")
+    # run the real op on a sample of distinct values of the same shape: its outputs have the shapes
+    # (and the inverse and counts the values) that distinct inputs give
+    with on_host():
+        distinct = torch.arange(source.numel(), dtype=torch.float64).reshape(source.shape)
+    sample = mode._real(func, args, kwargs, {id(source): distinct})
+    outs = list(sample)
+    fakes = [mode._fake_empty(tuple(outs[0].shape), source, source.dtype)]
+    fakes += [_as_fake(mode, o, source, assumption) for o in outs[1:]]
+    return tuple(fakes)
+
+
+@_handles(aten.repeat_interleave.Tensor)
+def _repeat_interleave(mode: DataDependentMode, func: Any, args: _Args, kwargs: dict[str, Any]) -> Any:
+    repeats: torch.Tensor = args[0]
+    if kwargs.get("output_size") is not None:
+        out = func(*args, **kwargs)
+        mode._propagate(func, args, kwargs, out)
+        return out
+    done, result = _exact(mode, func, args, kwargs, [repeats], "repeat_interleave()")
+    if done:
+        return _as_fake(mode, result[0], repeats, result[1])
+    assumption = mode._assume(f"each repeat count is {REPRESENTATIVE}", func, op="repeat_interleave()")
+    with on_host():
+        real = torch.arange(repeats.numel(), dtype=repeats.dtype).repeat_interleave(REPRESENTATIVE)
+    return _as_fake(mode, real, repeats, assumption)
+
+
+@_handles(aten.bincount.default)
+def _bincount(mode: DataDependentMode, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    source: torch.Tensor = args[0]
+    weights = args[1] if len(args) > 1 else kwargs.get("weights")
+    tensors = [source] + ([weights] if isinstance(weights, torch.Tensor) else [])
+    done, result = _exact(mode, func, args, kwargs, tensors, "bincount()")
+    if done:
+        return _as_fake(mode, result[0], source, result[1])
+    assumption = mode._assume(f"every value is {REPRESENTATIVE}", func, op="bincount()")
+    minlength = int(args[2]) if len(args) > 2 else int(kwargs.get("minlength", 0))
+    if weights is None:
+        with on_host():
+            sample = torch.full(tuple(source.shape), REPRESENTATIVE, dtype=torch.int64)
+            counts = sample.bincount(minlength=minlength)
+        return _as_fake(mode, counts, source, assumption)
+    size = max(minlength, REPRESENTATIVE + 1)
+    return mode._fake_empty((size,), source, weights.dtype)
+
+
+@_handles(aten._local_scalar_dense.default)
+def _scalar(mode: DataDependentMode, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """A value read to the host (``.item()``, ``bool()``, ``int()``, ``.tolist()``, an index)."""
+    source: torch.Tensor = args[0]
+    real, rests_on = mode.value(source)
+    if real is not None:
+        with on_host():
+            value = real.item()
+        if rests_on is not None:
+            mode._noted(rests_on, func, op=_read_name(value))
+        return value
+    value = _representative(source.dtype)
+    mode._assume(f"the value {value!r}", func, op=f"a value read from a tensor ({_read_name(value)})")
+    return value
+
+
+@_handles(aten.equal.default, aten.allclose.default)
+def _compare(mode: DataDependentMode, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    done, result = _exact(mode, func, args, kwargs, [a for a in args if isinstance(a, torch.Tensor)],
+                          _op_name(func))
+    if done:
+        return result[0]
+    mode._assume("True (the tensors compare equal)", func)
+    return True
+
+
+def _representative(dtype: torch.dtype) -> Any:
+    if dtype == torch.bool:
+        return bool(REPRESENTATIVE)
+    if dtype.is_floating_point or dtype.is_complex:
+        return float(REPRESENTATIVE)
+    return int(REPRESENTATIVE)
+
+
+def _read_name(value: Any) -> str:
+    return {bool: "bool()", float: ".item()"}.get(type(value), ".item() or an index")
+
+
+def active() -> DataDependentMode | None:
+    """The data-dependent mode of the simulated session running now (None outside one)."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    for mode in reversed(_get_current_dispatch_mode_stack()):
+        if isinstance(mode, DataDependentMode):
+            return mode
+    return None
+
+
+def assumption_notes() -> list[str]:
+    """The report's notes for the assumptions the running simulated session made ([] outside one)."""
+    mode = active()
+    return mode.notes() if mode is not None else []
