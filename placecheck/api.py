@@ -31,6 +31,7 @@ from placecheck.engine import (
 )
 from placecheck.errors import LoadError, UsageError, one_line
 from placecheck.finding import Finding, Severity
+from placecheck.options import AuditOptions, ExampleInputs, split_codes
 from placecheck.report import Report
 from placecheck.rules import in_library, rule, selected, stray_handled_by_forward
 from placecheck.sources import library_of_class, treat_as_user_code, user_line
@@ -124,6 +125,7 @@ def audit(
     model: ModelOrFactory,
     device: str = "cuda",
     *,
+    options: AuditOptions | None = None,
     engine: str = "auto",
     gpus: int | None = None,
     select: Iterable[str] | None = None,
@@ -134,8 +136,8 @@ def audit(
     checkpoint: str | None = None,
     checkpoint_key: str | None = None,
     trust: bool = False,
-    inputs: Sequence[str] = (),
-    example_inputs: str | None = None,
+    inputs: Sequence[str] | str | Any = (),
+    example_inputs: str | Any = None,
     forward: bool = True,
     train: bool = False,
     library_findings: bool = False,
@@ -173,31 +175,53 @@ def audit(
     (torchvision's own code) are counted in the notes instead of reported,
     unless ``library_findings=True``.
 
+    The keywords are the fields of :class:`~placecheck.options.AuditOptions`;
+    ``options=`` passes a whole options object instead (then give no other
+    keyword). ``inputs`` also takes the input objects themselves (a tensor, a
+    tuple of positional arguments, a dict of keyword arguments), as does
+    ``example_inputs``.
+
     Raises :class:`~placecheck.errors.UsageError` for bad options and
     :class:`~placecheck.errors.LoadError` when the model cannot be built.
     """
-    dev = normalize_device(device)
+    given = AuditOptions(
+        device=device, engine=engine, gpus=gpus, select=split_codes(select), ignore=split_codes(ignore),
+        copy_model=copy_model, target=target, init=init, checkpoint=checkpoint,
+        checkpoint_key=checkpoint_key, trust=trust,
+        inputs=inputs,  # type: ignore[arg-type]  # specs or the objects; AuditOptions tells them apart
+        example_inputs=example_inputs,
+        forward=forward, train=train, library_findings=library_findings)
+    if options is None:
+        options = given
+    elif given != AuditOptions():
+        raise UsageError("audit(): pass options= or keyword arguments, not both")
+    return _audit(model, options)
+
+
+def _audit(model: ModelOrFactory, opts: AuditOptions) -> Report:
+    """:func:`audit` with its options in one object."""
+    dev = normalize_device(opts.device)
     try:
-        choice = EngineChoice(engine)
+        choice = EngineChoice(opts.engine)
     except ValueError:
-        raise UsageError(f"unknown engine {engine!r}: use one of "
+        raise UsageError(f"unknown engine {opts.engine!r}: use one of "
                          f"{', '.join(c.value for c in EngineChoice)}") from None
     try:
-        codes = selected(select, ignore)
+        codes = selected(opts.select or None, opts.ignore or None)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    init_choice = parse_init(init)
-    eng = choose_engine(dev, choice, gpus, train=train and forward)
-    name = target or (type(model).__name__ if isinstance(model, nn.Module) else
-                      getattr(model, "__name__", "model"))
+    init_choice = parse_init(opts.init)
+    eng = choose_engine(dev, choice, opts.gpus, train=opts.train and opts.forward)
+    name = opts.target or (type(model).__name__ if isinstance(model, nn.Module) else
+                           getattr(model, "__name__", "model"))
 
     if eng.real_values and init_choice.value == "meta":
         raise UsageError("the real-valued engine (--engine tagged, or --train) needs the weights in "
                          "memory: use --init cpu")
-    run_forward = forward and any(rule(c).phase == "forward" for c in codes)
-    options = _Options(model, dev, _init_for(eng, init_choice), copy_model,
-                       checkpoint, checkpoint_key, trust, str(name), tuple(inputs), example_inputs,
-                       run_forward, train, library_findings)
+    run_forward = opts.forward and any(rule(c).phase == "forward" for c in codes)
+    options = _Options(model, dev, _init_for(eng, init_choice), opts.copy_model,
+                       opts.checkpoint, opts.checkpoint_key, opts.trust, str(name), opts.inputs,
+                       opts.example_inputs, run_forward, opts.train, opts.library_findings)
     attempt = _attempt(eng, options)
     if attempt.fallback and choice is EngineChoice.AUTO and attempt.fits_in_memory:
         eng = fallback_engine(eng, attempt.fallback)
@@ -232,7 +256,7 @@ class _Options:
     trust: bool
     name: str
     inputs: tuple[str, ...]
-    example_inputs: str | None
+    example_inputs: str | ExampleInputs | None
     forward: bool
     train: bool
     library_findings: bool = False

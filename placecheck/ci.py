@@ -19,21 +19,25 @@ belong in the model's entry. No torch import here.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import typer
 
 from placecheck import baseline as baselines
 from placecheck.errors import PlacecheckError, UsageError, one_line
-from placecheck.output import OutputOptions, emit_reports, fail
-from placecheck.report import EXIT_OK, EXIT_USAGE, FAIL_ON_CHOICES, Report
+from placecheck.options import AuditOptions
+from placecheck.output import OutputOptions, check_writable, emit_reports, fail
+from placecheck.report import EXIT_OK, EXIT_USAGE, Report
 
 # Command-line options that apply to every model of a config run (python name -> config key).
 MODEL_OVERRIDES = {"device": "device", "engine": "engine", "gpus": "gpus", "init": "init",
                    "select": "select", "ignore": "ignore"}
 # Options about the run as a whole.
 RUN_OPTIONS = {"target", "config", "jobs", "timeout", "baseline", "write_baseline", "fmt", "output",
-               "fail_on", "exit_zero", "debug"}
+               "fail_on", "exit_zero", "debug", "no_group", "hints"}
+# Output options a config may set (OutputOptions field -> command-line parameter that wins over it).
+_CONFIG_OUTPUT = {"fail_on": "fail_on", "group": "no_group", "hints": "hints"}
 CONFIG_ONLY = ("jobs",)
 
 
@@ -63,7 +67,8 @@ def reject_run_options(ctx: typer.Context) -> None:
         raise UsageError(f"{flags} apply to --config runs (many models); for one TARGET drop them")
 
 
-def audit_with_timeout(opts: Any, timeout: float) -> Report:
+def audit_with_timeout(target: str, constructor_kwargs: dict[str, Any], options: AuditOptions,
+                       timeout: float) -> Report:
     """``placecheck audit TARGET --timeout N``: the audit in a child process, stopped after N s.
 
     The child is the one a ``--config`` run uses for each model
@@ -72,14 +77,10 @@ def audit_with_timeout(opts: Any, timeout: float) -> Report:
     target there are no other results to keep. Without ``--timeout`` the audit
     runs in this process, which spares a second interpreter and torch import.
     """
-    from dataclasses import fields
-
     from placecheck.config import ModelConfig
     from placecheck.runner import INCOMPLETE, audit_in_subprocess
 
-    # the command line's options and a config entry's keys share their names
-    shared = [f.name for f in fields(ModelConfig) if hasattr(opts, f.name)]
-    model = ModelConfig(**{name: getattr(opts, name) for name in shared})
+    model = ModelConfig(target=target, kwargs=constructor_kwargs, options=options)
     outcome = audit_in_subprocess(model, timeout)
     if outcome.load_error:
         raise UsageError(outcome.load_error)
@@ -88,9 +89,9 @@ def audit_with_timeout(opts: Any, timeout: float) -> Report:
         return outcome.report
     reason = dict(stopped.details).get("reason", "")
     if reason == "timeout":
-        raise UsageError(f"{opts.target} did not finish within {timeout:g} s (a forward that hangs? "
+        raise UsageError(f"{target} did not finish within {timeout:g} s (a forward that hangs? "
                          "if it is only slow, raise --timeout)")
-    raise UsageError(f"{opts.target}: {stopped.message}; rerun without --timeout (with --debug) to see why")
+    raise UsageError(f"{target}: {stopped.message}; rerun without --timeout (with --debug) to see why")
 
 
 def _check_overrides(ctx: typer.Context, overrides: dict[str, Any]) -> None:
@@ -121,8 +122,14 @@ def _split(values: list[str] | None) -> list[str]:
     return [c.strip() for v in values or () for c in v.split(",") if c.strip()]
 
 
-def run_config_audit(ctx: typer.Context, target: str | None, config_path: str | None, debug: bool) -> int:
-    """``placecheck audit --config FILE`` (or ``[tool.placecheck]``); returns the exit code."""
+def run_config_audit(ctx: typer.Context, target: str | None, config_path: str | None,
+                     out: OutputOptions) -> int:
+    """``placecheck audit --config FILE`` (or ``[tool.placecheck]``); returns the exit code.
+
+    ``out`` holds the command line's output options; the config's ``fail_on``,
+    ``group`` and ``hints`` apply where the command line does not set them.
+    """
+    debug = out.debug
     params = ctx.params
     try:
         if target is not None:
@@ -151,11 +158,12 @@ def run_config_audit(ctx: typer.Context, target: str | None, config_path: str | 
         from placecheck.config import load
 
         config = load(config_path, overrides)
-        fail_on = params["fail_on"] if "fail_on" in given else config.fail_on
-        if fail_on not in FAIL_ON_CHOICES:
-            raise UsageError(f"--fail-on {fail_on!r} is not one of {', '.join(FAIL_ON_CHOICES)}")
-        out = OutputOptions(format=params["fmt"], output=params["output"], fail_on=fail_on,
-                            exit_zero=params["exit_zero"], debug=debug)
+        from_config: dict[str, Any] = {"fail_on": config.fail_on, "group": config.group,
+                                       "hints": config.hints}
+        out = replace(out, **{name: value for name, value in from_config.items()
+                              if _CONFIG_OUTPUT[name] not in given})
+        out.check()
+        check_writable(params["write_baseline"], "--write-baseline")
         from placecheck.runner import run_models
 
         outcomes = run_models(config, jobs=params["jobs"], timeout=params["timeout"])
@@ -172,7 +180,7 @@ def run_config_audit(ctx: typer.Context, target: str | None, config_path: str | 
                                 load_error=any(o.load_error for o in outcomes), config_run=True)
 
 
-def finish_with_baseline(reports: list[Report], out: Any, baseline_path: str | None,
+def finish_with_baseline(reports: list[Report], out: OutputOptions, baseline_path: str | None,
                          write_path: str | None, load_error: bool, config_run: bool = False) -> int:
     """Record and/or apply a baseline, write the run, return the exit code.
 

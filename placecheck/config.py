@@ -39,6 +39,7 @@ from typing import Any
 from placecheck.devices import normalize_device
 from placecheck.errors import UsageError
 from placecheck.finding import Finding
+from placecheck.options import ENGINE_CHOICES, INIT_CHOICES, AuditOptions
 from placecheck.report import FAIL_ON_CHOICES
 from placecheck.rules import expand
 
@@ -46,12 +47,6 @@ if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
-
-# Mirrors of placecheck.engine.EngineChoice and placecheck.construct.InitChoice:
-# those modules import torch, and a config is validated before torch loads.
-# tests/test_config.py checks they stay equal.
-ENGINE_CHOICES = ("auto", "real", "fake", "tagged")
-INIT_CHOICES = ("auto", "cpu", "meta")
 
 DEFAULT_JOBS = 1
 DEFAULT_TIMEOUT = 600.0
@@ -93,23 +88,8 @@ class ModelConfig:
     """Constructor arguments (``--kwargs``)."""
     args: tuple[str, ...] = ()
     """Constructor arguments as ``KEY=VALUE`` strings (``--arg``); they win over ``kwargs``."""
-    inputs: tuple[str, ...] = ()
-    """Forward inputs, as ``--input`` specs."""
-    example_inputs: str | None = None
-    """A ``--example-inputs`` target."""
-    train: bool | None = None
-    """Audit a training step too (``--train``)."""
-    forward: bool | None = None
-    """``False`` skips the forward pass (walk only)."""
-    device: str = "cuda"
-    engine: str = "auto"
-    gpus: int | None = None
-    init: str = "auto"
-    checkpoint: str | None = None
-    checkpoint_key: str | None = None
-    trust: bool = False
-    select: tuple[str, ...] = ()
-    ignore: tuple[str, ...] = ()
+    options: AuditOptions = field(default_factory=AuditOptions)
+    """How to audit it: the entry's keys that are audit options (``device``, ``inputs``, ...)."""
     allow: tuple[Allow, ...] = ()
     timeout: float | None = None
     """Overrides the run's timeout for this model."""
@@ -117,8 +97,6 @@ class ModelConfig:
     """A free-form label (configs/torchvision.toml's model family); not used by the audit."""
     unsupported: str = ""
     """Why placecheck cannot audit this model yet (documentation; the model is still audited)."""
-    library_findings: bool | None = None
-    """Also report performance findings raised entirely inside installed packages (``--library-findings``)."""
     line: int = 0
     """Line of the entry's header in the config file."""
 
@@ -139,6 +117,10 @@ class RunConfig:
     timeout: float = DEFAULT_TIMEOUT
     fail_on: str = "warning"
     baseline: str | None = None
+    group: bool = True
+    """One row per problem (``false``: one per instance, as ``--no-group``)."""
+    hints: bool = False
+    """The fix hint on every row (``--hints``)."""
 
 
 # ---- the schema ---------------------------------------------------------------------------------
@@ -245,6 +227,8 @@ TOP_KEYS: dict[str, tuple[Check, str]] = {
     "timeout": (_is_positive_number, "seconds per model, as --timeout"),
     "fail_on": (_one_of(FAIL_ON_CHOICES), "as --fail-on"),
     "baseline": (_is_str, "a baseline file, as --baseline"),
+    "group": (_is_bool, "false: one row per instance instead of per problem, as --no-group"),
+    "hints": (_is_bool, "the fix hint on every row, as --hints"),
 }
 """Every top-level key of a config."""
 
@@ -257,6 +241,8 @@ ALLOW_KEYS: dict[str, tuple[Check, str]] = {
 """Every key of an ``allow`` entry."""
 
 _NOT_IN_DEFAULTS = ("target", "name")
+_MODEL_FIELDS = frozenset(f.name for f in fields(ModelConfig)) - {"options", "allow", "line"}
+"""Model keys that describe the model or its entry; the others are :class:`AuditOptions` fields."""
 
 
 # ---- finding line numbers -------------------------------------------------------------------
@@ -388,12 +374,16 @@ class _Reader:
         merged.pop("allow", None)
         merged.update(overrides)
         values: dict[str, Any] = {}
-        for f in fields(ModelConfig):
-            if f.name in merged:
-                value = merged[f.name]
-                values[f.name] = tuple(value) if isinstance(value, list) else value
+        options: dict[str, Any] = {}
+        for key, value in merged.items():
+            value = tuple(value) if isinstance(value, list) else value
+            if key in _MODEL_FIELDS:
+                values[key] = value
+            else:  # every other model key is an audit option of the same name
+                options[key] = value
         values["timeout"] = float(values["timeout"]) if "timeout" in values else None
-        return ModelConfig(**values, allow=tuple(allows), line=self.index.line(table))
+        return ModelConfig(**values, options=AuditOptions(**options), allow=tuple(allows),
+                           line=self.index.line(table))
 
     def allows(self, raw: list[dict[str, Any]], table: tuple[Any, ...], label: str) -> list[Allow]:
         out = []
@@ -518,6 +508,8 @@ def parse(text: str, path: str = "<config>", prefix: tuple[str, ...] = (),
         timeout=float(data.get("timeout", DEFAULT_TIMEOUT)),
         fail_on=data.get("fail_on", "warning"),
         baseline=data.get("baseline"),
+        group=data.get("group", True),
+        hints=data.get("hints", False),
     )
 
 

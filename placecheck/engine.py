@@ -26,7 +26,6 @@ Not reentrant: one simulated session at a time per process.
 from __future__ import annotations
 
 import contextlib
-import enum
 import functools
 import weakref
 from collections.abc import Callable, Iterator
@@ -47,24 +46,12 @@ from placecheck.cudaapi import (
 )
 from placecheck.devices import device_index
 from placecheck.errors import UsageError
+from placecheck.options import EngineChoice
 from placecheck.tagged import move_destination, tagged_cuda, to_options
 
 __all__ = ["SIMULATED_CUDA", "SIMULATED_CUDA_VALUES", "SIMULATED_GPU_NAME", "Engine", "EngineChoice",
            "SimulatedEvent", "SimulatedStream", "choose_engine", "cuda_queries_simulated", "fallback_engine",
            "move_model", "simulated_cuda"]
-
-
-class EngineChoice(str, enum.Enum):
-    """The ``--engine`` choices."""
-
-    AUTO = "auto"
-    REAL = "real"
-    FAKE = "fake"
-    TAGGED = "tagged"
-    """CUDA simulated with real CPU values tagged as CUDA (placecheck.tagged)."""
-
-    def __str__(self) -> str:
-        return self.value
 
 
 SIMULATED_CUDA = "simulated cuda"

@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from placecheck.errors import LoadError, UsageError, one_line
+from placecheck.options import ExampleInputs
 
 if TYPE_CHECKING:
     import torch
@@ -382,17 +383,21 @@ def infer_inputs(model: nn.Module) -> tuple[tuple[Any, ...], dict[str, Any], str
     raise UsageError(f"cannot infer an input for {name}: pass --input, e.g. --input float32[1,3,224,224]")
 
 
-def resolve_inputs(model: nn.Module, specs: Sequence[str],
-                   example_inputs: str | None) -> tuple[tuple[Any, ...], dict[str, Any], str]:
+def resolve_inputs(model: nn.Module, specs: Sequence[str], example_inputs: str | ExampleInputs | None
+                   ) -> tuple[tuple[Any, ...], dict[str, Any], str]:
     """The forward pass's (args, kwargs, description), as real CPU tensors (possibly nested).
 
-    From ``--input`` specs, else from ``--example-inputs``, else inferred
+    From ``--input`` specs, else from ``--example-inputs`` (a target, or the
+    objects themselves from a Python caller), else inferred
     (:func:`infer_inputs`). Giving both is a :class:`UsageError`.
     """
     if specs and example_inputs:
         raise UsageError("--input and --example-inputs cannot be combined: pass one of them")
     if specs:
         return inputs_from_specs(specs)
+    if isinstance(example_inputs, ExampleInputs):
+        args, kwargs = _split_example(example_inputs.value, "(inputs given in Python)")
+        return args, kwargs, f"inputs given in Python: {describe(args, kwargs)}"
     if example_inputs:
         return inputs_from_example(example_inputs)
     return infer_inputs(model)

@@ -354,3 +354,17 @@ def load_target(spec: str, kwargs: dict[str, Any] | None = None) -> Callable[[],
     _, attr = split_target(spec)
     _validate(obj, attr, kw)
     return lambda: build(obj, attr, kw)
+
+
+def model_factory(target: str, kwargs: dict[str, Any]) -> Callable[[], Any]:
+    """A zero-argument builder that resolves ``target`` and builds the model when called.
+
+    Unlike :func:`load_target` nothing is imported until the audit calls it, so
+    the target's import-time code runs inside the audit's engine too.
+    """
+    _, attr = split_target(target)
+
+    def factory() -> Any:
+        return build(resolve(target), attr, kwargs)
+
+    return factory

@@ -11,6 +11,8 @@ imports torch.
 from __future__ import annotations
 
 import contextlib
+import errno
+import os
 import shutil
 import sys
 import traceback
@@ -20,8 +22,9 @@ from pathlib import Path
 
 import typer
 
+from placecheck.errors import UsageError
 from placecheck.formats import OutputFormat, formatter_for
-from placecheck.report import EXIT_USAGE, Report, exit_code
+from placecheck.report import EXIT_USAGE, FAIL_ON_CHOICES, Report, exit_code
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,33 @@ class OutputOptions:
     exit_zero: bool = False
     debug: bool = False
     """Print the traceback of an error before its one-line message."""
+    group: bool = True
+    """One row per problem, its instances and evidence under it; False: one row per finding
+    instance (``--no-group``, config key ``group = false``)."""
+    hints: bool = False
+    """The fix hint on every row instead of once per rule (``--hints``, config key ``hints``)."""
+
+    def check(self) -> None:
+        """Raise a :class:`UsageError` for a bad ``--fail-on`` or an ``--output`` that cannot be
+        written, before any audit runs."""
+        if self.fail_on not in FAIL_ON_CHOICES:
+            raise UsageError(f"--fail-on {self.fail_on!r} is not one of {', '.join(FAIL_ON_CHOICES)}")
+        check_writable(self.output, "--output")
+
+
+def check_writable(path: str | None, flag: str) -> None:
+    """Raise a :class:`UsageError` when ``path`` (a file to be written; ``-`` is stdout) cannot be
+    created or overwritten: a missing folder, a folder in its place, no permission."""
+    if path is None or path == "-":
+        return
+    file = Path(path)
+    folder = file.parent
+    if file.is_dir():
+        raise UsageError(f"cannot write {flag} {path!r}: {os.strerror(errno.EISDIR)}")
+    if not folder.is_dir():
+        raise UsageError(f"cannot write {flag} {path!r}: {os.strerror(errno.ENOENT)}")
+    if not os.access(folder, os.W_OK) or (file.exists() and not os.access(file, os.W_OK)):
+        raise UsageError(f"cannot write {flag} {path!r}: {os.strerror(errno.EACCES)}")
 
 
 def fail(message: str, debug: bool = False) -> typer.Exit:

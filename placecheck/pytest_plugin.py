@@ -9,8 +9,9 @@
         assert_placement(MyNet(), torch.randn(2, 3, 32, 32), device="cuda:1")
 
 ``inputs`` is an input spec string (as ``--input``), a list of them, or the
-example inputs themselves (a tensor, a tuple/list of positional arguments, or
-a dict of keyword arguments). The audit simulates CUDA when no GPU is present.
+example inputs themselves, read as an ``--example-inputs`` value is (a tensor,
+a tuple of positional arguments, a dict of keyword arguments, ``(args,
+kwargs)``, or a list as one argument). The audit simulates CUDA when no GPU is present.
 A finding at or above ``fail_on`` fails the test with the table as its
 message. Importing the plugin does not import torch (pytest loads it in every
 run of a project that installs placecheck).
@@ -18,31 +19,12 @@ run of a project that installs placecheck).
 
 from __future__ import annotations
 
-import sys
-import types
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from placecheck.report import Report, exit_code
-
-_EXAMPLE_MODULE = "_placecheck_pytest_example_inputs"
-
-
-def _as_options(inputs: Any) -> dict[str, Any]:
-    """audit() options for ``inputs``: specs pass as ``inputs``, objects through ``example_inputs``."""
-    if inputs is None:
-        return {}
-    if isinstance(inputs, str):
-        return {"inputs": (inputs,)}
-    if isinstance(inputs, (list, tuple)) and inputs and all(isinstance(i, str) for i in inputs):
-        return {"inputs": tuple(inputs)}
-    # audit() takes example inputs as a MODULE:ATTR target; hold the objects in a module of our own
-    module = sys.modules.setdefault(_EXAMPLE_MODULE, types.ModuleType(_EXAMPLE_MODULE))
-    name = f"inputs_{id(inputs)}"
-    setattr(module, name, lambda: inputs)
-    return {"example_inputs": f"{_EXAMPLE_MODULE}:{name}"}
 
 
 def assert_placement(model: Any, inputs: Any = None, device: str = "cuda", *, fail_on: str = "warning",
@@ -56,7 +38,8 @@ def assert_placement(model: Any, inputs: Any = None, device: str = "cuda", *, fa
     from placecheck.api import audit
     from placecheck.formats.table import TableFormatter
 
-    report = audit(model, device, **_as_options(inputs), **audit_options)
+    given = {} if inputs is None else {"inputs": inputs}  # AuditOptions tells specs from objects
+    report = audit(model, device, **given, **audit_options)
     if exit_code([report], fail_on):
         pytest.fail(TableFormatter().format(report), pytrace=False)
     return report

@@ -27,7 +27,7 @@ import tempfile
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ from placecheck.config import ModelConfig, RunConfig, apply_allows
 from placecheck.devices import normalize_device
 from placecheck.errors import PlacecheckError, UsageError, one_line
 from placecheck.finding import Finding
+from placecheck.options import AuditOptions
 from placecheck.report import Report
 from placecheck.rules import expand, rule
 
@@ -80,39 +81,20 @@ def report_from_dict(data: dict[str, Any]) -> Report:
 
 
 def _audit(spec: dict[str, Any]) -> Report:
-    """Audit one model as ``placecheck audit TARGET`` would, with every option its entry gives."""
-    import inspect
-
+    """Audit one model as ``placecheck audit TARGET`` would, with the options its entry gives."""
     from placecheck.api import audit
     from placecheck.load import build, parse_kwargs, resolve, split_target
 
     target = spec["target"]
-    normalize_device(spec["device"])  # a bad device fails before any import of the target
+    options = AuditOptions.from_dict(spec["options"]).replace(target=target)
+    options.check()  # a bad option fails before any import of the target
     _, attr = split_target(target)
     constructor_kwargs = {**spec["kwargs"], **parse_kwargs(None, spec["args"])}
 
     def factory() -> Any:
         return build(resolve(target), attr, constructor_kwargs)
 
-    accepted = inspect.signature(audit).parameters
-    options: dict[str, Any] = {
-        "engine": spec["engine"], "gpus": spec["gpus"], "init": spec["init"],
-        "select": spec["select"] or None, "ignore": spec["ignore"] or None,
-        "copy_model": False, "target": target,
-    }
-    # keys whose audit() parameter arrived with a later issue: passed only when set, refused
-    # with a clear message by a placecheck that does not have them
-    optional = {"checkpoint": spec["checkpoint"], "checkpoint_key": spec["checkpoint_key"],
-                "trust": spec["trust"], "inputs": tuple(spec["inputs"]),
-                "example_inputs": spec["example_inputs"], "train": spec["train"],
-                "forward": spec["forward"], "library_findings": spec.get("library_findings")}
-    for key, value in optional.items():
-        if value is None or value == () or (value is False and key != "forward"):
-            continue
-        if key not in accepted:
-            raise UsageError(f"config key {key!r} is not supported by this placecheck version")
-        options[key] = value
-    return audit(factory, spec["device"], **options)
+    return audit(factory, options=options)
 
 
 def child_main(spec_path: str, result_path: str) -> int:
@@ -167,16 +149,16 @@ def _incomplete(model: ModelConfig, reason: str, message: str, stderr: str = "")
     finding = Finding(code=r.code, kind=r.kind, severity=r.severity, where="", message=message,
                       hint=hints[reason], details=tuple(details))
     try:
-        device = normalize_device(model.device)
+        device = normalize_device(model.options.device)
     except UsageError:
-        device = model.device
+        device = model.options.device
     return Report.build(model.label, device, "not run", [finding])
 
 
 def _spec(model: ModelConfig) -> dict[str, Any]:
-    data = asdict(model)
-    data.pop("allow")
-    return data
+    """What the child needs to audit ``model``: the model and its options, as JSON-ready values."""
+    return {"target": model.target, "kwargs": model.kwargs, "args": list(model.args),
+            "options": model.options.to_dict()}
 
 
 def _tail(path: Path) -> str:
@@ -265,7 +247,8 @@ def finish(outcome: ModelOutcome) -> ModelOutcome:
     """Apply the model's ``allow`` entries and keep PC901 unless explicitly ignored."""
     model, report = outcome.model, outcome.report
     findings = report.findings
-    if any(f.code == INCOMPLETE for f in findings) and model.ignore and INCOMPLETE in expand(model.ignore):
+    ignore = model.options.ignore
+    if any(f.code == INCOMPLETE for f in findings) and ignore and INCOMPLETE in expand(ignore):
         findings = tuple(f for f in findings if f.code != INCOMPLETE)
     kept, allowed, unused = apply_allows(findings, model.allow)
     notes = list(report.notes)

@@ -7,6 +7,7 @@ runs the real ``python -m placecheck`` in a subprocess.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -399,8 +400,25 @@ def test_a_file_target_runs_its_top_level_once(runner: CliRunner, tmp_path: Path
 def test_audit_help_shows_the_pyproject_table_and_engine_choices(runner: CliRunner) -> None:
     result = runner.invoke(app, ["audit", "--help"], env={"COLUMNS": "200"})
     assert result.exit_code == 0
-    assert "[tool.placecheck] table" in result.stdout
-    assert "auto|real|fake|tagged" in result.stdout
+    text = " ".join(result.stdout.split())  # click wraps the help text at 80 columns
+    assert "[tool.placecheck] table" in text
+    assert "auto|real|fake|tagged" in text
+
+
+def test_audit_help_reads_at_80_columns() -> None:
+    # a real process: click measures the terminal from COLUMNS there
+    proc = subprocess.run([sys.executable, "-m", "placecheck", "audit", "--help"], capture_output=True,
+                          text=True, timeout=120, check=False, env={**os.environ, "COLUMNS": "80"})
+    assert proc.returncode == 0
+    assert max(len(line) for line in proc.stdout.splitlines()) <= 80
+    # metavars say what to type, not a Python type; the --input grammar is shown whole
+    for label in ("<bool>", "<list[str]>", "<int range>", "<float range>", "…"):
+        assert label not in proc.stdout, label
+    options = [line for line in proc.stdout.splitlines() if line.lstrip().startswith("-")]
+    assert len(options) > 20 and not [line for line in options if "<" in line]
+    assert "[NAME=]DTYPE[D0,D1,...][:LOW..HIGH]" in proc.stdout
+    assert "input_ids=int64[2,128]:0..32000" in proc.stdout
+    assert "--no-group" in proc.stdout and "--hints" in proc.stdout
 
 
 # -- click's own usage errors from the console script -------------------------------------------
@@ -451,3 +469,27 @@ def test_checkpoint_model_that_prints_keeps_json_on_stdout(runner: CliRunner, tm
     assert result.exit_code in (0, 1), result.stderr
     json.loads(result.stdout)  # the report alone
     assert "building Chatty" in result.stderr
+
+
+@pytest.mark.parametrize("flag", ["--output", "--write-baseline"])
+def test_an_unwritable_output_fails_before_the_model_is_built(runner: CliRunner, tmp_path: Path,
+                                                              flag: str) -> None:
+    import time
+
+    marker = tmp_path / "imported"
+    model = tmp_path / "model.py"
+    model.write_text(f"open({str(marker)!r}, 'w').close()\nimport torch.nn as nn\nNet = nn.Linear\n")
+    started = time.monotonic()
+    result = runner.invoke(app, ["audit", f"{model}:Net", flag, "/nonexistent/x.json"])
+    assert time.monotonic() - started < 1.0
+    assert result.exit_code == 2
+    assert f"cannot write {flag} '/nonexistent/x.json': No such file or directory" in result.output
+    assert not marker.exists()  # the target was never imported
+
+
+def test_an_unwritable_output_fails_before_a_config_run(runner: CliRunner, tmp_path: Path) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text('[[models]]\ntarget = "no.such.module:Net"\n')
+    result = runner.invoke(app, ["audit", "--config", str(config), "-o", str(tmp_path)])
+    assert result.exit_code == 2
+    assert f"cannot write --output {str(tmp_path)!r}: Is a directory" in result.output

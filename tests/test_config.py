@@ -13,6 +13,7 @@ from placecheck import config
 from placecheck.config import Allow, ModelConfig, apply_allows, find_pyproject, load, parse
 from placecheck.errors import UsageError
 from placecheck.finding import Finding, Severity
+from placecheck.options import AuditOptions
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -56,10 +57,11 @@ def test_a_full_config() -> None:
     first, second = cfg.models
     assert first == ModelConfig(
         target="pkg.mod:Net", kwargs={"width": 4, "names": ["a"]}, args=("depth=2",),
-        inputs=("float32[1,3,8,8]",), device="cuda:1", ignore=("PC205",),
+        options=AuditOptions(inputs=("float32[1,3,8,8]",), device="cuda:1", ignore=("PC205",)),
         allow=(Allow("PC204", "*", "intended", 10), Allow("PC1", "cache.*", "rebuilt in forward", 17)),
         line=12)
-    assert (second.label, second.device, second.timeout, second.ignore) == ("net-cpu", "cpu", 5.0, ("PC205",))
+    assert (second.label, second.options.device, second.timeout, second.options.ignore) == (
+        "net-cpu", "cpu", 5.0, ("PC205",))
     assert first.label == "pkg.mod:Net"
 
 
@@ -69,7 +71,7 @@ def test_command_line_overrides_win() -> None:
         target = "a:b"
         device = "cuda:1"
         """, overrides={"device": "cpu", "select": ("PC1",)})
-    assert (cfg.models[0].device, cfg.models[0].select) == ("cpu", ("PC1",))
+    assert (cfg.models[0].options.device, cfg.models[0].options.select) == ("cpu", ("PC1",))
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -234,12 +236,42 @@ def test_unreadable_file() -> None:
         load("missing.toml")
 
 
-def test_mirrored_choices_match_the_engine() -> None:
-    from placecheck.construct import InitChoice
-    from placecheck.engine import EngineChoice
+def test_engine_and_init_choices_have_one_source() -> None:
+    # the engine, the construction step and the config schema use the options module's enums
+    from placecheck import construct, engine, options
 
-    assert tuple(c.value for c in EngineChoice) == config.ENGINE_CHOICES
-    assert tuple(c.value for c in InitChoice) == config.INIT_CHOICES
+    assert engine.EngineChoice is options.EngineChoice and construct.InitChoice is options.InitChoice
+    assert config.ENGINE_CHOICES is options.ENGINE_CHOICES and config.INIT_CHOICES is options.INIT_CHOICES
+
+
+def test_every_model_key_is_a_model_field_or_an_audit_option() -> None:
+    from placecheck.options import OPTION_NAMES
+
+    homeless = set(config.MODEL_KEYS) - {"allow"} - config._MODEL_FIELDS - set(OPTION_NAMES)
+    assert homeless == set()
+    # and a config entry's option keys arrive in its AuditOptions
+    cfg = _parse("""
+        [[models]]
+        target = "a:b"
+        engine = "tagged"
+        train = true
+        library_findings = true
+        example_inputs = "m:inputs"
+        """)
+    assert cfg.models[0].options == AuditOptions(engine="tagged", train=True, library_findings=True,
+                                                 example_inputs="m:inputs")
+
+
+def test_group_and_hints_are_run_keys() -> None:
+    cfg = _parse("""
+        group = false
+        hints = true
+        [[models]]
+        target = "a:b"
+        """)
+    assert (cfg.group, cfg.hints) == (False, True)
+    assert (_parse('[[models]]\ntarget = "a:b"\n').group, _parse('[[models]]\ntarget = "a:b"\n').hints) == (
+        True, False)
 
 
 @pytest.mark.parametrize("name", ["example.toml", "defaults.toml", "transformers.toml", "torchvision.toml"])

@@ -107,7 +107,8 @@ def test_defaults_config_matches_the_code() -> None:
     cfg = config.load(REPO / "configs" / "defaults.toml")
     code_default = config.ModelConfig(target=cfg.models[0].target)
     assert (cfg.jobs, cfg.timeout, cfg.fail_on) == (config.DEFAULT_JOBS, config.DEFAULT_TIMEOUT, "warning")
-    model = cfg.models[0]
+    model, default = cfg.models[0].options, code_default.options
     assert (model.device, model.engine, model.init, model.trust, model.ignore) == (
-        code_default.device, code_default.engine, code_default.init, code_default.trust, code_default.ignore)
-    assert config.load(REPO / "configs" / "defaults.toml").models[0].select == ("ALL",)
+        default.device, default.engine, default.init, default.trust, default.ignore)
+    assert config.load(REPO / "configs" / "defaults.toml").models[0].options.select == ("ALL",)
+    assert (cfg.group, cfg.hints) == (True, False)

@@ -19,6 +19,7 @@ import pytest
 from placecheck import runner
 from placecheck.config import Allow, ModelConfig, RunConfig, parse
 from placecheck.finding import Finding, Severity
+from placecheck.options import AuditOptions
 from placecheck.report import Report
 
 REPO = Path(__file__).resolve().parents[1]
@@ -142,7 +143,7 @@ def test_outcomes_in_config_order_with_timeouts_and_allows() -> None:
 
 
 def test_pc901_survives_select() -> None:
-    model = ModelConfig(target="a:A", select=("PC1",))
+    model = ModelConfig(target="a:A", options=AuditOptions(select=("PC1",)))
     outcome = runner.ModelOutcome(model, Report.build("a:A", "cuda:0", "not run", [_finding("PC901")]))
     assert [f.code for f in runner.finish(outcome).report.findings] == ["PC901"]
 

@@ -7,10 +7,10 @@ from typing import Annotated, Any
 import typer
 
 from placecheck.cli.app import app
-from placecheck.cli.audit import split_codes
 from placecheck.devices import DEVICE_HELP
 from placecheck.errors import PlacecheckError
 from placecheck.formats import OutputFormat
+from placecheck.options import split_codes
 from placecheck.output import OutputOptions, emit, fail, model_output_to_stderr
 from placecheck.report import EXIT_USAGE, FAIL_ON_CHOICES
 
@@ -59,13 +59,11 @@ def checkpoint(
     --fail-on, 1 when one is, 2 for unreadable files, bad options and
     checkpoints that would run code (unless --trust).
     """
-    from placecheck.errors import UsageError
     from placecheck.load import parse_kwargs
 
     try:
-        if fail_on not in FAIL_ON_CHOICES:
-            raise UsageError(f"--fail-on {fail_on!r} is not one of {', '.join(FAIL_ON_CHOICES)}")
         out = OutputOptions(format=fmt, output=output, fail_on=fail_on, exit_zero=exit_zero, debug=debug)
+        out.check()
         constructor_kwargs = parse_kwargs(kwargs, arg or ())
         result = run_checkpoint(file, model, constructor_kwargs, device=device, engine=engine, gpus=gpus,
                                 key=key, trust=trust, select=split_codes(select),
