@@ -284,7 +284,8 @@ class DataDependentMode(TorchDispatchMode):  # type: ignore[no-untyped-call]  # 
         real, rests_on = self.value(mask)
         if real is not None:
             self._noted(rests_on, func, op)
-            result = real.nonzero()
+            with on_host():
+                result = real.nonzero()
         else:
             assumption = self._assume("every element is nonzero (the largest shape)", func, op=op)
             rests_on = assumption
@@ -435,7 +436,9 @@ def _index(mode: DataDependentMode, func: Any, args: tuple[Any, ...], kwargs: di
             for dim in range(index.dim()):
                 column = positions.select(1, dim)
                 if real is not None:
-                    mode._keep(column, real.select(1, dim), rests_on)
+                    with on_host():
+                        real_column = real.select(1, dim)
+                    mode._keep(column, real_column, rests_on)
                 expanded.append(column)
         else:
             expanded.append(index)

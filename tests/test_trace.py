@@ -159,11 +159,12 @@ class DataDependent(nn.Module):
         return (x + self.offset) / (scale + keep.numel())  # MARK offset
 
 
-def test_auto_falls_back_to_real_values_for_item_and_boolean_masks_and_says_why() -> None:
+def test_auto_runs_item_and_boolean_masks_on_fake_tensors() -> None:
+    # fake tensors run through data-dependent ops (placecheck.datadep): no fallback to real values;
+    # this model's weights are small, so their values are known and nothing had to be assumed
     report = placecheck.audit(DataDependent, "cuda", inputs=["float32[8,4]"])
-    assert report.engine == "simulated cuda (real values)"
-    assert "fell back from fake tensors" in report.notes[0]
-    assert f"{HERE}:" in report.notes[0]  # the user's line that the fake engine could not run
+    assert report.engine == "simulated cuda"
+    assert not report.incomplete and not any("fell back" in n for n in report.notes)
     codes = sorted((f.code, int(f.source.rpartition(":")[2]) if f.source else 0) for f in report.findings)
     # boolean-mask indexing is a host sync too: the host reads how many elements the mask selects
     assert codes == [("PC101", _line_of("self.offset = torch.ones(4)  # plain attribute")),
@@ -171,14 +172,34 @@ def test_auto_falls_back_to_real_values_for_item_and_boolean_masks_and_says_why(
                      ("PC204", _line_of("MARK item"))]
 
 
+class ReadsHostMemory(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+        self.offset = torch.ones(4)  # a stray, never used
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.proj(x)
+        values = x.cpu().numpy()  # MARK numpy: fake tensors hold no host memory to read
+        return x * float(values.max())
+
+
+def test_auto_falls_back_to_real_values_where_fake_tensors_cannot_run_and_says_why() -> None:
+    report = placecheck.audit(ReadsHostMemory, "cuda", inputs=["float32[8,4]"])
+    assert report.engine == "simulated cuda (real values)"
+    assert "fell back from fake tensors" in report.notes[0]
+    assert f"{HERE}:{_line_of('MARK numpy')}" in report.notes[0]  # the user's line fake tensors could not run
+
+
 def test_fake_engine_alone_reports_that_it_could_not_run_the_forward() -> None:
-    report = placecheck.audit(DataDependent, "cuda", engine="fake", inputs=["float32[8,4]"])
+    report = placecheck.audit(ReadsHostMemory, "cuda", engine="fake", inputs=["float32[8,4]"])
     assert report.engine == "simulated cuda"
+    assert report.incomplete
     assert any("forward: checked only up to" in n and "--engine tagged" in n for n in report.notes)
-    # stopped at the boolean mask, which it reports as the host sync it is
+    # stopped at .numpy(), after the .cpu() it reports as the host sync it is
     assert sorted((f.code, f.source.rpartition("/")[2]) for f in report.findings) == [
-        ("PC101", f"{HERE}:{_line_of('self.offset = torch.ones(4)  # plain attribute')}"),
-        ("PC204", f"{HERE}:{_line_of('MARK mask')}")]
+        ("PC101", f"{HERE}:{_line_of('self.offset = torch.ones(4)  # a stray, never used')}"),
+        ("PC204", f"{HERE}:{_line_of('MARK numpy')}")]
 
 
 class MismatchThenMask(nn.Module):
