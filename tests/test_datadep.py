@@ -1,0 +1,153 @@
+"""The fake engine runs through data-dependent ops with stated assumptions (placecheck.datadep)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn as nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import placecheck
+from placecheck.datadep import DataDependentMode
+
+HERE = Path(__file__).name
+
+
+@pytest.fixture
+def mode() -> Iterator[DataDependentMode]:
+    fake = FakeTensorMode(allow_non_fake_inputs=True)
+    with fake, DataDependentMode(fake) as data_mode:
+        yield data_mode
+
+
+def _unknown(*shape: int) -> torch.Tensor:
+    """A fake CUDA tensor whose values nobody knows (as a weight built on meta)."""
+    return torch.empty(shape, device="cuda")
+
+
+def test_nonzero_and_masks_of_unknown_values_take_the_largest_shape(mode: DataDependentMode) -> None:
+    x = _unknown(4, 3)
+    assert tuple(x.nonzero().shape) == (12, 2)
+    assert tuple(x[x > 0].shape) == (12,)
+    assert tuple(x.masked_select(x > 0).shape) == (12,)
+    assert [tuple(t.shape) for t in torch.where(x > 0)] == [(12,), (12,)]
+    assert tuple(torch.unique(x).shape) == (12,)
+    assert tuple(x.repeat_interleave(x[:, 0].long(), dim=0).shape) == (4, 3)  # each count assumed 1
+    notes = mode.notes()
+    assert any("nonzero()" in n and "every element is nonzero" in n and f"{HERE}:" in n for n in notes)
+    assert any("boolean-mask indexing" in n for n in notes)
+    assert any("unique()" in n and "distinct" in n for n in notes)
+    assert any("repeat_interleave()" in n and "each repeat count is 1" in n for n in notes)
+
+
+def test_values_read_from_unknown_tensors_are_representative_and_noted(mode: DataDependentMode) -> None:
+    x = _unknown(4, 3)
+    assert x.sum().item() == 1.0
+    assert int(x.sum()) == 1
+    assert x[0].tolist() == [1.0, 1.0, 1.0]
+    assert [1, 2, 3][x.long()[0, 0]] == 2  # used as an index
+    assert not any(a.branch for a in mode.assumptions)
+    if (x > 0).all():  # MARK branch
+        pass
+    (branch,) = mode.branched()
+    assert branch.line.endswith(f"{HERE}:{_line_of('MARK branch')}")
+    assert "a path another value takes was not checked" in branch.note()
+
+
+def test_known_values_give_exact_answers_without_assumptions(mode: DataDependentMode) -> None:
+    ids = torch.tensor([[5, 0, 7]]).to("cuda")  # from host data: its values are known
+    assert (0 in ids[:, [-1, 0]], 5 in ids) == (False, True)
+    assert torch.arange(5, device="cuda").sum().item() == 10
+    assert ids.nonzero().tolist() == [[0, 0], [0, 2]]
+    assert mode.notes() == []
+
+
+def test_finite_values_are_assumed_so_error_checks_do_not_fire(mode: DataDependentMode) -> None:
+    x = _unknown(4, 3)
+    assert not bool(torch.isnan(x).any())
+    (assumption,) = mode.assumptions
+    assert "finite values" in assumption.what and assumption.op == "bool()"
+
+
+def test_an_unknown_write_forgets_known_values(mode: DataDependentMode) -> None:
+    counts = torch.zeros(3, device="cuda", dtype=torch.long)
+    assert counts.sum().item() == 0  # known: no assumption
+    counts.index_add_(0, torch.tensor([1], device="cuda"), _unknown(1).long())
+    counts.sum().item()
+    assert any("the value 1" in n for n in mode.notes())  # no longer the stale 0
+
+
+def _line_of(text: str) -> int:
+    lines = Path(__file__).read_text(encoding="utf-8").splitlines()
+    (line,) = [i + 1 for i, s in enumerate(lines) if text in s and "_line_of" not in s]
+    return line
+
+
+class Router(nn.Module):
+    """A mixture-of-experts block routed like transformers' Mixtral: nonzero, then an index per expert."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = nn.Linear(8, 4)
+        self.experts = nn.ModuleList(nn.Linear(8, 8) for _ in range(4))
+        self.experts[2].scale = torch.ones(8)  # type: ignore[assignment]  # a stray in one expert
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        chosen = self.gate(x).argmax(-1)
+        out = torch.zeros_like(x)
+        hit = torch.nn.functional.one_hot(chosen, 4).sum(0).nonzero()
+        for index in hit:
+            expert = self.experts[index]
+            rows = (chosen == index).nonzero().squeeze(-1)
+            y = expert(x[rows])
+            if hasattr(expert, "scale"):
+                y = y * expert.scale  # MARK scale
+            out.index_add_(0, rows, y)
+        return out
+
+
+def test_every_expert_runs_under_meta_init_so_a_stray_in_one_is_found() -> None:
+    report = placecheck.audit(Router, "cuda", engine="fake", init="meta", inputs=["float32[6,8]"])
+    assert not report.incomplete
+    assert any("every element is nonzero" in n for n in report.notes)
+    mismatches = [f for f in report.findings if f.code == "PC201"]
+    assert [f.source.rpartition("/")[2] for f in mismatches] == [f"{HERE}:{_line_of('MARK scale')}"]
+
+
+def _transformers() -> Any:
+    return pytest.importorskip("transformers")
+
+
+def _tiny(name: str) -> Any:
+    tf = _transformers()
+    small = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "vocab_size": 1000}
+    if name == "bert":
+        return lambda: tf.BertModel(tf.BertConfig(intermediate_size=64, **small)).eval()
+    if name == "roberta":
+        return lambda: tf.RobertaModel(tf.RobertaConfig(intermediate_size=64, **small)).eval()
+    if name == "mixtral":
+        return lambda: tf.MixtralForCausalLM(tf.MixtralConfig(
+            intermediate_size=64, num_key_value_heads=1, num_local_experts=4, num_experts_per_tok=2,
+            **small)).eval()
+    return lambda: tf.Qwen2MoeForCausalLM(tf.Qwen2MoeConfig(
+        intermediate_size=64, moe_intermediate_size=16, shared_expert_intermediate_size=32,
+        num_key_value_heads=1, num_experts=4, num_experts_per_tok=2, **small)).eval()
+
+
+@pytest.mark.parametrize("name", ["bert", "roberta", "mixtral", "qwen2_moe"])
+def test_tiny_configs_run_on_the_fake_engine_with_the_real_valued_engines_findings(name: str) -> None:
+    factory = _tiny(name)
+    inputs = ["input_ids=int64[1,8]:0..1000"]
+    fake = placecheck.audit(factory, "cuda", engine="fake", init="meta", inputs=inputs, library_findings=True)
+    assert not fake.incomplete
+    assert not any("fake tensors stopped" in n or "checked only up to" in n for n in fake.notes)
+    tagged = placecheck.audit(factory, "cuda", engine="tagged", init="cpu", inputs=inputs,
+                              library_findings=True)
+    assert {(f.code, f.where, f.source) for f in fake.findings} == \
+        {(f.code, f.where, f.source) for f in tagged.findings}
+    auto = placecheck.audit(factory, "cuda", init="meta", inputs=inputs)
+    assert auto.engine == "simulated cuda"  # no fallback to the real-valued engine
