@@ -3,18 +3,19 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.placecheck-installed
-# torch comes from this machine's disk; pinning it here keeps pip from
-# resolving a different (network) build through another package.
-TORCH  ?= torch==2.14.1 torchvision==0.29.1
+# torch comes from this machine's disk: constraints.txt pins its builds for every pip install of
+# the main venv, so that pip never resolves a different (network) build through another package.
+# pyproject.toml's published ranges stay open for users.
+TORCH  ?= -c constraints.txt
 
-.PHONY: install demo test test-cpu-build lint bench clean
+.PHONY: install demo test test-cpu-build lint bench clean wheel-check
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet $(TORCH)
-	$(PY) -m pip install --quiet $(TORCH) -e '.[dev,transformers]'
+	$(PY) -m pip install --quiet $(TORCH) torch torchvision
+	$(PY) -m pip install --quiet $(TORCH) -e '.[dev,transformers,fix]'
 	touch $(STAMP)
 
 demo: install
@@ -22,9 +23,14 @@ demo: install
 	@$(VENV)/bin/placecheck audit placecheck/examples/buggy.py:BuggyNet --device cuda; \
 	  rc=$$?; echo "(exit code $$rc: 1 means placement problems were found)"; [ $$rc -le 1 ]
 
-# CI runs both: the main suite, then the same tests on the CPU-only torch build.
+# CI runs both: the whole suite on the main torch build, then on the CPU-only build the
+# tests marked cpu_build (see test-cpu-build). -n: one pytest-xdist worker per core; worksteal
+# keeps both busy to the end, since a few zoo models take far longer than the rest. Any
+# non-zero pytest exit fails the target, 5 (no test collected, a -m matching nothing) included.
+TEST_WORKERS ?= auto
+PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist worksteal
 test: install
-	$(PY) -m pytest
+	$(PY) -m pytest $(PYTEST_PARALLEL)
 	$(MAKE) test-cpu-build
 
 # The CPU-only torch build (torch 2.13.0+cpu from this machine's disk), where
@@ -32,6 +38,12 @@ test: install
 # devices"): the engines must work there too. Nothing else torch-related is
 # installed (torchvision does not import beside this torch); the tests that
 # need torchvision or transformers skip themselves with pytest.importorskip.
+# Only the tests marked cpu_build run there (pytest -m cpu_build): those that reach code which
+# branches on the build (placecheck/engine.py's _CPU_ONLY_BUILD: moves to and indexing of fake
+# CUDA tensors, autocast, the fake engine's fallbacks; a build-dependent engine name). The rest
+# need not run twice: the report, formats, rules, config, baseline, CLI options, the runner's
+# process handling and checkpoint parsing read findings, files and options, never the torch
+# build's CUDA support, so they pass or fail alike on both builds.
 CPU_VENV  ?= .venv-cpu
 CPU_PY    := $(CPU_VENV)/bin/python
 CPU_STAMP := $(CPU_VENV)/.placecheck-installed
@@ -51,12 +63,31 @@ $(CPU_STAMP): pyproject.toml
 
 test-cpu-build: $(CPU_STAMP)
 	$(CPU_PY) -c 'import torch, sys; sys.exit(0 if torch.version.cuda is None else "$(CPU_VENV) has a CUDA build of torch: rm -r $(CPU_VENV)")'
-	$(CPU_PY) -m pytest
+	$(CPU_PY) -m pytest $(PYTEST_PARALLEL) -m cpu_build
 
 # Every benchmarks/bench_*.py, each printing its table and writing benchmarks/results/.
 bench: install
 	$(PY) -m pip install --quiet $(TORCH) -e '.[dev,transformers,bench]'
 	@set -e; for bench in benchmarks/bench_*.py; do echo "== $$bench"; $(PY) $$bench; done
+
+# The wheel a user installs: built as a release is (python -m build), installed with its declared
+# dependencies into a fresh venv that sees the main venv's packages through a .pth file (torch is
+# already there, nothing is downloaded: --no-index), then run from outside the source tree.
+WHEEL_DIR := build/wheel-check
+wheel-check: install
+	rm -rf $(WHEEL_DIR) build/lib build/bdist.*
+	$(PY) -m build --wheel --no-isolation --outdir $(WHEEL_DIR)/dist . > $(WHEEL_DIR).log
+	$(PYTHON) -m venv $(WHEEL_DIR)/venv
+	$(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' > \
+	  "$$($(WHEEL_DIR)/venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/main-venv.pth"
+	@# the fresh venv's own old setuptools would hide the one torch requires
+	$(WHEEL_DIR)/venv/bin/python -m pip uninstall --quiet --yes setuptools
+	$(WHEEL_DIR)/venv/bin/python -m pip install --quiet --no-index $(WHEEL_DIR)/dist/placecheck-*.whl
+	cd $(WHEEL_DIR) && venv/bin/python -c 'import placecheck, sys; \
+	  sys.exit(0 if "/venv/" in placecheck.__file__ else f"imported {placecheck.__file__}, not the wheel")'
+	cd $(WHEEL_DIR) && venv/bin/placecheck example-config | grep -q '^\[\[models\]\]'
+	cd $(WHEEL_DIR) && venv/bin/placecheck audit torchvision.models:resnet18
+	@echo "wheel-check: the wheel installs beside the present torch and audits resnet18"
 
 lint: install
 	$(VENV)/bin/ruff check placecheck tests

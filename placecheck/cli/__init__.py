@@ -18,6 +18,7 @@ from placecheck.output import OutputOptions, emit, emit_reports, fail
 from placecheck.cli import audit as audit  # isort: skip
 from placecheck.cli import checkpoint as checkpoint  # isort: skip
 from placecheck.cli import rules as rules  # isort: skip
+from placecheck.cli import example_config as example_config  # isort: skip
 from placecheck.cli import run as run  # isort: skip
 
 __all__ = ["OutputOptions", "app", "emit", "emit_reports", "entrypoint", "fail"]

@@ -1,0 +1,23 @@
+"""``placecheck example-config``: print the commented example config that ships with placecheck."""
+
+from __future__ import annotations
+
+from importlib import resources
+
+import typer
+
+from placecheck.cli.app import app
+
+EXAMPLE_CONFIG = "configs/example.toml"
+"""The example's path inside the installed package (package data)."""
+
+
+def example_config_text() -> str:
+    """The text of the example config, read from the installed package."""
+    return resources.files("placecheck").joinpath(EXAMPLE_CONFIG).read_text(encoding="utf-8")
+
+
+@app.command("example-config")
+def example_config() -> None:
+    """Print a config documenting every key: placecheck example-config > placecheck.toml."""
+    typer.echo(example_config_text(), nl=False)
