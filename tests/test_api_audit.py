@@ -11,6 +11,8 @@ import placecheck
 from placecheck.errors import LoadError, UsageError
 from placecheck.formats import OutputFormat, formatter_for
 
+pytestmark = pytest.mark.cpu_build  # runs on the CPU-only torch build too (Makefile: test-cpu-build)
+
 BuggyNet = load_file(EXAMPLES / "buggy.py", "BuggyNet")
 CleanNet = load_file(EXAMPLES / "clean.py", "CleanNet")
 

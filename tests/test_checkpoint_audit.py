@@ -19,6 +19,8 @@ from placecheck.cli import app
 from placecheck.engine import choose_engine
 from placecheck.examples.buggy import BuggyNet
 
+pytestmark = pytest.mark.cpu_build  # runs on the CPU-only torch build too (Makefile: test-cpu-build)
+
 
 class Small(nn.Module):
     def __init__(self) -> None:

@@ -47,6 +47,7 @@ def assert_usage_error(code: int, out: str, err: str, *needles: str) -> None:
 # -- exit codes ---------------------------------------------------------------------------
 
 
+@pytest.mark.cpu_build
 def test_clean_model_exits_0(runner: CliRunner) -> None:
     code, out, _ = run(runner, CLEAN)
     assert code == 0

@@ -30,7 +30,7 @@ FIXTURES = TESTS / "fixtures" / "forward"
 CASES = fixture_cases(FIXTURES)
 FORWARD_CODES = ["PC101", "PC2"]
 
-pytestmark = pytest.mark.usefixtures("ungrouped")
+pytestmark = [pytest.mark.usefixtures("ungrouped"), pytest.mark.cpu_build]
 
 
 def read_forward_expected(path: Path) -> list[tuple[str, str, str]]:

@@ -31,6 +31,8 @@ from placecheck.errors import LoadError, UsageError
 from placecheck.examples.many_modules import MODULES_PER_BLOCK, blocks_for, many_modules
 from placecheck.walk import Snapshot, walk
 
+pytestmark = pytest.mark.cpu_build  # runs on the CPU-only torch build too (Makefile: test-cpu-build)
+
 FIXTURES = Path(__file__).parent / "fixtures"
 
 

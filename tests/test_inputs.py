@@ -28,6 +28,8 @@ from placecheck.inputs import (
     resolve_inputs,
 )
 
+pytestmark = pytest.mark.cpu_build  # runs on the CPU-only torch build too (Makefile: test-cpu-build)
+
 # -- grammar -----------------------------------------------------------------------------------------
 
 

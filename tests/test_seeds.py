@@ -16,6 +16,8 @@ from conftest import TESTS, fixture_cases, load_file, read_expected, walk_findin
 
 import placecheck
 
+pytestmark = pytest.mark.cpu_build  # runs on the CPU-only torch build too (Makefile: test-cpu-build)
+
 FIXTURES = TESTS / "fixtures" / "seeds"
 CASES = fixture_cases(FIXTURES)
 

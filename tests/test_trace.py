@@ -23,7 +23,7 @@ import placecheck
 from placecheck.cli import app
 from placecheck.sources import display_path
 
-pytestmark = pytest.mark.usefixtures("ungrouped")
+pytestmark = [pytest.mark.usefixtures("ungrouped"), pytest.mark.cpu_build]
 
 HERE = Path(__file__).name
 

@@ -26,6 +26,8 @@ from conftest import TESTS, fixture_cases, load_file, read_expected, walk_findin
 
 from placecheck.finding import Finding
 
+pytestmark = pytest.mark.cpu_build  # runs on the CPU-only torch build too (Makefile: test-cpu-build)
+
 FIXTURES = TESTS / "fixtures" / "walk"
 CASES = fixture_cases(FIXTURES)
 

@@ -20,6 +20,8 @@ from torch.nn.utils import parametrizations, parametrize
 
 import placecheck
 
+pytestmark = pytest.mark.cpu_build  # runs on the CPU-only torch build too (Makefile: test-cpu-build)
+
 
 def _wrap(*children: nn.Module) -> nn.Module:
     model = nn.Sequential(*children)
