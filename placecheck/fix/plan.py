@@ -1,0 +1,177 @@
+"""From findings to edits: which findings can be rewritten, in which file, and the patched texts.
+
+A finding is fixable when its code has a rewrite (:mod:`placecheck.fix.edits`),
+its ``source`` names a line of a ``.py`` file of the user's own that may be
+written (not an installed package, not a notebook, not generated code), and
+the rewrite finds the statement it expects there. No torch here.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from placecheck.finding import Finding
+from placecheck.fix.edits import NotFixable, Request, Rewrite, rewrite
+
+_GENERATED_MARKERS = ("@generated", "do not edit", "automatically generated", "auto-generated")
+
+
+@dataclass(frozen=True)
+class Edit:
+    """One rewrite of the user's code, and the findings it answers."""
+
+    file: str
+    """The file as the findings name it (relative to the working directory when inside it)."""
+    code: str
+    start: int
+    """First line replaced, in the file as audited (1-based)."""
+    end: int
+    """Last line replaced."""
+    before: str
+    after: str
+    note: str
+    findings: tuple[Finding, ...]
+    request: Request
+
+    def to_dict(self) -> dict[str, object]:
+        """The ``--format json`` record of this edit."""
+        return {"file": self.file, "code": self.code, "start_line": self.start, "end_line": self.end,
+                "before": self.before, "after": self.after, "note": self.note,
+                "findings": [f.where or f.source for f in self.findings]}
+
+
+@dataclass(frozen=True)
+class Unfixed:
+    """A finding left to the user, and why."""
+
+    finding: Finding
+    reason: str
+
+
+@dataclass
+class Plan:
+    """Every selected finding sorted into an edit or a reason it is not one."""
+
+    originals: dict[str, str] = field(default_factory=dict)
+    """Text of each file an edit touches, as read when the edits were planned."""
+    edits: list[Edit] = field(default_factory=list)
+    not_fixable: list[Unfixed] = field(default_factory=list)
+
+
+def split_source(source: str) -> tuple[str, int] | None:
+    """``"net.py:12"`` -> ``("net.py", 12)``; None when there is no line."""
+    path, sep, line = source.rpartition(":")
+    if not sep or not path or not line.isdigit():
+        return None
+    return path, int(line)
+
+
+def _installed_dirs() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    dirs = {paths.get(k, "") for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    return tuple(sorted(os.path.abspath(d) + os.sep for d in dirs if d))
+
+
+_INSTALLED = _installed_dirs()
+
+
+def is_installed(path: str) -> bool:
+    """Whether ``path`` belongs to the interpreter or an installed package (never edited)."""
+    name = os.path.abspath(path)
+    return name.startswith(_INSTALLED) or name.startswith(os.path.abspath(sys.prefix) + os.sep)
+
+
+def why_not_editable(path: str) -> str:
+    """Why the file ``path`` is not the user's own writable source; ``""`` when it is."""
+    if path.endswith(".ipynb") or "ipykernel" in path or path.startswith("<"):
+        return "the line is in a notebook or interactive cell, not a file placecheck fix can rewrite"
+    if not path.endswith(".py") or not os.path.isfile(path):
+        return f"{path} is not a Python source file on disk"
+    if is_installed(path):
+        return f"{path} is an installed package's file: only your own code is rewritten"
+    if not os.access(path, os.W_OK) or not os.access(os.path.dirname(os.path.abspath(path)), os.W_OK):
+        return f"{path} is not writable"
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        head = "".join(handle.readline() for _ in range(5)).lower()
+    if any(marker in head for marker in _GENERATED_MARKERS):
+        return f"{path} is generated code (its header says so): fix the generator instead"
+    return ""
+
+
+def request_for(finding: Finding, line: int, unsafe: bool) -> Request:
+    """The rewrite a finding asks for."""
+    details = dict(finding.details)
+    return Request(code=finding.code, line=line, where=finding.where, module=finding.module,
+                   op=details.get("op", ""), device=finding.expected, unsafe=unsafe)
+
+
+def _request_key(request: Request) -> tuple[object, ...]:
+    """Findings that ask for the same rewrite share one edit (``heads[0]`` and ``heads[1]``)."""
+    if request.code in ("PC102", "PC103"):
+        return request.code, request.line, request.where.partition("[")[0]
+    if request.code == "PC101":  # blocks.0.mask and blocks.1.mask: one line of one class
+        return request.code, request.line, request.where.removeprefix(request.module).lstrip(".")
+    return request.code, request.line, request.op
+
+
+def apply(text: str, requests: list[Request]) -> tuple[str, list[Rewrite | NotFixable]]:
+    """``text`` with every request applied, bottom-up so earlier lines keep their numbers.
+
+    The outcomes come back in the order of ``requests``.
+    """
+    outcomes: dict[int, Rewrite | NotFixable] = {}
+    for index in sorted(range(len(requests)), key=lambda i: -requests[i].line):
+        outcome = rewrite(text, requests[index])
+        if isinstance(outcome, Rewrite):
+            text = outcome.source
+        outcomes[index] = outcome
+    return text, [outcomes[i] for i in range(len(requests))]
+
+
+def make_plan(findings: Iterable[Finding], unsafe: bool) -> Plan:
+    """Sort ``findings`` into edits and reasons; read each file once."""
+    plan = Plan()
+    grouped: dict[str, dict[tuple[object, ...], tuple[Request, list[Finding]]]] = {}
+    for finding in findings:
+        located = split_source(finding.source)
+        if located is None:
+            plan.not_fixable.append(Unfixed(finding, "the audit does not say which line of your code "
+                                                     "made it"))
+            continue
+        path, line = located
+        reason = why_not_editable(path)
+        if reason:
+            plan.not_fixable.append(Unfixed(finding, reason))
+            continue
+        request = request_for(finding, line, unsafe)
+        group = grouped.setdefault(path, {})
+        key = _request_key(request)
+        if key in group:
+            group[key][1].append(finding)
+        else:
+            group[key] = (request, [finding])
+    for path, requests in grouped.items():
+        with open(path, encoding="utf-8", newline="") as handle:
+            plan.originals[path] = handle.read()
+        ordered = list(requests.values())
+        _, outcomes = apply(plan.originals[path], [request for request, _ in ordered])
+        for (request, found), outcome in zip(ordered, outcomes, strict=True):
+            if isinstance(outcome, NotFixable):
+                plan.not_fixable.extend(Unfixed(f, outcome.reason) for f in found)
+            else:
+                plan.edits.append(Edit(path, request.code, outcome.start, outcome.end, outcome.before,
+                                       outcome.after, outcome.note, tuple(found), request))
+    plan.edits.sort(key=lambda e: (e.file, e.start, e.code))
+    return plan
+
+
+def patched_texts(plan: Plan, edits: Iterable[Edit]) -> dict[str, str]:
+    """The text of each planned file with just ``edits`` applied (unchanged files left out)."""
+    by_file: dict[str, list[Request]] = {}
+    for edit in edits:
+        by_file.setdefault(edit.file, []).append(edit.request)
+    return {path: apply(plan.originals[path], requests)[0] for path, requests in by_file.items()}

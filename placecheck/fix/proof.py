@@ -1,0 +1,118 @@
+"""The proof of ``placecheck fix``: the same audit again, in a child process, on the edited sources.
+
+The child is forked from the process that ran the first audit, so it starts
+with torch and placecheck already imported (a fresh interpreter would pay
+seconds of ``import torch`` per proof). It writes nothing to the user's
+files: the edited texts lie in a temporary directory, and inside the child
+Python's source loader reads them in place of the originals (same module
+names, same ``__file__``, so findings point at the user's paths), with
+bytecode caching off so no ``.pyc`` of the edited text is left behind. The
+user's modules imported by the first audit are dropped first, so the
+target is imported again from the edited text.
+"""
+
+from __future__ import annotations
+
+import linecache
+import multiprocessing
+import os
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib.machinery import SourceFileLoader
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from placecheck.errors import one_line
+from placecheck.finding import Finding
+from placecheck.fix.plan import is_installed
+from placecheck.load import forget_imported_files
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the re-audit reported: every finding (all codes), or why it did not finish."""
+
+    findings: tuple[Finding, ...] = ()
+    error: str = ""
+
+
+def _serve_edited(edited: dict[str, str]) -> None:
+    """Make this process import ``edited`` (original path -> path of the edited copy) instead."""
+    sys.dont_write_bytecode = True
+    real_get_data = SourceFileLoader.get_data
+    real_path_stats = SourceFileLoader.path_stats
+
+    def get_data(self: SourceFileLoader, path: str) -> bytes:
+        return real_get_data(self, edited.get(os.path.abspath(path), path))
+
+    def path_stats(self: SourceFileLoader, path: str) -> Any:
+        # the copy's mtime and size: a .pyc of the original no longer matches and is not used
+        return real_path_stats(self, edited.get(os.path.abspath(path), path))
+
+    SourceFileLoader.get_data = get_data  # type: ignore[method-assign,assignment]
+    SourceFileLoader.path_stats = path_stats  # type: ignore[method-assign,assignment]
+    for name, module in list(sys.modules.items()):
+        file = getattr(module, "__file__", None)
+        if not isinstance(file, str) or name == "__main__":
+            continue
+        path = os.path.abspath(file)
+        own = name == "placecheck" or name.startswith("placecheck.")
+        if path in edited or not (own or is_installed(path)):
+            del sys.modules[name]
+    forget_imported_files()
+    for key in list(linecache.cache):
+        if os.path.abspath(key) in edited:
+            del linecache.cache[key]
+    for original, copy in edited.items():
+        lines = Path(copy).read_text(encoding="utf-8").splitlines(keepends=True)
+        linecache.cache[original] = (sum(map(len, lines)), None, lines, original)
+
+
+def _child(conn: Connection, audit_once: Callable[[], Any], edited: dict[str, str]) -> None:
+    try:
+        # GNU OpenMP's thread pool does not survive fork: a parallel op in the child waits forever
+        # for the parent's workers (PyTorch's DataLoader workers do the same)
+        import torch
+
+        torch.set_num_threads(1)
+        _serve_edited(edited)
+        report = audit_once()
+        conn.send(Outcome(tuple(report.findings)))
+    except BaseException as exc:  # anything the edited model raises is the proof's answer, not a crash
+        conn.send(Outcome(error=one_line(exc)))
+    finally:
+        conn.close()
+
+
+def reaudit(audit_once: Callable[[], Any], texts: dict[str, str]) -> Outcome:
+    """Run ``audit_once`` (returns a Report) in a forked child that sees ``texts`` as the files' sources.
+
+    ``texts`` maps a file path to its edited text. Where fork is not
+    available (Windows) the proof cannot run and says so.
+    """
+    if "fork" not in multiprocessing.get_all_start_methods():
+        return Outcome(error="this platform cannot fork a warm child process for the proof")
+    context = multiprocessing.get_context("fork")
+    with tempfile.TemporaryDirectory(prefix="placecheck-fix-") as folder:
+        edited: dict[str, str] = {}
+        for index, (path, text) in enumerate(sorted(texts.items())):
+            copy = Path(folder) / f"{index}_{Path(path).name}"
+            copy.write_text(text, encoding="utf-8", newline="")
+            edited[os.path.abspath(path)] = str(copy)
+        receiver, sender = context.Pipe(duplex=False)
+        child = context.Process(target=_child, args=(sender, audit_once, edited), daemon=True)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        child.start()
+        sender.close()
+        try:
+            outcome: Outcome = receiver.recv()
+        except EOFError:
+            outcome = Outcome(error=f"the re-audit's process ended without an answer (exit code "
+                                    f"{child.exitcode})")
+        child.join()
+        receiver.close()
+    return outcome
