@@ -1,0 +1,144 @@
+"""The layers of docs/architecture.md: no import cycles among placecheck modules; lower never imports higher.
+
+Imports are read with ``ast`` from every module, inside functions too (a lazy
+import is still a dependency); only ``if TYPE_CHECKING:`` blocks are skipped,
+since they never run. ``from placecheck.x import y`` counts as an import of
+``placecheck.x.y`` when that is a module, else of ``placecheck.x``.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "placecheck"
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def _type_checking_nodes(tree: ast.AST) -> set[int]:
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If):
+            test = node.test
+            name = test.id if isinstance(test, ast.Name) else getattr(test, "attr", "")
+            if name == "TYPE_CHECKING":
+                skipped.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+    return skipped
+
+
+def _imports(module: str) -> tuple[set[str], set[str]]:
+    """(placecheck modules ``module`` imports, other top-level packages it imports)."""
+    path = MODULES[module]
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    skipped = _type_checking_nodes(tree)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    ours: set[str] = set()
+    theirs: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                (ours if alias.name.split(".")[0] == "placecheck" else theirs).add(
+                    alias.name if alias.name.startswith("placecheck") else alias.name.split(".")[0])
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                source = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                source = node.module or ""
+            if source.split(".")[0] != "placecheck":
+                theirs.add(source.split(".")[0])
+                continue
+            for alias in node.names:
+                submodule = f"{source}.{alias.name}"
+                ours.add(submodule if submodule in MODULES else source)
+    return {m for m in ours if m in MODULES and m != module}, theirs
+
+
+GRAPH = {module: _imports(module)[0] for module in MODULES}
+
+
+def _cycles() -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(GRAPH[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(GRAPH):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_graph_is_read() -> None:
+    # a reader that found nothing would pass the tests below vacuously
+    assert "placecheck.api" in GRAPH["placecheck.cli.audit"]
+    assert "placecheck.output" in GRAPH["placecheck.ci"]  # a lazy import inside a function
+    assert "placecheck.cli.audit" in GRAPH["placecheck.cli"]
+
+
+def test_no_import_cycles() -> None:
+    assert _cycles() == []
+
+
+# ---- layers, bottom to top ------------------------------------------------------------------------
+
+TORCH_FREE = ("errors", "devices", "finding", "problems", "rules", "report", "formats", "options",
+              "config", "output", "baseline")
+"""What the CLI's --help, `rules`, a config check and a report rendering use: never imports torch."""
+TOP = {"api": 1, "fix": 2, "runner": 2, "ci": 3, "pytest_plugin": 3, "cli": 4, "__main__": 5}
+"""The layers above the engine's (which is 0, the torch-free layer below it -1)."""
+
+
+def _layer(module: str) -> int:
+    first = module.split(".")[1] if "." in module else ""
+    if first in TORCH_FREE:
+        return -1
+    return TOP.get(first, 0)
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if _layer(m) == -1))
+def test_the_torch_free_layer_stays_torch_free(module: str) -> None:
+    ours, theirs = _imports(module)
+    assert "torch" not in theirs
+    # the package root imports nothing heavy at import time (audit is a lazy attribute)
+    assert {m for m in ours if m != "placecheck" and _layer(m) != -1} == set()
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if m != "placecheck"))
+def test_a_lower_layer_never_imports_a_higher_one(module: str) -> None:
+    higher = {m for m in GRAPH[module] if m != "placecheck" and _layer(m) > _layer(module)}
+    assert higher == set()
