@@ -20,7 +20,9 @@ import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
-from importlib.machinery import SourceFileLoader
+from importlib.abc import MetaPathFinder
+from importlib.machinery import ModuleSpec, PathFinder, SourceFileLoader
+from importlib.util import spec_from_file_location
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -39,6 +41,20 @@ class Outcome:
     error: str = ""
 
 
+class _EditedFinder(MetaPathFinder):
+    """Finds an edited module where the path finder would, and loads it with the source loader."""
+
+    def __init__(self, edited: dict[str, str]) -> None:
+        self.edited = edited
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> ModuleSpec | None:
+        spec = PathFinder.find_spec(fullname, path)
+        if spec is None or spec.origin is None or os.path.abspath(spec.origin) not in self.edited:
+            return None
+        return spec_from_file_location(fullname, spec.origin, loader=SourceFileLoader(fullname, spec.origin),
+                                       submodule_search_locations=spec.submodule_search_locations)
+
+
 def _serve_edited(edited: dict[str, str]) -> None:
     """Make this process import ``edited`` (original path -> path of the edited copy) instead."""
     sys.dont_write_bytecode = True
@@ -54,6 +70,8 @@ def _serve_edited(edited: dict[str, str]) -> None:
 
     SourceFileLoader.get_data = get_data  # type: ignore[method-assign,assignment]
     SourceFileLoader.path_stats = path_stats  # type: ignore[method-assign,assignment]
+    # ahead of other import hooks (pytest's assertion rewriter reads the original file itself)
+    sys.meta_path.insert(0, _EditedFinder(edited))
     for name, module in list(sys.modules.items()):
         file = getattr(module, "__file__", None)
         if not isinstance(file, str) or name == "__main__":

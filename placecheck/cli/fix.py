@@ -1,0 +1,102 @@
+"""``placecheck fix``: the audit's fixable findings as a proven patch (a diff, or the files written).
+
+A thin adapter over :func:`placecheck.fix.fix`: the audit options become an
+:class:`~placecheck.options.AuditOptions`; the result is printed as a unified
+diff and a summary (or JSON), and ``--write`` applies it. Exit 0 when no
+selected finding is left, 1 when some are, 2 for usage errors, a target that
+does not load, or a file changed since the audit (FixRefused: nothing written then).
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from typing import Annotated
+
+import typer
+
+from placecheck.cli.app import app
+from placecheck.devices import DEVICE_HELP
+from placecheck.errors import PlacecheckError, UsageError
+from placecheck.options import AuditOptions, split_codes
+from placecheck.output import fail, model_output_to_stderr
+
+
+class FixFormat(str, enum.Enum):
+    """How ``placecheck fix`` prints its result."""
+
+    TEXT = "text"
+    JSON = "json"
+
+
+@app.command()
+def fix(
+    target: Annotated[str, typer.Argument(
+        metavar="TARGET", show_default=False,
+        help="The model, as for audit: MODULE:ATTR or path/to/file.py:ATTR.")],
+    device: Annotated[str, typer.Option(
+        "--device", "-d", metavar="DEVICE", help=f"Target device: {DEVICE_HELP}.")] = "cuda",
+    engine: Annotated[str, typer.Option(metavar="ENGINE", help="As for audit.")] = "auto",
+    gpus: Annotated[int | None, typer.Option(metavar="N", min=1, help="As for audit.")] = None,
+    init: Annotated[str, typer.Option(metavar="INIT", help="As for audit.")] = "auto",
+    kwargs: Annotated[str | None, typer.Option(
+        "--kwargs", metavar="JSON", help="Constructor arguments as a JSON object.")] = None,
+    arg: Annotated[list[str] | None, typer.Option(
+        "--arg", metavar="KEY=VALUE", help="A constructor argument; repeatable.")] = None,
+    input_specs: Annotated[list[str] | None, typer.Option(
+        "--input", "-i", metavar="SPEC", help="A forward input, as for audit; repeatable.")] = None,
+    example_inputs: Annotated[str | None, typer.Option(
+        "--example-inputs", metavar="TARGET", help="As for audit.")] = None,
+    select: Annotated[list[str] | None, typer.Option(
+        metavar="CODES", help="Fix only these codes or prefixes (PC1, PC202, ALL).")] = None,
+    ignore: Annotated[list[str] | None, typer.Option(
+        metavar="CODES", help="Do not fix these codes or prefixes.")] = None,
+    show_diff: Annotated[bool, typer.Option(
+        "--diff", help="Print the patch as a unified diff (the default).")] = False,
+    write_files: Annotated[bool, typer.Option(
+        "--write", help="Write the proven edits into the files (each replaced whole, atomically); "
+                        "refused, writing nothing, when a file changed since the audit.")] = False,
+    unsafe: Annotated[bool, typer.Option(
+        "--unsafe", help="Register stray tensors as persistent buffers: state_dict() gains their keys, "
+                         "and checkpoints saved before lack them.")] = False,
+    fmt: Annotated[FixFormat, typer.Option("--format", "-f", help="text or json.")] = FixFormat.TEXT,
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for errors.")] = False,
+) -> None:
+    """Turn each fixable finding into an edit of your code, proven by a second audit.
+
+    Prints a unified diff and a summary (fixed N, not fixable M, failed proof K);
+    --write applies it. Exit status: 0 when nothing selected is left, 1 when
+    findings remain, 2 for usage errors and targets that do not load.
+    """
+    try:
+        if show_diff and write_files:
+            raise UsageError("--diff and --write cannot be combined: --diff prints the patch, --write "
+                             "applies it")
+        from placecheck.fix import fix as run_fix
+        from placecheck.fix import write
+        from placecheck.load import parse_kwargs
+
+        options = AuditOptions(device=device, engine=engine, gpus=gpus, init=init,
+                               inputs=tuple(input_specs or ()), example_inputs=example_inputs,
+                               select=split_codes(select), ignore=split_codes(ignore))
+        constructor_kwargs = parse_kwargs(kwargs, arg or ())
+        with model_output_to_stderr():
+            result = run_fix(target, options, kwargs=constructor_kwargs, unsafe=unsafe)
+        written = write(result) if write_files else []
+    except PlacecheckError as exc:
+        raise fail(str(exc), debug) from None
+    except ModuleNotFoundError as exc:
+        if exc.name != "libcst":
+            raise
+        raise fail("placecheck fix needs libcst: pip install 'placecheck[fix]'", debug) from None
+    if fmt is FixFormat.JSON:
+        data = result.to_dict()
+        data["written"] = written
+        typer.echo(json.dumps(data, indent=2))
+    else:
+        if write_files:
+            typer.echo("".join(f"wrote {path}\n" for path in written), nl=False)
+        else:
+            typer.echo(result.diff(), nl=False)
+        typer.echo(result.summary(), nl=False)
+    raise typer.Exit(result.exit_code)

@@ -1,0 +1,136 @@
+"""``placecheck fix``: fixture pairs patched byte for byte, proven, idempotent; write refusals; CLI.
+
+Each ``tests/fixtures/fix/NAME.py`` defines ``Model`` with bugs placecheck fix
+rewrites; ``NAME.fixed.py`` beside it is the file expected after ``fix`` and
+``write``, byte for byte. Cases are collected automatically.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import TESTS
+from typer.testing import CliRunner
+
+from placecheck.cli import app
+from placecheck.fix import FixRefused, fix, write
+from placecheck.fix.edits import NotFixable, Request, Rewrite, rewrite
+from placecheck.options import AuditOptions
+
+FIXTURES = TESTS / "fixtures" / "fix"
+CASES = [pytest.param(py, py.with_name(py.stem + ".fixed.py"), id=py.stem)
+         for py in sorted(FIXTURES.glob("*.py")) if not py.name.endswith(".fixed.py")]
+
+
+def _copy(source: Path, folder: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The fixture copied into ``folder`` (the working directory), as a TARGET."""
+    shutil.copy(source, folder / source.name)
+    monkeypatch.chdir(folder)
+    return f"{source.name}:Model"
+
+
+def test_fixture_directory_covers_every_rewritten_code() -> None:
+    codes = {case.values[0].name[:5].upper() for case in CASES}
+    assert codes == {"PC101", "PC102", "PC103", "PC202"}
+
+
+@pytest.mark.parametrize("source, expected", CASES)
+def test_fixture_patched_byte_for_byte_proven_and_idempotent(
+        source: Path, expected: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert expected.is_file(), f"{source.name} has no {expected.name} beside it"
+    target = _copy(source, tmp_path, monkeypatch)
+    result = fix(target, AuditOptions())
+    assert result.edits and not result.failed and not result.not_fixable
+    assert (tmp_path / source.name).read_bytes() == source.read_bytes(), "fix wrote without write()"
+    assert write(result) == [source.name]
+    assert (tmp_path / source.name).read_bytes() == expected.read_bytes()
+    assert result.remaining == [] and result.exit_code == 0
+    again = fix(target, AuditOptions())
+    assert again.edits == [] and not again.report.findings and again.exit_code == 0
+
+
+def test_write_refuses_a_file_changed_since_the_audit(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    source = FIXTURES / "pc102_module_containers.py"
+    target = _copy(source, tmp_path, monkeypatch)
+    result = fix(target, AuditOptions())
+    assert result.edits
+    changed = source.read_text() + "# edited by hand meanwhile\n"
+    (tmp_path / source.name).write_text(changed)
+    with pytest.raises(FixRefused, match="changed on disk since the audit"):
+        write(result)
+    assert (tmp_path / source.name).read_text() == changed
+    assert [p.name for p in tmp_path.iterdir() if p.is_file()] == [source.name], "a temporary file was left"
+
+
+def test_buggy_example_fixes_what_it_can_and_explains_the_rest() -> None:
+    result = fix("placecheck/examples/buggy.py:BuggyNet", AuditOptions())
+    assert sorted(e.code for e in result.edits) == ["PC101", "PC102", "PC103", "PC202"], result.summary()
+    assert not result.failed
+    reasons = {u.finding.code: u.reason for u in result.not_fixable}
+    assert "Lazy" in reasons["PC203"]
+    assert "plain container" in " ".join(u.reason for u in result.not_fixable if "cache" in u.finding.where)
+    assert result.exit_code == 1  # the cache dict, the helper object and the lazy layer remain
+    assert "+        self.heads = nn.ModuleList([" in result.diff()
+    assert "state_dict() gains" in result.summary()
+
+
+def test_cli_json_lists_each_edit_and_exit_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    target = _copy(FIXTURES / "pc202_device_from_input.py", tmp_path, monkeypatch)
+    out = CliRunner().invoke(app, ["fix", target, "--format", "json"])
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.stdout)
+    edits = {(e["code"], e["start_line"], e["end_line"]) for e in data["edits"]}
+    assert edits == {("PC202", 14, 14), ("PC202", 15, 15)}
+    assert all(e["file"] == "pc202_device_from_input.py" and e["before"] != e["after"] for e in data["edits"])
+    assert data["written"] == []
+
+
+def test_cli_exit_codes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    runner = CliRunner()
+    assert runner.invoke(app, ["fix", "x.py:M", "--diff", "--write"]).exit_code == 2
+    out = runner.invoke(app, ["fix", "placecheck/examples/buggy.py:BuggyNet"])
+    assert out.exit_code == 1
+    assert "not fixable" in out.stdout and out.stdout.startswith("--- a/placecheck/examples/buggy.py")
+    target = _copy(FIXTURES / "pc103_parameter_list.py", tmp_path, monkeypatch)
+    assert runner.invoke(app, ["fix", target, "--write"]).exit_code == 0
+    assert runner.invoke(app, ["fix", target]).exit_code == 0  # nothing left to fix
+
+
+# rewrites alone (no audit): layout, import styles, refusals
+
+def _rewrite(source: str, request: Request) -> Rewrite:
+    out = rewrite(source, request)
+    assert isinstance(out, Rewrite), out
+    return out
+
+
+def test_unsafe_buffer_is_persistent_and_says_so() -> None:
+    src = "import torch\nclass M:\n    def __init__(self):\n        self.m = torch.ones(2)  # keep\n"
+    out = _rewrite(src, Request("PC101", 4, where="m", unsafe=True))
+    assert out.after == '        self.register_buffer("m", torch.ones(2))  # keep\n'
+    assert "state_dict()" in out.note
+
+
+def test_container_spelled_as_the_file_imports_nn() -> None:
+    src = ("from torch.nn import Linear, ModuleList\nclass M:\n    def __init__(self):\n"
+           "        self.h = (Linear(1, 1),)\n")
+    assert _rewrite(src, Request("PC102", 4, where="h[0]")).after == \
+        "        self.h = ModuleList((Linear(1, 1),))\n"
+
+
+def test_not_fixable_outside_init_or_without_a_tensor_argument() -> None:
+    src = "import torch\nclass M:\n    def setup(self):\n        self.m = torch.ones(2)\n" \
+          "    def forward(self, n: int):\n        return torch.zeros(n)\n"
+    outside = rewrite(src, Request("PC101", 4, where="m"))
+    assert isinstance(outside, NotFixable) and "__init__" in outside.reason
+    no_tensor = rewrite(src, Request("PC202", 6, op="torch.zeros"))
+    assert isinstance(no_tensor, NotFixable) and "no tensor argument" in no_tensor.reason
+
+
+def test_torch_load_gets_map_location() -> None:
+    src = "import torch\nstate = torch.load(path)\n"
+    assert _rewrite(src, Request("PC301", 2)).after == 'state = torch.load(path, map_location="cpu")\n'
