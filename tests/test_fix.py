@@ -134,3 +134,12 @@ def test_not_fixable_outside_init_or_without_a_tensor_argument() -> None:
 def test_torch_load_gets_map_location() -> None:
     src = "import torch\nstate = torch.load(path)\n"
     assert _rewrite(src, Request("PC301", 2)).after == 'state = torch.load(path, map_location="cpu")\n'
+
+
+def test_explain_says_whether_a_code_is_auto_fixable() -> None:
+    runner = CliRunner()
+    fixable = runner.invoke(app, ["explain", "PC102"])
+    assert fixable.exit_code == 0 and "placecheck fix: auto-fixable: " in fixable.stdout
+    assert "nn.ModuleList" in fixable.stdout.split("placecheck fix:")[1]
+    lazy = runner.invoke(app, ["explain", "PC203"]).stdout.split("placecheck fix:")[1]
+    assert "not auto-fixable" in lazy and "nn.Lazy" in lazy

@@ -36,6 +36,9 @@ def explain(
     if found is None:
         raise fail(f"unknown code {code!r}: `placecheck rules` lists them (PC101 ... {list(RULES)[-1]})")
     typer.echo(explain_text(found))
+    from placecheck.fix.codes import fixable_text
+
+    typer.echo(f"\nplacecheck fix: {fixable_text(found.code)}")
 
 
 def explain_text(r: Any) -> str:

@@ -32,7 +32,7 @@ NEVER: dict[str, str] = {
 def fixable_text(code: str) -> str:
     """One line for ``placecheck explain``: whether and how ``placecheck fix`` rewrites ``code``."""
     if code in AUTOFIX:
-        return f"auto-fixable with `placecheck fix`: {AUTOFIX[code]}."
+        return f"auto-fixable: {AUTOFIX[code]}."
     if code in NEVER:
         return f"not auto-fixable: {NEVER[code]}."
-    return "not auto-fixable: placecheck fix reports it, the change is yours to make."
+    return "not auto-fixable: it is reported, the change is yours to make."

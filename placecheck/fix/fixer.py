@@ -1,0 +1,300 @@
+"""Fixing a target: audit, plan, prove, and write (re-exported by :mod:`placecheck.fix`).
+
+    >>> from placecheck.fix import fix, write
+    >>> from placecheck.options import AuditOptions
+    >>> result = fix("placecheck/examples/buggy.py:BuggyNet", AuditOptions(device="cuda"))
+    >>> print(result.diff())        # nothing is written until write(result)
+
+The audit runs once; :mod:`placecheck.fix.plan` turns the selected findings
+into libcst edits (:mod:`placecheck.fix.edits`); :mod:`placecheck.fix.proof`
+audits the edited sources again in a forked child, with the same options. An
+edit is offered only when its findings are gone and no new finding appeared;
+the others are listed with the reason. The user's files change only in
+:func:`write`, which refuses when a file changed on disk since the audit.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import shutil
+import tempfile
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from placecheck.errors import PlacecheckError
+from placecheck.finding import Finding, Severity
+from placecheck.fix.codes import AUTOFIX, NEVER, fixable_text
+from placecheck.fix.plan import Edit, Plan, Unfixed, make_plan, patched_texts, split_source
+from placecheck.fix.proof import Outcome, reaudit
+from placecheck.options import AuditOptions
+from placecheck.report import Report
+
+__all__ = ["AUTOFIX", "NEVER", "Edit", "FixRefused", "FixResult", "Unfixed", "fix", "fix_report",
+           "fixable_text", "write"]
+
+
+class FixRefused(PlacecheckError):
+    """``write`` found a file changed since the audit: nothing was written."""
+
+
+@dataclass
+class FixResult:
+    """What ``fix`` found, offers, and leaves to the user."""
+
+    report: Report
+    """The first audit."""
+    edits: list[Edit] = field(default_factory=list)
+    """Edits that passed the proof: their findings are gone and no new finding appeared."""
+    failed: list[tuple[Edit, str]] = field(default_factory=list)
+    """Edits that failed the proof, with the reason."""
+    not_fixable: list[Unfixed] = field(default_factory=list)
+    """Selected findings still reported after the offered edits that no edit was made for."""
+    resolved: list[Finding] = field(default_factory=list)
+    """Selected findings with no edit of their own that the offered edits made go away (a PC201
+    that a PC202 caused)."""
+    remaining: list[Finding] = field(default_factory=list)
+    """Selected findings the audit still reports with the offered edits applied."""
+    originals: dict[str, str] = field(default_factory=dict)
+    """Each edited file's text as audited."""
+    patched: dict[str, str] = field(default_factory=dict)
+    """Each edited file's text with the offered edits."""
+
+    @property
+    def fixed_findings(self) -> int:
+        return sum(len(e.findings) for e in self.edits)
+
+    @property
+    def exit_code(self) -> int:
+        """0 when nothing selected is left at warning or above, 1 otherwise."""
+        return int(any(f.severity.rank >= Severity.WARNING.rank for f in self.remaining))
+
+    def diff(self) -> str:
+        """A unified diff of every offered edit (``a/FILE`` against ``b/FILE``)."""
+        chunks = []
+        for path in sorted(self.patched):
+            lines = difflib.unified_diff(self.originals[path].splitlines(keepends=True),
+                                         self.patched[path].splitlines(keepends=True),
+                                         f"a/{path}", f"b/{path}")
+            chunks.append("".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n"
+                                  for line in lines))
+        return "".join(chunks)
+
+    def summary(self) -> str:
+        """``fixed N, not fixable M (by code), failed proof K`` and what the edits change besides."""
+        by_code = Counter(u.finding.code for u in self.not_fixable)
+        codes = ", ".join(f"{code} {count}" for code, count in sorted(by_code.items()))
+        line = (f"fixed {self.fixed_findings} finding{'s' if self.fixed_findings != 1 else ''} with "
+                f"{len(self.edits)} edit{'s' if len(self.edits) != 1 else ''}, not fixable "
+                f"{len(self.not_fixable)}{f' ({codes})' if codes else ''}, failed proof {len(self.failed)}")
+        lines = [line]
+        if self.resolved:
+            lines.append(f"  also gone with the edits: {len(self.resolved)} ("
+                         + ", ".join(sorted({f.code for f in self.resolved})) + ")")
+        notes = sorted({e.note for e in self.edits if e.note})
+        lines.extend(f"  note: {note}" for note in notes)
+        lines.extend(f"  not fixed automatically: {u.finding.code} {u.finding.where or u.finding.source}: "
+                     f"{u.reason}" for u in self.not_fixable)
+        lines.extend(f"  failed proof: {e.code} {e.file}:{e.start}: {reason}" for e, reason in self.failed)
+        return "\n".join(lines) + "\n"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``--format json`` object."""
+        return {
+            "target": self.report.target,
+            "edits": [e.to_dict() for e in self.edits],
+            "failed_proof": [{**e.to_dict(), "reason": reason} for e, reason in self.failed],
+            "not_fixable": [{"code": u.finding.code, "where": u.finding.where, "source": u.finding.source,
+                             "reason": u.reason} for u in self.not_fixable],
+            "summary": {"fixed": self.fixed_findings, "edits": len(self.edits),
+                        "not_fixable": len(self.not_fixable), "failed_proof": len(self.failed),
+                        "remaining": len(self.remaining)},
+        }
+
+
+def _line_map(before: str, after: str) -> dict[int, int]:
+    """Line numbers of ``after`` (1-based) -> the line of ``before`` they come from."""
+    mapping: dict[int, int] = {}
+    matcher = difflib.SequenceMatcher(None, before.splitlines(), after.splitlines(), autojunk=False)
+    for _, i1, i2, j1, j2 in matcher.get_opcodes():
+        for j in range(j1, j2):
+            mapping[j + 1] = i1 + 1 + min(j - j1, max(i2 - i1 - 1, 0))
+    return mapping
+
+
+def _key(finding: Finding, maps: Mapping[str, dict[int, int]]) -> tuple[str, ...]:
+    """What identifies a finding across two audits: code, place, and the line in the audited file."""
+    source = finding.source
+    located = split_source(source)
+    if located is not None and located[0] in maps:
+        path, line = located
+        source = f"{path}:{maps[path].get(line, line)}"
+    return finding.code, finding.where, source, dict(finding.details).get("op", "")
+
+
+class _Prover:
+    """Runs proofs of edit sets and keeps the reasons edits failed."""
+
+    def __init__(self, plan: Plan, audit_once: Callable[[], Report], first: list[Finding]) -> None:
+        self.plan = plan
+        self.audit_once = audit_once
+        self.first = Counter(_key(f, {}) for f in first)
+
+    def prove(self, edits: list[Edit]) -> tuple[Outcome, dict[str, dict[int, int]], list[Finding]]:
+        texts = patched_texts(self.plan, edits)
+        outcome = reaudit(self.audit_once, texts)
+        maps = {path: _line_map(self.plan.originals[path], text) for path, text in texts.items()}
+        seen = Counter(self.first)
+        new = []
+        for finding in outcome.findings:
+            key = _key(finding, maps)
+            if seen[key] > 0:
+                seen[key] -= 1
+            else:
+                new.append(finding)
+        return outcome, maps, new
+
+    def settle(self, edits: list[Edit]) -> tuple[list[Edit], list[tuple[Edit, str]], Outcome | None,
+                                                  dict[str, dict[int, int]]]:
+        """The largest set of ``edits`` this finds that passes the proof together, and the failures."""
+        pending = list(edits)
+        failed: list[tuple[Edit, str]] = []
+        while pending:
+            outcome, maps, new = self.prove(pending)
+            if outcome.error:
+                failed.extend((e, f"the re-audit with the edits failed: {outcome.error}") for e in pending)
+                return [], failed, None, {}
+            still = Counter(_key(f, maps) for f in outcome.findings)
+            stuck = {id(e): f"the audit still reports {e.code} at "
+                            f"{e.findings[0].where or e.findings[0].source}"
+                     for e in pending if any(still[_key(f, {})] for f in e.findings)}
+            if new:
+                stuck.update(self._blame(pending, stuck, new))
+            if not stuck:
+                return pending, failed, outcome, maps
+            failed.extend((e, stuck[id(e)]) for e in pending if id(e) in stuck)
+            pending = [e for e in pending if id(e) not in stuck]
+        return [], failed, None, {}
+
+    def _blame(self, pending: list[Edit], stuck: dict[int, str], new: list[Finding]) -> dict[int, str]:
+        """Which edits bring the new findings: each edit proven alone when there are several."""
+        def said(found: list[Finding]) -> str:
+            f = found[0]
+            return f"the re-audit reports a new finding: {f.code} at {f.where or f.source}: {f.message}"
+
+        candidates = [e for e in pending if id(e) not in stuck]
+        if len(candidates) <= 1:
+            return {id(e): said(new) for e in candidates}
+        blamed = {}
+        for edit in candidates:
+            outcome, _, alone_new = self.prove([edit])
+            if outcome.error:
+                blamed[id(edit)] = f"the re-audit with this edit failed: {outcome.error}"
+            elif alone_new:
+                blamed[id(edit)] = said(alone_new)
+        return blamed or {id(e): "together the edits bring " + said(new).removeprefix("the re-audit reports ")
+                          for e in candidates}
+
+
+def fix_report(report: Report, audit_once: Callable[[], Report], *, select: Iterable[str] | None = None,
+               ignore: Iterable[str] | None = None, unsafe: bool = False) -> FixResult:
+    """Plan, prove and collect the edits for ``report``; ``audit_once`` repeats its audit.
+
+    ``select``/``ignore`` (code prefixes) choose the findings to fix; the
+    proof compares every finding, selected or not, so an edit that brings a
+    finding of another code is not offered.
+    """
+    from placecheck.rules import selected
+
+    codes = selected(select, ignore)
+    chosen = [f for f in report.findings if f.code in codes]
+    plan = make_plan([f for f in chosen if f.code in AUTOFIX], unsafe)
+    result = FixResult(report, originals=plan.originals)
+    unplanned = [Unfixed(f, NEVER.get(f.code, f"{f.code} is not rewritten automatically: fix it where the "
+                                                     "tensor comes from (its origin)"))
+                 for f in chosen if f.code not in AUTOFIX] + plan.not_fixable
+    if not plan.edits:
+        result.not_fixable = unplanned
+        result.remaining = chosen
+        return result
+    prover = _Prover(plan, audit_once, list(report.findings))
+    result.edits, result.failed, outcome, maps = prover.settle(plan.edits)
+    if outcome is None:
+        result.not_fixable = unplanned
+        result.remaining = chosen
+        return result
+    result.patched = patched_texts(plan, result.edits)
+    result.originals = {path: plan.originals[path] for path in result.patched}
+    result.remaining = [f for f in outcome.findings if f.code in codes]
+    left = Counter(_key(f, maps) for f in result.remaining)
+    result.not_fixable = [u for u in unplanned if left[_key(u.finding, {})]]
+    in_edits = {id(f) for e in [*result.edits, *(e for e, _ in result.failed)] for f in e.findings}
+    result.resolved = [u.finding for u in unplanned if not left[_key(u.finding, {})]
+                       and id(u.finding) not in in_edits]
+    return result
+
+
+def fix(target: str, options: AuditOptions | None = None, *, kwargs: Mapping[str, Any] | None = None,
+        select: Iterable[str] | None = None, ignore: Iterable[str] | None = None,
+        unsafe: bool = False) -> FixResult:
+    """Audit ``target`` (``path/to/file.py:ATTR`` or ``MODULE:ATTR``) and offer proven edits.
+
+    ``options`` are the audit's (device, engine, inputs...); the proof uses
+    the same. Every code is audited; ``select``/``ignore`` (default: the
+    options') choose which are fixed. ``kwargs`` are the model's constructor
+    arguments. ``unsafe`` registers PC101 buffers as persistent
+    (``state_dict()`` keys change). Nothing is written: see :func:`write`.
+    """
+    from placecheck.api import audit
+    from placecheck.load import build, resolve, split_target
+
+    opts = options or AuditOptions()
+    _, attr = split_target(target)
+    model_kwargs = dict(kwargs or {})
+    every_code = opts.replace(select=(), ignore=(), copy_model=False, target=target)
+
+    def audit_once() -> Report:
+        def factory() -> Any:
+            return build(resolve(target), attr, model_kwargs)
+
+        return audit(factory, every_code.device, options=every_code)
+
+    return fix_report(audit_once(), audit_once, select=select if select is not None else opts.select,
+                      ignore=ignore if ignore is not None else opts.ignore, unsafe=unsafe)
+
+
+def write(result: FixResult) -> list[str]:
+    """Write the offered edits; every file is checked unchanged first, then each is replaced whole.
+
+    Each file is written to a temporary file in its own directory and renamed
+    over the original, so it is never left half-written. Raises
+    :class:`FixRefused`, writing nothing, when a file differs from what was audited.
+    """
+    changed = []
+    for path in result.patched:
+        try:
+            with open(path, encoding="utf-8", newline="") as handle:
+                now = handle.read()
+        except OSError:
+            now = None
+        if now != result.originals[path]:
+            changed.append(path)
+    if changed:
+        raise FixRefused(f"{', '.join(changed)} changed on disk since the audit: nothing written; "
+                         "run placecheck fix again")
+    for path, text in sorted(result.patched.items()):
+        folder, name = os.path.split(os.path.abspath(path))
+        descriptor, temporary = tempfile.mkstemp(prefix=f".{name}.", suffix=".placecheck-fix", dir=folder)
+        try:
+            with os.fdopen(descriptor, "w", encoding="utf-8", newline="") as out:
+                out.write(text)
+                out.flush()
+                os.fsync(out.fileno())
+            shutil.copymode(path, temporary)
+            os.replace(temporary, path)
+        except BaseException:
+            os.unlink(temporary)
+            raise
+    return sorted(result.patched)
