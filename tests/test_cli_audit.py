@@ -494,3 +494,36 @@ def test_an_unwritable_output_fails_before_a_config_run(runner: CliRunner, tmp_p
     result = runner.invoke(app, ["audit", "--config", str(config), "-o", str(tmp_path)])
     assert result.exit_code == 2
     assert f"cannot write --output {str(tmp_path)!r}: Is a directory" in result.output
+
+
+def test_no_group_and_hints_reach_the_output_options(runner: CliRunner, monkeypatch: pytest.MonkeyPatch,
+                                                     tmp_path: Path) -> None:
+    # the formats read OutputOptions.group / .hints: the command line and a config set them
+    from placecheck import ci
+    from placecheck import runner as model_runner
+    from placecheck.cli import audit as audit_command
+    from placecheck.config import ModelConfig
+    from placecheck.output import OutputOptions
+    from placecheck.report import Report
+
+    seen: list[OutputOptions] = []
+    empty = Report.build("m:M", "cuda:0", "x", [])
+    monkeypatch.setattr(audit_command, "run_audit", lambda *args: empty)
+    monkeypatch.setattr(audit_command, "emit", lambda report, out: seen.append(out) or 0)
+    assert runner.invoke(app, ["audit", "m:M"]).exit_code == 0
+    assert runner.invoke(app, ["audit", "m:M", "--no-group", "--hints"]).exit_code == 0
+    assert [(o.group, o.hints) for o in seen] == [(True, False), (False, True)]
+
+    def emit_reports(reports: list[Report], out: OutputOptions, config_run: bool = False) -> int:
+        seen.append(out)
+        return 0
+
+    monkeypatch.setattr(ci, "emit_reports", emit_reports)
+    monkeypatch.setattr(model_runner, "run_models", lambda config, **kw: [
+        model_runner.ModelOutcome(ModelConfig(target="m:M"), empty)])
+    config = tmp_path / "c.toml"
+    config.write_text('group = false\nhints = true\n[[models]]\ntarget = "m:M"\n')
+    assert runner.invoke(app, ["audit", "--config", str(config)]).exit_code == 0
+    config.write_text('[[models]]\ntarget = "m:M"\n')
+    assert runner.invoke(app, ["audit", "--config", str(config), "--hints", "--no-group"]).exit_code == 0
+    assert [(o.group, o.hints) for o in seen[2:]] == [(False, True), (False, True)]

@@ -57,9 +57,9 @@ def test_readme_workflow_is_valid_yaml_naming_real_flags() -> None:
 
 
 def _pins() -> dict[str, str]:
-    """The newest torch and torchvision placecheck admits (pyproject's ``<=`` bounds)."""
-    text = (REPO / "pyproject.toml").read_text(encoding="utf-8")
-    return dict(re.findall(r'"(torch|torchvision)>=[^,]+,<=([^"]+)"', text))
+    """The torch and torchvision builds placecheck is tested with (constraints.txt, the Makefile's pins)."""
+    text = (REPO / "constraints.txt").read_text(encoding="utf-8")
+    return dict(re.findall(r"^(torch|torchvision)==(\S+)$", text, re.M))
 
 
 def test_readme_workflow_installs_matching_cpu_builds_first() -> None:
