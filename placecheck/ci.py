@@ -30,9 +30,9 @@ from placecheck.options import AuditOptions
 from placecheck.output import OutputOptions, check_writable, emit_reports, fail
 from placecheck.report import EXIT_OK, EXIT_USAGE, Report
 
-# Command-line options that apply to every model of a config run (python name -> config key).
-MODEL_OVERRIDES = {"device": "device", "engine": "engine", "gpus": "gpus", "init": "init",
-                   "select": "select", "ignore": "ignore"}
+# Command-line options that apply to every model of a config run: the command's parameters, the
+# config's model keys and the AuditOptions fields share these names.
+MODEL_OVERRIDES = ("device", "engine", "gpus", "init", "select", "ignore")
 # Options about the run as a whole.
 RUN_OPTIONS = {"target", "config", "jobs", "timeout", "baseline", "write_baseline", "fmt", "output",
                "fail_on", "exit_zero", "debug", "no_group", "hints"}
@@ -114,7 +114,7 @@ def _check_overrides(ctx: typer.Context, overrides: dict[str, Any]) -> None:
             except ValueError as exc:
                 raise UsageError(str(exc)) from None
         elif (problem := MODEL_KEYS[key][0](value)) is not None:
-            flag = _flag(ctx, next(n for n, k in MODEL_OVERRIDES.items() if k == key))
+            flag = _flag(ctx, key)
             raise UsageError(f"{flag} {value!r}: expected {problem}")
 
 
@@ -152,8 +152,7 @@ def run_config_audit(ctx: typer.Context, target: str | None, config_path: str | 
         for name in given:
             if name in MODEL_OVERRIDES:
                 value = params[name]
-                overrides[MODEL_OVERRIDES[name]] = tuple(_split(value)) if name in ("select", "ignore") \
-                    else value
+                overrides[name] = tuple(_split(value)) if name in ("select", "ignore") else value
         _check_overrides(ctx, overrides)
         from placecheck.config import load
 

@@ -49,7 +49,7 @@ def test_explain_unknown_code() -> None:
 
 
 @pytest.mark.parametrize("args", [["--help"], ["audit", "--help"], ["rules"], ["explain", "PC101"],
-                                  ["checkpoint", "--help"]], ids=" ".join)
+                                  ["checkpoint", "--help"], ["example-config"]], ids=" ".join)
 def test_no_torch_import(args: list[str]) -> None:
     code = ("import sys\nfrom placecheck.cli import app\n"
             f"try:\n    app({args!r})\nexcept SystemExit as e:\n    assert e.code in (0, None), e.code\n"
