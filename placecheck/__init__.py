@@ -1,7 +1,8 @@
 """placecheck: find PyTorch device-placement bugs before they cost a GPU job.
 
 The public API is :func:`audit` (and :func:`run` for whole scripts), returning a :class:`Report` of
-:class:`Finding` objects. Importing this package does not import torch;
+:class:`Finding` objects; :class:`AuditOptions` holds every audit option in one object
+(``audit(model, options=...)``). Importing this package does not import torch;
 ``audit`` does, when called.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from placecheck.finding import Finding, Severity
+from placecheck.options import AuditOptions
 from placecheck.report import Report
 
 __version__ = "0.1.0"
@@ -31,4 +33,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'placecheck' has no attribute {name!r}")
 
 
-__all__ = ["Finding", "Report", "Severity", "__version__", "audit", "run"]
+__all__ = ["AuditOptions", "Finding", "Report", "Severity", "__version__", "audit", "run"]

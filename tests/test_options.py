@@ -54,7 +54,7 @@ def test_check_refuses_bad_values(options: dict[str, object], message: str) -> N
 
 
 def test_the_options_module_does_not_import_torch() -> None:
-    code = ("import sys\nfrom placecheck.options import AuditOptions\nAuditOptions(device='cuda:1').check()\n"
+    code = ("import sys\nfrom placecheck import AuditOptions\nAuditOptions(device='cuda:1').check()\n"
             "import placecheck.config, placecheck.ci, placecheck.runner, placecheck.output\n"
             "print('torch' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
