@@ -436,7 +436,7 @@ def rewrite(source: str, request: Request) -> Rewrite | NotFixable:
     transformer = _transformer(request, imports)
     if isinstance(transformer, NotFixable):
         return transformer
-    new_module = MetadataWrapper(module).visit(transformer)
+    new_module = MetadataWrapper(module, unsafe_skip_copy=True).visit(transformer)  # parsed just now
     if transformer.span is None:
         return NotFixable(transformer.reason)
     new_source = new_module.code

@@ -8,6 +8,7 @@ the rewrite finds the statement it expects there. No torch here.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import sysconfig
@@ -121,15 +122,26 @@ def _request_key(request: Request) -> tuple[object, ...]:
 def apply(text: str, requests: list[Request]) -> tuple[str, list[Rewrite | NotFixable]]:
     """``text`` with every request applied, bottom-up so earlier lines keep their numbers.
 
-    The outcomes come back in the order of ``requests``.
+    The outcomes come back in the order of ``requests``. The proof asks for
+    the same sets again (planning, proving, the final patch): each set is
+    rewritten once.
     """
-    outcomes: dict[int, Rewrite | NotFixable] = {}
-    for index in sorted(range(len(requests)), key=lambda i: -requests[i].line):
-        outcome = rewrite(text, requests[index])
+    order = sorted(range(len(requests)), key=lambda i: (-requests[i].line, i))
+    new_text, outcomes = _apply_bottom_up(text, tuple(requests[i] for i in order))
+    by_index = dict(zip(order, outcomes, strict=True))
+    return new_text, [by_index[i] for i in range(len(requests))]
+
+
+@functools.lru_cache(maxsize=64)
+def _apply_bottom_up(text: str,
+                     requests: tuple[Request, ...]) -> tuple[str, tuple[Rewrite | NotFixable, ...]]:
+    outcomes = []
+    for request in requests:
+        outcome = rewrite(text, request)
         if isinstance(outcome, Rewrite):
             text = outcome.source
-        outcomes[index] = outcome
-    return text, [outcomes[i] for i in range(len(requests))]
+        outcomes.append(outcome)
+    return text, tuple(outcomes)
 
 
 def make_plan(findings: Iterable[Finding], unsafe: bool) -> Plan:

@@ -74,8 +74,8 @@ def _serve_edited(edited: dict[str, str]) -> None:
     sys.meta_path.insert(0, _EditedFinder(edited))
     for name, module in list(sys.modules.items()):
         file = getattr(module, "__file__", None)
-        if not isinstance(file, str) or name == "__main__":
-            continue
+        if not isinstance(file, str) or name in ("__main__", "__mp_main__") or not os.path.isfile(file):
+            continue  # torch.ops and torch.classes name no file
         path = os.path.abspath(file)
         own = name == "placecheck" or name.startswith("placecheck.")
         if path in edited or not (own or is_installed(path)):
