@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import shutil
 import tempfile
 from collections import Counter
@@ -27,6 +28,7 @@ from typing import Any
 from placecheck.errors import PlacecheckError
 from placecheck.finding import Finding, Severity
 from placecheck.fix.codes import AUTOFIX, NEVER, fixable_text
+from placecheck.fix.edits import lazy_equivalent
 from placecheck.fix.plan import Edit, Plan, Unfixed, make_plan, patched_texts, split_source
 from placecheck.fix.proof import Outcome, reaudit
 from placecheck.options import AuditOptions
@@ -198,6 +200,23 @@ class _Prover:
                           for e in candidates}
 
 
+def _not_rewritten(finding: Finding) -> str:
+    """Why a code without a rewrite is left; for PC203 the nn.Lazy* class that would build the layer."""
+    if finding.code == "PC203":
+        located = split_source(finding.source)
+        if located is not None and os.path.isfile(located[0]):
+            with open(located[0], encoding="utf-8", errors="replace") as handle:
+                lines = handle.read().splitlines()
+            text = lines[located[1] - 1] if 0 < located[1] <= len(lines) else ""
+            for name in re.findall(r"(\w+)\s*\(", text):
+                if lazy_equivalent(name):
+                    return (f"a layer built in forward needs its input shape to be built in __init__: build "
+                            f"it there as nn.{lazy_equivalent(name)}, which infers the input size on the "
+                            "first call (not rewritten: its other arguments are yours to choose)")
+    return NEVER.get(finding.code, f"{finding.code} is not rewritten automatically: fix it where the tensor "
+                                   "comes from (its origin)")
+
+
 def fix_report(report: Report, audit_once: Callable[[], Report], *, select: Iterable[str] | None = None,
                ignore: Iterable[str] | None = None, unsafe: bool = False) -> FixResult:
     """Plan, prove and collect the edits for ``report``; ``audit_once`` repeats its audit.
@@ -212,9 +231,7 @@ def fix_report(report: Report, audit_once: Callable[[], Report], *, select: Iter
     chosen = [f for f in report.findings if f.code in codes]
     plan = make_plan([f for f in chosen if f.code in AUTOFIX], unsafe)
     result = FixResult(report, originals=plan.originals)
-    unplanned = [Unfixed(f, NEVER.get(f.code, f"{f.code} is not rewritten automatically: fix it where the "
-                                                     "tensor comes from (its origin)"))
-                 for f in chosen if f.code not in AUTOFIX] + plan.not_fixable
+    unplanned = [Unfixed(f, _not_rewritten(f)) for f in chosen if f.code not in AUTOFIX] + plan.not_fixable
     if not plan.edits:
         result.not_fixable = unplanned
         result.remaining = chosen
