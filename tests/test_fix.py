@@ -177,3 +177,13 @@ def torch_file() -> str:
     import torch.nn.modules.linear as linear
 
     return str(linear.__file__)
+
+
+def test_cuda_after_a_factory_is_folded_and_a_multiline_call_keeps_its_layout() -> None:
+    src = ("import torch\nclass M:\n    def forward(self, x):\n        a = torch.zeros(\n            3,\n"
+           "            4,\n        ).cuda()\n        return a\n")
+    out = _rewrite(src, Request("PC202", 4, op="torch.zeros"))
+    assert out.source == ("import torch\nclass M:\n    def forward(self, x):\n        a = torch.zeros(\n"
+                          "            3,\n            4,\n            device=x.device,\n        )\n"
+                          "        return a\n")
+    assert (out.start, out.end) == (4, 7)
