@@ -172,6 +172,12 @@ class _AtLine(cst.CSTTransformer):
         self.functions.pop()
         return updated_node
 
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        # only the subtrees around the finding's line are walked: a file's other lines are left whole
+        visit_children = super().on_visit(node)
+        pos = self.get_metadata(PositionProvider, node, None)
+        return visit_children and (pos is None or pos.start.line <= self.line <= pos.end.line)
+
     def covers(self, node: cst.CSTNode) -> bool:
         pos = self.get_metadata(PositionProvider, node)
         return bool(pos.start.line <= self.line <= pos.end.line)
@@ -432,7 +438,13 @@ def rewrite(source: str, request: Request) -> Rewrite | NotFixable:
     except cst.ParserSyntaxError as exc:
         return NotFixable(f"the file does not parse ({exc.message})")
     imports = _Imports()
-    module.visit(imports)
+    for statement in module.body:  # module-level imports: how the file names torch
+        if isinstance(statement, cst.SimpleStatementLine):
+            for small in statement.body:
+                if isinstance(small, cst.Import):
+                    imports.visit_Import(small)
+                elif isinstance(small, cst.ImportFrom):
+                    imports.visit_ImportFrom(small)
     transformer = _transformer(request, imports)
     if isinstance(transformer, NotFixable):
         return transformer
