@@ -15,6 +15,8 @@ import pytest
 from conftest import TESTS
 from typer.testing import CliRunner
 
+pytest.importorskip("libcst")  # the fix extra; the CPU-build venv installs only the dev extra
+
 from placecheck.cli import app
 from placecheck.fix import FixRefused, fix, write
 from placecheck.fix.edits import NotFixable, Request, Rewrite, rewrite
