@@ -21,7 +21,7 @@ from forward_helpers import ungrouped  # noqa: F401 (the fixture)
 import placecheck
 from placecheck import trace
 
-pytestmark = pytest.mark.usefixtures("ungrouped")
+pytestmark = [pytest.mark.usefixtures("ungrouped"), pytest.mark.cpu_build]
 
 Call = Callable[[nn.MultiheadAttention, torch.Tensor], torch.Tensor]
 

@@ -22,7 +22,7 @@ from forward_helpers import ungrouped  # noqa: F401 (the fixture)
 import placecheck
 from placecheck.finding import Severity
 
-pytestmark = pytest.mark.usefixtures("ungrouped")
+pytestmark = [pytest.mark.usefixtures("ungrouped"), pytest.mark.cpu_build]
 
 HERE = Path(__file__).name
 

@@ -14,6 +14,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import placecheck
 from placecheck.datadep import DataDependentMode
 
+pytestmark = pytest.mark.cpu_build  # runs on the CPU-only torch build too (Makefile: test-cpu-build)
+
 HERE = Path(__file__).name
 
 

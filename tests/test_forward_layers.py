@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.cpu_build  # runs on the CPU-only torch build too (Makefile: test-cpu-build)
+
 PACKAGE = Path(__file__).parents[1] / "placecheck"
 ORDER = ["sources", "classify", "cudaapi", "tagged", "datadep", "engine", "provenance", "events",
          "forward_checks", "trace"]

@@ -21,6 +21,8 @@ import torch.nn as nn
 
 import placecheck
 
+pytestmark = pytest.mark.cpu_build  # runs on the CPU-only torch build too (Makefile: test-cpu-build)
+
 HERE = Path(__file__).name
 
 Case = Callable[[torch.Tensor], Any]

@@ -20,6 +20,8 @@ import torch.nn.functional as F
 
 import placecheck
 
+pytestmark = pytest.mark.cpu_build  # runs on the CPU-only torch build too (Makefile: test-cpu-build)
+
 HERE = Path(__file__).name
 
 Case = Callable[[nn.Module, torch.Tensor], torch.Tensor]

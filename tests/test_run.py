@@ -20,6 +20,8 @@ from placecheck.finding import Finding, Severity
 from placecheck.report import Report
 from placecheck.run import run
 
+pytestmark = pytest.mark.cpu_build  # runs on the CPU-only torch build too (Makefile: test-cpu-build)
+
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "run"
 EXAMPLES = Path(__file__).resolve().parent.parent / "placecheck" / "examples"
 
