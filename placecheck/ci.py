@@ -27,7 +27,7 @@ import typer
 from placecheck import baseline as baselines
 from placecheck.errors import PlacecheckError, UsageError, one_line
 from placecheck.options import AuditOptions
-from placecheck.output import OutputOptions, check_writable, emit_reports, fail
+from placecheck.output import OutputOptions, check_writable, emit_reports, fail, grouped
 from placecheck.report import EXIT_OK, EXIT_USAGE, Report
 
 # Command-line options that apply to every model of a config run: the command's parameters, the
@@ -186,6 +186,7 @@ def finish_with_baseline(reports: list[Report], out: OutputOptions, baseline_pat
     ``config_run``: every model of a config was audited, so baseline entries of
     models the config no longer lists are stale too.
     """
+    reports = grouped(reports, out)  # baselines are keyed by problem, as the user sees them
     try:
         if write_path is not None:
             recorded = baselines.write(write_path, reports)

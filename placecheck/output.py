@@ -88,6 +88,14 @@ def model_output_to_stderr() -> Iterator[None]:
         yield
 
 
+def grouped(reports: list[Report], out: OutputOptions) -> list[Report]:
+    """The reports as the user sees them: one problem per root cause, or per instance with ``--no-group``.
+
+    Grouping is idempotent, so a report that is already grouped stays as it is.
+    """
+    return [r.grouped() for r in reports] if out.group else list(reports)
+
+
 def emit(report: Report, out: OutputOptions) -> int:
     """Write the formatted report where ``--output`` says; return the exit code."""
     return emit_reports([report], out)
@@ -97,9 +105,12 @@ def emit_reports(reports: list[Report], out: OutputOptions, config_run: bool = F
     """Write a run's reports (one or many models) where ``--output`` says; return the exit code.
 
     ``config_run``: a ``--config`` run, rendered in the run shape even with one model.
+    Findings are grouped into problems unless ``out.group`` is False (``--no-group``).
     """
+    reports = grouped(reports, out)
     to_terminal = out.output == "-" and sys.stdout.isatty()
-    formatter = formatter_for(out.format, shutil.get_terminal_size().columns if to_terminal else None)
+    formatter = formatter_for(out.format, shutil.get_terminal_size().columns if to_terminal else None,
+                              hints=out.hints)
     text = formatter.format_run(reports) if config_run else formatter.format_reports(reports)
     if out.output == "-":
         sys.stdout.write(text)

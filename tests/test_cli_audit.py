@@ -56,11 +56,20 @@ def test_clean_model_exits_0(runner: CliRunner) -> None:
 
 
 def test_buggy_model_exits_1(runner: CliRunner) -> None:
-    code, out, _ = run(runner, BUGGY)
+    code, out, _ = run(runner, BUGGY, "--no-group")
     assert code == 1
     assert "PC101" in out and "PC102" in out and "PC103" in out
     assert "PC201" in out and "PC202" in out and "PC203" in out  # the forward pass
     assert out.rstrip().splitlines()[-1].startswith("18 problems in 4 modules: 17 errors, 1 warning;")
+
+
+def test_buggy_model_grouped_by_root_cause(runner: CliRunner) -> None:
+    """By default one row per root cause: the 18 findings are 7 problems, the PC201s their evidence."""
+    code, out, _ = run(runner, BUGGY)
+    assert code == 1
+    assert out.rstrip().splitlines()[-1].startswith("7 problems (18 instances) in 4 modules: 7 errors;")
+    assert "blocks.{0,1}.mask (2)" in out
+    assert "crashes on a GPU at line 33 in blocks.0: Tensor.mul mixed cpu and cuda:0" in " ".join(out.split())
 
 
 def test_exit_zero(runner: CliRunner) -> None:
@@ -90,12 +99,12 @@ def test_output_file(runner: CliRunner, tmp_path: Path) -> None:
     code, out, _ = run(runner, BUGGY, "--output", str(target))
     assert code == 1
     assert out == ""
-    assert "blocks.0.mask" in target.read_text(encoding="utf-8")
+    assert "blocks.{0,1}.mask (2)" in target.read_text(encoding="utf-8")
 
 
 def test_output_dash_is_stdout(runner: CliRunner) -> None:
     code, out, _ = run(runner, BUGGY, "-o", "-")
-    assert code == 1 and "blocks.0.mask" in out
+    assert code == 1 and "blocks.{0,1}.mask (2)" in out
 
 
 def test_output_to_unwritable_path(runner: CliRunner, tmp_path: Path) -> None:
@@ -104,7 +113,7 @@ def test_output_to_unwritable_path(runner: CliRunner, tmp_path: Path) -> None:
 
 
 def test_json_format(runner: CliRunner) -> None:
-    code, out, _ = run(runner, BUGGY, "--format", "json", "--no-forward")
+    code, out, _ = run(runner, BUGGY, "--format", "json", "--no-forward", "--no-group")
     assert code == 1
     data = json.loads(out)
     assert {"findings", "target", "device", "engine", "summary"} <= set(data)
@@ -151,7 +160,7 @@ def test_ignore_by_prefix(runner: CliRunner) -> None:
 def test_select_all_and_repeated(runner: CliRunner) -> None:
     _, out, _ = run(runner, BUGGY, "-f", "json", "--select", "PC101", "--select", "PC103")
     assert _codes(out) == ["PC101", "PC103"]
-    _, out, _ = run(runner, BUGGY, "-f", "json", "--select", "ALL")
+    _, out, _ = run(runner, BUGGY, "-f", "json", "--select", "ALL", "--no-group")
     assert _codes(out) == ["PC101", "PC102", "PC103", "PC201", "PC202", "PC203"]
 
 
@@ -311,7 +320,7 @@ def test_debug_shows_traceback(runner: CliRunner) -> None:
 
 
 def test_python_m_placecheck_subprocess() -> None:
-    proc = subprocess.run([sys.executable, "-m", "placecheck", "audit", BUGGY, "--format", "json"],
+    proc = subprocess.run([sys.executable, "-m", "placecheck", "audit", BUGGY, "--format", "json", "--no-group"],
                           capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 1, proc.stderr
     assert len(json.loads(proc.stdout)["findings"]) == 18

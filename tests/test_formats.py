@@ -83,9 +83,12 @@ def test_grouped_golden(fmt: OutputFormat, name: str, golden: Callable[[str, str
 
 @pytest.mark.usefixtures("in_repo")
 def test_formatters_usable_from_python_give_the_cli_output() -> None:
-    report = _python_report()
+    # the CLI shows problems (one per root cause); audit() returns instances, report.grouped() problems
+    report = _python_report().grouped()
     assert formatter_for(OutputFormat.TABLE).format(report) == _cli()
     assert formatter_for(OutputFormat.JSON).format(report) == _cli("--format", "json")
+    ungrouped = _python_report()
+    assert formatter_for(OutputFormat.JSON).format(ungrouped) == _cli("--format", "json", "--no-group")
 
 
 @pytest.mark.usefixtures("in_repo")
@@ -194,11 +197,13 @@ def test_table_width_reaches_the_formatter_only_for_a_terminal(monkeypatch: pyte
     import placecheck.output as cli
 
     seen: list[int | None] = []
+    hinted: list[bool] = []
     real = cli.formatter_for
 
-    def spy(fmt: OutputFormat, width: int | None = None) -> Formatter:
+    def spy(fmt: OutputFormat, width: int | None = None, hints: bool = False) -> Formatter:
         seen.append(width)
-        return real(fmt, width)
+        hinted.append(hints)
+        return real(fmt, width, hints)
 
     monkeypatch.setattr(cli, "formatter_for", spy)
     monkeypatch.setattr(cli.shutil, "get_terminal_size", lambda: os.terminal_size((111, 40)))
@@ -209,8 +214,9 @@ def test_table_width_reaches_the_formatter_only_for_a_terminal(monkeypatch: pyte
     cli.emit(report, options)
     monkeypatch.setattr(cli.sys.stdout, "isatty", lambda: False, raising=False)
     cli.emit(report, options)
-    cli.emit(report, dataclasses.replace(options, output=str(tmp_path / "report.txt")))
+    cli.emit(report, dataclasses.replace(options, output=str(tmp_path / "report.txt"), hints=True))
     assert seen == [111, None, None]
+    assert hinted == [False, False, True]  # --hints reaches the formatter
 
 
 class _Block(torch.nn.Module):

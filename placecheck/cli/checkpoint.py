@@ -50,6 +50,10 @@ def checkpoint(
     )] = "warning",
     exit_zero: Annotated[bool, typer.Option(
         "--exit-zero", help="Exit 0 even when there are findings.")] = False,
+    no_group: Annotated[bool, typer.Option(
+        "--no-group", help="One row per finding instance instead of one per problem.")] = False,
+    hints: Annotated[bool, typer.Option(
+        "--hints", help="Show the fix hint on every row, not once per rule.")] = False,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for errors.")] = False,
 ) -> None:
     """Check a checkpoint before a job loads it: saved devices, keys against a model, and safety.
@@ -62,12 +66,13 @@ def checkpoint(
     from placecheck.load import parse_kwargs
 
     try:
-        out = OutputOptions(format=fmt, output=output, fail_on=fail_on, exit_zero=exit_zero, debug=debug)
+        out = OutputOptions(format=fmt, output=output, fail_on=fail_on, exit_zero=exit_zero, debug=debug,
+                            group=not no_group, hints=hints)
         out.check()
         constructor_kwargs = parse_kwargs(kwargs, arg or ())
         result = run_checkpoint(file, model, constructor_kwargs, device=device, engine=engine, gpus=gpus,
                                 key=key, trust=trust, select=split_codes(select),
-                                ignore=split_codes(ignore))
+                                ignore=split_codes(ignore), group=not no_group)
     except PlacecheckError as exc:
         raise fail(str(exc), debug) from None
     except Exception as exc:  # a bug in placecheck or something unforeseen in the file

@@ -61,6 +61,10 @@ def run(
     )] = "warning",
     exit_zero: Annotated[bool, typer.Option(
         "--exit-zero", help="Exit 0 even when there are findings.")] = False,
+    no_group: Annotated[bool, typer.Option(
+        "--no-group", help="One row per finding instance instead of one per problem.")] = False,
+    hints: Annotated[bool, typer.Option(
+        "--hints", help="Show the fix hint on every row, not once per rule.")] = False,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for errors.")] = False,
 ) -> None:
     from placecheck.errors import UsageError
@@ -77,7 +81,9 @@ def run(
             raise UsageError("give a script to run (placecheck run SCRIPT.py) or a module (-m MODULE)")
         else:
             target = script
-        out = OutputOptions(format=fmt, output=output, fail_on=fail_on, exit_zero=exit_zero, debug=debug)
+        out = OutputOptions(format=fmt, output=output, fail_on=fail_on, exit_zero=exit_zero, debug=debug,
+                            group=not no_group, hints=hints)
+        out.check()  # a bad --output fails before the script runs
         from placecheck.run import run as run_program
 
         with model_output_to_stderr():
