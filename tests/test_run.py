@@ -115,6 +115,8 @@ def test_loop_syncs_are_one_info_per_line_with_calls_per_step_forward_sync_stays
     assert forward.where == "Net"
 
 
+@pytest.mark.skipif(torch.version.cuda is None,
+                    reason="torch.amp.GradScaler('cuda') needs a CUDA build of torch, simulated or not")
 def test_a_sync_inside_torch_names_the_function_that_made_it() -> None:
     def train() -> None:
         model = nn.Linear(4, 1).to("cuda")
@@ -353,6 +355,7 @@ def test_whole_module_saved_and_loaded_by_the_script(tmp_path: Path) -> None:
 # -- the seeds' loop ------------------------------------------------------------------------------------
 
 def test_example_training_loop_with_labels_forgotten() -> None:
+    pytest.importorskip("torchvision")  # the example loads FakeData; no torchvision beside the CPU-only build
     buggy = run(os.path.relpath(EXAMPLES / "train_buggy.py"))
     assert [f.where for f in buggy.findings if f.code == "PC201"] == ["labels"]
     # the logging line after optimizer.step() ran once before the --steps stop: still per step
