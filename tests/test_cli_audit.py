@@ -320,7 +320,7 @@ def test_debug_shows_traceback(runner: CliRunner) -> None:
 
 
 def test_python_m_placecheck_subprocess() -> None:
-    proc = subprocess.run([sys.executable, "-m", "placecheck", "audit", BUGGY, "--format", "json", "--no-group"],
+    proc = subprocess.run([sys.executable, "-m", "placecheck", "audit", BUGGY, "-f", "json", "--no-group"],
                           capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 1, proc.stderr
     assert len(json.loads(proc.stdout)["findings"]) == 18
