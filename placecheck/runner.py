@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from placecheck.classify import out_of_memory
 from placecheck.config import ModelConfig, RunConfig, apply_allows
 from placecheck.devices import normalize_device
 from placecheck.errors import PlacecheckError, UsageError, one_line
@@ -44,8 +45,6 @@ INCOMPLETE = "PC901"
 
 _STDERR_TAIL = 12
 """Lines of a dead child's stderr kept in the finding (the faulthandler traceback fits)."""
-
-_OOM_TEXT = ("out of memory", "can't allocate memory", "cannot allocate memory", "memoryerror")
 
 
 @dataclass(frozen=True)
@@ -112,22 +111,13 @@ def child_main(spec_path: str, result_path: str) -> int:
     except MemoryError:
         result = {"status": "oom", "message": "MemoryError"}
     except PlacecheckError as exc:
-        status = "oom" if _is_oom(exc) else "load-error"
+        status = "oom" if out_of_memory(exc) else "load-error"
         result = {"status": status, "message": str(exc)}
     except Exception as exc:
-        status = "oom" if _is_oom(exc) else "error"
+        status = "oom" if out_of_memory(exc) else "error"
         result = {"status": status, "message": f"unexpected {one_line(exc)}"}
     Path(result_path).write_text(json.dumps(result), encoding="utf-8")
     return 0
-
-
-def _is_oom(exc: BaseException) -> bool:
-    chain: BaseException | None = exc
-    while chain is not None:
-        if isinstance(chain, MemoryError) or any(t in str(chain).lower() for t in _OOM_TEXT):
-            return True
-        chain = chain.__cause__ or chain.__context__
-    return False
 
 
 # ---- the parent ----------------------------------------------------------------------------------

@@ -66,8 +66,10 @@ def test_crashing_hanging_and_oom_models_do_not_lose_the_healthy_ones(tmp_path: 
     assert by_model["Healthy"]["engine"] == "simulated cuda"
     buggy = {(f["code"], f["where"]) for f in by_model["Buggy"]["findings"]}
     assert {("PC101", "mask"), ("PC102", "heads[0]")} <= buggy
-    # the forward pass ran with the config's inputs and the constructor's kwargs
-    assert "PC201" in {code for code, _ in buggy}
+    # the forward pass ran with the config's inputs and the constructor's kwargs: its mismatch is
+    # evidence of the stray that caused it (one problem per root cause)
+    evidence = {e["code"] for f in by_model["Buggy"]["findings"] for e in f["evidence"]}
+    assert "PC201" in {code for code, _ in buggy} | evidence
     assert any("float32[3,6]" in note for note in by_model["Buggy"]["notes"]), by_model["Buggy"]["notes"]
 
     def incomplete(name: str) -> dict[str, str]:
