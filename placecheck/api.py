@@ -169,11 +169,13 @@ def audit(
     When fake tensors cannot run the forward, ``engine="auto"`` repeats the
     audit on the real-valued engine (:mod:`placecheck.tagged`) and says so in
     the report's notes. A stray tensor (PC101) that the forward replaces with
-    one on the target, or uses only in computations that never meet a device
-    tensor, is not reported (the notes say so by name). Performance findings
-    (PC202 warnings, PC204, PC205) raised entirely inside installed packages
-    (torchvision's own code) are counted in the notes instead of reported,
-    unless ``library_findings=True``.
+    one on the target, uses only in computations that never meet a device
+    tensor, or uses only as a 0-dim scalar stays a PC101 at ``info`` saying
+    how the forward handled it. Performance findings (PC202, PC204, PC205)
+    raised entirely inside installed packages (torchvision's own code) are
+    ``info`` findings naming the package, unless ``library_findings=True``
+    gives them their rule's severity. The report lists one finding per
+    instance; ``report.grouped()`` gives one problem per root cause.
 
     The keywords are the fields of :class:`~placecheck.options.AuditOptions`;
     ``options=`` passes a whole options object instead (then give no other

@@ -85,8 +85,9 @@ def audit(
         help="Skip the forward pass: only the walk after .to() (and --checkpoint).")] = False,
     library_findings: Annotated[bool, typer.Option(
         "--library-findings", metavar=_FLAG,
-        help="Also report performance findings (PC202 warnings, PC204, PC205) raised entirely "
-             "inside installed packages such as torchvision.")] = False,
+        help="Report performance findings (PC202, PC204, PC205) raised entirely inside installed "
+             "packages such as torchvision at their rule's severity (default: info, naming the "
+             "package).")] = False,
     select: Annotated[list[str] | None, typer.Option(
         metavar="CODES",
         help="Report only these codes or prefixes (PC1, PC204, ALL); comma-separated or repeated.")] = None,
