@@ -7,12 +7,24 @@ from typing import Annotated, Any
 import typer
 
 from placecheck.cli.app import app
+from placecheck.cli.common import (
+    FLAG,
+    Debug,
+    ExitZero,
+    FailOn,
+    Format,
+    Hints,
+    Ignore,
+    NoGroup,
+    Output,
+    Select,
+)
 from placecheck.devices import DEVICE_HELP
 from placecheck.errors import PlacecheckError
 from placecheck.formats import OutputFormat
 from placecheck.options import split_codes
 from placecheck.output import OutputOptions, emit, fail, model_output_to_stderr
-from placecheck.report import EXIT_USAGE, FAIL_ON_CHOICES
+from placecheck.report import EXIT_USAGE
 
 
 @app.command()
@@ -21,40 +33,37 @@ def checkpoint(
         help="The checkpoint: a torch.save file (zip or legacy), a TorchScript archive, a .pt2 "
              "program or a .safetensors file.", show_default=False)],
     model: Annotated[str | None, typer.Option(
-        "--model", "-m", help="Compare with this model's state_dict(): MODULE:ATTR or "
+        "--model", "-m", metavar="TARGET", help="Compare with this model's state_dict(): MODULE:ATTR or "
                               "path/to/file.py:ATTR.")] = None,
-    device: Annotated[str, typer.Option("--device", "-d", help=f"Target device: {DEVICE_HELP}.")] = "cuda",
+    device: Annotated[str, typer.Option("--device", "-d", metavar="DEVICE",
+        help=f"Target device: {DEVICE_HELP}.")] = "cuda",
     engine: Annotated[str, typer.Option(
+        metavar="ENGINE",
         help="auto: the real machine's GPUs when present, simulated ones when not; real; fake.")] = "auto",
     gpus: Annotated[int | None, typer.Option(
+        metavar="N",
         help="Number of GPUs the target machine has when simulated (default: enough for --device).",
         min=1)] = None,
     key: Annotated[str | None, typer.Option(
-        "--key", help="Where the state_dict is inside the checkpoint, e.g. model.ema (default: found "
+        "--key", metavar="KEY",
+        help="Where the state_dict is inside the checkpoint, e.g. model.ema (default: found "
                       "automatically).")] = None,
     trust: Annotated[bool, typer.Option(
-        "--trust", help="Allow loading a checkpoint that runs pickled code (weights_only=False).")] = False,
+        "--trust", metavar=FLAG,
+        help="Allow loading a checkpoint that runs pickled code (weights_only=False).")] = False,
     kwargs: Annotated[str | None, typer.Option(
-        "--kwargs", help="Constructor arguments for --model as a JSON object.")] = None,
+        "--kwargs", metavar="JSON", help="Constructor arguments for --model as a JSON object.")] = None,
     arg: Annotated[list[str] | None, typer.Option(
-        "--arg", help="Constructor argument KEY=VALUE for --model; repeatable.")] = None,
-    select: Annotated[list[str] | None, typer.Option(
-        help="Report only these codes or prefixes (PC3, PC301, ALL); comma-separated or repeated.")] = None,
-    ignore: Annotated[list[str] | None, typer.Option(
-        help="Do not report these codes or prefixes; comma-separated or repeated.")] = None,
-    fmt: Annotated[OutputFormat, typer.Option("--format", "-f", help="Output format.")] = OutputFormat.TABLE,
-    output: Annotated[str, typer.Option(
-        "--output", "-o", help="Write the report to FILE ('-' is stdout).")] = "-",
-    fail_on: Annotated[str, typer.Option(
-        help=f"Exit 1 when a finding is at or above this severity: {', '.join(FAIL_ON_CHOICES)}."
-    )] = "warning",
-    exit_zero: Annotated[bool, typer.Option(
-        "--exit-zero", help="Exit 0 even when there are findings.")] = False,
-    no_group: Annotated[bool, typer.Option(
-        "--no-group", help="One row per finding instance instead of one per problem.")] = False,
-    hints: Annotated[bool, typer.Option(
-        "--hints", help="Show the fix hint on every row, not once per rule.")] = False,
-    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for errors.")] = False,
+        "--arg", metavar="KEY=VALUE", help="Constructor argument KEY=VALUE for --model; repeatable.")] = None,
+    select: Select = None,
+    ignore: Ignore = None,
+    fmt: Format = OutputFormat.TABLE,
+    output: Output = "-",
+    fail_on: FailOn = "warning",
+    exit_zero: ExitZero = False,
+    no_group: NoGroup = False,
+    hints: Hints = False,
+    debug: Debug = False,
 ) -> None:
     """Check a checkpoint before a job loads it: saved devices, keys against a model, and safety.
 

@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from placecheck.cli.app import app
+from placecheck.cli.common import Debug, ExitZero, FailOn, Format, Hints, Ignore, NoGroup, Output, Select
 from placecheck.errors import PlacecheckError
 from placecheck.formats import OutputFormat
 from placecheck.output import OutputOptions, emit, fail, model_output_to_stderr
@@ -42,30 +43,24 @@ def run(
     script_args: Annotated[list[str] | None, typer.Argument(
         help="Arguments for the script, after --.", show_default=False)] = None,
     module: Annotated[str | None, typer.Option(
-        "-m", "--module", help="Run a module as `python -m MODULE` would, instead of a script.")] = None,
+        "-m", "--module", metavar="MODULE",
+        help="Run a module as `python -m MODULE` would, instead of a script.")] = None,
     steps: Annotated[int, typer.Option(
-        help="Stop after this many optimizer steps (0: run to the end).", min=0)] = 2,
-    gpus: Annotated[int, typer.Option(help="Number of simulated GPUs (torch.cuda.device_count()).",
+        metavar="N", help="Stop after this many optimizer steps (0: run to the end).", min=0)] = 2,
+    gpus: Annotated[int, typer.Option(metavar="N",
+        help="Number of simulated GPUs (torch.cuda.device_count()).",
                                       min=1)] = 1,
     timeout: Annotated[float | None, typer.Option(
-        help="Stop the script after this many seconds.", min=0)] = None,
-    select: Annotated[list[str] | None, typer.Option(
-        help="Report only these codes or prefixes (PC2, PC201, ALL); comma-separated or repeated.")] = None,
-    ignore: Annotated[list[str] | None, typer.Option(
-        help="Do not report these codes or prefixes; comma-separated or repeated.")] = None,
-    fmt: Annotated[OutputFormat, typer.Option("--format", "-f", help="Output format.")] = OutputFormat.TABLE,
-    output: Annotated[str, typer.Option(
-        "--output", "-o", help="Write the report to FILE ('-' is stdout).")] = "-",
-    fail_on: Annotated[str, typer.Option(
-        help=f"Exit 1 when a finding is at or above this severity: {', '.join(FAIL_ON_CHOICES)}."
-    )] = "warning",
-    exit_zero: Annotated[bool, typer.Option(
-        "--exit-zero", help="Exit 0 even when there are findings.")] = False,
-    no_group: Annotated[bool, typer.Option(
-        "--no-group", help="One row per finding instance instead of one per problem.")] = False,
-    hints: Annotated[bool, typer.Option(
-        "--hints", help="Show the fix hint on every row, not once per rule.")] = False,
-    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for errors.")] = False,
+        metavar="SECONDS", help="Stop the script after this many seconds.", min=0)] = None,
+    select: Select = None,
+    ignore: Ignore = None,
+    fmt: Format = OutputFormat.TABLE,
+    output: Output = "-",
+    fail_on: FailOn = "warning",
+    exit_zero: ExitZero = False,
+    no_group: NoGroup = False,
+    hints: Hints = False,
+    debug: Debug = False,
 ) -> None:
     from placecheck.errors import UsageError
 
