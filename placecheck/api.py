@@ -13,14 +13,14 @@ import copy
 import dataclasses
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import TYPE_CHECKING, Any, Union
 
 import torch
 import torch.nn as nn
 
 from placecheck import classify
 from placecheck.construct import construct, leftovers_to_default_device, move_from_meta, parse_init
-from placecheck.devices import normalize_device
+from placecheck.devices import KEEP, normalize_device
 from placecheck.engine import (
     Engine,
     EngineChoice,
@@ -32,10 +32,14 @@ from placecheck.engine import (
 from placecheck.errors import LoadError, UsageError, one_line
 from placecheck.finding import Finding, Severity
 from placecheck.options import AuditOptions, ExampleInputs, split_codes
-from placecheck.report import Report
+from placecheck.report import DeviceMap, Report
 from placecheck.rules import in_library, rule, selected, stray_handled_by_forward
 from placecheck.sources import library_of_class, treat_as_user_code, user_line
 from placecheck.walk import Snapshot, WalkResult, reachable_tensors, walk
+
+if TYPE_CHECKING:
+    from placecheck.events import Copy
+    from placecheck.placement.expected import Placement
 
 ModelOrFactory = Union[nn.Module, Callable[[], nn.Module]]
 
@@ -202,7 +206,10 @@ def audit(
 
 def _audit(model: ModelOrFactory, opts: AuditOptions) -> Report:
     """:func:`audit` with its options in one object."""
-    dev = normalize_device(opts.device)
+    dev = normalize_device(opts.device, keep=True)
+    keep = dev == KEEP
+    if keep:
+        opts.check_keep()
     try:
         choice = EngineChoice(opts.engine)
     except ValueError:
@@ -213,7 +220,12 @@ def _audit(model: ModelOrFactory, opts: AuditOptions) -> Report:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     init_choice = parse_init(opts.init)
-    eng = choose_engine(dev, choice, opts.gpus, train=opts.train and opts.forward)
+    if keep:  # the model places itself on the simulated GPUs: the engine simulates them all
+        from placecheck.placement import DEFAULT_GPUS
+
+        eng = choose_engine("cuda:0", choice, opts.gpus or DEFAULT_GPUS, train=opts.train and opts.forward)
+    else:
+        eng = choose_engine(dev, choice, opts.gpus, train=opts.train and opts.forward)
     name = opts.target or (type(model).__name__ if isinstance(model, nn.Module) else
                            getattr(model, "__name__", "model"))
 
@@ -221,13 +233,13 @@ def _audit(model: ModelOrFactory, opts: AuditOptions) -> Report:
         raise UsageError("the real-valued engine (--engine tagged, or --train) needs the weights in "
                          "memory: use --init cpu")
     run_forward = opts.forward and any(rule(c).phase == "forward" for c in codes)
-    options = _Options(model, dev, _init_for(eng, init_choice), opts.copy_model,
+    options = _Options(model, dev, _init_for(eng, init_choice, keep), opts.copy_model,
                        opts.checkpoint, opts.checkpoint_key, opts.trust, str(name), opts.inputs,
-                       opts.example_inputs, run_forward, opts.train, opts.library_findings)
+                       opts.example_inputs, run_forward, opts.train, opts.library_findings, gpus=opts.gpus)
     attempt = _attempt(eng, options)
     if attempt.fallback and choice is EngineChoice.AUTO and attempt.fits_in_memory:
         eng = fallback_engine(eng, attempt.fallback)
-        attempt = _attempt(eng, dataclasses.replace(options, init=_init_for(eng, init_choice)))
+        attempt = _attempt(eng, dataclasses.replace(options, init=_init_for(eng, init_choice, keep)))
     elif attempt.fallback:
         instead = ("the real-valued engine needs the weights in memory, and this model does not fit"
                    if choice is EngineChoice.AUTO else "use --engine tagged (or auto) to run it")
@@ -237,12 +249,13 @@ def _audit(model: ModelOrFactory, opts: AuditOptions) -> Report:
     findings = [f for f in attempt.findings if f.code in codes]
     notes = [f"engine: {eng.name}: {eng.reason}", *attempt.notes]
     return Report.build(str(name), dev, eng.name, findings, notes, attempt.stats,
-                        incomplete=attempt.incomplete)
+                        incomplete=attempt.incomplete, device_map=attempt.device_map)
 
 
-def _init_for(eng: Engine, init: Any) -> Any:
-    """The real-valued engine computes with the weights: it always builds them on the CPU."""
-    return parse_init("cpu") if eng.real_values else init
+def _init_for(eng: Engine, init: Any, keep: bool = False) -> Any:
+    """The real-valued engine computes with the weights: it always builds them on the CPU. So does
+    ``--device keep``: the model's code places its own tensors (a meta build would place nothing)."""
+    return parse_init("cpu") if eng.real_values or keep else init
 
 
 @dataclass(frozen=True)
@@ -262,6 +275,13 @@ class _Options:
     forward: bool
     train: bool
     library_findings: bool = False
+    gpus: int | None = None
+    """``--gpus`` as given (None: not given)."""
+
+    @property
+    def keep(self) -> bool:
+        """``--device keep``: audit the model as its own code placed it, no ``.to()``."""
+        return self.device == KEEP
 
 
 @dataclass
@@ -276,6 +296,8 @@ class _Attempt:
     on_meta: bool = False
     fits_in_memory: bool = True
     """The weights fit in this machine's memory (always true for a CPU build)."""
+    device_map: DeviceMap | None = None
+    """``--device keep``: the stages' devices and bytes, and the copies between devices of the forward."""
 
 
 def _attempt(eng: Engine, opts: _Options) -> _Attempt:
@@ -291,6 +313,8 @@ def _attempt(eng: Engine, opts: _Options) -> _Attempt:
         attempt.fits_in_memory = state_nbytes(built) <= COMFORTABLE_FRACTION * available_memory()
     if eng.real_values and not isinstance(opts.model, nn.Module):
         attempt.notes.append("init: cpu (the real-valued engine computes with the weights)")
+    elif opts.keep and not isinstance(opts.model, nn.Module):
+        attempt.notes.append("init: cpu (--device keep: the model's code places its own tensors)")
     elif construction.note:
         attempt.notes.append(construction.note)
     checkpoint_findings: tuple[Finding, ...] = ()
@@ -313,31 +337,77 @@ def _attempt(eng: Engine, opts: _Options) -> _Attempt:
         if _materialise_lazy(built, inputs, "meta" if construction.on_meta else "cpu"):
             attempt.notes.append("forward: nn.Lazy* parameters materialised by one forward before .to() "
                                  "(they follow .to() either way)")
+    if not opts.keep:
+        _note_collapsed(built, dev, attempt)
     with eng.session() if eng.simulated else contextlib.nullcontext():
         snapshot = Snapshot.take(built)
-        try:
-            moved = move_from_meta(built, eng) if construction.on_meta else move_model(built, eng)
-        except Exception as exc:
-            raise LoadError(f"model.to({dev!r}) raised {one_line(exc)} "
-                            "(--debug shows the traceback)") from exc
+        placement = _placement(built, eng, opts, attempt) if opts.keep else None
+        if placement is not None:
+            moved = built  # --device keep: no .to(); audited as its code placed it
+        else:
+            try:
+                moved = move_from_meta(built, eng) if construction.on_meta else move_model(built, eng)
+            except Exception as exc:
+                raise LoadError(f"model.to({dev!r}) raised {one_line(exc)} "
+                                "(--debug shows the traceback)") from exc
         if construction.on_meta:
             leftovers_to_default_device(moved, snapshot, default_device)
-        result = walk(moved, dev, snapshot, construction.assignments)
+        target = placement.expected("").primary or "cpu" if placement is not None else dev
+        result = walk(moved, target, snapshot, construction.assignments, placement)
         attempt.notes.extend(result.notes)
         forward_findings: list[Finding] = []
         walk_findings = result.findings
         if inputs is not None:
             inferred = not opts.inputs and opts.example_inputs is None
             traced = _forward(moved, eng, result, snapshot, inputs, opts.train, opts.library_findings,
-                              inferred)
+                              inferred, placement)
             forward_findings, attempt.fallback = traced.findings, traced.fallback
             attempt.incomplete = traced.stopped
             attempt.notes.extend(traced.notes)
-            walk_findings = [_handled_by_forward(f, traced.handled.get(f.where), dev, moved)
+            walk_findings = [_handled_by_forward(f, traced.handled.get(f.where), f.expected or target, moved)
                              if f.code == "PC101" else f for f in walk_findings]
+        if placement is not None:
+            from placecheck.placement.devicemap import device_map
+
+            attempt.device_map = device_map(moved, traced.copies if inputs is not None else ())
     attempt.findings = [*walk_findings, *checkpoint_findings, *forward_findings]
     attempt.stats = result.stats
     return attempt
+
+
+def _note_collapsed(model: nn.Module, target: str, attempt: _Attempt) -> None:
+    """A model whose own code placed its tensors on several GPUs is about to be moved to one: say so,
+    since the move hides every mismatch between its stages (``--device keep`` audits them as placed)."""
+    from placecheck.placement.placed import devices_used
+
+    gpus = [d for d in devices_used(model) if d.startswith("cuda")]
+    if len(gpus) > 1:
+        attempt.notes.append(f"placement: the model's code put its tensors on {', '.join(gpus)}; "
+                             f".to({target!r}) moves them all to one device, which hides mismatches "
+                             "between its stages: audit with --device keep to check them as placed")
+
+
+def _placement(model: nn.Module, eng: Engine, opts: _Options, attempt: _Attempt) -> Placement:
+    """``--device keep``: the devices the model's code used (checked against ``--gpus``) and each module's
+    expected device; the report's notes say what was found."""
+    from placecheck.placement import DEFAULT_GPUS
+    from placecheck.placement.expected import Placement
+    from placecheck.placement.placed import devices_used, highest_gpu
+
+    used = devices_used(model)
+    highest = highest_gpu(used)
+    if opts.gpus is not None and highest >= opts.gpus:
+        raise UsageError(f"--device keep: the model places tensors on cuda:{highest}, but --gpus {opts.gpus} "
+                         f"simulates cuda:0 to cuda:{opts.gpus - 1}: use --gpus {highest + 1} (or more)")
+    if not eng.simulated:
+        count = "real GPUs"
+    elif opts.gpus is not None:
+        count = f"torch.cuda.device_count() answered {opts.gpus} (--gpus)"
+    else:
+        count = f"torch.cuda.device_count() answered {DEFAULT_GPUS} (no --gpus)"
+    attempt.notes.append(f"placement: kept as the model's code placed it, no .to(): its tensors are on "
+                         f"{', '.join(used) or 'no device'}; {count}")
+    return Placement(model)
 
 
 def _handled_by_forward(finding: Finding, how: str | None, target: str, model: nn.Module) -> Finding:
@@ -404,11 +474,14 @@ class _ForwardResult:
     (:attr:`placecheck.provenance.StrayVerdict.how`)."""
     stopped: str = ""
     """Where and why the forward stopped at a limit of the simulation ("" when it did not)."""
+    copies: list[Copy] = field(default_factory=list)
+    """``--device keep``: every copy between devices the forward made."""
 
 
 def _forward(model: nn.Module, eng: Engine, result: WalkResult, snapshot: Snapshot,
              inputs: tuple[tuple[Any, ...], dict[str, Any], str], train: bool,
-             library_findings: bool, inferred: bool = False) -> _ForwardResult:
+             library_findings: bool, inferred: bool = False, placement: Placement | None = None,
+             ) -> _ForwardResult:
     """The traced forward pass, then the walk again: what the forward replaced or handled.
 
     ``inferred``: placecheck guessed the input. A forward that then raises anything but a
@@ -419,10 +492,17 @@ def _forward(model: nn.Module, eng: Engine, result: WalkResult, snapshot: Snapsh
     from placecheck.trace import Tracer
 
     dev = eng.device
-    tracer = Tracer(model, dev, result, move=lambda t: move_inputs(t, dev))
+    notes: list[str] = []
+    if placement is not None:  # --device keep: the inputs go where the model's first layer is
+        from placecheck.placement.placed import input_device
+
+        dev, how = input_device(model, inputs[0], inputs[1], placement)
+        notes.append(f"forward: inputs on {dev} ({how})")
+    # with --device keep a repaired mismatch moves the tensor to the device of the module running
+    tracer = Tracer(model, dev, result, move=lambda t: move_inputs(t, tracer.target_name),
+                    placement=placement)
     args, kwargs = move_inputs(inputs[0], dev), move_inputs(inputs[1], dev)
     why = limit = ""
-    notes: list[str] = []
     try:
         with _quiet_fake_tensor_log():
             tracer.run(args, kwargs, train=train)
@@ -440,11 +520,12 @@ def _forward(model: nn.Module, eng: Engine, result: WalkResult, snapshot: Snapsh
         elif not why:  # else keep what the forward found before fake tensors stopped
             tracer.record_error(exc)
     findings = tracer.findings(library_findings)
-    handled = ({v.path: v.how for v in tracer.stray_verdicts(walk(model, dev, snapshot))}
+    handled = ({v.path: v.how for v in tracer.stray_verdicts(walk(model, dev, snapshot, placement=placement))}
                if tracer.strays and not why else {})
     from placecheck.datadep import assumption_notes  # what the fake engine assumed to run data-dependent ops
 
-    return _ForwardResult(findings, why, [*notes, *tracer.notes(), *assumption_notes()], handled, limit)
+    return _ForwardResult(findings, why, [*notes, *tracer.notes(), *assumption_notes()], handled, limit,
+                          tracer.flows.copies if tracer.flows is not None else [])
 
 
 @contextlib.contextmanager

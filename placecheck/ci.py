@@ -107,7 +107,7 @@ def _check_overrides(ctx: typer.Context, overrides: dict[str, Any]) -> None:
 
     for key, value in overrides.items():
         if key == "device":
-            normalize_device(value)  # its own one-line UsageError names the device and the choices
+            normalize_device(value, keep=True)  # its own one-line UsageError names the device and the choices
         elif key in ("select", "ignore"):
             try:
                 expand(value)

@@ -167,7 +167,7 @@ def _is_device(v: Any) -> str | None:
     if not isinstance(v, str):
         return "a device string such as \"cuda\""
     try:
-        normalize_device(v)
+        normalize_device(v, keep=True)
     except UsageError as exc:
         return str(exc).removeprefix("unknown device ").split(": ", 1)[-1]
     return None

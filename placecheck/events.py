@@ -25,6 +25,11 @@ class Mismatch:
     provenance: Provenance
     dtype: str
     shape: tuple[int, ...] | None
+    expected: str = ""
+    """The device the op ran for (the target; with ``--device keep``, its module's device)."""
+    stages: tuple[str, str] | None = None
+    """``--device keep``: (the stage whose forward produced the offending tensor, the module whose
+    forward received it); ``""`` names the root or the forward's inputs."""
 
 
 @dataclass
@@ -46,6 +51,8 @@ class ImplicitTransfer:
     provenance: Provenance
     dtype: str
     shape: tuple[int, ...] | None
+    expected: str = ""
+    """The device the op ran for (the target; with ``--device keep``, its module's device)."""
 
 
 @dataclass
@@ -60,6 +67,8 @@ class Registration:
     site: Site
     on_target: bool = False
     """Built on the target (``device=x.device``): placed right, still unknown to an earlier optimizer."""
+    expected: str = ""
+    """The device it belonged on (the target; with ``--device keep``, its module's device)."""
 
 
 @dataclass
@@ -73,6 +82,8 @@ class OutputOffDevice:
     provenance: Provenance
     host_sync: HostSync | None = None
     """The device-to-host copy (``.cpu()``) that made this output, when one did."""
+    expected: str = ""
+    """Where the output belonged (the target; with ``--device keep``, the devices the model uses)."""
 
 
 @dataclass
@@ -88,6 +99,32 @@ class ForwardError:
 
 
 @dataclass
+class Copy:
+    """A copy of a tensor between two devices in forward (``--device keep``'s cross-device traffic).
+
+    Not a finding by itself: copies between stages are how a model-parallel
+    forward works. It is a PC208 when ``weights`` (a registered parameter or
+    buffer copied on every call) or ``ping_pong`` (the tensor went back to a
+    device its data had left, and was computed on there again) is set.
+    """
+
+    src: str
+    dst: str
+    nbytes: int
+    site: Site
+    from_stage: str
+    """The stage whose forward produced the copied tensor ("" for the root or the inputs)."""
+    to_stage: str = ""
+    """The stage whose forward first used the copy ("" while none has: the root, or the output)."""
+    route: tuple[str, ...] = ()
+    """The devices the tensor's data went through up to this copy, its destination last."""
+    weights: str = ""
+    """The path of the registered parameter or buffer this copy moves, when it moves one."""
+    ping_pong: bool = False
+    """The copy brought data back to a device it had left, and a stage computed on it there again."""
+
+
+@dataclass
 class GradOffDevice:
     """A parameter whose gradient the backward left off the target (PC201)."""
 
@@ -96,4 +133,4 @@ class GradOffDevice:
 
 
 Event = typing.Union[Creation, Mismatch, HostSync, ImplicitTransfer, Registration, OutputOffDevice,
-                     ForwardError, GradOffDevice]
+                     ForwardError, GradOffDevice, Copy]

@@ -20,6 +20,7 @@ from typing import Any
 
 from placecheck import rules
 from placecheck.events import (
+    Copy,
     Event,
     ForwardError,
     GradOffDevice,
@@ -112,6 +113,10 @@ def _came_from(prov: Provenance) -> str:
 
 def _finding(event: Event, target: str, lazy_lines: set[str],
              returned: dict[int, OutputOffDevice]) -> Finding | None:
+    # with --device keep each event carries the device of the module whose forward ran it
+    target = getattr(event, "expected", "") or target
+    if isinstance(event, Copy):
+        return _copy(event) if event.weights or event.ping_pong else None
     if isinstance(event, Mismatch):
         return _mismatch(event, target)
     if isinstance(event, Creation):
@@ -177,13 +182,31 @@ def _creation(event: Creation, target: str) -> Finding:
                  details=(("op", event.op),))
 
 
+def _copy(event: Copy) -> Finding:
+    """PC208: weights copied on every call, or data sent back and forth between two devices."""
+    boundary = f"{event.from_stage or '(root)'} -> {event.to_stage or '(root)'}"
+    message, hint = rules.ping_pong(event.src, event.dst, event.nbytes, boundary, weights=event.weights,
+                                    route=event.route)
+    details = [("boundary", boundary), ("route", " -> ".join(event.route or (event.src, event.dst)))]
+    if event.weights:
+        details.append(("weights", event.weights))
+    return _make("PC208", event.site, None, device=event.src, expected=event.dst, nbytes=event.nbytes,
+                 origin=event.weights or event.site.source, message=message, hint=hint,
+                 details=tuple(details))
+
+
 def _mismatch(event: Mismatch, target: str) -> Finding:
     prov = event.provenance
+    from_stage, to_module = event.stages if event.stages is not None else ("", "")
     message, hint = rules.device_mismatch(
         event.op, event.devices, event.device, _tensor(event.dtype, event.shape), _came_from(prov),
         created_on=event.device if prov.creation else "", lazy=prov.lazy,
-        linked_hint=prov.linked.hint if prov.linked else "", attribute=prov.path)
+        linked_hint=prov.linked.hint if prov.linked else "", attribute=prov.path,
+        stages=(from_stage, to_module, target) if event.stages is not None else None)
     details = [("op", event.op), ("devices", ", ".join(event.devices))]
+    if event.stages is not None:
+        details.append(("stages", f"{from_stage or '(input)'} ({event.device}) -> {to_module or '(root)'} "
+                                  f"({target})"))
     origins = prov.origins()
     if len(origins) > 1:
         details.append(("origins", ", ".join(origins)))

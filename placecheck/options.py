@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from placecheck.devices import KEEP
 from placecheck.errors import UsageError
 
 
@@ -77,11 +78,13 @@ class AuditOptions:
     """How to audit one model. Every field has the default ``placecheck audit`` has."""
 
     device: str = "cuda"
-    """Target device: ``cuda``, ``cuda:N``, ``cpu``, ``mps`` or ``meta`` (``--device``)."""
+    """Target device: ``cuda``, ``cuda:N``, ``cpu``, ``mps`` or ``meta`` (``--device``); or ``keep``: no
+    ``.to()``, the model audited as its own code places it (:mod:`placecheck.placement`)."""
     engine: str = "auto"
     """One of :data:`ENGINE_CHOICES` (``--engine``)."""
     gpus: int | None = None
-    """Simulated GPUs (``--gpus``); None: enough for the device's index."""
+    """Simulated GPUs (``--gpus``); None: enough for the device's index (with ``keep``: 8, and the model
+    may use any of them)."""
     init: str = "auto"
     """Where a factory builds the model, one of :data:`INIT_CHOICES` (``--init``)."""
     select: tuple[str, ...] = ()
@@ -137,7 +140,7 @@ class AuditOptions:
         from placecheck.devices import normalize_device
         from placecheck.rules import expand
 
-        normalize_device(self.device)
+        device = normalize_device(self.device, keep=True)
         if self.engine not in ENGINE_CHOICES:
             raise UsageError(f"unknown engine {self.engine!r}: use one of {', '.join(ENGINE_CHOICES)}")
         if self.init not in INIT_CHOICES:
@@ -152,6 +155,18 @@ class AuditOptions:
                 raise UsageError(str(exc)) from None
         if self.inputs and self.example_inputs is not None:
             raise UsageError("--input and --example-inputs cannot be combined: pass one of them")
+        if device == KEEP:
+            self.check_keep()
+
+    def check_keep(self) -> None:
+        """``--device keep`` audits the placement the model's code makes: options that move the model,
+        or load a checkpoint onto one target device, make no sense with it."""
+        if self.init == InitChoice.META.value:
+            raise UsageError("--device keep builds the model as its code places it, on the CPU and the "
+                             "simulated GPUs: use --init cpu (or auto) with it, not --init meta")
+        if self.checkpoint is not None:
+            raise UsageError("--device keep cannot load --checkpoint: a checkpoint is loaded onto one "
+                             "target device; audit it with `placecheck checkpoint`, or with --device cuda")
 
     def to_dict(self) -> dict[str, Any]:
         """The options as JSON-ready values, for a child process; :meth:`from_dict` reverses it."""

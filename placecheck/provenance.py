@@ -44,6 +44,9 @@ class Creation:
     merged: list[Creation] = dataclasses.field(default_factory=list)
     """Other creations whose tensors were combined with this one's (``torch.meshgrid(a, b)``):
     what happens to the combination happens to them too."""
+    expected: str = ""
+    """The device the forward that created it ran for (the target; with ``--device keep``, its
+    module's device)."""
 
     def mark(self, attr: str, seen: set[int] | None = None, at: Site | None = None, to: str = "") -> None:
         """Set ``moved`` or ``fed_mismatch`` here and on every creation merged into this one."""

@@ -19,6 +19,139 @@ EXIT_USAGE = 2
 
 
 @dataclass(frozen=True)
+class StageRow:
+    """One row of a device map: a top-level stage of the model (a child of the root) and where its
+    registered state lives."""
+
+    path: str
+    """The stage's module path (``s1``, ``encoder``); ``""`` for state the root module holds itself."""
+    devices: tuple[str, ...]
+    """Every device its parameters and buffers are on, sorted (``cpu`` and ``disk`` for offloaded state)."""
+    nbytes: int
+    """Bytes of its parameters and buffers, each tensor counted once."""
+    by_device: tuple[tuple[str, int], ...] = ()
+    """Those bytes per device, when the stage spans more than one."""
+    note: str = ""
+    """A remark for the row (``offloaded: weights copied on every forward``); empty when none."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "devices": list(self.devices), "bytes": self.nbytes,
+                "by_device": dict(self.by_device), "note": self.note}
+
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> StageRow:
+        return StageRow(str(data["path"]), tuple(data["devices"]), int(data["bytes"]),
+                        tuple((str(k), int(v)) for k, v in dict(data.get("by_device", {})).items()),
+                        str(data.get("note", "")))
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """A copy of a tensor between two devices during one forward (cross-device traffic).
+
+    Explicit copies between stages (``x.to("cuda:1")``) are how a model-parallel
+    forward works: listed here, not findings. Identical copies (same devices, line
+    and boundary) are one row with their ``count``.
+    """
+
+    src: str
+    """The device copied from (``cuda:0``)."""
+    dst: str
+    """The device copied to (``cuda:1``)."""
+    nbytes: int
+    """Bytes of one copy."""
+    source: str
+    """``file:line`` of the user's code that made the copy ("" when unknown)."""
+    from_stage: str
+    """The stage (top-level module path) whose forward produced the copied tensor; ``""`` for the root
+    or the forward's inputs."""
+    to_stage: str
+    """The stage whose forward consumed the copy first; ``""`` for the root (or returned by forward)."""
+    count: int = 1
+
+    @property
+    def boundary(self) -> str:
+        """``s1 -> s2``: the module boundary the copy crosses (``(root)`` for the root or the input)."""
+        return f"{self.from_stage or '(root)'} -> {self.to_stage or '(root)'}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"src": self.src, "dst": self.dst, "bytes": self.nbytes, "source": self.source,
+                "from_stage": self.from_stage, "to_stage": self.to_stage, "boundary": self.boundary,
+                "count": self.count}
+
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> Transfer:
+        return Transfer(str(data["src"]), str(data["dst"]), int(data["bytes"]), str(data.get("source", "")),
+                        str(data.get("from_stage", "")), str(data.get("to_stage", "")),
+                        int(data.get("count", 1)))
+
+
+@dataclass(frozen=True)
+class DeviceMap:
+    """Where a model placed across devices keeps its state, and what one forward copied between them.
+
+    Filled by ``--device keep`` (the model's own placement, :mod:`placecheck.placement`), and meant for any
+    audit that places a model on several devices (a device map computed by accelerate): ``budgets`` then
+    holds each device's memory budget, and ``StageRow.note`` marks offloaded stages.
+    """
+
+    stages: tuple[StageRow, ...] = ()
+    transfers: tuple[Transfer, ...] = ()
+    budgets: tuple[tuple[str, int], ...] = ()
+    """Device -> bytes it may hold (``--gpu-memory``); empty when no budget was given."""
+
+    def bytes_per_device(self) -> dict[str, int]:
+        """Bytes of parameters and buffers per device, over every stage, devices sorted."""
+        total: dict[str, int] = {}
+        for row in self.stages:
+            for device, nbytes in (row.by_device or ((row.devices[0], row.nbytes),) if row.devices else ()):
+                total[device] = total.get(device, 0) + nbytes
+        return dict(sorted(total.items(), key=lambda kv: _device_order(kv[0])))
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"stages": [...], "bytes_per_device": {...}, "budgets": {...}}`` (the transfers go beside it)."""
+        return {"stages": [r.to_dict() for r in self.stages], "bytes_per_device": self.bytes_per_device(),
+                "budgets": dict(self.budgets)}
+
+    @staticmethod
+    def from_dict(data: dict[str, Any], transfers: list[dict[str, Any]] | None = None) -> DeviceMap:
+        return DeviceMap(tuple(StageRow.from_dict(r) for r in data.get("stages", ())),
+                         tuple(Transfer.from_dict(t) for t in transfers or ()),
+                         tuple((str(k), int(v)) for k, v in dict(data.get("budgets", {})).items()))
+
+    def lines(self) -> list[str]:
+        """The short text section a table shows after the findings: one line per stage, then per copy."""
+        out = ["device map (parameters and buffers per top-level stage):"]
+        width = max([len(r.path or "(root)") for r in self.stages] + [5])
+        for row in self.stages:
+            where = ", ".join(f"{d} {human_bytes(n)}" for d, n in row.by_device) if row.by_device \
+                else ", ".join(row.devices) or "no state"
+            out.append(f"  {row.path or '(root)':<{width}}  {where:<16} {human_bytes(row.nbytes):>10}"
+                       + (f"  ({row.note})" if row.note else ""))
+        budgets = dict(self.budgets)
+        per_device = self.bytes_per_device()
+        if len(per_device) > 1 or budgets:
+            out.append("  total: " + ", ".join(
+                f"{d} {human_bytes(n)}" + (f" of {human_bytes(budgets[d])}" if d in budgets else "")
+                for d, n in per_device.items()))
+        if self.transfers:
+            out.append("cross-device copies in one forward:")
+            for t in self.transfers:
+                times = f" x{t.count}" if t.count > 1 else ""
+                out.append(f"  {t.src} -> {t.dst}  {human_bytes(t.nbytes)}{times}  {t.boundary}"
+                           + (f"  {t.source}" if t.source else ""))
+        else:
+            out.append("cross-device copies in one forward: none")
+        return out
+
+
+def _device_order(device: str) -> tuple[int, str, int]:
+    """cuda:0 < cuda:1 < cuda:10 < cpu < disk: GPUs by index, then the rest by name."""
+    kind, _, index = device.partition(":")
+    return (0 if index.isdigit() else 1, kind, int(index) if index.isdigit() else 0)
+
+
+@dataclass(frozen=True)
 class Report:
     """What one audit found.
 
@@ -42,12 +175,15 @@ class Report:
     incomplete: str = ""
     """Why the forward pass was not checked to its end (a limit of the simulation), "" when it was:
     "no placement problems" then covers only the part that ran, and the summary says so."""
+    device_map: DeviceMap | None = None
+    """Where a model placed across devices keeps its state and what its forward copied between them
+    (``--device keep``); None for an audit that moved the model to one device."""
 
     @staticmethod
     def build(
         target: str, device: str, engine: str, findings: Iterable[Finding],
         notes: Iterable[str] = (), stats: dict[str, int] | None = None, incomplete: str = "",
-        group: bool = False,
+        group: bool = False, device_map: DeviceMap | None = None,
     ) -> Report:
         """Make a report with findings in their canonical order.
 
@@ -60,7 +196,17 @@ class Report:
             target=target, device=device, engine=engine,
             findings=tuple(ordered),
             notes=tuple(notes), stats=tuple((stats or {}).items()), incomplete=incomplete,
+            device_map=device_map,
         )
+
+    @property
+    def device_label(self) -> str:
+        """Where the model was audited, for a reader: the device, or for ``--device keep`` the devices
+        of its own placement (``cuda:0, cuda:1, as placed``)."""
+        if self.device != "keep":
+            return self.device
+        devices = list(self.device_map.bytes_per_device()) if self.device_map is not None else []
+        return f"{', '.join(devices)}, as placed" if devices else "its own placement"
 
     def grouped(self) -> Report:
         """This report with its findings grouped into problems (the same report when they already are)."""
@@ -111,7 +257,7 @@ class Report:
         """
         n = len(self.findings)
         if n == 0:
-            line = f"no placement problems found on {self.device} ({self.engine})"
+            line = f"no placement problems found on {self.device_label} ({self.engine})"
         else:
             mods = len(self.modules())
             parts = [plural(v, k) for k, v in self.counts().items() if v]
@@ -120,7 +266,8 @@ class Report:
             line = f"{plural(n, 'problem')}{grouped} in {plural(mods, 'module')}: {', '.join(parts)}"
             off = self.bytes_off_device()
             if off:
-                line += f"; {human_bytes(off)} not on {self.device}"
+                line += f"; {human_bytes(off)} not on " + (
+                    "the device of their module" if self.device == "keep" else self.device)
         if self.incomplete:
             line += "; the forward pass stopped before its end, the rest is unchecked (see the notes)"
         return line

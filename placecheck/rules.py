@@ -72,11 +72,15 @@ class Net(nn.Module):
 
 def stray_tensor(path: str, attr: str, tensor: str, device: str, target: str, *, stale_buffer: str = "",
                  scalar_dtype: str = "", class_level: bool = False, container: str = "",
-                 helper: str = "") -> tuple[str, str]:
+                 helper: str = "", module: str | None = None) -> tuple[str, str]:
     """PC101: ``tensor`` (``float32[4, 4]``) at ``path``, the attribute ``attr`` of its module, is on
     ``device``. It is a reference to the buffer ``stale_buffer`` as it was before ``.to()``; or a 0-dim
     tensor of ``scalar_dtype``; or defined in the class body (``class_level``); or held in a plain
-    ``container`` (``dict``) or a ``helper`` object (its class); else a plain attribute."""
+    ``container`` (``dict``) or a ``helper`` object (its class); else a plain attribute. ``module``
+    (``--device keep``: the model placed itself, nothing moved it) is the path of the module holding
+    it, whose device is ``target``."""
+    if module is not None and not stale_buffer and not scalar_dtype:
+        return placed_stray(path, tensor, device, target, module)
     if stale_buffer:
         return (f"{path!r} holds buffer {stale_buffer!r} as it was before .to(): .to() replaced the buffer "
                 f"with a moved copy, this reference still points at the old one on {device}",
@@ -189,9 +193,29 @@ Do not override _apply()/to(); or call super()._apply(fn, recurse) first.
 """)
 
 
-def param_off_device(name: str, device: str, target: str) -> tuple[str, str]:
-    """PC104: the registered parameter ``name`` (dotted, from the root) is on ``device`` after the move."""
+def param_off_device(name: str, device: str, target: str, module: str | None = None) -> tuple[str, str]:
+    """PC104: the registered parameter ``name`` (dotted, from the root) is on ``device`` after the move;
+    or, with ``module`` (``--device keep``), while the rest of that module's state is on ``target``."""
+    if module is not None:
+        return _registered_apart("parameter", name, device, target, module)
     return _registered_off_device("parameter", name, device, target)
+
+
+def placed_stray(path: str, tensor: str, device: str, target: str, module: str) -> tuple[str, str]:
+    """PC101 under ``--device keep``: ``tensor`` at ``path`` is on ``device`` while ``module`` (the module
+    holding it) computes on ``target``."""
+    return (f"{tensor} at {path!r} is on {device}, but its module {module or '(root)'!r} is on {target}: the "
+            "first op mixing it with that module's tensors raises 'Expected all tensors to be on the same "
+            "device'",
+            f"create it on its module's device ({target}: device=<a parameter>.device), or register it with "
+            "register_buffer() before the module is moved to its stage, so that .to() takes it along")
+
+
+def _registered_apart(what: str, name: str, device: str, target: str, module: str) -> tuple[str, str]:
+    return (f"registered {what} {name!r} is on {device}, while the rest of its module {module or '(root)'!r} "
+            f"is on {target}",
+            f"move the whole module to its stage at once ({module or 'model'}.to({target!r})), or create "
+            "the replacement on the existing tensors' device")
 
 
 def _registered_off_device(what: str, name: str, device: str, target: str) -> tuple[str, str]:
@@ -211,8 +235,11 @@ model.pos.cache = torch.zeros(16, device=model.pos.cache.device)
 """)
 
 
-def buffer_off_device(name: str, device: str, target: str) -> tuple[str, str]:
-    """PC105: the registered buffer ``name`` (dotted, from the root) is on ``device`` after the move."""
+def buffer_off_device(name: str, device: str, target: str, module: str | None = None) -> tuple[str, str]:
+    """PC105: the registered buffer ``name`` (dotted, from the root) is on ``device`` after the move; or,
+    with ``module`` (``--device keep``), while the rest of that module's state is on ``target``."""
+    if module is not None:
+        return _registered_apart("buffer", name, device, target, module)
     return _registered_off_device("buffer", name, device, target)
 
 _rule("PC201", "device-mismatch", E, "forward", "an op mixed tensors on different devices", """
@@ -277,10 +304,21 @@ def landed_on(device: str) -> str:
 
 def device_mismatch(op: str, devices: Sequence[str], device: str, tensor: str, origin_text: str, *,
                     created_on: str = "", lazy: bool = False, linked_hint: str = "",
-                    attribute: str = "") -> tuple[str, str]:
+                    attribute: str = "", stages: tuple[str, str, str] | None = None) -> tuple[str, str]:
     """PC201: ``op`` mixed ``devices``; its ``tensor`` argument was on ``device``. The hint follows where
     that tensor came from: created in forward on ``created_on``, a lazily built layer, a walk finding
-    (its hint), or a plain ``attribute``."""
+    (its hint), or a plain ``attribute``. ``stages`` (``--device keep``) is (the stage that produced the
+    tensor, the module that received it, that module's device): the two sides of a model-parallel mix."""
+    if stages is not None and not (created_on or lazy or linked_hint or attribute):
+        produced_by, used_by, used_on = stages
+        side = f"stage {produced_by!r}" if produced_by else "the forward's input"
+        message = (f"{op} mixed {' and '.join(devices)}: its {tensor} argument comes from {side} on "
+                   f"{device}, and module {used_by or '(root)'!r} runs on {used_on}; on the GPUs this raises "
+                   "'Expected all tensors to be on the same device'")
+        stage = used_by.split(".", 1)[0]
+        where = f"where it enters stage {stage!r}" if stage else "before the call"
+        return message, (f"move the activation between the stages, {where}: h = h.to({used_on!r}) "
+                         "(or h.to(<a parameter of that stage>.device))")
     if created_on:
         hint = ("create it on the input's device: device=x.device (or torch.zeros_like / x.new_zeros); "
                 + landed_on(created_on))
@@ -298,6 +336,53 @@ def device_mismatch(op: str, devices: Sequence[str], device: str, tensor: str, o
     message = (f"{op} mixed {' and '.join(devices)}: its {tensor} argument is on {device}{origin_text}; "
                "on a GPU this raises 'Expected all tensors to be on the same device'")
     return message, hint
+
+
+_rule("PC208", "cross-device-ping-pong", W, "forward", "data copied back and forth between devices", """
+A model placed across GPUs copies activations from one stage to the next:
+that traffic is expected (placecheck audit --device keep lists it). Two kinds
+of copy are waste on every forward: a tensor sent back to a device its data
+already left and computed on there again (cuda:1 -> cuda:0 -> cuda:1: two
+trips over the interconnect where none was needed), and a registered
+parameter or buffer copied to another device inside forward (the weights
+cross the bus on every call instead of living where they are used). Put each
+module on the device of the stage that uses it, or move the small module to
+the activations rather than the activations to it.""", """
+def forward(self, x):                       # s1, s2 on cuda:0, norm on cuda:1
+    h = self.s1(x)
+    h = self.norm(h.to("cuda:1")).to("cuda:0")
+    return self.s2(h)
+""", """
+self.norm = nn.LayerNorm(64).to("cuda:0")   # where s1 and s2 are
+def forward(self, x):
+    return self.s2(self.norm(self.s1(x)))
+""")
+
+
+def ping_pong(src: str, dst: str, nbytes: int, boundary: str, *, weights: str = "",
+              route: Sequence[str] = ()) -> tuple[str, str]:
+    """PC208: a copy ``src`` -> ``dst`` of ``nbytes`` across ``boundary`` (``s1 -> s2``) moves the
+    registered tensor ``weights`` (every call), or sends data back along ``route`` (the devices it went
+    through, this copy's destination last)."""
+    size = _size(nbytes)
+    if weights:
+        return (f"registered tensor {weights!r} ({size}) is copied from {src} to {dst} on every forward "
+                f"({boundary}): its weights cross the interconnect each call",
+                f"place the module holding {weights!r} on {dst}, where it is used, instead of copying it")
+    trip = " -> ".join(route) if route else f"{src} -> {dst}"
+    return (f"{size} goes back and forth between devices ({trip}) and is computed on again on {dst} "
+            f"({boundary}): each trip is a copy over the interconnect on every forward",
+            f"put the module that runs on {src} on {dst} with its neighbours (or move it to the "
+            "activations' device), so the data crosses once")
+
+
+def _size(nbytes: int) -> str:
+    size = float(nbytes)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{int(size)} B" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{nbytes} B"
 
 
 def device_mismatch_untraced(phase: str, error: str) -> tuple[str, str]:

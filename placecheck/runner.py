@@ -37,7 +37,7 @@ from placecheck.devices import normalize_device
 from placecheck.errors import PlacecheckError, UsageError, one_line
 from placecheck.finding import Finding
 from placecheck.options import AuditOptions
-from placecheck.report import Report
+from placecheck.report import DeviceMap, Report
 from placecheck.rules import expand, rule
 
 INCOMPLETE = "PC901"
@@ -73,6 +73,8 @@ def report_from_dict(data: dict[str, Any]) -> Report:
         notes=tuple(data.get("notes", ())),
         stats=tuple((str(k), int(v)) for k, v in data.get("stats", {}).items()),
         incomplete=str(data.get("summary", {}).get("incomplete", "")),
+        device_map=DeviceMap.from_dict(data["device_map"], data.get("transfers"))
+        if "device_map" in data else None,
     )
 
 
@@ -139,7 +141,7 @@ def _incomplete(model: ModelConfig, reason: str, message: str, stderr: str = "")
     finding = Finding(code=r.code, kind=r.kind, severity=r.severity, where="", message=message,
                       hint=hints[reason], details=tuple(details))
     try:
-        device = normalize_device(model.options.device)
+        device = normalize_device(model.options.device, keep=True)
     except UsageError:
         device = model.options.device
     return Report.build(model.label, device, "not run", [finding])

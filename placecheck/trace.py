@@ -51,6 +51,8 @@ from placecheck.events import (
 )
 from placecheck.finding import Finding
 from placecheck.forward_checks import ForwardFindings, forward_findings
+from placecheck.placement.expected import Placement
+from placecheck.placement.flows import Flows
 from placecheck.provenance import Creation, Provenance, Provenances, StrayVerdict
 from placecheck.sources import NOWHERE, Attribution, Site, frames_of, module_being_built, treat_as_user_code
 from placecheck.walk import WalkResult, join
@@ -228,15 +230,26 @@ class Tracer:
     ``walk`` is the walk's result for the same model, so that a mismatch can
     name the attribute its tensor came from. ``move`` moves one tensor to the
     target on the current engine (the same function the inputs went through).
+
+    ``placement`` (``--device keep``: a model its own code placed across devices)
+    makes the target of each call the device of the module whose forward runs it
+    (:mod:`placecheck.placement`): :attr:`target` then changes from call to call,
+    and ``target`` is only the fallback (the model's first device). Copies between
+    devices are recorded (:class:`~placecheck.events.Copy`, :attr:`flows`), not
+    taken for tensors created off the target.
     """
 
     _MAX_RETRIES = 8
 
     def __init__(self, model: nn.Module, target: str, walk: WalkResult | None = None,
-                 move: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+                 move: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                 placement: Placement | None = None) -> None:
         self.model = model
         self.target = torch.device(target)
         self.target_name = target
+        self.placement = placement
+        self.flows: Flows | None = Flows(placement, model) if placement is not None else None
+        """``--device keep``: the module stack, each tensor's stage and the copies between devices."""
         self.events: list[Event] = []
         self.module_paths: dict[int, str] = {}
         for path, module in model.named_modules(remove_duplicate=False):
@@ -270,6 +283,8 @@ class Tracer:
 
         handles = [module_mod.register_module_module_registration_hook(self._on_module_registered),
                    module_mod.register_module_parameter_registration_hook(self._on_parameter_registered)]
+        if self.flows is not None:
+            handles += self.flows.hooks(self.module_paths)
         try:
             with _RecordingMode(self), _attention_fast_path_kept(self.target), self._host_factories_seen():
                 yield self
@@ -347,23 +362,43 @@ class Tracer:
             return
         for name, p in self.model.named_parameters():
             grad = p.grad
-            if grad is not None and grad.device != self.target:
+            if grad is not None and grad.device != (p.device if self.placement is not None else self.target):
                 self.events.append(GradOffDevice(name, str(grad.device)))
 
     def check_output(self, output: Any) -> None:
         """PC206: every tensor in the (nested) output must be on the target."""
+        expected = self.placement.expected("") if self.placement is not None else None
         for path, t in _output_tensors(output, "output"):
-            if t.device != self.target:
+            if (t.device != self.target) if expected is None else not expected.allows(str(t.device)):
                 prov = self.provenance(t)
                 self.prov.mark(prov, "met_device")
                 copied_at = prov.host_copy.source if prov.host_copy is not None else None
                 sync = next((e for e in self.events
                              if isinstance(e, HostSync) and e.site.source == copied_at), None)
-                self.events.append(OutputOffDevice(path, str(t.device), _dtype(t), _shape(t), prov, sync))
+                self.events.append(OutputOffDevice(path, str(t.device), _dtype(t), _shape(t), prov, sync,
+                                                   expected=expected.label if expected else ""))
 
     # -- per call ---------------------------------------------------------------------------------
     def on_call(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """One torch call: run it, recording what it does across devices."""
+        flows = self.flows
+        if flows is None or _is_passthrough(func):
+            return self._on_call(func, args, kwargs)
+        # --device keep: this call's target is the device of the module running it
+        tensors = list(classify.tensor_arguments(args, kwargs))
+        saved = self.target, self.target_name
+        self.target = flows.target(tensors, self.target)
+        self.target_name = str(self.target)
+        try:
+            out = self._on_call(func, args, kwargs)
+        finally:
+            self.target, self.target_name = saved
+        copied = flows.after_call(func, args, tensors, out, self._site)
+        if copied is not None:
+            self.events.append(copied)
+        return out
+
+    def _on_call(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         sync = _HOST_SYNCS.get(func)
         if sync is not None:
             waited_on = sync[1](args, kwargs)
@@ -386,6 +421,8 @@ class Tracer:
             out = self._repair(func, args, kwargs, off, exc)
             off = []
         if isinstance(out, torch.Tensor) and out.device != target:
+            if self.flows is not None and self.flows.between_devices(func, args, out):
+                return out  # a copy between devices: traffic (Flows), not a tensor created off the target
             self._off_target_result(func, args, off, out)
         elif off and isinstance(out, torch.Tensor):
             self._copied_to_device(func, off, out)
@@ -424,11 +461,13 @@ class Tracer:
             for _, t in offending:
                 prov = self.provenance(t)
                 self.prov.mark(prov, "fed_mismatch")
-                key = ("mismatch", site.source, prov.origin)
+                stages = self.flows.stages(t) if self.flows is not None else None
+                key = ("mismatch", site.source, prov.origin, stages)
                 if key not in self._recorded:
                     self._recorded.add(key)
                     self.events.append(Mismatch(op_name(func), tuple(devices), str(t.device), site, prov,
-                                                _dtype(t), _shape(t)))
+                                                _dtype(t), _shape(t), expected=self.target_name,
+                                                stages=stages))
                 moved[id(t)] = self._move(t)
             args, kwargs = _replace(args, moved), _replace(kwargs, moved)
             try:
@@ -475,7 +514,7 @@ class Tracer:
         site = self._site(frame)
         building = module_being_built(frame)
         op = f"{building}(...) built in forward" if building else op_name(func)
-        creation = Creation(op, str(out.device), site, _dtype(out), _shape(out))
+        creation = Creation(op, str(out.device), site, _dtype(out), _shape(out), expected=self.target_name)
         key = ("creation", site.source, op)
         if key not in self._recorded:
             self._recorded.add(key)
@@ -500,7 +539,7 @@ class Tracer:
                 if key not in self._recorded:
                     self._recorded.add(key)
                     self.events.append(ImplicitTransfer(op_name(func), scalar, site, prov,
-                                                        _dtype(t), _shape(t)))
+                                                        _dtype(t), _shape(t), expected=self.target_name))
 
     def stray_verdicts(self, after: WalkResult) -> list[StrayVerdict]:
         """The strays (PC101) the forward shows it handles, and how (``after``: the walk repeated after
@@ -533,7 +572,8 @@ class Tracer:
             return  # nothing to place or to train (nn.ReLU built in forward)
         device = ", ".join(sorted(str(d) for d in devices))
         self.events.append(Registration("module", path, type(submodule).__name__, device,
-                                        self._site(sys._getframe()), on_target=devices == {self.target}))
+                                        self._site(sys._getframe()), on_target=devices == {self.target},
+                                        expected=self.target_name))
 
     def _on_parameter_registered(self, module: nn.Module, name: str, param: nn.Parameter | None) -> None:
         owner = self.module_paths.get(id(module))
@@ -545,7 +585,8 @@ class Tracer:
         self.parameters.add(id(param))
         self.prov.add_lazy(param, path)
         self.events.append(Registration("parameter", path, "Parameter", str(param.device),
-                                        self._site(sys._getframe()), on_target=param.device == self.target))
+                                        self._site(sys._getframe()), on_target=param.device == self.target,
+                                        expected=self.target_name))
 
     # -- provenance and sites -------------------------------------------------------------------------
     def provenance(self, t: torch.Tensor) -> Provenance:

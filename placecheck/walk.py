@@ -28,6 +28,7 @@ import torch.nn as nn
 from placecheck import rules
 from placecheck.assignments import Assignments
 from placecheck.finding import Finding, Severity
+from placecheck.placement.expected import Placement
 from placecheck.report import human_bytes
 from placecheck.rules import rule
 from placecheck.state import MAX_DEPTH, MODULE_INTERNALS, Held, attributes, class_state, held
@@ -151,9 +152,12 @@ def _holder_name(path: str) -> str:
 
 class _Walker:
     def __init__(self, model: nn.Module, target: str, snapshot: Snapshot,
-                 assignments: Assignments | None = None) -> None:
+                 assignments: Assignments | None = None, placement: Placement | None = None) -> None:
         self.root = model
         self.target = target
+        self.placement = placement
+        """``--device keep``: each module's own expected device (:mod:`placecheck.placement`), not
+        ``target``."""
         self.snapshot = snapshot
         self.assignments = assignments or Assignments()
         self.registered: set[int] = set()
@@ -174,17 +178,28 @@ class _Walker:
         self.too_deep: list[str] = []
         """Paths where the walk stopped at MAX_DEPTH."""
 
+    def expected(self, owner: str) -> str:
+        """The device a tensor held by the module at ``owner`` should be on (a finding's ``expected``)."""
+        return self.placement.expected(owner).label if self.placement is not None else self.target
+
+    def on_device(self, device: str, owner: str) -> bool:
+        """A tensor on ``device`` held by the module at ``owner`` is where it belongs."""
+        if self.placement is not None:
+            return self.placement.expected(owner).allows(device)
+        return device == self.target
+
     # -- registered state ---------------------------------------------------------
     def registered_off_device(self, model: nn.Module) -> None:
         for code, items in (("PC104", model.named_parameters()), ("PC105", model.named_buffers())):
             for name, t in items:
                 dev = tensor_device(t)
-                if dev == self.target:
-                    continue
                 owner, _, attr = name.rpartition(".")
+                if self.on_device(dev, owner):
+                    continue
                 words = rules.param_off_device if code == "PC104" else rules.buffer_off_device
                 self.findings.append(self._finding(
-                    code, name, owner, t, *words(name, dev, self.target),
+                    code, name, owner, t, *words(name, dev, self.expected(owner),
+                                                 module=owner if self.placement is not None else None),
                     source=self.source(owner, model.get_submodule(owner), attr)))
 
     # -- unregistered state -------------------------------------------------------
@@ -239,8 +254,9 @@ class _Walker:
         stale = self.snapshot.buffers.get(key, "")
         is_param = isinstance(t, nn.Parameter)
         # a parameter in a plain container is missed by state_dict() and the optimizer on any device
-        if dev == self.target and not stale and not is_param:
+        if self.on_device(dev, owner) and not stale and not is_param:
             return
+        expected = self.expected(owner)
         desc = f"{_dtype(t)}{list(_shape(t) or [])}"
         container = outer.kind if outer and not outer.is_object else ""
         helper = outer.class_name if outer and outer.is_object else ""
@@ -248,7 +264,7 @@ class _Walker:
         if is_param and not stale:
             in_object = parent is not None and parent.is_object
             message, hint = rules.unregistered_parameter(
-                desc, attr, dev, self.target, container=container, helper=helper,
+                desc, attr, dev, expected, container=container, helper=helper,
                 object_class=parent.class_name if parent and in_object else "",
                 object_path=_holder_name(path) if in_object else "",
                 in_dict=parent is not None and parent.kind == "dict")
@@ -257,9 +273,10 @@ class _Walker:
             class_level = path in self.class_paths
             scalar = _shape(t) == () and dev == "cpu" and not class_level and not stale
             message, hint = rules.stray_tensor(
-                path, attr, desc, dev, self.target, stale_buffer=stale,
+                path, attr, desc, dev, expected, stale_buffer=stale,
                 scalar_dtype=_dtype(t) if scalar else "", class_level=class_level,
-                container=container, helper=helper)
+                container=container, helper=helper,
+                module=owner if self.placement is not None else None)
             code = "PC101"
             severity = Severity.WARNING if scalar else None
         finding = self._finding(code, path, owner, t, message, hint, source(), severity)
@@ -290,7 +307,7 @@ class _Walker:
             tensors.setdefault(tid, (join(path, tpath), t))
         # off the target, its tensors are a crash waiting; on it, state_dict() and the optimizer
         # still miss them: reported either way, counting the off-target ones when there are any
-        off = {tid for tid, (_, t) in tensors.items() if tensor_device(t) != self.target}
+        off = {tid for tid, (_, t) in tensors.items() if not self.on_device(tensor_device(t), owner)}
         reported = {tid: pt for tid, pt in tensors.items() if tid in off or not off}
         # a tensor also reachable elsewhere (a plain attribute of the model) is reported,
         # and counted in the summary's bytes, only where the walk met it first
@@ -311,14 +328,15 @@ class _Walker:
         devices = sorted({tensor_device(t) for _, t in reported.values()})
         in_object = parent is not None and parent.is_object
         message, hint = rules.unregistered_module(
-            type(m).__name__, path, len(counted), human_bytes(nbytes), devices, self.target,
+            type(m).__name__, path, len(counted), human_bytes(nbytes), devices, self.expected(owner),
             container=outer.kind if outer and not outer.is_object else "",
             object_class=parent.class_name if parent and in_object else "",
             object_path=_holder_name(path) if in_object else "",
             in_dict=parent is not None and parent.kind == "dict", reported_elsewhere=already)
         finding = Finding(
             code="PC102", kind=rule("PC102").kind, severity=rule("PC102").severity,
-            where=path, module=owner, source=source(), device=", ".join(devices), expected=self.target,
+            where=path, module=owner, source=source(), device=", ".join(devices),
+            expected=self.expected(owner),
             nbytes=nbytes, count=len(counted), message=message, hint=hint,
         )
         self.findings.append(finding)
@@ -330,22 +348,23 @@ class _Walker:
         r = rule(code)
         return Finding(
             code=code, kind=r.kind, severity=severity or r.severity, where=where, module=owner, source=source,
-            device=tensor_device(t), expected=self.target, dtype=_dtype(t), shape=_shape(t),
+            device=tensor_device(t), expected=self.expected(owner), dtype=_dtype(t), shape=_shape(t),
             nbytes=tensor_nbytes(t), count=1, message=message, hint=hint,
         )
 
 
 def walk(model: nn.Module, target: str, snapshot: Snapshot | None = None,
-         assignments: Assignments | None = None) -> WalkResult:
+         assignments: Assignments | None = None, placement: Placement | None = None) -> WalkResult:
     """Walk ``model`` (already moved to ``target``) and report what ``.to()`` left behind.
 
     ``snapshot`` is :meth:`Snapshot.take` of the model before the move; without
     it, stale references to pre-move parameters cannot be told from strays.
     ``assignments`` (recorded while the model was built, see
     :mod:`placecheck.assignments`) give each finding its ``source``; without
-    them it is read from the classes' source code.
+    them it is read from the classes' source code. ``placement`` (``--device keep``: the model was
+    not moved) judges each tensor against the device of the module holding it instead of ``target``.
     """
-    walker = _Walker(model, target, snapshot or Snapshot(), assignments)
+    walker = _Walker(model, target, snapshot or Snapshot(), assignments, placement)
     walker.registered_off_device(model)
     walker.module_attributes(model)
     n_params = sum(1 for _ in model.parameters())

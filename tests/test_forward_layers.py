@@ -20,8 +20,10 @@ pytestmark = pytest.mark.cpu_build  # runs on the CPU-only torch build too (Make
 PACKAGE = Path(__file__).parents[1] / "placecheck"
 ORDER = ["sources", "classify", "cudaapi", "tagged", "datadep", "engine", "provenance", "events",
          "forward_checks", "trace"]
-BASICS = {"errors", "finding", "rules", "devices", "walk", "options"}
-"""Modules any layer may use: torch-free basics, and the walk's result the tracer starts from."""
+BASICS = {"errors", "finding", "rules", "devices", "walk", "options", "placement"}
+"""Modules any layer may use: torch-free basics, the walk's result the tracer starts from, and
+``placement`` (``--device keep``): each module's expected device (the walk's too) and the flows of a
+forward across devices, whose copies are events."""
 
 
 def _imports(module: str) -> set[str]:

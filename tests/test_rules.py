@@ -25,6 +25,7 @@ CONTRACT = {
     "PC205": ("implicit-transfer", "forward"),
     "PC206": ("output-off-device", "forward"),
     "PC207": ("forward-error", "forward"),
+    "PC208": ("cross-device-ping-pong", "forward"),
     "PC209": ("repeated-transfer", "run"),
     "PC301": ("checkpoint-device", "checkpoint"),
     "PC302": ("missing-key", "checkpoint"),

@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import typer
 
 from placecheck.cli.app import app
-from placecheck.devices import DEVICE_HELP
+from placecheck.devices import AUDIT_DEVICE_HELP
 from placecheck.errors import PlacecheckError
 from placecheck.formats import OutputFormat
 from placecheck.options import ENGINE_CHOICES, INIT_CHOICES, AuditOptions, split_codes
@@ -34,7 +34,7 @@ def audit(
              "ATTR names an nn.Module instance, an nn.Module subclass or a function returning one. "
              "Optional with --config, or when ./pyproject.toml has a [tool.placecheck] table.")] = None,
     device: Annotated[str, typer.Option(
-        "--device", "-d", metavar="DEVICE", help=f"Target device: {DEVICE_HELP}.")] = "cuda",
+        "--device", "-d", metavar="DEVICE", help=f"Target device: {AUDIT_DEVICE_HELP}.")] = "cuda",
     engine: Annotated[str, typer.Option(
         metavar="ENGINE",
         help=f"{'|'.join(ENGINE_CHOICES)}. auto: the real device when present, CUDA simulated "
@@ -44,7 +44,8 @@ def audit(
     )] = "auto",
     gpus: Annotated[int | None, typer.Option(
         metavar="N", min=1,
-        help="Number of simulated GPUs (default: enough for the target's index).")] = None,
+        help="Number of simulated GPUs (default: enough for the target's index; with --device keep, "
+             "8, the devices the model uses are listed in its device map).")] = None,
     init: Annotated[str, typer.Option(
         metavar="INIT",
         help=f"{'|'.join(INIT_CHOICES)}: where to build the model. cpu; meta (no memory for "

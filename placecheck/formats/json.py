@@ -13,7 +13,15 @@ SCHEMA_VERSION = 1
 
 
 def report_to_dict(report: Report) -> dict[str, Any]:
-    """The JSON object for one report (also used by multi-model formats)."""
+    """The JSON object for one report (also used by multi-model formats).
+
+    A report with a device map (``--device keep``) also has ``device_map`` (stages, bytes per
+    device, budgets) and ``transfers`` (every cross-device copy of one forward).
+    """
+    placed = {} if report.device_map is None else {
+        "device_map": report.device_map.to_dict(),
+        "transfers": [t.to_dict() for t in report.device_map.transfers],
+    }
     return {
         "schema_version": SCHEMA_VERSION,
         "target": report.target,
@@ -23,6 +31,7 @@ def report_to_dict(report: Report) -> dict[str, Any]:
         "notes": list(report.notes),
         "stats": dict(report.stats),
         "findings": [f.to_dict() for f in report.findings],
+        **placed,
     }
 
 

@@ -106,7 +106,7 @@ class TableFormatter(Formatter):
     def format(self, report: Report) -> str:
         width = self.width
         # the first line is not wrapped: a long TARGET path cannot be broken usefully, and tools grep it
-        lines = [f"placecheck: {report.target} on {report.device} ({report.engine})"]
+        lines = [f"placecheck: {report.target} on {report.device_label} ({report.engine})"]
         for note in report.notes:
             lines += _wrap_lines(note, width, "note: ", "      ")
         if report.findings:
@@ -118,6 +118,10 @@ class TableFormatter(Formatter):
                 if hint_lines:
                     lines += ["", *hint_lines]
             lines.append("")
+        if report.device_map is not None:
+            # a short section after the findings: where the stages live, what the forward copied
+            lines += [*(line for text in report.device_map.lines()
+                        for line in _wrap_lines(text, width, "", "      ")), ""]
         lines += _wrap(report.summary_line(), width, rest="  ")
         return "\n".join(lines) + "\n"
 

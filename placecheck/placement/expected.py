@@ -1,0 +1,142 @@
+"""Where each module of a model placed by its own code is expected to compute: decided from evidence.
+
+With ``--device keep`` nothing moves the model to one target; every module is
+judged against the device of the state it holds:
+
+1. its own registered parameters and buffers: the device holding most of their
+   bytes (a registered tensor elsewhere in the same module is PC104/PC105);
+2. else the registered state of its descendants: their device, or every device
+   they span (the root of a two-stage pipeline spans ``cuda:0`` and ``cuda:1``);
+3. else its nearest ancestor's expectation (an ``nn.ReLU`` in a stage);
+4. else (a model with no state at all) nothing: any device is accepted.
+
+A module spanning several devices (case 2) accepts tensors on any of them; its
+``primary`` device is the one its first registered tensor is on (the first
+stage). Never decided from class or attribute names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+
+@dataclass(frozen=True)
+class Expected:
+    """The device(s) a module's tensors are expected on, and which rule decided it."""
+
+    devices: tuple[str, ...]
+    """One device, or every device a module spanning several stages uses (first-used first)."""
+    how: str
+    """``own``, ``descendants``, ``ancestor`` or ``none`` (the numbered rules of this module)."""
+
+    @property
+    def primary(self) -> str:
+        """The device a tensor of this module goes to when one must be chosen ("" when none is known)."""
+        return self.devices[0] if self.devices else ""
+
+    def allows(self, device: str) -> bool:
+        """True when a tensor on ``device`` is where this module expects it."""
+        return not self.devices or device in self.devices
+
+    @property
+    def label(self) -> str:
+        """``cuda:1``, or ``cuda:0 or cuda:1`` for a module spanning both (a finding's ``expected``)."""
+        return " or ".join(self.devices) if self.devices else "any device"
+
+
+_ANY = Expected((), "none")
+
+
+def _own_device(module: nn.Module) -> str | None:
+    """The device holding most bytes of ``module``'s own registered parameters and buffers (ties: the
+    first registered); None when it registers none."""
+    by_device: dict[str, int] = {}
+    for t in [*module._parameters.values(), *module._buffers.values()]:
+        if t is None:
+            continue
+        device = str(t.device)
+        by_device[device] = by_device.get(device, 0) + _nbytes(t)
+    if not by_device:
+        return None
+    return max(by_device, key=lambda d: (by_device[d], -list(by_device).index(d)))
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    try:
+        return int(t.nelement() * t.element_size())
+    except (RuntimeError, ValueError):
+        return 0  # an uninitialised lazy parameter
+
+
+def _ordered(devices: Iterable[str]) -> tuple[str, ...]:
+    seen: dict[str, None] = {}
+    for d in devices:
+        seen.setdefault(d, None)
+    return tuple(seen)
+
+
+class Placement:
+    """The expectations of every module of one model, by dotted path (``""`` is the root)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        self._by_path: dict[str, Expected] = {}
+        paths = {id(m): p for p, m in model.named_modules(remove_duplicate=False)}
+        modules = dict(model.named_modules(remove_duplicate=False))
+        for path, module in modules.items():
+            if path in self._by_path:
+                continue
+            own = _own_device(module)
+            if own is not None:
+                self._by_path[path] = Expected((own,), "own")
+                continue
+            below = _ordered(str(t.device) for t in [*module.parameters(), *module.buffers()])
+            if below:
+                self._by_path[path] = Expected(below, "descendants")
+        for path in modules:  # rule 3: the nearest ancestor's
+            if path not in self._by_path:
+                self._by_path[path] = self._inherited(path)
+        self._paths = paths
+
+    def _inherited(self, path: str) -> Expected:
+        while path:
+            path = path.rpartition(".")[0]
+            found = self._by_path.get(path)
+            if found is not None and found.how != "ancestor":
+                return Expected(found.devices, "ancestor")
+        return _ANY
+
+    def expected(self, path: str) -> Expected:
+        """The expectation of the module at ``path``; for a path the model does not register (a module
+        in a plain list: ``heads[0]``), the one of the nearest registered module holding it."""
+        found = self._by_path.get(path)
+        while found is None and path:
+            cut = max(path.rfind("."), path.rfind("["), path.rfind("{"))
+            path = path[:cut] if cut > 0 else ""
+            found = self._by_path.get(path)
+        return found or _ANY
+
+    def of_module(self, module: nn.Module) -> Expected:
+        """The expectation of a module object of the model (any device when it is not the model's)."""
+        path = self._paths.get(id(module))
+        return self.expected(path) if path is not None else _ANY
+
+    def devices(self) -> tuple[str, ...]:
+        """Every device the model's registered state is on, GPUs by index first."""
+        return tuple(sorted({str(t.device) for t in [*self.model.parameters(), *self.model.buffers()]},
+                            key=device_order))
+
+
+def device_order(device: str) -> tuple[int, str, int]:
+    """cuda:0 < cuda:1 < cuda:10 < cpu < meta: indexed devices by index, then the rest by name."""
+    kind, _, index = device.partition(":")
+    return (0 if index.isdigit() else 1, kind, int(index) if index.isdigit() else 0)
+
+
+def stage_of(path: str) -> str:
+    """The top-level stage of a module path: ``s2.0.attn`` -> ``s2``; ``""`` (the root) -> ``""``."""
+    return path.split(".", 1)[0] if path else ""
