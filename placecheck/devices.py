@@ -12,8 +12,8 @@ DEVICE_HELP = "cuda, cuda:N, cpu, mps or meta"
 
 KEEP = "keep"
 """``--device keep``: no ``.to()``; the model is audited as its own code places it (many GPUs included)."""
-AUDIT_DEVICE_HELP = ("cuda, cuda:N, cpu, mps, meta, or keep (no .to(): audit the model as its own code "
-                     "places it, across simulated GPUs)")
+AUDIT_DEVICE_HELP = "cuda, cuda:N, cpu, mps, meta or keep"
+"""The devices an audit takes (``keep``: its own placement); checkpoint and fix take :data:`DEVICE_HELP`."""
 
 
 def normalize_device(spec: str, keep: bool = False) -> str:

@@ -341,21 +341,23 @@ def device_mismatch(op: str, devices: Sequence[str], device: str, tensor: str, o
 _rule("PC208", "cross-device-ping-pong", W, "forward", "data copied back and forth between devices", """
 A model placed across GPUs copies activations from one stage to the next:
 that traffic is expected (placecheck audit --device keep lists it). Two kinds
-of copy are waste on every forward: a tensor sent back to a device its data
-already left and computed on there again (cuda:1 -> cuda:0 -> cuda:1: two
-trips over the interconnect where none was needed), and a registered
-parameter or buffer copied to another device inside forward (the weights
-cross the bus on every call instead of living where they are used). Put each
-module on the device of the stage that uses it, or move the small module to
-the activations rather than the activations to it.""", """
-def forward(self, x):                       # s1, s2 on cuda:0, norm on cuda:1
-    h = self.s1(x)
-    h = self.norm(h.to("cuda:1")).to("cuda:0")
-    return self.s2(h)
+of copy are waste on every forward: data a stage sends to another device and
+takes back to compute on again (cuda:1 -> cuda:0 -> cuda:1 across the same
+boundary: two trips over the interconnect where none was needed), and a
+registered parameter or buffer copied to another device inside forward (the
+weights cross the bus on every call instead of living where they are used).
+Put each module on the device of the stage that uses it. A pipeline whose
+third stage sits on the first one's device, and a result copied back to the
+input's device at the end, are not ping-pongs.""", """
+class Block(nn.Module):      # the stage on cuda:1; its norm was left on cuda:0
+    def forward(self, x):
+        h = self.norm(self.fc(x).to("cuda:0")).to("cuda:1")
+        return self.out(h)
 """, """
-self.norm = nn.LayerNorm(64).to("cuda:0")   # where s1 and s2 are
-def forward(self, x):
-    return self.s2(self.norm(self.s1(x)))
+model.s2 = Block().to("cuda:1")   # the whole stage, its norm included
+class Block(nn.Module):
+    def forward(self, x):
+        return self.out(self.norm(self.fc(x)))
 """)
 
 

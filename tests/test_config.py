@@ -148,7 +148,7 @@ def test_unknown_keys_name_the_key_and_the_line(text: str, expected: str) -> Non
      [[models]]
      target = "a:b"
      device = "tpu"
-     """, "cfg.toml:4: models[0].device: expected use cuda, cuda:N, cpu, mps or meta"),
+     """, "cfg.toml:4: models[0].device: expected use cuda, cuda:N, cpu, mps, meta or keep"),
     ("""
      [[models]]
      target = "a:b"

@@ -1,9 +1,12 @@
 """The README shows what placecheck really prints and names only real flags.
 
 The block between ``<!-- demo-output:start -->`` and ``<!-- demo-output:end -->``
-is the output of the command ``make demo`` runs; ``pytest --update-golden``
-rewrites it from a real run. Every ``placecheck ...`` line in a ``console``
-block of the README must use flags the command has.
+is the output of the command ``make demo`` runs; each block between
+``<!-- run-output:start -->`` and ``<!-- run-output:end -->`` is the output of
+the ``$ placecheck ...`` command on its own first line (a section of the README
+adds one where it shows a run). ``pytest --update-golden`` rewrites them all
+from real runs. Every ``placecheck ...`` line in a ``console`` block of the
+README must use flags the command has.
 """
 
 from __future__ import annotations
@@ -65,6 +68,48 @@ def test_readme_shows_the_real_demo_output(update_golden: bool) -> None:
         return
     assert _normalise(text[start:end]) == _normalise(shown), (
         "README's demo output differs from a real run of the demo; run pytest --update-golden")
+
+
+RUN_START, RUN_END = "<!-- run-output:start -->\n", "<!-- run-output:end -->"
+
+
+def _run_blocks(text: str) -> list[tuple[int, int, str]]:
+    """(start, end, command) of every run-output block, in order."""
+    blocks = []
+    at = 0
+    while (found := text.find(RUN_START, at)) >= 0:
+        start = found + len(RUN_START)
+        end = text.index(RUN_END, start)
+        first = text[start:end].split("\n", 2)[1]
+        assert first.startswith("$ placecheck "), f"a run-output block must start with its command: {first!r}"
+        blocks.append((start, end, first[2:]))
+        at = end
+    return blocks
+
+
+def test_readme_has_run_output_blocks() -> None:
+    # the test below would pass vacuously on a README without any
+    commands = [c for _, _, c in _run_blocks(README.read_text(encoding="utf-8"))]
+    assert "placecheck audit placecheck/examples/pipeline.py:BuggyPipeline --device keep" in commands
+
+
+@pytest.mark.skipif(torch.version.cuda is None,
+                    reason="the outputs are recorded with the CUDA build of torch (the CPU-only build's "
+                           "engine notes differ)")
+@pytest.mark.parametrize("index", range(len(_run_blocks(README.read_text(encoding="utf-8")))))
+def test_readme_run_output_is_a_real_run(index: int, update_golden: bool) -> None:
+    text = README.read_text(encoding="utf-8")
+    start, end, command = _run_blocks(text)[index]
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    run = subprocess.run([sys.executable, "-m", "placecheck", *shlex.split(command)[1:]], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode in (0, 1), run.stderr
+    shown = f"```text\n$ {command}\n{run.stdout}```\n"
+    if update_golden:
+        README.write_text(text[:start] + shown + text[end:], encoding="utf-8")
+        return
+    assert _normalise(text[start:end]) == _normalise(shown), (
+        f"README's output of `{command}` differs from a real run; run pytest --update-golden")
 
 
 def _flags(command: str) -> set[str]:

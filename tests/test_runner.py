@@ -289,7 +289,8 @@ def test_bad_command_line_overrides_fail_once_before_any_model_runs(tmp_path: Pa
         """)
     proc = _placecheck("audit", "--config", str(config), "--device", "gpu")
     assert proc.returncode == 2
-    assert proc.stderr == "placecheck: error: unknown device 'gpu': use cuda, cuda:N, cpu, mps or meta\n"
+    assert proc.stderr == ("placecheck: error: unknown device 'gpu': use cuda, cuda:N, cpu, mps, meta "
+                           "or keep\n")
     proc = _placecheck("audit", "--config", str(config), "--engine", "bogus")
     assert proc.returncode == 2
     assert proc.stderr == ("placecheck: error: --engine 'bogus': expected one of \"auto\", \"real\", "

@@ -34,7 +34,9 @@ def audit(
              "ATTR names an nn.Module instance, an nn.Module subclass or a function returning one. "
              "Optional with --config, or when ./pyproject.toml has a [tool.placecheck] table.")] = None,
     device: Annotated[str, typer.Option(
-        "--device", "-d", metavar="DEVICE", help=f"Target device: {AUDIT_DEVICE_HELP}.")] = "cuda",
+        "--device", "-d", metavar="DEVICE",
+        help=f"Target device: {AUDIT_DEVICE_HELP} (keep: no .to(); the model is audited as its own code "
+             "places it, across simulated GPUs, with a device map).")] = "cuda",
     engine: Annotated[str, typer.Option(
         metavar="ENGINE",
         help=f"{'|'.join(ENGINE_CHOICES)}. auto: the real device when present, CUDA simulated "

@@ -120,6 +120,8 @@ class TableFormatter(Formatter):
             lines.append("")
         if report.device_map is not None:
             # a short section after the findings: where the stages live, what the forward copied
+            if not report.findings:
+                lines.append("")
             lines += [*(line for text in report.device_map.lines()
                         for line in _wrap_lines(text, width, "", "      ")), ""]
         lines += _wrap(report.summary_line(), width, rest="  ")
