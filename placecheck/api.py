@@ -31,7 +31,8 @@ from placecheck.engine import (
 )
 from placecheck.errors import LoadError, UsageError, one_line
 from placecheck.finding import Finding, Severity
-from placecheck.options import AuditOptions, ExampleInputs, split_codes
+from placecheck.options import AuditOptions, ExampleInputs, WrapChoice, split_codes
+from placecheck.placement.replicas import Replica, devices, merge, merged_notes, no_replicas, plan, unwrap
 from placecheck.report import DeviceMap, Report
 from placecheck.rules import in_library, rule, selected, stray_handled_by_forward
 from placecheck.sources import library_of_class, treat_as_user_code, user_line
@@ -43,7 +44,7 @@ if TYPE_CHECKING:
 
 ModelOrFactory = Union[nn.Module, Callable[[], nn.Module]]
 
-def _build(model: ModelOrFactory, engine: Engine, copy_model: bool) -> nn.Module:
+def _build(model: ModelOrFactory, engine: Engine, copy_model: bool, in_session: bool = False) -> nn.Module:
     """The audit's own model object: a copy of an instance, or a factory's product.
 
     Under simulation a factory runs with ``torch.cuda`` answering for the
@@ -51,7 +52,8 @@ def _build(model: ModelOrFactory, engine: Engine, copy_model: bool) -> nn.Module
     device="cuda")`` or ``.cuda()`` in ``__init__``, a factory returning
     ``Net().to("cuda")``), it is built again inside the engine's session: the
     fake engine's sessions share one fake mode, so the move and the forward
-    later run on the same fake tensors.
+    later run on the same fake tensors. ``in_session``: build it there at once (an FSDP2 rank's
+    factory shards the model onto the rank's GPU as it builds it).
     """
     if isinstance(model, nn.Module):
         treat_as_user_code(*{type(m) for m in model.modules()})
@@ -60,6 +62,9 @@ def _build(model: ModelOrFactory, engine: Engine, copy_model: bool) -> nn.Module
         if not engine.simulated:
             return _checked(model())
         gpus = engine.gpus
+        if in_session:
+            with engine.session():
+                return _checked(model())
         with cuda_queries_simulated(gpus):
             try:
                 return _checked(model())
@@ -145,6 +150,8 @@ def audit(
     forward: bool = True,
     train: bool = False,
     library_findings: bool = False,
+    wrap: str | None = None,
+    world_size: int | None = None,
 ) -> Report:
     """Move ``model`` to ``device`` as a training script would, and report what went wrong.
 
@@ -181,6 +188,13 @@ def audit(
     gives them their rule's severity. The report lists one finding per
     instance; ``report.grouped()`` gives one problem per root cause.
 
+    ``wrap`` (``dp``, ``ddp``, ``fsdp``) audits the model as each of
+    ``world_size`` replicas or ranks sees it, replica k on ``cuda:k`` (DDP and
+    FSDP2 ranks on PyTorch's fake process group, in this process); a
+    ``DataParallel``/``DistributedDataParallel`` model is audited so without it.
+    A finding only some replicas have names them (see
+    :mod:`placecheck.placement.replicas`).
+
     The keywords are the fields of :class:`~placecheck.options.AuditOptions`;
     ``options=`` passes a whole options object instead (then give no other
     keyword). ``inputs`` also takes the input objects themselves (a tensor, a
@@ -196,7 +210,8 @@ def audit(
         checkpoint_key=checkpoint_key, trust=trust,
         inputs=inputs,  # type: ignore[arg-type]  # specs or the objects; AuditOptions tells them apart
         example_inputs=example_inputs,
-        forward=forward, train=train, library_findings=library_findings)
+        forward=forward, train=train, library_findings=library_findings, wrap=wrap,
+        world_size=world_size)
     if options is None:
         options = given
     elif given != AuditOptions():
@@ -205,7 +220,37 @@ def audit(
 
 
 def _audit(model: ModelOrFactory, opts: AuditOptions) -> Report:
-    """:func:`audit` with its options in one object."""
+    """:func:`audit` with its options in one object: one audit, or one per replica (merged)."""
+    opts.check()
+    model, replicas = plan(model, opts)
+    if replicas is None:
+        try:
+            return _audit_on(model, opts)
+        except _WrapperBuilt as built:  # a factory returned a DataParallel/DDP object: audit its replicas
+            model, replicas = plan(model, opts.replace(wrap=built.kind.value))
+            assert replicas is not None
+    gpus = max(opts.gpus or 0, replicas.count)
+    reports = [_audit_on(model, opts.replace(device=f"cuda:{k}", gpus=gpus), replicas.replica(k))
+               for k in range(replicas.count)]
+    first = reports[0]
+    findings = merge(replicas, [r.findings for r in reports])
+    notes = merged_notes(replicas, [r.notes for r in reports])
+    incomplete = next((f"{replicas.label(k)}: {r.incomplete}" for k, r in enumerate(reports) if r.incomplete),
+                      "")
+    return Report.build(first.target, devices(replicas), first.engine, findings, notes, dict(first.stats),
+                        incomplete=incomplete)
+
+
+class _WrapperBuilt(Exception):
+    """The factory of a model audited unreplicated built a DataParallel/DDP wrapper: audit its replicas."""
+
+    def __init__(self, kind: WrapChoice) -> None:
+        super().__init__(kind.value)
+        self.kind = kind
+
+
+def _audit_on(model: ModelOrFactory, opts: AuditOptions, replica: Replica | None = None) -> Report:
+    """One audit on one target device (for ``replica``, when it is one of a replicated model's)."""
     dev = normalize_device(opts.device, keep=True)
     keep = dev == KEEP
     if keep:
@@ -220,10 +265,19 @@ def _audit(model: ModelOrFactory, opts: AuditOptions) -> Report:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     init_choice = parse_init(opts.init)
+    if replica is not None and replica.placed:
+        if init_choice.value == "meta":
+            raise UsageError("--wrap fsdp builds each rank's model on its GPU as fully_shard places it: "
+                             "use --init cpu (or auto)")
+        init_choice = parse_init("cpu")
     if keep:  # the model places itself on the simulated GPUs: the engine simulates them all
         from placecheck.placement import DEFAULT_GPUS
 
         eng = choose_engine("cuda:0", choice, opts.gpus or DEFAULT_GPUS, train=opts.train and opts.forward)
+    elif replica is not None:  # every replica on one engine: real only when the machine has the last GPU
+        last = f"cuda:{replica.replicas.count - 1}"
+        eng = dataclasses.replace(choose_engine(last, choice, opts.gpus, train=opts.train and opts.forward),
+                                  device=dev)
     else:
         eng = choose_engine(dev, choice, opts.gpus, train=opts.train and opts.forward)
     name = opts.target or (type(model).__name__ if isinstance(model, nn.Module) else
@@ -235,18 +289,20 @@ def _audit(model: ModelOrFactory, opts: AuditOptions) -> Report:
     run_forward = opts.forward and any(rule(c).phase == "forward" for c in codes)
     options = _Options(model, dev, _init_for(eng, init_choice, keep), opts.copy_model,
                        opts.checkpoint, opts.checkpoint_key, opts.trust, str(name), opts.inputs,
-                       opts.example_inputs, run_forward, opts.train, opts.library_findings, gpus=opts.gpus)
-    attempt = _attempt(eng, options)
+                       opts.example_inputs, run_forward, opts.train, opts.library_findings, gpus=opts.gpus,
+                       replica=replica, world_size=opts.world_size)
+    attempt = _replica_attempt(eng, options)
     if attempt.fallback and choice is EngineChoice.AUTO and attempt.fits_in_memory:
         eng = fallback_engine(eng, attempt.fallback)
-        attempt = _attempt(eng, dataclasses.replace(options, init=_init_for(eng, init_choice, keep)))
+        attempt = _replica_attempt(eng, dataclasses.replace(options, init=_init_for(eng, init_choice, keep)))
     elif attempt.fallback:
         instead = ("the real-valued engine needs the weights in memory, and this model does not fit"
                    if choice is EngineChoice.AUTO else "use --engine tagged (or auto) to run it")
         attempt.notes.append(f"forward: checked only up to where fake tensors stopped "
                              f"({attempt.fallback}); {instead}")
         attempt.incomplete = f"fake tensors stopped ({attempt.fallback})"
-    findings = [f for f in attempt.findings if f.code in codes]
+    found = replica.explained(attempt.findings) if replica is not None else attempt.findings
+    findings = [f for f in found if f.code in codes]
     notes = [f"engine: {eng.name}: {eng.reason}", *attempt.notes]
     return Report.build(str(name), dev, eng.name, findings, notes, attempt.stats,
                         incomplete=attempt.incomplete, device_map=attempt.device_map)
@@ -277,6 +333,10 @@ class _Options:
     library_findings: bool = False
     gpus: int | None = None
     """``--gpus`` as given (None: not given)."""
+    replica: Replica | None = None
+    """The replica (or rank) of a replicated model this attempt audits; None: not replicated."""
+    world_size: int | None = None
+    """``--world-size``: given for a model that is not replicated, the factory must build a wrapper."""
 
     @property
     def keep(self) -> bool:
@@ -300,11 +360,30 @@ class _Attempt:
     """``--device keep``: the stages' devices and bytes, and the copies between devices of the forward."""
 
 
+def _replica_attempt(eng: Engine, opts: _Options) -> _Attempt:
+    """:func:`_attempt`, inside the replica's context (a DDP/FSDP rank's process group) when it is one."""
+    with opts.replica.attempt() if opts.replica is not None else contextlib.nullcontext():
+        return _attempt(eng, opts)
+
+
 def _attempt(eng: Engine, opts: _Options) -> _Attempt:
     """Build, load, move, walk and (optionally) run the forward on one engine."""
     dev = opts.device
     default_device = torch.get_default_device()  # where unmoved tensors of a meta build belong
-    construction = construct(opts.model, opts.init, dev, lambda m: _build(m, eng, opts.copy_model))
+    replica = opts.replica
+    in_session = replica is not None and replica.placed
+    construction = construct(opts.model, opts.init, dev,
+                             lambda m: _build(m, eng, opts.copy_model, in_session))
+    wrapper = unwrap(construction.model)[1] if replica is None else None
+    if wrapper is not None:
+        raise _WrapperBuilt(wrapper)
+    if replica is None and opts.world_size:
+        raise no_replicas()  # the factory built no DataParallel/DDP object after all
+    if replica is not None:
+        construction = dataclasses.replace(construction, model=replica.built(construction.model))
+    if in_session:
+        construction.note = ("init: cpu (--wrap fsdp: each rank builds its model in the simulation, where "
+                             "fully_shard places it on the rank's GPU)")
     built = construction.model
     attempt = _Attempt(on_meta=construction.on_meta)
     if construction.on_meta:
@@ -346,7 +425,10 @@ def _attempt(eng: Engine, opts: _Options) -> _Attempt:
             moved = built  # --device keep: no .to(); audited as its code placed it
         else:
             try:
-                moved = move_from_meta(built, eng) if construction.on_meta else move_model(built, eng)
+                def move(m: nn.Module) -> nn.Module:
+                    return move_from_meta(m, eng) if construction.on_meta else move_model(m, eng)
+
+                moved = move(built) if replica is None else replica.place(built, move)
             except Exception as exc:
                 raise LoadError(f"model.to({dev!r}) raised {one_line(exc)} "
                                 "(--debug shows the traceback)") from exc
@@ -359,8 +441,9 @@ def _attempt(eng: Engine, opts: _Options) -> _Attempt:
         walk_findings = result.findings
         if inputs is not None:
             inferred = not opts.inputs and opts.example_inputs is None
-            traced = _forward(moved, eng, result, snapshot, inputs, opts.train, opts.library_findings,
-                              inferred, placement)
+            with replica.forward(moved) if replica is not None else contextlib.nullcontext():
+                traced = _forward(moved, eng, result, snapshot, inputs, opts.train, opts.library_findings,
+                                  inferred, placement)
             forward_findings, attempt.fallback = traced.findings, traced.fallback
             attempt.incomplete = traced.stopped
             attempt.notes.extend(traced.notes)

@@ -39,7 +39,7 @@ from typing import Any
 from placecheck.devices import normalize_device
 from placecheck.errors import UsageError
 from placecheck.finding import Finding
-from placecheck.options import ENGINE_CHOICES, INIT_CHOICES, AuditOptions
+from placecheck.options import ENGINE_CHOICES, INIT_CHOICES, WRAP_CHOICES, AuditOptions
 from placecheck.report import FAIL_ON_CHOICES
 from placecheck.rules import expand
 
@@ -204,6 +204,8 @@ MODEL_KEYS: dict[str, tuple[Check, str]] = {
     "device": (_is_device, "target device, as --device"),
     "engine": (_one_of(ENGINE_CHOICES), "as --engine"),
     "gpus": (_is_positive_int, "number of simulated GPUs, as --gpus"),
+    "wrap": (_one_of(WRAP_CHOICES), "audit each replica or rank: DataParallel, DDP or FSDP2, as --wrap"),
+    "world_size": (_is_positive_int, "replicas or ranks, as --world-size"),
     "init": (_one_of(INIT_CHOICES), "as --init"),
     "checkpoint": (_is_str, "a checkpoint to load first, as --checkpoint"),
     "checkpoint_key": (_is_str, "where the state_dict is in the checkpoint, as --key"),

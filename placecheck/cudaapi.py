@@ -25,6 +25,7 @@ from typing import Any
 from unittest import mock
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from placecheck.devices import device_index
 
@@ -89,17 +90,93 @@ class SimulatedEvent:
         return 0.0
 
 
+_current = [0]
+"""The simulated current CUDA device's index (``torch.cuda.current_device()``): one cell, set by
+``torch.cuda.set_device`` / ``torch.cuda.device(i)`` in model code and by :func:`current_device`."""
+
+
+def current_index() -> int:
+    """The simulated current CUDA device's index: where ``device="cuda"`` and ``.cuda()`` go."""
+    return _current[0]
+
+
+@contextlib.contextmanager
+def current_device(index: int) -> Iterator[None]:
+    """``cuda:index`` is the simulated current device inside the block (``torch.cuda.device(index)``
+    on a GPU: what DataParallel's replica threads and a rank after ``set_device(rank)`` run under)."""
+    before = _current[0]
+    _current[0] = index
+    try:
+        yield
+    finally:
+        _current[0] = before
+
+
+def _index_of(device: Any) -> int | None:
+    """The CUDA index ``torch.cuda.device(...)``/``set_device(...)`` select; None: keep the current one."""
+    if isinstance(device, int) and not isinstance(device, bool):
+        return device if device >= 0 else None
+    if isinstance(device, str | torch.device):
+        dev = torch.device(device)
+        return dev.index if dev.type == "cuda" else None
+    return None
+
+
 class _SimulatedDeviceContext:
-    """``torch.cuda.device(i)`` / ``device_of(t)``: selects nothing (the simulation has no current device)."""
+    """``torch.cuda.device(i)`` / ``device_of(t)``: ``cuda:i`` is the current device inside the block."""
 
     def __init__(self, device: Any = None) -> None:
-        self.idx = device if isinstance(device, int) else 0
+        index = _index_of(device)
+        self.idx = -1 if index is None else index
+        self._before = _current[0]
 
     def __enter__(self) -> None:
-        return None
+        self._before = _current[0]
+        if self.idx >= 0:
+            _current[0] = self.idx
 
     def __exit__(self, *exc: Any) -> None:
-        return None
+        _current[0] = self._before
+
+
+def _device_of(obj: Any) -> _SimulatedDeviceContext:
+    device = getattr(obj, "device", None)
+    return _SimulatedDeviceContext(device if isinstance(device, torch.device) and device.type == "cuda"
+                                   else None)
+
+
+def _on_cuda(device: Any) -> bool:
+    """``device`` names CUDA without an index (``"cuda"``, ``torch.device("cuda")``)."""
+    if isinstance(device, str):
+        return device == "cuda"
+    return isinstance(device, torch.device) and device.type == "cuda" and device.index is None
+
+
+class CurrentDeviceMoves(TorchFunctionMode):
+    """``device="cuda"``, ``.to("cuda")`` and ``.cuda()`` go to the simulated current device, as on a
+    GPU (fake tensors would send them to ``cuda:0`` whatever the current device is); ``device=1`` is
+    ``cuda:1``, as on a CUDA build (a CPU-only build reads it as an accelerator it does not have).
+
+    Entered by the fake engine's sessions with more than one GPU; the real-valued engine asks
+    :func:`current_index` itself.
+    """
+
+    def __torch_function__(self, func: Callable[..., Any], types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        kwargs = kwargs or {}
+        index = _current[0]
+        device = kwargs.get("device")
+        if isinstance(device, int) and not isinstance(device, bool):  # device=torch.cuda.current_device()
+            kwargs = {**kwargs, "device": torch.device("cuda", device)}  # (a CPU-only build has no index)
+        if index:
+            here = torch.device("cuda", index)
+            if _on_cuda(kwargs.get("device")):
+                kwargs = {**kwargs, "device": here}
+            if func is torch.Tensor.cuda and len(args) < 2 and kwargs.get("device") is None:
+                kwargs = {**kwargs, "device": here}
+            elif func is torch.Tensor.to and len(args) > 1 and _on_cuda(args[1]):
+                args = (args[0], here, *args[2:])
+        return func(*args, **kwargs)
 
 
 SIMULATED_GPU_NAME = "placecheck simulated GPU"
@@ -141,10 +218,19 @@ def _cuda_query_patches(gpus: int) -> dict[str, Callable[..., Any]]:
     def _zero(*args: Any, **kwargs: Any) -> int:
         return 0
 
+    def _set_device(device: Any) -> None:
+        index = _index_of(device)
+        if index is None:
+            return
+        if index >= gpus:
+            raise RuntimeError(f"CUDA error: invalid device ordinal (cuda:{index}; {gpus} simulated "
+                               f"GPU{'s' if gpus != 1 else ''})")
+        _current[0] = index
+
     return {
         "is_available": lambda: True,
         "device_count": lambda: gpus,
-        "current_device": lambda: 0,
+        "current_device": current_index,
         "is_initialized": lambda: True,
         "init": _none,
         "get_device_name": lambda device=None: SIMULATED_GPU_NAME,
@@ -154,9 +240,9 @@ def _cuda_query_patches(gpus: int) -> dict[str, Callable[..., Any]]:
         "is_bf16_supported": lambda *a, **k: True,
         "is_tf32_supported": lambda *a, **k: True,
         "can_device_access_peer": lambda device, peer: True,
-        "set_device": _none,
+        "set_device": _set_device,
         "device": _SimulatedDeviceContext,
-        "device_of": lambda obj: _SimulatedDeviceContext(),
+        "device_of": _device_of,
         "synchronize": _none,
         "ipc_collect": _none,
         "current_stream": _stream,
@@ -197,6 +283,10 @@ def _cuda_query_patches(gpus: int) -> dict[str, Callable[..., Any]]:
 # tensors ("not linked with support for cuda devices", from C++): there autocast stays disabled,
 # its warning silenced, and the forward runs in fp32.
 _ASKING_FOR_USER_CODE = ("torch.cuda.amp.common", "torch.amp.autocast_mode")
+# torch.distributed asks on the user's behalf too: FSDP2's fully_shard places the parameters on
+# torch.cuda.current_device() (the rank's GPU after set_device), DeviceMesh asks for the
+# GPUs; under simulation they must see the simulated ones (placecheck.placement.replicas).
+_DISTRIBUTED = "torch.distributed."
 CPU_ONLY_BUILD = torch.version.cuda is None and torch.version.hip is None
 _AUTOCAST_DISABLED_WARNING = "CUDA is not available or torch_xla is imported. Disabling autocast"
 
@@ -204,7 +294,7 @@ _AUTOCAST_DISABLED_WARNING = "CUDA is not available or torch_xla is imported. Di
 def _called_from_torch(depth: int = 2) -> bool:
     """True when the caller of the patched function is torch itself."""
     name = sys._getframe(depth).f_globals.get("__name__", "")
-    for_user = name in _ASKING_FOR_USER_CODE and not CPU_ONLY_BUILD
+    for_user = (name in _ASKING_FOR_USER_CODE and not CPU_ONLY_BUILD) or name.startswith(_DISTRIBUTED)
     return bool(name == "torch" or name.startswith("torch.")) and not for_user
 
 
@@ -237,6 +327,7 @@ def cuda_queries_simulated(gpus: int) -> Iterator[None]:
     which follow the same device rules; placement does not depend on the backend.
     """
     with contextlib.ExitStack() as stack:
+        stack.enter_context(current_device(_current[0]))  # what model code selects stays in the session
         for name, fn in _cuda_query_patches(gpus).items():
             real = getattr(torch.cuda, name, None)
             if real is None:

@@ -49,8 +49,23 @@ class InitChoice(str, enum.Enum):
         return self.value
 
 
+class WrapChoice(str, enum.Enum):
+    """The ``--wrap`` choices: how the model is replicated or sharded over the simulated GPUs."""
+
+    DP = "dp"
+    """``nn.DataParallel``: one process, a replica of the model on each GPU."""
+    DDP = "ddp"
+    """``DistributedDataParallel``: one rank per GPU, each with its own model."""
+    FSDP = "fsdp"
+    """FSDP2's ``fully_shard``: one rank per GPU, parameters sharded over them as DTensors."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
 ENGINE_CHOICES = tuple(c.value for c in EngineChoice)
 INIT_CHOICES = tuple(c.value for c in InitChoice)
+WRAP_CHOICES = tuple(c.value for c in WrapChoice)
 
 
 @dataclass(frozen=True)
@@ -111,6 +126,11 @@ class AuditOptions:
     """Audit a deep copy of an ``nn.Module`` instance (a factory's model is the audit's own anyway)."""
     target: str | None = None
     """The model's name in the report (default: its class or factory name)."""
+    wrap: str | None = None
+    """Audit the model as each replica or rank sees it, one of :data:`WRAP_CHOICES` (``--wrap``); None:
+    only when the model is itself a DataParallel/DistributedDataParallel wrapper."""
+    world_size: int | None = None
+    """Replicas (DataParallel) or ranks (DDP, FSDP2) (``--world-size``); None: ``gpus``, else 2."""
 
     def __post_init__(self) -> None:
         # Python callers pass lists, a single spec string or the input objects themselves;
@@ -148,6 +168,7 @@ class AuditOptions:
         if self.gpus is not None and (isinstance(self.gpus, bool) or not isinstance(self.gpus, int)
                                       or self.gpus < 1):
             raise UsageError(f"gpus {self.gpus!r}: expected an integer >= 1")
+        self._check_replicas()
         for codes in (self.select, self.ignore):
             try:
                 expand(codes)
@@ -167,6 +188,25 @@ class AuditOptions:
         if self.checkpoint is not None:
             raise UsageError("--device keep cannot load --checkpoint: a checkpoint is loaded onto one "
                              "target device; audit it with `placecheck checkpoint`, or with --device cuda")
+
+    def _check_replicas(self) -> None:
+        from placecheck.devices import normalize_device
+
+        if self.wrap is not None and self.wrap not in WRAP_CHOICES:
+            raise UsageError(f"unknown --wrap {self.wrap!r}: use one of {', '.join(WRAP_CHOICES)}")
+        size = self.world_size
+        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+            raise UsageError(f"--world-size {size!r}: expected an integer >= 1")
+        if size is not None and self.gpus is not None and size > self.gpus:
+            raise UsageError(f"--world-size {size} needs {size} GPUs; --gpus {self.gpus} was given: "
+                             f"use --gpus {size} or a smaller --world-size")
+        device = normalize_device(self.device, keep=True)
+        if self.wrap is not None and device == "keep":
+            raise UsageError(f"--wrap {self.wrap} places each replica on its own GPU (cuda:k) and --device "
+                             "keep audits the placement the model's code makes: pass one of them")
+        if self.wrap is not None and device != "cuda:0":
+            raise UsageError(f"--wrap {self.wrap} runs replica k on cuda:k, so the target is CUDA: "
+                             f"use --device cuda, not {self.device}")
 
     def to_dict(self) -> dict[str, Any]:
         """The options as JSON-ready values, for a child process; :meth:`from_dict` reverses it."""

@@ -248,7 +248,10 @@ An operation received tensors on two devices. On a GPU this raises
 weight type ... should be the same" for convolutions). Mixing never silently
 returns a CPU result; the only legal mixes are a 0-dim CPU tensor used as a
 scalar and a CPU index tensor. placecheck names the module, the line and,
-when it can, where the offending tensor came from.""", """
+when it can, where the offending tensor came from. On an FSDP2 rank
+(--wrap fsdp) a plain tensor meeting a DTensor is this mistake too: one
+operand on the rank's device, the other sharded over the mesh; the ranks
+raise "got mixed torch.Tensor and DTensor".""", """
 def forward(self, x):
     return x + self.bias_table            # plain attribute left on the CPU
 """, """
@@ -276,6 +279,12 @@ def came_from(*, created_by: str = "", created_at: str = "", host_copy_at: str =
 def in_library(package: str, message: str) -> str:
     """A performance finding raised entirely inside an installed ``package``: its message, saying so."""
     return f"in {package}, not your code: {message}"
+
+
+def on_replicas(labels: Sequence[str], message: str) -> str:
+    """A finding only some replicas (or ranks) of a replicated model have: its message, naming them
+    (``on replica 1 (cuda:1), Tensor.add mixed ...``; its headline, up to the first ": ", stays whole)."""
+    return f"on {', '.join(labels)}, {message}"
 
 
 def stray_handled_by_forward(how: str, target: str) -> str:
@@ -385,6 +394,26 @@ def _size(nbytes: int) -> str:
             return f"{int(size)} B" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
     return f"{nbytes} B"
+
+
+def dtensor_mixed(op: str, plain: str, dtensor: str) -> tuple[str, str]:
+    """PC201 on an FSDP2/DTensor rank: ``op`` mixed a plain tensor (``plain``: dtype, shape, device) with
+    a DTensor (``dtensor``: what it is, its placements and mesh). Not a device mix: a placement mix,
+    which raises on the ranks as a device mismatch does on one GPU, and is fixed the same way (put the
+    operands where the op's others are)."""
+    return (f"{op} mixed a plain tensor ({plain}) with a DTensor ({dtensor}): on the ranks this raises "
+            "'got mixed torch.Tensor and DTensor'",
+            "a sharded parameter is gathered only inside its own module's forward: call that module (or "
+            "F.* with the module's output), gather it with .full_tensor(), or make the other operand a "
+            "DTensor (DTensor.from_local / distribute_tensor)")
+
+
+def left_out_of_sharding(what: str, name: str, device: str, target: str) -> tuple[str, str]:
+    """PC104/PC105 on an FSDP2 rank audited as placed: registered state that no ``fully_shard`` placed."""
+    return (f"registered {what} {name!r} is on {device}, not on this rank's {target}: no fully_shard "
+            "manages its module and nothing moved it",
+            "call fully_shard on the root as well (after its blocks), so that it manages every module "
+            "left over, or move the model to the rank's GPU before sharding it")
 
 
 def device_mismatch_untraced(phase: str, error: str) -> tuple[str, str]:

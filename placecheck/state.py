@@ -24,6 +24,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import itertools
+import sys
 import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -179,9 +180,23 @@ def attributes(module: nn.Module) -> list[tuple[str, Any]]:
     """``(name, value)`` of the module's own instance attributes, its internals left out.
 
     Registered state lives in the internals (``_parameters``, ``_buffers``,
-    ``_modules``); what is here is what ``.to()`` does not look at.
+    ``_modules``); what is here is what ``.to()`` does not look at. torch.distributed's composable
+    APIs (FSDP2's ``fully_shard``, ``replicate``) keep their bookkeeping here too, under keys of their
+    own (:func:`_composable_state_keys`): the device mesh, the sharded-parameter groups; the
+    parameters they manage are registered, so that state is left out as well.
     """
-    return [(name, value) for name, value in list(vars(module).items()) if name not in MODULE_INTERNALS]
+    internal = MODULE_INTERNALS | _composable_state_keys()
+    return [(name, value) for name, value in list(vars(module).items()) if name not in internal]
+
+
+def _composable_state_keys() -> frozenset[str]:
+    """The ``__dict__`` keys under which torch.distributed's composable APIs keep a module's state
+    (none until one of them has been imported)."""
+    contract = sys.modules.get("torch.distributed._composable.contract")
+    if contract is None:
+        return frozenset()
+    keys = (getattr(contract, "STATE_KEY", None), getattr(contract, "REGISTRY_KEY", None))
+    return frozenset(k for k in keys if isinstance(k, str))
 
 
 def class_attributes(module: nn.Module) -> dict[str, Any]:

@@ -39,7 +39,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_map_only
 
 from placecheck.classify import DeviceMismatchError, legal_cpu_argument, tensor_arguments
-from placecheck.cudaapi import cuda_queries_simulated
+from placecheck.cudaapi import cuda_queries_simulated, current_index
 
 _CPU = torch.device("cpu")
 
@@ -65,7 +65,7 @@ def _cuda(device: Any) -> torch.device | None:
         return None
     if dev.type != "cuda":
         return None
-    return dev if dev.index is not None else torch.device("cuda", 0)
+    return dev if dev.index is not None else torch.device("cuda", current_index())
 
 
 def visible_device(t: torch.Tensor) -> torch.device:
@@ -166,7 +166,7 @@ def move_destination(func: Callable[..., Any], args: tuple[Any, ...], kwargs: di
         return _CPU
     if func is torch.Tensor.cuda:
         dev = args[1] if len(args) > 1 else kwargs.get("device")
-        return _cuda(dev if dev is not None else 0)
+        return _cuda(dev if dev is not None else current_index())
     for a in (*args[1:], kwargs.get("device"), kwargs.get("other")):
         if isinstance(a, torch.Tensor):
             return a.device

@@ -17,7 +17,7 @@ from placecheck.cli.app import app
 from placecheck.devices import AUDIT_DEVICE_HELP
 from placecheck.errors import PlacecheckError
 from placecheck.formats import OutputFormat
-from placecheck.options import ENGINE_CHOICES, INIT_CHOICES, AuditOptions, split_codes
+from placecheck.options import ENGINE_CHOICES, INIT_CHOICES, WRAP_CHOICES, AuditOptions, split_codes
 from placecheck.output import OutputOptions, emit, fail, model_output_to_stderr
 from placecheck.report import FAIL_ON_CHOICES, Report
 
@@ -48,6 +48,15 @@ def audit(
         metavar="N", min=1,
         help="Number of simulated GPUs (default: enough for the target's index; with --device keep, "
              "8, the devices the model uses are listed in its device map).")] = None,
+    wrap: Annotated[str | None, typer.Option(
+        "--wrap", metavar="WRAP",
+        help=f"{'|'.join(WRAP_CHOICES)}: audit the model as each replica or rank sees it, replica k on "
+             "cuda:k: dp (nn.DataParallel), ddp (DistributedDataParallel, ranks on a simulated "
+             "process group), fsdp (FSDP2 fully_shard; a model the target already sharded is audited "
+             "as placed). A DataParallel target is audited this way without it.")] = None,
+    world_size: Annotated[int | None, typer.Option(
+        "--world-size", metavar="N", min=1,
+        help="Replicas (dp) or ranks (ddp, fsdp) (default: --gpus, else 2).")] = None,
     init: Annotated[str, typer.Option(
         metavar="INIT",
         help=f"{'|'.join(INIT_CHOICES)}: where to build the model. cpu; meta (no memory for "
@@ -155,7 +164,8 @@ def audit(
         check_writable(write_baseline, "--write-baseline")
         reject_run_options(ctx)
         options = AuditOptions(
-            device=device, engine=engine, gpus=gpus, init=init, select=split_codes(select),
+            device=device, engine=engine, gpus=gpus, wrap=wrap, world_size=world_size, init=init,
+            select=split_codes(select),
             ignore=split_codes(ignore), checkpoint=checkpoint, checkpoint_key=key, trust=trust,
             inputs=tuple(input_specs or ()), example_inputs=example_inputs, forward=not no_forward,
             train=train, library_findings=library_findings, copy_model=False, target=target)

@@ -1,4 +1,4 @@
-"""Models placed across several devices by their own code: ``--device keep``.
+"""Models placed across several devices by their own code (``--device keep``), and replicated ones.
 
 The room for multi-device placement. Nothing here calls ``.to()`` on the
 model: the model is built under simulated CUDA with as many GPUs as asked
@@ -16,6 +16,10 @@ and audited as it placed itself:
   every copy between devices in one forward (the cross-device traffic, PC208);
 - :func:`placecheck.placement.devicemap.device_map`: the report's device map (per top-level stage, its devices
   and bytes) with those copies, as :class:`placecheck.report.DeviceMap`.
+
+:mod:`placecheck.placement.replicas` audits DataParallel, DDP and FSDP2 models
+as each replica or rank sees them (``--wrap``): one ordinary audit per replica,
+replica k against ``cuda:k``, merged.
 """
 
 from __future__ import annotations
