@@ -270,10 +270,12 @@ def _audit_on(model: ModelOrFactory, opts: AuditOptions, replica: Replica | None
             raise UsageError("--wrap fsdp builds each rank's model on its GPU as fully_shard places it: "
                              "use --init cpu (or auto)")
         init_choice = parse_init("cpu")
-    if keep:  # the model places itself on the simulated GPUs: the engine simulates them all
+    if keep:  # the model places itself: real GPUs when there are as many as it may use, else simulated
         from placecheck.placement import DEFAULT_GPUS
 
-        eng = choose_engine("cuda:0", choice, opts.gpus or DEFAULT_GPUS, train=opts.train and opts.forward)
+        gpus = opts.gpus or DEFAULT_GPUS
+        eng = choose_engine(f"cuda:{gpus - 1}", choice, gpus, train=opts.train and opts.forward)
+        eng = dataclasses.replace(eng, device="cuda:0")
     elif replica is not None:  # every replica on one engine: real only when the machine has the last GPU
         last = f"cuda:{replica.replicas.count - 1}"
         eng = dataclasses.replace(choose_engine(last, choice, opts.gpus, train=opts.train and opts.forward),
@@ -452,7 +454,7 @@ def _attempt(eng: Engine, opts: _Options) -> _Attempt:
         if placement is not None:
             from placecheck.placement.devicemap import device_map
 
-            attempt.device_map = device_map(moved, traced.copies if inputs is not None else ())
+            attempt.device_map = device_map(moved, placement, traced.copies if inputs is not None else ())
     attempt.findings = [*walk_findings, *checkpoint_findings, *forward_findings]
     attempt.stats = result.stats
     return attempt
@@ -480,8 +482,9 @@ def _placement(model: nn.Module, eng: Engine, opts: _Options, attempt: _Attempt)
     used = devices_used(model)
     highest = highest_gpu(used)
     if opts.gpus is not None and highest >= opts.gpus:
+        have = "1 GPU (cuda:0)" if opts.gpus == 1 else f"{opts.gpus} GPUs (cuda:0 to cuda:{opts.gpus - 1})"
         raise UsageError(f"--device keep: the model places tensors on cuda:{highest}, but --gpus {opts.gpus} "
-                         f"simulates cuda:0 to cuda:{opts.gpus - 1}: use --gpus {highest + 1} (or more)")
+                         f"gives it {have}: use --gpus {highest + 1} (or more)")
     if not eng.simulated:
         count = "real GPUs"
     elif opts.gpus is not None:
@@ -585,6 +588,8 @@ def _forward(model: nn.Module, eng: Engine, result: WalkResult, snapshot: Snapsh
     tracer = Tracer(model, dev, result, move=lambda t: move_inputs(t, tracer.target_name),
                     placement=placement)
     args, kwargs = move_inputs(inputs[0], dev), move_inputs(inputs[1], dev)
+    if tracer.flows is not None:
+        tracer.flows.mark_inputs((args, kwargs))
     why = limit = ""
     try:
         with _quiet_fake_tensor_log():

@@ -28,8 +28,8 @@ class Mismatch:
     expected: str = ""
     """The device the op ran for (the target; with ``--device keep``, its module's device)."""
     stages: tuple[str, str] | None = None
-    """``--device keep``: (the stage whose forward produced the offending tensor, the module whose
-    forward received it); ``""`` names the root or the forward's inputs."""
+    """``--device keep``: (the stage whose forward produced the offending tensor, the stage whose forward
+    received it); ``"(input)"`` names the forward's inputs, ``""`` the root."""
 
 
 @dataclass

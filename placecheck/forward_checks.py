@@ -205,7 +205,7 @@ def _mismatch(event: Mismatch, target: str) -> Finding:
         stages=(from_stage, to_module, target) if event.stages is not None else None)
     details = [("op", event.op), ("devices", ", ".join(event.devices))]
     if event.stages is not None:
-        details.append(("stages", f"{from_stage or '(input)'} ({event.device}) -> {to_module or '(root)'} "
+        details.append(("stages", f"{from_stage or '(root)'} ({event.device}) -> {to_module or '(root)'} "
                                   f"({target})"))
     origins = prov.origins()
     if len(origins) > 1:

@@ -24,7 +24,8 @@ class StageRow:
     registered state lives."""
 
     path: str
-    """The stage's module path (``s1``, ``encoder``); ``""`` for state the root module holds itself."""
+    """The stage's module path (``s1``, ``encoder``; ``layers.4`` when ``layers`` spans several devices);
+    ``""`` for state the root module holds itself."""
     devices: tuple[str, ...]
     """Every device its parameters and buffers are on, sorted (``cpu`` and ``disk`` for offloaded state)."""
     nbytes: int
@@ -63,10 +64,10 @@ class Transfer:
     source: str
     """``file:line`` of the user's code that made the copy ("" when unknown)."""
     from_stage: str
-    """The stage (top-level module path) whose forward produced the copied tensor; ``""`` for the root
-    or the forward's inputs."""
+    """The stage (module path) whose forward produced the copied tensor; ``"(input)"`` for the forward's
+    inputs, ``""`` for the root's own work."""
     to_stage: str
-    """The stage whose forward consumed the copy first; ``""`` for the root (or returned by forward)."""
+    """The stage whose forward computed on the copy first; ``""`` for none (the root, or returned)."""
     count: int = 1
 
     @property
@@ -121,7 +122,7 @@ class DeviceMap:
 
     def lines(self) -> list[str]:
         """The short text section a table shows after the findings: one line per stage, then per copy."""
-        out = ["device map (parameters and buffers per top-level stage):"]
+        out = ["device map (parameters and buffers per stage):"]
         width = max([len(r.path or "(root)") for r in self.stages] + [5])
         for row in self.stages:
             where = ", ".join(f"{d} {human_bytes(n)}" for d, n in row.by_device) if row.by_device \

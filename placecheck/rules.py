@@ -317,15 +317,15 @@ def device_mismatch(op: str, devices: Sequence[str], device: str, tensor: str, o
     """PC201: ``op`` mixed ``devices``; its ``tensor`` argument was on ``device``. The hint follows where
     that tensor came from: created in forward on ``created_on``, a lazily built layer, a walk finding
     (its hint), or a plain ``attribute``. ``stages`` (``--device keep``) is (the stage that produced the
-    tensor, the module that received it, that module's device): the two sides of a model-parallel mix."""
+    tensor, the stage that received it, that stage's device): the two sides of a model-parallel mix."""
     if stages is not None and not (created_on or lazy or linked_hint or attribute):
         produced_by, used_by, used_on = stages
-        side = f"stage {produced_by!r}" if produced_by else "the forward's input"
+        side = ("the forward's input" if produced_by == "(input)" else
+                f"stage {produced_by!r}" if produced_by else "the root module's forward")
         message = (f"{op} mixed {' and '.join(devices)}: its {tensor} argument comes from {side} on "
-                   f"{device}, and module {used_by or '(root)'!r} runs on {used_on}; on the GPUs this raises "
-                   "'Expected all tensors to be on the same device'")
-        stage = used_by.split(".", 1)[0]
-        where = f"where it enters stage {stage!r}" if stage else "before the call"
+                   f"{device}, and {f'stage {used_by!r}' if used_by else 'the root module'} runs on "
+                   f"{used_on}; on the GPUs this raises 'Expected all tensors to be on the same device'")
+        where = f"where it enters stage {used_by!r}" if used_by else "before the call"
         return message, (f"move the activation between the stages, {where}: h = h.to({used_on!r}) "
                          "(or h.to(<a parameter of that stage>.device))")
     if created_on:
@@ -351,8 +351,8 @@ _rule("PC208", "cross-device-ping-pong", W, "forward", "data copied back and for
 A model placed across GPUs copies activations from one stage to the next:
 that traffic is expected (placecheck audit --device keep lists it). Two kinds
 of copy are waste on every forward: data a stage sends to another device and
-takes back to compute on again (cuda:1 -> cuda:0 -> cuda:1 across the same
-boundary: two trips over the interconnect where none was needed), and a
+takes back to compute on again in the same top-level module (cuda:1 -> cuda:0
+-> cuda:1: two trips over the interconnect where none was needed), and a
 registered parameter or buffer copied to another device inside forward (the
 weights cross the bus on every call instead of living where they are used).
 Put each module on the device of the stage that uses it. A pipeline whose

@@ -162,7 +162,7 @@ def test_cli_keep_finds_the_buggy_pipeline_and_passes_the_fixed_one() -> None:
 
 
 @pytest.mark.parametrize("args, says", [
-    (["--gpus", "1"], "places tensors on cuda:1, but --gpus 1 simulates cuda:0 to cuda:0: use --gpus 2"),
+    (["--gpus", "1"], "places tensors on cuda:1, but --gpus 1 gives it 1 GPU (cuda:0): use --gpus 2"),
     (["--init", "meta"], "--device keep builds the model as its code places it"),
     (["--checkpoint", "x.pt"], "--device keep cannot load --checkpoint"),
 ])
@@ -205,3 +205,75 @@ def test_the_config_accepts_device_keep() -> None:
     assert (cfg.models[0].options.device, cfg.models[0].options.gpus) == ("keep", 2)
     with pytest.raises(UsageError, match="or keep"):
         parse('[[models]]\ntarget = "pkg.mod:Net"\ndevice = "kept"\n', "cfg.toml")
+
+
+def test_a_keep_report_crosses_to_a_child_process_whole() -> None:
+    from placecheck.formats.json import report_to_dict
+    from placecheck.runner import report_from_dict
+
+    report = _audit(FIXTURES / "clean_pipeline.py")
+    again = report_from_dict(json.loads(json.dumps(report_to_dict(report))))
+    assert again.device_map == report.device_map
+    assert again.device_map is not None and len(again.device_map.transfers) == 2
+
+
+def test_train_checks_each_gradient_against_its_own_parameter() -> None:
+    from placecheck.load import model_factory
+
+    report = placecheck.audit(model_factory(f"{PIPELINE}:FixedPipeline", {}), device="keep", train=True)
+    assert report.engine == "simulated cuda (real values)"
+    assert report.findings == ()
+    assert report.device_map is not None and len(report.device_map.transfers) == 1
+
+
+def test_an_output_off_every_device_of_the_model_is_pc206() -> None:
+    class ToHost(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.s1 = nn.Linear(4, 4).to("cuda:0")
+            self.s2 = nn.Linear(4, 4).to("cuda:1")
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.s2(self.s1(x).to("cuda:1")).cpu()
+
+    report = placecheck.audit(ToHost, device="keep", inputs=["float32[2,4]"], select=["PC206"])
+    (output,) = report.findings
+    assert (output.code, output.device, output.expected) == ("PC206", "cpu", "cuda:0 or cuda:1")
+
+
+def test_a_layer_list_split_across_gpus_is_mapped_per_stage_and_a_weight_names_its_stage() -> None:
+    class Split(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.ModuleList(nn.Linear(8, 8).to(f"cuda:{i // 2}") for i in range(4))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for i, layer in enumerate(self.layers):
+                x = layer(x.to(layer.weight.device)) if i < 3 else x @ self.layers[0].weight
+            return x
+
+    report = placecheck.audit(Split, device="keep", inputs=["float32[2,8]"])
+    assert report.device_map is not None
+    assert [(r.path, r.devices) for r in report.device_map.stages] == [
+        ("layers.0", ("cuda:0",)), ("layers.1", ("cuda:0",)), ("layers.2", ("cuda:1",)),
+        ("layers.3", ("cuda:1",))]
+    assert [t.boundary for t in report.device_map.transfers] == ["layers.1 -> layers.2"]
+    (mismatch,) = [f for f in report.findings if f.code == "PC201"]
+    assert "comes from stage 'layers.0' on cuda:0" in mismatch.message
+
+
+def test_a_third_stage_back_on_the_first_gpu_is_a_pipeline_not_a_ping_pong() -> None:
+    class ThreeStages(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.s1 = nn.Linear(8, 8).to("cuda:0")
+            self.s2 = nn.Linear(8, 8).to("cuda:1")
+            self.s3 = nn.Linear(8, 8).to("cuda:0")
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.s3(self.s2(self.s1(x).to("cuda:1")).to("cuda:0"))
+
+    report = placecheck.audit(ThreeStages, device="keep", inputs=["float32[2,8]"])
+    assert report.findings == ()
+    assert report.device_map is not None
+    assert [t.boundary for t in report.device_map.transfers] == ["s1 -> s2", "s2 -> s3"]

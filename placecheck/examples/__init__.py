@@ -1,1 +1,2 @@
-"""Example models for ``make demo`` and the docs: one buggy, one clean."""
+"""Example models for ``make demo`` and the docs: one buggy, one clean; ``pipeline.py`` splits a model
+across two GPUs (``--device keep``)."""

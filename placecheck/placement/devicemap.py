@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 
 from placecheck.events import Copy
-from placecheck.placement.expected import device_order, stage_of
+from placecheck.placement.expected import Placement, device_order
 from placecheck.report import DeviceMap, StageRow, Transfer
 
 
@@ -24,9 +24,11 @@ def transfers(copies: Iterable[Copy]) -> tuple[Transfer, ...]:
                  for (src, dst, nbytes, source, from_stage, to_stage), count in rows.items())
 
 
-def device_map(model: nn.Module, copies: Iterable[Copy] = ()) -> DeviceMap:
-    """Per top-level stage (each child of the root, and the root's own state), its devices and the bytes
-    of its parameters and buffers; with the copies between devices of one forward."""
+def device_map(model: nn.Module, placement: Placement, copies: Iterable[Copy] = ()) -> DeviceMap:
+    """Per stage (each child of the root, or for a child spanning several devices its outermost
+    descendants on one: :meth:`~placecheck.placement.expected.Placement.stage_of`; and the root's own
+    state), its devices and the bytes of its parameters and buffers; with the copies between devices of
+    one forward."""
     seen: set[int] = set()
     stages: dict[str, dict[str, int]] = {}
     for name, t in [*model.named_parameters(remove_duplicate=False),
@@ -35,13 +37,11 @@ def device_map(model: nn.Module, copies: Iterable[Copy] = ()) -> DeviceMap:
             continue
         seen.add(id(t))
         owner = name.rpartition(".")[0]
-        stage = stage_of(owner)
+        stage = placement.stage_of(owner)
         per_device = stages.setdefault(stage, {})
         device = str(t.device)
         per_device[device] = per_device.get(device, 0) + _nbytes(t)
-    for child, _ in model.named_children():
-        stages.setdefault(child, {})
-    order = {name: i for i, (name, _) in enumerate(model.named_children())}
+    order = {name: i for i, (name, _) in enumerate(model.named_modules())}
     rows = []
     for stage in sorted(stages, key=lambda s: order.get(s, -1)):
         per_device = dict(sorted(stages[stage].items(), key=lambda kv: device_order(kv[0])))

@@ -13,6 +13,12 @@ judged against the device of the state it holds:
 A module spanning several devices (case 2) accepts tensors on any of them; its
 ``primary`` device is the one its first registered tensor is on (the first
 stage). Never decided from class or attribute names.
+
+A *stage* is the outermost module on one device: a child of the root that
+holds state on one device, or, for a child spanning several (an
+``nn.ModuleList`` whose first layers are on ``cuda:0`` and the rest on
+``cuda:1``), its outermost descendants that are each on one (``layers.3``,
+``layers.4``): :meth:`Placement.stage_of`.
 """
 
 from __future__ import annotations
@@ -101,6 +107,7 @@ class Placement:
             if path not in self._by_path:
                 self._by_path[path] = self._inherited(path)
         self._paths = paths
+        self._stages: dict[str, str] = {}
 
     def _inherited(self, path: str) -> Expected:
         while path:
@@ -120,6 +127,24 @@ class Placement:
             found = self._by_path.get(path)
         return found or _ANY
 
+    def stage_of(self, path: str) -> str:
+        """The stage of the module at ``path``: the outermost module on its path (itself included)
+        whose state is on one device; ``""`` for the root; the path itself when none is."""
+        found = self._stages.get(path)
+        if found is not None:
+            return found
+        stage = path
+        if path:
+            parts = path.split(".")
+            for i in range(1, len(parts) + 1):
+                prefix = ".".join(parts[:i])
+                expected = self._by_path.get(prefix)
+                if expected is not None and expected.how != "ancestor" and len(expected.devices) == 1:
+                    stage = prefix
+                    break
+        self._stages[path] = stage
+        return stage
+
     def of_module(self, module: nn.Module) -> Expected:
         """The expectation of a module object of the model (any device when it is not the model's)."""
         path = self._paths.get(id(module))
@@ -137,6 +162,5 @@ def device_order(device: str) -> tuple[int, str, int]:
     return (0 if index.isdigit() else 1, kind, int(index) if index.isdigit() else 0)
 
 
-def stage_of(path: str) -> str:
-    """The top-level stage of a module path: ``s2.0.attn`` -> ``s2``; ``""`` (the root) -> ``""``."""
-    return path.split(".", 1)[0] if path else ""
+INPUT = "(input)"
+"""The stage of the forward's inputs, in flows and messages (never a module path)."""

@@ -11,14 +11,16 @@ The tracer (:mod:`placecheck.trace`) hands every call to :class:`Flows`, which
 - records every copy between devices as a :class:`~placecheck.events.Copy`
   (bytes, user line, from-stage, and the stage that first computes on it),
   marking the waste PC208 reports: a registered parameter or buffer copied in
-  forward, or data that left a stage on one device, went to another, and came
-  back to the same stage on the same device (``cuda:1 -> cuda:0 -> cuda:1``
-  across one boundary).
+  forward, or data that left a top-level module (a child of the root) on one
+  device, went to another, and came back to be computed on by the same
+  top-level module on the same device (``cuda:1 -> cuda:0 -> cuda:1`` across
+  one boundary: a stage that sends its activations to a layer left elsewhere
+  and takes them back).
 
 Not a ping-pong: a pipeline whose third stage sits on the first stage's device
-(the data comes back to that device, but to another stage), and a copy that
-brings the forward's result back to the input's device at the end
-(``return h.to("cuda:0")``: no stage computes on it again).
+(the data comes back to that device, but to another top-level module), and a
+copy that brings the forward's result back to the input's device at the end
+(``return h.to("cuda:0")``: nothing computes on it again).
 
 Not reentrant: one traced forward at a time (the hooks are global).
 """
@@ -35,7 +37,7 @@ from torch.utils.hooks import RemovableHandle
 from torch.utils.weak import WeakIdKeyDictionary
 
 from placecheck.events import Copy
-from placecheck.placement.expected import Placement, stage_of
+from placecheck.placement.expected import INPUT, Placement
 from placecheck.sources import Site
 
 _MOVES = frozenset({torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.cpu, torch.Tensor.type_as})
@@ -54,7 +56,8 @@ class _Flow:
     arrived: Copy | None = None
     """The last copy its data went through (the one that brought it to its device)."""
     left: tuple[tuple[str, str], ...] = ()
-    """(device, stage) pairs its data left by a copy: a stage computing on it again there is a ping-pong."""
+    """(device, top-level module) pairs its data left by a copy: that module computing on it again on
+    that device is a ping-pong."""
     weights: str = ""
     """The registered parameter or buffer it is (or a view/cast of), by path."""
 
@@ -64,6 +67,11 @@ def _nbytes(t: torch.Tensor) -> int:
         return int(t.nelement() * t.element_size())
     except (RuntimeError, ValueError):
         return 0
+
+
+def _top(path: str) -> str:
+    """The top-level module of a path (``s2.norm`` -> ``s2``)."""
+    return path.split(".", 1)[0]
 
 
 def _tensors_of(out: Any) -> Iterable[torch.Tensor]:
@@ -131,9 +139,23 @@ class Flows:
         return self._device(devices[0])
 
     def stages(self, t: torch.Tensor) -> tuple[str, str]:
-        """(the stage that produced ``t``, the module running now): the two sides of a mismatch."""
+        """(the stage that produced ``t``, the stage of the module running now): the two sides of a
+        mismatch. The first is :data:`~placecheck.placement.expected.INPUT` for the forward's inputs, the
+        stage holding it for a registered parameter or buffer, ``""`` for the root's own work."""
+        here = self.placement.stage_of(self.current)
         flow = self._flow(t)
-        return (flow.stage if flow is not None else ""), self.current
+        if flow is not None:
+            return flow.stage, here
+        weights = self._weights.get(id(t), "")
+        return (self.placement.stage_of(weights.rpartition(".")[0]) if weights else ""), here
+
+    def mark_inputs(self, inputs: Any) -> None:
+        """The forward's input tensors (nested), so that a message can name them as such."""
+        from torch.utils._pytree import tree_leaves
+
+        for t in tree_leaves(inputs):
+            if isinstance(t, torch.Tensor):
+                self._flows[t] = _Flow(INPUT)
 
     # -- flows and copies -----------------------------------------------------------------------------
     def between_devices(self, func: Callable[..., Any], args: tuple[Any, ...], out: torch.Tensor) -> bool:
@@ -149,7 +171,7 @@ class Flows:
         """Give ``out`` its flow; return the copy ``func`` made between devices, if it made one."""
         import sys
 
-        here = stage_of(self.current)
+        here = self.placement.stage_of(self.current)
         moving = func in _MOVES
         inherited: _Flow | None = None
         for _, t in tensors:
@@ -160,8 +182,8 @@ class Flows:
             if here and not moving:  # a stage computes on it
                 if flow.copy is not None and not flow.copy.to_stage:
                     flow.copy.to_stage = here
-                if flow.arrived is not None and (str(t.device), here) in flow.left:
-                    flow.arrived.ping_pong = True  # back on the device and in the stage it left
+                if flow.arrived is not None and (str(t.device), _top(here)) in flow.left:
+                    flow.arrived.ping_pong = True  # back on the device and in the module it left
         copy: Copy | None = None
         source = args[0] if args and isinstance(args[0], torch.Tensor) else None
         if moving and source is not None and isinstance(out, torch.Tensor) and out.device != source.device:
@@ -169,11 +191,12 @@ class Flows:
             weights = self._weights.get(id(source), "") or (flow.weights if flow is not None else "")
             route = (flow.route if flow is not None and flow.route else (str(source.device),))
             dst = str(out.device)
-            from_stage = flow.stage if flow is not None else stage_of(weights.rpartition(".")[0])
+            from_stage = (flow.stage if flow is not None else
+                          self.placement.stage_of(weights.rpartition(".")[0]))
             copy = Copy(str(source.device), dst, _nbytes(out), site(sys._getframe(1)), from_stage,
                         route=(*route, dst), weights=weights)
             self.copies.append(copy)
-            left = (*(flow.left if flow is not None else ()), (str(source.device), here or from_stage))
+            left = (*(flow.left if flow is not None else ()), (str(source.device), _top(here or from_stage)))
             self._flows[out] = _Flow(from_stage, (*route, dst), copy, copy, left, weights)
             return copy
         if inherited is None and not here:
