@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 pytest.importorskip("libcst")  # the fix extra; the CPU-build venv installs only the dev extra
 
 from placecheck.cli import app
-from placecheck.fix import FixRefused, fix, write
+from placecheck.fix import FixRefused, fix, fix_run, write
 from placecheck.fix.edits import NotFixable, Request, Rewrite, rewrite
 from placecheck.options import AuditOptions
 
@@ -34,9 +34,17 @@ def _copy(source: Path, folder: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     return f"{source.name}:Model"
 
 
-def test_fixture_directory_covers_every_rewritten_code() -> None:
-    codes = {case.values[0].name[:5].upper() for case in CASES}
-    assert codes == {"PC101", "PC102", "PC103", "PC202"}
+RUN_FIXTURES = FIXTURES / "run"
+RUN_CASES = [pytest.param(py, py.with_name(py.stem + ".fixed.py"), id=py.stem)
+             for py in sorted(RUN_FIXTURES.glob("*.py")) if not py.name.endswith(".fixed.py")]
+"""Scripts for ``fix --run``: each gets a checkpoint saved on cuda:3 as argv[1] (the PC301 case reads it)."""
+
+
+def test_fixture_directories_cover_every_rewritten_code() -> None:
+    from placecheck.fix import AUTOFIX
+
+    codes = {case.values[0].name[:5].upper() for case in [*CASES, *RUN_CASES]}
+    assert codes == set(AUTOFIX)
 
 
 @pytest.mark.parametrize("source, expected", CASES)
@@ -52,6 +60,70 @@ def test_fixture_patched_byte_for_byte_proven_and_idempotent(
     assert result.remaining == [] and result.exit_code == 0
     again = fix(target, AuditOptions())
     assert again.edits == [] and not again.report.findings and again.exit_code == 0
+
+
+@pytest.fixture
+def cuda3_checkpoint(tmp_path: Path) -> str:
+    import torch.nn as nn
+    from checkpoint_writer import save_with_locations
+
+    path = tmp_path / "checkpoints" / "saved_on_cuda3.pt"
+    path.parent.mkdir()
+    save_with_locations(dict(nn.Linear(8, 2).state_dict()), path, default="cuda:3")
+    return str(path)
+
+
+@pytest.mark.parametrize("source, expected", RUN_CASES)
+def test_run_fixture_patched_byte_for_byte_proven_and_idempotent(
+        source: Path, expected: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        cuda3_checkpoint: str) -> None:
+    assert expected.is_file(), f"{source.name} has no {expected.name} beside it"
+    shutil.copy(source, tmp_path / source.name)
+    monkeypatch.chdir(tmp_path)
+    result = fix_run(source.name, [cuda3_checkpoint])
+    assert result.report.findings and result.edits and not result.failed and not result.not_fixable, \
+        result.summary()
+    assert (tmp_path / source.name).read_bytes() == source.read_bytes(), "fix wrote without write()"
+    assert write(result) == [source.name]
+    assert (tmp_path / source.name).read_bytes() == expected.read_bytes()
+    assert result.remaining == [] and result.exit_code == 0
+    again = fix_run(source.name, [cuda3_checkpoint])
+    assert again.edits == [] and not again.report.findings and again.exit_code == 0
+
+
+def test_cli_fix_run_writes_the_script_and_refuses_model_options(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cuda3_checkpoint: str) -> None:
+    source = RUN_FIXTURES / "pc301_map_location.py"
+    shutil.copy(source, tmp_path / source.name)
+    monkeypatch.chdir(tmp_path)
+    runner = CliRunner()
+    shown = runner.invoke(app, ["fix", "--run", source.name, "--", cuda3_checkpoint])
+    assert shown.exit_code == 0, shown.output
+    assert '+    map_location="cpu",' in shown.stdout and "fixed 1 finding" in shown.stdout
+    assert (tmp_path / source.name).read_bytes() == source.read_bytes()
+    written = runner.invoke(app, ["fix", "--run", source.name, "--write", "--", cuda3_checkpoint])
+    assert written.exit_code == 0 and written.stdout.startswith(f"wrote {source.name}\n"), written.output
+    assert (tmp_path / source.name).read_bytes() == source.with_name("pc301_map_location.fixed.py").read_bytes()
+    for bad in (["fix", "--run", source.name, "--kwargs", "{}"], ["fix", "m.py:M", "--steps", "3"],
+                ["fix", "m.py:M", "--", "an-argument"]):
+        refused = runner.invoke(app, bad)
+        assert refused.exit_code == 2, (bad, refused.output)
+
+
+def test_batch_element_moved_beside_its_sibling_or_before_an_inline_use() -> None:
+    src = ("for step, (x, y) in enumerate(loader):\n    opt.zero_grad()\n"
+           "    loss = crit(model(x.cuda(non_blocking=True)), y)\n")
+    out = _rewrite(src, Request("PC201", 1, where="y", batch="batch[1]", use=3))
+    assert out.after == ("    y = y.cuda(non_blocking=True)\n"
+                         "    loss = crit(model(x.cuda(non_blocking=True)), y)\n")
+    unpacked = "for batch in loader:\n    x, y = batch\n    x = x.to(dev)\n    print(model(x) + y)\n"
+    assert _rewrite(unpacked, Request("PC201", 1, where="y", batch="batch[1]", use=4)).source == \
+        "for batch in loader:\n    x, y = batch\n    x = x.to(dev)\n    y = y.to(dev)\n    print(model(x) + y)\n"
+    alone = rewrite("for x, y in loader:\n    model.to(dev)\n    crit(model(x), y)\n",
+                    Request("PC201", 1, where="y", batch="batch[1]", use=3))
+    assert isinstance(alone, NotFixable) and "no other element of the batch is moved" in alone.reason
+    not_batch = rewrite("x = a + b\n", Request("PC201", 1, where="b"))
+    assert isinstance(not_batch, NotFixable) and "origin" in not_batch.reason
 
 
 def test_write_refuses_a_file_changed_since_the_audit(tmp_path: Path,
@@ -136,6 +208,14 @@ def test_not_fixable_outside_init_or_without_a_tensor_argument() -> None:
 def test_torch_load_gets_map_location() -> None:
     src = "import torch\nstate = torch.load(path)\n"
     assert _rewrite(src, Request("PC301", 2)).after == 'state = torch.load(path, map_location="cpu")\n'
+    keywords = "import torch\nstate = torch.load(\n    path,  # c\n    weights_only=True,  # d\n)\n"
+    assert _rewrite(keywords, Request("PC301", 2)).source == (
+        "import torch\nstate = torch.load(\n    path,  # c\n    weights_only=True,  # d\n"
+        '    map_location="cpu",\n)\n')
+    one = _rewrite("import torch\nstate = torch.load(\n    path,  # c\n)\n", Request("PC301", 2))
+    assert one.after == '    path,  # c\n    map_location="cpu",\n'
+    positional = rewrite("import torch\nstate = torch.load(path, 'cpu')\n", Request("PC301", 2))
+    assert isinstance(positional, NotFixable)
 
 
 def test_explain_says_whether_a_code_is_auto_fixable() -> None:

@@ -29,11 +29,23 @@ class FixFormat(str, enum.Enum):
     JSON = "json"
 
 
-@app.command()
+@app.command(context_settings={"allow_interspersed_args": True})
 def fix(
     target: Annotated[str, typer.Argument(
         metavar="TARGET", show_default=False,
-        help="The model, as for audit: MODULE:ATTR or path/to/file.py:ATTR.")],
+        help="The model, as for audit: MODULE:ATTR or path/to/file.py:ATTR; with --run, the script.")],
+    script_args: Annotated[list[str] | None, typer.Argument(
+        metavar="[-- ARGS]...", show_default=False,
+        help="With --run: the script's arguments, after --.")] = None,
+    run_script: Annotated[bool, typer.Option(
+        "--run", help="TARGET is a training or inference script: run it as placecheck run does (it REALLY "
+                      "runs, twice: once more for the proof) and fix what it meets, a batch element the "
+                      "loop does not move included.")] = False,
+    steps: Annotated[int | None, typer.Option(
+        metavar="N", min=0, help="With --run: stop after this many optimizer steps (0: run to the end; "
+                                 "default 2).")] = None,
+    timeout: Annotated[float | None, typer.Option(
+        metavar="SECONDS", min=0, help="With --run: stop the script after this many seconds.")] = None,
     device: Annotated[str, typer.Option(
         "--device", "-d", metavar="DEVICE", help=f"Target device: {DEVICE_HELP}.")] = "cuda",
     engine: Annotated[str, typer.Option(metavar="ENGINE", help="As for audit.")] = "auto",
@@ -73,15 +85,31 @@ def fix(
             raise UsageError("--diff and --write cannot be combined: --diff prints the patch, --write "
                              "applies it")
         from placecheck.fix import fix as run_fix
-        from placecheck.fix import write
+        from placecheck.fix import fix_run, write
         from placecheck.load import parse_kwargs
 
         options = AuditOptions(device=device, engine=engine, gpus=gpus, init=init,
                                inputs=tuple(input_specs or ()), example_inputs=example_inputs,
                                select=split_codes(select), ignore=split_codes(ignore))
-        constructor_kwargs = parse_kwargs(kwargs, arg or ())
-        with model_output_to_stderr():
-            result = run_fix(target, options, kwargs=constructor_kwargs, unsafe=unsafe)
+        if run_script:
+            model_only = [flag for flag, given in (
+                ("--device", device != "cuda"), ("--engine", engine != "auto"), ("--init", init != "auto"),
+                ("--kwargs", kwargs is not None), ("--arg", bool(arg)), ("--input", bool(input_specs)),
+                ("--example-inputs", example_inputs is not None)) if given]
+            if model_only:
+                raise UsageError(f"{', '.join(model_only)} describe a model TARGET, not a script run with "
+                                 "--run (it runs on one simulated GPU; --gpus sets how many)")
+            options.check()
+            with model_output_to_stderr():
+                result = fix_run(target, script_args_of(script_args), steps=steps, gpus=gpus or 1,
+                                 timeout=timeout, select=options.select, ignore=options.ignore, unsafe=unsafe)
+        else:
+            if script_args or steps is not None or timeout is not None:
+                raise UsageError("script arguments, --steps and --timeout go with --run (TARGET a script): "
+                                 "placecheck fix --run SCRIPT.py -- ARGS")
+            constructor_kwargs = parse_kwargs(kwargs, arg or ())
+            with model_output_to_stderr():
+                result = run_fix(target, options, kwargs=constructor_kwargs, unsafe=unsafe)
         written = write(result) if write_files else []
     except PlacecheckError as exc:
         raise fail(str(exc), debug) from None
@@ -100,3 +128,9 @@ def fix(
             typer.echo(result.diff(), nl=False)
         typer.echo(result.summary(), nl=False)
     raise typer.Exit(result.exit_code)
+
+
+def script_args_of(values: list[str] | None) -> tuple[str, ...]:
+    """The script's arguments, a leading ``--`` separator dropped (as ``placecheck run`` takes them)."""
+    items = list(values or ())
+    return tuple(items[1:] if items and items[0] == "--" else items)

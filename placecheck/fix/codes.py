@@ -17,6 +17,9 @@ AUTOFIX: dict[str, str] = {
              "nn.ParameterDict; state_dict() gains their keys",
     "PC202": "a torch factory in forward() without device= gets device=<t>.device, <t> the forward's "
              "first tensor argument; a .to(<t>.device) or .cuda() right after it is folded into the call",
+    "PC201": "only in placecheck run (fix --run): a DataLoader batch element the loop does not move gets "
+             "`name = name.to(...)` beside the move of its siblings, with their device expression and "
+             "non_blocking; any other mismatch is fixed where the tensor comes from (its origin)",
     "PC301": "torch.load(path) in your code without map_location gets map_location=\"cpu\" (or the "
              "audit's device)",
 }

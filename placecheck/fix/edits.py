@@ -33,6 +33,11 @@ class Request:
     """PC301: where the checkpoint should be loaded (``cpu``)."""
     unsafe: bool = False
     """PC101: a persistent buffer (adds ``state_dict()`` keys) instead of ``persistent=False``."""
+    batch: str = ""
+    """PC201 in ``placecheck run``: the batch element the loop did not move (``batch[1]``)."""
+    use: int = 0
+    """PC201 of a batch element: the line that used it unmoved (0: not in this file). ``line`` is then
+    the line of the loop that produced the batch."""
 
 
 @dataclass(frozen=True)
@@ -142,12 +147,36 @@ def _with_keyword(call: cst.Call, name: str, value: cst.BaseExpression) -> cst.C
         if isinstance(last.comma, cst.MaybeSentinel):
             args[-1] = last.with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
         else:  # a trailing comma (a call over several lines): the new argument on a line of its own
-            between = args[-2].comma if len(args) > 1 else last.comma
-            assert isinstance(between, cst.Comma)
-            new = new.with_changes(comma=last.comma)
-            args[-1] = last.with_changes(comma=between)
+            new, args[-1] = _after_trailing_comma(call, new)
     args.append(new)
     return call.with_changes(args=args)
+
+
+def _after_trailing_comma(call: cst.Call, new: cst.Arg) -> tuple[cst.Arg, cst.Arg]:
+    """``new`` laid out as one more line after the last argument, which ends in a comma.
+
+    The last argument keeps its comment and line; the new one is indented like
+    the arguments, and the closing parenthesis stays where it was.
+    """
+    last = call.args[-1]
+    comma = last.comma
+    assert isinstance(comma, cst.Comma)
+    after = comma.whitespace_after
+    if not isinstance(after, cst.ParenthesizedWhitespace):  # `f(a, )` on one line
+        return new.with_changes(comma=comma), last
+    previous = call.args[-2].comma if len(call.args) > 1 else None
+    if isinstance(previous, cst.Comma) and isinstance(previous.whitespace_after, cst.ParenthesizedWhitespace):
+        indent, last_line = previous.whitespace_after.indent, previous.whitespace_after.last_line
+    elif isinstance(call.whitespace_before_args, cst.ParenthesizedWhitespace):
+        indent, last_line = call.whitespace_before_args.indent, call.whitespace_before_args.last_line
+    else:  # `f(a,\n)`: the first argument on the call's line
+        return new.with_changes(comma=comma), last.with_changes(comma=cst.Comma(
+            whitespace_after=cst.SimpleWhitespace(" ")))
+    to_new_line = comma.with_changes(whitespace_after=cst.ParenthesizedWhitespace(
+        first_line=after.first_line, empty_lines=after.empty_lines, indent=indent, last_line=last_line))
+    closing = comma.with_changes(whitespace_after=after.with_changes(first_line=cst.TrailingWhitespace(),
+                                                                     empty_lines=[]))
+    return new.with_changes(comma=closing), last.with_changes(comma=to_new_line)
 
 
 class _AtLine(cst.CSTTransformer):
@@ -381,11 +410,102 @@ class MapLocation(_AtLine):
         if self.span is not None or not self.covers(original_node) \
                 or self.imports.torch_member(updated_node.func) != "load":
             return updated_node
-        if _has_keyword(updated_node, "map_location") or len(updated_node.args) > 1:
+        positional = [a for a in updated_node.args if a.keyword is None]  # map_location is the second
+        if _has_keyword(updated_node, "map_location") or len(positional) > 1 or any(a.star for a in positional):
             self.reason = f"torch.load at line {self.line} already says where to load"
             return updated_node
         self.mark(original_node)
         return _with_keyword(updated_node, "map_location", cst.SimpleString(f'"{self.location}"'))
+
+
+class _Calls(cst.CSTVisitor):
+    """Every ``<name>.to(...)`` / ``<name>.cuda(...)`` call and every name assigned, in one statement."""
+
+    def __init__(self) -> None:
+        self.moves: list[tuple[str, cst.Call]] = []
+        self.assigned: set[str] = set()
+
+    def visit_Call(self, node: cst.Call) -> None:
+        func = node.func
+        if isinstance(func, cst.Attribute) and func.attr.value in _FOLDED and isinstance(func.value, cst.Name) \
+                and (func.attr.value == "cuda" or node.args):
+            self.moves.append((func.value.value, node))
+
+    def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+        self.assigned.update(_bound_names(node.target))
+
+
+def _bound_names(target: cst.BaseExpression) -> set[str]:
+    """``inputs, (labels, mask)`` -> ``{"inputs", "labels", "mask"}``."""
+    if isinstance(target, cst.Name):
+        return {target.value}
+    if isinstance(target, (cst.Tuple, cst.List)):
+        return {n for element in target.elements for n in _bound_names(element.value)}
+    if isinstance(target, cst.StarredElement):
+        return _bound_names(target.value)
+    return set()
+
+
+def _scan(statement: cst.CSTNode) -> _Calls:
+    calls = _Calls()
+    statement.visit(calls)
+    return calls
+
+
+class MoveBatchElement(_AtLine):
+    """PC201 in ``placecheck run``: a batch element the loop does not move gets the siblings' move.
+
+    ``for inputs, labels in loader: inputs = inputs.to(device)`` -> a line
+    ``labels = labels.to(device)`` after the sibling's, with the sibling's
+    arguments (its device expression, its ``non_blocking``); before the line
+    that uses it when the sibling is moved inline there. ``line`` is the
+    loop's line.
+    """
+
+    def __init__(self, loop: int, use: int, name: str) -> None:
+        super().__init__(loop)
+        self.use = use
+        self.name = name
+
+    def leave_For(self, original_node: cst.For, updated_node: cst.For) -> cst.For:
+        if self.span is not None or self.get_metadata(PositionProvider, original_node).start.line != self.line:
+            return updated_node
+        body = original_node.body
+        if not isinstance(body, cst.IndentedBlock):
+            self.reason = f"the loop at line {self.line} is on one line: give it an indented body first"
+            return updated_node
+        statements = list(body.body)
+        use = next((i for i, s in enumerate(statements) if self.use and self.covers_line(s, self.use)),
+                   len(statements))
+        bound = _bound_names(original_node.target)
+        in_loop = bound.union(*(_scan(s).assigned for s in statements))  # a batch element has a name here
+        for index in reversed(range(min(use + 1, len(statements)))):
+            scanned = _scan(statements[index])
+            moves = [call for name, call in scanned.moves if name != self.name and name in in_loop]
+            if moves:
+                break
+        else:
+            self.reason = (f"no other element of the batch is moved in the loop at line {self.line}: nothing "
+                           f"says which device expression to use; move {self.name} to the device there")
+            return updated_node
+        at = index + 1 if index < use else index  # after the sibling's line, or before the inline use
+        for earlier in statements[:at]:
+            bound |= _scan(earlier).assigned
+        if self.name not in bound:
+            self.reason = f"`{self.name}` is not bound by the loop at line {self.line} before its siblings move"
+            return updated_node
+        sibling = moves[-1]
+        assert isinstance(sibling.func, cst.Attribute)
+        moved = sibling.with_changes(func=sibling.func.with_changes(value=cst.Name(self.name)))
+        line = cst.SimpleStatementLine([cst.Assign([cst.AssignTarget(cst.Name(self.name))], moved)])
+        self.mark(statements[index])
+        kept = list(updated_node.body.body)
+        return updated_node.with_changes(body=updated_node.body.with_changes(
+            body=[*kept[:at], line, *kept[at:]]))
+
+    def covers_line(self, node: cst.CSTNode, line: int) -> bool:
+        pos = self.get_metadata(PositionProvider, node)
+        return bool(pos.start.line <= line <= pos.end.line)
 
 
 _KEY = re.compile(r"^\[(\d+|'[^']*'|\"[^\"]*\")\]$")
@@ -423,6 +543,14 @@ def _transformer(request: Request, imports: _Imports) -> _AtLine | NotFixable:
         if not request.op.startswith("torch.") or not factory.isidentifier():
             return NotFixable(f"{request.op or 'this call'} is not a torch factory function")
         return AddDevice(request.line, factory, imports)
+    if code == "PC201":
+        if not request.batch:
+            return NotFixable("PC201 is rewritten only for a batch element a placecheck run loop did not move: "
+                              "fix it where the tensor comes from (its origin)")
+        if not request.where.isidentifier():
+            return NotFixable(f"the batch element ({request.batch}) has no name of its own in the loop: move "
+                              "the batch to the device where it is unpacked")
+        return MoveBatchElement(request.line, request.use, request.where)
     if code == "PC301":
         location = request.device if request.device in ("cpu", "meta") else "cpu"
         return MapLocation(request.line, location, imports)

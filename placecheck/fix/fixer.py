@@ -21,7 +21,7 @@ import re
 import shutil
 import tempfile
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +34,7 @@ from placecheck.fix.proof import Outcome, reaudit
 from placecheck.options import AuditOptions
 from placecheck.report import Report
 
-__all__ = ["AUTOFIX", "NEVER", "Edit", "FixRefused", "FixResult", "Unfixed", "fix", "fix_report",
+__all__ = ["AUTOFIX", "NEVER", "Edit", "FixRefused", "FixResult", "Unfixed", "fix", "fix_report", "fix_run",
            "fixable_text", "write"]
 
 
@@ -280,6 +280,27 @@ def fix(target: str, options: AuditOptions | None = None, *, kwargs: Mapping[str
 
     return fix_report(audit_once(), audit_once, select=select if select is not None else opts.select,
                       ignore=ignore if ignore is not None else opts.ignore, unsafe=unsafe)
+
+
+def fix_run(script: str, args: Sequence[str] = (), *, steps: int | None = None, gpus: int = 1,
+            timeout: float | None = None, select: Iterable[str] | None = None,
+            ignore: Iterable[str] | None = None, unsafe: bool = False) -> FixResult:
+    """``placecheck run`` ``script`` with ``args`` and offer proven edits of it and of your modules it uses.
+
+    The proof runs the patched script again (in a forked child, with the same
+    ``steps``, ``gpus`` and ``timeout``): the script's side effects happen
+    twice. Besides the codes :func:`fix` rewrites, a DataLoader batch element
+    the loop does not move (PC201) is moved beside its siblings. Nothing is
+    written: see :func:`write`.
+    """
+    from placecheck.run import DEFAULT_STEPS, run
+
+    every_step = DEFAULT_STEPS if steps is None else steps
+
+    def audit_once() -> Report:
+        return run(script, list(args), steps=every_step, gpus=gpus, timeout=timeout)
+
+    return fix_report(audit_once(), audit_once, select=select, ignore=ignore, unsafe=unsafe)
 
 
 def write(result: FixResult) -> list[str]:

@@ -103,11 +103,24 @@ def why_not_editable(path: str) -> str:
     return ""
 
 
+def edited_line(finding: Finding) -> tuple[str, int] | None:
+    """The file and line a fix of ``finding`` edits: its ``source``, or for a batch element a
+    ``placecheck run`` loop did not move (PC201), the loop (its ``origin``)."""
+    if finding.code == "PC201" and dict(finding.details).get("batch"):
+        return split_source(finding.origin)
+    return split_source(finding.source)
+
+
 def request_for(finding: Finding, line: int, unsafe: bool) -> Request:
-    """The rewrite a finding asks for."""
+    """The rewrite a finding asks for (``line``: from :func:`edited_line`)."""
     details = dict(finding.details)
+    batch = details.get("batch", "") if finding.code == "PC201" else ""
+    use = 0
+    if batch:
+        used, loop = split_source(finding.source), split_source(finding.origin)
+        use = used[1] if used is not None and loop is not None and used[0] == loop[0] else 0
     return Request(code=finding.code, line=line, where=finding.where, module=finding.module,
-                   op=details.get("op", ""), device=finding.expected, unsafe=unsafe)
+                   op=details.get("op", ""), device=finding.expected, unsafe=unsafe, batch=batch, use=use)
 
 
 def _request_key(request: Request) -> tuple[object, ...]:
@@ -116,6 +129,8 @@ def _request_key(request: Request) -> tuple[object, ...]:
         return request.code, request.line, request.where.partition("[")[0]
     if request.code == "PC101":  # blocks.0.mask and blocks.1.mask: one line of one class
         return request.code, request.line, request.where.removeprefix(request.module).lstrip(".")
+    if request.batch:  # `labels` used unmoved at several lines: one move in the loop
+        return request.code, request.line, request.where
     return request.code, request.line, request.op
 
 
@@ -149,7 +164,7 @@ def make_plan(findings: Iterable[Finding], unsafe: bool) -> Plan:
     plan = Plan()
     grouped: dict[str, dict[tuple[object, ...], tuple[Request, list[Finding]]]] = {}
     for finding in findings:
-        located = split_source(finding.source)
+        located = edited_line(finding)
         if located is None:
             plan.not_fixable.append(Unfixed(finding, "the audit does not say which line of your code "
                                                      "made it"))

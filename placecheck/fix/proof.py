@@ -13,6 +13,7 @@ target is imported again from the edited text.
 
 from __future__ import annotations
 
+import io
 import linecache
 import multiprocessing
 import os
@@ -25,7 +26,7 @@ from importlib.machinery import ModuleSpec, PathFinder, SourceFileLoader
 from importlib.util import spec_from_file_location
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from placecheck.errors import one_line
 from placecheck.finding import Finding
@@ -70,6 +71,12 @@ def _serve_edited(edited: dict[str, str]) -> None:
 
     SourceFileLoader.get_data = get_data  # type: ignore[method-assign,assignment]
     SourceFileLoader.path_stats = path_stats  # type: ignore[method-assign,assignment]
+    real_open_code = io.open_code
+
+    def open_code(path: str) -> IO[bytes]:  # runpy reads a script (placecheck run's) through it
+        return real_open_code(edited.get(os.path.abspath(path), path))
+
+    io.open_code = open_code
     # ahead of other import hooks (pytest's assertion rewriter reads the original file itself)
     sys.meta_path.insert(0, _EditedFinder(edited))
     for name, module in list(sys.modules.items()):

@@ -488,6 +488,9 @@ class RunRecorder:
         if in_module is not None and not owner:
             where = where or type(in_module).__name__
         op = _op_name(func)
+        details: tuple[tuple[str, str], ...] = (("op", op),)
+        if origin is not None and origin.kind == "batch":  # placecheck fix moves it beside its siblings
+            details += (("batch", origin.path),)
         message = (f"{op} mixed {reference} and {t.device}: {what} is on {t.device}; on a GPU this "
                    f"raises 'Expected all tensors to be on the same device'")
         self._add(Finding(
@@ -495,7 +498,7 @@ class RunRecorder:
             source=line, device=str(t.device), expected=str(reference),
             dtype=str(t.dtype).removeprefix("torch."),
             shape=tuple(t.shape), nbytes=_nbytes(t), count=1, origin=origin_text,
-            details=(("op", op),)), key_extra=f"{where}|{origin_text}")
+            details=details), key_extra=f"{where}|{origin_text}")
 
     def _module_owner(self, t: torch.Tensor, frame: FrameType | None) -> str:
         """``criterion.weight`` when ``t`` is a parameter or buffer of a module the script names."""
