@@ -103,7 +103,8 @@ def test_cli_fix_run_writes_the_script_and_refuses_model_options(
     assert (tmp_path / source.name).read_bytes() == source.read_bytes()
     written = runner.invoke(app, ["fix", "--run", source.name, "--write", "--", cuda3_checkpoint])
     assert written.exit_code == 0 and written.stdout.startswith(f"wrote {source.name}\n"), written.output
-    assert (tmp_path / source.name).read_bytes() == source.with_name("pc301_map_location.fixed.py").read_bytes()
+    fixed = source.with_name("pc301_map_location.fixed.py")
+    assert (tmp_path / source.name).read_bytes() == fixed.read_bytes()
     for bad in (["fix", "--run", source.name, "--kwargs", "{}"], ["fix", "m.py:M", "--steps", "3"],
                 ["fix", "m.py:M", "--", "an-argument"]):
         refused = runner.invoke(app, bad)
@@ -117,13 +118,37 @@ def test_batch_element_moved_beside_its_sibling_or_before_an_inline_use() -> Non
     assert out.after == ("    y = y.cuda(non_blocking=True)\n"
                          "    loss = crit(model(x.cuda(non_blocking=True)), y)\n")
     unpacked = "for batch in loader:\n    x, y = batch\n    x = x.to(dev)\n    print(model(x) + y)\n"
-    assert _rewrite(unpacked, Request("PC201", 1, where="y", batch="batch[1]", use=4)).source == \
-        "for batch in loader:\n    x, y = batch\n    x = x.to(dev)\n    y = y.to(dev)\n    print(model(x) + y)\n"
+    assert _rewrite(unpacked, Request("PC201", 1, where="y", batch="batch[1]", use=4)).source == (
+        "for batch in loader:\n    x, y = batch\n    x = x.to(dev)\n    y = y.to(dev)\n"
+        "    print(model(x) + y)\n")
     alone = rewrite("for x, y in loader:\n    model.to(dev)\n    crit(model(x), y)\n",
                     Request("PC201", 1, where="y", batch="batch[1]", use=3))
     assert isinstance(alone, NotFixable) and "no other element of the batch is moved" in alone.reason
     not_batch = rewrite("x = a + b\n", Request("PC201", 1, where="b"))
     assert isinstance(not_batch, NotFixable) and "origin" in not_batch.reason
+
+
+def test_proof_runs_in_a_fresh_interpreter_where_this_process_cannot_fork_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a real GPU initialised here, or autograd's device threads started: a forked child cannot run the audit
+    from placecheck.fix import proof
+
+    monkeypatch.setattr(proof, "_may_fork", lambda: False)
+    target = _copy(FIXTURES / "pc103_parameter_list.py", tmp_path, monkeypatch)
+    result = fix(target, AuditOptions())
+    assert [e.code for e in result.edits] == ["PC103"] and not result.failed, result.summary()
+    assert result.remaining == []
+
+
+def test_a_child_forked_after_autograd_threads_started_is_refused_and_answered_fresh(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from placecheck.fix import proof
+
+    monkeypatch.setattr(proof, "_fork_refused", lambda: True)  # what the probe says in such a child
+    fresh: list[object] = []
+    monkeypatch.setattr(proof, "_reaudit_fresh", lambda audit_once, edited, folder: fresh.append(edited)
+                        or proof.Outcome(error="answered fresh"))
+    assert proof.reaudit(lambda: None, {"x.py": "x = 1\n"}).error == "answered fresh" and fresh
 
 
 def test_write_refuses_a_file_changed_since_the_audit(tmp_path: Path,
@@ -213,7 +238,7 @@ def test_torch_load_gets_map_location() -> None:
         "import torch\nstate = torch.load(\n    path,  # c\n    weights_only=True,  # d\n"
         '    map_location="cpu",\n)\n')
     one = _rewrite("import torch\nstate = torch.load(\n    path,  # c\n)\n", Request("PC301", 2))
-    assert one.after == '    path,  # c\n    map_location="cpu",\n'
+    assert one.source == 'import torch\nstate = torch.load(\n    path,  # c\n    map_location="cpu",\n)\n'
     positional = rewrite("import torch\nstate = torch.load(path, 'cpu')\n", Request("PC301", 2))
     assert isinstance(positional, NotFixable)
 

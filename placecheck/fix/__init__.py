@@ -19,7 +19,8 @@ from typing import Any
 
 from placecheck.fix.codes import AUTOFIX, NEVER, fixable_text
 
-_FIXER_NAMES = frozenset({"Edit", "FixRefused", "FixResult", "Unfixed", "fix", "fix_report", "fix_run", "write"})
+_FIXER_NAMES = frozenset({"Edit", "FixRefused", "FixResult", "Unfixed", "fix", "fix_report", "fix_run",
+                          "write"})
 
 __all__ = ["AUTOFIX", "NEVER", "fixable_text", *sorted(_FIXER_NAMES)]
 

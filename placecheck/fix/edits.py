@@ -411,7 +411,8 @@ class MapLocation(_AtLine):
                 or self.imports.torch_member(updated_node.func) != "load":
             return updated_node
         positional = [a for a in updated_node.args if a.keyword is None]  # map_location is the second
-        if _has_keyword(updated_node, "map_location") or len(positional) > 1 or any(a.star for a in positional):
+        if _has_keyword(updated_node, "map_location") or len(positional) > 1 \
+                or any(a.star for a in positional):
             self.reason = f"torch.load at line {self.line} already says where to load"
             return updated_node
         self.mark(original_node)
@@ -427,8 +428,8 @@ class _Calls(cst.CSTVisitor):
 
     def visit_Call(self, node: cst.Call) -> None:
         func = node.func
-        if isinstance(func, cst.Attribute) and func.attr.value in _FOLDED and isinstance(func.value, cst.Name) \
-                and (func.attr.value == "cuda" or node.args):
+        if isinstance(func, cst.Attribute) and func.attr.value in _FOLDED \
+                and isinstance(func.value, cst.Name) and (func.attr.value == "cuda" or node.args):
             self.moves.append((func.value.value, node))
 
     def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
@@ -468,7 +469,8 @@ class MoveBatchElement(_AtLine):
         self.name = name
 
     def leave_For(self, original_node: cst.For, updated_node: cst.For) -> cst.For:
-        if self.span is not None or self.get_metadata(PositionProvider, original_node).start.line != self.line:
+        if self.span is not None \
+                or self.get_metadata(PositionProvider, original_node).start.line != self.line:
             return updated_node
         body = original_node.body
         if not isinstance(body, cst.IndentedBlock):
@@ -492,7 +494,8 @@ class MoveBatchElement(_AtLine):
         for earlier in statements[:at]:
             bound |= _scan(earlier).assigned
         if self.name not in bound:
-            self.reason = f"`{self.name}` is not bound by the loop at line {self.line} before its siblings move"
+            self.reason = (f"`{self.name}` is not bound by the loop at line {self.line} before its "
+                           "siblings move")
             return updated_node
         sibling = moves[-1]
         assert isinstance(sibling.func, cst.Attribute)
@@ -545,8 +548,8 @@ def _transformer(request: Request, imports: _Imports) -> _AtLine | NotFixable:
         return AddDevice(request.line, factory, imports)
     if code == "PC201":
         if not request.batch:
-            return NotFixable("PC201 is rewritten only for a batch element a placecheck run loop did not move: "
-                              "fix it where the tensor comes from (its origin)")
+            return NotFixable("PC201 is rewritten only for a batch element a placecheck run loop did not "
+                              "move: fix it where the tensor comes from (its origin)")
         if not request.where.isidentifier():
             return NotFixable(f"the batch element ({request.batch}) has no name of its own in the loop: move "
                               "the batch to the device where it is unpacked")

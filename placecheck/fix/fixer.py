@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from placecheck.errors import PlacecheckError
+from placecheck.errors import LoadError, PlacecheckError
 from placecheck.finding import Finding, Severity
 from placecheck.fix.codes import AUTOFIX, NEVER, fixable_text
 from placecheck.fix.edits import lazy_equivalent
@@ -253,6 +253,40 @@ def fix_report(report: Report, audit_once: Callable[[], Report], *, select: Iter
     return result
 
 
+@dataclass(frozen=True)
+class _ModelAudit:
+    """One audit of a model target, every code: the first audit and each proof (picklable, for a proof
+    that cannot fork)."""
+
+    target: str
+    kwargs: dict[str, Any]
+    options: AuditOptions
+
+    def __call__(self) -> Report:
+        from placecheck.api import audit
+        from placecheck.load import build, resolve, split_target
+
+        _, attr = split_target(self.target)
+        return audit(lambda: build(resolve(self.target), attr, self.kwargs), self.options.device,
+                     options=self.options)
+
+
+@dataclass(frozen=True)
+class _ScriptRun:
+    """One ``placecheck run`` of a script, every code."""
+
+    script: str
+    args: tuple[str, ...]
+    steps: int
+    gpus: int
+    timeout: float | None
+
+    def __call__(self) -> Report:
+        from placecheck.run import run
+
+        return run(self.script, list(self.args), steps=self.steps, gpus=self.gpus, timeout=self.timeout)
+
+
 def fix(target: str, options: AuditOptions | None = None, *, kwargs: Mapping[str, Any] | None = None,
         select: Iterable[str] | None = None, ignore: Iterable[str] | None = None,
         unsafe: bool = False) -> FixResult:
@@ -264,20 +298,9 @@ def fix(target: str, options: AuditOptions | None = None, *, kwargs: Mapping[str
     arguments. ``unsafe`` registers PC101 buffers as persistent
     (``state_dict()`` keys change). Nothing is written: see :func:`write`.
     """
-    from placecheck.api import audit
-    from placecheck.load import build, resolve, split_target
-
     opts = options or AuditOptions()
-    _, attr = split_target(target)
-    model_kwargs = dict(kwargs or {})
     every_code = opts.replace(select=(), ignore=(), copy_model=False, target=target)
-
-    def audit_once() -> Report:
-        def factory() -> Any:
-            return build(resolve(target), attr, model_kwargs)
-
-        return audit(factory, every_code.device, options=every_code)
-
+    audit_once = _ModelAudit(target, dict(kwargs or {}), every_code)
     return fix_report(audit_once(), audit_once, select=select if select is not None else opts.select,
                       ignore=ignore if ignore is not None else opts.ignore, unsafe=unsafe)
 
@@ -293,14 +316,17 @@ def fix_run(script: str, args: Sequence[str] = (), *, steps: int | None = None, 
     the loop does not move (PC201) is moved beside its siblings. Nothing is
     written: see :func:`write`.
     """
-    from placecheck.run import DEFAULT_STEPS, run
+    from placecheck.run import DEFAULT_STEPS
+    from placecheck.run.script import Program
 
-    every_step = DEFAULT_STEPS if steps is None else steps
-
-    def audit_once() -> Report:
-        return run(script, list(args), steps=every_step, gpus=gpus, timeout=timeout)
-
-    return fix_report(audit_once(), audit_once, select=select, ignore=ignore, unsafe=unsafe)
+    Program(script, tuple(args)).check()  # a missing script or a syntax error: LoadError, here
+    audit_once = _ScriptRun(script, tuple(args), DEFAULT_STEPS if steps is None else steps, gpus, timeout)
+    # the first run in a child as well: a backward on simulated CUDA here would start autograd's device
+    # threads, and PyTorch refuses a backward in every child forked after that (the proofs)
+    first = reaudit(audit_once, {})
+    if first.report is None:
+        raise LoadError(f"placecheck run of {script} failed: {first.error}")
+    return fix_report(first.report, audit_once, select=select, ignore=ignore, unsafe=unsafe)
 
 
 def write(result: FixResult) -> list[str]:

@@ -2,9 +2,14 @@
 
 The child is forked from the process that ran the first audit, so it starts
 with torch and placecheck already imported (a fresh interpreter would pay
-seconds of ``import torch`` per proof). It writes nothing to the user's
+seconds of ``import torch`` per proof). PyTorch refuses some work in a forked
+child: CUDA once the parent initialised it (a real GPU), and a backward once
+the parent started autograd's device threads (a backward on CUDA, real or
+simulated). Then, or where there is no fork, the proof runs in a fresh
+interpreter, the audit handed over pickled. It writes nothing to the user's
 files: the edited texts lie in a temporary directory, and inside the child
-Python's source loader reads them in place of the originals (same module
+Python's source loader (and :func:`io.open_code`, through which ``runpy``
+reads a script) reads them in place of the originals (same module
 names, same ``__file__``, so findings point at the user's paths), with
 bytecode caching off so no ``.pyc`` of the edited text is left behind. The
 user's modules imported by the first audit are dropped first, so the
@@ -17,6 +22,8 @@ import io
 import linecache
 import multiprocessing
 import os
+import pickle
+import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
@@ -40,6 +47,8 @@ class Outcome:
 
     findings: tuple[Finding, ...] = ()
     error: str = ""
+    report: Any = None
+    """The whole Report (notes, stats) when the audit finished."""
 
 
 class _EditedFinder(MetaPathFinder):
@@ -96,6 +105,25 @@ def _serve_edited(edited: dict[str, str]) -> None:
         linecache.cache[original] = (sum(map(len, lines)), None, lines, original)
 
 
+def _fork_refused() -> bool:
+    """In a forked child: whether PyTorch refuses what an audit runs here (a backward, CUDA).
+
+    A child forked after the parent started autograd's device threads (a
+    backward on CUDA, real or simulated) cannot run a backward; one forked
+    after CUDA was initialised cannot use CUDA. The first is tried on a tiny
+    tensor (PyTorch refuses it before running anything); the second is known
+    from the parent.
+    """
+    import torch
+
+    try:
+        probe = torch.ones(1, requires_grad=True)
+        probe.sum().backward()  # type: ignore[no-untyped-call]
+    except RuntimeError:
+        return True
+    return False
+
+
 def _child(conn: Connection, audit_once: Callable[[], Any], edited: dict[str, str]) -> None:
     try:
         # GNU OpenMP's thread pool does not survive fork: a parallel op in the child waits forever
@@ -103,41 +131,109 @@ def _child(conn: Connection, audit_once: Callable[[], Any], edited: dict[str, st
         import torch
 
         torch.set_num_threads(1)
+        if _fork_refused():
+            conn.send(_FORK_REFUSED)
+            return
         _serve_edited(edited)
         report = audit_once()
-        conn.send(Outcome(tuple(report.findings)))
+        conn.send(Outcome(tuple(report.findings), report=report))
     except BaseException as exc:  # anything the edited model raises is the proof's answer, not a crash
         conn.send(Outcome(error=one_line(exc)))
     finally:
         conn.close()
 
 
-def reaudit(audit_once: Callable[[], Any], texts: dict[str, str]) -> Outcome:
-    """Run ``audit_once`` (returns a Report) in a forked child that sees ``texts`` as the files' sources.
+_FORK_REFUSED = Outcome(error="a forked child of this process cannot run the audit (CUDA or autograd's "
+                              "threads started here)")
 
-    ``texts`` maps a file path to its edited text. Where fork is not
-    available (Windows) the proof cannot run and says so.
+
+def _edited_copies(texts: dict[str, str], folder: str) -> dict[str, str]:
+    edited: dict[str, str] = {}
+    for index, (path, text) in enumerate(sorted(texts.items())):
+        copy = Path(folder) / f"{index}_{Path(path).name}"
+        copy.write_text(text, encoding="utf-8", newline="")
+        edited[os.path.abspath(path)] = str(copy)
+    return edited
+
+
+def reaudit(audit_once: Callable[[], Any], texts: dict[str, str]) -> Outcome:
+    """Run ``audit_once`` (returns a Report) in a child process that sees ``texts`` as the files' sources.
+
+    ``texts`` maps a file path to its edited text. The child is forked from
+    this warm process when PyTorch allows it here; otherwise (CUDA initialised
+    or autograd's device threads started in this process, or no fork on this
+    platform) it is a fresh interpreter, and ``audit_once`` must be picklable.
     """
-    if "fork" not in multiprocessing.get_all_start_methods():
-        return Outcome(error="this platform cannot fork a warm child process for the proof")
-    context = multiprocessing.get_context("fork")
     with tempfile.TemporaryDirectory(prefix="placecheck-fix-") as folder:
-        edited: dict[str, str] = {}
-        for index, (path, text) in enumerate(sorted(texts.items())):
-            copy = Path(folder) / f"{index}_{Path(path).name}"
-            copy.write_text(text, encoding="utf-8", newline="")
-            edited[os.path.abspath(path)] = str(copy)
-        receiver, sender = context.Pipe(duplex=False)
-        child = context.Process(target=_child, args=(sender, audit_once, edited), daemon=True)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        child.start()
-        sender.close()
-        try:
-            outcome: Outcome = receiver.recv()
-        except EOFError:
-            outcome = Outcome(error=f"the re-audit's process ended without an answer (exit code "
-                                    f"{child.exitcode})")
-        child.join()
-        receiver.close()
+        edited = _edited_copies(texts, folder)
+        outcome = _FORK_REFUSED
+        if _may_fork():
+            outcome = _reaudit_forked(audit_once, edited)
+        if outcome == _FORK_REFUSED:
+            outcome = _reaudit_fresh(audit_once, edited, folder)
     return outcome
+
+
+def _may_fork() -> bool:
+    if "fork" not in multiprocessing.get_all_start_methods():
+        return False
+    torch = sys.modules.get("torch")
+    return torch is None or not torch.cuda.is_initialized()
+
+
+def _reaudit_forked(audit_once: Callable[[], Any], edited: dict[str, str]) -> Outcome:
+    context = multiprocessing.get_context("fork")
+    receiver, sender = context.Pipe(duplex=False)
+    child = context.Process(target=_child, args=(sender, audit_once, edited), daemon=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    child.start()
+    sender.close()
+    try:
+        outcome: Outcome = receiver.recv()
+    except EOFError:
+        outcome = Outcome(error=f"the re-audit's process ended without an answer (exit code "
+                                f"{child.exitcode})")
+    child.join()
+    receiver.close()
+    return outcome
+
+
+def _reaudit_fresh(audit_once: Callable[[], Any], edited: dict[str, str], folder: str) -> Outcome:
+    """The proof in a new interpreter (``import torch`` paid again): ``audit_once`` goes pickled."""
+    try:
+        job = pickle.dumps((audit_once, edited))
+    except Exception as exc:  # a closure or a lambda: only a forked child could run it
+        return Outcome(error=f"the re-audit cannot run in a fresh process ({one_line(exc)}) and this "
+                             "process cannot fork one")
+    answer = Path(folder) / "outcome.pickle"
+    paths = [p for p in sys.path if isinstance(p, str)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p or os.getcwd() for p in paths)}
+    sys.stdout.flush()
+    sys.stderr.flush()
+    done = subprocess.run(  # this interpreter, running placecheck's own entry point
+        [sys.executable, "-c", "from placecheck.fix.proof import fresh_child; fresh_child()", str(answer)],
+        input=pickle.dumps(paths) + job, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
+        check=False)
+    if not answer.is_file():
+        said = done.stderr.decode(errors="replace").strip().splitlines()
+        return Outcome(error=f"the re-audit's process ended without an answer (exit code {done.returncode}"
+                             + (f": {said[-1]}" if said else "") + ")")
+    with answer.open("rb") as handle:
+        outcome: Outcome = pickle.load(handle)  # written by our own child just now
+    return outcome
+
+
+def fresh_child() -> None:
+    """Entry point of a fresh proof process: the job on stdin, the Outcome pickled to ``argv[1]``."""
+    stdin = sys.stdin.buffer
+    sys.path[:0] = [p for p in pickle.load(stdin) if p not in sys.path]
+    try:
+        audit_once, edited = pickle.load(stdin)
+        _serve_edited(edited)
+        report = audit_once()
+        outcome = Outcome(tuple(report.findings), report=report)
+    except BaseException as exc:  # anything the edited model raises is the proof's answer, not a crash
+        outcome = Outcome(error=one_line(exc))
+    with open(sys.argv[1], "wb") as handle:
+        pickle.dump(outcome, handle)
