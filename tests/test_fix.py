@@ -199,6 +199,27 @@ def test_cli_exit_codes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
     assert runner.invoke(app, ["fix", target]).exit_code == 0  # nothing left to fix
 
 
+def test_audit_fix_writes_like_fix_write_and_reports_what_remains(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    source = FIXTURES / "pc102_module_containers.py"
+    target = _copy(source, tmp_path, monkeypatch)
+    runner = CliRunner()
+    out = runner.invoke(app, ["audit", target, "--fix", "--format", "json"])
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.stdout)
+    assert data["findings"] == []
+    assert f"--fix: wrote {source.name}" in data["notes"] and any("fixed 3 findings" in n for n in data["notes"])
+    assert (tmp_path / source.name).read_bytes() == source.with_name(source.stem + ".fixed.py").read_bytes()
+    shutil.copy(TESTS.parent / "placecheck" / "examples" / "buggy.py", tmp_path / "buggy.py")
+    left = runner.invoke(app, ["audit", "buggy.py:BuggyNet", "--fix", "--select", "PC2"])
+    assert left.exit_code == 1, left.output  # the lazy layer (PC203) is not rewritten
+    assert "PC203" in left.stdout and "PC101" not in left.stdout
+    assert "torch.randn(x.shape, device=x.device)" in (tmp_path / "buggy.py").read_text()
+    assert "self.heads = [" in (tmp_path / "buggy.py").read_text(), "--select PC2 rewrote a PC1 finding"
+    for bad in (["audit", target, "--fix", "--timeout", "9"], ["audit", "--fix", "--config", "x.toml"]):
+        assert runner.invoke(app, bad).exit_code == 2
+
+
 # rewrites alone (no audit): layout, import styles, refusals
 
 def _rewrite(source: str, request: Request) -> Rewrite:

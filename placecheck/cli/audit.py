@@ -143,6 +143,10 @@ def audit(
     write_baseline: Annotated[str | None, typer.Option(
         "--write-baseline", metavar="FILE",
         help="Record every current finding in FILE (for --baseline) and exit 0.")] = None,
+    fix_files: Annotated[bool, typer.Option(
+        "--fix", metavar=_FLAG,
+        help="Apply the fixes placecheck fix would offer (written into your files, as ruff's --fix "
+             "does), then report what remains. To review the patch first: placecheck fix TARGET.")] = False,
 ) -> None:
     """Load a model, move it to DEVICE as a training script would, and report what did not follow.
 
@@ -151,6 +155,10 @@ def audit(
     """
     out = OutputOptions(format=fmt, output=output, fail_on=fail_on, exit_zero=exit_zero, debug=debug,
                         group=not no_group, hints=hints)
+    if fix_files and (target is None or config is not None or timeout is not None or baseline is not None
+                      or write_baseline is not None):
+        raise fail("--fix fixes one TARGET: it does not go with --config, --timeout, --baseline or "
+                   "--write-baseline", debug)
     if target is None or config is not None:
         from placecheck.ci import run_config_audit
 
@@ -170,7 +178,11 @@ def audit(
             inputs=tuple(input_specs or ()), example_inputs=example_inputs, forward=not no_forward,
             train=train, library_findings=library_findings, copy_model=False, target=target)
         constructor_kwargs = parse_kwargs(kwargs, arg or ())
-        if timeout is not None:
+        if fix_files:
+            from placecheck.cli.fix import fix_and_write
+
+            report = fix_and_write(target, constructor_kwargs, options)
+        elif timeout is not None:
             report = audit_with_timeout(target, constructor_kwargs, options, timeout)
         else:
             report = run_audit(target, constructor_kwargs, options)

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import enum
 import json
-from typing import Annotated
+from dataclasses import replace
+from typing import Annotated, Any
 
 import typer
 
@@ -20,6 +21,7 @@ from placecheck.devices import DEVICE_HELP
 from placecheck.errors import PlacecheckError, UsageError
 from placecheck.options import AuditOptions, split_codes
 from placecheck.output import fail, model_output_to_stderr
+from placecheck.report import Report
 
 
 class FixFormat(str, enum.Enum):
@@ -128,6 +130,29 @@ def fix(
             typer.echo(result.diff(), nl=False)
         typer.echo(result.summary(), nl=False)
     raise typer.Exit(result.exit_code)
+
+
+def fix_and_write(target: str, constructor_kwargs: dict[str, Any], options: AuditOptions) -> Report:
+    """``placecheck audit --fix``: :func:`placecheck.fix.fix` and :func:`~placecheck.fix.write`, as
+    ``placecheck fix --write`` does; the report of what remains, the fix's summary in its notes."""
+    from placecheck.fix import fix as run_fix
+    from placecheck.fix import write
+
+    options.check()
+    try:
+        with model_output_to_stderr():
+            result = run_fix(target, options, kwargs=constructor_kwargs)
+    except ModuleNotFoundError as exc:
+        if exc.name != "libcst":
+            raise
+        raise UsageError("--fix needs libcst: pip install 'placecheck[fix]'") from None
+    written = write(result)
+    summary = result.summary().splitlines()
+    notes = [f"--fix: {summary[0]}", *(f"--fix: wrote {path}" for path in written),
+             *(f"--fix: failed proof: {e.code} {e.file}:{e.start}: {reason}" for e, reason in result.failed)]
+    remains: Report = replace(result.report, findings=tuple(result.remaining),
+                              notes=(*result.report.notes, *notes))
+    return remains
 
 
 def script_args_of(values: list[str] | None) -> tuple[str, ...]:
