@@ -220,6 +220,18 @@ def test_audit_fix_writes_like_fix_write_and_reports_what_remains(
         assert runner.invoke(app, bad).exit_code == 2
 
 
+def test_libcst_is_the_declared_fix_extra_and_make_install_installs_it() -> None:
+    import tomllib
+
+    project = tomllib.loads((TESTS.parent / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    assert [d for d in project["optional-dependencies"]["fix"] if d.startswith("libcst")]
+    makefile = (TESTS.parent / "Makefile").read_text(encoding="utf-8")
+    rule = makefile[makefile.index("\n$(STAMP):"):].split("\n\n")[0]  # what make install runs
+    extras = [line.split("-e '.[", 1)[1].split("]")[0].split(",") for line in rule.splitlines()
+              if "-e '.[" in line]
+    assert extras and "fix" in extras[0]
+
+
 # rewrites alone (no audit): layout, import styles, refusals
 
 def _rewrite(source: str, request: Request) -> Rewrite:

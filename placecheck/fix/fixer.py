@@ -213,8 +213,8 @@ def _not_rewritten(finding: Finding) -> str:
                     return (f"a layer built in forward needs its input shape to be built in __init__: build "
                             f"it there as nn.{lazy_equivalent(name)}, which infers the input size on the "
                             "first call (not rewritten: its other arguments are yours to choose)")
-    return NEVER.get(finding.code, f"{finding.code} is not rewritten automatically: fix it where the tensor "
-                                   "comes from (its origin)")
+    return NEVER.get(finding.code, f"{finding.code} is not rewritten automatically: {finding.hint}"
+                     if finding.hint else f"{finding.code} is not rewritten automatically")
 
 
 def fix_report(report: Report, audit_once: Callable[[], Report], *, select: Iterable[str] | None = None,

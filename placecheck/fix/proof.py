@@ -18,6 +18,7 @@ target is imported again from the edited text.
 
 from __future__ import annotations
 
+import gc
 import io
 import linecache
 import multiprocessing
@@ -90,11 +91,13 @@ def _serve_edited(edited: dict[str, str]) -> None:
     sys.meta_path.insert(0, _EditedFinder(edited))
     for name, module in list(sys.modules.items()):
         file = getattr(module, "__file__", None)
-        if not isinstance(file, str) or name in ("__main__", "__mp_main__") or not os.path.isfile(file):
+        if not isinstance(file, str) or name in ("__main__", "__mp_main__"):
             continue  # torch.ops and torch.classes name no file
         path = os.path.abspath(file)
         own = name == "placecheck" or name.startswith("placecheck.")
-        if path in edited or not (own or is_installed(path)):
+        if path not in edited and (own or is_installed(path)):
+            continue  # thousands of torch modules: string tests first, no stat() of each
+        if os.path.isfile(path):
             del sys.modules[name]
     forget_imported_files()
     for key in list(linecache.cache):
@@ -187,7 +190,13 @@ def _reaudit_forked(audit_once: Callable[[], Any], edited: dict[str, str]) -> Ou
     child = context.Process(target=_child, args=(sender, audit_once, edited), daemon=True)
     sys.stdout.flush()
     sys.stderr.flush()
-    child.start()
+    # the parent's objects out of the collector's reach in the child: a collection there would write
+    # to (and so copy) every page of the parent's heap
+    gc.freeze()
+    try:
+        child.start()
+    finally:
+        gc.unfreeze()
     sender.close()
     try:
         outcome: Outcome = receiver.recv()
