@@ -208,14 +208,21 @@ def test_audit_fix_writes_like_fix_write_and_reports_what_remains(
     assert out.exit_code == 0, out.output
     data = json.loads(out.stdout)
     assert data["findings"] == []
-    assert f"--fix: wrote {source.name}" in data["notes"] and any("fixed 3 findings" in n for n in data["notes"])
+    assert f"--fix: wrote {source.name}" in data["notes"]
+    assert any("fixed 3 findings" in n for n in data["notes"])
     assert (tmp_path / source.name).read_bytes() == source.with_name(source.stem + ".fixed.py").read_bytes()
-    shutil.copy(TESTS.parent / "placecheck" / "examples" / "buggy.py", tmp_path / "buggy.py")
-    left = runner.invoke(app, ["audit", "buggy.py:BuggyNet", "--fix", "--select", "PC2"])
-    assert left.exit_code == 1, left.output  # the lazy layer (PC203) is not rewritten
-    assert "PC203" in left.stdout and "PC101" not in left.stdout
-    assert "torch.randn(x.shape, device=x.device)" in (tmp_path / "buggy.py").read_text()
-    assert "self.heads = [" in (tmp_path / "buggy.py").read_text(), "--select PC2 rewrote a PC1 finding"
+    (tmp_path / "lazy.py").write_text(
+        "import torch\nfrom torch import nn\n\n\nclass Model(nn.Module):\n    def __init__(self) -> None:\n"
+        "        super().__init__()\n        self.proj = nn.Linear(4, 4)\n        self.mask = torch.ones(4)\n"
+        "        self.extra: nn.Linear | None = None\n\n"
+        "    def forward(self, x: torch.Tensor) -> torch.Tensor:\n"
+        "        x = self.proj(x) + torch.randn(x.shape)\n        if self.extra is None:\n"
+        "            self.extra = nn.Linear(4, 4)\n        return self.extra(x) * self.mask\n")
+    left = runner.invoke(app, ["audit", "lazy.py:Model", "--fix", "--select", "PC2"])
+    assert left.exit_code == 1, left.output  # the layer built in forward (PC203) is not rewritten
+    assert "PC203" in left.stdout and "PC101" not in left.stdout and "--fix: wrote lazy.py" in left.stdout
+    assert "torch.randn(x.shape, device=x.device)" in (tmp_path / "lazy.py").read_text(), left.stdout
+    assert "self.mask = torch.ones(4)" in (tmp_path / "lazy.py").read_text(), "--select PC2 rewrote PC101"
     for bad in (["audit", target, "--fix", "--timeout", "9"], ["audit", "--fix", "--config", "x.toml"]):
         assert runner.invoke(app, bad).exit_code == 2
 
@@ -272,6 +279,8 @@ def test_torch_load_gets_map_location() -> None:
         '    map_location="cpu",\n)\n')
     one = _rewrite("import torch\nstate = torch.load(\n    path,  # c\n)\n", Request("PC301", 2))
     assert one.source == 'import torch\nstate = torch.load(\n    path,  # c\n    map_location="cpu",\n)\n'
+    on_meta = _rewrite(src, Request("PC301", 2, device="meta"))  # the audit's device says otherwise
+    assert on_meta.after == 'state = torch.load(path, map_location="meta")\n'
     positional = rewrite("import torch\nstate = torch.load(path, 'cpu')\n", Request("PC301", 2))
     assert isinstance(positional, NotFixable)
 
