@@ -277,3 +277,10 @@ def test_a_third_stage_back_on_the_first_gpu_is_a_pipeline_not_a_ping_pong() -> 
     assert report.findings == ()
     assert report.device_map is not None
     assert [t.boundary for t in report.device_map.transfers] == ["s1 -> s2", "s2 -> s3"]
+
+
+def test_the_markdown_comment_folds_the_device_map() -> None:
+    text = formatter_for(OutputFormat.MARKDOWN).format(_audit(FIXTURES / "clean_pipeline.py"))
+    assert "on cuda:0, cuda:1, as placed (simulated cuda)" in text
+    folded = text[text.index("<details>"):text.index("</details>")]
+    assert "cuda:0 -> cuda:1" in folded and "s1 -> s2" in folded

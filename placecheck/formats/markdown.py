@@ -3,8 +3,9 @@
 A heading with the verdict, one table row per problem (model, code, where
 with its instance count, source, problem, what it caused and fix; for a
 PC901 whose audit process died, the last lines of its stderr), then each
-model's summary line. Text in cells is escaped so that a ``|`` or a newline
-in a message cannot break the table.
+model's summary line, and the device map of a model placed across devices
+(``--device keep``) in a folded block. Text in cells is escaped so that a
+``|`` or a newline in a message cannot break the table.
 """
 
 from __future__ import annotations
@@ -57,7 +58,11 @@ class MarkdownFormatter(RunFormatter):
             lines += [_row(r, f) for r in reports for f in r.findings]
         else:
             lines = [f"### placecheck: no placement problems in {models}"]
-        lines += ["", *(f"- `{r.target}` on {r.device} ({r.engine}): {cell(r.summary_line())}"
+        lines += ["", *(f"- `{r.target}` on {r.device_label} ({r.engine}): {cell(r.summary_line())}"
                         for r in reports)]
+        for r in reports:  # a model placed across devices (--device keep): its device map, folded
+            if r.device_map is not None:
+                lines += ["", f"<details><summary>device map of <code>{cell(r.target)}</code></summary>", "",
+                          "```text", *r.device_map.lines(), "```", "", "</details>"]
         lines += ["", "Run `placecheck explain CODE` for what a code means and how to fix it."]
         return "\n".join(lines) + "\n"
