@@ -240,3 +240,32 @@ def test_every_replica_runs_on_the_same_engine(monkeypatch: pytest.MonkeyPatch) 
     assert report.engine == "simulated cuda"
     assert [n for n in report.notes if n.startswith("engine:")] == [
         "engine: simulated cuda: this machine has 1 GPU; CUDA simulated with fake tensors (2 GPUs)"]
+
+
+@pytest.mark.skipif(CPU_ONLY_BUILD, reason=FSDP_ON_CPU_BUILD)
+def test_fsdp_shards_a_plain_model_over_the_ranks() -> None:
+    """--wrap fsdp on a model that does not shard itself: fully_shard on its root moves the CPU-built
+    parameters onto the rank's simulated GPU as DTensor shards of the mesh."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    from placecheck.engine import EngineChoice, choose_engine
+    from placecheck.options import WrapChoice
+    from placecheck.placement.replicas import Replicas
+
+    replica = Replicas(WrapChoice.FSDP, 2).replica(1)
+    eng = choose_engine("cuda:1", EngineChoice.FAKE, gpus=2)
+    with replica.attempt(), eng.session():
+        model = replica.place(nn.Linear(8, 4), lambda m: m)
+        weight = model.weight
+        assert isinstance(weight, DTensor) and weight.placements == (Shard(0),)
+        assert (tuple(weight.shape), tuple(weight.to_local().shape)) == ((4, 8), (2, 8))
+        assert weight.to_local().device == torch.device("cuda", 1)
+
+
+def test_readme_shows_a_replicated_run() -> None:
+    """tests/test_readme.py re-runs every run-output block; this one must stay among them."""
+    readme = (TESTS.parent / "README.md").read_text(encoding="utf-8")
+    block = readme[readme.index("### Replicas"):]
+    block = block[block.index("<!-- run-output:start -->"):block.index("<!-- run-output:end -->")]
+    assert "$ placecheck audit placecheck/examples/replicas.py:BuggyReplicated --wrap ddp\n" in block
+    assert "on rank 1 (cuda:1), " in block
