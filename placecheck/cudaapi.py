@@ -157,8 +157,9 @@ class CurrentDeviceMoves(TorchFunctionMode):
     GPU (fake tensors would send them to ``cuda:0`` whatever the current device is); ``device=1`` is
     ``cuda:1``, as on a CUDA build (a CPU-only build reads it as an accelerator it does not have).
 
-    Entered by the fake engine's sessions with more than one GPU; the real-valued engine asks
-    :func:`current_index` itself.
+    Entered around each replica's audit (:mod:`placecheck.placement.replicas`), below the engine's
+    modes: a mode costs every op a Python call, which a one-GPU audit need not pay. The real-valued
+    engine asks :func:`current_index` itself.
     """
 
     def __torch_function__(self, func: Callable[..., Any], types: Any, args: tuple[Any, ...] = (),

@@ -40,7 +40,6 @@ from torch.overrides import TorchFunctionMode
 from placecheck.cudaapi import (
     CPU_ONLY_BUILD,
     SIMULATED_GPU_NAME,
-    CurrentDeviceMoves,
     SimulatedEvent,
     SimulatedStream,
     cuda_queries_simulated,
@@ -181,10 +180,7 @@ def simulated_cuda(gpus: int = 1, fake_mode: Any = None) -> Iterator[Any]:
     moves = _FakeCudaMoves(mode) if CPU_ONLY_BUILD else contextlib.nullcontext()
     from placecheck.datadep import DataDependentMode  # runs nonzero, .item()... with stated assumptions
 
-    # with several GPUs, device="cuda" and .cuda() go to the current one (torch.cuda.device(i))
-    current = CurrentDeviceMoves() if gpus > 1 else contextlib.nullcontext()
-    with cuda_queries_simulated(gpus), _fake_parameters_swappable(), mode, moves, DataDependentMode(mode), \
-            current:
+    with cuda_queries_simulated(gpus), _fake_parameters_swappable(), mode, moves, DataDependentMode(mode):
         yield mode
 
 

@@ -66,7 +66,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_map_only
 
 from placecheck.classify import tensor_arguments
-from placecheck.cudaapi import CPU_ONLY_BUILD, current_device
+from placecheck.cudaapi import CPU_ONLY_BUILD, CurrentDeviceMoves, current_device
 from placecheck.errors import UsageError
 from placecheck.finding import Finding
 from placecheck.options import AuditOptions, WrapChoice
@@ -177,12 +177,14 @@ class Replica:
     @contextlib.contextmanager
     def attempt(self) -> Iterator[None]:
         """The whole attempt (build, move, forward): a DDP/FSDP rank's process group and current device.
-        A DataParallel model is built once, on the default current device (``cuda:0``)."""
+        A DataParallel model is built once, on the default current device (``cuda:0``). In both,
+        ``device="cuda"`` and ``.cuda()`` follow the current device (:class:`CurrentDeviceMoves`)."""
         if self.kind is WrapChoice.DP:
-            yield
+            with CurrentDeviceMoves():
+                yield
             return
         with _fake_process_group(self.index, self.replicas.count), current_device(self.index), \
-                _fsdp_moves_fake_tensors():
+                _fsdp_moves_fake_tensors(), CurrentDeviceMoves():
             yield
 
     @contextlib.contextmanager
