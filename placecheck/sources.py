@@ -52,12 +52,15 @@ def treat_as_user_code(*classes: type) -> None:
 
 def is_internal(code: CodeType) -> bool:
     """True for torch's, placecheck's and the stdlib wrappers' own frames; not the code under audit."""
-    return _internal_code(code) and code.co_filename not in _USER_FILES
+    return _machinery_file(code.co_filename) and code.co_filename not in _USER_FILES
 
 
 @functools.cache
-def _internal_code(code: CodeType) -> bool:
-    return _machinery(code.co_filename)  # cached per code object: the stack is walked often
+def _machinery_file(name: str) -> bool:
+    # cached per file name: the stack is walked often. Not per code object: code objects compare
+    # equal across files (co_filename is not compared), so a copy of an example's file would read as
+    # the example (placecheck's own directory) and its frames as the tool's
+    return _machinery(name)
 
 
 def internal_file(name: str) -> bool:
@@ -93,22 +96,27 @@ def _site_dirs() -> tuple[str, ...]:
 _SITE_DIRS = _site_dirs()
 
 
-@functools.cache
 def library_package(code: CodeType) -> str:
     """The installed package ``code`` belongs to ("torchvision"), or "" for the user's own code.
 
     A file in site-packages/dist-packages is library code, unless the working
     directory is inside that package (a package audited in place). A project's
     own virtualenv under the working directory is still installed code; an
-    editable install's files are outside site-packages anyway. Cached per code object.
+    editable install's files are outside site-packages anyway. Cached per file name (not per code
+    object: equal code objects of two files compare equal).
     """
     return library_of_file(code.co_filename)
 
 
 def library_of_file(filename: str) -> str:
     """The installed package ``filename`` belongs to, or "" (see :func:`library_package`)."""
-    name = os.path.abspath(filename)
-    cwd = os.getcwd() + os.sep
+    return _library_of(filename, os.getcwd())
+
+
+@functools.cache
+def _library_of(filename: str, working_directory: str) -> str:
+    name = os.path.abspath(os.path.join(working_directory, filename))
+    cwd = working_directory + os.sep
     for base in _SITE_DIRS:
         # a project's own virtualenv (./.venv) is still installed code; working inside
         # site-packages itself (auditing an installed package in place) is not

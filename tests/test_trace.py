@@ -418,11 +418,11 @@ def fake_library(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[st
     (site / "fakelib").mkdir(parents=True)
     (site / "fakelib" / "__init__.py").write_text(_FAKE_LIBRARY, encoding="utf-8")
     monkeypatch.setattr(trace, "_SITE_DIRS", (str(site) + os.sep,))
-    trace.library_package.cache_clear()  # answers cached under the real site-packages
+    trace._library_of.cache_clear()  # answers cached under the real site-packages
     monkeypatch.syspath_prepend(str(site))
     monkeypatch.delitem(sys.modules, "fakelib", raising=False)
     yield str(site / "fakelib" / "__init__.py")
-    trace.library_package.cache_clear()  # nothing judged under the fake site-packages outlives the test
+    trace._library_of.cache_clear()  # nothing judged under the fake site-packages outlives the test
 
 
 class WrapsTheLibrary(nn.Module):

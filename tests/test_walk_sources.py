@@ -45,3 +45,22 @@ def test_config_run_sarif_and_github_point_walk_findings_at_the_assignment_line(
     assert annotations and all("examples/buggy.py,line=" in line for line in annotations)
     shown = {int(line.split("line=", 1)[1].split(",", 1)[0]) for line in annotations}
     assert shown == set().union(*expected.values())
+
+
+def test_a_copy_of_an_examples_file_gets_its_own_sources_in_the_same_process(tmp_path: Path) -> None:
+    # code objects compare equal across files (co_filename is not compared): a cache per code object
+    # read the copy's frames as the example's, placecheck's own, and lost every forward source
+    from placecheck.api import audit
+    from placecheck.load import model_factory
+    from placecheck.options import AuditOptions
+
+    def sources(target: str) -> list[tuple[str, str]]:
+        report = audit(model_factory(target, {}), options=AuditOptions(target=target, copy_model=False))
+        return sorted((f.code, f.source.rpartition(":")[2]) for f in report.findings)
+
+    example = EXAMPLES / "buggy.py"
+    copy = tmp_path / "copied_net.py"
+    copy.write_bytes(example.read_bytes())
+    first = sources(f"{example}:BuggyNet")
+    assert ("PC202", "54") in first
+    assert sources(f"{copy}:BuggyNet") == first

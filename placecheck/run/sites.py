@@ -58,10 +58,14 @@ def display_path(filename: str) -> str:
     return filename if rel.startswith("..") else rel
 
 
-@functools.cache
 def is_foreign(code: CodeType) -> bool:
     """True for frames that are not the user's: torch, placecheck, the stdlib, installed packages."""
-    name = code.co_filename
+    return _foreign_file(code.co_filename)
+
+
+@functools.cache
+def _foreign_file(name: str) -> bool:
+    # per file name, not per code object: code objects of two files with the same text compare equal
     if name.startswith("<"):
         return name.startswith("<frozen")
     absolute = os.path.abspath(name)
