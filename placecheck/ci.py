@@ -1,4 +1,4 @@
-"""The multi-model side of ``placecheck audit``: ``--config``, ``--jobs``, ``--timeout`` and baselines.
+"""The multi-model side of ``placecheck audit``: ``--config``, ``--jobs``, ``--timeout``, baselines, shards.
 
 Kept out of :mod:`placecheck.cli` so that the command stays thin: the command
 parses options, this module turns a config into per-model audits
@@ -9,6 +9,10 @@ model has a finding at or above ``--fail-on``, else 0.
 
 ``placecheck audit TARGET --timeout N`` also runs its one audit in a child
 process (:func:`audit_with_timeout`), so that a hanging forward is stopped.
+
+``--shard K/N`` audits one shard of the config (:mod:`placecheck.shards`) and
+leaves the baseline to ``placecheck merge`` (:func:`merge_reports`), which
+puts the shards' JSON reports back into one run and judges it as one.
 
 Options given on the command line next to ``--config`` apply to every model:
 ``--device``, ``--engine``, ``--gpus``, ``--init``, ``--select`` and
@@ -29,16 +33,17 @@ from placecheck.errors import PlacecheckError, UsageError, one_line
 from placecheck.options import AuditOptions
 from placecheck.output import OutputOptions, check_writable, emit_reports, fail, grouped
 from placecheck.report import EXIT_OK, EXIT_USAGE, Report
+from placecheck.shards import combine, parse_shard, run_info, select
 
 # Command-line options that apply to every model of a config run: the command's parameters, the
 # config's model keys and the AuditOptions fields share these names.
 MODEL_OVERRIDES = ("device", "engine", "gpus", "init", "select", "ignore")
 # Options about the run as a whole.
 RUN_OPTIONS = {"target", "config", "jobs", "timeout", "baseline", "write_baseline", "fmt", "output",
-               "fail_on", "exit_zero", "debug", "no_group", "hints"}
+               "fail_on", "exit_zero", "debug", "no_group", "hints", "isolation", "progress", "shard"}
 # Output options a config may set (OutputOptions field -> command-line parameter that wins over it).
 _CONFIG_OUTPUT = {"fail_on": "fail_on", "group": "no_group", "hints": "hints"}
-CONFIG_ONLY = ("jobs",)
+CONFIG_ONLY = ("jobs", "isolation", "progress", "shard")
 
 
 def _given(ctx: typer.Context) -> list[str]:
@@ -142,6 +147,7 @@ def run_config_audit(ctx: typer.Context, target: str | None, config_path: str | 
                 raise UsageError("no TARGET given: name a model (MODULE:ATTR or path/to/file.py:ATTR), "
                                  "pass --config FILE, or add [tool.placecheck] to ./pyproject.toml")
             config_path = str(found)
+        shard = parse_shard(params["shard"]) if params.get("shard") is not None else None
         given = _given(ctx)
         refused = [n for n in given if n not in RUN_OPTIONS and n not in MODEL_OVERRIDES]
         if refused:
@@ -163,9 +169,24 @@ def run_config_audit(ctx: typer.Context, target: str | None, config_path: str | 
                               if _CONFIG_OUTPUT[name] not in given})
         out.check()
         check_writable(params["write_baseline"], "--write-baseline")
+        baseline_path = params["baseline"] or config.baseline
+        run: dict[str, Any] | None = None
+        if shard is not None:
+            if params["write_baseline"] is not None:
+                raise UsageError("--write-baseline with --shard would record one shard's findings: "
+                                 "write it from the merged run (placecheck merge ... --write-baseline FILE)")
+            whole = config
+            config, positions = select(whole, shard)
+            judged = {**overrides, "fail_on": out.fail_on, "group": out.group, "hints": out.hints}
+            run = run_info(whole, shard, positions, judged, baseline_path)
+            typer.echo(f"placecheck: shard {shard}: {len(config.models)} of the config's "
+                       f"{len(whole.models)} models"
+                       + ("; the baseline is applied by `placecheck merge`" if baseline_path else ""),
+                       err=True)
         from placecheck.runner import run_models
 
-        outcomes = run_models(config, jobs=params["jobs"], timeout=params["timeout"])
+        outcomes = run_models(config, jobs=params["jobs"], timeout=params["timeout"],
+                              isolation=params.get("isolation"), progress=params.get("progress"))
     except PlacecheckError as exc:
         raise fail(str(exc), debug) from None
     except Exception as exc:  # a bug in placecheck
@@ -174,17 +195,20 @@ def run_config_audit(ctx: typer.Context, target: str | None, config_path: str | 
         if outcome.load_error:
             typer.echo(f"placecheck: error: {outcome.model.label} (config line {outcome.model.line}): "
                        f"{outcome.load_error}", err=True)
-    baseline_path = params["baseline"] or config.baseline
+    if run is not None:  # a shard: the baseline is applied once, to the merged run
+        baseline_path = None
     return finish_with_baseline([o.report for o in outcomes], out, baseline_path, params["write_baseline"],
-                                load_error=any(o.load_error for o in outcomes), config_run=True)
+                                load_error=any(o.load_error for o in outcomes), config_run=True, run=run)
 
 
 def finish_with_baseline(reports: list[Report], out: OutputOptions, baseline_path: str | None,
-                         write_path: str | None, load_error: bool, config_run: bool = False) -> int:
+                         write_path: str | None, load_error: bool, config_run: bool = False,
+                         run: dict[str, Any] | None = None) -> int:
     """Record and/or apply a baseline, write the run, return the exit code.
 
     ``config_run``: every model of a config was audited, so baseline entries of
-    models the config no longer lists are stale too.
+    models the config no longer lists are stale too. ``run``: a shard's ``run``
+    object, written by ``--format json`` for ``placecheck merge``.
     """
     reports = grouped(reports, out)  # baselines are keyed by problem, as the user sees them
     try:
@@ -203,7 +227,32 @@ def finish_with_baseline(reports: list[Report], out: OutputOptions, baseline_pat
                     typer.echo(f"  {entry.describe()}", err=True)
     except PlacecheckError as exc:
         raise fail(str(exc), out.debug) from None
-    code = emit_reports(reports, out, config_run=config_run)
+    code = emit_reports(reports, out, config_run=config_run, run=run)
     if load_error:
         return EXIT_USAGE
     return EXIT_OK if write_path is not None else code
+
+
+def merge_reports(paths: list[str], out: OutputOptions, fail_on: str | None, baseline_path: str | None,
+                  write_path: str | None) -> int:
+    """``placecheck merge REPORT.json...``: the shards' reports as one run; returns the exit code.
+
+    The output options the shards recorded (``fail_on``, ``group``, ``hints``) apply unless
+    ``fail_on`` is given here; the baseline the shards recorded (their ``--baseline``, else the
+    config's) unless ``baseline_path`` is. The baseline is applied once, to every model, and
+    its entries for models no shard audited are stale, as in one ``--config`` run.
+    """
+    try:
+        combined = combine(paths)
+        recorded = combined.options
+        out = replace(out, fail_on=fail_on or str(recorded.get("fail_on", out.fail_on)),
+                      group=bool(recorded.get("group", out.group)),
+                      hints=bool(recorded.get("hints", out.hints)) or out.hints)
+        out.check()
+        check_writable(write_path, "--write-baseline")
+    except PlacecheckError as exc:
+        raise fail(str(exc), out.debug) from None
+    for model, message in combined.load_errors:
+        typer.echo(f"placecheck: error: {model}: {message}", err=True)
+    return finish_with_baseline(list(combined.reports), out, baseline_path or combined.baseline, write_path,
+                                load_error=bool(combined.load_errors), config_run=True)

@@ -49,6 +49,10 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 DEFAULT_JOBS = 1
+ISOLATION_CHOICES = ("fork", "spawn")
+"""``--isolation``: each model in a child forked from a warm worker, or in a fresh interpreter."""
+PROGRESS_CHOICES = ("auto", "bar", "lines", "off")
+"""``--progress``: auto is the bar at a terminal, one line per model elsewhere (CI logs)."""
 DEFAULT_TIMEOUT = 600.0
 """Seconds one model's audit may take before it is killed and reported (PC901)."""
 
@@ -121,6 +125,13 @@ class RunConfig:
     """One row per problem (``false``: one per instance, as ``--no-group``)."""
     hints: bool = False
     """The fix hint on every row (``--hints``)."""
+    isolation: str = "fork"
+    """How each model gets its own process (``--isolation``, :data:`ISOLATION_CHOICES`)."""
+    progress: str = "auto"
+    """What stderr shows while the models run (``--progress``, :data:`PROGRESS_CHOICES`)."""
+    text: str = field(default="", repr=False, compare=False)
+    """The config file's text (a sharded run records its digest, so that shards of different
+    configs are not merged)."""
 
 
 # ---- the schema ---------------------------------------------------------------------------------
@@ -231,6 +242,8 @@ TOP_KEYS: dict[str, tuple[Check, str]] = {
     "baseline": (_is_str, "a baseline file, as --baseline"),
     "group": (_is_bool, "false: one row per instance instead of per problem, as --no-group"),
     "hints": (_is_bool, "the fix hint on every row, as --hints"),
+    "isolation": (_one_of(ISOLATION_CHOICES), "how each model gets its own process, as --isolation"),
+    "progress": (_one_of(PROGRESS_CHOICES), "what stderr shows while models run, as --progress"),
 }
 """Every top-level key of a config."""
 
@@ -512,6 +525,9 @@ def parse(text: str, path: str = "<config>", prefix: tuple[str, ...] = (),
         baseline=data.get("baseline"),
         group=data.get("group", True),
         hints=data.get("hints", False),
+        isolation=data.get("isolation", "fork"),
+        progress=data.get("progress", "auto"),
+        text=text,
     )
 
 

@@ -16,9 +16,10 @@ import os
 import shutil
 import sys
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -101,16 +102,18 @@ def emit(report: Report, out: OutputOptions) -> int:
     return emit_reports([report], out)
 
 
-def emit_reports(reports: list[Report], out: OutputOptions, config_run: bool = False) -> int:
+def emit_reports(reports: list[Report], out: OutputOptions, config_run: bool = False,
+                 run: Mapping[str, Any] | None = None) -> int:
     """Write a run's reports (one or many models) where ``--output`` says; return the exit code.
 
     ``config_run``: a ``--config`` run, rendered in the run shape even with one model.
     Findings are grouped into problems unless ``out.group`` is False (``--no-group``).
+    ``run``: a shard's ``run`` object (``--shard``), which ``--format json`` writes.
     """
     reports = grouped(reports, out)
     to_terminal = out.output == "-" and sys.stdout.isatty()
     formatter = formatter_for(out.format, shutil.get_terminal_size().columns if to_terminal else None,
-                              hints=out.hints)
+                              hints=out.hints, run=run)
     text = formatter.format_run(reports) if config_run else formatter.format_reports(reports)
     if out.output == "-":
         sys.stdout.write(text)

@@ -1,13 +1,21 @@
-"""Auditing every model of a config, each in its own subprocess.
+"""Auditing every model of a config, each in its own process.
 
 A model's audit runs real model code: it can segfault the interpreter, hang,
-or exhaust memory. Each model therefore runs in a child process
-(``python -m placecheck.runner SPEC RESULT``) with a timeout; ``--jobs N`` run
-at once. A child that dies by a signal, runs past its timeout, or runs out of
-memory becomes a PC901 ``audit-incomplete`` finding on that model's report,
-and every other model's report is kept. A model that cannot be loaded at all
-(bad target, bad arguments) is a usage problem: it is reported the same way
-and also makes the run exit 2, as a single ``placecheck audit TARGET`` would.
+or exhaust memory. Each model therefore runs in a process of its own with a
+timeout; ``--jobs N`` run at once. A child that dies by a signal, runs past
+its timeout, or runs out of memory becomes a PC901 ``audit-incomplete``
+finding on that model's report, and every other model's report is kept. A
+model that cannot be loaded at all (bad target, bad arguments) is a usage
+problem: it is reported the same way and also makes the run exit 2, as a
+single ``placecheck audit TARGET`` would.
+
+Where the child comes from is ``--isolation`` (:mod:`placecheck.worker` runs
+inside it): ``fork`` (the default where ``os.fork`` exists) keeps ``--jobs``
+warm servers that import torch and the config's libraries once and fork a
+fresh child per model (:class:`WarmPool`); ``spawn`` starts a fresh
+interpreter per model (:func:`audit_in_subprocess`), which pays those imports
+again for every model. Both give the same child the same spec, and read its
+result, exit status and stderr the same way (:func:`_outcome`).
 
 PC901 is outside the PC1/PC2/PC3 families on purpose: it says the audit did
 not finish, not that a placement rule was broken, so ``--select PC1`` does not
@@ -18,27 +26,34 @@ The parent never imports torch; the children do.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import queue
+import select
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-from placecheck.classify import out_of_memory
-from placecheck.config import ModelConfig, RunConfig, apply_allows
+from placecheck.config import ISOLATION_CHOICES, PROGRESS_CHOICES, ModelConfig, RunConfig, apply_allows
 from placecheck.devices import normalize_device
-from placecheck.errors import PlacecheckError, UsageError, one_line
+from placecheck.errors import UsageError, one_line
 from placecheck.finding import Finding
-from placecheck.options import AuditOptions
-from placecheck.report import DeviceMap, Report
+from placecheck.formats.json import finding_from_dict, report_from_dict
+from placecheck.report import Report
 from placecheck.rules import expand, rule
+
+__all__ = ["INCOMPLETE", "ModelOutcome", "WarmPool", "audit_in_subprocess", "finding_from_dict",
+           "finish", "fork_available", "preload_modules", "report_from_dict", "run_models",
+           "show_progress"]
 
 INCOMPLETE = "PC901"
 """The code of a model whose audit did not finish (crash, timeout, out of memory, not loadable)."""
@@ -55,71 +70,13 @@ class ModelOutcome:
     report: Report
     load_error: str = ""
     """Non-empty when the model could not be loaded or its options were wrong (the run exits 2)."""
+    seconds: float = 0.0
+    """Wall time of the model's audit, its process included (set by :func:`run_models`)."""
 
-
-# ---- report <-> JSON -----------------------------------------------------------------------------
-
-
-def finding_from_dict(data: dict[str, Any]) -> Finding:
-    """The inverse of :meth:`Finding.to_dict`."""
-    return Finding.from_dict(data)
-
-
-def report_from_dict(data: dict[str, Any]) -> Report:
-    """The inverse of ``formats.json.report_to_dict`` (the JSON a child sends back)."""
-    return Report(
-        target=data["target"], device=data["device"], engine=data["engine"],
-        findings=tuple(finding_from_dict(f) for f in data["findings"]),
-        notes=tuple(data.get("notes", ())),
-        stats=tuple((str(k), int(v)) for k, v in data.get("stats", {}).items()),
-        incomplete=str(data.get("summary", {}).get("incomplete", "")),
-        device_map=DeviceMap.from_dict(data["device_map"], data.get("transfers"))
-        if "device_map" in data else None,
-    )
-
-
-# ---- the child -----------------------------------------------------------------------------------
-
-
-def _audit(spec: dict[str, Any]) -> Report:
-    """Audit one model as ``placecheck audit TARGET`` would, with the options its entry gives."""
-    from placecheck.api import audit
-    from placecheck.load import build, parse_kwargs, resolve, split_target
-
-    target = spec["target"]
-    options = AuditOptions.from_dict(spec["options"]).replace(target=target)
-    options.check()  # a bad option fails before any import of the target
-    _, attr = split_target(target)
-    constructor_kwargs = {**spec["kwargs"], **parse_kwargs(None, spec["args"])}
-
-    def factory() -> Any:
-        return build(resolve(target), attr, constructor_kwargs)
-
-    return audit(factory, options=options)
-
-
-def child_main(spec_path: str, result_path: str) -> int:
-    """Run one model's audit and write ``{"status": ..., ...}`` JSON to ``result_path``."""
-    import faulthandler
-
-    faulthandler.enable()  # a segfault prints the Python stack to stderr, which the parent keeps
-    spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
-    result: dict[str, Any]
-    try:
-        from placecheck.formats.json import report_to_dict
-
-        report = _audit(spec)
-        result = {"status": "ok", "report": report_to_dict(report)}
-    except MemoryError:
-        result = {"status": "oom", "message": "MemoryError"}
-    except PlacecheckError as exc:
-        status = "oom" if out_of_memory(exc) else "load-error"
-        result = {"status": status, "message": str(exc)}
-    except Exception as exc:
-        status = "oom" if out_of_memory(exc) else "error"
-        result = {"status": status, "message": f"unexpected {one_line(exc)}"}
-    Path(result_path).write_text(json.dumps(result), encoding="utf-8")
-    return 0
+    @property
+    def failed(self) -> bool:
+        """The audit did not finish (PC901: a crash, a timeout, out of memory, not loadable)."""
+        return bool(self.load_error) or any(f.code == INCOMPLETE for f in self.report.findings)
 
 
 # ---- the parent ----------------------------------------------------------------------------------
@@ -174,47 +131,56 @@ def _signal_name(number: int) -> str:
 
 def _child_command(spec_path: Path, result_path: Path) -> list[str]:
     """The command line of one model's audit process (a seam for the tests)."""
-    return [sys.executable, "-m", "placecheck.runner", str(spec_path), str(result_path)]
+    return [sys.executable, "-m", "placecheck.worker", str(spec_path), str(result_path)]
 
 
-def audit_in_subprocess(model: ModelConfig, timeout: float, workdir: str | None = None) -> ModelOutcome:
-    """Audit one model in a child process; never raises for what the model does."""
-    with tempfile.TemporaryDirectory(prefix="placecheck-") as tmp:
-        spec_path, result_path, stderr_path = (Path(tmp) / n for n in ("spec.json", "result.json",
-                                                                         "stderr.txt"))
-        spec_path.write_text(json.dumps(_spec(model)), encoding="utf-8")
-        command = _child_command(spec_path, result_path)
-        with open(stderr_path, "wb") as stderr:
-            # A new session, so that a timeout kills the child's own children too.
-            child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=stderr, cwd=workdir, start_new_session=True)
-            try:
-                returncode = child.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                _kill(child)
-                return ModelOutcome(model, _incomplete(
-                    model, "timeout", f"the audit did not finish within {timeout:g} s and was stopped",
-                    _tail(stderr_path)))
-        stderr_text = _tail(stderr_path)
-        if returncode < 0:
-            name = _signal_name(-returncode)
-            if -returncode == signal.SIGKILL:
-                return ModelOutcome(model, _incomplete(
-                    model, "out-of-memory", "the audit was killed by SIGKILL, usually the kernel's "
-                    "out-of-memory killer", stderr_text))
-            return ModelOutcome(model, _incomplete(
-                model, "crash", f"the audit crashed the Python interpreter ({name})", stderr_text))
-        if not result_path.is_file():
-            return ModelOutcome(model, _incomplete(
-                model, "crash", f"the audit process exited with status {returncode} without a report",
-                stderr_text))
+class _Files:
+    """One model's spec, result and stderr files, in a temporary folder removed afterwards."""
+
+    def __init__(self, model: ModelConfig) -> None:
+        self._tmp = tempfile.TemporaryDirectory(prefix="placecheck-")
+        folder = Path(self._tmp.name)
+        self.spec, self.result, self.stderr = (folder / n for n in ("spec.json", "result.json",
+                                                                     "stderr.txt"))
         try:
-            result = json.loads(result_path.read_text(encoding="utf-8"))
-            status = result["status"]
-        except (OSError, ValueError, TypeError, KeyError) as exc:
+            self.spec.write_text(json.dumps(_spec(model)), encoding="utf-8")
+        except BaseException:
+            self._tmp.cleanup()
+            raise
+
+    def __enter__(self) -> _Files:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._tmp.cleanup()
+
+
+def _outcome(model: ModelConfig, returncode: int | None, timeout: float, files: _Files) -> ModelOutcome:
+    """Read one child's end: its exit status (None: stopped at ``timeout``), result and stderr."""
+    stderr_text = _tail(files.stderr)
+    if returncode is None:
+        return ModelOutcome(model, _incomplete(
+            model, "timeout", f"the audit did not finish within {timeout:g} s and was stopped",
+            stderr_text))
+    if returncode < 0:
+        name = _signal_name(-returncode)
+        if -returncode == signal.SIGKILL:
             return ModelOutcome(model, _incomplete(
-                model, "error", f"the audit process wrote an unreadable result ({one_line(exc)})",
-                stderr_text))
+                model, "out-of-memory", "the audit was killed by SIGKILL, usually the kernel's "
+                "out-of-memory killer", stderr_text))
+        return ModelOutcome(model, _incomplete(
+            model, "crash", f"the audit crashed the Python interpreter ({name})", stderr_text))
+    if not files.result.is_file():
+        return ModelOutcome(model, _incomplete(
+            model, "crash", f"the audit process exited with status {returncode} without a report",
+            stderr_text))
+    try:
+        result = json.loads(files.result.read_text(encoding="utf-8"))
+        status = result["status"]
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        return ModelOutcome(model, _incomplete(
+            model, "error", f"the audit process wrote an unreadable result ({one_line(exc)})",
+            stderr_text))
     if status == "ok":
         return ModelOutcome(model, report_from_dict(result["report"]))
     if status == "oom":
@@ -227,12 +193,227 @@ def audit_in_subprocess(model: ModelConfig, timeout: float, workdir: str | None 
                                            stderr_text))
 
 
+def audit_in_subprocess(model: ModelConfig, timeout: float, workdir: str | None = None) -> ModelOutcome:
+    """Audit one model in a fresh interpreter (``--isolation spawn``); never raises for the model's doing."""
+    with _Files(model) as files:
+        command = _child_command(files.spec, files.result)
+        returncode: int | None
+        with open(files.stderr, "wb") as stderr:
+            # A new session, so that a timeout kills the child's own children too.
+            child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=stderr, cwd=workdir, start_new_session=True)
+            try:
+                returncode = child.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                _kill(child)
+                returncode = None
+        return _outcome(model, returncode, timeout, files)
+
+
 def _kill(child: subprocess.Popen[bytes]) -> None:
     try:
         os.killpg(child.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         child.kill()
     child.wait()
+
+
+# ---- the warm pool (--isolation fork) ------------------------------------------------------------
+
+_WARM_UP_S = 600.0
+"""How long a fork server may take to import torch and the config's libraries before it is given up."""
+_REPLY_S = 60.0
+"""How long a warm server may take to fork (``started``) or to report a killed child (``exited``)."""
+
+
+def fork_available() -> bool:
+    """Whether ``--isolation fork`` can run here: ``os.fork`` exists and forking is safe.
+
+    macOS has ``os.fork``, but a process that loaded its system frameworks (torch does) may
+    crash in a forked child; Python itself defaults to spawn there. Elsewhere without
+    ``os.fork`` (Windows), ``fork`` falls back to ``spawn``.
+    """
+    return hasattr(os, "fork") and sys.platform != "darwin"
+
+
+def preload_modules(models: Sequence[ModelConfig]) -> list[str]:
+    """The modules the models' targets (and ``example_inputs`` targets) name, for a warm server.
+
+    File targets (``path/to/file.py:ATTR``) are left out; the server itself imports only the
+    modules of installed libraries (:func:`placecheck.worker.preload`).
+    """
+    names: set[str] = set()
+    for model in models:
+        example = model.options.example_inputs
+        for target in (model.target, example if isinstance(example, str) else None):
+            module = (target or "").rpartition(":")[0]
+            if module and not module.endswith(".py") and "/" not in module and "\\" not in module:
+                names.add(module)
+    return sorted(names)
+
+
+class _ServerGone(Exception):
+    """The fork server's pipe closed: the server died."""
+
+
+class _ForkServer:
+    """One warm server process (``python -m placecheck.worker --serve``) and its line protocol."""
+
+    def __init__(self, modules: list[str], workdir: str | None) -> None:
+        self._log = tempfile.TemporaryFile()  # noqa: SIM115 - open as long as the server lives
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "placecheck.worker", "--serve", json.dumps(modules)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, cwd=workdir,
+            start_new_session=True, bufsize=0)
+        self._buffer = b""
+        self._ready = False
+
+    def _line(self, seconds: float) -> str | None:
+        """The server's next line; None when none came within ``seconds``; _ServerGone at its end."""
+        assert self.process.stdout is not None
+        fd = self.process.stdout.fileno()
+        deadline = time.monotonic() + seconds
+        while b"\n" not in self._buffer:
+            readable, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+            if not readable:
+                return None
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                raise _ServerGone
+            self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return line.decode()
+
+    def warm_up(self) -> None:
+        """Wait until the server has imported everything; _ServerGone when it never does."""
+        if not self._ready:
+            if self._line(_WARM_UP_S) != "ready":
+                raise _ServerGone
+            self._ready = True
+
+    def run(self, files: _Files, timeout: float, threads: int) -> int | None:
+        """Fork one model's child and wait for it; its exit status, or None when stopped at ``timeout``."""
+        self.warm_up()
+        assert self.process.stdin is not None
+        request = {"spec": str(files.spec), "result": str(files.result), "stderr": str(files.stderr),
+                   "threads": threads}
+        try:
+            self.process.stdin.write((json.dumps(request) + "\n").encode())
+        except OSError:
+            raise _ServerGone from None
+        started = self._line(_REPLY_S)
+        if started is None or not started.startswith("started "):
+            raise _ServerGone
+        pid = int(started.split()[1])
+        try:
+            exited = self._line(timeout)
+            if exited is None:  # past the timeout: kill the child's session, the server reaps it
+                _kill_group(pid)
+                exited = self._line(_REPLY_S)
+                if exited is None:
+                    raise _ServerGone
+                return None
+        except _ServerGone:
+            _kill_group(pid)
+            raise
+        return int(exited.split()[1])
+
+    def stderr_tail(self) -> str:
+        self._log.seek(0)
+        lines = self._log.read().decode("utf-8", errors="replace").splitlines()
+        return "\n".join(lines[-_STDERR_TAIL:])
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                self.process.kill()
+        self.process.wait()
+        for pipe in (self.process.stdin, self.process.stdout):
+            if pipe is not None:
+                pipe.close()
+        self._log.close()
+
+
+def _kill_group(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+class WarmPool:
+    """Up to ``jobs`` warm fork servers; :meth:`audit` runs one model in a child forked from one.
+
+    A server is started when a job first needs one, and every server imports the same
+    modules. When a server cannot start or dies, that model is audited the ``spawn`` way
+    and the pool starts a new server for the next one. Use as a context manager.
+    """
+
+    def __init__(self, models: Sequence[ModelConfig], jobs: int, workdir: str | None = None,
+                 on_note: Callable[[str], None] | None = None) -> None:
+        self.modules = preload_modules(models)
+        self.workdir = workdir
+        # each child's torch threads: the cores shared by the jobs (a forked child must set them)
+        self.threads = max(1, (os.cpu_count() or 1) // max(1, jobs))
+        self._idle: queue.SimpleQueue[_ForkServer] = queue.SimpleQueue()
+        self._servers: list[_ForkServer] = []
+        self._lock = threading.Lock()
+        self._note = on_note
+        self._noted = False
+
+    def __enter__(self) -> WarmPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _checkout(self) -> _ForkServer:
+        try:
+            return self._idle.get_nowait()
+        except queue.Empty:
+            server = _ForkServer(self.modules, self.workdir)
+            with self._lock:
+                self._servers.append(server)
+            return server
+
+    def _discard(self, server: _ForkServer) -> str:
+        tail = server.stderr_tail()
+        server.close()
+        with self._lock:
+            self._servers.remove(server)
+        return tail
+
+    def audit(self, model: ModelConfig, timeout: float, workdir: str | None = None) -> ModelOutcome:
+        """Audit one model in a child forked from a warm server (the ``audit_one`` of :func:`run_models`)."""
+        with _Files(model) as files:  # first: a spec that cannot be written holds no server
+            server = self._checkout()
+            try:
+                server.warm_up()
+            except _ServerGone:
+                tail = self._discard(server)
+                if self._note is not None and not self._noted:
+                    self._noted = True
+                    self._note("a warm worker did not start; auditing in fresh interpreters instead "
+                               f"(as --isolation spawn){': ' + tail.splitlines()[-1] if tail else ''}")
+                return audit_in_subprocess(model, timeout, workdir or self.workdir)
+            try:
+                returncode = server.run(files, timeout, self.threads)
+            except _ServerGone:
+                tail = self._discard(server)
+                return ModelOutcome(model, _incomplete(
+                    model, "error", "the warm worker process stopped during this audit; rerun with "
+                    "--isolation spawn", _tail(files.stderr) or tail))
+            self._idle.put(server)
+            return _outcome(model, returncode, timeout, files)
+
+    def close(self) -> None:
+        with self._lock:
+            servers, self._servers = self._servers, []
+        for server in servers:
+            server.close()
+
+
+# ---- the run -------------------------------------------------------------------------------------
 
 
 def finish(outcome: ModelOutcome) -> ModelOutcome:
@@ -263,59 +444,184 @@ def show_progress() -> bool:
     return sys.stderr.isatty() and not in_ci
 
 
+def progress_mode(progress: bool | str | None) -> str:
+    """``--progress`` (auto, bar, lines, off) as what is shown: ``bar``, ``lines`` or ``off``.
+
+    ``auto``: the bar for a person at a terminal (:func:`show_progress`), else one line per
+    model on stderr (a CI log). True and False mean ``bar`` and ``off``.
+    """
+    if progress is None or progress == "auto":
+        return "bar" if show_progress() else "lines"
+    if progress is True or progress is False:
+        return "bar" if progress else "off"
+    if progress not in PROGRESS_CHOICES:
+        raise UsageError(f"--progress {progress!r}: use one of {', '.join(PROGRESS_CHOICES)}")
+    return progress
+
+
+def isolation_mode(isolation: str | None, on_note: Callable[[str], None] | None = None) -> str:
+    """``--isolation`` as what runs here: ``fork`` falls back to ``spawn`` where it cannot run."""
+    mode = isolation or "fork"
+    if mode not in ISOLATION_CHOICES:
+        raise UsageError(f"--isolation {mode!r}: use one of {', '.join(ISOLATION_CHOICES)}")
+    if mode == "fork" and not fork_available():
+        if on_note is not None and isolation is not None:
+            on_note(f"--isolation fork is not available on {sys.platform}: each model runs in a fresh "
+                    "interpreter (--isolation spawn)")
+        return "spawn"
+    return mode
+
+
 def run_models(config: RunConfig, jobs: int | None = None, timeout: float | None = None,
-               progress: bool | None = None, workdir: str | None = None,
-               audit_one: Callable[[ModelConfig, float, str | None], ModelOutcome] = audit_in_subprocess,
-               ) -> list[ModelOutcome]:
-    """Audit every model of ``config`` (``jobs`` at once); outcomes in config order."""
+               progress: bool | str | None = None, workdir: str | None = None,
+               audit_one: Callable[[ModelConfig, float, str | None], ModelOutcome] | None = None,
+               isolation: str | None = None) -> list[ModelOutcome]:
+    """Audit every model of ``config`` (``jobs`` at once); outcomes in config order.
+
+    ``isolation`` (default: the config's): ``fork`` or ``spawn`` (see the module docstring);
+    ``audit_one`` replaces both (the tests' seam). ``progress``: see :func:`progress_mode`;
+    it goes to stderr, never stdout, which carries the report.
+    """
     workers = jobs or config.jobs
     default_timeout = timeout or config.timeout
     models: Sequence[ModelConfig] = config.models
     outcomes: list[ModelOutcome | None] = [None] * len(models)
-    lock = threading.Lock()
-    bar = _Progress(len(models)) if (show_progress() if progress is None else progress) else None
+    display = _display(progress_mode(config.progress if progress is None else progress), len(models))
+    pool: WarmPool | None = None
+    if audit_one is None:
+        if isolation_mode(isolation or config.isolation, _note) == "fork":
+            pool = WarmPool(models, workers, workdir, on_note=_note)
+            audit_one = pool.audit
+        else:
+            audit_one = audit_in_subprocess
+    run_one = audit_one
 
     def one(index: int) -> None:
         model = models[index]
+        display.started(model.label)
+        started = time.monotonic()
         try:
-            outcome = finish(audit_one(model, model.timeout or default_timeout, workdir))
+            outcome = run_one(model, model.timeout or default_timeout, workdir)
         except Exception as exc:  # placecheck's own failure on this model must not lose the others
             outcome = ModelOutcome(model, _incomplete(
                 model, "error", f"placecheck failed on this model: {one_line(exc)}"))
-        with lock:
-            outcomes[index] = outcome
-            if bar is not None:
-                bar.advance(model.label)
+        outcome = replace(outcome, seconds=time.monotonic() - started)
+        display.finished(outcome)
+        outcomes[index] = finish(outcome)
 
     try:
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            for future in [pool.submit(one, i) for i in range(len(models))]:
+        with ThreadPoolExecutor(max_workers=workers) as executor:
+            for future in [executor.submit(one, i) for i in range(len(models))]:
                 future.result()
     finally:
-        if bar is not None:
-            bar.stop()
+        display.stop()
+        if pool is not None:
+            pool.close()
     return [o for o in outcomes if o is not None]
 
 
-class _Progress:
-    """A rich progress bar on stderr (rich comes with typer)."""
+# ---- progress on stderr --------------------------------------------------------------------------
+
+
+def _note(message: str) -> None:
+    print(f"placecheck: {message}", file=sys.stderr, flush=True)
+
+
+def _describe(outcome: ModelOutcome) -> str:
+    """How one model ended, in a few words: ``2 problems``, ``PC901 timeout``."""
+    stopped = next((f for f in outcome.report.findings if f.code == INCOMPLETE), None)
+    if stopped is not None:
+        return f"{INCOMPLETE} {dict(stopped.details).get('reason', 'incomplete')}"
+    n = len(outcome.report.findings)
+    return "clean" if n == 0 else f"{n} problem{'s' if n != 1 else ''}"
+
+
+class _Display:
+    """Counts models done, running and failed; shows nothing (``--progress off``)."""
 
     def __init__(self, total: int) -> None:
-        from rich.console import Console
+        self.total = total
+        self.done = self.running = self.failed = 0
+        self.began = time.monotonic()
+        self._lock = threading.Lock()
+
+    def started(self, label: str) -> None:
+        with self._lock:
+            self.running += 1
+            self.show_start(label)
+
+    def finished(self, outcome: ModelOutcome) -> None:
+        with self._lock:
+            self.running -= 1
+            self.done += 1
+            self.failed += outcome.failed
+            self.show_end(outcome)
+
+    def show_start(self, label: str) -> None:
+        pass
+
+    def show_end(self, outcome: ModelOutcome) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+
+class _Lines(_Display):
+    """One line per finished model on stderr, for CI logs (``--progress lines``)."""
+
+    def __init__(self, total: int, stream: IO[str] | None = None) -> None:
+        super().__init__(total)
+        self.stream = stream
+
+    def show_end(self, outcome: ModelOutcome) -> None:
+        elapsed = time.monotonic() - self.began
+        print(f"placecheck: [{self.done}/{self.total}] {outcome.model.label}: {_describe(outcome)} in "
+              f"{outcome.seconds:.1f} s ({self.running} running, {self.failed} failed, "
+              f"{elapsed:.0f} s elapsed)", file=self.stream or sys.stderr, flush=True)
+
+
+def _console() -> Any:
+    """The console the bar draws on: stderr (a seam for the tests)."""
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+class _Bar(_Display):
+    """A rich progress bar on stderr (rich comes with typer): done/total, running, failed, elapsed."""
+
+    def __init__(self, total: int) -> None:
+        super().__init__(total)
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        self.progress = Progress(TextColumn("auditing"), BarColumn(), MofNCompleteColumn(),
-                                 TimeElapsedColumn(), TextColumn("{task.description}"),
-                                 console=Console(stderr=True), transient=True)
-        self.task = self.progress.add_task("", total=total)
+        self.progress = Progress(
+            TextColumn("auditing"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("{task.fields[running]} running, {task.fields[failed]} failed"),
+            TimeElapsedColumn(), TextColumn("{task.description}"), console=_console(), transient=True)
+        self.task = self.progress.add_task("", total=total, running=0, failed=0)
         self.progress.start()
 
-    def advance(self, label: str) -> None:
-        self.progress.update(self.task, advance=1, description=label)
+    def show_start(self, label: str) -> None:
+        self.progress.update(self.task, running=self.running, description=label)
+
+    def show_end(self, outcome: ModelOutcome) -> None:
+        self.progress.update(self.task, advance=1, running=self.running, failed=self.failed,
+                             description=outcome.model.label)
 
     def stop(self) -> None:
         self.progress.stop()
 
 
+def _display(mode: str, total: int) -> _Display:
+    if mode == "bar":
+        return _Bar(total)
+    if mode == "lines":
+        return _Lines(total)
+    return _Display(total)
+
+
 if __name__ == "__main__":
+    from placecheck.worker import child_main
+
     sys.exit(child_main(sys.argv[1], sys.argv[2]))

@@ -20,6 +20,7 @@ from placecheck.cli import checkpoint as checkpoint  # isort: skip
 from placecheck.cli import rules as rules  # isort: skip
 from placecheck.cli import example_config as example_config  # isort: skip
 from placecheck.cli import run as run  # isort: skip
+from placecheck.cli import merge as merge  # isort: skip
 from placecheck.cli import fix as fix  # isort: skip
 
 __all__ = ["OutputOptions", "app", "emit", "emit_reports", "entrypoint", "fail"]

@@ -14,6 +14,7 @@ from typing import Annotated, Any
 import typer
 
 from placecheck.cli.app import app
+from placecheck.config import ISOLATION_CHOICES, PROGRESS_CHOICES
 from placecheck.devices import AUDIT_DEVICE_HELP
 from placecheck.errors import PlacecheckError
 from placecheck.formats import OutputFormat
@@ -136,6 +137,23 @@ def audit(
              "runs in its own process and one that runs past it is reported as PC901 (default: the "
              "config's, else 600); with one TARGET the audit runs in a child process only when this "
              "is given, and running past it is an error (exit 2).")] = None,
+    isolation: Annotated[str | None, typer.Option(
+        "--isolation", metavar="MODE",
+        help=f"With --config: {'|'.join(ISOLATION_CHOICES)}, how each model gets its own process. "
+             "fork (default): warm workers import torch and the targets' libraries once and fork a "
+             "fresh child per model; spawn: a fresh interpreter per model (the imports each time). "
+             "fork falls back to spawn where os.fork is missing or unsafe (Windows, macOS).")] = None,
+    progress: Annotated[str | None, typer.Option(
+        "--progress", metavar="MODE",
+        help=f"With --config: {'|'.join(PROGRESS_CHOICES)}, what stderr shows while models run. "
+             "bar: models done, running and failed and the time elapsed; lines: one line per "
+             "finished model (CI logs); auto (default): bar at a terminal outside CI, else "
+             "lines.")] = None,
+    shard: Annotated[str | None, typer.Option(
+        "--shard", metavar="K/N",
+        help="With --config: audit only the K-th of N shards of the models (a stable hash of each "
+             "model's name: adding a model moves no other). Combine the shards' --format json "
+             "reports with `placecheck merge`, which applies the baseline once.")] = None,
     baseline: Annotated[str | None, typer.Option(
         "--baseline", metavar="FILE",
         help="Hide the findings this baseline file records; report entries it no longer matches as "

@@ -7,7 +7,8 @@ one ``case`` below; ``tests/test_formats.py`` checks every choice has one.
 from __future__ import annotations
 
 import enum
-from typing import NoReturn
+from collections.abc import Mapping
+from typing import Any, NoReturn
 
 from placecheck.formats.base import Formatter
 
@@ -35,11 +36,13 @@ class OutputFormat(str, enum.Enum):
         return self.value
 
 
-def formatter_for(fmt: OutputFormat, width: int | None = None, hints: bool = False) -> Formatter:
+def formatter_for(fmt: OutputFormat, width: int | None = None, hints: bool = False,
+                  run: Mapping[str, Any] | None = None) -> Formatter:
     """The formatter for one ``--format`` choice.
 
     ``width``: the terminal's, when writing to one; ``hints``: the table shows
-    the fix under every problem (``--hints``) instead of once per rule.
+    the fix under every problem (``--hints``) instead of once per rule; ``run``:
+    a shard's ``run`` object, which the JSON run shape carries for ``placecheck merge``.
     """
     match fmt:
         case OutputFormat.TABLE:
@@ -49,7 +52,7 @@ def formatter_for(fmt: OutputFormat, width: int | None = None, hints: bool = Fal
         case OutputFormat.JSON:
             from placecheck.formats.json import JsonFormatter
 
-            return JsonFormatter()
+            return JsonFormatter(run)
         case OutputFormat.SARIF:
             from placecheck.formats.sarif import SarifFormatter
 

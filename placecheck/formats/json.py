@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from placecheck.finding import Finding
 from placecheck.formats.base import Formatter
-from placecheck.report import Report
+from placecheck.report import DeviceMap, Report
 
 SCHEMA_VERSION = 1
 
@@ -35,13 +36,35 @@ def report_to_dict(report: Report) -> dict[str, Any]:
     }
 
 
-def run_to_dict(reports: Sequence[Report]) -> dict[str, Any]:
+def finding_from_dict(data: dict[str, Any]) -> Finding:
+    """The inverse of :meth:`Finding.to_dict`."""
+    return Finding.from_dict(data)
+
+
+def report_from_dict(data: dict[str, Any]) -> Report:
+    """The inverse of :func:`report_to_dict` (what a model's child process sends back, what a
+    shard's report holds)."""
+    return Report(
+        target=data["target"], device=data["device"], engine=data["engine"],
+        findings=tuple(finding_from_dict(f) for f in data["findings"]),
+        notes=tuple(data.get("notes", ())),
+        stats=tuple((str(k), int(v)) for k, v in data.get("stats", {}).items()),
+        incomplete=str(data.get("summary", {}).get("incomplete", "")),
+        device_map=DeviceMap.from_dict(data["device_map"], data.get("transfers"))
+        if "device_map" in data else None,
+    )
+
+
+def run_to_dict(reports: Sequence[Report], run: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The JSON object for a ``--config`` run (any number of models).
 
     ``models`` holds each model's report object; ``findings`` lists every
     finding of the run, each with the ``target`` of its model, so a consumer of
     the single-model contract (an object with a ``findings`` list) still works.
+    ``run``: a shard's ``run`` object (``--shard K/N``, :func:`placecheck.shards.run_info`),
+    which ``placecheck merge`` reads; absent otherwise.
     """
+    shard = {"run": dict(run)} if run is not None else {}
     return {
         "schema_version": SCHEMA_VERSION,
         "summary": {
@@ -52,11 +75,16 @@ def run_to_dict(reports: Sequence[Report]) -> dict[str, Any]:
         },
         "models": [report_to_dict(r) for r in reports],
         "findings": [{"target": r.target, **f.to_dict()} for r in reports for f in r.findings],
+        **shard,
     }
 
 
 class JsonFormatter(Formatter):
     """Stable, indented JSON; keys in a fixed order."""
+
+    def __init__(self, run: Mapping[str, Any] | None = None) -> None:
+        self.run = run
+        """A shard's ``run`` object, written into the run shape (see :func:`run_to_dict`)."""
 
     def format(self, report: Report) -> str:
         return json.dumps(report_to_dict(report), indent=2) + "\n"
@@ -68,4 +96,4 @@ class JsonFormatter(Formatter):
 
     def format_run(self, reports: Sequence[Report]) -> str:
         # a --config run is always the run object, even with one model
-        return json.dumps(run_to_dict(reports), indent=2) + "\n"
+        return json.dumps(run_to_dict(reports, self.run), indent=2) + "\n"

@@ -1,0 +1,55 @@
+"""``placecheck merge``: the JSON reports of a config's shards (``--shard K/N``) as one run."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from placecheck.cli.app import app
+from placecheck.cli.common import Debug, ExitZero, Format, Output
+from placecheck.formats import OutputFormat
+from placecheck.output import OutputOptions
+from placecheck.report import FAIL_ON_CHOICES
+
+MERGE_HELP = """Combine the JSON reports of a config's shards into one run's report.
+
+Each REPORT is the --format json output of `placecheck audit --config FILE
+--shard K/N`; every shard of the split must be given once, all made by the
+same placecheck from the same config and options. The result is what one
+`placecheck audit --config FILE` run would write, in any --format, with its
+exit code: the baseline (the shards' --baseline, else the config's; or
+--baseline here) is applied once, to every model, and the config's allow
+entries were applied by the one shard that audited their model.
+
+Exit status: 0 when no finding is at or above --fail-on, 1 when one is, 2 for
+reports that are not the shards of one run, a missing shard, or a model that
+did not load.
+"""
+
+
+@app.command(help=MERGE_HELP)
+def merge(
+    reports: Annotated[list[str], typer.Argument(
+        metavar="REPORT", show_default=False,
+        help="The --format json report of every shard.")],
+    fmt: Format = OutputFormat.TABLE,
+    output: Output = "-",
+    fail_on: Annotated[str | None, typer.Option(
+        metavar="SEVERITY",
+        help=f"Exit 1 when a finding is at or above this severity: {', '.join(FAIL_ON_CHOICES)} "
+             "(default: the shards' own).")] = None,
+    exit_zero: ExitZero = False,
+    baseline: Annotated[str | None, typer.Option(
+        "--baseline", metavar="FILE",
+        help="Hide the findings this baseline file records (default: the one the shards name, their "
+             "--baseline or their config's); report entries it no longer matches as stale.")] = None,
+    write_baseline: Annotated[str | None, typer.Option(
+        "--write-baseline", metavar="FILE",
+        help="Record every finding of the merged run in FILE (for --baseline) and exit 0.")] = None,
+    debug: Debug = False,
+) -> None:
+    from placecheck.ci import merge_reports
+
+    out = OutputOptions(format=fmt, output=output, exit_zero=exit_zero, debug=debug)
+    raise typer.Exit(merge_reports(reports, out, fail_on, baseline, write_baseline))
