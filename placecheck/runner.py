@@ -252,6 +252,11 @@ def preload_modules(models: Sequence[ModelConfig]) -> list[str]:
     return sorted(names)
 
 
+def _server_command(modules: list[str]) -> list[str]:
+    """The command line of one warm fork server (a seam for the tests)."""
+    return [sys.executable, "-m", "placecheck.worker", "--serve", json.dumps(modules)]
+
+
 class _ServerGone(Exception):
     """The fork server's pipe closed: the server died."""
 
@@ -262,8 +267,7 @@ class _ForkServer:
     def __init__(self, modules: list[str], workdir: str | None) -> None:
         self._log = tempfile.TemporaryFile()  # noqa: SIM115 - open as long as the server lives
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "placecheck.worker", "--serve", json.dumps(modules)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, cwd=workdir,
+            _server_command(modules), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, cwd=workdir,
             start_new_session=True, bufsize=0)
         self._buffer = b""
         self._ready = False

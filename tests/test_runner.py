@@ -85,7 +85,10 @@ def test_crashing_hanging_and_oom_models_do_not_lose_the_healthy_ones(tmp_path: 
     assert incomplete("OutOfMemory")["reason"] == "out-of-memory"
     killed = incomplete("KilledByKernel")
     assert killed["reason"] == "out-of-memory" and "SIGKILL" in killed["message"]
-    assert "auditing" not in proc.stderr  # no progress bar when not a terminal / under CI
+    assert "auditing" not in proc.stderr  # no progress bar when not a terminal / under CI...
+    progress = [line for line in proc.stderr.splitlines() if line.startswith("placecheck: [")]
+    assert len(progress) == 6 and progress[-1].startswith("placecheck: [6/6] ")  # ...a line per model
+    assert "0 running, 5 failed" in progress[-1]
 
 
 def test_a_model_that_does_not_load_exits_2_and_keeps_the_others(tmp_path: Path) -> None:
@@ -97,7 +100,8 @@ def test_a_model_that_does_not_load_exits_2_and_keeps_the_others(tmp_path: Path)
         """)
     proc = _placecheck("audit", "--config", str(config), "--format", "json")
     assert proc.returncode == 2
-    assert proc.stderr.startswith(f"placecheck: error: {MODELS}:Missing (config line 4): ")
+    errors = [line for line in proc.stderr.splitlines() if not line.startswith("placecheck: [")]
+    assert len(errors) == 1 and errors[0].startswith(f"placecheck: error: {MODELS}:Missing (config line 4): ")
     models = json.loads(proc.stdout)["models"]
     assert models[0]["findings"] == []
     assert models[1]["findings"][0]["details"]["reason"] == "load-error"
@@ -199,6 +203,11 @@ def test_timeout_and_jobs_need_a_config() -> None:
     assert proc.returncode == 2
     assert proc.stderr == ("placecheck: error: --jobs apply to --config runs (many models); "
                            "for one TARGET drop them\n")
+    proc = _placecheck("audit", "placecheck/examples/clean.py:CleanNet", "--shard", "1/2", "--isolation",
+                       "spawn")
+    assert proc.returncode == 2
+    assert proc.stderr == ("placecheck: error: --isolation and --shard apply to --config runs (many "
+                           "models); for one TARGET drop them\n")
 
 
 def test_per_model_options_are_refused_with_a_config(tmp_path: Path) -> None:

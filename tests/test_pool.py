@@ -1,0 +1,213 @@
+"""``--isolation fork``: warm servers fork a fresh child per model; progress on stderr.
+
+The isolation itself (a crash, a hang, out of memory each that model's PC901)
+is tested end to end in tests/test_runner.py, which runs with the default,
+``fork``; here: that nothing leaks from one forked model into the next, that
+``fork`` and ``spawn`` agree, the fallbacks, and the progress display.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from placecheck import runner, worker
+from placecheck.config import ModelConfig, RunConfig, parse
+from placecheck.finding import Finding, Severity
+from placecheck.options import AuditOptions
+from placecheck.report import Report
+
+REPO = Path(__file__).resolve().parents[1]
+MODELS = "tests/fixtures/ci/models.py"
+
+
+def _run(body: str, **kwargs: Any) -> list[runner.ModelOutcome]:
+    return runner.run_models(parse(textwrap.dedent(body)), progress="off", workdir=str(REPO), **kwargs)
+
+
+def _codes(outcome: runner.ModelOutcome) -> list[tuple[str, str, str]]:
+    return [(f.code, f.where, dict(f.details).get("reason", "")) for f in outcome.report.findings]
+
+
+@pytest.mark.skipif(not runner.fork_available(), reason="os.fork is not available here")
+def test_a_model_changing_global_state_does_not_leak_into_the_next(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pids = tmp_path / "pids.txt"
+    monkeypatch.setenv("PLACECHECK_TEST_PIDS", str(pids))
+    # one job: both models go through the same warm server, one after the other
+    sets, sees = _run(f"""
+        jobs = 1
+        [[models]]
+        target = "{MODELS}:SetsGlobals"
+        inputs = ["float32[2,4]"]
+        [[models]]
+        target = "{MODELS}:SeesNoLeak"
+        inputs = ["float32[2,4]"]
+        """, isolation="fork")
+    assert not sets.failed, sets.report.findings
+    assert not sees.failed, sees.report.findings  # its constructor raises when it sees a leak
+    recorded = dict((kind, (int(pid), int(ppid))) for kind, pid, ppid in
+                    (line.split() for line in pids.read_text().splitlines()))
+    (sets_pid, sets_parent), (sees_pid, sees_parent) = recorded["sets"], recorded["sees"]
+    assert sets_pid != sees_pid  # a fresh child per model...
+    assert sets_parent == sees_parent != os.getpid()  # ...forked from the one warm server
+
+
+def test_fork_and_spawn_give_the_same_findings() -> None:
+    body = f"""
+        jobs = 2
+        [[models]]
+        target = "{MODELS}:Healthy"
+        [[models]]
+        target = "{MODELS}:Buggy"
+        kwargs = {{ width = 6 }}
+        inputs = ["float32[3,6]"]
+        [[models]]
+        target = "{MODELS}:Segfault"
+        [[models]]
+        target = "{MODELS}:Missing"
+        """
+    forked = _run(body, isolation="fork")
+    spawned = _run(body, isolation="spawn")
+    assert [_codes(o) for o in forked] == [_codes(o) for o in spawned]
+    assert [o.report.engine for o in forked] == [o.report.engine for o in spawned]
+    assert _codes(spawned[2]) == [("PC901", "", "crash")]
+    assert spawned[3].load_error and forked[3].load_error == spawned[3].load_error
+    assert {("PC101", "mask", ""), ("PC102", "heads[0]", "")} <= set(_codes(forked[1]))
+
+
+def _fake_spawn(calls: list[str]) -> Any:
+    def audit(model: ModelConfig, timeout: float, workdir: str | None = None) -> runner.ModelOutcome:
+        calls.append(model.label)
+        return runner.ModelOutcome(model, Report.build(model.label, "cuda:0", "fake", []))
+
+    return audit
+
+
+def test_fork_falls_back_to_spawn_where_it_cannot_run(monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    calls: list[str] = []
+    monkeypatch.setattr(runner, "fork_available", lambda: False)
+    monkeypatch.setattr(runner, "audit_in_subprocess", _fake_spawn(calls))
+    cfg = RunConfig(path="x", models=(ModelConfig(target="a:A"), ModelConfig(target="b:B")))
+    runner.run_models(cfg, progress="off", isolation="fork")
+    assert sorted(calls) == ["a:A", "b:B"]
+    assert "--isolation fork is not available" in capsys.readouterr().err
+
+
+def test_a_server_that_does_not_start_falls_back_to_spawn(monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    calls: list[str] = []
+    monkeypatch.setattr(runner, "audit_in_subprocess", _fake_spawn(calls))
+    monkeypatch.setattr(runner, "_server_command", lambda modules: [
+        sys.executable, "-c", "import sys; sys.stderr.write('no torch here\\n'); sys.exit(3)"])
+    cfg = RunConfig(path="x", models=(ModelConfig(target="a:A"), ModelConfig(target="b:B")))
+    outcomes = runner.run_models(cfg, jobs=1, progress="off", isolation="fork")
+    assert sorted(calls) == ["a:A", "b:B"] and not any(o.failed for o in outcomes)
+    err = capsys.readouterr().err
+    assert err.count("a warm worker did not start") == 1 and "no torch here" in err
+
+
+def test_the_warm_servers_import_the_targets_installed_libraries(tmp_path: Path) -> None:
+    models = [ModelConfig(target="torchvision.models:resnet18"),
+              ModelConfig(target="tests/fixtures/ci/models.py:Healthy"),
+              ModelConfig(target="torchvision.models.detection:ssd300_vgg16",
+                          options=AuditOptions(example_inputs="placecheck.zoo:detection_images")),
+              ModelConfig(target="mypkg.models:Net")]
+    assert runner.preload_modules(models) == ["mypkg.models", "placecheck.zoo", "torchvision.models",
+                                              "torchvision.models.detection"]
+    # of those, the server imports the installed ones and placecheck's own, never the user's code
+    (tmp_path / "mypkg").mkdir()
+    (tmp_path / "mypkg" / "__init__.py").write_text("")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        assert not worker._installed("mypkg.models")
+    finally:
+        sys.path.remove(str(tmp_path))
+    assert worker._installed("placecheck.zoo")
+    pytest.importorskip("torchvision")
+    assert worker._installed("torchvision.models")
+
+
+def test_bad_isolation_and_progress_are_one_line(tmp_path: Path) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text(f'[[models]]\ntarget = "{MODELS}:Healthy"\n')
+    for flag, value, choices in [("--isolation", "thread", "fork, spawn"),
+                                 ("--progress", "fancy", "auto, bar, lines, off")]:
+        proc = subprocess.run([sys.executable, "-m", "placecheck", "audit", "--config", str(config), flag,
+                               value], capture_output=True, text=True, cwd=REPO)
+        assert proc.returncode == 2
+        assert proc.stderr == f"placecheck: error: {flag} {value!r}: use one of {choices}\n"
+    config.write_text(f'isolation = "thread"\n[[models]]\ntarget = "{MODELS}:Healthy"\n')
+    proc = subprocess.run([sys.executable, "-m", "placecheck", "audit", "--config", str(config)],
+                          capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert proc.stderr.startswith("placecheck: error: ") and 'c.toml:1: isolation: expected one of "fork", ' \
+        '"spawn"' in proc.stderr
+
+
+# ---- progress ----------------------------------------------------------------------------------
+
+
+def _canned(model: ModelConfig, timeout: float, workdir: str | None) -> runner.ModelOutcome:
+    code = "PC901" if model.target == "b:B" else "PC101"
+    finding = Finding(code=code, kind="k", severity=Severity.ERROR, where="w", message="m", hint="h",
+                      details=(("reason", "crash"),) if code == "PC901" else ())
+    return runner.ModelOutcome(model, Report.build(model.target, "cuda:0", "fake", [finding]))
+
+
+_THREE = RunConfig(path="x", models=(ModelConfig(target="a:A"), ModelConfig(target="b:B"),
+                                     ModelConfig(target="c:C")))
+
+
+def test_progress_lines_for_ci_logs(capsys: pytest.CaptureFixture[str]) -> None:
+    runner.run_models(_THREE, jobs=1, progress="lines", audit_one=_canned)
+    captured = capsys.readouterr()
+    assert captured.out == ""  # stdout carries the report formats only
+    lines = captured.err.splitlines()
+    assert len(lines) == 3
+    assert lines[0].startswith("placecheck: [1/3] a:A: 1 problem in ")
+    assert lines[1].startswith("placecheck: [2/3] b:B: PC901 crash in ")
+    assert lines[2].startswith("placecheck: [3/3] c:C: 1 problem in ") and "0 running, 1 failed" in lines[2]
+
+
+def test_progress_bar_on_a_terminal(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from rich.console import Console
+
+    screen = io.StringIO()
+    monkeypatch.setattr(runner, "_console", lambda: Console(file=screen, force_terminal=True, width=160))
+    runner.run_models(_THREE, jobs=1, progress="bar", audit_one=_canned)
+    drawn = screen.getvalue()
+    assert "auditing" in drawn and "3/3" in drawn and "1 failed" in drawn and "running" in drawn
+    assert "0:00:0" in drawn  # the elapsed time
+    assert capsys.readouterr().out == ""
+
+
+@pytest.mark.parametrize("tty, ci, mode", [(True, None, "bar"), (False, None, "lines"), (True, "true", "lines")])
+def test_auto_progress_is_the_bar_at_a_terminal_and_lines_elsewhere(
+        monkeypatch: pytest.MonkeyPatch, tty: bool, ci: str | None, mode: str) -> None:
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: tty)
+    if ci is None:
+        monkeypatch.delenv("CI", raising=False)
+    else:
+        monkeypatch.setenv("CI", ci)
+    assert runner.progress_mode(None) == runner.progress_mode("auto") == mode
+    assert runner.progress_mode("off") == "off" and runner.progress_mode(False) == "off"
+
+
+def test_progress_off_prints_nothing(tmp_path: Path) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text(f'[[models]]\ntarget = "{MODELS}:Healthy"\n')
+    proc = subprocess.run([sys.executable, "-m", "placecheck", "audit", "--config", str(config),
+                           "--progress", "off", "--format", "json"], capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    assert json.loads(proc.stdout)["models"][0]["findings"] == []
