@@ -192,14 +192,16 @@ def test_shards_merged_equal_one_run(tmp_path: Path) -> None:
         jobs = 2
         [[models]]
         target = "{REPO / MODELS}:Healthy"
+        name = "healthy"
         [[models]]
         target = "{REPO / MODELS}:Buggy"
+        name = "buggy-6"
         kwargs = {{ width = 6 }}
         inputs = ["float32[3,6]"]
         allow = [{{ code = "PC102", where = "heads[0]", reason = "kept in a list on purpose" }}]
         [[models]]
         target = "{REPO / MODELS}:Buggy"
-        name = "buggy-too"
+        name = "buggy-4"
         inputs = ["float32[3,4]"]
         """))
     baseline = tmp_path / "baseline.json"
@@ -207,7 +209,7 @@ def test_shards_merged_equal_one_run(tmp_path: Path) -> None:
                           str(baseline), cwd=tmp_path)
     assert written.returncode == 0, written.stderr
     data = json.loads(baseline.read_text())
-    data["entries"] = [e for e in data["entries"] if e["model"] == "buggy-too"]  # Buggy's stray is new
+    data["entries"] = [e for e in data["entries"] if e["model"] == "buggy-4"]  # buggy-6's stray is new
     baseline.write_text(json.dumps(data))
     whole = _placecheck("audit", "--config", str(config), "--select", "PC1", "--baseline", str(baseline),
                         "--format", "json", cwd=tmp_path)
@@ -220,11 +222,13 @@ def test_shards_merged_equal_one_run(tmp_path: Path) -> None:
                             cwd=tmp_path)
         assert shard.returncode == 0, shard.stderr
         outputs.append(str(out))
+    # the names split the models 2 + 1 (a test of the split itself: tests above)
+    assert [len(json.loads(Path(o).read_text())["models"]) for o in outputs] == [1, 2]
     merged = _placecheck("merge", *outputs, "--format", "json", cwd=tmp_path)
     assert merged.returncode == whole.returncode, merged.stderr
     # the same run, but for the memory each process found free (an init note)
     free = re.compile(r"[\d.]+ GiB of memory available")
     assert free.sub("", merged.stdout) == free.sub("", whole.stdout)
     findings = {(f["target"], f["code"], f["where"]) for f in json.loads(merged.stdout)["findings"]}
-    # Buggy's PC102 allowed, buggy-too's PC101 baselined (written with --select PC101): gone
-    assert findings == {(f"{REPO / MODELS}:Buggy", "PC101", "mask"), ("buggy-too", "PC102", "heads[0]")}
+    # buggy-6's PC102 allowed, buggy-4's PC101 baselined (written with --select PC101): gone
+    assert findings == {("buggy-6", "PC101", "mask"), ("buggy-4", "PC102", "heads[0]")}
