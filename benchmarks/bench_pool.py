@@ -1,0 +1,112 @@
+"""A ``--config`` run of the torchvision zoo: warm fork servers against one interpreter per model.
+
+Both paths audit the same config (``configs/torchvision.toml``, 109 models) with
+the same ``--jobs``, one after the other in this process (which, like the CLI,
+never imports torch):
+
+- ``spawn``: ``--isolation spawn``, a fresh interpreter per model, each paying
+  the imports of torch and torchvision (about 3 s here) before its audit;
+- ``fork``: ``--isolation fork`` (the default), ``--jobs`` warm servers that
+  import torch, torchvision and placecheck's engine once, then fork a fresh
+  child per model.
+
+Measured: each path's wall time (the whole run, servers' warm-up included) and
+the time of each model (its process included, from the job's start to its
+result: the first model of each warm server also waits for the server's
+imports), shown as min / median / p90 / max. The findings of every model are
+compared between the paths (code, where, and for PC901 its reason). Issue 14's
+target: the fork path in at most 40% of the spawn path's wall time, same
+findings.
+
+    python benchmarks/bench_pool.py [--jobs 2] [--models N] [--config FILE]
+
+``--models N`` runs the first N models only (for a quick check). Prints a table
+and writes ``benchmarks/results/pool.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from placecheck.config import load  # noqa: E402
+from placecheck.runner import ModelOutcome, run_models  # noqa: E402
+
+RESULTS = Path(__file__).parent / "results"
+TARGET_RATIO = 0.40
+
+
+def _findings(outcome: ModelOutcome) -> list[tuple[str, str, str]]:
+    return [(f.code, f.where, dict(f.details).get("reason", "")) for f in outcome.report.findings]
+
+
+def _distribution(seconds: list[float]) -> dict[str, float]:
+    ordered = sorted(seconds)
+    p90 = ordered[min(len(ordered) - 1, max(0, round(0.9 * len(ordered)) - 1))]
+    return {"min": ordered[0], "median": statistics.median(ordered), "p90": p90, "max": ordered[-1]}
+
+
+def measure(config: Any, jobs: int, isolation: str) -> dict[str, Any]:
+    started = time.perf_counter()
+    outcomes = run_models(config, jobs=jobs, progress="off", workdir=str(REPO), isolation=isolation)
+    wall = time.perf_counter() - started
+    return {
+        "wall_s": wall,
+        "per_model_s": _distribution([o.seconds for o in outcomes]),
+        "failed": sum(o.failed for o in outcomes),
+        "models_with_findings": sum(1 for o in outcomes if o.report.findings),
+        "findings": {o.model.label: _findings(o) for o in outcomes},
+        "seconds": {o.model.label: round(o.seconds, 3) for o in outcomes},
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default=str(REPO / "configs" / "torchvision.toml"))
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--models", type=int, default=0, help="only the first N models (0: all)")
+    options = parser.parse_args()
+    config = load(options.config)
+    if options.models:
+        config = replace(config, models=config.models[:options.models])
+    results = {isolation: measure(config, options.jobs, isolation) for isolation in ("spawn", "fork")}
+    spawn, fork = results["spawn"], results["fork"]
+    ratio = fork["wall_s"] / spawn["wall_s"]
+    differ = sorted(label for label in spawn["findings"] if spawn["findings"][label] != fork["findings"][label])
+    print(f"{len(config.models)} models of {Path(options.config).name}, --jobs {options.jobs}")
+    print(f"{'isolation':10} {'wall s':>8} {'min s':>7} {'median s':>9} {'p90 s':>7} {'max s':>7} "
+          f"{'failed':>7} {'with findings':>14}")
+    for name, r in results.items():
+        d = r["per_model_s"]
+        print(f"{name:10} {r['wall_s']:>8.1f} {d['min']:>7.2f} {d['median']:>9.2f} {d['p90']:>7.2f} "
+              f"{d['max']:>7.2f} {r['failed']:>7} {r['models_with_findings']:>14}")
+    met = ratio <= TARGET_RATIO and not differ
+    print(f"fork / spawn wall time: {ratio:.2f} ({'meets' if ratio <= TARGET_RATIO else 'misses'} the "
+          f"{TARGET_RATIO:.0%} target); findings {'identical' if not differ else 'differ: ' + ', '.join(differ)}")
+    RESULTS.mkdir(exist_ok=True)
+    name = "pool.json" if not options.models else f"pool-{options.models}.json"
+    (RESULTS / name).write_text(json.dumps({
+        "machine": {"python": platform.python_version(), "platform": platform.platform(),
+                    "cpus": os.cpu_count(), "load_average": os.getloadavg()},
+        "config": str(Path(options.config).relative_to(REPO)) if Path(options.config).is_relative_to(REPO)
+        else options.config,
+        "models": len(config.models), "jobs": options.jobs,
+        "spawn": spawn, "fork": fork, "ratio": ratio, "target_ratio": TARGET_RATIO,
+        "findings_identical": not differ, "findings_differ": differ, "target_met": met,
+    }, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
