@@ -267,8 +267,8 @@ class _ForkServer:
     def __init__(self, modules: list[str], workdir: str | None) -> None:
         self._log = tempfile.TemporaryFile()  # noqa: SIM115 - open as long as the server lives
         self.process = subprocess.Popen(
-            _server_command(modules), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, cwd=workdir,
-            start_new_session=True, bufsize=0)
+            _server_command(modules), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
+            cwd=workdir, start_new_session=True, bufsize=0)
         self._buffer = b""
         self._ready = False
 

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import fnmatch
 import re
 import shlex
 from pathlib import Path
+from typing import Any
 
 import typer
 import yaml
 
-from placecheck import config
+from placecheck import config, shards
 from placecheck.cli import app
 
 REPO = Path(__file__).resolve().parents[1]
@@ -36,10 +38,20 @@ def _check_command_line(line: str) -> None:
     assert used <= known, f"unknown flags {used - known} in {line!r}"
 
 
-def test_readme_workflow_is_valid_yaml_naming_real_flags() -> None:
+def _workflows() -> list[dict[str, Any]]:
+    """The README's GitHub Actions workflows (its CI section's YAML blocks), parsed."""
     blocks = re.findall(r"```yaml\n(.*?)```", _section("Use in CI"), re.S)
-    assert len(blocks) == 1
-    workflow = yaml.safe_load(blocks[0])
+    return [yaml.safe_load(block) for block in blocks]
+
+
+def _workflow(job: str) -> dict[str, Any]:
+    [workflow] = [w for w in _workflows() if job in w["jobs"]]
+    return workflow
+
+
+def test_readme_workflow_is_valid_yaml_naming_real_flags() -> None:
+    assert len(_workflows()) == 2  # one job; a matrix of shards and their merge
+    workflow = _workflow("placecheck")
     steps = workflow["jobs"]["placecheck"]["steps"]
     runs = [step["run"] for step in steps if "run" in step and "placecheck audit" in step["run"]]
     assert len(runs) == 1
@@ -66,15 +78,50 @@ def test_readme_workflow_installs_matching_cpu_builds_first() -> None:
     # torch alone from the CPU index, then placecheck, pulled a PyPI torchvision built for another torch
     # ("operator torchvision::nms does not exist"), and an index torch newer than the pin was replaced
     # by a CUDA torch from PyPI
-    [block] = re.findall(r"```yaml\n(.*?)```", _section("Use in CI"), re.S)
-    steps = yaml.safe_load(block)["jobs"]["placecheck"]["steps"]
-    installs = [shlex.split(s["run"]) for s in steps if str(s.get("run", "")).startswith("pip install")]
+    jobs = [_workflow("placecheck")["jobs"]["placecheck"], *_workflow("merge")["jobs"].values()]
     pins = _pins()
     assert set(pins) == {"torch", "torchvision"}
-    first, second = installs
-    assert first == ["pip", "install", f"torch=={pins['torch']}", f"torchvision=={pins['torchvision']}",
-                     "--index-url", "https://download.pytorch.org/whl/cpu"]
-    assert second == ["pip", "install", "placecheck"]
+    for job in jobs:
+        installs = [shlex.split(s["run"]) for s in job["steps"]
+                    if str(s.get("run", "")).startswith("pip install")]
+        first, second = installs
+        assert first == ["pip", "install", f"torch=={pins['torch']}", f"torchvision=={pins['torchvision']}",
+                         "--index-url", "https://download.pytorch.org/whl/cpu"]
+        assert second == ["pip", "install", "placecheck"]
+
+
+def test_readme_shard_matrix_uses_real_flags_and_merges_every_shard() -> None:
+    workflow = _workflow("merge")
+    audit, merge = workflow["jobs"]["audit"], workflow["jobs"]["merge"]
+    matrix = audit["strategy"]["matrix"]["shard"]
+    assert matrix == [1, 2, 3, 4]
+    [run] = [s["run"] for s in audit["steps"] if "placecheck audit" in str(s.get("run", ""))]
+    [upload] = [s for s in audit["steps"] if str(s.get("uses", "")).startswith("actions/upload-artifact")]
+    written = []
+    for k in matrix:  # what each job of the matrix runs, with GitHub's expression filled in
+        line = run.replace("${{ matrix.shard }}", str(k))
+        _check_command_line(line)
+        words = shlex.split(line)
+        assert shards.parse_shard(words[words.index("--shard") + 1]) == shards.Shard(k, len(matrix))
+        assert words[words.index("--format") + 1] == "json"  # what merge reads
+        output = words[words.index("--output") + 1]
+        assert upload["with"]["path"].replace("${{ matrix.shard }}", str(k)) == output
+        written.append(output)
+    assert merge["needs"] == "audit"
+    [download] = [s for s in merge["steps"] if str(s.get("uses", "")).startswith("actions/download-artifact")]
+    artifact = upload["with"]["name"].replace("${{ matrix.shard }}", "1")
+    assert fnmatch.fnmatch(artifact, download["with"]["pattern"])
+    [merge_run] = [s["run"] for s in merge["steps"] if "placecheck merge" in str(s.get("run", ""))]
+    _check_command_line(merge_run)
+    words = shlex.split(merge_run)
+    reports = [w for w in words[2:] if not w.startswith("-") and words[words.index(w) - 1] not in
+               ("--format", "--output")]
+    assert sorted(f for f in written if any(fnmatch.fnmatch(f, r) for r in reports)) == sorted(written)
+    sarif = words[words.index("--output") + 1]
+    [upload_sarif] = [s for s in merge["steps"]
+                      if str(s.get("uses", "")).startswith("github/codeql-action/upload-sarif")]
+    assert upload_sarif["with"]["sarif_file"] == sarif and words[words.index("--format") + 1] == "sarif"
+    assert merge["permissions"]["security-events"] == "write"
 
 
 def test_readme_console_examples_name_real_flags() -> None:

@@ -179,7 +179,8 @@ def test_progress_lines_for_ci_logs(capsys: pytest.CaptureFixture[str]) -> None:
     assert lines[2].startswith("placecheck: [3/3] c:C: 1 problem in ") and "0 running, 1 failed" in lines[2]
 
 
-def test_progress_bar_on_a_terminal(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_progress_bar_on_a_terminal(monkeypatch: pytest.MonkeyPatch,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
     from rich.console import Console
 
     screen = io.StringIO()
@@ -191,7 +192,8 @@ def test_progress_bar_on_a_terminal(monkeypatch: pytest.MonkeyPatch, capsys: pyt
     assert capsys.readouterr().out == ""
 
 
-@pytest.mark.parametrize("tty, ci, mode", [(True, None, "bar"), (False, None, "lines"), (True, "true", "lines")])
+@pytest.mark.parametrize("tty, ci, mode", [(True, None, "bar"), (False, None, "lines"),
+                                           (True, "true", "lines")])
 def test_auto_progress_is_the_bar_at_a_terminal_and_lines_elsewhere(
         monkeypatch: pytest.MonkeyPatch, tty: bool, ci: str | None, mode: str) -> None:
     monkeypatch.setattr(sys.stderr, "isatty", lambda: tty)
