@@ -83,7 +83,7 @@ def main() -> int:
     results = {isolation: measure(config, options.jobs, isolation) for isolation in ("spawn", "fork")}
     spawn, fork = results["spawn"], results["fork"]
     ratio = fork["wall_s"] / spawn["wall_s"]
-    differ = sorted(label for label in spawn["findings"] if spawn["findings"][label] != fork["findings"][label])
+    differ = sorted(label for label, found in spawn["findings"].items() if found != fork["findings"][label])
     print(f"{len(config.models)} models of {Path(options.config).name}, --jobs {options.jobs}")
     print(f"{'isolation':10} {'wall s':>8} {'min s':>7} {'median s':>9} {'p90 s':>7} {'max s':>7} "
           f"{'failed':>7} {'with findings':>14}")
@@ -92,8 +92,9 @@ def main() -> int:
         print(f"{name:10} {r['wall_s']:>8.1f} {d['min']:>7.2f} {d['median']:>9.2f} {d['p90']:>7.2f} "
               f"{d['max']:>7.2f} {r['failed']:>7} {r['models_with_findings']:>14}")
     met = ratio <= TARGET_RATIO and not differ
+    same = "identical" if not differ else "differ: " + ", ".join(differ)
     print(f"fork / spawn wall time: {ratio:.2f} ({'meets' if ratio <= TARGET_RATIO else 'misses'} the "
-          f"{TARGET_RATIO:.0%} target); findings {'identical' if not differ else 'differ: ' + ', '.join(differ)}")
+          f"{TARGET_RATIO:.0%} target); findings {same}")
     RESULTS.mkdir(exist_ok=True)
     name = "pool.json" if not options.models else f"pool-{options.models}.json"
     (RESULTS / name).write_text(json.dumps({
