@@ -349,8 +349,9 @@ class WarmPool:
     """Up to ``jobs`` warm fork servers; :meth:`audit` runs one model in a child forked from one.
 
     A server is started when a job first needs one, and every server imports the same
-    modules. When a server cannot start or dies, that model is audited the ``spawn`` way
-    and the pool starts a new server for the next one. Use as a context manager.
+    modules. When a server cannot start, that model and every later one is audited the
+    ``spawn`` way; when one dies during an audit, that model is its PC901 and the pool
+    starts a new server for the next one. Use as a context manager.
     """
 
     def __init__(self, models: Sequence[ModelConfig], jobs: int, workdir: str | None = None,
@@ -363,7 +364,8 @@ class WarmPool:
         self._servers: list[_ForkServer] = []
         self._lock = threading.Lock()
         self._note = on_note
-        self._noted = False
+        self._broken = False
+        """A server did not start: the rest of the run spawns (another try would fail alike)."""
 
     def __enter__(self) -> WarmPool:
         return self
@@ -389,14 +391,17 @@ class WarmPool:
 
     def audit(self, model: ModelConfig, timeout: float, workdir: str | None = None) -> ModelOutcome:
         """Audit one model in a child forked from a warm server (the ``audit_one`` of :func:`run_models`)."""
+        if self._broken:
+            return audit_in_subprocess(model, timeout, workdir or self.workdir)
         with _Files(model) as files:  # first: a spec that cannot be written holds no server
             server = self._checkout()
             try:
                 server.warm_up()
             except _ServerGone:
                 tail = self._discard(server)
-                if self._note is not None and not self._noted:
-                    self._noted = True
+                with self._lock:
+                    first, self._broken = not self._broken, True
+                if first and self._note is not None:
                     self._note("a warm worker did not start; auditing in fresh interpreters instead "
                                f"(as --isolation spawn){': ' + tail.splitlines()[-1] if tail else ''}")
                 return audit_in_subprocess(model, timeout, workdir or self.workdir)

@@ -107,11 +107,17 @@ def test_a_server_that_does_not_start_falls_back_to_spawn(monkeypatch: pytest.Mo
                                                           capsys: pytest.CaptureFixture[str]) -> None:
     calls: list[str] = []
     monkeypatch.setattr(runner, "audit_in_subprocess", _fake_spawn(calls))
-    monkeypatch.setattr(runner, "_server_command", lambda modules: [
-        sys.executable, "-c", "import sys; sys.stderr.write('no torch here\\n'); sys.exit(3)"])
+    started: list[list[str]] = []
+
+    def server_command(modules: list[str]) -> list[str]:
+        started.append(modules)
+        return [sys.executable, "-c", "import sys; sys.stderr.write('no torch here\\n'); sys.exit(3)"]
+
+    monkeypatch.setattr(runner, "_server_command", server_command)
     cfg = RunConfig(path="x", models=(ModelConfig(target="a:A"), ModelConfig(target="b:B")))
     outcomes = runner.run_models(cfg, jobs=1, progress="off", isolation="fork")
     assert sorted(calls) == ["a:A", "b:B"] and not any(o.failed for o in outcomes)
+    assert started == [["a", "b"]]  # one try: the second model spawns without another
     err = capsys.readouterr().err
     assert err.count("a warm worker did not start") == 1 and "no torch here" in err
 
