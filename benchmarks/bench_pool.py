@@ -10,6 +10,11 @@ never imports torch):
   import torch, torchvision and placecheck's engine once, then fork a fresh
   child per model.
 
+On a shared machine the load drifts during a run of minutes, so the models are
+split into two halves (every other model) run in the order spawn, fork, fork,
+spawn; each path's wall time is the sum of its two runs (the fork path pays its
+servers' warm-up twice, which only counts against it).
+
 Measured: each path's wall time (the whole run, servers' warm-up included) and
 the time of each model (its process included, from the job's start to its
 result: the first model of each warm server also waits for the server's
@@ -57,10 +62,13 @@ def _distribution(seconds: list[float]) -> dict[str, float]:
     return {"min": ordered[0], "median": statistics.median(ordered), "p90": p90, "max": ordered[-1]}
 
 
-def measure(config: Any, jobs: int, isolation: str) -> dict[str, Any]:
+def _run(config: Any, jobs: int, isolation: str) -> tuple[float, list[ModelOutcome]]:
     started = time.perf_counter()
     outcomes = run_models(config, jobs=jobs, progress="off", workdir=str(REPO), isolation=isolation)
-    wall = time.perf_counter() - started
+    return time.perf_counter() - started, outcomes
+
+
+def _summary(wall: float, outcomes: list[ModelOutcome]) -> dict[str, Any]:
     return {
         "wall_s": wall,
         "per_model_s": _distribution([o.seconds for o in outcomes]),
@@ -80,7 +88,20 @@ def main() -> int:
     config = load(options.config)
     if options.models:
         config = replace(config, models=config.models[:options.models])
-    results = {isolation: measure(config, options.jobs, isolation) for isolation in ("spawn", "fork")}
+    load_before = os.getloadavg()
+    halves = [replace(config, models=config.models[0::2]), replace(config, models=config.models[1::2])]
+    walls = {"spawn": 0.0, "fork": 0.0}
+    outcomes: dict[str, list[ModelOutcome]] = {"spawn": [], "fork": []}
+    for isolation, half in (("spawn", 0), ("fork", 0), ("fork", 1), ("spawn", 1)):
+        if not halves[half].models:
+            continue
+        wall, done = _run(halves[half], options.jobs, isolation)
+        walls[isolation] += wall
+        outcomes[isolation] += done
+        print(f"  {isolation} half {half + 1}: {len(done)} models in {wall:.1f} s", flush=True)
+    order = {m.label: i for i, m in enumerate(config.models)}
+    results = {isolation: _summary(walls[isolation], sorted(done, key=lambda o: order[o.model.label]))
+               for isolation, done in outcomes.items()}
     spawn, fork = results["spawn"], results["fork"]
     ratio = fork["wall_s"] / spawn["wall_s"]
     differ = sorted(label for label, found in spawn["findings"].items() if found != fork["findings"][label])
@@ -99,7 +120,8 @@ def main() -> int:
     name = "pool.json" if not options.models else f"pool-{options.models}.json"
     (RESULTS / name).write_text(json.dumps({
         "machine": {"python": platform.python_version(), "platform": platform.platform(),
-                    "cpus": os.cpu_count(), "load_average": os.getloadavg()},
+                    "cpus": os.cpu_count(), "load_average_before": load_before,
+                    "load_average_after": os.getloadavg()},
         "config": str(Path(options.config).relative_to(REPO)) if Path(options.config).is_relative_to(REPO)
         else options.config,
         "models": len(config.models), "jobs": options.jobs,

@@ -39,8 +39,10 @@ from placecheck.classify import out_of_memory
 from placecheck.errors import PlacecheckError, one_line
 from placecheck.options import AuditOptions
 
-WARM_MODULES = ("torch", "placecheck.api", "placecheck.load", "placecheck.formats.json")
-"""What every audit imports: the server imports them before its first fork."""
+WARM_MODULES = ("torch", "placecheck.api", "placecheck.load", "placecheck.formats.json", "placecheck.trace",
+                "placecheck.inputs", "placecheck.datadep", "torch._subclasses.schema_check_mode")
+"""What every audit imports (some lazily, during the forward): the server imports them before its
+first fork, so that no child imports them again."""
 
 _CHILD_FAILED = 70
 """Exit status of a forked child that could not even start its audit (its stderr says why)."""
