@@ -474,7 +474,7 @@ def isolation_mode(isolation: str | None, on_note: Callable[[str], None] | None 
     if mode not in ISOLATION_CHOICES:
         raise UsageError(f"--isolation {mode!r}: use one of {', '.join(ISOLATION_CHOICES)}")
     if mode == "fork" and not fork_available():
-        if on_note is not None and isolation is not None:
+        if on_note is not None:
             on_note(f"--isolation fork is not available on {sys.platform}: each model runs in a fresh "
                     "interpreter (--isolation spawn)")
         return "spawn"
@@ -498,7 +498,8 @@ def run_models(config: RunConfig, jobs: int | None = None, timeout: float | None
     display = _display(progress_mode(config.progress if progress is None else progress), len(models))
     pool: WarmPool | None = None
     if audit_one is None:
-        if isolation_mode(isolation or config.isolation, _note) == "fork":
+        # the fallback is noted only when the command line asked for fork (the default is silent)
+        if isolation_mode(isolation or config.isolation, _note if isolation else None) == "fork":
             pool = WarmPool(models, workers, workdir, on_note=_note)
             audit_one = pool.audit
         else:

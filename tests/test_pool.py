@@ -101,6 +101,8 @@ def test_fork_falls_back_to_spawn_where_it_cannot_run(monkeypatch: pytest.Monkey
     runner.run_models(cfg, progress="off", isolation="fork")
     assert sorted(calls) == ["a:A", "b:B"]
     assert "--isolation fork is not available" in capsys.readouterr().err
+    runner.run_models(cfg, progress="off")  # the config's default, fork: the fallback is silent
+    assert len(calls) == 4 and capsys.readouterr().err == ""
 
 
 def test_a_server_that_does_not_start_falls_back_to_spawn(monkeypatch: pytest.MonkeyPatch,
