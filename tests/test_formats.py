@@ -13,6 +13,7 @@ import json
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -200,10 +201,10 @@ def test_table_width_reaches_the_formatter_only_for_a_terminal(monkeypatch: pyte
     hinted: list[bool] = []
     real = cli.formatter_for
 
-    def spy(fmt: OutputFormat, width: int | None = None, hints: bool = False) -> Formatter:
+    def spy(fmt: OutputFormat, width: int | None = None, hints: bool = False, run: Any = None) -> Formatter:
         seen.append(width)
         hinted.append(hints)
-        return real(fmt, width, hints)
+        return real(fmt, width, hints, run)
 
     monkeypatch.setattr(cli, "formatter_for", spy)
     monkeypatch.setattr(cli.shutil, "get_terminal_size", lambda: os.terminal_size((111, 40)))
