@@ -26,7 +26,8 @@ findings.
     python benchmarks/bench_pool.py [--jobs 2] [--models N] [--config FILE]
 
 ``--models N`` runs the first N models only (for a quick check). Prints a table
-and writes ``benchmarks/results/pool.json``.
+and writes ``benchmarks/results/pool.json`` once both paths have run the first
+half (``complete`` false), and again at the end.
 """
 
 from __future__ import annotations
@@ -92,20 +93,29 @@ def main() -> int:
     halves = [replace(config, models=config.models[0::2]), replace(config, models=config.models[1::2])]
     walls = {"spawn": 0.0, "fork": 0.0}
     outcomes: dict[str, list[ModelOutcome]] = {"spawn": [], "fork": []}
-    for isolation, half in (("spawn", 0), ("fork", 0), ("fork", 1), ("spawn", 1)):
-        if not halves[half].models:
-            continue
-        wall, done = _run(halves[half], options.jobs, isolation)
-        walls[isolation] += wall
-        outcomes[isolation] += done
-        print(f"  {isolation} half {half + 1}: {len(done)} models in {wall:.1f} s", flush=True)
+    for step, (isolation, half) in enumerate((("spawn", 0), ("fork", 0), ("fork", 1), ("spawn", 1))):
+        if halves[half].models:
+            wall, done = _run(halves[half], options.jobs, isolation)
+            walls[isolation] += wall
+            outcomes[isolation] += done
+            print(f"  {isolation} half {half + 1}: {len(done)} models in {wall:.1f} s", flush=True)
+        if step in (1, 3):  # both paths have run the same models: a result (the first half's, then all)
+            _report(options, config, walls, outcomes, load_before, complete=step == 3)
+    return 0
+
+
+def _report(options: Any, config: Any, walls: dict[str, float], outcomes: dict[str, list[ModelOutcome]],
+            load_before: tuple[float, float, float], complete: bool) -> None:
+    """Print the table and write the JSON of what both paths have run so far."""
     order = {m.label: i for i, m in enumerate(config.models)}
     results = {isolation: _summary(walls[isolation], sorted(done, key=lambda o: order[o.model.label]))
                for isolation, done in outcomes.items()}
     spawn, fork = results["spawn"], results["fork"]
     ratio = fork["wall_s"] / spawn["wall_s"]
     differ = sorted(label for label, found in spawn["findings"].items() if found != fork["findings"][label])
-    print(f"{len(config.models)} models of {Path(options.config).name}, --jobs {options.jobs}")
+    models = len(outcomes["spawn"])
+    print(f"{models} of the {len(config.models)} models of {Path(options.config).name}, --jobs {options.jobs}"
+          f"{'' if complete else ' (the first half; the second half follows)'}")
     print(f"{'isolation':10} {'wall s':>8} {'min s':>7} {'median s':>9} {'p90 s':>7} {'max s':>7} "
           f"{'failed':>7} {'with findings':>14}")
     for name, r in results.items():
@@ -115,7 +125,7 @@ def main() -> int:
     met = ratio <= TARGET_RATIO and not differ
     same = "identical" if not differ else "differ: " + ", ".join(differ)
     print(f"fork / spawn wall time: {ratio:.2f} ({'meets' if ratio <= TARGET_RATIO else 'misses'} the "
-          f"{TARGET_RATIO:.0%} target); findings {same}")
+          f"{TARGET_RATIO:.0%} target); findings {same}", flush=True)
     RESULTS.mkdir(exist_ok=True)
     name = "pool.json" if not options.models else f"pool-{options.models}.json"
     (RESULTS / name).write_text(json.dumps({
@@ -124,11 +134,10 @@ def main() -> int:
                     "load_average_after": os.getloadavg()},
         "config": str(Path(options.config).relative_to(REPO)) if Path(options.config).is_relative_to(REPO)
         else options.config,
-        "models": len(config.models), "jobs": options.jobs,
+        "config_models": len(config.models), "models": models, "complete": complete, "jobs": options.jobs,
         "spawn": spawn, "fork": fork, "ratio": ratio, "target_ratio": TARGET_RATIO,
         "findings_identical": not differ, "findings_differ": differ, "target_met": met,
     }, indent=2) + "\n")
-    return 0
 
 
 if __name__ == "__main__":
