@@ -27,6 +27,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 from torch.nn.parameter import UninitializedBuffer, UninitializedParameter
+from torch.overrides import TorchFunctionMode
 
 from placecheck.assignments import Assignments, build_recorded
 from placecheck.engine import Engine, move_model
@@ -122,7 +123,7 @@ def construct(
         return _built(build, model, note="init: cpu (as requested)" if init is InitChoice.CPU else "")
 
     def on_meta() -> nn.Module:
-        with torch.device("meta"):
+        with torch.device("meta"), _NoValueFillsOnMeta():
             return model()
 
     try:
@@ -144,6 +145,36 @@ def construct(
     return Construction(meta_model, on_meta=True,
                         note=f"init: meta (auto: {sizes}, too much to build on the CPU): {_META_NOTE}",
                         assignments=meta_assignments)
+
+
+# In-place ops whose only effect is on values (random and constant fills), which meta tensors do not have.
+_VALUE_FILLS = frozenset({
+    torch.Tensor.normal_, torch.Tensor.uniform_, torch.Tensor.zero_, torch.Tensor.fill_,
+    torch.Tensor.random_, torch.Tensor.exponential_, torch.Tensor.bernoulli_, torch.Tensor.log_normal_,
+    torch.Tensor.cauchy_, torch.Tensor.geometric_, torch.Tensor.erfinv_, torch.Tensor.clamp_,
+})
+
+
+class _NoValueFillsOnMeta(TorchFunctionMode):
+    """A meta build skips the weight initialisers' fills: they only write values, which meta tensors lack.
+
+    ``nn.Linear``'s ``kaiming_uniform_`` and a ``post_init`` that draws every
+    weight with ``normal_`` otherwise run a Python meta kernel per tensor,
+    most of the build of a model with many experts. The tensor comes back
+    unchanged, as the fill would leave it (shape, dtype, device). A fill that
+    would raise still runs: on a tensor of a dtype the fill does not take, or
+    on a leaf that requires grad outside ``no_grad`` (autograd refuses that).
+    """
+
+    def __torch_function__(self, func: Callable[..., Any], types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        if func in _VALUE_FILLS and args:
+            t = args[0]
+            if (isinstance(t, torch.Tensor) and t.device.type == "meta"
+                    and (t.is_floating_point() or func in (torch.Tensor.zero_, torch.Tensor.fill_))
+                    and not (t.requires_grad and t.is_leaf and torch.is_grad_enabled())):
+                return t
+        return func(*args, **(kwargs or {}))
 
 
 def _built(build: Callable[[Any], nn.Module], factory: Callable[[], nn.Module], note: str) -> Construction:

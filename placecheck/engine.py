@@ -250,11 +250,18 @@ class _FakeCudaMoves(TorchFunctionMode):
     computed on fake ``meta`` stand-ins instead (shapes and errors are the
     same; fake tensors hold no values) and the result made a fake CUDA tensor.
     The tracer's mode, entered later, has checked the devices before this runs.
+
+    ``meta_only`` (a build with CUDA support): only moves of meta tensors to
+    CUDA are made here, the move of a model built on the meta device; a meta
+    tensor holds no data, so the fake CUDA tensor made from its shape and
+    strides is what ``_to_copy`` would give, without a decomposition through
+    the fake mode per parameter. A ``memory_format`` is left to torch.
     """
 
-    def __init__(self, fake_mode: Any) -> None:
+    def __init__(self, fake_mode: Any, meta_only: bool = False) -> None:
         super().__init__()
         self.fake_mode = fake_mode
+        self.meta_only = meta_only
 
     def _on_meta(self, value: Any) -> Any:
         """``value`` with every fake CUDA tensor in it (one level of tuples/lists) a fake meta one."""
@@ -274,7 +281,8 @@ class _FakeCudaMoves(TorchFunctionMode):
     def __torch_function__(self, func: Callable[..., Any], types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
-        if func in (torch.Tensor.to, torch.Tensor.cuda) and args and isinstance(args[0], torch.Tensor):
+        if func in (torch.Tensor.to, torch.Tensor.cuda) and args and isinstance(args[0], torch.Tensor) \
+                and (not self.meta_only or (args[0].device.type == "meta" and "memory_format" not in kwargs)):
             dest = move_destination(func, args, kwargs)
             if dest is not None and dest.type == "cuda":
                 source: torch.Tensor = args[0]
@@ -286,7 +294,7 @@ class _FakeCudaMoves(TorchFunctionMode):
                 if source.requires_grad and torch.is_grad_enabled():
                     moved.requires_grad_(True)
                 return moved
-        if func in (torch.Tensor.__getitem__, torch.Tensor.__setitem__) and args \
+        if not self.meta_only and func in (torch.Tensor.__getitem__, torch.Tensor.__setitem__) and args \
                 and isinstance(args[0], torch.Tensor) and args[0].device.type == "cuda":
             return self._index(func, args)
         return func(*args, **kwargs)
@@ -336,7 +344,15 @@ def move_model(model: nn.Module, engine: Engine) -> nn.Module:
         for name, buffer in module._buffers.items():
             if isinstance(buffer, UninitializedBuffer):
                 module._buffers[name] = _fake_on_same_device(buffer)
-    with _each_module_applied_once():
+    # A meta-built model's parameters become fake CUDA tensors straight from their shapes (the
+    # session's own moves do that on a CPU-only build): torch's _to_copy per parameter costs some 30
+    # times more, most of the audit of a model with thousands of experts.
+    from torch._guards import active_fake_mode
+
+    fake_mode = active_fake_mode()
+    meta_moves = (_FakeCudaMoves(fake_mode, meta_only=True) if fake_mode is not None and not CPU_ONLY_BUILD
+                  else contextlib.nullcontext())
+    with _each_module_applied_once(), meta_moves:
         moved = model.to(engine.device)
     return moved if isinstance(moved, nn.Module) else model
 

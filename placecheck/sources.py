@@ -75,8 +75,14 @@ def _machinery(name: str) -> bool:
 
 def display_path(filename: str) -> str:
     """``filename`` relative to the working directory when it is under it."""
+    return _display_path(filename, os.getcwd())
+
+
+@functools.lru_cache(maxsize=4096)
+def _display_path(filename: str, cwd: str) -> str:
+    # cached: a model with thousands of modules asks for the same few files at every assignment
     try:
-        rel = os.path.relpath(filename)
+        rel = os.path.relpath(filename, cwd)
     except ValueError:
         return filename
     return filename if rel.startswith("..") else rel
