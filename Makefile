@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.placecheck-installed
 # pyproject.toml's published ranges stay open for users.
 TORCH  ?= -c constraints.txt
 
-.PHONY: install demo test test-cpu-build lint bench clean wheel-check
+.PHONY: install demo test test-cpu-build lint bench fidelity clean wheel-check
 
 install: $(STAMP)
 
@@ -69,6 +69,13 @@ test-cpu-build: $(CPU_STAMP)
 bench: install
 	$(PY) -m pip install --quiet $(TORCH) -e '.[dev,transformers,bench]'
 	@set -e; for bench in benchmarks/bench_*.py; do echo "== $$bench"; $(PY) $$bench; done
+
+# Real-GPU fidelity (benchmarks/fidelity.py): every fixture, example and torchvision zoo model audited
+# with --engine real on the GPU and with --engine fake (tagged where fake tensors stop), findings
+# compared; writes benchmarks/results/fidelity.json and prints the README's table. Without a CUDA GPU
+# it says so and exits 0, writing nothing.
+fidelity: install
+	$(PY) benchmarks/fidelity.py
 
 # The wheel a user installs: built as a release is (python -m build), installed with its declared
 # dependencies into a fresh venv that sees the main venv's packages through a .pth file (torch is
