@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 from torch.nn.parameter import UninitializedBuffer, UninitializedParameter
-from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from placecheck.assignments import Assignments, build_recorded
 from placecheck.engine import Engine, move_model
@@ -147,32 +147,34 @@ def construct(
                         assignments=meta_assignments)
 
 
-# In-place ops whose only effect is on values (random and constant fills), which meta tensors do not have.
-_VALUE_FILLS = frozenset({
-    torch.Tensor.normal_, torch.Tensor.uniform_, torch.Tensor.zero_, torch.Tensor.fill_,
-    torch.Tensor.random_, torch.Tensor.exponential_, torch.Tensor.bernoulli_, torch.Tensor.log_normal_,
-    torch.Tensor.cauchy_, torch.Tensor.geometric_, torch.Tensor.erfinv_, torch.Tensor.clamp_,
+_aten = torch.ops.aten
+# In-place ops whose only effect is on values (random and constant fills), which meta tensors do not
+# have; the random ones (and clamp_, erfinv_) only on floating tensors, where the fill cannot raise.
+_VALUE_FILLS = frozenset({_aten.zero_.default, _aten.fill_.Scalar})
+_FLOATING_VALUE_FILLS = frozenset({
+    _aten.normal_.default, _aten.uniform_.default, _aten.random_.default, getattr(_aten.random_, "from"),
+    _aten.random_.to, _aten.exponential_.default, _aten.bernoulli_.float, _aten.log_normal_.default,
+    _aten.cauchy_.default, _aten.geometric_.default, _aten.erfinv_.default, _aten.clamp_.default,
 })
 
 
-class _NoValueFillsOnMeta(TorchFunctionMode):
+class _NoValueFillsOnMeta(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch's mode is untyped
     """A meta build skips the weight initialisers' fills: they only write values, which meta tensors lack.
 
     ``nn.Linear``'s ``kaiming_uniform_`` and a ``post_init`` that draws every
     weight with ``normal_`` otherwise run a Python meta kernel per tensor,
-    most of the build of a model with many experts. The tensor comes back
-    unchanged, as the fill would leave it (shape, dtype, device). A fill that
-    would raise still runs: on a tensor of a dtype the fill does not take, or
-    on a leaf that requires grad outside ``no_grad`` (autograd refuses that).
+    most of the build of a model with thousands of experts. The tensor comes
+    back unchanged, as the fill would leave it (shape, dtype, device). This
+    runs below autograd, so an in-place fill of a leaf that requires grad
+    outside ``no_grad`` still raises, as it would on the CPU.
     """
 
-    def __torch_function__(self, func: Callable[..., Any], types: Any, args: tuple[Any, ...] = (),
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
-        if func in _VALUE_FILLS and args:
+        if (func in _VALUE_FILLS or func in _FLOATING_VALUE_FILLS) and args:
             t = args[0]
             if (isinstance(t, torch.Tensor) and t.device.type == "meta"
-                    and (t.is_floating_point() or func in (torch.Tensor.zero_, torch.Tensor.fill_))
-                    and not (t.requires_grad and t.is_leaf and torch.is_grad_enabled())):
+                    and (func in _VALUE_FILLS or t.is_floating_point())):
                 return t
         return func(*args, **(kwargs or {}))
 

@@ -29,6 +29,7 @@ from placecheck.cli import app
 from placecheck.engine import choose_engine, move_model
 from placecheck.errors import LoadError, UsageError
 from placecheck.examples.many_modules import MODULES_PER_BLOCK, blocks_for, many_modules
+from placecheck.options import EngineChoice
 from placecheck.walk import Snapshot, walk
 
 pytestmark = pytest.mark.cpu_build  # runs on the CPU-only torch build too (Makefile: test-cpu-build)
@@ -361,3 +362,45 @@ def test_walk_of_ten_thousand_modules_clean() -> None:
         result = walk(move_model(model, eng), "cuda:0", snapshot)
     assert result.findings == []
     assert result.stats["modules"] == 10_002
+
+
+# -- the speed of a meta build and its move (issue 14: thousands of experts) ----------------------
+
+class _RecordOps(torch.utils._python_dispatch.TorchDispatchMode):  # type: ignore[misc]
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[Any] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.ops.append(func)
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_meta_build_skips_value_fills_but_keeps_the_fills_that_raise() -> None:
+    aten = torch.ops.aten
+    with torch.device("meta"), _RecordOps() as record, construct._NoValueFillsOnMeta():  # sees what passes
+        layer = nn.Linear(8, 8)  # kaiming_uniform_ and uniform_ on meta tensors
+        with torch.no_grad():
+            layer.weight.normal_(0, 0.02)
+            layer.bias.zero_()
+    assert layer.weight.device.type == "meta" and layer.weight.shape == (8, 8)
+    assert not {aten.uniform_.default, aten.normal_.default, aten.zero_.default} & set(record.ops), record.ops
+    with torch.device("meta"), construct._NoValueFillsOnMeta():
+        with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+            nn.Parameter(torch.empty(2)).normal_()  # autograd refuses it on a CPU build too
+        with pytest.raises((RuntimeError, NotImplementedError)):
+            torch.empty(2, dtype=torch.int64).normal_()  # no normal_ for integers
+
+
+def test_the_move_of_a_meta_build_makes_fake_cuda_tensors_without_a_copy_per_tensor() -> None:
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(4, 6), nn.LayerNorm(6), nn.Linear(6, 2))
+    model.register_buffer("steps", torch.zeros(3, 5, device="meta").t())  # non-contiguous strides
+    engine = choose_engine("cuda", EngineChoice.FAKE)
+    with engine.session(), _RecordOps() as record:
+        moved = move_model(model, engine)
+    assert torch.ops.aten._to_copy.default not in record.ops
+    for name, t in [*moved.named_parameters(), *moved.named_buffers()]:
+        assert t.device == torch.device("cuda:0") and type(t).__name__ in ("FakeTensor", "Parameter"), name
+    assert isinstance(moved[0].weight, nn.Parameter) and moved[0].weight.requires_grad
+    assert moved.steps.shape == (5, 3) and moved.steps.stride() == (1, 5)
