@@ -33,7 +33,7 @@ from placecheck.errors import LoadError, UsageError, one_line
 from placecheck.finding import Finding, Severity
 from placecheck.options import AuditOptions, ExampleInputs, WrapChoice, split_codes
 from placecheck.placement.replicas import Replica, devices, merge, merged_notes, no_replicas, plan, unwrap
-from placecheck.report import DeviceMap, Report
+from placecheck.report import ASSUMED_BRANCHES, DeviceMap, Report
 from placecheck.rules import in_library, rule, selected, stray_handled_by_forward
 from placecheck.sources import library_of_class, treat_as_user_code, user_line
 from placecheck.walk import Snapshot, WalkResult, reachable_tensors, walk
@@ -407,6 +407,7 @@ def _attempt(eng: Engine, opts: _Options) -> _Attempt:
         checkpoint_findings = loaded.findings
         attempt.notes.extend(loaded.notes)
     inputs: tuple[tuple[Any, ...], dict[str, Any], str] | None = None
+    assumed_branches = 0
     if opts.forward and type(built).forward is nn.Module.forward:
         attempt.notes.append(f"forward: not checked: {type(built).__name__} defines no forward()")
     elif opts.forward:
@@ -448,6 +449,7 @@ def _attempt(eng: Engine, opts: _Options) -> _Attempt:
                                   inferred, placement)
             forward_findings, attempt.fallback = traced.findings, traced.fallback
             attempt.incomplete = traced.stopped
+            assumed_branches = traced.assumed_branches
             attempt.notes.extend(traced.notes)
             walk_findings = [_handled_by_forward(f, traced.handled.get(f.where), f.expected or target, moved)
                              if f.code == "PC101" else f for f in walk_findings]
@@ -457,6 +459,8 @@ def _attempt(eng: Engine, opts: _Options) -> _Attempt:
             attempt.device_map = device_map(moved, placement, traced.copies if inputs is not None else ())
     attempt.findings = [*walk_findings, *checkpoint_findings, *forward_findings]
     attempt.stats = result.stats
+    if assumed_branches:  # the summary then says that paths other values take did not run
+        attempt.stats = {**result.stats, ASSUMED_BRANCHES: assumed_branches}
     return attempt
 
 
@@ -562,6 +566,9 @@ class _ForwardResult:
     """Where and why the forward stopped at a limit of the simulation ("" when it did not)."""
     copies: list[Copy] = field(default_factory=list)
     """``--device keep``: every copy between devices the forward made."""
+    assumed_branches: int = 0
+    """Lines where the code branched on a value the fake engine assumed: a path another value takes
+    there did not run."""
 
 
 def _forward(model: nn.Module, eng: Engine, result: WalkResult, snapshot: Snapshot,
@@ -610,10 +617,12 @@ def _forward(model: nn.Module, eng: Engine, result: WalkResult, snapshot: Snapsh
     findings = tracer.findings(library_findings)
     handled = ({v.path: v.how for v in tracer.stray_verdicts(walk(model, dev, snapshot, placement=placement))}
                if tracer.strays and not why else {})
-    from placecheck.datadep import assumption_notes  # what the fake engine assumed to run data-dependent ops
+    from placecheck.datadep import active, assumption_notes  # what the fake engine assumed to run data-dependent ops
 
+    mode = active()
     return _ForwardResult(findings, why, [*notes, *tracer.notes(), *assumption_notes()], handled, limit,
-                          tracer.flows.copies if tracer.flows is not None else [])
+                          tracer.flows.copies if tracer.flows is not None else [],
+                          assumed_branches=len(mode.branched()) if mode is not None else 0)
 
 
 @contextlib.contextmanager

@@ -18,6 +18,11 @@ EXIT_FINDINGS = 1
 EXIT_USAGE = 2
 
 
+ASSUMED_BRANCHES = "assumed_branches"
+"""The stat counting lines where the forward branched on a value the fake engine assumed
+(:mod:`placecheck.datadep`): the summary then says the other paths are unchecked."""
+
+
 @dataclass(frozen=True)
 class StageRow:
     """One row of a device map: a top-level stage of the model (a child of the root) and where its
@@ -271,6 +276,10 @@ class Report:
                     "the device of their module" if self.device == "keep" else self.device)
         if self.incomplete:
             line += "; the forward pass stopped before its end, the rest is unchecked (see the notes)"
+        branches = dict(self.stats).get(ASSUMED_BRANCHES, 0)
+        if branches:
+            line += (f"; the code branched on {plural(branches, 'value')} the simulation assumed, "
+                     "the paths other values take are unchecked (see the notes)")
         return line
 
 
