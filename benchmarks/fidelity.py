@@ -39,10 +39,11 @@ import os
 import platform
 import sys
 import time
-import tomllib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -115,7 +116,8 @@ def example_targets() -> list[Target]:
             if not ((isinstance(value, type) and issubclass(value, nn.Module)) or inspect.isfunction(value)):
                 continue
             required = [p for p in inspect.signature(value).parameters.values()
-                        if p.default is inspect.Parameter.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+                        if p.default is inspect.Parameter.empty
+                        and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
             if not required:
                 targets.append(Target("examples", f"{info.name}:{attr}", value))
     return targets
@@ -192,7 +194,7 @@ def state_bytes(target: Target) -> int | None:
     try:
         with torch.device("meta"), _quiet():
             return state_nbytes(target.factory())
-    except Exception:  # noqa: BLE001 (a model that cannot be built on meta: the audit will say)
+    except Exception:
         return None
 
 
@@ -229,7 +231,7 @@ def audit(target: Target, engine: str) -> Audit:
         with _quiet():
             report = placecheck.audit(target.factory, "cuda", engine=engine, target=target.name,
                                       **target.options)
-    except Exception as exc:  # noqa: BLE001 (one model's failure is its row, not the run's end)
+    except Exception as exc:
         message = str(exc).strip().splitlines()
         return Audit(engine, [], time.perf_counter() - start,
                      error=f"{type(exc).__name__}: {message[0] if message else ''}")
@@ -357,10 +359,12 @@ def run_scale(reference: str, progress: Callable[[str], None] = print) -> list[d
 # -- the README table ---------------------------------------------------------------------------
 def markdown(payload: dict[str, Any]) -> str:
     """The README's fidelity table: agreement per engine, then every disagreement with its reason."""
-    lines = [f"Reference: `--engine {payload['reference']}` on {payload['machine'].get('gpu') or 'no GPU'}.", "",
+    gpu = payload["machine"].get("gpu") or "no GPU"
+    lines = [f"Reference: `--engine {payload['reference']}` on {gpu}.", "",
              "| engine | compared | agree | disagree | skipped |", "| --- | ---: | ---: | ---: | ---: |"]
     for engine, c in payload["per_engine"].items():
-        lines.append(f"| {engine} | {c['compared']} | {c['agree']} | {c['disagree']} | {c.get('skipped', 0)} |")
+        lines.append(f"| {engine} | {c['compared']} | {c['agree']} | {c['disagree']} "
+                     f"| {c.get('skipped', 0)} |")
     if payload["disagreements"]:
         lines += ["", "| target | engine | only on the reference | only simulated | reason |",
                   "| --- | --- | --- | --- | --- |"]
@@ -370,7 +374,8 @@ def markdown(payload: dict[str, Any]) -> str:
             reason = d["failure"] + ("; " if d["failure"] else "") + d["reason"]
             lines.append(f"| {d['target']} | {d['engine']} | {ref} | {sim} | {reason} |")
     if payload.get("scale"):
-        lines += ["", "| model | reference s | fake s (init) | same findings |", "| --- | ---: | ---: | --- |"]
+        lines += ["", "| model | reference s | fake s (init) | same findings |",
+                  "| --- | ---: | ---: | --- |"]
         for s in payload["scale"]:
             ref = s[payload["reference"]]
             lines.append(f"| {s['model']} | {ref['seconds']:.1f} | {s['fake']['seconds']:.1f} "

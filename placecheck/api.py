@@ -617,7 +617,10 @@ def _forward(model: nn.Module, eng: Engine, result: WalkResult, snapshot: Snapsh
     findings = tracer.findings(library_findings)
     handled = ({v.path: v.how for v in tracer.stray_verdicts(walk(model, dev, snapshot, placement=placement))}
                if tracer.strays and not why else {})
-    from placecheck.datadep import active, assumption_notes  # what the fake engine assumed to run data-dependent ops
+    from placecheck.datadep import (  # what the fake engine assumed to run data-dependent ops
+        active,
+        assumption_notes,
+    )
 
     mode = active()
     return _ForwardResult(findings, why, [*notes, *tracer.notes(), *assumption_notes()], handled, limit,

@@ -123,7 +123,7 @@ def construct(
         return _built(build, model, note="init: cpu (as requested)" if init is InitChoice.CPU else "")
 
     def on_meta() -> nn.Module:
-        with torch.device("meta"), _NoValueFillsOnMeta():
+        with torch.device("meta"), _NoValueFillsOnMeta():  # type: ignore[no-untyped-call]
             return model()
 
     try:

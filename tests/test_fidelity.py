@@ -114,7 +114,8 @@ def test_markdown_table_lists_agreement_per_engine_and_each_disagreement() -> No
     table = fidelity.markdown(payload)
     assert "| fake | 2 | 1 | 1 | 0 |" in table
     row = next(line for line in table.splitlines() if line.startswith(f"| {buggy.name} | fake | "))
-    assert "PC201 " in row and row.endswith("unexplained: a bug until shown to be a limit of the simulation |")
+    assert "PC201 " in row
+    assert row.endswith("unexplained: a bug until shown to be a limit of the simulation |")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU machine make fidelity really runs")
