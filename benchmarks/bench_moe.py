@@ -38,7 +38,8 @@ from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).parent / "results"
-TIMEOUT_S = 1800  # a safety net: on a shared machine the wall time of the 671B audit can be many times its CPU time
+# a safety net: on a shared machine the 671B audit's wall time can be many times its CPU time
+TIMEOUT_S = 1800
 LIMIT_S = 30.0
 LIMIT_RSS_GIB = 2.0
 MIXTRAL_VOCAB = 32768
