@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from placecheck.devices import normalize_device
+from placecheck.devices import DEVICE_MAP_HELP, SIZE_HELP, check_device_map_spec, normalize_device, parse_size
 from placecheck.errors import UsageError
 from placecheck.finding import Finding
 from placecheck.options import ENGINE_CHOICES, INIT_CHOICES, WRAP_CHOICES, AuditOptions
@@ -184,6 +184,26 @@ def _is_device(v: Any) -> str | None:
     return None
 
 
+def _is_device_map(v: Any) -> str | None:
+    if not isinstance(v, str):
+        return f"{DEVICE_MAP_HELP} as a string"
+    try:
+        check_device_map_spec(v)
+    except UsageError:
+        return DEVICE_MAP_HELP
+    return None
+
+
+def _is_size(v: Any) -> str | None:
+    if not isinstance(v, str):
+        return SIZE_HELP
+    try:
+        parse_size(v)
+    except UsageError:
+        return SIZE_HELP
+    return None
+
+
 def _is_selectors(v: Any) -> str | None:
     if _is_str_list(v) is not None:
         return 'a list of code prefixes, e.g. ["PC1", "PC204"]'
@@ -218,6 +238,10 @@ MODEL_KEYS: dict[str, tuple[Check, str]] = {
     "wrap": (_one_of(WRAP_CHOICES), "audit each replica or rank: DataParallel, DDP or FSDP2, as --wrap"),
     "world_size": (_is_positive_int, "replicas or ranks, as --world-size"),
     "init": (_one_of(INIT_CHOICES), "as --init"),
+    "device_map": (_is_device_map, "auto, balanced, balanced_low_0, sequential or a JSON file, as "
+                                   "--device-map"),
+    "gpu_memory": (_is_size, "memory of each GPU for the device map, as --gpu-memory"),
+    "cpu_memory": (_is_size, "host memory a computed device map may offload to, as --cpu-memory"),
     "checkpoint": (_is_str, "a checkpoint to load first, as --checkpoint"),
     "checkpoint_key": (_is_str, "where the state_dict is in the checkpoint, as --key"),
     "trust": (_is_bool, "allow a checkpoint that runs pickled code, as --trust"),

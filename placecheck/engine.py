@@ -234,6 +234,12 @@ def _fake_on(fake_mode: Any, t: torch.Tensor, device: torch.device, dtype: torch
     return fake
 
 
+def fake_tensor_like(fake_mode: Any, t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A fake tensor of ``fake_mode`` with ``t``'s shape, strides and dtype, on ``device``, with no data
+    (a meta-built weight materialised where a device map puts it)."""
+    return _fake_on(fake_mode, t, device, t.dtype)
+
+
 _META = torch.device("meta")
 
 

@@ -102,6 +102,15 @@ class AuditOptions:
     may use any of them)."""
     init: str = "auto"
     """Where a factory builds the model, one of :data:`INIT_CHOICES` (``--init``)."""
+    device_map: str | None = None
+    """Place the model as accelerate would (``--device-map``): ``auto``, ``balanced``,
+    ``balanced_low_0``, ``sequential`` (computed by ``accelerate.infer_auto_device_map``) or a JSON
+    file mapping module names to devices; None: move the whole model to ``device``."""
+    gpu_memory: str | None = None
+    """Memory of each simulated GPU for a computed device map (``--gpu-memory 24GiB``); None: 80GiB."""
+    cpu_memory: str | None = None
+    """Host memory a computed device map may offload weights to (``--cpu-memory``); None: none, so
+    what does not fit on the GPUs goes to disk."""
     select: tuple[str, ...] = ()
     """Codes or prefixes to report (``--select``); empty: all."""
     ignore: tuple[str, ...] = ()
@@ -160,6 +169,7 @@ class AuditOptions:
         from placecheck.devices import normalize_device
         from placecheck.rules import expand
 
+        self._check_device_map()
         device = normalize_device(self.device, keep=True)
         if self.engine not in ENGINE_CHOICES:
             raise UsageError(f"unknown engine {self.engine!r}: use one of {', '.join(ENGINE_CHOICES)}")
@@ -207,6 +217,37 @@ class AuditOptions:
         if self.wrap is not None and device != "cuda:0":
             raise UsageError(f"--wrap {self.wrap} runs replica k on cuda:k, so the target is CUDA: "
                              f"use --device cuda, not {self.device}")
+
+    def _check_device_map(self) -> None:
+        """``--device-map`` and its memory sizes: valid values, and no option that contradicts them."""
+        from placecheck.devices import check_device_map_spec, parse_size
+
+        for option, size in (("--gpu-memory", self.gpu_memory), ("--cpu-memory", self.cpu_memory)):
+            if size is None:
+                continue
+            if self.device_map is None:
+                raise UsageError(f"{option} sizes a device map: add --device-map auto (or balanced, "
+                                 "sequential)")
+            parse_size(size, option)
+        if self.device_map is None:
+            return
+        check_device_map_spec(self.device_map)
+        if self.device.strip().lower() == "keep":
+            raise UsageError("--device keep and --device-map cannot be combined: the device map places "
+                             "the model; drop --device keep")
+        if self.device.strip().lower() not in ("cuda", "cuda:0"):
+            raise UsageError(f"--device {self.device} and --device-map cannot be combined: the device "
+                             "map places the model on the simulated GPUs; drop --device")
+        if self.engine in ("real", "tagged") or self.train:
+            why = "--train" if self.train else f"--engine {self.engine}"
+            raise UsageError(f"{why} and --device-map cannot be combined: a device map is audited on the "
+                             "meta-built model with fake tensors; drop it")
+        if self.wrap is not None:
+            raise UsageError(f"--wrap {self.wrap} and --device-map cannot be combined: the device map places "
+                             "the model across the GPUs, --wrap replicates it on each: pass one of them")
+        if self.init == "cpu":
+            raise UsageError("--init cpu and --device-map cannot be combined: the model is built on the "
+                             "meta device, as from_pretrained(device_map=...) builds it; drop --init cpu")
 
     def to_dict(self) -> dict[str, Any]:
         """The options as JSON-ready values, for a child process; :meth:`from_dict` reverses it."""

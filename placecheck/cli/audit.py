@@ -15,7 +15,7 @@ import typer
 
 from placecheck.cli.app import app
 from placecheck.config import ISOLATION_CHOICES, PROGRESS_CHOICES
-from placecheck.devices import AUDIT_DEVICE_HELP
+from placecheck.devices import AUDIT_DEVICE_HELP, DEVICE_MAP_HELP
 from placecheck.errors import PlacecheckError
 from placecheck.formats import OutputFormat
 from placecheck.options import ENGINE_CHOICES, INIT_CHOICES, WRAP_CHOICES, AuditOptions, split_codes
@@ -63,6 +63,20 @@ def audit(
         help=f"{'|'.join(INIT_CHOICES)}: where to build the model. cpu; meta (no memory for "
              "weights: for models bigger than this machine's RAM); auto: meta when a CPU build "
              "would not fit comfortably.")] = "auto",
+    device_map: Annotated[str | None, typer.Option(
+        "--device-map", metavar="MAP",
+        help=f"{DEVICE_MAP_HELP}: place the model as from_pretrained(device_map=...) does, on --gpus "
+             "simulated GPUs: built on the meta device, the map computed by accelerate's "
+             "infer_auto_device_map (or read from the JSON file, module name -> GPU index, \"cpu\" or "
+             "\"disk\"), dispatched with accelerate's dispatch_model, and audited as placed. Needs "
+             "accelerate (pip install 'placecheck[accelerate]').")] = None,
+    gpu_memory: Annotated[str | None, typer.Option(
+        "--gpu-memory", metavar="SIZE",
+        help="With --device-map: memory of each GPU, e.g. 80GiB, 24GB or 512MiB (default: 80GiB).")] = None,
+    cpu_memory: Annotated[str | None, typer.Option(
+        "--cpu-memory", metavar="SIZE",
+        help="With a computed --device-map: host memory weights may be offloaded to (default: none, "
+             "so what does not fit on the GPUs is offloaded to disk).")] = None,
     kwargs: Annotated[str | None, typer.Option(
         "--kwargs", metavar="JSON",
         help='Constructor arguments as a JSON object, e.g. \'{"num_classes": 10}\'.')] = None,
@@ -191,7 +205,7 @@ def audit(
         reject_run_options(ctx)
         options = AuditOptions(
             device=device, engine=engine, gpus=gpus, wrap=wrap, world_size=world_size, init=init,
-            select=split_codes(select),
+            device_map=device_map, gpu_memory=gpu_memory, cpu_memory=cpu_memory, select=split_codes(select),
             ignore=split_codes(ignore), checkpoint=checkpoint, checkpoint_key=key, trust=trust,
             inputs=tuple(input_specs or ()), example_inputs=example_inputs, forward=not no_forward,
             train=train, library_findings=library_findings, copy_model=False, target=target)

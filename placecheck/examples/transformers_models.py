@@ -94,6 +94,15 @@ def llama_7b() -> nn.Module:
     return _llama(hidden=4096, intermediate=11008, layers=32, heads=32, kv_heads=32, vocab=LLAMA2_VOCAB)
 
 
+def llama_8b() -> nn.Module:
+    """A Llama-shaped 8B model (Llama 3 8B's layout): 32 layers, 4096 wide, GQA with 8 KV heads.
+
+    About 8.0e9 parameters, 32 GB in float32: the size that needs several 24 GiB GPUs, as in
+    ``--init meta --device-map auto --gpus 4 --gpu-memory 24GiB``.
+    """
+    return _llama(hidden=4096, intermediate=14336, layers=32, heads=32, kv_heads=8, vocab=LLAMA3_VOCAB)
+
+
 def llama_70b() -> nn.Module:
     """A Llama-shaped 70B model (Llama 3 70B's layout): 80 layers, 8192 wide, GQA with 8 KV heads.
 

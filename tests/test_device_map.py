@@ -1,0 +1,240 @@
+"""``--device-map``: a model placed by accelerate's map on simulated GPUs, audited as placed.
+
+The map must be accelerate's own (the same as transformers' ``from_pretrained``
+computes for the same inputs), the dispatch accelerate's ``dispatch_model``, and
+what its hooks do not repair must be found: a stray tensor in a custom module, a
+tensor created on ``cuda:0`` in a block mapped to ``cuda:1``. Bad input is one
+line and exit 2.
+
+On the CPU-only torch build (its venv has neither accelerate nor transformers)
+the tests that need accelerate skip, saying so; the option checks run there.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import TESTS, fixture_cases, load_file
+from typer.testing import CliRunner
+
+from placecheck.cli import app
+from placecheck.devices import parse_size
+from placecheck.errors import UsageError
+from placecheck.options import AuditOptions
+
+FIXTURES = TESTS / "fixtures" / "devicemap"
+CASES = fixture_cases(FIXTURES)
+LLAMA_8B = "placecheck.examples.transformers_models:llama_8b"
+
+
+def _accelerate() -> Any:
+    return pytest.importorskip("accelerate", reason="accelerate is not installed (the CPU-only build's "
+                                                    "venv has no accelerate): --device-map needs it")
+
+
+def run(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(app, ["audit", *args])
+    return result.exit_code, result.stdout, result.stderr
+
+
+def assert_usage_error(code: int, out: str, err: str, *needles: str) -> None:
+    """Exit 2, nothing on stdout, one line on stderr (no traceback) containing each needle."""
+    assert code == 2, err
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("placecheck: error: ")
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+def map_file(tmp_path: Path, mapping: Any, name: str = "map.json") -> str:
+    path = tmp_path / name
+    path.write_text(mapping if isinstance(mapping, str) else json.dumps(mapping), encoding="utf-8")
+    return str(path)
+
+
+def fixture_target(name: str) -> str:
+    return f"{FIXTURES / name}.py:Model"
+
+
+# ---- sizes and options (no accelerate needed) -------------------------------------------------------
+
+
+@pytest.mark.cpu_build
+@pytest.mark.parametrize(("text", "expected"), [
+    ("80GiB", 80 * 2**30), ("24GB", 24 * 10**9), ("512MiB", 512 * 2**20), ("1.5GiB", 3 * 2**29),
+    ("100B", 100), ("2 TiB", 2 * 2**40),
+])
+def test_sizes_parse(text: str, expected: int) -> None:
+    assert parse_size(text) == expected
+
+
+@pytest.mark.cpu_build
+@pytest.mark.parametrize("text", ["80", "80G", "80gib", "eighty GiB", "-1GiB", "0GiB", "GiB", "80GiBs", ""])
+def test_sizes_that_do_not_parse_are_refused(text: str) -> None:
+    with pytest.raises(UsageError, match="expected"):
+        parse_size(text)
+
+
+@pytest.mark.cpu_build
+@pytest.mark.parametrize(("options", "needle"), [
+    (dict(device="keep", device_map="auto"), "--device keep and --device-map cannot be combined"),
+    (dict(device="cpu", device_map="auto"), "--device cpu and --device-map cannot be combined"),
+    (dict(device_map="auto", gpu_memory="80 gigs"), "--gpu-memory '80 gigs': expected a size"),
+    (dict(device_map="auto", cpu_memory="lots"), "--cpu-memory 'lots': expected a size"),
+    (dict(gpu_memory="24GiB"), "--gpu-memory sizes a device map: add --device-map"),
+    (dict(device_map="everywhere"), "--device-map 'everywhere': use auto, balanced"),
+    (dict(device_map="auto", init="cpu"), "--init cpu and --device-map cannot be combined"),
+    (dict(device_map="auto", train=True), "--train and --device-map cannot be combined"),
+    (dict(device_map="auto", engine="tagged"), "--engine tagged and --device-map cannot be combined"),
+])
+def test_contradicting_options_are_refused(options: dict[str, Any], needle: str) -> None:
+    with pytest.raises(UsageError) as info:
+        AuditOptions(**options).check()
+    assert needle in str(info.value)
+
+
+@pytest.mark.cpu_build
+def test_options_round_trip_for_a_child_process() -> None:
+    opts = AuditOptions(device_map="balanced", gpu_memory="24GiB", cpu_memory="64GiB", gpus=4)
+    assert AuditOptions.from_dict(opts.to_dict()) == opts
+
+
+@pytest.mark.cpu_build
+def test_config_keys_are_checked(tmp_path: Path) -> None:
+    from placecheck.config import load
+
+    path = tmp_path / "placecheck.toml"
+    path.write_text('[[models]]\ntarget = "m:f"\ndevice_map = "auto"\ngpus = 4\ngpu_memory = "24 gigs"\n',
+                    encoding="utf-8")
+    with pytest.raises(UsageError, match="gpu_memory"):
+        load(path)
+    path.write_text('[[models]]\ntarget = "m:f"\ndevice_map = "auto"\ngpus = 4\ngpu_memory = "24GiB"\n',
+                    encoding="utf-8")
+    (model,) = load(path).models
+    assert (model.options.device_map, model.options.gpu_memory, model.options.gpus) == ("auto", "24GiB", 4)
+
+
+# ---- bad input from the command line: one line, exit 2 ----------------------------------------------
+
+
+@pytest.mark.cpu_build
+def test_cli_device_keep_with_a_device_map() -> None:
+    assert_usage_error(*run(fixture_target("clean_dispatched"), "--device", "keep", "--device-map", "auto"),
+                       "--device keep and --device-map cannot be combined")
+
+
+@pytest.mark.cpu_build
+def test_cli_gpu_memory_that_does_not_parse() -> None:
+    assert_usage_error(*run(fixture_target("clean_dispatched"), "--device-map", "auto", "--gpu-memory",
+                            "24Gb"), "--gpu-memory '24Gb': expected a size such as 80GiB")
+
+
+def test_cli_map_naming_a_gpu_beyond_gpus(tmp_path: Path) -> None:
+    _accelerate()
+    path = map_file(tmp_path, {"embed": 0, "encoder": 0, "decoder": 3, "head": 1})
+    assert_usage_error(*run(fixture_target("clean_dispatched"), "--device-map", path, "--gpus", "2"),
+                       "puts 'decoder' on cuda:3, beyond --gpus 2", "use --gpus 4")
+
+
+def test_cli_map_file_that_is_not_json(tmp_path: Path) -> None:
+    _accelerate()
+    path = map_file(tmp_path, "embed: 0\nencoder: 1\n")
+    assert_usage_error(*run(fixture_target("clean_dispatched"), "--device-map", path), "is not JSON (line 1")
+
+
+def test_cli_map_file_that_is_missing(tmp_path: Path) -> None:
+    _accelerate()
+    assert_usage_error(*run(fixture_target("clean_dispatched"), "--device-map", str(tmp_path / "no.json")),
+                       "cannot read it")
+
+
+def test_cli_map_naming_unknown_modules(tmp_path: Path) -> None:
+    _accelerate()
+    path = map_file(tmp_path, {"embed": 0, "encoder": 0, "decoder": 1, "head": 1, "pooler": 1})
+    assert_usage_error(*run(fixture_target("clean_dispatched"), "--device-map", path),
+                       "names 'pooler', which is not a module of Model",
+                       "embed, encoder, decoder, head")
+
+
+def test_cli_map_leaving_weights_without_a_device(tmp_path: Path) -> None:
+    _accelerate()
+    path = map_file(tmp_path, {"embed": 0, "encoder": 0, "decoder": 1})
+    assert_usage_error(*run(fixture_target("clean_dispatched"), "--device-map", path),
+                       "gives no device to 'head.weight' and 1 more")
+
+
+def test_cli_map_with_a_device_that_is_not_one(tmp_path: Path) -> None:
+    _accelerate()
+    path = map_file(tmp_path, {"embed": 0, "encoder": "gpu1", "decoder": 1, "head": 1})
+    assert_usage_error(*run(fixture_target("clean_dispatched"), "--device-map", path),
+                       "'encoder' has device 'gpu1'")
+
+
+@pytest.mark.cpu_build
+def test_cli_without_accelerate_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "accelerate", None)  # import accelerate raises ImportError
+    assert_usage_error(*run(fixture_target("clean_dispatched"), "--device-map", "auto"),
+                       "--device-map needs accelerate", "pip install 'placecheck[accelerate]'")
+
+
+# ---- the map is accelerate's own ----------------------------------------------------------------------
+
+
+def test_the_8b_map_equals_what_transformers_and_accelerate_compute() -> None:
+    """The map placecheck prints for Llama-8B on 4 x 24GiB is the one ``from_pretrained(device_map="auto",
+    max_memory=...)`` computes (transformers' own ``_get_device_map``) and the one
+    ``accelerate.infer_auto_device_map`` returns with ``get_balanced_memory``'s budget."""
+    _accelerate()
+    pytest.importorskip("transformers", reason="transformers is not installed: the Llama-shaped example needs it")
+    import torch
+    from accelerate import infer_auto_device_map
+    from accelerate.utils import get_balanced_memory
+    from transformers.modeling_utils import _get_device_map
+
+    from placecheck.cudaapi import cuda_queries_simulated
+    from placecheck.examples.transformers_models import llama_8b
+    from placecheck.placement.dispatch import plan_device_map
+
+    with torch.device("meta"):
+        model = llama_8b()
+    plan = plan_device_map(model, "auto", 4, "24GiB", None)
+    budget = {i: 24 * 2**30 for i in range(4)}
+    with cuda_queries_simulated(4):
+        by_transformers = _get_device_map(model, "auto", dict(budget), None, None, None)
+        balanced = get_balanced_memory(model, max_memory=dict(budget),
+                                       no_split_module_classes=["LlamaDecoderLayer"])
+        by_accelerate = infer_auto_device_map(model, max_memory=balanced,
+                                              no_split_module_classes=["LlamaDecoderLayer"])
+    assert plan.as_accelerate() == dict(by_transformers) == dict(by_accelerate)
+    assert {d for _, d in plan.entries} == {0, 1, 2, 3}  # 32 GB of float32 needs all four GPUs
+    assert plan.no_split == ("LlamaDecoderLayer",)
+    per_device = plan.bytes_per_device()
+    state = [*model.parameters(), *model.buffers()]  # non-persistent buffers (rotary inv_freq) included
+    assert sum(per_device.values()) == sum(t.nelement() * t.element_size() for t in state)
+    assert all(n <= 24 * 2**30 for n in per_device.values())
+
+
+@pytest.mark.parametrize("spec", ["balanced_low_0", "sequential"])
+def test_other_computed_maps_equal_transformers(spec: str) -> None:
+    _accelerate()
+    pytest.importorskip("transformers", reason="transformers is not installed: the Llama-shaped example needs it")
+    import torch
+    from transformers.modeling_utils import _get_device_map
+
+    from placecheck.cudaapi import cuda_queries_simulated
+    from placecheck.examples.transformers_models import llama_tiny
+    from placecheck.placement.dispatch import plan_device_map
+
+    with torch.device("meta"):
+        model = llama_tiny()
+    budget = {0: 6 * 2**20, 1: 6 * 2**20, 2: 6 * 2**20, "cpu": 64 * 2**20}
+    plan = plan_device_map(model, spec, 3, "6MiB", "64MiB")
+    with cuda_queries_simulated(3):
+        expected = _get_device_map(model, spec, dict(budget), None, None, None)
+    assert plan.as_accelerate() == dict(expected)
