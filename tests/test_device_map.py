@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import TESTS, fixture_cases, load_file
+from conftest import TESTS, fixture_cases
 from typer.testing import CliRunner
 
 from placecheck.cli import app
@@ -29,6 +29,7 @@ from placecheck.options import AuditOptions
 FIXTURES = TESTS / "fixtures" / "devicemap"
 CASES = fixture_cases(FIXTURES)
 LLAMA_8B = "placecheck.examples.transformers_models:llama_8b"
+NO_TRANSFORMERS = "transformers is not installed: the Llama-shaped examples need it"
 
 
 def _accelerate() -> Any:
@@ -191,7 +192,7 @@ def test_the_8b_map_equals_what_transformers_and_accelerate_compute() -> None:
     max_memory=...)`` computes (transformers' own ``_get_device_map``) and the one
     ``accelerate.infer_auto_device_map`` returns with ``get_balanced_memory``'s budget."""
     _accelerate()
-    pytest.importorskip("transformers", reason="transformers is not installed: the Llama-shaped example needs it")
+    pytest.importorskip("transformers", reason=NO_TRANSFORMERS)
     import torch
     from accelerate import infer_auto_device_map
     from accelerate.utils import get_balanced_memory
@@ -223,7 +224,7 @@ def test_the_8b_map_equals_what_transformers_and_accelerate_compute() -> None:
 @pytest.mark.parametrize("spec", ["balanced_low_0", "sequential"])
 def test_other_computed_maps_equal_transformers(spec: str) -> None:
     _accelerate()
-    pytest.importorskip("transformers", reason="transformers is not installed: the Llama-shaped example needs it")
+    pytest.importorskip("transformers", reason=NO_TRANSFORMERS)
     import torch
     from transformers.modeling_utils import _get_device_map
 

@@ -150,18 +150,18 @@ def plan_device_map(model: nn.Module, spec: str, gpus: int | None, gpu_memory: s
     cpu_bytes = parse_size(cpu_memory, "--cpu-memory") if cpu_memory is not None else None
     if spec in DEVICE_MAP_CHOICES:
         count = gpus or 1
-        budget = gpu_bytes if gpu_bytes is not None else DEFAULT_GPU_MEMORY
+        budget: int | None = gpu_bytes if gpu_bytes is not None else DEFAULT_GPU_MEMORY
         no_split = no_split_modules(model, spec)
-        raw = compute_device_map(model, spec, count, budget, cpu_bytes, no_split)
+        raw = compute_device_map(model, spec, count, budget or DEFAULT_GPU_MEMORY, cpu_bytes, no_split)
         entries = tuple(raw.items())
         notes: tuple[str, ...] = ()
         if gpu_bytes is None:
-            notes = (f"device map: --gpu-memory not given: each GPU has {human_bytes(budget)}, what the "
-                     "simulated GPU reports",)
+            notes = (f"device map: --gpu-memory not given: each GPU has {human_bytes(DEFAULT_GPU_MEMORY)}, "
+                     "what the simulated GPU reports",)
     else:
         entries = tuple(_checked_map(model, spec, gpus).items())
         count = gpus or max([v for _, v in entries if isinstance(v, int)], default=0) + 1
-        budget, no_split, notes = gpu_bytes, (), ()
+        budget, no_split, notes = gpu_bytes, [], ()
     sizes = compute_module_sizes(model)
     return MapPlan(entries=entries, how=spec, gpus=count, gpu_memory=budget, cpu_memory=cpu_bytes,
                      module_bytes=tuple(sizes.get(name, 0) for name, _ in entries),
@@ -213,9 +213,9 @@ def _read_map_file(path: str) -> dict[str, int | str]:
         with open(path, encoding="utf-8") as f:
             text = f.read()
     except OSError as exc:
-        raise UsageError(f"--device-map {path}: cannot read it ({exc.strerror or one_line(exc)}): give "
-                         f"{', '.join(DEVICE_MAP_CHOICES)} or a JSON file mapping module names to devices")\
-            from None
+        why = exc.strerror or one_line(exc)
+        raise UsageError(f"--device-map {path}: cannot read it ({why}): give {', '.join(DEVICE_MAP_CHOICES)} "
+                         "or a JSON file mapping module names to devices") from None
     try:
         data = json.loads(text)
     except ValueError as exc:
@@ -340,7 +340,7 @@ def accelerate_on_fake_tensors() -> Iterator[None]:
         return builtins.type(obj)
 
     def data_ptr(self: torch.Tensor) -> int:
-        return int(self.untyped_storage()._cdata) + self.storage_offset() * self.element_size()
+        return int(self.untyped_storage()._cdata) + int(self.storage_offset()) * self.element_size()
 
     with mock.patch.object(modeling, "type", param_type, create=True), \
             mock.patch.object(FakeTensor, "data_ptr", data_ptr):
