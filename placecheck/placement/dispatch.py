@@ -199,8 +199,9 @@ def compute_device_map(model: nn.Module, spec: str, gpus: int, gpu_memory: int, 
         if spec == "sequential":
             inferred = get_max_memory(dict(max_memory))
         else:
-            inferred = get_balanced_memory(model, max_memory=dict(max_memory), no_split_module_classes=no_split,
-                                           low_zero=spec == "balanced_low_0")
+            low_zero = spec == "balanced_low_0"
+            inferred = get_balanced_memory(model, max_memory=dict(max_memory),
+                                           no_split_module_classes=no_split, low_zero=low_zero)
         for key, given in max_memory.items():  # respect the budget the user gave, as transformers does
             inferred[key] = min(inferred[key], given)
         computed = infer_auto_device_map(model, max_memory=inferred, no_split_module_classes=no_split)
