@@ -152,6 +152,9 @@ def audit(
     library_findings: bool = False,
     wrap: str | None = None,
     world_size: int | None = None,
+    device_map: str | None = None,
+    gpu_memory: str | None = None,
+    cpu_memory: str | None = None,
 ) -> Report:
     """Move ``model`` to ``device`` as a training script would, and report what went wrong.
 
@@ -195,6 +198,14 @@ def audit(
     A finding only some replicas have names them (see
     :mod:`placecheck.placement.replicas`).
 
+    ``device_map`` (``auto``, ``balanced``, ``balanced_low_0``, ``sequential`` or a JSON file) places
+    the model as ``from_pretrained(device_map=...)`` does instead of moving it to ``device``: built on
+    the meta device, the map computed by accelerate's ``infer_auto_device_map`` for ``gpus`` GPUs of
+    ``gpu_memory`` each (``"24GiB"``; ``cpu_memory`` allows CPU offload), dispatched with accelerate's
+    ``dispatch_model`` on simulated GPUs and audited as placed; the report's ``device_map`` holds the
+    map, bytes per device and the forward's copies between devices (see
+    :mod:`placecheck.placement.dispatch`). It needs accelerate (``placecheck[accelerate]``).
+
     The keywords are the fields of :class:`~placecheck.options.AuditOptions`;
     ``options=`` passes a whole options object instead (then give no other
     keyword). ``inputs`` also takes the input objects themselves (a tensor, a
@@ -211,7 +222,7 @@ def audit(
         inputs=inputs,  # type: ignore[arg-type]  # specs or the objects; AuditOptions tells them apart
         example_inputs=example_inputs,
         forward=forward, train=train, library_findings=library_findings, wrap=wrap,
-        world_size=world_size)
+        world_size=world_size, device_map=device_map, gpu_memory=gpu_memory, cpu_memory=cpu_memory)
     if options is None:
         options = given
     elif given != AuditOptions():
@@ -222,6 +233,8 @@ def audit(
 def _audit(model: ModelOrFactory, opts: AuditOptions) -> Report:
     """:func:`audit` with its options in one object: one audit, or one per replica (merged)."""
     opts.check()
+    if opts.device_map is not None:
+        return _audit_device_map(model, opts)
     model, replicas = plan(model, opts)
     if replicas is None:
         try:
@@ -641,3 +654,73 @@ def _quiet_fake_tensor_log() -> Iterator[None]:
         yield
     finally:
         logger.setLevel(level)
+
+
+# ---- --device-map ---------------------------------------------------------------------------------
+
+
+def _audit_device_map(model: ModelOrFactory, opts: AuditOptions) -> Report:
+    """``device_map``: the model placed as ``from_pretrained(device_map=...)`` places it, audited as placed.
+
+    Built on the meta device; the map computed by accelerate (or read from the file) and checked; the
+    weights materialised on their mapped devices as fake tensors and ``dispatch_model`` run, on
+    simulated GPUs (:mod:`placecheck.placement.dispatch`); then the walk and the forward judge each
+    module against the device the map gives it.
+    """
+    from placecheck.construct import InitChoice
+    from placecheck.placement import dispatch
+
+    opts.check()
+    dispatch.accelerate_module()
+    spec = str(opts.device_map)
+    if isinstance(model, nn.Module):
+        raise UsageError("--device-map builds the model on the meta device, as from_pretrained does: pass "
+                         "the model class or a function returning it, not a model that is already built")
+    try:
+        codes = selected(opts.select or None, opts.ignore or None)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    gpus = opts.gpus or dispatch.gpus_named(spec) or 1
+    eng = choose_engine(f"cuda:{0}", EngineChoice.FAKE, gpus)
+    plural = "s" if gpus != 1 else ""
+    eng = dataclasses.replace(eng, reason=f"--device-map: CUDA simulated with fake tensors ({gpus} GPU{plural})")
+    name = opts.target or getattr(model, "__name__", "model")
+    default_device = torch.get_default_device()
+    construction = construct(model, InitChoice.META, eng.device, lambda m: _build(m, eng, opts.copy_model))
+    built = construction.model
+    plan = dispatch.plan_device_map(built, spec, opts.gpus, opts.gpu_memory, opts.cpu_memory)
+    notes = [f"engine: {eng.name}: {eng.reason}", *([construction.note] if construction.note else []),
+             *plan.summary()]
+    run_forward = opts.forward and any(rule(c).phase == "forward" for c in codes)
+    inputs: tuple[tuple[Any, ...], dict[str, Any], str] | None = None
+    if run_forward and type(built).forward is nn.Module.forward:
+        notes.append(f"forward: not checked: {type(built).__name__} defines no forward()")
+    elif run_forward:
+        from placecheck.inputs import resolve_inputs
+
+        inputs = resolve_inputs(built, opts.inputs, opts.example_inputs)
+        notes.append(f"forward: {inputs[2]}")
+    incomplete = ""
+    with eng.session() as fake_mode, dispatch.accelerate_on_fake_tensors():
+        snapshot = Snapshot.take(built)
+        offloaded = dispatch.materialise(built, plan, fake_mode)
+        leftovers_to_default_device(built, snapshot, default_device)
+        placed = dispatch.dispatch(built, plan)
+        # the offloaded weights the hooks hold are the parameters' data, not strays
+        snapshot.params.update(dispatch.offloaded_copies(placed, offloaded))
+        result = walk(placed, eng.device, snapshot, construction.assignments)
+        notes.extend(result.notes)
+        findings: list[Finding] = list(result.findings)
+        if inputs is not None:
+            inferred = not opts.inputs and opts.example_inputs is None
+            traced = _forward(placed, eng, result, snapshot, inputs, False, opts.library_findings, inferred)
+            if traced.fallback:
+                notes.append(f"forward: checked only up to where fake tensors stopped ({traced.fallback})")
+                incomplete = f"fake tensors stopped ({traced.fallback})"
+            else:
+                incomplete = traced.stopped
+            notes.extend(traced.notes)
+            findings = [_handled_by_forward(f, traced.handled.get(f.where), eng.device, placed)
+                        if f.code == "PC101" else f for f in findings] + traced.findings
+    findings = [f for f in findings if f.code in codes]
+    return Report.build(str(name), eng.device, eng.name, findings, notes, result.stats, incomplete=incomplete)

@@ -285,9 +285,10 @@ def device_for(name: str, device_map: Mapping[str, int | str]) -> int | str | No
     return device_map[best] if best is not None else None
 
 
-def materialise(model: nn.Module, device_map: MapPlan, fake_mode: Any) -> int:
+def materialise(model: nn.Module, device_map: MapPlan, fake_mode: Any) -> dict[str, torch.Tensor]:
     """Give each registered meta tensor a fake one on its mapped device, as ``from_pretrained``'s
-    loading leaves it before dispatch (offloaded weights on the CPU); return how many.
+    loading leaves it before dispatch (offloaded weights on the CPU); return the offloaded ones by
+    name (the hooks keep their data and copy it to the execution device on every forward).
 
     Shared tensors (tied weights) stay shared. Tensors no module registers are left on meta: the
     audit puts them on the default device, as for any meta build.
@@ -296,6 +297,7 @@ def materialise(model: nn.Module, device_map: MapPlan, fake_mode: Any) -> int:
 
     placed = device_map.as_accelerate()
     replaced: dict[int, torch.Tensor] = {}
+    offloaded: dict[str, torch.Tensor] = {}
     for module_name, module in model.named_modules(remove_duplicate=False):
         for store in (module._parameters, module._buffers):
             for name, t in list(store.items()):
@@ -310,8 +312,29 @@ def materialise(model: nn.Module, device_map: MapPlan, fake_mode: Any) -> int:
                     if isinstance(t, nn.Parameter):
                         new = nn.Parameter(new, requires_grad=t.requires_grad)
                     replaced[id(t)] = new
+                    if where in OFFLOADED:
+                        offloaded[full] = new
                 store[name] = replaced[id(t)]
-    return len(replaced)
+    return offloaded
+
+
+def offloaded_copies(model: nn.Module, offloaded: Mapping[str, torch.Tensor]) -> dict[int, str]:
+    """``id -> weight name`` of every tensor ``model`` reaches that holds an offloaded weight's data:
+    what accelerate's hooks keep (inside their weights map) to load on every forward. Told by the
+    storage they share with the weight, never by where they are held."""
+    from placecheck.state import reachable_tensors
+
+    by_storage = {_storage_id(t): name for name, t in offloaded.items()}
+    found: dict[int, str] = {}
+    for t in reachable_tensors(model):
+        name = by_storage.get(_storage_id(t))
+        if name is not None:
+            found[id(t)] = name
+    return found
+
+
+def _storage_id(t: torch.Tensor) -> int:
+    return int(t.untyped_storage()._cdata)
 
 
 def dispatch(model: nn.Module, device_map: MapPlan) -> nn.Module:
