@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import TESTS, fixture_cases
+from conftest import TESTS, fixture_cases, load_file
+from forward_helpers import ungrouped  # noqa: F401 (the fixture)
 from typer.testing import CliRunner
 
 from placecheck.cli import app
@@ -239,3 +240,43 @@ def test_other_computed_maps_equal_transformers(spec: str) -> None:
     with cuda_queries_simulated(3):
         expected = _get_device_map(model, spec, dict(budget), None, None, None)
     assert plan.as_accelerate() == dict(expected)
+
+
+# ---- fixtures: one model per pattern beside its expected findings -----------------------------------
+
+
+def read_rows(path: Path) -> list[tuple[str, str, str]]:
+    """``(code, where, line)`` rows of an ``.expected`` file (``<root>`` is "", ``-``: no line)."""
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip() and not line.startswith("#"):
+            code, where, lineno = line.split()
+            rows.append((code, "" if where == "<root>" else where, lineno))
+    return sorted(rows)
+
+
+def report_rows(source: Path, report: Any) -> list[tuple[str, str, str]]:
+    rows = []
+    for f in report.findings:
+        path, _, lineno = f.source.rpartition(":")
+        rows.append((f.code, f.where, lineno if Path(path).name == source.name and f.code != "PC101" else "-"))
+    return sorted(rows)
+
+
+def audit_fixture(source: Path, tmp_path: Path, **options: Any) -> Any:
+    import placecheck
+
+    model = load_file(source)
+    path = map_file(tmp_path, load_file(source, "DEVICE_MAP"))
+    return placecheck.audit(model, device_map=path, inputs=load_file(source, "INPUTS"), **options)
+
+
+@pytest.mark.usefixtures("ungrouped")
+@pytest.mark.parametrize(("source", "expected"), CASES)
+def test_device_map_fixture(source: Path, expected: Path, tmp_path: Path) -> None:
+    _accelerate()
+    assert expected.is_file(), f"{source.name} has no {expected.name} beside it"
+    report = audit_fixture(source, tmp_path)
+    assert report.engine == "simulated cuda"
+    assert report_rows(source, report) == read_rows(expected), report.notes
+    assert not report.incomplete
