@@ -667,15 +667,15 @@ def _audit_device_map(model: ModelOrFactory, opts: AuditOptions) -> Report:
     simulated GPUs (:mod:`placecheck.placement.dispatch`); then the walk and the forward judge each
     module against the device the map gives it.
     """
-    from placecheck.construct import InitChoice
+    from placecheck.construct import Construction, InitChoice
     from placecheck.placement import dispatch
 
     opts.check()
     dispatch.accelerate_module()
     spec = str(opts.device_map)
-    if isinstance(model, nn.Module):
-        raise UsageError("--device-map builds the model on the meta device, as from_pretrained does: pass "
-                         "the model class or a function returning it, not a model that is already built")
+    if isinstance(model, nn.Module) and not opts.copy_model:
+        raise UsageError("device_map with copy_model=False would empty the model's own weights (they go "
+                         "to the meta device before the dispatch): pass copy_model=True, or a factory")
     try:
         codes = selected(opts.select or None, opts.ignore or None)
     except ValueError as exc:
@@ -686,7 +686,13 @@ def _audit_device_map(model: ModelOrFactory, opts: AuditOptions) -> Report:
     eng = dataclasses.replace(eng, reason=f"--device-map: CUDA simulated with fake tensors ({gpus} GPU{plural})")
     name = opts.target or getattr(model, "__name__", "model")
     default_device = torch.get_default_device()
-    construction = construct(model, InitChoice.META, eng.device, lambda m: _build(m, eng, opts.copy_model))
+    if isinstance(model, nn.Module):  # a copy, its registered state on meta as from_pretrained builds it
+        copied = _build(model, eng, copy_model=True)
+        construction = Construction(copied.to("meta"), on_meta=True,
+                                    note="init: a copy of the model, its parameters and buffers on the meta "
+                                         "device before the dispatch")
+    else:
+        construction = construct(model, InitChoice.META, eng.device, lambda m: _build(m, eng, opts.copy_model))
     built = construction.model
     plan = dispatch.plan_device_map(built, spec, opts.gpus, opts.gpu_memory, opts.cpu_memory)
     notes = [f"engine: {eng.name}: {eng.reason}", *([construction.note] if construction.note else []),
