@@ -681,10 +681,12 @@ def _audit_device_map(model: ModelOrFactory, opts: AuditOptions) -> Report:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     gpus = opts.gpus or dispatch.gpus_named(spec) or 1
-    eng = choose_engine(f"cuda:{0}", EngineChoice.FAKE, gpus)
+    eng = choose_engine("cuda:0", EngineChoice.FAKE, gpus)
     plural = "s" if gpus != 1 else ""
-    eng = dataclasses.replace(eng, reason=f"--device-map: CUDA simulated with fake tensors ({gpus} GPU{plural})")
-    name = opts.target or getattr(model, "__name__", "model")
+    eng = dataclasses.replace(eng, reason=f"--device-map: CUDA simulated with fake tensors ({gpus} "
+                                          f"GPU{plural})")
+    name = opts.target or (type(model).__name__ if isinstance(model, nn.Module) else
+                           getattr(model, "__name__", "model"))
     default_device = torch.get_default_device()
     if isinstance(model, nn.Module):  # a copy, its registered state on meta as from_pretrained builds it
         copied = _build(model, eng, copy_model=True)
@@ -692,7 +694,8 @@ def _audit_device_map(model: ModelOrFactory, opts: AuditOptions) -> Report:
                                     note="init: a copy of the model, its parameters and buffers on the meta "
                                          "device before the dispatch")
     else:
-        construction = construct(model, InitChoice.META, eng.device, lambda m: _build(m, eng, opts.copy_model))
+        construction = construct(model, InitChoice.META, eng.device,
+                                 lambda m: _build(m, eng, opts.copy_model))
     built = construction.model
     plan = dispatch.plan_device_map(built, spec, opts.gpus, opts.gpu_memory, opts.cpu_memory)
     notes = [f"engine: {eng.name}: {eng.reason}", *([construction.note] if construction.note else []),

@@ -259,7 +259,8 @@ def report_rows(source: Path, report: Any) -> list[tuple[str, str, str]]:
     rows = []
     for f in report.findings:
         path, _, lineno = f.source.rpartition(":")
-        rows.append((f.code, f.where, lineno if Path(path).name == source.name and f.code != "PC101" else "-"))
+        in_fixture = Path(path).name == source.name and f.code != "PC101"
+        rows.append((f.code, f.where, lineno if in_fixture else "-"))
     return sorted(rows)
 
 
