@@ -716,20 +716,30 @@ def _audit_device_map(model: ModelOrFactory, opts: AuditOptions) -> Report:
         leftovers_to_default_device(built, snapshot, default_device)
         placed = dispatch.dispatch(built, plan)
         # the offloaded weights the hooks hold are the parameters' data, not strays
-        snapshot.params.update(dispatch.offloaded_copies(placed, offloaded))
-        result = walk(placed, eng.device, snapshot, construction.assignments)
+        held = dispatch.offloaded_copies(placed, offloaded)
+        snapshot.params.update(held)
+        placement = dispatch.MappedPlacement(placed, plan, held)
+        target = placement.expected("").primary or eng.device
+        result = walk(placed, target, snapshot, construction.assignments, placement)
         notes.extend(result.notes)
-        findings: list[Finding] = list(result.findings)
+        # an offloaded weight is on meta between forwards: where accelerate's hooks keep it
+        findings: list[Finding] = [f for f in result.findings
+                                   if not (f.code in ("PC104", "PC105") and f.where in offloaded)]
+        copies: list[Any] = []
         if inputs is not None:
             inferred = not opts.inputs and opts.example_inputs is None
-            traced = _forward(placed, eng, result, snapshot, inputs, False, opts.library_findings, inferred)
+            traced = _forward(placed, eng, result, snapshot, inputs, False, opts.library_findings, inferred,
+                              placement)
             if traced.fallback:
                 notes.append(f"forward: checked only up to where fake tensors stopped ({traced.fallback})")
                 incomplete = f"fake tensors stopped ({traced.fallback})"
             else:
                 incomplete = traced.stopped
             notes.extend(traced.notes)
-            findings = [_handled_by_forward(f, traced.handled.get(f.where), eng.device, placed)
+            copies = traced.copies
+            findings = [_handled_by_forward(f, traced.handled.get(f.where), f.expected or target, placed)
                         if f.code == "PC101" else f for f in findings] + traced.findings
-    findings = [f for f in findings if f.code in codes]
-    return Report.build(str(name), eng.device, eng.name, findings, notes, result.stats, incomplete=incomplete)
+    findings = [f for f in dispatch.offload_findings(findings, copies, plan, offloaded) if f.code in codes]
+    device_map = dispatch.report_map(plan, copies)
+    return Report.build(str(name), eng.device, eng.name, findings, notes, result.stats, incomplete=incomplete,
+                        device_map=device_map)

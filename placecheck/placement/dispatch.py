@@ -32,7 +32,7 @@ import contextlib
 import json
 import logging
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from unittest import mock
@@ -43,7 +43,10 @@ import torch.nn as nn
 from placecheck.cudaapi import cuda_queries_simulated
 from placecheck.devices import DEVICE_MAP_CHOICES, parse_size
 from placecheck.errors import UsageError, one_line
-from placecheck.report import human_bytes
+from placecheck.events import Copy
+from placecheck.finding import Finding
+from placecheck.placement.expected import Expected, Placement
+from placecheck.report import DeviceMap, StageRow, human_bytes
 
 INSTALL_HINT = "pip install 'placecheck[accelerate]'"
 
@@ -384,3 +387,93 @@ def _accelerate_quiet() -> Iterator[None]:
             yield
     finally:
         logger.setLevel(level)
+
+
+# ---- judging the dispatched model ------------------------------------------------------------------
+
+
+def main_device(device_map: MapPlan) -> str:
+    """The execution device of offloaded modules, chosen as ``dispatch_model`` chooses it (the first
+    device of the map that is not ``cpu`` or ``disk``; ``cpu`` when there is none)."""
+    devices = {device for _, device in device_map.entries} - set(OFFLOADED)
+    return device_name(list(devices)[0]) if devices else "cpu"
+
+
+class MappedPlacement(Placement):
+    """Where each module of a dispatched model computes: the device of the map entry holding it, and
+    for entries offloaded to ``cpu`` or ``disk`` the execution device their hooks load the weights to.
+    Modules no entry covers (the root, when the map names its children) are judged from their state,
+    as :class:`~placecheck.placement.expected.Placement` does.
+
+    ``held`` are the copies of offloaded weights the hooks keep (:func:`offloaded_copies`): copying one
+    in forward copies that weight (PC208).
+    """
+
+    def __init__(self, model: nn.Module, device_map: MapPlan, held: Mapping[int, str]) -> None:
+        super().__init__(model)
+        self._map = device_map.as_accelerate()
+        self._main = main_device(device_map)
+        self._held = dict(held)
+        self._modules = {path for path, _ in model.named_modules(remove_duplicate=False)}
+
+    def expected(self, path: str) -> Expected:
+        module = path
+        while module not in self._modules and module:  # a module in a plain list (heads[0]): its holder
+            cut = max(module.rfind("."), module.rfind("["), module.rfind("{"))
+            module = module[:cut] if cut > 0 else ""
+        where = device_for(module, self._map)
+        if where is None:
+            return super().expected(path)
+        return Expected((self._main if where in OFFLOADED else device_name(where),), "device map")
+
+    def held_weights(self) -> dict[int, str]:
+        return dict(self._held)
+
+
+def report_map(device_map: MapPlan, copies: Iterable[Copy] = ()) -> DeviceMap:
+    """The report's device map: one row per map entry (module -> device, bytes), each GPU's budget, and
+    the copies between devices of the forward (accelerate's hooks' included)."""
+    from placecheck.placement.devicemap import transfers
+
+    main = main_device(device_map)
+    rows = []
+    for (name, device), nbytes in zip(device_map.entries, device_map.module_bytes, strict=True):
+        note = (f"offloaded to {device}: its weights are copied to {main} on every forward"
+                if device in OFFLOADED else "")
+        rows.append(StageRow(name, (device_name(device),), nbytes, (), note))
+    budgets = tuple((device_name(i), device_map.gpu_memory) for i in range(device_map.gpus)
+                    if device_map.gpu_memory is not None)
+    return DeviceMap(tuple(rows), transfers(copies), budgets)
+
+
+def offload_findings(findings: Iterable[Finding], copies: Iterable[Copy], device_map: MapPlan,
+                     offloaded: Mapping[str, torch.Tensor]) -> list[Finding]:
+    """``findings`` with one PC208 per offloaded map entry whose weights the forward copied, in the
+    rule's words for an offload, instead of the per-line PC208s of those copies: what a user decides
+    on is the entry, not each of its tensors. Decided from the copies the forward made."""
+    from placecheck import rules
+
+    placed = device_map.as_accelerate()
+    main = main_device(device_map)
+    kept = [f for f in findings if not (f.code == "PC208" and dict(f.details).get("weights", "") in offloaded)]
+    by_entry: dict[str, list[Copy]] = {}
+    for c in copies:
+        if c.weights in offloaded:
+            by_entry.setdefault(_entry_of(c.weights, placed), []).append(c)
+    rule = rules.rule("PC208")
+    for entry, moved in by_entry.items():
+        device = str(placed[entry])
+        nbytes = sum(c.nbytes for c in moved)
+        weights = list(dict.fromkeys(c.weights for c in moved))
+        message, hint = rules.offloaded_weights(entry, device, main, nbytes, len(weights))
+        site = moved[0].site
+        kept.append(Finding(code=rule.code, kind=rule.kind, severity=rule.severity, where=entry, module=entry,
+                            source=site.source, device=device, expected=main, nbytes=nbytes,
+                            count=len(weights), origin=entry, message=message, hint=hint,
+                            details=(("offloaded", device), ("weights", ", ".join(weights)))))
+    return kept
+
+
+def _entry_of(name: str, device_map: Mapping[str, int | str]) -> str:
+    """The map entry (its longest prefix) that places tensor ``name``."""
+    return max((p for p in device_map if _covers(p, name)), key=len)

@@ -150,6 +150,12 @@ class Placement:
         path = self._paths.get(id(module))
         return self.expected(path) if path is not None else _ANY
 
+    def held_weights(self) -> dict[int, str]:
+        """``id -> parameter path`` of tensors that hold a registered weight's data outside its module
+        (a dispatcher's copy of an offloaded weight, :mod:`placecheck.placement.dispatch`): copying one
+        in forward copies those weights. None here: the model's own placement holds no such copies."""
+        return {}
+
     def devices(self) -> tuple[str, ...]:
         """Every device the model's registered state is on, GPUs by index first."""
         return tuple(sorted({str(t.device) for t in [*self.model.parameters(), *self.model.buffers()]},

@@ -94,6 +94,8 @@ class Flows:
         for name, t in [*model.named_parameters(remove_duplicate=False),
                         *model.named_buffers(remove_duplicate=False)]:
             self._weights.setdefault(id(t), name)
+        for key, name in placement.held_weights().items():
+            self._weights.setdefault(key, name)
 
     # -- the module stack -----------------------------------------------------------------------------
     def hooks(self, module_paths: dict[int, str]) -> list[RemovableHandle]:
@@ -186,7 +188,9 @@ class Flows:
                     flow.arrived.ping_pong = True  # back on the device and in the module it left
         copy: Copy | None = None
         source = args[0] if args and isinstance(args[0], torch.Tensor) else None
-        if moving and source is not None and isinstance(out, torch.Tensor) and out.device != source.device:
+        # a move to or from meta copies no data (accelerate's hooks free offloaded weights that way)
+        if moving and source is not None and isinstance(out, torch.Tensor) and out.device != source.device \
+                and "meta" not in (source.device.type, out.device.type):
             flow = self._flow(source)
             weights = self._weights.get(id(source), "") or (flow.weights if flow is not None else "")
             route = (flow.route if flow is not None and flow.route else (str(source.device),))
