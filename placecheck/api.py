@@ -667,7 +667,8 @@ def _audit_device_map(model: ModelOrFactory, opts: AuditOptions) -> Report:
     simulated GPUs (:mod:`placecheck.placement.dispatch`); then the walk and the forward judge each
     module against the device the map gives it.
     """
-    from placecheck.construct import Construction, InitChoice
+    from placecheck.construct import Construction
+    from placecheck.options import InitChoice
     from placecheck.placement import dispatch
 
     opts.check()

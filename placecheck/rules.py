@@ -387,14 +387,16 @@ def ping_pong(src: str, dst: str, nbytes: int, boundary: str, *, weights: str = 
             "activations' device), so the data crosses once")
 
 
-def offloaded_weights(module: str, device: str, execution: str, nbytes: int, tensors: int) -> tuple[str, str]:
+def offloaded_weights(module: str, device: str, execution: str, nbytes: int,
+                      tensors: int) -> tuple[str, str]:
     """PC208 under a device map: the entry ``module`` is offloaded to ``device`` (``cpu`` or ``disk``), so
     accelerate's hooks copy its ``tensors`` weight tensors (``nbytes`` in all) to ``execution`` on every
     forward (seen in the forward's copies)."""
     read = "read from disk and " if device == "disk" else ""
     plural = "s" if tensors != 1 else ""
-    return (f"{module or '(root)'!r} is offloaded to {device} by the device map: accelerate's hooks {read}copy "
-            f"its {tensors} weight tensor{plural} ({_size(nbytes)}) to {execution} on every forward",
+    return (f"{module or '(root)'!r} is offloaded to {device} by the device map: accelerate's hooks "
+            f"{read}copy its {tensors} weight tensor{plural} ({_size(nbytes)}) to {execution} on every "
+            "forward",
             "give it room on a GPU (more GPUs or GPU memory: --gpus, --gpu-memory; or a map that puts it on "
             "one): offloading saves GPU memory at the price of this copy on every call")
 

@@ -281,3 +281,100 @@ def test_device_map_fixture(source: Path, expected: Path, tmp_path: Path) -> Non
     assert report.engine == "simulated cuda"
     assert report_rows(source, report) == read_rows(expected), report.notes
     assert not report.incomplete
+
+
+def test_the_dispatched_model_is_placed_as_the_map_says(tmp_path: Path) -> None:
+    """The report's device map lists every entry with its device and bytes, the GPUs' budgets, and the
+    copies accelerate's hooks made between the GPUs; the clean model has no finding."""
+    _accelerate()
+    report = audit_fixture(FIXTURES / "clean_dispatched.py", tmp_path, gpu_memory="1MiB")
+    assert report.findings == ()
+    stages = {row.path: row.devices for row in report.device_map.stages}
+    assert stages == {"embed": ("cuda:0",), "encoder": ("cuda:0",), "decoder": ("cuda:1",),
+                      "head": ("cuda:1",)}
+    assert dict(report.device_map.budgets) == {"cuda:0": 2**20, "cuda:1": 2**20}
+    assert {(t.src, t.dst) for t in report.device_map.transfers} >= {("cuda:0", "cuda:1")}
+    assert all("meta" not in (t.src, t.dst) for t in report.device_map.transfers)
+
+
+def test_offloaded_entries_are_one_warning_each_with_their_bytes(tmp_path: Path) -> None:
+    _accelerate()
+    report = audit_fixture(FIXTURES / "offloaded.py", tmp_path)
+    by_where = {f.where: f for f in report.findings}
+    assert sorted(by_where) == ["decoder", "head"]
+    decoder, head = by_where["decoder"], by_where["head"]
+    assert (decoder.code, decoder.severity.value, decoder.device, decoder.expected) == (
+        "PC208", "warning", "cpu", "cuda:0")
+    assert decoder.count == 4 and decoder.nbytes == (64 * 32 + 64 + 32 * 64 + 32) * 4
+    assert "offloaded to cpu by the device map" in decoder.message
+    assert head.device == "disk" and "read from disk" in head.message
+    notes = {row.path: row.note for row in report.device_map.stages}
+    assert "copied to cuda:0 on every forward" in notes["decoder"] and notes["embed"] == ""
+
+
+def test_a_computed_map_offloads_what_does_not_fit(tmp_path: Path) -> None:
+    """--gpu-memory too small for the model: accelerate's map sends the rest to the CPU (with
+    --cpu-memory) or to disk, and the audit says so."""
+    _accelerate()
+    import placecheck
+
+    model = load_file(FIXTURES / "clean_dispatched.py")
+    report = placecheck.audit(model, device_map="sequential", gpus=1, gpu_memory="32KiB",
+                              cpu_memory="18KiB", inputs=["int64[2,8]:0..100"])
+    devices = {row.path: row.devices[0] for row in report.device_map.stages}
+    assert "cpu" in devices.values() and "disk" in devices.values(), devices
+    assert {f.code for f in report.findings} == {"PC208"}
+    assert {f.device for f in report.findings} == {"cpu", "disk"}
+
+
+def test_tied_weights_stay_tied_and_shaped_on_fake_tensors(tmp_path: Path) -> None:
+    """accelerate tells tied weights by data_ptr(), which is 0 for every fake tensor: without the shim
+    every weight on a GPU would be replaced by the tied one (a shape error in forward, PC207)."""
+    _accelerate()
+    import torch
+    import torch.nn as nn
+
+    import placecheck
+
+    class Tied(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(50, 16)
+            self.body = nn.Sequential(nn.Linear(16, 24), nn.ReLU(), nn.Linear(24, 16))
+            self.head = nn.Linear(16, 50, bias=False)
+            self.head.weight = self.embed.weight
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.head(self.body(self.embed(ids)))
+
+    path = map_file(tmp_path, {"embed": 0, "body": 1, "head": 0})
+    report = placecheck.audit(Tied, device_map=path, inputs=["int64[2,4]:0..50"])
+    assert report.findings == (), [f.message for f in report.findings]
+    assert not report.incomplete
+
+
+def test_the_printed_8b_map_is_accelerates(tmp_path: Path) -> None:
+    """The map ``placecheck audit llama_8b --device-map auto --gpus 4 --gpu-memory 24GiB`` prints (JSON)
+    equals ``infer_auto_device_map`` for the same model and budget."""
+    _accelerate()
+    pytest.importorskip("transformers", reason=NO_TRANSFORMERS)
+    import torch
+    from accelerate import infer_auto_device_map
+    from accelerate.utils import get_balanced_memory
+
+    from placecheck.cudaapi import cuda_queries_simulated
+    from placecheck.examples.transformers_models import llama_8b
+
+    code, out, err = run(LLAMA_8B, "--init", "meta", "--device-map", "auto", "--gpus", "4", "--gpu-memory",
+                         "24GiB", "--no-forward", "--format", "json", "--exit-zero")
+    assert code == 0, err
+    printed = {row["path"]: row["devices"] for row in json.loads(out)["device_map"]["stages"]}
+    with torch.device("meta"):
+        model = llama_8b()
+    budget = {i: 24 * 2**30 for i in range(4)}
+    with cuda_queries_simulated(4):
+        no_split = ["LlamaDecoderLayer"]
+        balanced = get_balanced_memory(model, max_memory=budget, no_split_module_classes=no_split)
+        expected = infer_auto_device_map(model, max_memory=balanced, no_split_module_classes=no_split)
+    assert printed == {name: [f"cuda:{d}"] for name, d in expected.items()}
+    assert json.loads(out)["device_map"]["budgets"] == {f"cuda:{i}": 24 * 2**30 for i in range(4)}

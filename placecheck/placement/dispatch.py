@@ -396,7 +396,7 @@ def main_device(device_map: MapPlan) -> str:
     """The execution device of offloaded modules, chosen as ``dispatch_model`` chooses it (the first
     device of the map that is not ``cpu`` or ``disk``; ``cpu`` when there is none)."""
     devices = {device for _, device in device_map.entries} - set(OFFLOADED)
-    return device_name(list(devices)[0]) if devices else "cpu"
+    return device_name(next(iter(devices))) if devices else "cpu"  # dispatch_model: list(set)[0]
 
 
 class MappedPlacement(Placement):
@@ -455,7 +455,8 @@ def offload_findings(findings: Iterable[Finding], copies: Iterable[Copy], device
 
     placed = device_map.as_accelerate()
     main = main_device(device_map)
-    kept = [f for f in findings if not (f.code == "PC208" and dict(f.details).get("weights", "") in offloaded)]
+    kept = [f for f in findings
+            if not (f.code == "PC208" and dict(f.details).get("weights", "") in offloaded)]
     by_entry: dict[str, list[Copy]] = {}
     for c in copies:
         if c.weights in offloaded:
