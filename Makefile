@@ -48,14 +48,16 @@ CPU_VENV  ?= .venv-cpu
 CPU_PY    := $(CPU_VENV)/bin/python
 CPU_STAMP := $(CPU_VENV)/.placecheck-installed
 CPU_TORCH ?= torch==2.13.0
-# pyproject's dependencies and dev extra but torch and torchvision (the package itself goes
-# in with --no-deps), plus numpy, which torch uses when present.
+# pyproject's dependencies, dev and accelerate extras but torch and torchvision (the package itself
+# goes in with --no-deps), plus numpy, which torch uses when present. accelerate: --device-map
+# dispatches on simulated GPUs there too (moves to CUDA take another path on that build).
 CPU_REQS  := $(CPU_VENV)/requirements.txt
 
 $(CPU_STAMP): pyproject.toml
 	test -x $(CPU_PY) || $(PYTHON) -m venv $(CPU_VENV)
 	$(CPU_PY) -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
-	  print(*[d for d in p["dependencies"] + p["optional-dependencies"]["dev"] + ["numpy"] \
+	  extras = p["optional-dependencies"]; \
+	  print(*[d for d in p["dependencies"] + extras["dev"] + extras["accelerate"] + ["numpy"] \
 	          if not d.startswith("torch")], sep="\n")' > $(CPU_REQS)
 	$(CPU_PY) -m pip install --quiet $(CPU_TORCH) -r $(CPU_REQS)
 	$(CPU_PY) -m pip install --quiet --no-deps -e .

@@ -167,6 +167,8 @@ def move_destination(func: Callable[..., Any], args: tuple[Any, ...], kwargs: di
     if func is torch.Tensor.cuda:
         dev = args[1] if len(args) > 1 else kwargs.get("device")
         return _cuda(dev if dev is not None else current_index())
+    if len(args) > 1 and isinstance(args[1], int) and not isinstance(args[1], bool):
+        return _cuda(args[1])  # x.to(1) is x.to("cuda:1"), as accelerate's hooks write it
     for a in (*args[1:], kwargs.get("device"), kwargs.get("other")):
         if isinstance(a, torch.Tensor):
             return a.device

@@ -6,8 +6,10 @@ what its hooks do not repair must be found: a stray tensor in a custom module, a
 tensor created on ``cuda:0`` in a block mapped to ``cuda:1``. Bad input is one
 line and exit 2.
 
-On the CPU-only torch build (its venv has neither accelerate nor transformers)
-the tests that need accelerate skip, saying so; the option checks run there.
+On the CPU-only torch build (``make test-cpu-build``; its venv has accelerate
+but not transformers) the option checks, the bad-input cases and the fixtures
+run (moves to CUDA take another path there); the tests that need transformers
+skip, saying so, as do those that need accelerate where it is not installed.
 """
 
 from __future__ import annotations
@@ -137,6 +139,7 @@ def test_cli_gpu_memory_that_does_not_parse() -> None:
                             "24Gb"), "--gpu-memory '24Gb': expected a size such as 80GiB")
 
 
+@pytest.mark.cpu_build
 def test_cli_map_naming_a_gpu_beyond_gpus(tmp_path: Path) -> None:
     _accelerate()
     path = map_file(tmp_path, {"embed": 0, "encoder": 0, "decoder": 3, "head": 1})
@@ -144,18 +147,21 @@ def test_cli_map_naming_a_gpu_beyond_gpus(tmp_path: Path) -> None:
                        "puts 'decoder' on cuda:3, beyond --gpus 2", "use --gpus 4")
 
 
+@pytest.mark.cpu_build
 def test_cli_map_file_that_is_not_json(tmp_path: Path) -> None:
     _accelerate()
     path = map_file(tmp_path, "embed: 0\nencoder: 1\n")
     assert_usage_error(*run(fixture_target("clean_dispatched"), "--device-map", path), "is not JSON (line 1")
 
 
+@pytest.mark.cpu_build
 def test_cli_map_file_that_is_missing(tmp_path: Path) -> None:
     _accelerate()
     assert_usage_error(*run(fixture_target("clean_dispatched"), "--device-map", str(tmp_path / "no.json")),
                        "cannot read it")
 
 
+@pytest.mark.cpu_build
 def test_cli_map_naming_unknown_modules(tmp_path: Path) -> None:
     _accelerate()
     path = map_file(tmp_path, {"embed": 0, "encoder": 0, "decoder": 1, "head": 1, "pooler": 1})
@@ -164,6 +170,7 @@ def test_cli_map_naming_unknown_modules(tmp_path: Path) -> None:
                        "embed, encoder, decoder, head")
 
 
+@pytest.mark.cpu_build
 def test_cli_map_leaving_weights_without_a_device(tmp_path: Path) -> None:
     _accelerate()
     path = map_file(tmp_path, {"embed": 0, "encoder": 0, "decoder": 1})
@@ -171,6 +178,7 @@ def test_cli_map_leaving_weights_without_a_device(tmp_path: Path) -> None:
                        "gives no device to 'head.weight' and 1 more")
 
 
+@pytest.mark.cpu_build
 def test_cli_map_with_a_device_that_is_not_one(tmp_path: Path) -> None:
     _accelerate()
     path = map_file(tmp_path, {"embed": 0, "encoder": "gpu1", "decoder": 1, "head": 1})
@@ -272,6 +280,7 @@ def audit_fixture(source: Path, tmp_path: Path, **options: Any) -> Any:
     return placecheck.audit(model, device_map=path, inputs=load_file(source, "INPUTS"), **options)
 
 
+@pytest.mark.cpu_build
 @pytest.mark.usefixtures("ungrouped")
 @pytest.mark.parametrize(("source", "expected"), CASES)
 def test_device_map_fixture(source: Path, expected: Path, tmp_path: Path) -> None:
@@ -283,6 +292,7 @@ def test_device_map_fixture(source: Path, expected: Path, tmp_path: Path) -> Non
     assert not report.incomplete
 
 
+@pytest.mark.cpu_build
 def test_the_dispatched_model_is_placed_as_the_map_says(tmp_path: Path) -> None:
     """The report's device map lists every entry with its device and bytes, the GPUs' budgets, and the
     copies accelerate's hooks made between the GPUs; the clean model has no finding."""
@@ -297,6 +307,7 @@ def test_the_dispatched_model_is_placed_as_the_map_says(tmp_path: Path) -> None:
     assert all("meta" not in (t.src, t.dst) for t in report.device_map.transfers)
 
 
+@pytest.mark.cpu_build
 def test_offloaded_entries_are_one_warning_each_with_their_bytes(tmp_path: Path) -> None:
     _accelerate()
     report = audit_fixture(FIXTURES / "offloaded.py", tmp_path)
@@ -312,6 +323,7 @@ def test_offloaded_entries_are_one_warning_each_with_their_bytes(tmp_path: Path)
     assert "copied to cuda:0 on every forward" in notes["decoder"] and notes["embed"] == ""
 
 
+@pytest.mark.cpu_build
 def test_a_computed_map_offloads_what_does_not_fit(tmp_path: Path) -> None:
     """--gpu-memory too small for the model: accelerate's map sends the rest to the CPU (with
     --cpu-memory) or to disk, and the audit says so."""
@@ -327,6 +339,7 @@ def test_a_computed_map_offloads_what_does_not_fit(tmp_path: Path) -> None:
     assert {f.device for f in report.findings} == {"cpu", "disk"}
 
 
+@pytest.mark.cpu_build
 def test_tied_weights_stay_tied_and_shaped_on_fake_tensors(tmp_path: Path) -> None:
     """accelerate tells tied weights by data_ptr(), which is 0 for every fake tensor: without the shim
     every weight on a GPU would be replaced by the tied one (a shape error in forward, PC207)."""

@@ -258,8 +258,8 @@ def _checked_map(model: nn.Module, path: str, gpus: int | None) -> dict[str, int
             raise UsageError(f"--device-map {path} puts {name!r} on cuda:{value}, beyond --gpus {gpus}: "
                              f"use --gpus {value + 1} or change the map")
     modules = dict(model.named_modules())
-    tensors = set(model.state_dict(keep_vars=True))
-    unknown = [name for name in raw if name != "" and name not in modules and name not in tensors]
+    tensors = list(model.state_dict(keep_vars=True))  # in the model's order: the first one named is stable
+    unknown = [name for name in raw if name != "" and name not in modules and name not in set(tensors)]
     if unknown:
         top = ", ".join(n for n, _ in model.named_children()) or "none"
         raise UsageError(f"--device-map {path} names {unknown[0]!r}, which is not a module of "
@@ -345,11 +345,15 @@ def dispatch(model: nn.Module, device_map: MapPlan) -> nn.Module:
     simulated as CPU offload (nothing is written). Call inside :func:`accelerate_on_fake_tensors`."""
     from accelerate import dispatch_model
 
-    simulated = {name: ("cpu" if device == "disk" else device) for name, device in device_map.entries}
+    # GPUs as "cuda:K": torch.device(K) asks for a real accelerator on a CPU-only build of torch; the
+    # main device as dispatch_model would pick it from the indices (a set of strings has no stable order)
+    simulated = {name: "cpu" if device == "disk" else device_name(device) for name, device in device_map.entries}
     skip_keys = getattr(model, "_skip_keys_device_placement", None)
+    main = main_device(device_map)
     try:
         with _accelerate_quiet():
-            dispatched = dispatch_model(model, simulated, skip_keys=skip_keys)
+            dispatched = dispatch_model(model, simulated, main_device=None if main == "cpu" else main,
+                                        skip_keys=skip_keys)
     except ValueError as exc:  # accelerate's own check of the map against the model
         raise UsageError(f"--device-map {device_map.how}: accelerate refused it: {one_line(exc)}") from None
     return dispatched if isinstance(dispatched, nn.Module) else model
