@@ -347,7 +347,8 @@ def dispatch(model: nn.Module, device_map: MapPlan) -> nn.Module:
 
     # GPUs as "cuda:K": torch.device(K) asks for a real accelerator on a CPU-only build of torch; the
     # main device as dispatch_model would pick it from the indices (a set of strings has no stable order)
-    simulated = {name: "cpu" if device == "disk" else device_name(device) for name, device in device_map.entries}
+    simulated = {name: "cpu" if device == "disk" else device_name(device)
+                 for name, device in device_map.entries}
     skip_keys = getattr(model, "_skip_keys_device_placement", None)
     main = main_device(device_map)
     try:
