@@ -697,6 +697,9 @@ def _audit_device_map(model: ModelOrFactory, opts: AuditOptions) -> Report:
     else:
         construction = construct(model, InitChoice.META, eng.device,
                                  lambda m: _build(m, eng, opts.copy_model))
+        construction.note = ("init: meta (--device-map: built on the meta device as from_pretrained builds "
+                             "it, no memory for weights; tensors no module registers are reported on the "
+                             "default device)")
     built = construction.model
     plan = dispatch.plan_device_map(built, spec, opts.gpus, opts.gpu_memory, opts.cpu_memory)
     notes = [f"engine: {eng.name}: {eng.reason}", *([construction.note] if construction.note else []),
@@ -717,7 +720,7 @@ def _audit_device_map(model: ModelOrFactory, opts: AuditOptions) -> Report:
         leftovers_to_default_device(built, snapshot, default_device)
         placed = dispatch.dispatch(built, plan)
         # the offloaded weights the hooks hold are the parameters' data, not strays
-        held = dispatch.offloaded_copies(placed, offloaded)
+        held = dispatch.offloaded_copies(placed, offloaded) if offloaded else {}
         snapshot.params.update(held)
         placement = dispatch.MappedPlacement(placed, plan, held)
         target = placement.expected("").primary or eng.device
@@ -742,5 +745,5 @@ def _audit_device_map(model: ModelOrFactory, opts: AuditOptions) -> Report:
                         if f.code == "PC101" else f for f in findings] + traced.findings
     findings = [f for f in dispatch.offload_findings(findings, copies, plan, offloaded) if f.code in codes]
     device_map = dispatch.report_map(plan, copies)
-    return Report.build(str(name), eng.device, eng.name, findings, notes, result.stats, incomplete=incomplete,
-                        device_map=device_map)
+    return Report.build(str(name), "device-map", eng.name, findings, notes, result.stats,
+                        incomplete=incomplete, device_map=device_map)

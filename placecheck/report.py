@@ -22,6 +22,10 @@ ASSUMED_BRANCHES = "assumed_branches"
 """The stat counting lines where the forward branched on a value the fake engine assumed
 (:mod:`placecheck.datadep`): the summary then says the other paths are unchecked."""
 
+PLACED = {"keep": "as placed", "device-map": "as mapped"}
+"""A report's ``device`` when no single target was audited: ``keep`` (the model's own placement) and
+``device-map`` (placed by ``--device-map``): each tensor is judged against its module's device."""
+
 
 @dataclass(frozen=True)
 class StageRow:
@@ -105,6 +109,8 @@ class DeviceMap:
     transfers: tuple[Transfer, ...] = ()
     budgets: tuple[tuple[str, int], ...] = ()
     """Device -> bytes it may hold (``--gpu-memory``); empty when no budget was given."""
+    rows: str = "stage"
+    """What each row of :attr:`stages` is, for the table's heading (``map entry`` for ``--device-map``)."""
 
     def bytes_per_device(self) -> dict[str, int]:
         """Bytes of parameters and buffers per device, over every stage, devices sorted."""
@@ -127,7 +133,7 @@ class DeviceMap:
 
     def lines(self) -> list[str]:
         """The short text section a table shows after the findings: one line per stage, then per copy."""
-        out = ["device map (parameters and buffers per stage):"]
+        out = [f"device map (parameters and buffers per {self.rows}):"]
         width = max([len(r.path or "(root)") for r in self.stages] + [5])
         for row in self.stages:
             where = ", ".join(f"{d} {human_bytes(n)}" for d, n in row.by_device) if row.by_device \
@@ -208,11 +214,12 @@ class Report:
     @property
     def device_label(self) -> str:
         """Where the model was audited, for a reader: the device, or for ``--device keep`` the devices
-        of its own placement (``cuda:0, cuda:1, as placed``)."""
-        if self.device != "keep":
+        of its own placement (``cuda:0, cuda:1, as placed``), for ``--device-map`` those of the map
+        (``cuda:0, cuda:1, cpu, as mapped``)."""
+        if self.device not in PLACED:
             return self.device
         devices = list(self.device_map.bytes_per_device()) if self.device_map is not None else []
-        return f"{', '.join(devices)}, as placed" if devices else "its own placement"
+        return f"{', '.join(devices)}, {PLACED[self.device]}" if devices else "its own placement"
 
     def grouped(self) -> Report:
         """This report with its findings grouped into problems (the same report when they already are)."""
@@ -273,7 +280,7 @@ class Report:
             off = self.bytes_off_device()
             if off:
                 line += f"; {human_bytes(off)} not on " + (
-                    "the device of their module" if self.device == "keep" else self.device)
+                    "the device of their module" if self.device in PLACED else self.device)
         if self.incomplete:
             line += "; the forward pass stopped before its end, the rest is unchecked (see the notes)"
         branches = dict(self.stats).get(ASSUMED_BRANCHES, 0)

@@ -448,7 +448,7 @@ def report_map(device_map: MapPlan, copies: Iterable[Copy] = ()) -> DeviceMap:
         rows.append(StageRow(name, (device_name(device),), nbytes, (), note))
     budgets = tuple((device_name(i), device_map.gpu_memory) for i in range(device_map.gpus)
                     if device_map.gpu_memory is not None)
-    return DeviceMap(tuple(rows), transfers(copies), budgets)
+    return DeviceMap(tuple(rows), transfers(copies), budgets, rows="map entry")
 
 
 def offload_findings(findings: Iterable[Finding], copies: Iterable[Copy], device_map: MapPlan,
