@@ -30,7 +30,8 @@ class ScaledBlock(nn.Module):
         self.scale = torch.ones(WIDTH)  # BUG: a plain attribute; the map's hooks never move it
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.proj(x) * self.scale
+        out: torch.Tensor = self.proj(x) * self.scale
+        return out
 
 
 class BiasedBlock(nn.Module):
@@ -40,7 +41,8 @@ class BiasedBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bias = torch.zeros(WIDTH, device="cuda:0")  # BUG: cuda:0 whatever GPU this block is mapped to
-        return self.proj(x) + bias
+        out: torch.Tensor = self.proj(x) + bias
+        return out
 
 
 class BuggyMapped(nn.Module):
@@ -52,7 +54,8 @@ class BuggyMapped(nn.Module):
         self.head = nn.Linear(WIDTH, VOCAB)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.head(self.decoder(self.encoder(self.embed(ids))))
+        out: torch.Tensor = self.head(self.decoder(self.encoder(self.embed(ids))))
+        return out
 
 
 class FixedScaledBlock(nn.Module):
@@ -62,7 +65,8 @@ class FixedScaledBlock(nn.Module):
         self.register_buffer("scale", torch.ones(WIDTH), persistent=False)  # placed with its module
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.proj(x) * self.scale
+        out: torch.Tensor = self.proj(x) * self.scale
+        return out
 
 
 class FixedBiasedBlock(nn.Module):
@@ -71,7 +75,8 @@ class FixedBiasedBlock(nn.Module):
         self.proj = nn.Linear(WIDTH, WIDTH)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.proj(x) + torch.zeros(WIDTH, device=x.device)  # on the input's device
+        out: torch.Tensor = self.proj(x) + torch.zeros(WIDTH, device=x.device)  # on the input's device
+        return out
 
 
 class FixedMapped(nn.Module):
@@ -83,4 +88,5 @@ class FixedMapped(nn.Module):
         self.head = nn.Linear(WIDTH, VOCAB)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.head(self.decoder(self.encoder(self.embed(ids))))
+        out: torch.Tensor = self.head(self.decoder(self.encoder(self.embed(ids))))
+        return out
