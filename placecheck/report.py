@@ -121,15 +121,17 @@ class DeviceMap:
         return dict(sorted(total.items(), key=lambda kv: _device_order(kv[0])))
 
     def to_dict(self) -> dict[str, Any]:
-        """``{"stages": [...], "bytes_per_device": {...}, "budgets": {...}}`` (the transfers go beside it)."""
+        """``{"stages": [...], "bytes_per_device": {...}, "budgets": {...}, "rows": "stage"}`` (the transfers
+        go beside it); ``rows`` says what a row of ``stages`` is (``map entry`` for ``--device-map``)."""
         return {"stages": [r.to_dict() for r in self.stages], "bytes_per_device": self.bytes_per_device(),
-                "budgets": dict(self.budgets)}
+                "budgets": dict(self.budgets), "rows": self.rows}
 
     @staticmethod
     def from_dict(data: dict[str, Any], transfers: list[dict[str, Any]] | None = None) -> DeviceMap:
         return DeviceMap(tuple(StageRow.from_dict(r) for r in data.get("stages", ())),
                          tuple(Transfer.from_dict(t) for t in transfers or ()),
-                         tuple((str(k), int(v)) for k, v in dict(data.get("budgets", {})).items()))
+                         tuple((str(k), int(v)) for k, v in dict(data.get("budgets", {})).items()),
+                         str(data.get("rows", "stage")))
 
     def lines(self) -> list[str]:
         """The short text section a table shows after the findings: one line per stage, then per copy."""

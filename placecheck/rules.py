@@ -357,7 +357,10 @@ registered parameter or buffer copied to another device inside forward (the
 weights cross the bus on every call instead of living where they are used).
 Put each module on the device of the stage that uses it. A pipeline whose
 third stage sits on the first one's device, and a result copied back to the
-input's device at the end, are not ping-pongs.""", """
+input's device at the end, are not ping-pongs. Under --device-map, an entry
+the map offloads to the CPU or disk is one PC208: accelerate's hooks copy its
+weights to the GPU on every forward (more GPU memory, or more GPUs, keeps them
+there).""", """
 class Block(nn.Module):      # the stage on cuda:1; its norm was left on cuda:0
     def forward(self, x):
         h = self.norm(self.fc(x).to("cuda:0")).to("cuda:1")
