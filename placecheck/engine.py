@@ -180,7 +180,8 @@ def simulated_cuda(gpus: int = 1, fake_mode: Any = None) -> Iterator[Any]:
     moves = _FakeCudaMoves(mode) if CPU_ONLY_BUILD else contextlib.nullcontext()
     from placecheck.datadep import DataDependentMode  # runs nonzero, .item()... with stated assumptions
 
-    with cuda_queries_simulated(gpus), _fake_parameters_swappable(), mode, moves, DataDependentMode(mode):
+    datadep = DataDependentMode(mode)
+    with cuda_queries_simulated(gpus), _fake_parameters_swappable(datadep.known), mode, moves, datadep:
         yield mode
 
 
@@ -198,7 +199,7 @@ def _forget_fake_memo(t: Any) -> None:
 
 
 @contextlib.contextmanager
-def _fake_parameters_swappable() -> Iterator[None]:
+def _fake_parameters_swappable(known: Any = None) -> Iterator[None]:
     """Let ``Module._apply`` move parameters that are already fake tensors.
 
     A model built inside the fake mode (because its ``__init__`` creates CUDA
@@ -208,13 +209,24 @@ def _fake_parameters_swappable() -> Iterator[None]:
     swap Linear.weight"). The memo only saves re-converting the same tensor, so
     the entry is dropped before the swap. The swap keeps each Parameter object,
     as ``.to()`` does on a real GPU.
+
+    ``known`` (the data-dependent mode's table of fake tensors whose values it
+    knows, a ``WeakIdKeyDictionary``) holds a weak reference too, to a weight
+    initialised to known values (a zeroed bias: a model that places its own
+    stages with ``.to("cuda:1")`` in ``__init__``, such as transformers' GPT-2
+    split by hand); its entries are taken out for the swap and put back on the
+    swapped objects, so the values stay known.
     """
     real_swap: Callable[[torch.Tensor, torch.Tensor], None] = torch.utils.swap_tensors
 
     def swap(t1: torch.Tensor, t2: torch.Tensor) -> None:
         _forget_fake_memo(t1)
         _forget_fake_memo(t2)
+        values = [known.pop(t, None) if known is not None else None for t in (t1, t2)]
         real_swap(t1, t2)
+        for t, value in zip((t2, t1), values, strict=True):  # each object now holds the other's contents
+            if value is not None:
+                known[t] = value
 
     with mock.patch.object(torch.utils, "swap_tensors", swap):
         yield

@@ -284,3 +284,21 @@ def test_the_markdown_comment_folds_the_device_map() -> None:
     assert "on cuda:0, cuda:1, as placed (simulated cuda)" in text
     folded = text[text.index("<details>"):text.index("</details>")]
     assert "cuda:0 -> cuda:1" in folded and "s1 -> s2" in folded
+
+
+def test_a_stage_with_weights_of_known_values_can_be_moved_in_init() -> None:
+    # the data-dependent mode keeps a weak reference to a zeroed bias (its values are known), which
+    # torch.utils.swap_tensors refuses: .to("cuda:1") in __init__ failed with "Couldn't swap" (GPT-2)
+    class ZeroedBias(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.s1 = nn.Linear(4, 4)
+            self.s1.bias = nn.Parameter(torch.zeros(4))  # as transformers' Conv1D makes its bias
+            self.s1.to("cuda:1")
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.s1(x)
+
+    report = placecheck.audit(ZeroedBias, device="keep", engine="fake", inputs=["float32[2,4]"])
+    assert report.findings == ()
+    assert report.device_map is not None and report.device_map.bytes_per_device() == {"cuda:1": 80}

@@ -14,7 +14,7 @@ and audited as it placed itself:
   stops there);
 - :mod:`placecheck.placement.flows`: the module stack, each tensor's stage, and
   every copy between devices in one forward (the cross-device traffic, PC208);
-- :func:`placecheck.placement.devicemap.device_map`: the report's device map (per top-level stage, its devices
+- :func:`placecheck.placement.devicemap.device_map`: the report's device map (per stage, its devices
   and bytes) with those copies, as :class:`placecheck.report.DeviceMap`.
 
 :mod:`placecheck.placement.replicas` audits DataParallel, DDP and FSDP2 models

@@ -138,8 +138,8 @@ class Placement:
             parts = path.split(".")
             for i in range(1, len(parts) + 1):
                 prefix = ".".join(parts[:i])
-                expected = self._by_path.get(prefix)
-                if expected is not None and expected.how != "ancestor" and len(expected.devices) == 1:
+                expected = self.expected(prefix)  # a subclass's expectations (a device map) decide too
+                if expected.how not in ("ancestor", "none") and len(expected.devices) == 1:
                     stage = prefix
                     break
         self._stages[path] = stage
