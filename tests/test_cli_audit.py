@@ -523,7 +523,8 @@ def test_no_group_and_hints_reach_the_output_options(runner: CliRunner, monkeypa
     assert runner.invoke(app, ["audit", "m:M", "--no-group", "--hints"]).exit_code == 0
     assert [(o.group, o.hints) for o in seen] == [(True, False), (False, True)]
 
-    def emit_reports(reports: list[Report], out: OutputOptions, config_run: bool = False) -> int:
+    def emit_reports(reports: list[Report], out: OutputOptions, config_run: bool = False,
+                     run: object = None) -> int:
         seen.append(out)
         return 0
 
