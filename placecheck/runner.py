@@ -358,8 +358,11 @@ class WarmPool:
                  on_note: Callable[[str], None] | None = None) -> None:
         self.modules = preload_modules(models)
         self.workdir = workdir
-        # each child's torch threads: the cores shared by the jobs (a forked child must set them)
-        self.threads = max(1, (os.cpu_count() or 1) // max(1, jobs))
+        # Each child keeps torch's default thread count, as a fresh interpreter has: the thread
+        # count changes the order of a real-valued forward's reductions, and a data-dependent path
+        # of a model with random weights can then flip (retinanet's box filtering did, at 1 thread).
+        # The server runs no torch op, so no OpenMP pool exists before the fork to hang the child.
+        self.threads = 0
         self._idle: queue.SimpleQueue[_ForkServer] = queue.SimpleQueue()
         self._servers: list[_ForkServer] = []
         self._lock = threading.Lock()

@@ -14,8 +14,8 @@ Two ways to get a model its own process, chosen by ``--isolation``
 
 Forking after torch is imported is safe only while the server itself has run no torch
 op: an OpenMP (GNU libgomp) thread pool started before a fork hangs the child's first
-parallel op. The server therefore only imports; each child sets its own thread count
-(``torch.set_num_threads``) before it builds anything.
+parallel op. The server therefore only imports, and each child keeps torch's default thread
+count, as a fresh interpreter would (a request may set another, ``threads``).
 
 The server speaks a line protocol over its stdin/stdout: it writes ``ready`` once warm;
 for each request line (JSON: ``spec``, ``result``, ``stderr``, ``threads``) it forks,
