@@ -99,7 +99,7 @@ wheel-check: install
 	@echo "wheel-check: the wheel installs beside the present torch and audits resnet18"
 
 lint: install
-	$(VENV)/bin/ruff check placecheck tests
+	$(VENV)/bin/ruff check placecheck tests benchmarks
 	$(VENV)/bin/mypy placecheck
 
 clean:

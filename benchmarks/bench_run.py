@@ -45,8 +45,10 @@ import torchvision
 import torchvision.transforms as transforms
 
 device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-transform = transforms.Compose([transforms.ToTensor(), transforms.Normalize((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))])
-trainset = torchvision.datasets.FakeData(size=512, image_size=(3, 32, 32), num_classes=10, transform=transform)
+transform = transforms.Compose([transforms.ToTensor(),
+                                transforms.Normalize((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))])
+trainset = torchvision.datasets.FakeData(size=512, image_size=(3, 32, 32), num_classes=10,
+                                         transform=transform)
 loader = torch.utils.data.DataLoader(trainset, batch_size=64, shuffle=True)
 
 
