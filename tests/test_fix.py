@@ -322,6 +322,24 @@ def test_only_the_users_writable_source_is_edited(tmp_path: Path) -> None:
     assert why_not_editable(str(mine)) == ""
 
 
+def test_a_file_the_user_cannot_write_is_not_fixable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    from placecheck.fix.plan import why_not_editable
+
+    read_only = tmp_path / "ro.py"
+    read_only.write_text("x = 1\n")
+    read_only.chmod(0o444)
+    # root may write any file (os.access says so): the permission check is what matters here
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: (
+        False if str(path) == str(read_only) and mode & os.W_OK else real_access(path, mode, **kw)))
+    assert why_not_editable(str(read_only)) == f"{read_only} is not writable"
+    writable = tmp_path / "mine.py"
+    writable.write_text("x = 1\n")
+    assert why_not_editable(str(writable)) == ""
+
+
 def torch_file() -> str:
     import torch.nn.modules.linear as linear
 
