@@ -321,6 +321,14 @@ def _validate(obj: Any, name: str, kwargs: dict[str, Any]) -> None:
     _check_call(obj, name, kwargs)
 
 
+def _raised_in_ddp_constructor(exc: BaseException) -> bool:
+    """Whether ``exc`` came out of ``DistributedDataParallel.__init__`` (from its traceback's frames)."""
+    import traceback
+
+    return any(frame.name == "__init__" and frame.filename.replace(os.sep, "/").endswith(
+        "torch/nn/parallel/distributed.py") for frame in traceback.extract_tb(exc.__traceback__))
+
+
 def build(obj: Any, name: str, kwargs: dict[str, Any]) -> Any:
     """Make an ``nn.Module`` from what a target names (instance, class or factory)."""
     import torch.nn as nn
@@ -334,6 +342,11 @@ def build(obj: Any, name: str, kwargs: dict[str, Any]) -> Any:
     except LoadError:
         raise
     except Exception as exc:
+        if _raised_in_ddp_constructor(exc):
+            raise LoadError(f"constructing {name} raised {one_line(exc)} in DistributedDataParallel's "
+                            "constructor, which reads the parameters' data that simulated GPUs do not "
+                            "have: return the model DDP wraps and audit it with --wrap ddp "
+                            "--world-size N") from exc
         raise LoadError(f"constructing {name} raised {one_line(exc)}: check its arguments "
                         "(--debug shows the traceback)") from exc
     if not isinstance(result, nn.Module):

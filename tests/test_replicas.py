@@ -269,3 +269,30 @@ def test_readme_shows_a_replicated_run() -> None:
     block = block[block.index("<!-- run-output:start -->"):block.index("<!-- run-output:end -->")]
     assert "$ placecheck audit placecheck/examples/replicas.py:BuggyReplicated --wrap ddp\n" in block
     assert "on rank 1 (cuda:1), " in block
+
+
+DDP_FACTORY = '''
+import tempfile
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel
+
+
+def make():
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
+    return DistributedDataParallel(nn.Linear(4, 4).cuda(), device_ids=[0])
+'''
+
+
+def test_a_factory_building_ddp_itself_is_told_to_use_wrap_ddp(tmp_path: Path) -> None:
+    """DDP's constructor reads parameter data simulated GPUs lack: one line that says what to do."""
+    import subprocess
+
+    (tmp_path / "ddp_factory.py").write_text(DDP_FACTORY)
+    command = [sys.executable, "-m", "placecheck", "audit", "ddp_factory.py:make", "--device", "cuda"]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "DistributedDataParallel's constructor" in lines[0]
+    assert "--wrap ddp" in lines[0] and done.stdout == ""
