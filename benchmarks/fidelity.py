@@ -32,7 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import importlib.util
+import importlib
 import io
 import json
 import os
@@ -70,27 +70,16 @@ class Target:
 
 
 # -- the targets -------------------------------------------------------------------------------
-def _load_file(path: Path, attr: str) -> Any:
-    """``attr`` of the file ``path``, imported under a name of its own."""
-    name = f"_pc_fidelity_{path.parent.name}_{path.stem}"
-    module = sys.modules.get(name)
-    if module is None:
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return getattr(module, attr)
-
-
 def fixture_targets(root: Path = ROOT) -> list[Target]:
     """Every fixture file defining ``Model``, with the ``INPUTS`` it names (else the input is inferred)."""
+    from placecheck.load import resolve
+
     targets = []
     for directory in FIXTURE_DIRS:
         for path in sorted((root / "tests" / "fixtures" / directory).glob("*.py")):
             if "Model" not in path.read_text(encoding="utf-8"):
                 continue
-            model = _load_file(path, "Model")
+            model = resolve(f"{path}:Model")  # as the CLI loads a file target
             inputs = list(getattr(sys.modules[model.__module__], "INPUTS", []))
             targets.append(Target("fixtures", f"{directory}/{path.stem}", model, {"inputs": inputs}))
     return targets

@@ -75,6 +75,29 @@ def read_expected(path: Path) -> list[tuple[str, str]]:
     return sorted(rows)
 
 
+def read_expected_lines(path: Path) -> list[tuple[str, str, str]]:
+    """``(code, where, line)`` rows of an ``.expected`` file, sorted (``<root>`` is "", ``-``: no line);
+    ``#`` comments and blanks skipped."""
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip() and not line.startswith("#"):
+            code, where, lineno = line.split()
+            rows.append((code, "" if where == "<root>" else where, lineno))
+    return sorted(rows)
+
+
+def assert_usage_error(code: int, out: str, err: str, *needles: str) -> None:
+    """Exit 2, nothing on stdout, one line on stderr (no traceback) containing each needle."""
+    assert code == 2, err
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("placecheck: error: ")
+    assert "Traceback" not in err
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
 def walk_findings(model_or_factory: Any, device: str = "cuda", **kwargs: Any) -> list[tuple[str, str]]:
     """``(code, where)`` of every walk finding (PC1xx) of a simulated-CUDA audit, sorted."""
     import placecheck

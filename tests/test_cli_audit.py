@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import BUGGY, CLEAN, TESTS
+from conftest import BUGGY, CLEAN, TESTS, assert_usage_error
 from typer.testing import CliRunner
 
 from placecheck.cli import app
@@ -30,18 +30,6 @@ def runner() -> CliRunner:
 def run(runner: CliRunner, *args: str) -> tuple[int, str, str]:
     result = runner.invoke(app, ["audit", *args])
     return result.exit_code, result.stdout, result.stderr
-
-
-def assert_usage_error(code: int, out: str, err: str, *needles: str) -> None:
-    """Exit 2, nothing on stdout, one line on stderr (no traceback) containing each needle."""
-    assert code == 2, err
-    assert out == ""
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    assert lines[0].startswith("placecheck: error: ")
-    assert "Traceback" not in err
-    for needle in needles:
-        assert needle in lines[0], lines[0]
 
 
 # -- exit codes ---------------------------------------------------------------------------

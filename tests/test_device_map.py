@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import TESTS, fixture_cases, load_file
+from conftest import TESTS, assert_usage_error, fixture_cases, load_file, read_expected_lines
 from forward_helpers import ungrouped  # noqa: F401 (the fixture)
 from typer.testing import CliRunner
 
@@ -43,17 +43,6 @@ def _accelerate() -> Any:
 def run(*args: str) -> tuple[int, str, str]:
     result = CliRunner().invoke(app, ["audit", *args])
     return result.exit_code, result.stdout, result.stderr
-
-
-def assert_usage_error(code: int, out: str, err: str, *needles: str) -> None:
-    """Exit 2, nothing on stdout, one line on stderr (no traceback) containing each needle."""
-    assert code == 2, err
-    assert out == ""
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    assert lines[0].startswith("placecheck: error: ")
-    for needle in needles:
-        assert needle in lines[0], lines[0]
 
 
 def map_file(tmp_path: Path, mapping: Any, name: str = "map.json") -> str:
@@ -253,16 +242,6 @@ def test_other_computed_maps_equal_transformers(spec: str) -> None:
 # ---- fixtures: one model per pattern beside its expected findings -----------------------------------
 
 
-def read_rows(path: Path) -> list[tuple[str, str, str]]:
-    """``(code, where, line)`` rows of an ``.expected`` file (``<root>`` is "", ``-``: no line)."""
-    rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if line.strip() and not line.startswith("#"):
-            code, where, lineno = line.split()
-            rows.append((code, "" if where == "<root>" else where, lineno))
-    return sorted(rows)
-
-
 def report_rows(source: Path, report: Any) -> list[tuple[str, str, str]]:
     rows = []
     for f in report.findings:
@@ -288,7 +267,7 @@ def test_device_map_fixture(source: Path, expected: Path, tmp_path: Path) -> Non
     assert expected.is_file(), f"{source.name} has no {expected.name} beside it"
     report = audit_fixture(source, tmp_path)
     assert report.engine == "simulated cuda"
-    assert report_rows(source, report) == read_rows(expected), report.notes
+    assert report_rows(source, report) == read_expected_lines(expected), report.notes
     assert not report.incomplete
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TESTS, fixture_cases, load_file
+from conftest import TESTS, fixture_cases, load_file, read_expected_lines
 from forward_helpers import ungrouped  # noqa: F401 (the fixture)
 
 import placecheck
@@ -31,16 +31,6 @@ CASES = fixture_cases(FIXTURES)
 FORWARD_CODES = ["PC101", "PC2"]
 
 pytestmark = [pytest.mark.usefixtures("ungrouped"), pytest.mark.cpu_build]
-
-
-def read_forward_expected(path: Path) -> list[tuple[str, str, str]]:
-    """``(code, where, line)`` rows of an ``.expected`` file, sorted; ``#`` comments skipped."""
-    rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if line.strip() and not line.startswith("#"):
-            code, where, lineno = line.split()
-            rows.append((code, "" if where == "<root>" else where, lineno))
-    return sorted(rows)
 
 
 def forward_rows(source: Path, report: placecheck.Report) -> list[tuple[str, str, str]]:
@@ -62,7 +52,7 @@ def fixture_inputs(source: Path) -> list[str]:
 
 
 def test_fixture_directory_has_every_forward_code() -> None:
-    codes = {row[0] for _, expected in (c.values for c in CASES) for row in read_forward_expected(expected)}
+    codes = {row[0] for _, expected in (c.values for c in CASES) for row in read_expected_lines(expected)}
     assert codes == {"PC101", "PC201", "PC202", "PC203", "PC204", "PC205", "PC206", "PC207"}
 
 
@@ -72,7 +62,7 @@ def test_forward_fixture(source: Path, expected: Path) -> None:
     model = load_file(source)
     report = placecheck.audit(model, device="cuda", select=FORWARD_CODES, inputs=fixture_inputs(source))
     assert report.engine.startswith("simulated cuda")
-    assert forward_rows(source, report) == read_forward_expected(expected), report.notes
+    assert forward_rows(source, report) == read_expected_lines(expected), report.notes
 
 
 @pytest.mark.parametrize("source, expected", CASES)
@@ -81,7 +71,7 @@ def test_forward_fixture_on_a_second_simulated_gpu_with_real_values(source: Path
     model = load_file(source)
     report = placecheck.audit(model, device="cuda:1", engine="tagged", select=FORWARD_CODES,
                               inputs=fixture_inputs(source))
-    assert forward_rows(source, report) == read_forward_expected(expected), report.notes
+    assert forward_rows(source, report) == read_expected_lines(expected), report.notes
     # a device-to-host copy that forward returns (PC204 tied to its PC206) is expected on the host
     assert all(f.expected == ("cpu" if f.code == "PC204" and f.origin else "cuda:1") for f in report.findings)
 
@@ -96,4 +86,4 @@ def test_forward_fixture_on_a_real_gpu_matches_the_simulation(source: Path, expe
     simulated = placecheck.audit(model, device="cuda", engine="tagged", select=FORWARD_CODES,
                                  inputs=fixture_inputs(source))
     assert real.engine == "cuda"
-    assert forward_rows(source, real) == forward_rows(source, simulated) == read_forward_expected(expected)
+    assert forward_rows(source, real) == forward_rows(source, simulated) == read_expected_lines(expected)

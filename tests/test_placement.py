@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn as nn
-from conftest import TESTS, fixture_cases, load_file
+from conftest import TESTS, fixture_cases, load_file, read_expected_lines
 from forward_helpers import ungrouped  # noqa: F401 (the fixture)
-from test_forward_fixtures import fixture_inputs, forward_rows, read_forward_expected
+from test_forward_fixtures import fixture_inputs, forward_rows
 from typer.testing import CliRunner
 
 import placecheck
@@ -38,7 +38,7 @@ def _audit(source: Path, engine: str = "auto", **kwargs: object) -> placecheck.R
 
 
 def test_every_multi_gpu_code_has_a_fixture() -> None:
-    codes = {row[0] for _, expected in (c.values for c in CASES) for row in read_forward_expected(expected)}
+    codes = {row[0] for _, expected in (c.values for c in CASES) for row in read_expected_lines(expected)}
     assert codes == {"PC101", "PC201", "PC202", "PC208"}
 
 
@@ -48,7 +48,7 @@ def test_placement_fixture(source: Path, expected: Path, engine: str) -> None:
     report = _audit(source, engine)
     assert report.engine.startswith("simulated cuda")
     assert report.device == "keep"
-    assert forward_rows(source, report) == read_forward_expected(expected), report.notes
+    assert forward_rows(source, report) == read_expected_lines(expected), report.notes
 
 
 def test_the_two_stage_bug_names_both_devices_and_both_stages() -> None:
