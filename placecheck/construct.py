@@ -30,10 +30,10 @@ from torch.nn.parameter import UninitializedBuffer, UninitializedParameter
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from placecheck.assignments import Assignments, build_recorded
+from placecheck.devices import human_bytes
 from placecheck.engine import Engine, move_model
 from placecheck.errors import LoadError, UsageError, one_line
 from placecheck.options import InitChoice
-from placecheck.report import human_bytes
 from placecheck.state import replace_tensors
 
 COMFORTABLE_FRACTION = 0.5

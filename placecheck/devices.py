@@ -52,6 +52,16 @@ DEVICE_MAP_HELP = f"{'|'.join(DEVICE_MAP_CHOICES)} or FILE.json"
 
 _UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+def human_bytes(n: int) -> str:
+    """``1536`` -> ``1.5 KiB``; binary units, one decimal."""
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{int(size)} B" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
 _SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([A-Za-z]+)$")
 SIZE_HELP = "a size such as 80GiB, 24GB or 512MiB (units B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)"
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from placecheck import problems
+from placecheck.devices import human_bytes
 from placecheck.finding import Finding, Severity
 
 EXIT_OK = 0
@@ -296,16 +297,6 @@ def plural(n: int, word: str) -> str:
     if word == "info":
         return f"{n} info"
     return f"{n} {word}" + ("" if n == 1 else "s")
-
-
-def human_bytes(n: int) -> str:
-    """``1536`` -> ``1.5 KiB``; binary units, one decimal."""
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if size < 1024 or unit == "TiB":
-            return f"{int(size)} B" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    raise AssertionError("unreachable")
 
 
 FAIL_ON_CHOICES = ("error", "warning", "info", "never")

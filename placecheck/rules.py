@@ -12,6 +12,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from placecheck.devices import human_bytes
 from placecheck.finding import Severity
 
 
@@ -378,7 +379,7 @@ def ping_pong(src: str, dst: str, nbytes: int, boundary: str, *, weights: str = 
     """PC208: a copy ``src`` -> ``dst`` of ``nbytes`` across ``boundary`` (``s1 -> s2``) moves the
     registered tensor ``weights`` (every call), or sends data back along ``route`` (the devices it went
     through, this copy's destination last)."""
-    size = _size(nbytes)
+    size = human_bytes(nbytes)
     if weights:
         return (f"registered tensor {weights!r} ({size}) is copied from {src} to {dst} on every forward "
                 f"({boundary}): its weights cross the interconnect each call",
@@ -398,19 +399,10 @@ def offloaded_weights(module: str, device: str, execution: str, nbytes: int,
     read = "read from disk and " if device == "disk" else ""
     plural = "s" if tensors != 1 else ""
     return (f"{module or '(root)'!r} is offloaded to {device} by the device map: accelerate's hooks "
-            f"{read}copy its {tensors} weight tensor{plural} ({_size(nbytes)}) to {execution} on every "
+            f"{read}copy its {tensors} weight tensor{plural} ({human_bytes(nbytes)}) to {execution} on every "
             "forward",
             "give it room on a GPU (more GPUs or GPU memory: --gpus, --gpu-memory; or a map that puts it on "
             "one): offloading saves GPU memory at the price of this copy on every call")
-
-
-def _size(nbytes: int) -> str:
-    size = float(nbytes)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{int(size)} B" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{nbytes} B"
 
 
 def dtensor_mixed(op: str, plain: str, dtensor: str) -> tuple[str, str]:

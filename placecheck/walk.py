@@ -27,9 +27,9 @@ import torch.nn as nn
 
 from placecheck import rules
 from placecheck.assignments import Assignments
+from placecheck.devices import human_bytes
 from placecheck.finding import Finding, Severity
 from placecheck.placement.expected import Placement
-from placecheck.report import human_bytes
 from placecheck.rules import rule
 from placecheck.state import MAX_DEPTH, MODULE_INTERNALS, Held, attributes, class_state, held
 from placecheck.state import reachable_tensors as reachable_tensors  # the API's copy uses it from here

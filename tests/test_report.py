@@ -6,8 +6,9 @@ import random
 
 import pytest
 
+from placecheck.devices import human_bytes
 from placecheck.finding import Finding, Severity
-from placecheck.report import EXIT_FINDINGS, EXIT_OK, Report, exit_code, human_bytes
+from placecheck.report import EXIT_FINDINGS, EXIT_OK, Report, exit_code
 
 MIB = 1024 * 1024
 

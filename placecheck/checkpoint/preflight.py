@@ -41,10 +41,10 @@ from placecheck.checkpoint.metadata import (
     top_level_keys,
 )
 from placecheck.checkpoint.pt2 import load_pt2_state_dict
-from placecheck.devices import normalize_device
+from placecheck.devices import human_bytes, normalize_device
 from placecheck.errors import LoadError, UsageError, one_line
 from placecheck.finding import Finding
-from placecheck.report import Report, human_bytes
+from placecheck.report import Report
 from placecheck.rules import rule, selected
 
 

@@ -41,12 +41,12 @@ import torch
 import torch.nn as nn
 
 from placecheck.cudaapi import cuda_queries_simulated
-from placecheck.devices import DEVICE_MAP_CHOICES, parse_size
+from placecheck.devices import DEVICE_MAP_CHOICES, human_bytes, parse_size
 from placecheck.errors import UsageError, one_line
 from placecheck.events import Copy
 from placecheck.finding import Finding
 from placecheck.placement.expected import Expected, Placement
-from placecheck.report import DeviceMap, StageRow, human_bytes
+from placecheck.report import DeviceMap, StageRow
 
 INSTALL_HINT = "pip install 'placecheck[accelerate]'"
 

@@ -52,9 +52,9 @@ import torch.nn as nn
 from torch._C import DisableTorchFunctionSubclass
 from torch.overrides import TorchFunctionMode
 
+from placecheck.devices import human_bytes
 from placecheck.errors import PlacecheckError, one_line
 from placecheck.finding import Finding, Severity
-from placecheck.report import human_bytes
 from placecheck.rules import rule
 from placecheck.run.sites import called_from_user, here, library_caller, names_of, raised_at
 from placecheck.tagged import SimulatedDeviceMismatchError, SimulatedTensor
