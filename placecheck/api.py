@@ -388,7 +388,8 @@ def _attempt(eng: Engine, opts: _Options) -> _Attempt:
     replica = opts.replica
     in_session = replica is not None and replica.placed
     construction = construct(opts.model, opts.init, dev,
-                             lambda m: _build(m, eng, opts.copy_model, in_session))
+                             lambda m: _build(m, eng, opts.copy_model, in_session),
+                             values_needed=not eng.fake)
     wrapper = unwrap(construction.model)[1] if replica is None else None
     if wrapper is not None:
         raise _WrapperBuilt(wrapper)
@@ -616,6 +617,8 @@ def _forward(model: nn.Module, eng: Engine, result: WalkResult, snapshot: Snapsh
             tracer.run(args, kwargs, train=train)
     except Exception as exc:
         why = classify.fake_limit(exc) if eng.fake else ""
+        if eng.fake and not why and not tracer.is_mismatch(exc):
+            why = _after_assumptions(exc)
         # code correct on a GPU that needs the real driver (an unsimulated torch.cuda API) is the
         # simulation's limit, not a PC207 against the user's code
         limit = classify.simulation_limit(exc) if eng.simulated and not why else ""
@@ -639,6 +642,21 @@ def _forward(model: nn.Module, eng: Engine, result: WalkResult, snapshot: Snapsh
     return _ForwardResult(findings, why, [*notes, *tracer.notes(), *assumption_notes()], handled, limit,
                           tracer.flows.copies if tracer.flows is not None else [],
                           assumed_branches=len(mode.branched()) if mode is not None else 0)
+
+
+def _after_assumptions(exc: BaseException) -> str:
+    """Why an error the forward raised on the fake engine is the simulation's, not the model's: it came
+    after ops that ran on assumed values (a size, a value read to the host), which real values may not
+    have given; "" when nothing was assumed. A device mismatch never depends on values and stays the
+    model's (the caller keeps it)."""
+    from placecheck.datadep import active
+
+    mode = active()
+    if mode is None or not mode.assumptions:
+        return ""
+    line = user_line(exc)
+    return (f"the forward raised {one_line(exc)}{f' at {line}' if line else ''} after ops that ran on "
+            "assumed values (see the notes), which real values may not give")
 
 
 @contextlib.contextmanager

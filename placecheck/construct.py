@@ -103,13 +103,16 @@ def construct(
     init: InitChoice,
     device: str,
     build: Callable[[Any], nn.Module],
+    values_needed: bool = True,
 ) -> Construction:
     """Build the audit's model as ``init`` says.
 
     ``build`` is the audit's own builder (it copies instances and answers
     ``torch.cuda`` queries for the simulated GPUs); here it is called with
     ``model`` for a CPU build, or with a factory that builds under the meta
-    device.
+    device. ``values_needed`` False (the fake engine, whose move keeps no
+    values) lets a CPU build zero its large tensors instead of drawing
+    random values into them (:class:`_ZeroLargeRandomFills`).
     """
     if isinstance(model, nn.Module):
         if init is InitChoice.META:
@@ -120,7 +123,8 @@ def construct(
         raise UsageError("--init meta cannot tell moved tensors from unmoved ones when the "
                          "target is meta itself: use --device cuda, or --init cpu")
     if init is InitChoice.CPU or device == "meta":
-        return _built(build, model, note="init: cpu (as requested)" if init is InitChoice.CPU else "")
+        return _built(build, model, note="init: cpu (as requested)" if init is InitChoice.CPU else "",
+                      values_needed=values_needed)
 
     def on_meta() -> nn.Module:
         with torch.device("meta"), _NoValueFillsOnMeta():  # type: ignore[no-untyped-call]
@@ -133,7 +137,8 @@ def construct(
             raise LoadError(f"building the model on the meta device raised {one_line(exc)}: "
                             "use --init cpu (--debug shows the traceback)") from exc
         return _built(build, model, note=f"init: cpu (auto: building on the meta device raised "
-                                         f"{one_line(exc)}; built on the CPU instead)")
+                                         f"{one_line(exc)}; built on the CPU instead)",
+                      values_needed=values_needed)
     if init is InitChoice.META:
         return Construction(meta_model, on_meta=True, note=f"init: meta (as requested): {_META_NOTE}",
                             assignments=meta_assignments)
@@ -141,7 +146,7 @@ def construct(
     sizes = f"{human_bytes(need)} of parameters and buffers, {human_bytes(have)} of memory available"
     if need <= COMFORTABLE_FRACTION * have:
         del meta_model, meta_assignments
-        return _built(build, model, note=f"init: cpu (auto: {sizes})")
+        return _built(build, model, note=f"init: cpu (auto: {sizes})", values_needed=values_needed)
     return Construction(meta_model, on_meta=True,
                         note=f"init: meta (auto: {sizes}, too much to build on the CPU): {_META_NOTE}",
                         assignments=meta_assignments)
@@ -156,6 +161,7 @@ _FLOATING_VALUE_FILLS = frozenset({
     _aten.random_.to, _aten.exponential_.default, _aten.bernoulli_.float, _aten.log_normal_.default,
     _aten.cauchy_.default, _aten.geometric_.default, _aten.erfinv_.default, _aten.clamp_.default,
 })
+_RANDOM_FILLS = frozenset(op for op in _FLOATING_VALUE_FILLS if torch.Tag.nondeterministic_seeded in op.tags)
 
 
 class _NoValueFillsOnMeta(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch's mode is untyped
@@ -179,9 +185,44 @@ class _NoValueFillsOnMeta(TorchDispatchMode):  # type: ignore[no-untyped-call]  
         return func(*args, **(kwargs or {}))
 
 
-def _built(build: Callable[[Any], nn.Module], factory: Callable[[], nn.Module], note: str) -> Construction:
+class _ZeroLargeRandomFills(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch's mode is untyped
+    """A CPU build for the fake engine zeroes its large floating tensors instead of drawing random values.
+
+    Drawing the initial weights (``kaiming_uniform_``, ``normal_``...) is most
+    of a CPU build: about three quarters of building regnet_y_128gf. The fake
+    engine's ``.to()`` keeps no values, and its data-dependent handling
+    (:mod:`placecheck.datadep`) keeps the values of tensors up to
+    ``KNOWN_BYTES_LIMIT`` only; so the tensors above it are zeroed (a
+    memset), as a meta build's unmoved tensors are, and the small ones keep
+    their random values. Shapes, dtypes, devices and autograd are the fill's.
+    """
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.limit = limit
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        if func in _RANDOM_FILLS and args:
+            t = args[0]
+            if (isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.is_floating_point()
+                    and t.nelement() * t.element_size() > self.limit):
+                return t.zero_()
+        return func(*args, **(kwargs or {}))
+
+
+def _built(build: Callable[[Any], nn.Module], factory: Callable[[], nn.Module], note: str,
+           values_needed: bool = True) -> Construction:
     """A CPU build by ``factory``, recording where the user's code assigned each module attribute."""
-    model, assignments = build_recorded(lambda: build(factory))
+    from placecheck.datadep import KNOWN_BYTES_LIMIT
+
+    def built() -> nn.Module:
+        if values_needed:
+            return build(factory)
+        with _ZeroLargeRandomFills(KNOWN_BYTES_LIMIT):
+            return build(factory)
+
+    model, assignments = build_recorded(built)
     return Construction(model, on_meta=False, note=note, assignments=assignments)
 
 

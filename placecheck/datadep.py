@@ -84,18 +84,33 @@ class Assumption:
 
 _Handler = Callable[["DataDependentMode", Any, tuple[Any, ...], dict[str, Any]], Any]
 _Args = tuple[Any, ...]
-_HANDLERS: dict[Any, _Handler] = {}
+_HANDLERS: dict[Any, _Handler | None] = {}
+"""op overload -> its handler (None: it has none, looked up once by name)."""
+_NAMED_HANDLERS: dict[str, _Handler] = {}
+"""Handlers of ops from libraries torch does not import itself, by schema name (``torchvision::nms``)."""
 
 
 def _handles(*ops: Any) -> Callable[[_Handler], _Handler]:
-    """Register a handler for ``ops`` (aten overloads); a second handler for one op is refused."""
+    """Register a handler for ``ops`` (aten overloads, or schema names of other libraries' ops, which
+    may not be loaded yet); a second handler for one op is refused."""
     def register(handler: _Handler) -> _Handler:
         for op in ops:
-            if op in _HANDLERS:
+            table: dict[Any, Any] = _NAMED_HANDLERS if isinstance(op, str) else _HANDLERS
+            if op in table:
                 raise ValueError(f"{op} already has a data-dependent handler")
-            _HANDLERS[op] = handler
+            table[op] = handler
         return handler
     return register
+
+
+def _handler(func: Any) -> _Handler | None:
+    try:
+        return _HANDLERS[func]
+    except KeyError:
+        schema = getattr(func, "_schema", None)
+        handler = _NAMED_HANDLERS.get(schema.name) if schema is not None else None
+        _HANDLERS[func] = handler
+        return handler
 
 
 # Factories whose values are not defined (empty) or not worth computing; random ones are
@@ -155,7 +170,7 @@ class DataDependentMode(TorchDispatchMode):  # type: ignore[no-untyped-call]  # 
         kwargs = kwargs or {}
         if func in _META_OPS:
             return func(*args, **kwargs)
-        handler = _HANDLERS.get(func)
+        handler = _handler(func)
         if handler is not None:
             return handler(self, func, args, kwargs)
         out = func(*args, **kwargs)
@@ -516,6 +531,20 @@ def _bincount(mode: DataDependentMode, func: Any, args: tuple[Any, ...], kwargs:
         return _as_fake(mode, counts, source, assumption)
     size = max(minlength, REPRESENTATIVE + 1)
     return mode._fake_empty((size,), source, weights.dtype)
+
+
+@_handles("torchvision::nms")
+def _nms(mode: DataDependentMode, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """torchvision's ``nms(boxes, scores, iou_threshold)``: the indices of the boxes kept, by score;
+    exact when known, else every box assumed kept (the largest shape), in their order."""
+    boxes, scores = args[0], args[1]
+    done, result = _exact(mode, func, args, kwargs, [boxes, scores], "nms()")
+    if done:
+        return _as_fake(mode, result[0], boxes, result[1])
+    assumption = mode._assume("every box is kept (the largest shape)", func, op="nms()")
+    with on_host():
+        kept = torch.arange(boxes.shape[0], dtype=torch.int64)
+    return _as_fake(mode, kept, boxes, assumption)
 
 
 @_handles(aten._local_scalar_dense.default)

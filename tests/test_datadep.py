@@ -192,3 +192,45 @@ def test_tiny_configs_run_on_the_fake_engine_with_the_real_valued_engines_findin
         {(f.code, f.where, f.source) for f in tagged.findings}
     auto = placecheck.audit(factory, "cuda", init="meta", inputs=inputs)
     assert auto.engine == "simulated cuda"  # no fallback to the real-valued engine
+
+
+@_NEEDS_FAKE_CUDA_FACTORIES
+def test_nms_of_unknown_scores_keeps_every_box_and_says_so(mode: DataDependentMode) -> None:
+    pytest.importorskip("torchvision")
+    from torchvision.ops import nms
+
+    boxes, scores = _unknown(5, 4), _unknown(5)
+    kept = nms(boxes, scores, 0.5)
+    assert kept.device.type == "cuda" and tuple(kept.shape) == (5,) and kept.dtype == torch.int64
+    (assumption,) = [a for a in mode.assumptions if a.op == "nms()"]
+    # the line is the innermost frame outside torch: torchvision's nms wrapper, which calls the op
+    assert "every box is kept" in assumption.what and "torchvision/ops/boxes.py:" in assumption.line
+    # boxes from host data: the real nms runs, no assumption
+    mode.reset()
+    known = torch.tensor([[0.0, 0, 10, 10], [1, 1, 10, 10], [20, 20, 30, 30]]).to("cuda")
+    assert nms(known, torch.tensor([0.9, 0.8, 0.7]).to("cuda"), 0.5).tolist() == [0, 2]
+    assert mode.notes() == []
+
+
+class SizedByAValue(nn.Module):
+    """A size read from a weight-derived value, as torchvision's mask paste reads box corners: right for
+    any real weights (12), wrong for the value the fake engine assumes (1), where the view raises."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        k = int((self.lin(x) * 0 + 3).sum())
+        return x.new_ones(k).view(3, 4)
+
+
+def test_an_error_after_assumed_values_is_the_simulations_limit_not_a_pc207() -> None:
+    fake = placecheck.audit(SizedByAValue, "cuda", engine="fake", init="meta", inputs=["float32[1,4]"],
+                            ignore=["PC204"])
+    assert not [f for f in fake.findings if f.code == "PC207"]
+    assert "fake tensors stopped" in fake.incomplete
+    assert "after ops that ran on assumed values" in fake.incomplete
+    auto = placecheck.audit(SizedByAValue, "cuda", init="meta", inputs=["float32[1,4]"], ignore=["PC204"])
+    assert auto.engine.startswith("simulated cuda (real values)") and not auto.incomplete
+    assert any("after ops that ran on assumed values" in n for n in auto.notes)

@@ -404,3 +404,38 @@ def test_the_move_of_a_meta_build_makes_fake_cuda_tensors_without_a_copy_per_ten
         assert t.device == torch.device("cuda:0") and type(t).__name__ in ("FakeTensor", "Parameter"), name
     assert isinstance(moved[0].weight, nn.Parameter) and moved[0].weight.requires_grad
     assert moved.steps.shape == (5, 3) and moved.steps.stride() == (1, 5)
+
+
+def test_a_cpu_build_for_the_fake_engine_zeroes_large_random_fills_only() -> None:
+    def build() -> nn.Module:
+        return nn.Sequential(nn.Linear(1024, 1024), nn.Linear(8, 8))  # 4 MiB weight, then 256 B
+
+    seen: dict[str, Any] = {}
+
+    def record(model: nn.Module) -> nn.Module:
+        built = model()
+        seen.update(big=built[0].weight.detach().clone(), small=built[1].weight.detach().clone())
+        return built
+
+    construct.construct(build, construct.InitChoice.CPU, "cuda", record, values_needed=False)
+    assert seen["big"].count_nonzero() == 0  # above datadep.KNOWN_BYTES_LIMIT: zeroed, not drawn
+    assert seen["small"].count_nonzero() == 64  # small tensors keep random values (datadep reads them)
+    construct.construct(build, construct.InitChoice.CPU, "cuda", record)  # a real-valued engine
+    assert seen["big"].count_nonzero() > 1000
+    refused = pytest.raises(RuntimeError, match="leaf Variable that requires grad")
+    with construct._ZeroLargeRandomFills(0), refused:
+        nn.Parameter(torch.empty(2)).normal_()  # autograd still refuses it, as on a plain CPU build
+
+
+def test_the_fake_engine_audit_builds_without_drawing_large_weights(monkeypatch: pytest.MonkeyPatch) -> None:
+    values: list[bool] = []
+    real_built = construct._built
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        values.append(kwargs.get("values_needed", True))
+        return real_built(*args, **kwargs)
+
+    monkeypatch.setattr(construct, "_built", spy)
+    audit(lambda: nn.Linear(4, 4), "cuda", engine="fake", init="cpu", forward=False)
+    audit(lambda: nn.Linear(4, 4), "cuda", engine="tagged", init="cpu", forward=False)
+    assert values == [False, True]
