@@ -39,6 +39,7 @@ import functools
 import os
 import sys
 import typing
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import FrameType
@@ -147,6 +148,8 @@ class DataDependentMode(TorchDispatchMode):  # type: ignore[no-untyped-call]  # 
         self.fake_mode = fake_mode
         self.known: WeakIdKeyDictionary = WeakIdKeyDictionary()
         """fake tensor -> (its real CPU values, the assumption they rest on or None)."""
+        self._views: dict[int, list[weakref.ref[torch.Tensor]]] = {}
+        """storage (``_cdata``) -> the known fake tensors on it, so that a write forgets them at once."""
         self.assumptions: dict[Assumption, int] = {}
         """Each assumption made -> how many times."""
         self._fake_type: type[torch.Tensor] = _fake_tensor_type()
@@ -194,14 +197,33 @@ class DataDependentMode(TorchDispatchMode):  # type: ignore[no-untyped-call]  # 
             self.known.pop(fake, None)  # type: ignore[no-untyped-call]
             return
         self.known[fake] = (real, assumption)
+        self._views.setdefault(fake.untyped_storage()._cdata, []).append(weakref.ref(fake))
+
+    def take(self, t: torch.Tensor) -> tuple[torch.Tensor, Assumption | None] | None:
+        """Forget ``t``'s values and return them (None when unknown), leaving no weak reference to ``t``:
+        ``torch.utils.swap_tensors`` refuses a tensor that has one. :meth:`give` puts them back."""
+        value: tuple[torch.Tensor, Assumption | None] | None = self.known.pop(t, None)  # type: ignore[no-untyped-call]
+        if value is not None and isinstance(t, self._fake_type):
+            storage = t.untyped_storage()._cdata
+            refs = [ref for ref in self._views.get(storage, ()) if ref() is not t]
+            if refs:
+                self._views[storage] = refs
+            else:
+                self._views.pop(storage, None)
+        return value
+
+    def give(self, t: torch.Tensor, value: tuple[torch.Tensor, Assumption | None]) -> None:
+        """``t``'s values are ``value`` again (what :meth:`take` returned)."""
+        self._keep(t, *value)
 
     def _forget(self, fake: Any) -> None:
         """``fake`` was written with values not known: forget it and every known view of its storage."""
         if not isinstance(fake, self._fake_type) or not len(self.known):
             return
-        storage = fake.untyped_storage()._cdata
-        for other in [k for k in self.known if k.untyped_storage()._cdata == storage]:
-            self.known.pop(other, None)  # type: ignore[no-untyped-call]
+        for ref in self._views.pop(fake.untyped_storage()._cdata, ()):
+            other = ref()
+            if other is not None:
+                self.known.pop(other, None)  # type: ignore[no-untyped-call]
 
     def _real(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
               values: dict[int, torch.Tensor]) -> Any:

@@ -181,7 +181,7 @@ def simulated_cuda(gpus: int = 1, fake_mode: Any = None) -> Iterator[Any]:
     from placecheck.datadep import DataDependentMode  # runs nonzero, .item()... with stated assumptions
 
     datadep = DataDependentMode(mode)
-    with cuda_queries_simulated(gpus), _fake_parameters_swappable(datadep.known), mode, moves, datadep:
+    with cuda_queries_simulated(gpus), _fake_parameters_swappable(datadep), mode, moves, datadep:
         yield mode
 
 
@@ -210,23 +210,24 @@ def _fake_parameters_swappable(known: Any = None) -> Iterator[None]:
     the entry is dropped before the swap. The swap keeps each Parameter object,
     as ``.to()`` does on a real GPU.
 
-    ``known`` (the data-dependent mode's table of fake tensors whose values it
-    knows, a ``WeakIdKeyDictionary``) holds a weak reference too, to a weight
+    ``known`` (the data-dependent mode, which keeps the values of some fake
+    tensors) holds weak references too, to a weight
     initialised to known values (a zeroed bias: a model that places its own
     stages with ``.to("cuda:1")`` in ``__init__``, such as transformers' GPT-2
     split by hand); its entries are taken out for the swap and put back on the
-    swapped objects, so the values stay known.
+    swapped objects (:meth:`~placecheck.datadep.DataDependentMode.take` and
+    ``give``), so the values stay known.
     """
     real_swap: Callable[[torch.Tensor, torch.Tensor], None] = torch.utils.swap_tensors
 
     def swap(t1: torch.Tensor, t2: torch.Tensor) -> None:
         _forget_fake_memo(t1)
         _forget_fake_memo(t2)
-        values = [known.pop(t, None) if known is not None else None for t in (t1, t2)]
+        values = [known.take(t) if known is not None else None for t in (t1, t2)]
         real_swap(t1, t2)
         for t, value in zip((t2, t1), values, strict=True):  # each object now holds the other's contents
             if value is not None:
-                known[t] = value
+                known.give(t, value)
 
     with mock.patch.object(torch.utils, "swap_tensors", swap):
         yield
@@ -269,17 +270,31 @@ class _FakeCudaMoves(TorchFunctionMode):
     same; fake tensors hold no values) and the result made a fake CUDA tensor.
     The tracer's mode, entered later, has checked the devices before this runs.
 
-    ``meta_only`` (a build with CUDA support): only moves of meta tensors to
-    CUDA are made here, the move of a model built on the meta device; a meta
-    tensor holds no data, so the fake CUDA tensor made from its shape and
-    strides is what ``_to_copy`` would give, without a decomposition through
-    the fake mode per parameter. A ``memory_format`` is left to torch.
+    ``model_move`` (a build with CUDA support): only the moves of
+    ``model.to()`` are made here, of meta tensors and of plain contiguous CPU
+    tensors to CUDA; a fake CUDA tensor holds no data, so the one made from
+    the source's shape and strides is what ``_to_copy`` would give, without
+    converting the source into the fake mode and decomposing the copy per
+    parameter. The values of a small CPU source are still handed to the
+    data-dependent mode (:mod:`placecheck.datadep`), as its ``_to_copy``
+    would have been. A ``memory_format`` and anything else are left to torch.
     """
 
-    def __init__(self, fake_mode: Any, meta_only: bool = False) -> None:
+    def __init__(self, fake_mode: Any, model_move: bool = False) -> None:
         super().__init__()
         self.fake_mode = fake_mode
-        self.meta_only = meta_only
+        self.model_move = model_move
+
+    def _shortcut(self, source: torch.Tensor, kwargs: dict[str, Any]) -> bool:
+        """Whether this move of ``source`` is made here (always on a CPU-only build)."""
+        if not self.model_move:
+            return True
+        if "memory_format" in kwargs:
+            return False
+        if source.device.type == "meta":
+            return True
+        return (source.device.type == "cpu" and type(source) in (torch.Tensor, nn.Parameter)
+                and source.layout == torch.strided and not source.is_quantized and source.is_contiguous())
 
     def _on_meta(self, value: Any) -> Any:
         """``value`` with every fake CUDA tensor in it (one level of tuples/lists) a fake meta one."""
@@ -300,7 +315,7 @@ class _FakeCudaMoves(TorchFunctionMode):
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
         if func in (torch.Tensor.to, torch.Tensor.cuda) and args and isinstance(args[0], torch.Tensor) \
-                and (not self.meta_only or (args[0].device.type == "meta" and "memory_format" not in kwargs)):
+                and self._shortcut(args[0], kwargs):
             dest = move_destination(func, args, kwargs)
             if dest is not None and dest.type == "cuda":
                 source: torch.Tensor = args[0]
@@ -311,11 +326,25 @@ class _FakeCudaMoves(TorchFunctionMode):
                 moved = _fake_on(self.fake_mode, source, dest, dtype)
                 if source.requires_grad and torch.is_grad_enabled():
                     moved.requires_grad_(True)
+                if self.model_move and source.device.type == "cpu":
+                    _known_values(moved, source, dtype)
                 return moved
-        if not self.meta_only and func in (torch.Tensor.__getitem__, torch.Tensor.__setitem__) and args \
+        if not self.model_move and func in (torch.Tensor.__getitem__, torch.Tensor.__setitem__) and args \
                 and isinstance(args[0], torch.Tensor) and args[0].device.type == "cuda":
             return self._index(func, args)
         return func(*args, **kwargs)
+
+
+def _known_values(moved: torch.Tensor, source: torch.Tensor, dtype: torch.dtype) -> None:
+    """Tell the data-dependent mode the values of ``moved``, a fake copy of the real CPU tensor ``source``."""
+    from placecheck.datadep import KNOWN_BYTES_LIMIT, active, on_host
+
+    mode = active()
+    if mode is None or source.nelement() * source.element_size() > KNOWN_BYTES_LIMIT:
+        return
+    with on_host():
+        values = source.detach().to(dtype=dtype, copy=True)
+    mode._keep(moved, values, None)
 
 
 @contextlib.contextmanager
@@ -362,15 +391,15 @@ def move_model(model: nn.Module, engine: Engine) -> nn.Module:
         for name, buffer in module._buffers.items():
             if isinstance(buffer, UninitializedBuffer):
                 module._buffers[name] = _fake_on_same_device(buffer)
-    # A meta-built model's parameters become fake CUDA tensors straight from their shapes (the
-    # session's own moves do that on a CPU-only build): torch's _to_copy per parameter costs some 30
-    # times more, most of the audit of a model with thousands of experts.
+    # The parameters become fake CUDA tensors straight from their shapes (the session's own moves do
+    # that on a CPU-only build): torch's _to_copy per parameter costs some 30 times more, most of the
+    # audit of a model with thousands of experts, and half of a CPU-built convnet's.
     from torch._guards import active_fake_mode
 
     fake_mode = active_fake_mode()
-    meta_moves = (_FakeCudaMoves(fake_mode, meta_only=True) if fake_mode is not None and not CPU_ONLY_BUILD
-                  else contextlib.nullcontext())
-    with _each_module_applied_once(), meta_moves:
+    moves = (_FakeCudaMoves(fake_mode, model_move=True) if fake_mode is not None and not CPU_ONLY_BUILD
+             else contextlib.nullcontext())
+    with _each_module_applied_once(), moves:
         moved = model.to(engine.device)
     return moved if isinstance(moved, nn.Module) else model
 

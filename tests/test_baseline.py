@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner, Result
 
 from placecheck import baseline
+from placecheck.cli import app
 from placecheck.errors import UsageError
 from placecheck.finding import Finding, Severity
 from placecheck.report import Report
@@ -87,24 +87,29 @@ def test_bad_baseline_files(tmp_path: Path, content: str | None, message: str) -
         baseline.read(path)
 
 
-def test_cli_adopts_then_fails_only_on_new_findings(tmp_path: Path) -> None:
+def test_cli_adopts_then_fails_only_on_new_findings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # in-process (CliRunner), as the command line would run it from tmp_path: the edited file is
+    # imported again each time (load.py keys file modules by mtime and size)
+    monkeypatch.chdir(tmp_path)
     net = tmp_path / "net.py"
     net.write_text("import torch\nimport torch.nn as nn\n\n\nclass Net(nn.Module):\n"
                    "    def __init__(self):\n        super().__init__()\n"
                    "        self.fc = nn.Linear(4, 4)\n        self.mask = torch.ones(4)\n")
     path = tmp_path / "baseline.json"
 
-    def placecheck(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "placecheck", "audit", f"{net}:Net", "--select", "PC1",
-                               *args], capture_output=True, text=True, cwd=tmp_path)
+    def placecheck(*args: str) -> Result:
+        result = CliRunner().invoke(app, ["audit", f"{net}:Net", "--select", "PC1", *args])
+        assert not isinstance(result.exception, Exception) or isinstance(result.exception, SystemExit), \
+            result.exception
+        return result
 
     adopt = placecheck("--write-baseline", str(path))
-    assert adopt.returncode == 0, adopt.stderr
+    assert adopt.exit_code == 0, adopt.stderr
     assert "placecheck: recorded 1 finding in" in adopt.stderr
-    assert placecheck("--baseline", str(path)).returncode == 0
+    assert placecheck("--baseline", str(path)).exit_code == 0
     net.write_text(net.read_text() + "        self.extra = [nn.Linear(4, 4)]\n")
     new = placecheck("--baseline", str(path), "--format", "json")
-    assert new.returncode == 1
+    assert new.exit_code == 1
     assert [f["code"] for f in json.loads(new.stdout)["findings"]] == ["PC102"]
     net.write_text(net.read_text().replace("self.mask = torch.ones(4)", "pass"))
     fixed = placecheck("--baseline", str(path))

@@ -91,6 +91,15 @@ def test_an_unknown_write_forgets_known_values(mode: DataDependentMode) -> None:
     assert any("the value 1" in n for n in mode.notes())  # no longer the stale 0
 
 
+def test_an_unknown_write_forgets_every_known_view_of_the_storage(mode: DataDependentMode) -> None:
+    counts = torch.zeros(4, device="cuda", dtype=torch.long)
+    head = counts[:2]  # a view: its values are known too
+    assert head.sum().item() == 0 and not mode.notes()
+    counts.add_(_unknown(4).long())  # written with unknown values, through the base
+    head.sum().item()
+    assert any("the value 1" in n for n in mode.notes())  # the view's stale zeros are gone
+
+
 def _line_of(text: str) -> int:
     lines = Path(__file__).read_text(encoding="utf-8").splitlines()
     (line,) = [i + 1 for i, s in enumerate(lines) if text in s and "_line_of" not in s]

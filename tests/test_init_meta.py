@@ -439,3 +439,24 @@ def test_the_fake_engine_audit_builds_without_drawing_large_weights(monkeypatch:
     audit(lambda: nn.Linear(4, 4), "cuda", engine="fake", init="cpu", forward=False)
     audit(lambda: nn.Linear(4, 4), "cuda", engine="tagged", init="cpu", forward=False)
     assert values == [False, True]
+
+
+def test_the_move_of_a_cpu_build_makes_fake_cuda_tensors_and_keeps_small_values_known() -> None:
+    from placecheck.datadep import active
+
+    model = nn.Sequential(nn.Linear(4, 6), nn.Linear(512, 1024))  # 96 B weight, then a 2 MiB one
+    model.register_buffer("steps", torch.arange(15.0).reshape(3, 5).t().contiguous())
+    before = model[0].weight.detach().clone()
+    engine = choose_engine("cuda", EngineChoice.FAKE)
+    with engine.session(), _RecordOps() as record:
+        moved = move_model(model, engine)
+        mode = active()
+        assert mode is not None
+        small, _ = mode.value(moved[0].weight)
+        big, _ = mode.value(moved[1].weight)
+        steps, _ = mode.value(moved.steps)
+    assert torch.ops.aten._to_copy.default not in record.ops
+    assert moved[0].weight.device == torch.device("cuda:0") and isinstance(moved[0].weight, nn.Parameter)
+    assert small is not None and torch.equal(small, before)
+    assert big is None  # over datadep.KNOWN_BYTES_LIMIT: unknown, as after torch's own _to_copy
+    assert steps is not None and steps.tolist() == torch.arange(15.0).reshape(3, 5).t().tolist()
