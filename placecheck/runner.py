@@ -41,7 +41,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 from placecheck.config import ISOLATION_CHOICES, PROGRESS_CHOICES, ModelConfig, RunConfig, apply_allows
 from placecheck.devices import normalize_device
@@ -257,23 +257,34 @@ def _server_command(modules: list[str]) -> list[str]:
     return [sys.executable, "-m", "placecheck.worker", "--serve", json.dumps(modules)]
 
 
-class _ServerGone(Exception):
+class ServerGone(Exception):
     """The fork server's pipe closed: the server died."""
 
 
-class _ForkServer:
+class ChildFiles(Protocol):
+    """The three files of one forked child: what it reads, what it writes, and its stderr."""
+
+    @property
+    def spec(self) -> Path: ...
+    @property
+    def result(self) -> Path: ...
+    @property
+    def stderr(self) -> Path: ...
+
+
+class ForkServer:
     """One warm server process (``python -m placecheck.worker --serve``) and its line protocol."""
 
-    def __init__(self, modules: list[str], workdir: str | None) -> None:
+    def __init__(self, modules: list[str], workdir: str | None, env: dict[str, str] | None = None) -> None:
         self._log = tempfile.TemporaryFile()  # noqa: SIM115 - open as long as the server lives
         self.process = subprocess.Popen(
             _server_command(modules), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
-            cwd=workdir, start_new_session=True, bufsize=0)
+            cwd=workdir, env=env, start_new_session=True, bufsize=0)
         self._buffer = b""
         self._ready = False
 
     def _line(self, seconds: float) -> str | None:
-        """The server's next line; None when none came within ``seconds``; _ServerGone at its end."""
+        """The server's next line; None when none came within ``seconds``; ServerGone at its end."""
         assert self.process.stdout is not None
         fd = self.process.stdout.fileno()
         deadline = time.monotonic() + seconds
@@ -283,31 +294,37 @@ class _ForkServer:
                 return None
             chunk = os.read(fd, 4096)
             if not chunk:
-                raise _ServerGone
+                raise ServerGone
             self._buffer += chunk
         line, _, self._buffer = self._buffer.partition(b"\n")
         return line.decode()
 
     def warm_up(self) -> None:
-        """Wait until the server has imported everything; _ServerGone when it never does."""
+        """Wait until the server has imported everything; ServerGone when it never does."""
         if not self._ready:
             if self._line(_WARM_UP_S) != "ready":
-                raise _ServerGone
+                raise ServerGone
             self._ready = True
 
-    def run(self, files: _Files, timeout: float, threads: int) -> int | None:
-        """Fork one model's child and wait for it; its exit status, or None when stopped at ``timeout``."""
+    def run(self, files: ChildFiles, timeout: float, threads: int, entry: str = "") -> int | None:
+        """Fork one child and wait for it; its exit status, or None when stopped at ``timeout``.
+
+        The child runs one model's audit, or ``entry`` (``placecheck.MODULE:FUNCTION``, given the spec
+        and result paths) when one is named.
+        """
         self.warm_up()
         assert self.process.stdin is not None
-        request = {"spec": str(files.spec), "result": str(files.result), "stderr": str(files.stderr),
-                   "threads": threads}
+        request: dict[str, Any] = {"spec": str(files.spec), "result": str(files.result),
+                                   "stderr": str(files.stderr), "threads": threads}
+        if entry:
+            request["entry"] = entry
         try:
             self.process.stdin.write((json.dumps(request) + "\n").encode())
         except OSError:
-            raise _ServerGone from None
+            raise ServerGone from None
         started = self._line(_REPLY_S)
         if started is None or not started.startswith("started "):
-            raise _ServerGone
+            raise ServerGone
         pid = int(started.split()[1])
         try:
             exited = self._line(timeout)
@@ -315,9 +332,9 @@ class _ForkServer:
                 _kill_group(pid)
                 exited = self._line(_REPLY_S)
                 if exited is None:
-                    raise _ServerGone
+                    raise ServerGone
                 return None
-        except _ServerGone:
+        except ServerGone:
             _kill_group(pid)
             raise
         return int(exited.split()[1])
@@ -363,8 +380,8 @@ class WarmPool:
         # of a model with random weights can then flip (retinanet's box filtering did, at 1 thread).
         # The server runs no torch op, so no OpenMP pool exists before the fork to hang the child.
         self.threads = 0
-        self._idle: queue.SimpleQueue[_ForkServer] = queue.SimpleQueue()
-        self._servers: list[_ForkServer] = []
+        self._idle: queue.SimpleQueue[ForkServer] = queue.SimpleQueue()
+        self._servers: list[ForkServer] = []
         self._lock = threading.Lock()
         self._note = on_note
         self._broken = False
@@ -376,16 +393,16 @@ class WarmPool:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _checkout(self) -> _ForkServer:
+    def _checkout(self) -> ForkServer:
         try:
             return self._idle.get_nowait()
         except queue.Empty:
-            server = _ForkServer(self.modules, self.workdir)
+            server = ForkServer(self.modules, self.workdir)
             with self._lock:
                 self._servers.append(server)
             return server
 
-    def _discard(self, server: _ForkServer) -> str:
+    def _discard(self, server: ForkServer) -> str:
         tail = server.stderr_tail()
         server.close()
         with self._lock:
@@ -400,7 +417,7 @@ class WarmPool:
             server = self._checkout()
             try:
                 server.warm_up()
-            except _ServerGone:
+            except ServerGone:
                 tail = self._discard(server)
                 with self._lock:
                     first, self._broken = not self._broken, True
@@ -410,7 +427,7 @@ class WarmPool:
                 return audit_in_subprocess(model, timeout, workdir or self.workdir)
             try:
                 returncode = server.run(files, timeout, self.threads)
-            except _ServerGone:
+            except ServerGone:
                 tail = self._discard(server)
                 return ModelOutcome(model, _incomplete(
                     model, "error", "the warm worker process stopped during this audit; rerun with "

@@ -18,7 +18,9 @@ parallel op. The server therefore only imports, and each child keeps torch's def
 count, as a fresh interpreter would (a request may set another, ``threads``).
 
 The server speaks a line protocol over its stdin/stdout: it writes ``ready`` once warm;
-for each request line (JSON: ``spec``, ``result``, ``stderr``, ``threads``) it forks,
+for each request line (JSON: ``spec``, ``result``, ``stderr``, ``threads``, and ``entry``
+when the child runs another of placecheck's entry points than :func:`child_main`, as
+``placecheck fix``'s proofs do) it forks,
 writes ``started PID``, waits for the child and writes ``exited STATUS`` (negative: killed
 by that signal). The parent enforces timeouts by killing the child's process group (each
 child starts its own session). This module imports torch only inside the processes it runs.
@@ -26,6 +28,7 @@ child starts its own session). This module imports torch only inside the process
 
 from __future__ import annotations
 
+import gc
 import importlib
 import importlib.util
 import json
@@ -154,7 +157,7 @@ def _fork_child(request: dict[str, Any], protocol: int) -> int:
             import torch
 
             torch.set_num_threads(int(threads))
-        status = child_main(request["spec"], request["result"])
+        status = _entry(request.get("entry"))(request["spec"], request["result"])
     except BaseException:  # nothing may return into the server's loop
         import traceback
 
@@ -166,12 +169,27 @@ def _fork_child(request: dict[str, Any], protocol: int) -> int:
             os._exit(status)
 
 
+def _entry(name: str | None) -> Any:
+    """The function a request runs in its child: :func:`child_main`, or the ``placecheck.MODULE:FUNCTION``
+    it names (called with the request's two paths; returns the exit status). Only placecheck's own."""
+    if not name:
+        return child_main
+    module, _, function = name.partition(":")
+    if module.split(".")[0] != "placecheck" or not function:
+        raise ValueError(f"the server runs placecheck's own entry points only, not {name!r}")
+    return getattr(importlib.import_module(module), function)
+
+
 def serve(modules: list[str]) -> int:
     """The fork server's loop (see the module docstring); returns when its stdin closes."""
     # The protocol gets its own copy of stdout; what imports print goes to stderr instead.
     protocol = os.dup(1)
     os.dup2(2, 1)
     preload(modules)
+    # What the imports made is moved out of the collector's reach: a child's collections then skip
+    # it instead of walking (and so copying, page by page) the server's whole heap.
+    gc.collect()
+    gc.freeze()
 
     def say(line: str) -> None:
         os.write(protocol, (line + "\n").encode())

@@ -138,6 +138,40 @@ def test_proof_runs_in_a_fresh_interpreter_where_this_process_cannot_fork_one(
     result = fix(target, AuditOptions())
     assert [e.code for e in result.edits] == ["PC103"] and not result.failed, result.summary()
     assert result.remaining == []
+    # the fresh process is a child of this process's warm proof server, which the next proof reuses
+    (server,) = proof._SERVER
+    assert fix(target, AuditOptions()).edits and [server] == proof._SERVER and server.process.poll() is None
+
+
+def test_without_its_warm_server_the_proof_starts_an_interpreter(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from placecheck import runner
+    from placecheck.fix import proof
+
+    monkeypatch.setattr(proof, "_may_fork", lambda: False)
+    monkeypatch.setattr(proof, "_SERVER", [])
+    monkeypatch.setattr(runner, "_server_command", lambda modules: [sys.executable, "-c", "pass"])  # dies
+    started: list[object] = []
+    real_run = proof.subprocess.run
+    monkeypatch.setattr(proof.subprocess, "run", lambda *a, **k: started.append(a) or real_run(*a, **k))
+    target = _copy(FIXTURES / "pc103_parameter_list.py", tmp_path, monkeypatch)
+    result = fix(target, AuditOptions())
+    assert [e.code for e in result.edits] == ["PC103"] and not result.failed, result.summary()
+    assert started and proof._SERVER == []
+
+
+def test_the_fork_server_runs_only_placecheck_entry_points() -> None:
+    from placecheck import worker
+
+    assert worker._entry(None) is worker.child_main
+    from placecheck.fix.proof import fresh_job
+
+    assert worker._entry("placecheck.fix.proof:fresh_job") is fresh_job
+    for name in ("os:system", "placecheck.fix.proof", "subprocess:run"):
+        with pytest.raises(ValueError, match="placecheck's own entry points"):
+            worker._entry(name)
 
 
 def test_a_child_forked_after_autograd_threads_started_is_refused_and_answered_fresh(

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 import typer
+from typer.testing import CliRunner
 
 from placecheck.cli import app
 
@@ -97,13 +98,17 @@ def test_readme_has_run_output_blocks() -> None:
                     reason="the outputs are recorded with the CUDA build of torch (the CPU-only build's "
                            "engine notes differ)")
 @pytest.mark.parametrize("index", range(len(_run_blocks(README.read_text(encoding="utf-8")))))
-def test_readme_run_output_is_a_real_run(index: int, update_golden: bool) -> None:
+def test_readme_run_output_is_a_real_run(index: int, update_golden: bool,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    # in-process, through the same typer app the console script runs (the demo above and
+    # test_cli_audit's subprocess test run the real process): as from the repository, no terminal width
     text = README.read_text(encoding="utf-8")
     start, end, command = _run_blocks(text)[index]
-    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
-    run = subprocess.run([sys.executable, "-m", "placecheck", *shlex.split(command)[1:]], cwd=REPO, env=env,
-                         capture_output=True, text=True, timeout=600)
-    assert run.returncode in (0, 1), run.stderr
+    monkeypatch.chdir(REPO)
+    for name in ("COLUMNS", "LINES"):
+        monkeypatch.delenv(name, raising=False)
+    run = CliRunner().invoke(app, shlex.split(command)[1:])
+    assert run.exit_code in (0, 1), (run.stderr, run.exception)
     shown = f"```text\n$ {command}\n{run.stdout}```\n"
     if update_golden:
         README.write_text(text[:start] + shown + text[end:], encoding="utf-8")

@@ -5,8 +5,10 @@ with torch and placecheck already imported (a fresh interpreter would pay
 seconds of ``import torch`` per proof). PyTorch refuses some work in a forked
 child: CUDA once the parent initialised it (a real GPU), and a backward once
 the parent started autograd's device threads (a backward on CUDA, real or
-simulated). Then, or where there is no fork, the proof runs in a fresh
-interpreter, the audit handed over pickled. It writes nothing to the user's
+simulated). Then the proof runs in a child forked from a warm proof server
+(a :class:`placecheck.runner.ForkServer` started once per process, which
+imports torch and placecheck but runs no torch op), or where there is no
+fork, in a fresh interpreter; the audit is handed over pickled. It writes nothing to the user's
 files: the edited texts lie in a temporary directory, and inside the child
 Python's source loader (and :func:`io.open_code`, through which ``runpy``
 reads a script) reads them in place of the originals (same module
@@ -18,6 +20,7 @@ target is imported again from the edited text.
 
 from __future__ import annotations
 
+import atexit
 import gc
 import io
 import linecache
@@ -209,7 +212,12 @@ def _reaudit_forked(audit_once: Callable[[], Any], edited: dict[str, str]) -> Ou
 
 
 def _reaudit_fresh(audit_once: Callable[[], Any], edited: dict[str, str], folder: str) -> Outcome:
-    """The proof in a new interpreter (``import torch`` paid again): ``audit_once`` goes pickled."""
+    """The proof in a process that has run no torch work: ``audit_once`` goes pickled.
+
+    Where fork is safe, a child forked from this process's warm proof server (:func:`_server`: torch
+    and placecheck imported once, by the first proof that needs it); else, or when the server is gone,
+    a new interpreter (``import torch`` paid again).
+    """
     try:
         job = pickle.dumps((audit_once, edited))
     except Exception as exc:  # a closure or a lambda: only a forked child could run it
@@ -220,29 +228,95 @@ def _reaudit_fresh(audit_once: Callable[[], Any], edited: dict[str, str], folder
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p or os.getcwd() for p in paths)}
     sys.stdout.flush()
     sys.stderr.flush()
-    done = subprocess.run(  # this interpreter, running placecheck's own entry point
-        [sys.executable, "-c", "from placecheck.fix.proof import fresh_child; fresh_child()", str(answer)],
-        input=pickle.dumps(paths) + job, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
-        check=False)
+    said = _from_server(Path(folder), pickle.dumps((paths, os.getcwd(), env)) + job, env)
+    if said is None:
+        done = subprocess.run(  # this interpreter, running placecheck's own entry point
+            [sys.executable, "-c", "from placecheck.fix.proof import fresh_child; fresh_child()",
+             str(answer)],
+            input=pickle.dumps(paths) + job, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
+            check=False)
+        lines = done.stderr.decode(errors="replace").strip().splitlines()
+        said = (done.returncode, lines[-1] if lines else "")
     if not answer.is_file():
-        said = done.stderr.decode(errors="replace").strip().splitlines()
-        return Outcome(error=f"the re-audit's process ended without an answer (exit code {done.returncode}"
-                             + (f": {said[-1]}" if said else "") + ")")
+        status, last = said
+        return Outcome(error=f"the re-audit's process ended without an answer (exit code {status}"
+                             + (f": {last}" if last else "") + ")")
     with answer.open("rb") as handle:
         outcome: Outcome = pickle.load(handle)  # written by our own child just now
     return outcome
+
+
+@dataclass(frozen=True)
+class _JobFiles:
+    spec: Path
+    result: Path
+    stderr: Path
+
+
+_SERVER: list[Any] = []
+"""This process's warm proof server (a :class:`placecheck.runner.ForkServer`), once started."""
+
+_NO_TIMEOUT = 7 * 24 * 3600.0  # a proof has no time limit of its own, as the audit it repeats
+
+
+def _server(env: dict[str, str]) -> Any:
+    """This process's warm proof server, started on first use and stopped at exit."""
+    from placecheck.runner import ForkServer
+
+    if _SERVER and _SERVER[0].process.poll() is None:
+        return _SERVER[0]
+    server = ForkServer(["placecheck.fix.proof", "placecheck.run"], workdir=None, env=env)
+    _SERVER[:] = [server]
+    atexit.register(server.close)
+    return server
+
+
+def _from_server(folder: Path, job: bytes, env: dict[str, str]) -> tuple[int | None, str] | None:
+    """Run the pickled ``job`` in a child of the warm proof server; (exit status, its stderr's last line),
+    or None where there is no safe fork or the server is gone (the caller starts an interpreter)."""
+    from placecheck.runner import ServerGone, fork_available
+
+    if not fork_available():
+        return None
+    files = _JobFiles(folder / "job.pickle", folder / "outcome.pickle", folder / "stderr.txt")
+    files.spec.write_bytes(job)
+    try:
+        status = _server(env).run(files, _NO_TIMEOUT, threads=0, entry="placecheck.fix.proof:fresh_job")
+    except ServerGone:
+        _SERVER.pop().close()
+        return None
+    lines = files.stderr.read_text(errors="replace").strip().splitlines() if files.stderr.is_file() else []
+    return status, lines[-1] if lines else ""
+
+
+def _run_job(stream: IO[bytes], answer_path: str) -> None:
+    """Run the pickled ``(audit_once, edited)`` from ``stream``; pickle its Outcome to ``answer_path``."""
+    try:
+        audit_once, edited = pickle.load(stream)
+        _serve_edited(edited)
+        report = audit_once()
+        outcome = Outcome(tuple(report.findings), report=report)
+    except BaseException as exc:  # anything the edited model raises is the proof's answer, not a crash
+        outcome = Outcome(error=one_line(exc))
+    with open(answer_path, "wb") as handle:
+        pickle.dump(outcome, handle)
 
 
 def fresh_child() -> None:
     """Entry point of a fresh proof process: the job on stdin, the Outcome pickled to ``argv[1]``."""
     stdin = sys.stdin.buffer
     sys.path[:0] = [p for p in pickle.load(stdin) if p not in sys.path]
-    try:
-        audit_once, edited = pickle.load(stdin)
-        _serve_edited(edited)
-        report = audit_once()
-        outcome = Outcome(tuple(report.findings), report=report)
-    except BaseException as exc:  # anything the edited model raises is the proof's answer, not a crash
-        outcome = Outcome(error=one_line(exc))
-    with open(sys.argv[1], "wb") as handle:
-        pickle.dump(outcome, handle)
+    _run_job(stdin, sys.argv[1])
+
+
+def fresh_job(job_path: str, answer_path: str) -> int:
+    """Entry point of a proof forked from the warm proof server (:mod:`placecheck.worker`): the job in
+    ``job_path``, run with the asking process's ``sys.path``, working directory and environment."""
+    with open(job_path, "rb") as handle:
+        paths, cwd, env = pickle.load(handle)
+        sys.path[:0] = [p for p in paths if p not in sys.path]
+        os.chdir(cwd)
+        os.environ.clear()
+        os.environ.update(env)
+        _run_job(handle, answer_path)
+    return 0
