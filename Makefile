@@ -27,9 +27,13 @@ demo: install
 # tests marked cpu_build (see test-cpu-build). -n: one pytest-xdist worker per core; worksteal
 # keeps both busy to the end, since a few zoo models take far longer than the rest. Any
 # non-zero pytest exit fails the target, 5 (no test collected, a -m matching nothing) included.
+# Both venvs are installed first, side by side (two pip installs, mostly unpacking wheels from
+# this machine's disk, take one core each): on a clean clone that saves the CPU-only build's install
+# after the suite.
 TEST_WORKERS ?= auto
 PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist worksteal
-test: install
+test:
+	$(MAKE) -j2 install $(CPU_STAMP)
 	$(PY) -m pytest $(PYTEST_PARALLEL)
 	$(MAKE) test-cpu-build
 

@@ -344,7 +344,7 @@ def _known_values(moved: torch.Tensor, source: torch.Tensor, dtype: torch.dtype)
         return
     with on_host():
         values = source.detach().to(dtype=dtype, copy=True)
-    mode._keep(moved, values, None)
+    mode.give(moved, (values, None))
 
 
 @contextlib.contextmanager

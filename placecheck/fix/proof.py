@@ -30,6 +30,7 @@ import pickle
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.abc import MetaPathFinder
@@ -256,6 +257,7 @@ class _JobFiles:
 _SERVER: list[Any] = []
 """This process's warm proof server (a :class:`placecheck.runner.ForkServer`), once started."""
 
+_SERVER_LOCK = threading.Lock()
 _NO_TIMEOUT = 7 * 24 * 3600.0  # a proof has no time limit of its own, as the audit it repeats
 
 
@@ -280,11 +282,12 @@ def _from_server(folder: Path, job: bytes, env: dict[str, str]) -> tuple[int | N
         return None
     files = _JobFiles(folder / "job.pickle", folder / "outcome.pickle", folder / "stderr.txt")
     files.spec.write_bytes(job)
-    try:
-        status = _server(env).run(files, _NO_TIMEOUT, threads=0, entry="placecheck.fix.proof:fresh_job")
-    except ServerGone:
-        _SERVER.pop().close()
-        return None
+    with _SERVER_LOCK:  # one request at a time on the server's line protocol
+        try:
+            status = _server(env).run(files, _NO_TIMEOUT, threads=0, entry="placecheck.fix.proof:fresh_job")
+        except ServerGone:
+            _SERVER.pop().close()
+            return None
     lines = files.stderr.read_text(errors="replace").strip().splitlines() if files.stderr.is_file() else []
     return status, lines[-1] if lines else ""
 
