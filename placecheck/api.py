@@ -33,6 +33,7 @@ from placecheck.errors import LoadError, UsageError, one_line
 from placecheck.finding import Finding, Severity
 from placecheck.options import AuditOptions, ExampleInputs, WrapChoice, split_codes
 from placecheck.placement.replicas import Replica, devices, merge, merged_notes, no_replicas, plan, unwrap
+from placecheck.quiet import quiet
 from placecheck.report import ASSUMED_BRANCHES, DeviceMap, Report
 from placecheck.rules import in_library, rule, selected, stray_handled_by_forward
 from placecheck.sources import library_of_class, treat_as_user_code, user_line
@@ -613,7 +614,7 @@ def _forward(model: nn.Module, eng: Engine, result: WalkResult, snapshot: Snapsh
         tracer.flows.mark_inputs((args, kwargs))
     why = limit = ""
     try:
-        with _quiet_fake_tensor_log():
+        with quiet("torch._subclasses.fake_tensor"):
             tracer.run(args, kwargs, train=train)
     except Exception as exc:
         why = classify.fake_limit(exc) if eng.fake else ""
@@ -657,21 +658,6 @@ def _after_assumptions(exc: BaseException) -> str:
     line = user_line(exc)
     return (f"the forward raised {one_line(exc)}{f' at {line}' if line else ''} after ops that ran on "
             "assumed values (see the notes), which real values may not give")
-
-
-@contextlib.contextmanager
-def _quiet_fake_tensor_log() -> Iterator[None]:
-    """Fake tensors log "failed while attempting to run meta" at error level before raising;
-    placecheck reports the error itself (PC207), once."""
-    import logging
-
-    logger = logging.getLogger("torch._subclasses.fake_tensor")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
 
 
 # ---- --device-map ---------------------------------------------------------------------------------

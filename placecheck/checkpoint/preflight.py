@@ -23,7 +23,6 @@ import contextlib
 import dataclasses
 import json
 import logging
-import warnings
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -44,6 +43,7 @@ from placecheck.checkpoint.pt2 import load_pt2_state_dict
 from placecheck.devices import human_bytes, normalize_device
 from placecheck.errors import LoadError, UsageError, one_line
 from placecheck.finding import Finding
+from placecheck.quiet import quiet
 from placecheck.report import Report
 from placecheck.rules import rule, selected
 
@@ -240,26 +240,12 @@ def _build_for_keys(factory: Callable[[], Any]) -> Any:
         return factory()
 
 
-@contextlib.contextmanager
-def _quiet_torch() -> Any:
-    """Silence warnings and torch's loggers while a loader runs: the CLI owes the user one line."""
-    torch_logger = logging.getLogger("torch")
-    level = torch_logger.level
-    torch_logger.setLevel(logging.CRITICAL + 1)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        torch_logger.setLevel(level)
-
-
 def _trusted_state(meta: CheckpointMeta) -> Any:
     """``torch.load(weights_only=False)``: runs the file's code; only ever called with ``trust``."""
     import torch
 
     try:
-        with _quiet_torch():
+        with quiet("torch", logging.CRITICAL + 1, warnings_too=True):
             obj = torch.load(meta.path, map_location="meta", weights_only=False)
     except Exception as exc:
         raise LoadError(f"torch.load({meta.path!r}, weights_only=False) raised {one_line(exc)} "
@@ -445,7 +431,7 @@ def _navigate(obj: Any, path: str) -> Any:
 
 def _real_load(meta: CheckpointMeta, map_location: str, trust: bool) -> Any:
     try:
-        with _quiet_torch():
+        with quiet("torch", logging.CRITICAL + 1, warnings_too=True):
             return _load_by_format(meta, map_location, trust)
     except Exception as exc:
         raise LoadError(f"loading {meta.path!r} with map_location={map_location!r} raised "

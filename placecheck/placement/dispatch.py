@@ -31,7 +31,6 @@ import builtins
 import contextlib
 import json
 import logging
-import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +45,7 @@ from placecheck.errors import UsageError, one_line
 from placecheck.events import Copy
 from placecheck.finding import Finding
 from placecheck.placement.expected import Expected, Placement
+from placecheck.quiet import quiet
 from placecheck.report import DeviceMap, StageRow
 
 INSTALL_HINT = "pip install 'placecheck[accelerate]'"
@@ -198,7 +198,7 @@ def compute_device_map(model: nn.Module, spec: str, gpus: int, gpu_memory: int, 
     max_memory: dict[int | str, int] = {i: gpu_memory for i in range(gpus)}
     if cpu_memory is not None:
         max_memory["cpu"] = cpu_memory
-    with cuda_queries_simulated(gpus), _accelerate_quiet():
+    with cuda_queries_simulated(gpus), quiet("accelerate", logging.ERROR, warnings_too=True):
         if spec == "sequential":
             inferred = get_max_memory(dict(max_memory))
         else:
@@ -352,7 +352,7 @@ def dispatch(model: nn.Module, device_map: MapPlan) -> nn.Module:
     skip_keys = getattr(model, "_skip_keys_device_placement", None)
     main = main_device(device_map)
     try:
-        with _accelerate_quiet():
+        with quiet("accelerate", logging.ERROR, warnings_too=True):
             dispatched = dispatch_model(model, simulated, main_device=None if main == "cpu" else main,
                                         skip_keys=skip_keys)
     except ValueError as exc:  # accelerate's own check of the map against the model
@@ -377,21 +377,6 @@ def accelerate_on_fake_tensors() -> Iterator[None]:
     with mock.patch.object(modeling, "type", param_type, create=True), \
             mock.patch.object(FakeTensor, "data_ptr", data_ptr):
         yield
-
-
-@contextlib.contextmanager
-def _accelerate_quiet() -> Iterator[None]:
-    """accelerate warns that the (simulated) GPUs are not available and that offloaded parameters sit
-    on meta: both are what the simulation means, not news for the user."""
-    logger = logging.getLogger("accelerate")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        logger.setLevel(level)
 
 
 # ---- judging the dispatched model ------------------------------------------------------------------
