@@ -612,14 +612,17 @@ def _forward(model: nn.Module, eng: Engine, result: WalkResult, snapshot: Snapsh
     args, kwargs = move_inputs(inputs[0], dev), move_inputs(inputs[1], dev)
     if tracer.flows is not None:
         tracer.flows.mark_inputs((args, kwargs))
+    from placecheck.datadep import active  # what the fake engine assumed to run data-dependent ops
+
+    mode = active()
     why = limit = ""
     try:
         with quiet("torch._subclasses.fake_tensor"):
             tracer.run(args, kwargs, train=train)
     except Exception as exc:
-        why = classify.fake_limit(exc) if eng.fake else ""
-        if eng.fake and not why and not tracer.is_mismatch(exc):
-            why = _after_assumptions(exc)
+        # after ops that ran on assumed values, any error but a device mismatch may be the assumption's
+        assumed = mode is not None and bool(mode.assumptions) and not tracer.is_mismatch(exc)
+        why = classify.fake_limit(exc, assumed=assumed) if eng.fake else ""
         # code correct on a GPU that needs the real driver (an unsimulated torch.cuda API) is the
         # simulation's limit, not a PC207 against the user's code
         limit = classify.simulation_limit(exc) if eng.simulated and not why else ""
@@ -634,30 +637,10 @@ def _forward(model: nn.Module, eng: Engine, result: WalkResult, snapshot: Snapsh
     findings = tracer.findings(library_findings)
     handled = ({v.path: v.how for v in tracer.stray_verdicts(walk(model, dev, snapshot, placement=placement))}
                if tracer.strays and not why else {})
-    from placecheck.datadep import (  # what the fake engine assumed to run data-dependent ops
-        active,
-        assumption_notes,
-    )
-
-    mode = active()
-    return _ForwardResult(findings, why, [*notes, *tracer.notes(), *assumption_notes()], handled, limit,
+    assumption_notes = mode.notes() if mode is not None else []
+    return _ForwardResult(findings, why, [*notes, *tracer.notes(), *assumption_notes], handled, limit,
                           tracer.flows.copies if tracer.flows is not None else [],
                           assumed_branches=len(mode.branched()) if mode is not None else 0)
-
-
-def _after_assumptions(exc: BaseException) -> str:
-    """Why an error the forward raised on the fake engine is the simulation's, not the model's: it came
-    after ops that ran on assumed values (a size, a value read to the host), which real values may not
-    have given; "" when nothing was assumed. A device mismatch never depends on values and stays the
-    model's (the caller keeps it)."""
-    from placecheck.datadep import active
-
-    mode = active()
-    if mode is None or not mode.assumptions:
-        return ""
-    line = user_line(exc)
-    return (f"the forward raised {one_line(exc)}{f' at {line}' if line else ''} after ops that ran on "
-            "assumed values (see the notes), which real values may not give")
 
 
 # ---- --device-map ---------------------------------------------------------------------------------

@@ -137,11 +137,14 @@ _BUILD_TEXTS = ("no nvidia driver", "not compiled with cuda", "cuda driver", "cu
 _OOM_TEXTS = ("out of memory", "can't allocate memory", "cannot allocate memory", "memoryerror")
 
 
-def fake_limit(exc: BaseException) -> str:
+def fake_limit(exc: BaseException, assumed: bool = False) -> str:
     """Why the fake engine could not run a forward, when ``exc`` (or its cause) says it was its limit.
 
     "" otherwise: an error of the model's own (a shape mismatch, a bad
     ``device=``) is the model's, even when its message mentions fake tensors.
+    ``assumed``: ``exc`` (not a device mismatch) came after ops that ran on
+    assumed values (:mod:`placecheck.datadep`), which real values may not have
+    given (a size, a value read to the host): then any error is the limit.
     Recognised: fake tensors' own exceptions (data-dependent values and
     shapes, an operator without a fake implementation, a tensor they cannot
     convert, a guard on a data-dependent symbolic size), their "NYI: aten.*"
@@ -172,6 +175,9 @@ def fake_limit(exc: BaseException) -> str:
             why = next((reason for needle, reason in _FAKE_LIMIT_TEXTS if needle in text), "")
         if why:
             break
+    if not why and assumed:
+        why = (f"the forward raised {one_line(exc)} after ops that ran on assumed values (see the notes), "
+               "which real values may not give")
     if not why:
         return ""
     from placecheck.sources import user_line  # a lower layer, imported here: it imports torch

@@ -184,24 +184,23 @@ def _is_device(v: Any) -> str | None:
     return None
 
 
-def _is_device_map(v: Any) -> str | None:
-    if not isinstance(v, str):
-        return f"{DEVICE_MAP_HELP} as a string"
-    try:
-        check_device_map_spec(v)
-    except UsageError:
-        return DEVICE_MAP_HELP
-    return None
+def _parsed_by(parse: Callable[[str], Any], expected: str, not_a_string: str = "") -> Check:
+    """A check that the value is a string ``parse`` accepts; ``expected`` says what it should be
+    (``not_a_string`` instead, when given, for a value that is no string at all)."""
+    def check(v: Any) -> str | None:
+        if not isinstance(v, str):
+            return not_a_string or expected
+        try:
+            parse(v)
+        except UsageError:
+            return expected
+        return None
+
+    return check
 
 
-def _is_size(v: Any) -> str | None:
-    if not isinstance(v, str):
-        return SIZE_HELP
-    try:
-        parse_size(v)
-    except UsageError:
-        return SIZE_HELP
-    return None
+_is_device_map = _parsed_by(check_device_map_spec, DEVICE_MAP_HELP, f"{DEVICE_MAP_HELP} as a string")
+_is_size = _parsed_by(parse_size, SIZE_HELP)
 
 
 def _is_selectors(v: Any) -> str | None:

@@ -615,9 +615,3 @@ def active() -> DataDependentMode | None:
         if isinstance(mode, DataDependentMode):
             return mode
     return None
-
-
-def assumption_notes() -> list[str]:
-    """The report's notes for the assumptions the running simulated session made ([] outside one)."""
-    mode = active()
-    return mode.notes() if mode is not None else []

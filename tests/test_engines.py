@@ -178,6 +178,8 @@ def test_fake_limit_recognises_fake_tensor_limits_only() -> None:
     assert fake_limit(wrapped)
     # the model's own errors, even when they mention fakes
     assert fake_limit(ValueError("fake news detector: expected 3 labels")) == ""
+    # the same error after ops that ran on assumed values is the simulation's limit
+    assert "after ops that ran on assumed values" in fake_limit(ValueError("expected 3 labels"), assumed=True)
     assert fake_limit(RuntimeError("mat1 and mat2 shapes cannot be multiplied (fake_batch)")) == ""
 
 
