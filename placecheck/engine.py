@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -254,6 +255,8 @@ def fake_tensor_like(fake_mode: Any, t: torch.Tensor, device: torch.device) -> t
 
 
 _META = torch.device("meta")
+_APPLY_CODE = nn.Module._apply.__code__
+"""``Module._apply``: the one caller whose ``Parameter(t)`` of a fresh move is made in place."""
 
 
 class _FakeCudaMoves(TorchFunctionMode):
@@ -284,6 +287,37 @@ class _FakeCudaMoves(TorchFunctionMode):
         super().__init__()
         self.fake_mode = fake_mode
         self.model_move = model_move
+        self.fresh: dict[int, torch.Tensor] = {}
+        """``model_move``: the fake tensors made here that nothing else holds yet (by id), which
+        :meth:`parameters_made_in_place` turns into parameters without a ``detach``."""
+
+    @contextlib.contextmanager
+    def parameters_made_in_place(self) -> Iterator[None]:
+        """``nn.Parameter(t)`` of a fake tensor this mode just made marks ``t`` itself as the parameter.
+
+        ``Module._apply`` wraps each moved tensor so; for a tensor subclass (a fake tensor)
+        ``Parameter`` returns ``t.detach()`` marked as a parameter, and that ``detach`` goes
+        through the fake mode's dispatch: half the move of a model with thousands of experts. A
+        tensor made here a moment ago has no other holder and no autograd history, so marking it
+        is the same parameter without the alias. Any other tensor takes ``Parameter``'s own path.
+        """
+        original = nn.Parameter.__new__
+        fresh = self.fresh
+
+        def new(cls: type, data: Any = None, requires_grad: bool = True) -> Any:
+            if (cls is nn.Parameter and isinstance(data, torch.Tensor)
+                    and sys._getframe(1).f_code is _APPLY_CODE and fresh.pop(id(data), None) is data):
+                data.requires_grad_(requires_grad)
+                data._is_param = True
+                return data
+            return original(cls, data, requires_grad)
+
+        nn.Parameter.__new__ = staticmethod(new)  # type: ignore[assignment,method-assign]
+        try:
+            yield
+        finally:
+            nn.Parameter.__new__ = original  # type: ignore[method-assign]
+            fresh.clear()
 
     def _shortcut(self, source: torch.Tensor, kwargs: dict[str, Any]) -> bool:
         """Whether this move of ``source`` is made here (always on a CPU-only build)."""
@@ -328,6 +362,8 @@ class _FakeCudaMoves(TorchFunctionMode):
                     moved.requires_grad_(True)
                 if self.model_move and source.device.type == "cpu":
                     _known_values(moved, source, dtype)
+                if self.model_move:
+                    self.fresh[id(moved)] = moved
                 return moved
         if not self.model_move and func in (torch.Tensor.__getitem__, torch.Tensor.__setitem__) and args \
                 and isinstance(args[0], torch.Tensor) and args[0].device.type == "cuda":
@@ -397,9 +433,12 @@ def move_model(model: nn.Module, engine: Engine) -> nn.Module:
     from torch._guards import active_fake_mode
 
     fake_mode = active_fake_mode()
-    moves = (_FakeCudaMoves(fake_mode, model_move=True) if fake_mode is not None and not CPU_ONLY_BUILD
-             else contextlib.nullcontext())
-    with _each_module_applied_once(), moves:
+    if fake_mode is not None and not CPU_ONLY_BUILD:
+        moves = _FakeCudaMoves(fake_mode, model_move=True)
+        with _each_module_applied_once(), moves, moves.parameters_made_in_place():
+            moved = model.to(engine.device)
+        return moved if isinstance(moved, nn.Module) else model
+    with _each_module_applied_once():
         moved = model.to(engine.device)
     return moved if isinstance(moved, nn.Module) else model
 

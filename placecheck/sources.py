@@ -114,6 +114,25 @@ def library_package(code: CodeType) -> str:
     return library_of_file(code.co_filename)
 
 
+MACHINERY, LIBRARY, USER = 0, 1, 2
+"""What :func:`frame_kind` tells a frame's code apart as."""
+
+
+def frame_kind(code: CodeType, working_directory: str) -> int:
+    """:data:`MACHINERY` (torch's, placecheck's: :func:`is_internal`), :data:`LIBRARY` (an installed
+    package's: :func:`library_package`) or :data:`USER`, in one cached lookup per file, for stack walks
+    that ask both questions of every frame (``working_directory``: ``os.getcwd()``, read once per walk)."""
+    return _kind_of_file(code.co_filename, working_directory, len(_USER_FILES))
+
+
+@functools.lru_cache(maxsize=4096)
+def _kind_of_file(filename: str, working_directory: str, user_files: int) -> int:
+    # user_files: the size of _USER_FILES, which only grows; a new user file is a new key
+    if _machinery_file(filename) and filename not in _USER_FILES:
+        return MACHINERY
+    return LIBRARY if _library_of(filename, working_directory) else USER
+
+
 def library_of_file(filename: str) -> str:
     """The installed package ``filename`` belongs to, or "" (see :func:`library_package`)."""
     return _library_of(filename, os.getcwd())

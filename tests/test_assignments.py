@@ -123,3 +123,42 @@ def test_a_registered_parameter_off_the_device_points_at_the_line_that_built_its
     report = placecheck.audit(SkipsMove, device="cuda", engine="fake", select=["PC104"], forward=False)
     assert report.findings
     assert all(f.source.endswith(f":{_line_of('self.inner =', SkipsMove)}") for f in report.findings)
+
+
+class _Library(nn.Module):
+    """Stands for an installed package's layer: built by a helper, several to a line."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Linear(2, 2)
+        self.second = nn.Linear(2, 2)
+
+
+def _layers(n: int) -> list[nn.Module]:
+    made = []
+    for _ in range(n):
+        made.append(_Library())  # MARK each layer
+    return made
+
+
+class _Many(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(_layers(3))  # MARK layers
+        self.one = torch.ones(2)  # MARK one
+        self.two = torch.ones(2)  # MARK two
+        self.size = 3  # a plain value: nothing a finding can be about
+
+
+def test_each_assignment_gets_its_own_line_when_the_stack_is_walked_once_per_frame() -> None:
+    # the walk remembers each frame's answer until the frame moves on: every line must still be its own
+    model, assignments = build_recorded(_Many)
+    here = __file__.rsplit("/", 1)[-1]
+    for layer in model.layers:
+        assert assignments.recorded(layer, "first").endswith(f"{here}:{_line_of('self.first =', _Library)}")
+        assert assignments.recorded(layer.second, "weight").endswith(
+            f"{here}:{_line_of('self.second =', _Library)}")
+    assert assignments.recorded(model, "layers").endswith(f"{here}:{_line_of('MARK layers', _Many)}")
+    assert assignments.recorded(model, "one").endswith(f"{here}:{_line_of('MARK one', _Many)}")
+    assert assignments.recorded(model, "two").endswith(f"{here}:{_line_of('MARK two', _Many)}")
+    assert assignments.recorded(model, "size") == ""

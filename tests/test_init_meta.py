@@ -406,6 +406,26 @@ def test_the_move_of_a_meta_build_makes_fake_cuda_tensors_without_a_copy_per_ten
     assert moved.steps.shape == (5, 3) and moved.steps.stride() == (1, 5)
 
 
+@pytest.mark.skipif(torch.version.cuda is None, reason="the CPU-only build's session makes every move to "
+                    "CUDA a fake tensor itself (engine._FakeCudaMoves), and cannot make one outright")
+def test_the_fake_move_makes_each_new_tensor_the_parameter_itself_without_a_detach() -> None:
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(4, 6), nn.Linear(6, 2))
+    model[1].weight.requires_grad_(False)
+    new = nn.Parameter.__dict__["__new__"]
+    engine = choose_engine("cuda", EngineChoice.FAKE)
+    with engine.session(), _RecordOps() as record:
+        moved = move_model(model, engine)
+        mine = torch.empty(3, device="cuda")
+        wrapped = nn.Parameter(mine)  # not Module._apply's: Parameter's own path, a detached alias
+    assert torch.ops.aten.detach.default in record.ops  # the user's Parameter only
+    assert record.ops.count(torch.ops.aten.detach.default) == 1
+    assert all(isinstance(p, nn.Parameter) and p.device == torch.device("cuda:0") for p in moved.parameters())
+    assert moved[0].weight.requires_grad and not moved[1].weight.requires_grad
+    assert wrapped is not mine and not mine.requires_grad
+    assert nn.Parameter.__dict__["__new__"] is new  # restored after the move
+
+
 def test_a_cpu_build_for_the_fake_engine_zeroes_large_random_fills_only() -> None:
     def build() -> nn.Module:
         return nn.Sequential(nn.Linear(1024, 1024), nn.Linear(8, 8))  # 4 MiB weight, then 256 B
