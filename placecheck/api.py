@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import gc
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Union
@@ -151,6 +152,7 @@ def audit(
     forward: bool = True,
     train: bool = False,
     library_findings: bool = False,
+    reuse_calls: bool = True,
     wrap: str | None = None,
     world_size: int | None = None,
     device_map: str | None = None,
@@ -190,7 +192,11 @@ def audit(
     raised entirely inside installed packages (torchvision's own code) are
     ``info`` findings naming the package, unless ``library_findings=True``
     gives them their rule's severity. The report lists one finding per
-    instance; ``report.grouped()`` gives one problem per root cause.
+    instance; ``report.grouped()`` gives one problem per root cause. On fake
+    tensors, a module call identical to one already run that made no
+    placement event (the 255 other experts of a router's layer) takes that
+    call's output shapes without running (:mod:`placecheck.reuse`), which
+    the notes count; ``reuse_calls=False`` runs every call.
 
     ``wrap`` (``dp``, ``ddp``, ``fsdp``) audits the model as each of
     ``world_size`` replicas or ranks sees it, replica k on ``cuda:k`` (DDP and
@@ -222,7 +228,7 @@ def audit(
         checkpoint_key=checkpoint_key, trust=trust,
         inputs=inputs,  # type: ignore[arg-type]  # specs or the objects; AuditOptions tells them apart
         example_inputs=example_inputs,
-        forward=forward, train=train, library_findings=library_findings, wrap=wrap,
+        forward=forward, train=train, library_findings=library_findings, reuse_calls=reuse_calls, wrap=wrap,
         world_size=world_size, device_map=device_map, gpu_memory=gpu_memory, cpu_memory=cpu_memory)
     if options is None:
         options = given
@@ -231,8 +237,35 @@ def audit(
     return _audit(model, options)
 
 
+_GC_THRESHOLDS = (10_000, 10, 10)
+"""The collector's thresholds while an audit runs (Python's are 700, 10, 10)."""
+
+
+@contextlib.contextmanager
+def _fewer_collections() -> Iterator[None]:
+    """Run the cyclic garbage collector less often while an audit runs, then as before.
+
+    A model with tens of thousands of modules is millions of Python objects, made in one go (the
+    build, the move, the walk): at Python's default thresholds the collector scans the growing
+    heap over and over, about a quarter of building a DeepSeek-V3-shaped model on the meta device.
+    Collections every 10,000 allocations instead of 700 leave little garbage waiting (the audit's
+    objects are small; tensors are freed by reference counting as before).
+    """
+    saved = gc.get_threshold()
+    gc.set_threshold(*(max(mine, theirs) for mine, theirs in zip(_GC_THRESHOLDS, saved, strict=False)))
+    try:
+        yield
+    finally:
+        gc.set_threshold(*saved)
+
+
 def _audit(model: ModelOrFactory, opts: AuditOptions) -> Report:
     """:func:`audit` with its options in one object: one audit, or one per replica (merged)."""
+    with _fewer_collections():
+        return _audit_replicas(model, opts)
+
+
+def _audit_replicas(model: ModelOrFactory, opts: AuditOptions) -> Report:
     opts.check()
     if opts.device_map is not None:
         return _audit_device_map(model, opts)
@@ -306,7 +339,7 @@ def _audit_on(model: ModelOrFactory, opts: AuditOptions, replica: Replica | None
     options = _Options(model, dev, _init_for(eng, init_choice, keep), opts.copy_model,
                        opts.checkpoint, opts.checkpoint_key, opts.trust, str(name), opts.inputs,
                        opts.example_inputs, run_forward, opts.train, opts.library_findings, gpus=opts.gpus,
-                       replica=replica, world_size=opts.world_size)
+                       replica=replica, world_size=opts.world_size, reuse_calls=opts.reuse_calls)
     attempt = _replica_attempt(eng, options)
     if attempt.fallback and choice is EngineChoice.AUTO and attempt.fits_in_memory:
         eng = fallback_engine(eng, attempt.fallback)
@@ -353,6 +386,8 @@ class _Options:
     """The replica (or rank) of a replicated model this attempt audits; None: not replicated."""
     world_size: int | None = None
     """``--world-size``: given for a model that is not replicated, the factory must build a wrapper."""
+    reuse_calls: bool = True
+    """Identical module calls run once on fake tensors (:mod:`placecheck.reuse`)."""
 
     @property
     def keep(self) -> bool:
@@ -461,7 +496,7 @@ def _attempt(eng: Engine, opts: _Options) -> _Attempt:
             inferred = not opts.inputs and opts.example_inputs is None
             with replica.forward(moved) if replica is not None else contextlib.nullcontext():
                 traced = _forward(moved, eng, result, snapshot, inputs, opts.train, opts.library_findings,
-                                  inferred, placement)
+                                  inferred, placement, reuse_calls=opts.reuse_calls)
             forward_findings, attempt.fallback = traced.findings, traced.fallback
             attempt.incomplete = traced.stopped
             assumed_branches = traced.assumed_branches
@@ -589,7 +624,7 @@ class _ForwardResult:
 def _forward(model: nn.Module, eng: Engine, result: WalkResult, snapshot: Snapshot,
              inputs: tuple[tuple[Any, ...], dict[str, Any], str], train: bool,
              library_findings: bool, inferred: bool = False, placement: Placement | None = None,
-             ) -> _ForwardResult:
+             reuse_calls: bool = True) -> _ForwardResult:
     """The traced forward pass, then the walk again: what the forward replaced or handled.
 
     ``inferred``: placecheck guessed the input. A forward that then raises anything but a
@@ -615,10 +650,15 @@ def _forward(model: nn.Module, eng: Engine, result: WalkResult, snapshot: Snapsh
     from placecheck.datadep import active  # what the fake engine assumed to run data-dependent ops
 
     mode = active()
+    reuse = None
+    if reuse_calls and eng.fake and mode is not None and placement is None and not train:
+        from placecheck.reuse import CallReuse
+
+        reuse = CallReuse(model, lambda: tracer.activity, mode, tracer.module_paths)
     why = limit = ""
     try:
         with quiet("torch._subclasses.fake_tensor"):
-            tracer.run(args, kwargs, train=train)
+            tracer.run(args, kwargs, train=train, reuse=reuse)
     except Exception as exc:
         # after ops that ran on assumed values, any error but a device mismatch may be the assumption's
         assumed = mode is not None and bool(mode.assumptions) and not tracer.is_mismatch(exc)
@@ -638,7 +678,9 @@ def _forward(model: nn.Module, eng: Engine, result: WalkResult, snapshot: Snapsh
     handled = ({v.path: v.how for v in tracer.stray_verdicts(walk(model, dev, snapshot, placement=placement))}
                if tracer.strays and not why else {})
     assumption_notes = mode.notes() if mode is not None else []
-    return _ForwardResult(findings, why, [*notes, *tracer.notes(), *assumption_notes], handled, limit,
+    reuse_notes = reuse.notes() if reuse is not None else []
+    return _ForwardResult(findings, why, [*notes, *tracer.notes(), *reuse_notes, *assumption_notes], handled,
+                          limit,
                           tracer.flows.copies if tracer.flows is not None else [],
                           assumed_branches=len(mode.branched()) if mode is not None else 0)
 
@@ -720,7 +762,7 @@ def _audit_device_map(model: ModelOrFactory, opts: AuditOptions) -> Report:
         if inputs is not None:
             inferred = not opts.inputs and opts.example_inputs is None
             traced = _forward(placed, eng, result, snapshot, inputs, False, opts.library_findings, inferred,
-                              placement)
+                              placement, reuse_calls=opts.reuse_calls)
             if traced.fallback:
                 notes.append(f"forward: checked only up to where fake tensors stopped ({traced.fallback})")
                 incomplete = f"fake tensors stopped ({traced.fallback})"

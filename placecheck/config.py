@@ -252,6 +252,7 @@ MODEL_KEYS: dict[str, tuple[Check, str]] = {
     "unsupported": (_is_str, "why this model cannot be audited yet (documentation only)"),
     "library_findings": (_is_bool, "also report performance findings inside installed packages, "
                                    "as --library-findings"),
+    "reuse_calls": (_is_bool, "false: run every module call on fake tensors, as --no-reuse-calls"),
 }
 """Every key a ``[[models]]`` entry (or ``[defaults]``) may hold: its check and its meaning."""
 

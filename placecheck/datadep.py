@@ -152,6 +152,9 @@ class DataDependentMode(TorchDispatchMode):  # type: ignore[no-untyped-call]  # 
         """storage (``_cdata``) -> the known fake tensors on it, so that a write forgets them at once."""
         self.assumptions: dict[Assumption, int] = {}
         """Each assumption made -> how many times."""
+        self.value_reads = 0
+        """Data-dependent ops run on values known (not assumed) so far: their results depend on those
+        values (:mod:`placecheck.reuse` reuses only calls that made none)."""
         self._fake_type: type[torch.Tensor] = _fake_tensor_type()
 
     # -- what the report gets -------------------------------------------------------------------
@@ -175,6 +178,8 @@ class DataDependentMode(TorchDispatchMode):  # type: ignore[no-untyped-call]  # 
             return func(*args, **kwargs)
         handler = _handler(func)
         if handler is not None:
+            if any(self.value(t)[0] is not None for t in _tensors_in(args, kwargs)):
+                self.value_reads += 1
             return handler(self, func, args, kwargs)
         out = func(*args, **kwargs)
         self._propagate(func, args, kwargs, out)

@@ -131,6 +131,10 @@ class AuditOptions:
     """Training mode, then a backward (``--train``)."""
     library_findings: bool = False
     """Report performance findings raised entirely inside installed packages (``--library-findings``)."""
+    reuse_calls: bool = True
+    """On fake tensors, a module call identical to one already run (same code, attributes, tensor shapes,
+    dtypes and devices) takes that call's output shapes instead of running (:mod:`placecheck.reuse`);
+    False runs every call (``--no-reuse-calls``)."""
     copy_model: bool = True
     """Audit a deep copy of an ``nn.Module`` instance (a factory's model is the audit's own anyway)."""
     target: str | None = None

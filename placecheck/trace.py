@@ -57,6 +57,9 @@ from placecheck.provenance import Creation, Provenance, Provenances, StrayVerdic
 from placecheck.sources import NOWHERE, Attribution, Site, frames_of, module_being_built, treat_as_user_code
 from placecheck.walk import WalkResult, join
 
+if typing.TYPE_CHECKING:
+    from placecheck.reuse import CallReuse
+
 # -- calls -------------------------------------------------------------------------------------
 
 _MOVES = frozenset({torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.type_as})
@@ -269,6 +272,9 @@ class Tracer:
         self._mismatch_errors: list[BaseException] = []
         """Errors of ops whose arguments mixed devices that the tracer could not repair."""
         self._move = move or (lambda t: t.to(self.target))
+        self.activity = 0
+        """Calls so far that met an off-target tensor (argument or result) or registered a module or
+        parameter: a call that adds none did nothing placement-related (:mod:`placecheck.reuse`)."""
 
     @property
     def strays(self) -> set[str]:
@@ -316,16 +322,18 @@ class Tracer:
             for name, original in originals.items():
                 setattr(torch, name, original)
 
-    def run(self, args: tuple[Any, ...], kwargs: dict[str, Any], train: bool = False) -> Any:
+    def run(self, args: tuple[Any, ...], kwargs: dict[str, Any], train: bool = False,
+            reuse: CallReuse | None = None) -> Any:
         """One forward pass (``eval()`` + ``no_grad`` unless ``train``), then the output check; in
-        training mode a backward of the summed floating outputs and the gradient check.
+        training mode a backward of the summed floating outputs and the gradient check. ``reuse``
+        (fake engine): identical module calls run once (:mod:`placecheck.reuse`).
 
         What the model raises propagates: the caller decides whether another
         engine can run it, or records it with :meth:`record_error`.
         """
         self.model.train(train)
         with torch.enable_grad() if train else torch.no_grad():
-            with self.recording():
+            with self.recording(), reuse.installed() if reuse is not None else contextlib.nullcontext():
                 output = self.model(*args, **kwargs)
             self.completed = True
             self.check_output(output)
@@ -410,6 +418,7 @@ class Tracer:
         target = self.target
         off = [(pos, t) for pos, t in tensors if t.device != target]
         if off:
+            self.activity += 1
             self.prov.touched(off)
         if off and len(off) < len(tensors):
             self._check_implicit(func, off)
@@ -484,6 +493,7 @@ class Tracer:
     def _off_target_result(self, func: Callable[..., Any], args: tuple[Any, ...],
                            off: list[tuple[int, torch.Tensor]], out: torch.Tensor) -> None:
         """An op returned a tensor off the target: derived from an off-target input, or created here."""
+        self.activity += 1
         if self.prov.knows(out):
             return
         provenances = [p for p in (self.provenance(t) for _, t in off) if p.path or p.creation is not None]
@@ -558,6 +568,7 @@ class Tracer:
         owner = self.module_paths.get(id(module))
         if owner is None or submodule is None or id(submodule) in self.module_paths:
             return
+        self.activity += 1
         path = join(owner, name)
         for sub_path, sub in submodule.named_modules():
             self.module_paths.setdefault(id(sub), join(path, sub_path))
@@ -579,6 +590,7 @@ class Tracer:
         owner = self.module_paths.get(id(module))
         if owner is None or param is None or id(param) in self.parameters:
             return
+        self.activity += 1
         path = join(owner, name)
         if path in self.prov.lazy_origins:
             return  # set while building a module registered in forward: reported with that module

@@ -115,3 +115,26 @@ def test_instance_with_uninitialised_lazy_modules_is_copied() -> None:
     assert placecheck.audit(model, device="cuda", engine="fake", forward=False).findings == ()
     assert isinstance(model[0].weight, nn.parameter.UninitializedParameter)
     assert model(torch.ones(1, 5)).shape == (1, 3)  # the caller's lazy module still initialises
+
+
+def test_the_collector_runs_less_often_during_an_audit_and_as_before_after() -> None:
+    import gc
+
+    seen: list[tuple[int, int, int]] = []
+
+    class Records(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            seen.append(gc.get_threshold())
+            self.lin = nn.Linear(2, 2)
+
+    before = gc.get_threshold()
+    placecheck.audit(Records, device="cuda", engine="fake", forward=False)
+    assert seen and seen[0][0] >= 10_000 and seen[0][0] > before[0]
+    assert gc.get_threshold() == before
+    def raises() -> nn.Module:
+        raise RuntimeError("the constructor failed")
+
+    with pytest.raises(RuntimeError, match="the constructor failed"):
+        placecheck.audit(raises, device="cuda", engine="fake")
+    assert gc.get_threshold() == before

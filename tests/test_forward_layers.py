@@ -2,7 +2,7 @@
 
 Bottom to top: sources (user lines) < classify (what an error means) < cudaapi
 (the simulated torch.cuda API) < tagged (the real-valued engine) < datadep
-(fake tensors' data-dependent ops) < engine <
+(fake tensors' data-dependent ops) < reuse (identical module calls run once) < engine <
 provenance < events < forward_checks < trace. Each module may import only
 modules below it (and placecheck's torch-free basics); zoo imports no
 placecheck module, so inputs can import it.
@@ -18,7 +18,7 @@ import pytest
 pytestmark = pytest.mark.cpu_build  # runs on the CPU-only torch build too (Makefile: test-cpu-build)
 
 PACKAGE = Path(__file__).parents[1] / "placecheck"
-ORDER = ["sources", "classify", "cudaapi", "tagged", "datadep", "engine", "provenance", "events",
+ORDER = ["sources", "classify", "cudaapi", "tagged", "datadep", "reuse", "engine", "provenance", "events",
          "forward_checks", "trace"]
 BASICS = {"errors", "finding", "rules", "devices", "walk", "options", "placement"}
 """Modules any layer may use: torch-free basics, the walk's result the tracer starts from, and

@@ -115,6 +115,11 @@ def audit(
         help="Report performance findings (PC202, PC204, PC205) raised entirely inside installed "
              "packages such as torchvision at their rule's severity (default: info, naming the "
              "package).")] = False,
+    no_reuse_calls: Annotated[bool, typer.Option(
+        "--no-reuse-calls", metavar=_FLAG,
+        help="On fake tensors, run every module call, even one identical to a call already run (same "
+             "code, attributes, tensor shapes, dtypes and devices; by default it takes that call's "
+             "output shapes, and the notes count it).")] = False,
     select: Annotated[list[str] | None, typer.Option(
         metavar="CODES",
         help="Report only these codes or prefixes (PC1, PC204, ALL); comma-separated or repeated.")] = None,
@@ -208,7 +213,8 @@ def audit(
             device_map=device_map, gpu_memory=gpu_memory, cpu_memory=cpu_memory, select=split_codes(select),
             ignore=split_codes(ignore), checkpoint=checkpoint, checkpoint_key=key, trust=trust,
             inputs=tuple(input_specs or ()), example_inputs=example_inputs, forward=not no_forward,
-            train=train, library_findings=library_findings, copy_model=False, target=target)
+            train=train, library_findings=library_findings, reuse_calls=not no_reuse_calls, copy_model=False,
+            target=target)
         constructor_kwargs = parse_kwargs(kwargs, arg or ())
         if fix_files:
             from placecheck.cli.fix import fix_and_write
