@@ -305,7 +305,7 @@ class CallReuse:
         """A new fake tensor with no values, made from a meta one as the fake mode makes its own (a CPU-only
         torch build refuses a fake CUDA factory call)."""
         fake_mode = self.mode.fake_mode
-        with unset_fake_temporarily():
+        with torch._C.DisableTorchFunction(), unset_fake_temporarily():  # not the model's: no event
             meta = torch.empty_strided(shape, stride, dtype=dtype, device="meta")
         made: torch.Tensor = fake_mode.fake_tensor_converter.from_meta_and_device(fake_mode, meta, device)
         return made

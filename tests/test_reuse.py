@@ -96,6 +96,27 @@ def test_identical_expert_calls_run_once_and_the_findings_are_the_same() -> None
     assert "e.g. experts.1 as experts.0" in note and "--no-reuse-calls" in note
 
 
+class Layers(nn.Module):
+    """Three layers of eight experts. The first layer's input has known values (the --input's), the
+    others' not: the first two layers run, each reusing its expert 0 for the other seven, and the third
+    is the second's call again, reused whole (a reused call inside a watched one is no placement event)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(Experts() for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def test_a_layer_of_reused_experts_is_itself_reused_whole() -> None:
+    reused, _ = _both(Layers)
+    assert _reused(reused) == 7 + 7 + 1
+    assert "e.g. layers.2 as layers.1" in next(n for n in reused.notes if "did not run again" in n)
+
+
 class OneStray(Experts):
     def __init__(self) -> None:
         super().__init__()
