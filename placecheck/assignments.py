@@ -99,14 +99,12 @@ def build_recorded(build: Callable[[], BuiltT]) -> tuple[BuiltT, Assignments]:
 
 
 def _recording(method: Callable[..., Any], assignments: Assignments) -> Callable[..., Any]:
-    lines = _UserLines()
-
     @functools.wraps(method)
     def wrapper(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
         result = method(self, *args, **kwargs)
         name = args[0] if args else kwargs.get("name")
         if isinstance(name, str) and not isinstance(_assigned(args, kwargs), _PLAIN):
-            source = lines.of(sys._getframe(1))
+            source = _assigning_line(sys._getframe(1))
             if source:
                 assignments.record(self, name, source)
         return result
@@ -129,60 +127,16 @@ def _assigned(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
 def _assigning_line(frame: FrameType | None) -> str:
     """``file:line`` of the innermost user frame from ``frame`` out to :func:`build_recorded` ("" if none)."""
-    return _UserLines().of(frame)
-
-
-class _UserLines:
-    """:func:`_assigning_line`'s answers, remembered per frame of the stack.
-
-    A frame that is not the innermost is suspended at a call, so what lies
-    beyond it (its own line and its callers') stays as it is until it runs on.
-    Each frame walked is remembered with its instruction (``f_lasti``) and the
-    answer from it outwards; the next assignment from below it (the next of a
-    module's thousand experts) stops there. Frames are held only until the
-    memo is trimmed to the current stack, so a finished function's locals are
-    not kept alive for long.
-    """
-
-    _TRIM = 256
-
-    def __init__(self) -> None:
-        self._memo: dict[int, tuple[FrameType, int, str, str]] = {}
-        """id(frame) -> (frame, its f_lasti, the user's line from it outwards, the innermost library
-        line from it outwards)."""
-        self._limit = self._TRIM
-
-    def of(self, frame: FrameType | None) -> str:
-        cwd = os.getcwd()
-        walked: list[tuple[FrameType, int]] = []
-        user = library = ""
-        while frame is not None and frame.f_code is not _STOP:
-            known = self._memo.get(id(frame))
-            if known is not None and known[0] is frame and known[1] == frame.f_lasti:
-                user, library = known[2], known[3]
-                break
-            kind = frame_kind(frame.f_code, cwd)
-            if kind == USER:
-                user = _line(frame)
-                break
-            walked.append((frame, kind))
-            frame = frame.f_back
-        if len(self._memo) > self._limit:
-            self._trim(walked, frame)
-        for walked_frame, kind in reversed(walked):  # outermost first: the innermost library line wins
-            if kind == LIBRARY:
-                library = _line(walked_frame)
-            self._memo[id(walked_frame)] = (walked_frame, walked_frame.f_lasti, user, library)
-        return user or library
-
-    def _trim(self, walked: list[tuple[FrameType, int]], beyond: FrameType | None) -> None:
-        """Keep only the frames still on the stack (the ones walked, and ``beyond``'s callers)."""
-        alive = {id(f) for f, _ in walked}
-        while beyond is not None:
-            alive.add(id(beyond))
-            beyond = beyond.f_back
-        self._memo = {k: v for k, v in self._memo.items() if k in alive}
-        self._limit = len(self._memo) + self._TRIM
+    first_outside: FrameType | None = None  # innermost frame outside torch and placecheck
+    cwd = os.getcwd()
+    while frame is not None and frame.f_code is not _STOP:
+        kind = frame_kind(frame.f_code, cwd)
+        if kind == USER:
+            return _line(frame)
+        if kind == LIBRARY and first_outside is None:
+            first_outside = frame
+        frame = frame.f_back
+    return _line(first_outside) if first_outside is not None else ""
 
 
 def _line(frame: FrameType) -> str:

@@ -138,3 +138,21 @@ def test_the_collector_runs_less_often_during_an_audit_and_as_before_after() -> 
     with pytest.raises(RuntimeError, match="the constructor failed"):
         placecheck.audit(raises, device="cuda", engine="fake")
     assert gc.get_threshold() == before
+
+
+def test_an_audit_draws_the_same_random_values_every_time_and_leaves_the_callers_generator() -> None:
+    drawn: list[list[float]] = []
+
+    class Draws(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(2, 2)
+            drawn.append(self.lin.weight.detach().flatten().tolist())
+
+    torch.manual_seed(1234)
+    expected_next = torch.rand(3)
+    torch.manual_seed(1234)
+    placecheck.audit(Draws, device="cuda", engine="fake", init="cpu", forward=False)
+    placecheck.audit(Draws, device="cuda", engine="fake", init="cpu", forward=False)
+    assert len(drawn) == 2 and drawn[0] == drawn[1]
+    assert torch.equal(torch.rand(3), expected_next)  # the caller's generator is where it was

@@ -150,8 +150,7 @@ class _Many(nn.Module):
         self.size = 3  # a plain value: nothing a finding can be about
 
 
-def test_each_assignment_gets_its_own_line_when_the_stack_is_walked_once_per_frame() -> None:
-    # the walk remembers each frame's answer until the frame moves on: every line must still be its own
+def test_each_assignment_gets_its_own_line_and_plain_values_are_not_recorded() -> None:
     model, assignments = build_recorded(_Many)
     here = __file__.rsplit("/", 1)[-1]
     for layer in model.layers:
