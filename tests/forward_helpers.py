@@ -1,15 +1,17 @@
-"""Shared by the forward-pass tests: reports with one finding per instance.
+"""Shared by the forward-pass tests: reports with one finding per instance, and marked lines.
 
 These tests check what the tracer detects, instance by instance (a PC201 and
 the PC202 that fed it are two findings); the report's grouping of findings
 into problems by root cause has tests of its own. The fixture builds every
-report of a test ungrouped, as ``--no-group`` does.
+report of a test ungrouped, as ``--no-group`` does. :func:`marked_line` finds
+the line a finding's ``source`` must name, by a ``# MARK ...`` comment on it.
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,3 +30,12 @@ def ungrouped(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
         monkeypatch.setattr(placecheck.report.Report, "build", staticmethod(one_per_instance))
     yield
+
+
+def marked_line(test_file: str, text: str) -> int:
+    """The number of the one line of ``test_file`` containing ``text`` (a ``# MARK ...`` comment), the
+    lines that look it up (``marked_line``, ``_line_of``) aside."""
+    lines = Path(test_file).read_text(encoding="utf-8").splitlines()
+    (line,) = [i + 1 for i, s in enumerate(lines)
+               if text in s and "marked_line" not in s and "_line_of" not in s]
+    return line
