@@ -15,9 +15,12 @@ module or which values it was:
 - the tracer recorded no placement activity in it (no off-target argument or
   result, no registration; ``activity`` is the tracer's counter). A host sync
   is allowed: the tracer records it once per line anyway;
-- no data-dependent op read a known value (``DataDependentMode.value_reads``);
-  an assumption on unknown values depends only on shapes, and is counted again
-  for each reused call, so the report's "(N times)" stays true;
+- an assumption it made on unknown values depends only on shapes: it is
+  counted again for each reused call, so the report's "(N times)" stays true.
+  A data-dependent op that read values (known, or resting on the call's own
+  assumptions: ``DataDependentMode.value_reads``) makes the values part of the
+  key: the call is reused only where its state and inputs have the same values
+  known (a hash of them), or the same none;
 - it wrote none of its own tensors or its inputs (their version counters), and
   left its own key as it was (no lazy layer, no changed attribute);
 - its outputs are new tensors (no view of an input or of its state) with no
