@@ -110,7 +110,6 @@ class CallReuse:
 
     def __init__(self, model: nn.Module, activity: Callable[[], int], mode: DataDependentMode,
                  paths: dict[int, str]) -> None:
-        self.model = model
         self.activity = activity
         self.mode = mode
         self.paths = paths

@@ -52,7 +52,11 @@ def treat_as_user_code(*classes: type) -> None:
 
 def is_internal(code: CodeType) -> bool:
     """True for torch's, placecheck's and the stdlib wrappers' own frames; not the code under audit."""
-    return _machinery_file(code.co_filename) and code.co_filename not in _USER_FILES
+    return _internal_name(code.co_filename)
+
+
+def _internal_name(name: str) -> bool:
+    return _machinery_file(name) and name not in _USER_FILES
 
 
 @functools.cache
@@ -128,7 +132,7 @@ def frame_kind(code: CodeType, working_directory: str) -> int:
 @functools.lru_cache(maxsize=4096)
 def _kind_of_file(filename: str, working_directory: str, user_files: int) -> int:
     # user_files: the size of _USER_FILES, which only grows; a new user file is a new key
-    if _machinery_file(filename) and filename not in _USER_FILES:
+    if _internal_name(filename):
         return MACHINERY
     return LIBRARY if _library_of(filename, working_directory) else USER
 

@@ -37,5 +37,10 @@ def marked_line(test_file: str, text: str) -> int:
     lines that look it up (``marked_line``, ``_line_of``) aside."""
     lines = Path(test_file).read_text(encoding="utf-8").splitlines()
     (line,) = [i + 1 for i, s in enumerate(lines)
-               if text in s and "marked_line" not in s and "_line_of" not in s]
+               if text in s and "marked_" not in s and "_line_of" not in s]
     return line
+
+
+def marked_source(test_file: str, text: str) -> str:
+    """``name.py:LINE`` of :func:`marked_line`: how a finding's ``source`` (or a note) ends."""
+    return f"{Path(test_file).name}:{marked_line(test_file, text)}"

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn as nn
-from forward_helpers import marked_line
+from forward_helpers import marked_source
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import placecheck
@@ -64,7 +64,7 @@ def test_values_read_from_unknown_tensors_are_representative_and_noted(mode: Dat
     if (x > 0).all():  # MARK branch
         pass
     (branch,) = mode.branched()
-    assert branch.line.endswith(f"{HERE}:{_line_of('MARK branch')}")
+    assert branch.line.endswith(marked_source(__file__, "MARK branch"))
     assert "a path another value takes was not checked" in branch.note()
 
 
@@ -102,10 +102,6 @@ def test_an_unknown_write_forgets_every_known_view_of_the_storage(mode: DataDepe
     assert any("the value 1" in n for n in mode.notes())  # the view's stale zeros are gone
 
 
-def _line_of(text: str) -> int:
-    return marked_line(__file__, text)
-
-
 class Router(nn.Module):
     """A mixture-of-experts block routed like transformers' Mixtral: nonzero, then an index per expert."""
 
@@ -135,7 +131,7 @@ def test_every_expert_runs_under_meta_init_so_a_stray_in_one_is_found() -> None:
     assert not report.incomplete
     assert any("every element is nonzero" in n for n in report.notes)
     mismatches = [f for f in report.findings if f.code == "PC201"]
-    assert [f.source.rpartition("/")[2] for f in mismatches] == [f"{HERE}:{_line_of('MARK scale')}"]
+    assert [f.source.rpartition("/")[2] for f in mismatches] == [marked_source(__file__, "MARK scale")]
 
 
 class BranchesOnAWeight(nn.Module):
@@ -162,7 +158,7 @@ def test_a_branch_on_an_assumed_value_keeps_the_summary_from_claiming_everything
     assert "the code branched on 1 value the simulation assumed, the paths other values take are " \
            "unchecked" in report.summary_line()
     assert any(n.endswith("a path another value takes was not checked") and
-               f"{HERE}:{_line_of('MARK weight branch')}" in n for n in report.notes)
+               marked_source(__file__, "MARK weight branch") in n for n in report.notes)
     tagged = placecheck.audit(BranchesOnAWeight, "cuda", engine="tagged", inputs=["float32[2,4]"],
                               ignore=["PC204"])
     assert "assumed_branches" not in dict(tagged.stats) and "assumed" not in tagged.summary_line()

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn as nn
-from forward_helpers import marked_line
+from forward_helpers import marked_source
 from typer.testing import CliRunner
 
 import placecheck
@@ -28,12 +28,7 @@ from placecheck.report import Report
 
 pytestmark = pytest.mark.cpu_build  # runs on the CPU-only torch build too (Makefile: test-cpu-build)
 
-HERE = Path(__file__).name
 INPUT = ["float32[4,8]"]
-
-
-def _line_of(text: str) -> int:
-    return marked_line(__file__, text)
 
 
 class Expert(nn.Module):
@@ -128,7 +123,7 @@ class OneStray(Experts):
 def test_a_stray_in_one_expert_is_still_found_at_its_line() -> None:
     reused, _ = _both(OneStray)
     mismatches = [f for f in reused.findings if f.code == "PC201"]
-    assert [f.source.rpartition("/")[2] for f in mismatches] == [f"{HERE}:{_line_of('MARK scale')}"]
+    assert [f.source.rpartition("/")[2] for f in mismatches] == [marked_source(__file__, "MARK scale")]
     assert any(f.code == "PC101" and f.where == "experts.5.scale" for f in reused.findings)
     assert _reused(reused) == 6  # experts 1-4, 6 and 7 as expert 0; expert 5 differs and runs
 
@@ -144,7 +139,7 @@ class CpuTensorExperts(Experts):
 
 def test_a_call_that_meets_an_off_target_tensor_is_never_reused() -> None:
     reused, _ = _both(CpuTensorExperts)
-    assert any(f.code in ("PC201", "PC202") and f.source.endswith(f"{HERE}:{_line_of('MARK ones')}")
+    assert any(f.code in ("PC201", "PC202") and f.source.endswith(marked_source(__file__, "MARK ones"))
                for f in reused.findings)
     assert _reused(reused) == 0
 
@@ -162,7 +157,7 @@ class LazyExperts(Experts):
 
 def test_each_expert_that_builds_a_layer_in_forward_is_still_reported() -> None:
     reused, _ = _both(LazyExperts)
-    assert any(f.code == "PC203" and f.source.endswith(f"{HERE}:{_line_of('MARK lazy')}")
+    assert any(f.code == "PC203" and f.source.endswith(marked_source(__file__, "MARK lazy"))
                for f in reused.findings)
     assert _reused(reused) == 0
 
@@ -226,7 +221,7 @@ class IndexedExperts(nn.Module):
 
 def test_an_attribute_the_code_branches_on_keeps_the_calls_apart() -> None:
     reused, _ = _both(IndexedExperts)
-    assert any(f.source.endswith(f"{HERE}:{_line_of('MARK index six')}") for f in reused.findings)
+    assert any(f.source.endswith(marked_source(__file__, "MARK index six")) for f in reused.findings)
     assert _reused(reused) == 0  # each expert's index differs: no two calls are identical
 
 
@@ -245,7 +240,7 @@ class RoutedExperts(Experts):
 def test_assumptions_of_reused_calls_are_counted_as_if_they_ran() -> None:
     reused, _ = _both(RoutedExperts)
     assert _reused(reused) == 7
-    line = f"{HERE}:{_line_of('MARK route')}"
+    line = marked_source(__file__, "MARK route")
     assumed = [n for n in reused.notes if line in n and "every element is nonzero" in n]
     assert len(assumed) == 1 and "(8 times)" in assumed[0], reused.notes
 
