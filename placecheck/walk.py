@@ -31,7 +31,7 @@ from placecheck.devices import human_bytes
 from placecheck.finding import Finding, Severity
 from placecheck.placement.expected import Placement
 from placecheck.rules import rule
-from placecheck.state import MAX_DEPTH, MODULE_INTERNALS, Held, attributes, class_state, held
+from placecheck.state import ATOMS, MAX_DEPTH, MODULE_INTERNALS, Held, Registry, attributes, class_state, held
 from placecheck.state import reachable_tensors as reachable_tensors  # the API's copy uses it from here
 
 __all__ = ["MAX_DEPTH", "Snapshot", "WalkResult", "join", "reachable_tensors", "storage_key",
@@ -59,14 +59,14 @@ class Snapshot:
     @staticmethod
     def take(model: nn.Module) -> Snapshot:
         snap = Snapshot()
-        for name, p in model.named_parameters(remove_duplicate=False):
+        registry = Registry.of(model)  # each tensor under the first name it is reachable by
+        for name, p in registry.parameters:
             snap.params.setdefault(id(p), name)
             snap.keep.append(p)
-        for name, b in model.named_buffers(remove_duplicate=False):
+        for name, b in registry.buffers:
             snap.buffers.setdefault(id(b), name)
             snap.keep.append(b)
-        for m in model.modules():
-            snap.modules.add(id(m))
+        snap.modules.update(id(m) for _, m in registry.modules)
         return snap
 
 
@@ -160,12 +160,9 @@ class _Walker:
         ``target``."""
         self.snapshot = snapshot
         self.assignments = assignments or Assignments()
-        self.registered: set[int] = set()
-        for _, p in model.named_parameters(remove_duplicate=False):
-            self.registered.add(id(p))
-        for _, b in model.named_buffers(remove_duplicate=False):
-            self.registered.add(id(b))
-        self.modules = {id(m) for m in model.modules()} | snapshot.modules
+        self.registry = Registry.of(model)
+        self.registered: set[int] = self.registry.ids()
+        self.modules = {id(m) for _, m in self.registry.modules} | snapshot.modules
         self.seen: set[int] = set()
         self.findings: list[Finding] = []
         self.origins: dict[int, str] = {}
@@ -189,8 +186,9 @@ class _Walker:
         return device == self.target
 
     # -- registered state ---------------------------------------------------------
-    def registered_off_device(self, model: nn.Module) -> None:
-        for code, items in (("PC104", model.named_parameters()), ("PC105", model.named_buffers())):
+    def registered_off_device(self) -> None:
+        model = self.root
+        for code, items in (("PC104", self.registry.parameters), ("PC105", self.registry.buffers)):
             for name, t in items:
                 dev = tensor_device(t)
                 owner, _, attr = name.rpartition(".")
@@ -203,14 +201,14 @@ class _Walker:
                     source=self.source(owner, model.get_submodule(owner), attr)))
 
     # -- unregistered state -------------------------------------------------------
-    def module_attributes(self, model: nn.Module, outer_modules: frozenset[int] = frozenset()) -> None:
-        """Walk the attributes of every module under ``model`` except ``outer_modules``."""
-        for mpath, module in model.named_modules():
+    def module_attributes(self, outer_modules: frozenset[int] = frozenset()) -> None:
+        """Walk the attributes of every module under the walked model except ``outer_modules``."""
+        for mpath, module in self.registry.modules:
             if id(module) in outer_modules:
                 continue
             skip = _hook_derived(module)
             for attr, value in attributes(module):
-                if attr not in skip:
+                if attr not in skip and not isinstance(value, ATOMS):  # an atom holds nothing
                     self.visit(value, mpath, module, attr)
             for attr, value in class_state(module).items():
                 if attr not in skip and attr not in MODULE_INTERNALS:
@@ -302,7 +300,7 @@ class _Walker:
         # plain tensor attributes of the unregistered module and its children
         sub = _Walker(m, self.target, Snapshot())
         sub.modules |= outer_modules
-        sub.module_attributes(m, outer_modules=outer_modules)
+        sub.module_attributes(outer_modules=outer_modules)
         for tid, (tpath, t) in sub.found.items():
             tensors.setdefault(tid, (join(path, tpath), t))
         # off the target, its tensors are a crash waiting; on it, state_dict() and the optimizer
@@ -365,14 +363,12 @@ def walk(model: nn.Module, target: str, snapshot: Snapshot | None = None,
     not moved) judges each tensor against the device of the module holding it instead of ``target``.
     """
     walker = _Walker(model, target, snapshot or Snapshot(), assignments, placement)
-    walker.registered_off_device(model)
-    walker.module_attributes(model)
-    n_params = sum(1 for _ in model.parameters())
-    n_buffers = sum(1 for _ in model.buffers())
+    walker.registered_off_device()
+    walker.module_attributes()
     stats = {
-        "modules": sum(1 for _ in model.modules()),
-        "parameters": n_params,
-        "buffers": n_buffers,
+        "modules": len(walker.registry.modules),
+        "parameters": len(walker.registry.parameters),
+        "buffers": len(walker.registry.buffers),
         "unregistered_tensors": walker.strays,
     }
     notes = []

@@ -115,3 +115,32 @@ def test_replace_tensors_rebuilds_immutable_holders_and_keeps_sharing() -> None:
     assert isinstance(model.items["proxy"], types.MappingProxyType)
     assert model.tup[0] is model.shared_a and model.tup[1:] == (1, "x")
     assert isinstance(model.proj.weight, nn.Parameter)
+
+
+class _Shared(nn.Module):
+    """A module registered twice, a parameter tied between two modules, a None parameter and buffer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        block = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))
+        self.a = block
+        self.b = nn.ModuleList([nn.Linear(2, 2), block])
+        self.head = nn.Linear(2, 2, bias=False)
+        self.head.weight = self.b[0].weight  # tied
+        self.register_parameter("nothing", None)
+        self.register_buffer("empty", None)
+        self.register_buffer("steps", torch.zeros((), dtype=torch.long))
+
+
+def test_registry_reads_what_named_modules_parameters_and_buffers_give_in_one_traversal() -> None:
+    model = _Shared()
+    registry = state.Registry.of(model)
+
+    def named(pairs: object) -> list[tuple[str, int]]:
+        return [(name, id(value)) for name, value in pairs]  # type: ignore[attr-defined]
+
+    assert named(registry.modules) == named(model.named_modules())
+    assert named(registry.parameters) == named(model.named_parameters())
+    assert named(registry.buffers) == named(model.named_buffers())
+    assert registry.ids() == {id(t) for t in (*model.parameters(), *model.buffers())}
+    assert "head.weight" not in dict(registry.parameters)  # the tied weight under its first name only
