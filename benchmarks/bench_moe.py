@@ -29,13 +29,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from machine import describe
 
 RESULTS = Path(__file__).parent / "results"
 # a safety net: on a shared machine the 671B audit's wall time can be many times its CPU time
@@ -144,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     names = [n for n in args.only.split(",") if n] or list(MODELS)
     results = {name: run_child(name, args.tokens) for name in names}
+    machine = describe()  # after the audits: its own processes do not load the machine during them
     print(f"{'model':<16}{'params':>9}{'process s':>11}{'audit s':>9}{'CPU s':>7}{'peak RSS':>10}"
           "  complete  targets")
     failed = False
@@ -157,10 +159,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{result['cpu_s']:>7.1f}"
               f"{result['peak_rss_gib']:>8.2f} G  {'yes' if not result['incomplete'] else 'NO':<8}  "
               f"{'met' if not missed else '; '.join(missed)}")
+    print(f"\nthis machine's reference workload (benchmarks/machine.py): {machine['reference_s']:.2f} s")
     RESULTS.mkdir(exist_ok=True)
     payload = {
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                    "platform": platform.platform()},
+        "machine": machine,
         "targets": {"process_s": LIMIT_S, "peak_rss_gib": LIMIT_RSS_GIB, "incomplete": False},
         "tokens": args.tokens,
         "results": results,

@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -45,6 +44,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from machine import describe  # noqa: E402
 
 from placecheck.config import load  # noqa: E402
 from placecheck.runner import ModelOutcome, run_models  # noqa: E402
@@ -90,6 +91,7 @@ def main() -> int:
     if options.models:
         config = replace(config, models=config.models[:options.models])
     load_before = os.getloadavg()
+    machine = describe(load_average_before=load_before)  # before the runs, on the machine as it is
     halves = [replace(config, models=config.models[0::2]), replace(config, models=config.models[1::2])]
     walls = {"spawn": 0.0, "fork": 0.0}
     outcomes: dict[str, list[ModelOutcome]] = {"spawn": [], "fork": []}
@@ -100,12 +102,12 @@ def main() -> int:
             outcomes[isolation] += done
             print(f"  {isolation} half {half + 1}: {len(done)} models in {wall:.1f} s", flush=True)
         if step in (1, 3):  # both paths have run the same models: a result (the first half's, then all)
-            _report(options, config, walls, outcomes, load_before, complete=step == 3)
+            _report(options, config, walls, outcomes, machine, complete=step == 3)
     return 0
 
 
 def _report(options: Any, config: Any, walls: dict[str, float], outcomes: dict[str, list[ModelOutcome]],
-            load_before: tuple[float, float, float], complete: bool) -> None:
+            machine: dict[str, Any], complete: bool) -> None:
     """Print the table and write the JSON of what both paths have run so far."""
     order = {m.label: i for i, m in enumerate(config.models)}
     results = {isolation: _summary(walls[isolation], sorted(done, key=lambda o: order[o.model.label]))
@@ -129,9 +131,7 @@ def _report(options: Any, config: Any, walls: dict[str, float], outcomes: dict[s
     RESULTS.mkdir(exist_ok=True)
     name = "pool.json" if not options.models else f"pool-{options.models}.json"
     (RESULTS / name).write_text(json.dumps({
-        "machine": {"python": platform.python_version(), "platform": platform.platform(),
-                    "cpus": os.cpu_count(), "load_average_before": load_before,
-                    "load_average_after": os.getloadavg()},
+        "machine": {**machine, "load_average_after": os.getloadavg()},
         "config": str(Path(options.config).relative_to(REPO)) if Path(options.config).is_relative_to(REPO)
         else options.config,
         "config_models": len(config.models), "models": models, "complete": complete, "jobs": options.jobs,
