@@ -476,7 +476,6 @@ def _attempt(eng: Engine, opts: _Options) -> _Attempt:
         checkpoint_findings = loaded.findings
         attempt.notes.extend(loaded.notes)
     inputs: tuple[tuple[Any, ...], dict[str, Any], str] | None = None
-    assumed_branches = 0
     if opts.forward and type(built).forward is nn.Module.forward:
         attempt.notes.append(f"forward: not checked: {type(built).__name__} defines no forward()")
     elif opts.forward:
@@ -507,30 +506,61 @@ def _attempt(eng: Engine, opts: _Options) -> _Attempt:
         if construction.on_meta:
             leftovers_to_default_device(moved, snapshot, default_device)
         target = placement.expected("").primary or "cpu" if placement is not None else dev
-        result = walk(moved, target, snapshot, construction.assignments, placement)
-        attempt.notes.extend(result.notes)
-        forward_findings: list[Finding] = []
-        walk_findings = result.findings
-        if inputs is not None:
-            inferred = not opts.inputs and opts.example_inputs is None
-            with replica.forward(moved) if replica is not None else contextlib.nullcontext():
-                traced = _forward(moved, eng, result, snapshot, inputs, opts.train, opts.library_findings,
-                                  inferred, placement, reuse_calls=opts.reuse_calls)
-            forward_findings, attempt.fallback = traced.findings, traced.fallback
-            attempt.incomplete = traced.stopped
-            assumed_branches = traced.assumed_branches
-            attempt.notes.extend(traced.notes)
-            walk_findings = [_handled_by_forward(f, traced.handled.get(f.where), f.expected or target, moved)
-                             if f.code == "PC101" else f for f in walk_findings]
+        inferred = not opts.inputs and opts.example_inputs is None
+        checked = _walk_and_forward(moved, eng, target, snapshot, construction.assignments, placement,
+                                    inputs, opts.train, opts.library_findings, inferred, opts.reuse_calls,
+                                    around_forward=lambda: replica.forward(moved) if replica is not None
+                                    else contextlib.nullcontext())
+        attempt.notes.extend(checked.notes)
+        attempt.fallback, attempt.incomplete = checked.fallback, checked.stopped
         if placement is not None:
             from placecheck.placement.devicemap import device_map
 
-            attempt.device_map = device_map(moved, placement, traced.copies if inputs is not None else ())
-    attempt.findings = [*walk_findings, *checkpoint_findings, *forward_findings]
-    attempt.stats = result.stats
-    if assumed_branches:  # the summary then says that paths other values take did not run
-        attempt.stats = {**result.stats, ASSUMED_BRANCHES: assumed_branches}
+            attempt.device_map = device_map(moved, placement, checked.copies)
+    attempt.findings = [*checked.findings, *checkpoint_findings]
+    attempt.stats = checked.stats
     return attempt
+
+
+@dataclass
+class _Checked:
+    """What the walk after the placement and the traced forward found, together."""
+
+    findings: list[Finding]
+    """The walk's (its strays judged by what the forward did with them) and the forward's."""
+    notes: list[str]
+    stats: dict[str, int]
+    """The walk's counts, and the branches on assumed values (:data:`ASSUMED_BRANCHES`) when any."""
+    fallback: str = ""
+    """Why fake tensors could not run the forward ("" when they could, or it did not run)."""
+    stopped: str = ""
+    """Where and why the forward stopped at a limit of the simulation ("" when it did not)."""
+    copies: list[Copy] = field(default_factory=list)
+    """Placed models: every copy between devices the forward made."""
+
+
+def _walk_and_forward(
+        model: nn.Module, eng: Engine, target: str, snapshot: Snapshot, assignments: Any,
+        placement: Placement | None, inputs: tuple[tuple[Any, ...], dict[str, Any], str] | None,
+        train: bool, library_findings: bool, inferred: bool, reuse_calls: bool,
+        around_forward: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
+) -> _Checked:
+    """The walk of the placed ``model``, then (with ``inputs``) the traced forward, inside
+    ``around_forward()`` (a replica's context): every placement (a ``.to()``, the model's own, a device
+    map, a replica's) is judged by this one sequence."""
+    result = walk(model, target, snapshot, assignments, placement)
+    if inputs is None:
+        return _Checked(result.findings, result.notes, result.stats)
+    with around_forward():
+        traced = _forward(model, eng, result, snapshot, inputs, train, library_findings, inferred, placement,
+                          reuse_calls=reuse_calls)
+    walk_findings = [_handled_by_forward(f, traced.handled.get(f.where), f.expected or target, model)
+                     if f.code == "PC101" else f for f in result.findings]
+    stats = result.stats
+    if traced.assumed_branches:  # the summary then says that paths other values take did not run
+        stats = {**stats, ASSUMED_BRANCHES: traced.assumed_branches}
+    return _Checked([*walk_findings, *traced.findings], [*result.notes, *traced.notes], stats,
+                    traced.fallback, traced.stopped, traced.copies)
 
 
 def _note_collapsed(model: nn.Module, target: str, attempt: _Attempt) -> None:
@@ -761,7 +791,6 @@ def _audit_device_map(model: ModelOrFactory, opts: AuditOptions) -> Report:
 
         inputs = resolve_inputs(built, opts.inputs, opts.example_inputs)
         notes.append(f"forward: {inputs[2]}")
-    incomplete = ""
     with eng.session() as fake_mode, dispatch.accelerate_on_fake_tensors():
         snapshot = Snapshot.take(built)
         offloaded = dispatch.materialise(built, plan, fake_mode)
@@ -772,26 +801,18 @@ def _audit_device_map(model: ModelOrFactory, opts: AuditOptions) -> Report:
         snapshot.params.update(held)
         placement = dispatch.MappedPlacement(placed, plan, held)
         target = placement.expected("").primary or eng.device
-        result = walk(placed, target, snapshot, construction.assignments, placement)
-        notes.extend(result.notes)
-        # an offloaded weight is on meta between forwards: where accelerate's hooks keep it
-        findings: list[Finding] = [f for f in result.findings
-                                   if not (f.code in ("PC104", "PC105") and f.where in offloaded)]
-        copies: list[Any] = []
-        if inputs is not None:
-            inferred = not opts.inputs and opts.example_inputs is None
-            traced = _forward(placed, eng, result, snapshot, inputs, False, opts.library_findings, inferred,
-                              placement, reuse_calls=opts.reuse_calls)
-            if traced.fallback:
-                notes.append(f"forward: checked only up to where fake tensors stopped ({traced.fallback})")
-                incomplete = f"fake tensors stopped ({traced.fallback})"
-            else:
-                incomplete = traced.stopped
-            notes.extend(traced.notes)
-            copies = traced.copies
-            findings = [_handled_by_forward(f, traced.handled.get(f.where), f.expected or target, placed)
-                        if f.code == "PC101" else f for f in findings] + traced.findings
-    findings = [f for f in dispatch.offload_findings(findings, copies, plan, offloaded) if f.code in codes]
-    device_map = dispatch.report_map(plan, copies)
-    return Report.build(str(name), "device-map", eng.name, findings, notes, result.stats,
+        inferred = not opts.inputs and opts.example_inputs is None
+        checked = _walk_and_forward(placed, eng, target, snapshot, construction.assignments, placement,
+                                    inputs, False, opts.library_findings, inferred, opts.reuse_calls)
+        notes.extend(checked.notes)
+        incomplete = checked.stopped
+        if checked.fallback:
+            notes.append(f"forward: checked only up to where fake tensors stopped ({checked.fallback})")
+            incomplete = f"fake tensors stopped ({checked.fallback})"
+    # an offloaded weight is on meta between forwards: where accelerate's hooks keep it
+    findings = [f for f in checked.findings if not (f.code in ("PC104", "PC105") and f.where in offloaded)]
+    findings = [f for f in dispatch.offload_findings(findings, checked.copies, plan, offloaded)
+                if f.code in codes]
+    device_map = dispatch.report_map(plan, checked.copies)
+    return Report.build(str(name), "device-map", eng.name, findings, notes, checked.stats,
                         incomplete=incomplete, device_map=device_map)

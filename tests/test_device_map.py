@@ -370,3 +370,30 @@ def test_the_printed_8b_map_is_accelerates(tmp_path: Path) -> None:
         expected = infer_auto_device_map(model, max_memory=balanced, no_split_module_classes=no_split)
     assert printed == {name: [f"cuda:{d}"] for name, d in expected.items()}
     assert json.loads(out)["device_map"]["budgets"] == {f"cuda:{i}": 24 * 2**30 for i in range(4)}
+
+
+def test_a_branch_on_an_assumed_value_is_in_the_device_map_audits_summary_too() -> None:
+    """A device-mapped model goes through the same walk and forward as a moved one: where its code
+    branched on a value the fake engine assumed, the summary does not claim that everything ran."""
+    _accelerate()
+    import torch
+    import torch.nn as nn
+
+    import placecheck
+
+    class Branches(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.first = nn.Linear(4, 4)
+            self.second = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if (self.first(x) > 0).any():  # a host sync (PC204) on values the weights decide
+                return self.first(x)
+            return self.second(x)
+
+    report = placecheck.audit(Branches, device_map="auto", gpus=2, inputs=["float32[2,4]"], ignore=["PC204"])
+    assert not report.findings and not report.incomplete
+    assert dict(report.stats)["assumed_branches"] == 1
+    assert report.summary_line().startswith("no placement problems found")
+    assert "the paths other values take are unchecked" in report.summary_line()
