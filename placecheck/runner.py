@@ -27,6 +27,7 @@ The parent never imports torch; the children do.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import queue
@@ -104,10 +105,25 @@ def _incomplete(model: ModelConfig, reason: str, message: str, stderr: str = "")
     return Report.build(model.label, device, "not run", [finding])
 
 
-def _spec(model: ModelConfig) -> dict[str, Any]:
-    """What the child needs to audit ``model``: the model and its options, as JSON-ready values."""
+def _spec(model: ModelConfig, threads: int = 0) -> dict[str, Any]:
+    """What the child needs to audit ``model``: the model and its options, as JSON-ready values, and
+    torch's thread count for it (0: torch's default)."""
     return {"target": model.target, "kwargs": model.kwargs, "args": list(model.args),
-            "options": model.options.to_dict()}
+            "options": model.options.to_dict(), "threads": threads}
+
+
+def child_threads(jobs: int) -> int:
+    """torch's intra-op thread count for each model's process while ``jobs`` run at once.
+
+    The machine's cores shared out, at least one each: torch starts one OpenMP thread per core in
+    every process, and ``jobs`` processes each spinning a thread per core on the same cores wait on
+    each other (with 2 jobs on 2 cores, some audits took ten times as long). One job keeps torch's
+    default (0).
+    """
+    if jobs <= 1:
+        return 0
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // jobs)
 
 
 def _tail(path: Path) -> str:
@@ -137,13 +153,13 @@ def _child_command(spec_path: Path, result_path: Path) -> list[str]:
 class _Files:
     """One model's spec, result and stderr files, in a temporary folder removed afterwards."""
 
-    def __init__(self, model: ModelConfig) -> None:
+    def __init__(self, model: ModelConfig, threads: int = 0) -> None:
         self._tmp = tempfile.TemporaryDirectory(prefix="placecheck-")
         folder = Path(self._tmp.name)
         self.spec, self.result, self.stderr = (folder / n for n in ("spec.json", "result.json",
                                                                      "stderr.txt"))
         try:
-            self.spec.write_text(json.dumps(_spec(model)), encoding="utf-8")
+            self.spec.write_text(json.dumps(_spec(model, threads)), encoding="utf-8")
         except BaseException:
             self._tmp.cleanup()
             raise
@@ -193,9 +209,11 @@ def _outcome(model: ModelConfig, returncode: int | None, timeout: float, files: 
                                            stderr_text))
 
 
-def audit_in_subprocess(model: ModelConfig, timeout: float, workdir: str | None = None) -> ModelOutcome:
-    """Audit one model in a fresh interpreter (``--isolation spawn``); never raises for the model's doing."""
-    with _Files(model) as files:
+def audit_in_subprocess(model: ModelConfig, timeout: float, workdir: str | None = None,
+                        threads: int = 0) -> ModelOutcome:
+    """Audit one model in a fresh interpreter (``--isolation spawn``), with ``threads`` torch threads
+    (:func:`child_threads`; 0: torch's default); never raises for the model's doing."""
+    with _Files(model, threads) as files:
         command = _child_command(files.spec, files.result)
         returncode: int | None
         with open(files.stderr, "wb") as stderr:
@@ -375,11 +393,10 @@ class WarmPool:
                  on_note: Callable[[str], None] | None = None) -> None:
         self.modules = preload_modules(models)
         self.workdir = workdir
-        # Each child keeps torch's default thread count, as a fresh interpreter has: the thread
-        # count changes the order of a real-valued forward's reductions, and a data-dependent path
-        # of a model with random weights can then flip (retinanet's box filtering did, at 1 thread).
-        # The server runs no torch op, so no OpenMP pool exists before the fork to hang the child.
-        self.threads = 0
+        # Each child gets its share of the cores (child_threads), as a spawned one does; the child
+        # sets it itself (the spec's threads). The server runs no torch op, so no OpenMP pool exists
+        # before the fork to hang the child.
+        self.threads = child_threads(jobs)
         self._idle: queue.SimpleQueue[ForkServer] = queue.SimpleQueue()
         self._servers: list[ForkServer] = []
         self._lock = threading.Lock()
@@ -412,8 +429,8 @@ class WarmPool:
     def audit(self, model: ModelConfig, timeout: float, workdir: str | None = None) -> ModelOutcome:
         """Audit one model in a child forked from a warm server (the ``audit_one`` of :func:`run_models`)."""
         if self._broken:
-            return audit_in_subprocess(model, timeout, workdir or self.workdir)
-        with _Files(model) as files:  # first: a spec that cannot be written holds no server
+            return audit_in_subprocess(model, timeout, workdir or self.workdir, self.threads)
+        with _Files(model, self.threads) as files:  # first: a spec that cannot be written holds no server
             server = self._checkout()
             try:
                 server.warm_up()
@@ -424,9 +441,9 @@ class WarmPool:
                 if first and self._note is not None:
                     self._note("a warm worker did not start; auditing in fresh interpreters instead "
                                f"(as --isolation spawn){': ' + tail.splitlines()[-1] if tail else ''}")
-                return audit_in_subprocess(model, timeout, workdir or self.workdir)
+                return audit_in_subprocess(model, timeout, workdir or self.workdir, self.threads)
             try:
-                returncode = server.run(files, timeout, self.threads)
+                returncode = server.run(files, timeout, 0)  # the child sets the spec's threads
             except ServerGone:
                 tail = self._discard(server)
                 return ModelOutcome(model, _incomplete(
@@ -523,7 +540,7 @@ def run_models(config: RunConfig, jobs: int | None = None, timeout: float | None
             pool = WarmPool(models, workers, workdir, on_note=_note)
             audit_one = pool.audit
         else:
-            audit_one = audit_in_subprocess
+            audit_one = functools.partial(audit_in_subprocess, threads=child_threads(workers))
     run_one = audit_one
 
     def one(index: int) -> None:

@@ -14,8 +14,9 @@ Two ways to get a model its own process, chosen by ``--isolation``
 
 Forking after torch is imported is safe only while the server itself has run no torch
 op: an OpenMP (GNU libgomp) thread pool started before a fork hangs the child's first
-parallel op. The server therefore only imports, and each child keeps torch's default thread
-count, as a fresh interpreter would (a request may set another, ``threads``).
+parallel op. The server therefore only imports; each child sets its own thread count, as a
+fresh interpreter does (the spec's ``threads``: its share of the cores when several models run at
+once, :func:`placecheck.runner.child_threads`; a request may also set one, ``threads``).
 
 The server speaks a line protocol over its stdin/stdout: it writes ``ready`` once warm;
 for each request line (JSON: ``spec``, ``result``, ``stderr``, ``threads``, and ``entry``
@@ -79,6 +80,10 @@ def child_main(spec_path: str, result_path: str) -> int:
     spec = json.loads(Path(spec_path).read_text(encoding="utf-8"))
     result: dict[str, Any]
     try:
+        if spec.get("threads"):  # its share of the cores while other models' audits run beside it
+            import torch
+
+            torch.set_num_threads(int(spec["threads"]))
         from placecheck.formats.json import report_to_dict
 
         report = _audit(spec)

@@ -85,7 +85,8 @@ def test_fork_and_spawn_give_the_same_findings() -> None:
 
 
 def _fake_spawn(calls: list[str]) -> Any:
-    def audit(model: ModelConfig, timeout: float, workdir: str | None = None) -> runner.ModelOutcome:
+    def audit(model: ModelConfig, timeout: float, workdir: str | None = None,
+              threads: int = 0) -> runner.ModelOutcome:
         calls.append(model.label)
         return runner.ModelOutcome(model, Report.build(model.label, "cuda:0", "fake", []))
 
@@ -221,3 +222,36 @@ def test_progress_off_prints_nothing(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""
     assert json.loads(proc.stdout)["models"][0]["findings"] == []
+
+
+def test_child_threads_share_the_cores_out_among_the_jobs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    assert runner.child_threads(1) == 0  # one job: torch's default, every core
+    assert [runner.child_threads(jobs) for jobs in (2, 3, 4, 8, 16)] == [4, 2, 2, 1, 1]
+
+
+@pytest.mark.parametrize("isolation", ["fork", "spawn"])
+def test_parallel_models_each_get_their_share_of_the_cores(
+        isolation: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two jobs: each model's process runs torch with its share of the threads, not one per core each
+    (both jobs spinning a thread per core on the same cores made some audits ten times slower)."""
+    if isolation == "fork" and not runner.fork_available():
+        pytest.skip("os.fork is not available here")
+    log = tmp_path / "threads.txt"
+    monkeypatch.setenv("PLACECHECK_TEST_PIDS", str(log))
+    outcomes = _run(f"""
+        jobs = 2
+        [[models]]
+        name = "first"
+        target = "{MODELS}:CountsThreads"
+        inputs = ["float32[2,4]"]
+        [[models]]
+        name = "second"
+        target = "{MODELS}:CountsThreads"
+        inputs = ["float32[2,4]"]
+        """, isolation=isolation)
+    assert not any(o.failed for o in outcomes), [o.report.findings for o in outcomes]
+    # each model is built twice (--init auto measures it on the meta device first), in its process
+    records = [line.split() for line in log.read_text().splitlines()]
+    assert len({pid for _, pid, _ in records}) == 2  # two processes...
+    assert {count for count, _, _ in records} == {f"threads={runner.child_threads(2)}"}  # ...their share
