@@ -8,6 +8,7 @@ before committing it.
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +21,22 @@ REPO = TESTS.parent
 EXAMPLES = REPO / "placecheck" / "examples"
 BUGGY = f"{EXAMPLES / 'buggy.py'}:BuggyNet"
 CLEAN = f"{EXAMPLES / 'clean.py'}:CleanNet"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist, each worker runs torch with its share of the cores, as placecheck's own
+    parallel audits do (:func:`placecheck.runner.child_threads`), and so do the processes the tests
+    start (``OMP_NUM_THREADS``): every worker spinning a thread per core on the same cores slows the
+    suite's CPU work many times over."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if workers > 1:
+        from placecheck.runner import child_threads
+
+        share = child_threads(workers)
+        os.environ.setdefault("OMP_NUM_THREADS", str(share))
+        import torch
+
+        torch.set_num_threads(share)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
