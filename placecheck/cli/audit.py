@@ -149,7 +149,8 @@ def audit(
              "one), each in its own process.")] = None,
     jobs: Annotated[int | None, typer.Option(
         "--jobs", "-j", metavar="N", min=1,
-        help="With --config: models audited in parallel (default: the config's, else 1).")] = None,
+        help="With --config: models audited in parallel (default: the config's, else 1), each "
+             "process running torch with its share of the cores.")] = None,
     timeout: Annotated[float | None, typer.Option(
         "--timeout", metavar="SECONDS", min=0.001,
         help="Seconds one model's audit may take before it is stopped. With --config each model "
