@@ -117,10 +117,11 @@ def child_threads(jobs: int) -> int:
 
     The machine's cores shared out, at least one each: torch starts one OpenMP thread per core in
     every process, and ``jobs`` processes each spinning a thread per core on the same cores wait on
-    each other (with 2 jobs on 2 cores, some audits took ten times as long). One job keeps torch's
+    each other (with 2 jobs on 2 cores, some audits took ten times as long). One job, or an
+    ``OMP_NUM_THREADS`` the user set (each child inherits it, and torch follows it), keeps torch's
     default (0).
     """
-    if jobs <= 1:
+    if jobs <= 1 or os.environ.get("OMP_NUM_THREADS", "").strip():
         return 0
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, cores // jobs)

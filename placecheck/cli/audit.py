@@ -150,7 +150,8 @@ def audit(
     jobs: Annotated[int | None, typer.Option(
         "--jobs", "-j", metavar="N", min=1,
         help="With --config: models audited in parallel (default: the config's, else 1), each "
-             "process running torch with its share of the cores.")] = None,
+             "process running torch with its share of the cores (unless OMP_NUM_THREADS is "
+             "set).")] = None,
     timeout: Annotated[float | None, typer.Option(
         "--timeout", metavar="SECONDS", min=0.001,
         help="Seconds one model's audit may take before it is stopped. With --config each model "
