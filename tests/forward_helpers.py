@@ -5,6 +5,7 @@ the PC202 that fed it are two findings); the report's grouping of findings
 into problems by root cause has tests of its own. The fixture builds every
 report of a test ungrouped, as ``--no-group`` does. :func:`marked_line` finds
 the line a finding's ``source`` must name, by a ``# MARK ...`` comment on it.
+:class:`BranchesOnAWeight` branches on a value the fake engine can only assume.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
+import torch.nn as nn
 
 import placecheck.report
 
@@ -44,3 +47,18 @@ def marked_line(test_file: str, text: str) -> int:
 def marked_source(test_file: str, text: str) -> str:
     """``name.py:LINE`` of :func:`marked_line`: how a finding's ``source`` (or a note) ends."""
     return f"{Path(test_file).name}:{marked_line(test_file, text)}"
+
+
+class BranchesOnAWeight(nn.Module):
+    """Which layer runs depends on a value computed from weights: the fake engine must assume it (a
+    branch on an assumed value, noted at the line marked here)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.other = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (self.lin(x) > 0).any():  # MARK weight branch
+            return self.lin(x)
+        return self.other(x)

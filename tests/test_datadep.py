@@ -6,10 +6,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import forward_helpers
 import pytest
 import torch
 import torch.nn as nn
-from forward_helpers import marked_source
+from forward_helpers import BranchesOnAWeight, marked_source
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import placecheck
@@ -134,20 +135,6 @@ def test_every_expert_runs_under_meta_init_so_a_stray_in_one_is_found() -> None:
     assert [f.source.rpartition("/")[2] for f in mismatches] == [marked_source(__file__, "MARK scale")]
 
 
-class BranchesOnAWeight(nn.Module):
-    """Which layer runs depends on a value computed from weights: the fake engine must assume it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.lin = nn.Linear(4, 4)
-        self.other = nn.Linear(4, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if (self.lin(x) > 0).any():  # MARK weight branch
-            return self.lin(x)
-        return self.other(x)
-
-
 def test_a_branch_on_an_assumed_value_keeps_the_summary_from_claiming_everything_ran() -> None:
     # the host sync itself is a PC204; ignored, nothing is left to report for the path that ran
     report = placecheck.audit(BranchesOnAWeight, "cuda", engine="fake", init="meta", inputs=["float32[2,4]"],
@@ -158,7 +145,7 @@ def test_a_branch_on_an_assumed_value_keeps_the_summary_from_claiming_everything
     assert "the code branched on 1 value the simulation assumed, the paths other values take are " \
            "unchecked" in report.summary_line()
     assert any(n.endswith("a path another value takes was not checked") and
-               marked_source(__file__, "MARK weight branch") in n for n in report.notes)
+               marked_source(forward_helpers.__file__, "MARK weight branch") in n for n in report.notes)
     tagged = placecheck.audit(BranchesOnAWeight, "cuda", engine="tagged", inputs=["float32[2,4]"],
                               ignore=["PC204"])
     assert "assumed_branches" not in dict(tagged.stats) and "assumed" not in tagged.summary_line()

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from conftest import TESTS, assert_usage_error, fixture_cases, load_file, read_expected_lines
-from forward_helpers import ungrouped  # noqa: F401 (the fixture)
+from forward_helpers import BranchesOnAWeight, ungrouped  # noqa: F401 (the fixture)
 from typer.testing import CliRunner
 
 from placecheck.cli import app
@@ -376,23 +376,10 @@ def test_a_branch_on_an_assumed_value_is_in_the_device_map_audits_summary_too() 
     """A device-mapped model goes through the same walk and forward as a moved one: where its code
     branched on a value the fake engine assumed, the summary does not claim that everything ran."""
     _accelerate()
-    import torch
-    import torch.nn as nn
-
     import placecheck
 
-    class Branches(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.first = nn.Linear(4, 4)
-            self.second = nn.Linear(4, 4)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            if (self.first(x) > 0).any():  # a host sync (PC204) on values the weights decide
-                return self.first(x)
-            return self.second(x)
-
-    report = placecheck.audit(Branches, device_map="auto", gpus=2, inputs=["float32[2,4]"], ignore=["PC204"])
+    report = placecheck.audit(BranchesOnAWeight, device_map="auto", gpus=2, inputs=["float32[2,4]"],
+                              ignore=["PC204"])
     assert not report.findings and not report.incomplete
     assert dict(report.stats)["assumed_branches"] == 1
     assert report.summary_line().startswith("no placement problems found")
