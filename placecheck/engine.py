@@ -48,6 +48,7 @@ from placecheck.cudaapi import (
 from placecheck.devices import device_index
 from placecheck.errors import UsageError
 from placecheck.options import EngineChoice
+from placecheck.shortcuts import fake_tensor
 from placecheck.tagged import move_destination, tagged_cuda, to_options
 
 __all__ = ["SIMULATED_CUDA", "SIMULATED_CUDA_VALUES", "SIMULATED_GPU_NAME", "Engine", "EngineChoice",
@@ -236,16 +237,11 @@ def _fake_parameters_swappable(known: Any = None) -> Iterator[None]:
 
 def _fake_on(fake_mode: Any, t: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """A fake tensor of ``fake_mode`` shaped like ``t``, on ``device``, with no data."""
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
     from torch.nn.parameter import UninitializedBuffer, UninitializedParameter
 
-    with unset_fake_temporarily():
-        if isinstance(t, UninitializedParameter | UninitializedBuffer):  # nn.Lazy* state: no shape yet
-            meta = torch.empty(0, dtype=dtype, device="meta")
-        else:
-            meta = torch.empty_strided(t.shape, t.stride(), dtype=dtype, device="meta")
-    fake: torch.Tensor = fake_mode.fake_tensor_converter.from_meta_and_device(fake_mode, meta, device)
-    return fake
+    if isinstance(t, UninitializedParameter | UninitializedBuffer):  # nn.Lazy* state: no shape yet
+        return fake_tensor(fake_mode, (0,), (1,), dtype, device)
+    return fake_tensor(fake_mode, t.shape, t.stride(), dtype, device)
 
 
 def fake_tensor_like(fake_mode: Any, t: torch.Tensor, device: torch.device) -> torch.Tensor:
