@@ -91,6 +91,7 @@ fidelity: install
 WHEEL_DIR := build/wheel-check
 wheel-check: install
 	rm -rf $(WHEEL_DIR) build/lib build/bdist.*
+	mkdir -p $(WHEEL_DIR)
 	$(PY) -m build --wheel --no-isolation --outdir $(WHEEL_DIR)/dist . > $(WHEEL_DIR).log
 	$(PYTHON) -m venv $(WHEEL_DIR)/venv
 	$(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' > \
