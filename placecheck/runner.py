@@ -533,15 +533,16 @@ def run_models(config: RunConfig, jobs: int | None = None, timeout: float | None
     default_timeout = timeout or config.timeout
     models: Sequence[ModelConfig] = config.models
     outcomes: list[ModelOutcome | None] = [None] * len(models)
+    at_once = max(1, min(workers, len(models)))  # the models' processes sharing the cores
     display = _display(progress_mode(config.progress if progress is None else progress), len(models))
     pool: WarmPool | None = None
     if audit_one is None:
         # the fallback is noted only when the command line asked for fork (the default is silent)
         if isolation_mode(isolation or config.isolation, _note if isolation else None) == "fork":
-            pool = WarmPool(models, workers, workdir, on_note=_note)
+            pool = WarmPool(models, at_once, workdir, on_note=_note)
             audit_one = pool.audit
         else:
-            audit_one = functools.partial(audit_in_subprocess, threads=child_threads(workers))
+            audit_one = functools.partial(audit_in_subprocess, threads=child_threads(at_once))
     run_one = audit_one
 
     def one(index: int) -> None:

@@ -260,3 +260,23 @@ def test_parallel_models_each_get_their_share_of_the_cores(
     assert len({pid for _, pid, _ in records}) == 2  # two processes...
     share = runner.child_threads(2)
     assert share >= 1 and {count for count, _, _ in records} == {f"threads={share}"}  # ...their share
+
+
+@pytest.mark.parametrize(("models", "jobs"), [(1, 2), (2, 2), (3, 2), (2, 1)])
+def test_the_share_counts_the_models_that_really_run_at_once(
+        models: int, jobs: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--jobs 2`` with one model leaves that model every core."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(4)), raising=False)
+    given: list[int] = []
+
+    def spawn(model: ModelConfig, timeout: float, workdir: str | None = None,
+              threads: int = 0) -> runner.ModelOutcome:
+        given.append(threads)
+        return runner.ModelOutcome(model, Report.build(model.label, "cuda:0", "fake", []))
+
+    monkeypatch.setattr(runner, "audit_in_subprocess", spawn)
+    cfg = RunConfig(path="x", models=tuple(ModelConfig(target=f"m{i}:M") for i in range(models)))
+    runner.run_models(cfg, jobs=jobs, progress="off", isolation="spawn")
+    assert given == [runner.child_threads(min(models, jobs))] * models
+    assert given[0] == {1: 0, 2: 2}[min(models, jobs)]
