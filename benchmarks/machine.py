@@ -2,7 +2,7 @@
 
 Issue 14's targets are absolute times (30 s for a DeepSeek-V3-shaped audit, 7 minutes for
 ``make test``), and the project's machines differ: the same code audited DeepSeek-V3 in 61 s on one
-2-core machine and in 26 s on another, two days later. Each benchmark that reports an absolute time
+2-core machine and in 20 to 21 s on another, two days later. Each benchmark that reports an absolute time
 records :func:`describe`, whose ``reference_s`` is the time of a workload that does not depend on
 placecheck's code but exercises what an audit spends its time on (Python object churn and torch's
 dispatch on meta tensors), so that results of two runs can be compared (divide by ``reference_s``).

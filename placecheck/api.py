@@ -509,8 +509,8 @@ def _attempt(eng: Engine, opts: _Options) -> _Attempt:
         inferred = not opts.inputs and opts.example_inputs is None
         checked = _walk_and_forward(moved, eng, target, snapshot, construction.assignments, placement,
                                     inputs, opts.train, opts.library_findings, inferred, opts.reuse_calls,
-                                    around_forward=lambda: replica.forward(moved) if replica is not None
-                                    else contextlib.nullcontext())
+                                    around_forward=(lambda: replica.forward(moved)) if replica is not None
+                                    else contextlib.nullcontext)
         attempt.notes.extend(checked.notes)
         attempt.fallback, attempt.incomplete = checked.fallback, checked.stopped
         if placement is not None:

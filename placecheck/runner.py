@@ -325,7 +325,7 @@ class ForkServer:
                 raise ServerGone
             self._ready = True
 
-    def run(self, files: ChildFiles, timeout: float, threads: int, entry: str = "") -> int | None:
+    def run(self, files: ChildFiles, timeout: float, entry: str = "") -> int | None:
         """Fork one child and wait for it; its exit status, or None when stopped at ``timeout``.
 
         The child runs one model's audit, or ``entry`` (``placecheck.MODULE:FUNCTION``, given the spec
@@ -334,7 +334,7 @@ class ForkServer:
         self.warm_up()
         assert self.process.stdin is not None
         request: dict[str, Any] = {"spec": str(files.spec), "result": str(files.result),
-                                   "stderr": str(files.stderr), "threads": threads}
+                                   "stderr": str(files.stderr)}
         if entry:
             request["entry"] = entry
         try:
@@ -444,7 +444,7 @@ class WarmPool:
                                f"(as --isolation spawn){': ' + tail.splitlines()[-1] if tail else ''}")
                 return audit_in_subprocess(model, timeout, workdir or self.workdir, self.threads)
             try:
-                returncode = server.run(files, timeout, 0)  # the child sets the spec's threads
+                returncode = server.run(files, timeout)
             except ServerGone:
                 tail = self._discard(server)
                 return ModelOutcome(model, _incomplete(

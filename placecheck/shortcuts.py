@@ -15,15 +15,12 @@ its device mismatch as before. The data-dependent mode
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 aten = torch.ops.aten
-
-_Shortcut = Callable[[tuple[Any, ...], dict[str, Any]], Any]
 
 
 def fake_tensor(fake_mode: Any, shape: Sequence[int], stride: Sequence[int], dtype: torch.dtype,
@@ -53,16 +50,14 @@ def _eval_batch_norm(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -
     """
     from torch._subclasses.fake_tensor import FakeTensor
 
-    if kwargs:
-        return None
     if func is aten._native_batch_norm_legit_no_training.default:
-        if len(args) != 7:
+        if kwargs or len(args) != 7:
             return None
-        x, weight, bias, mean, var = args[:5]
-    else:
-        if len(args) != 8 or args[5] is not False:
-            return None  # training: the running statistics are written, which torch's path does
-        x, weight, bias, mean, var = args[:5]
+    elif kwargs or len(args) != 8 or args[5] is not False:
+        return None  # training: the running statistics are written, which torch's path does
+    x, weight, bias, mean, var = args[:5]
+    if func is aten.cudnn_batch_norm.default and weight is None:
+        return None
     if not isinstance(x, FakeTensor) or x.device.type == "cpu" or x.dim() < 2 or not _dense(x):
         return None
     if not x.is_floating_point() or mean is None or var is None:
@@ -75,24 +70,17 @@ def _eval_batch_norm(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -
     mode, device = x.fake_mode, x.device
     out = fake_tensor(mode, x.shape, x.stride(), x.dtype, device)
     if func is aten.cudnn_batch_norm.default:
-        if weight is None:
-            return None
-        empty = fake_tensor(mode, (0,), (1,), weight.dtype, device)
-        return (out, empty, fake_tensor(mode, (0,), (1,), weight.dtype, device),
-                fake_tensor(mode, (0,), (1,), torch.uint8, device))
+        empty_stats = [fake_tensor(mode, (0,), (1,), weight.dtype, device) for _ in range(2)]
+        return (out, *empty_stats, fake_tensor(mode, (0,), (1,), torch.uint8, device))
     computation = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
     return (out, fake_tensor(mode, (channels,), (1,), computation, device),
             fake_tensor(mode, (channels,), (1,), computation, device))
 
 
-_SHORTCUTS: dict[Any, _Shortcut] = {
-    op: functools.partial(_eval_batch_norm, op)
-    for op in (aten.native_batch_norm.default, aten._native_batch_norm_legit_no_training.default,
-               aten.cudnn_batch_norm.default)
-}
+_BATCH_NORMS = frozenset({aten.native_batch_norm.default, aten._native_batch_norm_legit_no_training.default,
+                          aten.cudnn_batch_norm.default})
 
 
 def shortcut(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """The result of ``func(*args, **kwargs)`` made from metadata, or None where torch's path must run."""
-    made = _SHORTCUTS.get(func)
-    return made(args, kwargs) if made is not None else None
+    return _eval_batch_norm(func, args, kwargs) if func in _BATCH_NORMS else None

@@ -16,10 +16,10 @@ Forking after torch is imported is safe only while the server itself has run no 
 op: an OpenMP (GNU libgomp) thread pool started before a fork hangs the child's first
 parallel op. The server therefore only imports; each child sets its own thread count, as a
 fresh interpreter does (the spec's ``threads``: its share of the cores when several models run at
-once, :func:`placecheck.runner.child_threads`; a request may also set one, ``threads``).
+once, :func:`placecheck.runner.child_threads`).
 
 The server speaks a line protocol over its stdin/stdout: it writes ``ready`` once warm;
-for each request line (JSON: ``spec``, ``result``, ``stderr``, ``threads``, and ``entry``
+for each request line (JSON: ``spec``, ``result``, ``stderr``, and ``entry``
 when the child runs another of placecheck's entry points than :func:`child_main`, as
 ``placecheck fix``'s proofs do) it forks,
 writes ``started PID``, waits for the child and writes ``exited STATUS`` (negative: killed
@@ -157,11 +157,6 @@ def _fork_child(request: dict[str, Any], protocol: int) -> int:
         os.dup2(devnull, 1)
         stderr = os.open(request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         os.dup2(stderr, 2)
-        threads = request.get("threads")
-        if threads:
-            import torch
-
-            torch.set_num_threads(int(threads))
         status = _entry(request.get("entry"))(request["spec"], request["result"])
     except BaseException:  # nothing may return into the server's loop
         import traceback

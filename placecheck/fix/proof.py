@@ -284,7 +284,7 @@ def _from_server(folder: Path, job: bytes, env: dict[str, str]) -> tuple[int | N
     files.spec.write_bytes(job)
     with _SERVER_LOCK:  # one request at a time on the server's line protocol
         try:
-            status = _server(env).run(files, _NO_TIMEOUT, threads=0, entry="placecheck.fix.proof:fresh_job")
+            status = _server(env).run(files, _NO_TIMEOUT, entry="placecheck.fix.proof:fresh_job")
         except ServerGone:
             _SERVER.pop().close()
             return None
