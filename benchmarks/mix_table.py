@@ -25,7 +25,7 @@ Without a GPU (and without ``MIX_DEVICE=cpu``) it says so and exits 0: the commi
 :func:`replay` runs one row through a simulated engine; ``tests/test_mix_table.py`` holds every
 verified row to the GPU's verdict, and :data:`placecheck.limits.LIMITS` lists the rows that differ.
 """
-# ruff: noqa: E501, E731, B023  (one case a line: the table reads as a table)
+# ruff: noqa: E501, E731  (one case a line: the table reads as a table)
 
 from __future__ import annotations
 
@@ -234,6 +234,162 @@ GROWN_CASES: dict[str, Any] = {}
 """Cases generated beyond the verified ones (see :func:`_grow`); unverified until a GPU runs them."""
 
 
+def _grow() -> dict[str, Any]:
+    """Families of cases beyond the verified ones: each binary, in-place, loss, matmul, norm, indexing,
+    optimizer, foreach, generator, copy and CPU-argument op the zoos and training loops call, with the
+    argument placements that matter (a full CPU tensor, a 0-dim CPU tensor, a CPU self of an in-place op)."""
+    x44 = lambda d: t(d, 4, 4)
+    cases: dict[str, Any] = {}
+    binary = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "true_divide": torch.true_divide,
+              "pow": torch.pow, "maximum": torch.maximum, "minimum": torch.minimum, "fmax": torch.fmax, "fmin": torch.fmin,
+              "atan2": torch.atan2, "fmod": torch.fmod, "remainder": torch.remainder, "hypot": torch.hypot,
+              "copysign": torch.copysign, "eq": torch.eq, "ne": torch.ne, "lt": torch.lt, "le": torch.le, "gt": torch.gt,
+              "ge": torch.ge, "logaddexp": torch.logaddexp, "logaddexp2": torch.logaddexp2, "xlogy": torch.xlogy,
+              "floor_divide": torch.floor_divide, "nextafter": torch.nextafter, "heaviside": torch.heaviside,
+              "float_power": torch.float_power, "rsub": torch.rsub, "ldexp": torch.ldexp, "igamma": torch.igamma}
+    for n, f in binary.items():
+        cases[f"grown {n}"] = (lambda a, f=f: f(a["x"], a["y"]), {"x": x44, "y": x44}, [("y",), ("x",)])
+        cases[f"grown {n} 0-dim other"] = (lambda a, f=f: f(a["x"], a["y"]), {"x": x44, "y": lambda d: scalar(d)}, [("y",)])
+        cases[f"grown {n} 0-dim self"] = (lambda a, f=f: f(a["y"], a["x"]), {"x": x44, "y": lambda d: scalar(d)}, [("y",)])
+    for n in ["add_", "sub_", "mul_", "div_", "pow_", "maximum", "fmod_", "remainder_", "copysign_", "atan2_", "hypot_",
+              "lerp_", "clamp_", "clamp_min_", "clamp_max_", "fill_", "masked_fill_", "__iadd__", "__isub__", "__imul__",
+              "__itruediv__"]:
+        call = {"lerp_": lambda x, y: x.lerp_(y, 0.5), "clamp_": lambda x, y: x.clamp_(min=y),
+                "masked_fill_": lambda x, y: x.masked_fill_(x > 0, y), "fill_": lambda x, y: x.fill_(y)}.get(
+                    n, lambda x, y, n=n: getattr(x, n)(y))
+        cases[f"grown in-place {n} 0-dim other"] = (lambda a, c=call: c(a["x"], a["y"]), {"x": lambda d: t(d, 4), "y": lambda d: scalar(d)}, [("y",)])
+        cases[f"grown in-place {n} into 0-dim self"] = (lambda a, c=call: c(a["x"], a["y"]), {"x": lambda d: scalar(d), "y": lambda d: scalar(d)}, [("x",)])
+    for n, f in {"clamp min": lambda a: torch.clamp(a["x"], min=a["y"]), "clamp max": lambda a: torch.clamp(a["x"], max=a["y"]),
+                 "clip": lambda a: torch.clip(a["x"], a["y"], None), "clamp_min": lambda a: torch.clamp_min(a["x"], a["y"]),
+                 "where other": lambda a: torch.where(a["x"] > 0, a["x"], a["y"]), "lerp weight": lambda a: torch.lerp(a["x"], a["x"], a["y"]),
+                 "addcmul value tensor": lambda a: torch.addcmul(a["x"], a["x"], a["y"]), "addcdiv": lambda a: torch.addcdiv(a["x"], a["x"], a["y"].abs() + 1),
+                 "masked_fill value": lambda a: a["x"].masked_fill(a["x"] > 0, a["y"]), "cat 0-dim": lambda a: torch.cat([a["x"].flatten(), a["y"].reshape(1)]),
+                 "stack 0-dim": lambda a: torch.stack([a["x"].sum(), a["y"]]), "hstack 0-dim": lambda a: torch.hstack([a["x"].sum().reshape(1), a["y"].reshape(1)]),
+                 "vstack": lambda a: torch.vstack([a["x"], a["y"].expand(4, 4)]), "full_like fill": lambda a: torch.full_like(a["x"], a["y"].item()),
+                 "mul scalar tensor of grad": lambda a: a["x"] * a["y"]}.items():
+        cases[f"grown scalar {n}"] = (f, {"x": lambda d: t(d, 4, 4), "y": lambda d: scalar(d, 0.5)}, [("y",)])
+    losses = {"mse": F.mse_loss, "l1": F.l1_loss, "smooth_l1": F.smooth_l1_loss, "huber": F.huber_loss,
+              "soft_margin": F.soft_margin_loss, "bce_logits": F.binary_cross_entropy_with_logits,
+              "multilabel_soft_margin": F.multilabel_soft_margin_loss, "poisson_nll": F.poisson_nll_loss,
+              "hinge_embedding": F.hinge_embedding_loss, "kl_div": lambda x, y: F.kl_div(x, y, reduction="batchmean"),
+              "bce": lambda x, y: F.binary_cross_entropy(x.sigmoid(), y.sigmoid()),
+              "gaussian_nll": lambda x, y: F.gaussian_nll_loss(x, y, torch.ones_like(x))}
+    for n, f in losses.items():
+        cases[f"grown loss {n}"] = (lambda a, f=f: f(a["x"], a["y"]), {"x": lambda d: t(d, 4, 3), "y": lambda d: t(d, 4, 3)}, [("y",), ("x",)])
+        cases[f"grown loss {n} backward"] = (lambda a, f=f: f(a["x"].requires_grad_(), a["y"]).backward(), {"x": lambda d: t(d, 4, 3), "y": lambda d: t(d, 4, 3)}, [("y",)])
+    for n, f in {"cross_entropy": F.cross_entropy, "nll": lambda x, y: F.nll_loss(x.log_softmax(-1), y),
+                 "multi_margin": F.multi_margin_loss, "cross_entropy ignore": lambda x, y: F.cross_entropy(x, y, ignore_index=0)}.items():
+        cases[f"grown class loss {n}"] = (lambda a, f=f: f(a["x"], a["y"]), {"x": lambda d: t(d, 4, 3), "y": lambda d: t(d, 4, kind="i", hi=3)}, [("y",), ("x",)])
+    cases["grown triplet"] = (lambda a: F.triplet_margin_loss(a["x"], a["y"], a["z"]), {"x": x44, "y": x44, "z": x44}, [("y",), ("z",)])
+    mats = {"mm": lambda a: torch.mm(a["x"], a["y"]), "addmm": lambda a: torch.addmm(a["x"], a["x"], a["y"]),
+            "addmv": lambda a: torch.addmv(a["x"][0], a["x"], a["y"][0]), "addr": lambda a: torch.addr(a["x"], a["y"][0], a["y"][1]),
+            "chain_matmul": lambda a: torch.linalg.multi_dot([a["x"], a["y"]]), "linalg.solve": lambda a: torch.linalg.solve(a["x"] + 4 * torch.eye(4, device=a["x"].device), a["y"]),
+            "cdist": lambda a: torch.cdist(a["x"], a["y"]), "cosine_similarity": lambda a: F.cosine_similarity(a["x"], a["y"]),
+            "pairwise_distance": lambda a: F.pairwise_distance(a["x"], a["y"]), "bilinear": lambda a: F.bilinear(a["x"], a["x"], a["y"].unsqueeze(0)),
+            "F.linear bias only": lambda a: F.linear(a["x"], a["x"], a["y"][0])}
+    for n, f in mats.items():
+        cases[f"grown matmul {n}"] = (f, {"x": x44, "y": x44}, [("y",), ("x",)])
+    layers = {"conv2d bias": lambda a: F.conv2d(a["x"].reshape(1, 1, 4, 4), a["w"][:2, :2].reshape(1, 1, 2, 2), a["b"][:1, 0]),
+              "instance_norm weight": lambda a: F.instance_norm(a["x"].reshape(1, 4, 4), weight=a["w"][0], bias=a["b"][0]),
+              "layer_norm bias": lambda a: F.layer_norm(a["x"], (4,), a["w"][0], a["b"][0]),
+              "embedding weight": lambda a: F.embedding(torch.tensor([0, 1], device=a["x"].device), a["w"]),
+              "sdpa float mask": lambda a: F.scaled_dot_product_attention(a["x"][None, None], a["x"][None, None], a["x"][None, None], attn_mask=a["b"]),
+              "prelu": lambda a: F.prelu(a["x"], a["w"][0, :1]), "glu": lambda a: F.glu(torch.cat([a["x"], a["w"]], 1)),
+              "dropout train": lambda a: F.dropout(a["x"], 0.5, training=True) + a["b"],
+              "lstm h0": lambda a: nn.LSTM(4, 4).to(a["x"].device)(a["x"].unsqueeze(1), (a["w"][:1, None], a["b"][:1, None])),
+              "gru h0": lambda a: nn.GRU(4, 4).to(a["x"].device)(a["x"].unsqueeze(1), a["w"][:1, None])}
+    for n, f in layers.items():
+        cases[f"grown layer {n}"] = (f, {"x": x44, "w": x44, "b": x44}, [("w",), ("b",), ("w", "b")])
+    index = {"getitem long": lambda a: a["x"][a["i"]], "getitem bool": lambda a: a["x"][a["m"]],
+             "getitem long 2nd dim": lambda a: a["x"][:, a["i"]], "getitem ellipsis": lambda a: a["x"][..., a["i"]],
+             "setitem long value": lambda a: a["x"].__setitem__(a["i"], a["v"][:3]), "setitem bool scalar": lambda a: a["x"].__setitem__(a["m"], 0.0),
+             "setitem bool tensor value": lambda a: a["x"].__setitem__(a["m"], a["v"][0, 0]),
+             "index_put accumulate": lambda a: a["x"].index_put_((a["i"],), a["v"][:3], accumulate=True),
+             "take": lambda a: torch.take(a["x"], a["i"]), "index_select dim1": lambda a: a["x"].index_select(1, a["i"]),
+             "gather dim0": lambda a: a["x"].gather(0, a["i"].expand(4, 3)[:3]), "masked_select": lambda a: a["x"].masked_select(a["m"]),
+             "nonzero of mask then index": lambda a: a["x"][a["m"].nonzero(as_tuple=True)], "where mask": lambda a: torch.where(a["m"], a["x"], 0.0),
+             "index_add": lambda a: a["x"].index_add(0, a["i"], a["v"][:3]), "scatter_reduce sum": lambda a: a["x"].scatter_reduce(0, a["i"].expand(4, 3)[:3].clamp(max=3), a["v"][:3, :3], "sum"),
+             "index_fill": lambda a: a["x"].index_fill(0, a["i"], 1.0), "list of tensors index": lambda a: a["x"][[a["i"], a["i"]]]}
+    for n, f in index.items():
+        cases[f"grown index {n}"] = (f, {"x": x44, "i": lambda d: torch.tensor([0, 2, 3], device=d), "m": lambda d: t(d, 4, 4, kind="b"), "v": x44}, [("i",), ("m",), ("v",), ("x",)])
+    for n in ["SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adadelta", "Adamax", "NAdam", "RAdam", "ASGD"]:
+        for foreach in (False, True):
+            cases[f"grown optim {n} foreach={foreach}"] = (lambda a, n=n, fe=foreach: _optim_step(n, a, foreach=fe), {"p": lambda d: t(d, 4), "g": lambda d: t(d, 4), "s": lambda d: t(d, 4)}, [("g",), ("s",), ("p",)])
+    for n in ["SGD", "Adam", "AdamW", "Adagrad"]:
+        cases[f"grown optim {n} fused"] = (lambda a, n=n: _optim_step(n, a, fused=True), {"p": lambda d: t(d, 4), "g": lambda d: t(d, 4), "s": lambda d: t(d, 4)}, [("g",), ("s",), ("p",)])
+    foreach = {"add_ list": lambda a: torch._foreach_add_([a["x"], a["y"]], [a["u"], a["v"]]),
+               "mul_ scalar tensor": lambda a: torch._foreach_mul_([a["x"], a["y"]], a["s"]),
+               "lerp_": lambda a: torch._foreach_lerp_([a["x"], a["y"]], [a["u"], a["v"]], 0.5),
+               "addcmul_": lambda a: torch._foreach_addcmul_([a["x"], a["y"]], [a["u"], a["v"]], [a["u"], a["v"]]),
+               "norm": lambda a: torch._foreach_norm([a["x"], a["y"]]), "sqrt": lambda a: torch._foreach_sqrt([a["x"].abs(), a["y"].abs()]),
+               "copy_": lambda a: torch._foreach_copy_([a["x"], a["y"]], [a["u"], a["v"]]),
+               "clip_grad_norm_ foreach": lambda a: _clip_lists(a, foreach=True), "clip_grad_norm_ loop": lambda a: _clip_lists(a, foreach=False),
+               "clip_grad_value_": lambda a: _clip_lists(a, value=True)}
+    for n, f in foreach.items():
+        cases[f"grown foreach {n}"] = (f, {"x": lambda d: t(d, 4), "y": lambda d: t(d, 4), "u": lambda d: t(d, 4), "v": lambda d: t(d, 4), "s": lambda d: scalar(d)}, [("v",), ("y", "v"), ("s",), ("x", "y", "u", "v")])
+    gens = {"randn": lambda g: torch.randn(4, device=C, generator=g), "rand": lambda g: torch.rand(4, device=C, generator=g),
+            "randint": lambda g: torch.randint(0, 4, (4,), device=C, generator=g), "randperm": lambda g: torch.randperm(4, device=C, generator=g),
+            "normal_": lambda g: torch.empty(4, device=C).normal_(generator=g), "uniform_": lambda g: torch.empty(4, device=C).uniform_(generator=g),
+            "bernoulli": lambda g: torch.bernoulli(torch.full((4,), 0.5, device=C), generator=g), "bernoulli_": lambda g: torch.empty(4, device=C).bernoulli_(0.5, generator=g),
+            "multinomial": lambda g: torch.multinomial(torch.ones(4, device=C), 2, generator=g), "exponential_": lambda g: torch.empty(4, device=C).exponential_(generator=g),
+            "geometric_": lambda g: torch.empty(4, device=C).geometric_(0.5, generator=g), "cauchy_": lambda g: torch.empty(4, device=C).cauchy_(generator=g),
+            "log_normal_": lambda g: torch.empty(4, device=C).log_normal_(generator=g), "random_": lambda g: torch.empty(4, device=C).random_(generator=g),
+            "poisson": lambda g: torch.poisson(torch.ones(4, device=C), generator=g), "normal tensors": lambda g: torch.normal(torch.zeros(4, device=C), torch.ones(4, device=C), generator=g),
+            "randn_like no generator": lambda g: torch.randn_like(torch.zeros(4, device=C)), "cpu op cuda generator": lambda g: torch.randn(4, generator=g)}
+    for n, f in gens.items():
+        cases[f"grown generator {n} cpu generator"] = (lambda a, f=f: f(torch.Generator().manual_seed(0)), {}, [()])
+        cases[f"grown generator {n} device generator"] = (lambda a, f=f: f(torch.Generator(device=C).manual_seed(0)), {}, [()])
+    copies = {"to cpu": lambda a: a["x"].to("cpu"), "to cpu non_blocking": lambda a: a["x"].to("cpu", non_blocking=True),
+              "to cpu non_blocking then read": lambda a: a["x"].to("cpu", non_blocking=True).tolist(),
+              "cpu()": lambda a: a["x"].cpu(), "cuda() pageable": lambda a: a["y"].to(C), "cuda() pinned non_blocking": lambda a: a["y"].pin_memory().to(C, non_blocking=True) if C != "cpu" else a["y"],
+              "copy_ non_blocking d2h": lambda a: a["y"].copy_(a["x"], non_blocking=True), "copy_ h2d": lambda a: a["x"].copy_(a["y"]),
+              "pin_memory cpu": lambda a: a["y"].pin_memory() if C != "cpu" else a["y"], "pin_memory device": lambda a: a["x"].pin_memory(),
+              "numpy": lambda a: a["x"].numpy(), "item": lambda a: a["x"][0].item(), "tolist": lambda a: a["x"].tolist(),
+              "float()": lambda a: float(a["x"][0]), "int()": lambda a: int(a["x"][0]), "bool()": lambda a: bool(a["x"][0] > 0),
+              "torch.tensor of device": lambda a: torch.tensor([a["x"][0], a["x"][1]]), "as_tensor to device": lambda a: torch.as_tensor(a["y"], device=C),
+              "type_as cpu": lambda a: a["x"].type_as(a["y"]), "equal": lambda a: torch.equal(a["x"], a["x"]),
+              "allclose": lambda a: torch.allclose(a["x"], a["x"]), "print": lambda a: repr(a["x"])}
+    for n, f in copies.items():
+        cases[f"grown copy {n}"] = (f, {"x": lambda d: t(d, 4), "y": lambda d: torch.randn(4)}, [()])
+    cases["grown dataloader pin_memory device dataset"] = (lambda a: next(iter(torch.utils.data.DataLoader(torch.utils.data.TensorDataset(a["x"]), batch_size=2, pin_memory=C != "cpu"))), {"x": lambda d: t(d, 4, 2)}, [(), ("x",)])
+    host_args = {"pack_padded sorted": lambda a: pack_padded_sequence(a["x"], a["l"], batch_first=True),
+                 "pack_padded unsorted": lambda a: pack_padded_sequence(a["x"], a["l"].flip(0), batch_first=True, enforce_sorted=False),
+                 "ctc_loss lengths": lambda a: F.ctc_loss(a["x"].log_softmax(2).transpose(0, 1), torch.ones(3, 2, dtype=torch.long, device=a["l"].device), a["l"], torch.full((3,), 2, device=a["l"].device)),
+                 "tensor_split indices": lambda a: torch.tensor_split(a["x"], a["l"][1:] - 1),
+                 "repeat_interleave output_size": lambda a: torch.repeat_interleave(a["x"], a["l"], dim=0, output_size=10),
+                 "bincount minlength": lambda a: torch.bincount(a["l"], minlength=6), "histc": lambda a: torch.histc(a["x"], bins=4, min=-1, max=1),
+                 "bucketize": lambda a: torch.bucketize(a["x"], a["l"].float()), "searchsorted": lambda a: torch.searchsorted(a["l"].sort().values, a["l"]),
+                 "embedding_bag offsets": lambda a: F.embedding_bag(a["l"], a["x"].reshape(-1, 4), torch.tensor([0, 1], device=a["l"].device)),
+                 "one_hot": lambda a: F.one_hot(a["l"], 6), "sparse_coo indices": lambda a: torch.sparse_coo_tensor(a["l"][None, :2].clamp(max=1), a["x"][0, 0, :2], (2,))}
+    for n, f in host_args.items():
+        cases[f"grown host argument {n}"] = (f, {"x": lambda d: t(d, 3, 5, 4), "l": lambda d: torch.tensor([5, 3, 2], device=d)}, [("l",), ("x",)])
+    return cases
+
+
+def _optim_step(name: str, a: dict[str, Any], **options: Any) -> None:
+    p = torch.nn.Parameter(a["p"].clone())
+    p.grad = a["g"].clone()
+    opt = getattr(torch.optim, name)([p], lr=0.1, **options)
+    opt.step()
+    for key, value in list(opt.state[p].items()):
+        if isinstance(value, torch.Tensor) and value.shape == p.shape:
+            opt.state[p][key] = a["s"].clone().abs()
+    p.grad = a["g"].clone()
+    opt.step()
+
+
+def _clip_lists(a: dict[str, Any], foreach: bool = False, value: bool = False) -> Any:
+    ps = [torch.nn.Parameter(a[k].clone()) for k in ("x", "y")]
+    for p, k in zip(ps, ("u", "v"), strict=True):
+        p.grad = a[k].clone()
+    if value:
+        return torch.nn.utils.clip_grad_value_(ps, 1.0)
+    return torch.nn.utils.clip_grad_norm_(ps, 1.0, foreach=foreach)
+
+
+GROWN_CASES.update(_grow())
+
+
 # -- running a variant on a real device -----------------------------------------------------------
 def run_variant(fn, builders, cpu_args):
     args = {k: b("cpu" if k in cpu_args else C) for k, b in builders.items()}
@@ -334,3 +490,84 @@ def replay(case: str, variant: str, engine: str) -> Replayed:
     codes = tuple(sorted({f.code for f in report.findings}))
     raised = bool(RAISE_CODES & set(codes))
     return Replayed("raises" if raised else "ok", bool(SYNC_CODES & set(codes)), codes)
+
+
+# -- the table ------------------------------------------------------------------------------------
+def verified_on() -> str:
+    """How this machine names a verification: GPU, torch and date."""
+    return f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {datetime.date.today().isoformat()}"
+
+
+def generate(cases: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every variant of ``cases`` run on this machine's device (``MIX_DEVICE``), one row each."""
+    rows = []
+    stamp = verified_on() if DEBUG else None
+    for name, (fn, builders, _) in cases.items():
+        for label, cpu_args in variants(name):
+            result = run_variant(fn, builders, cpu_args)
+            rows.append({"case": name, "variant": label, "cpu": list(cpu_args), **result, "verified_on": stamp})
+            print(f"{name:<44} {label:<22} {result['outcome']:<7} syncs={result['syncs']} "
+                  f"{result.get('message', '')[:80]}", file=sys.stderr)
+    return rows
+
+
+def unverified(cases: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rows of ``cases`` with no verdict yet: no GPU has run them."""
+    return [{"case": name, "variant": label, "cpu": list(cpu_args), "outcome": None, "syncs": None,
+             "verified_on": None} for name in cases for label, cpu_args in variants(name)]
+
+
+def load(path: Path = TABLE) -> dict[str, Any]:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def verified_rows(path: Path = TABLE) -> list[dict[str, Any]]:
+    """The rows a GPU has given its verdict on (what the replay test holds the engines to)."""
+    return [r for r in load(path)["rows"] if r.get("verified_on")]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--out", default=str(TABLE), help="where the table goes (on a GPU)")
+    parser.add_argument("--replay", action="store_true", help="replay the verified rows through the engines")
+    args = parser.parse_args(argv)
+    if args.replay:
+        return _print_replay()
+    if not DEBUG:
+        rows = generate({**VERIFIED_CASES, **GROWN_CASES})
+        print(f"dry run on the CPU: {len(rows)} rows, {sum(r['outcome'] == 'raises' for r in rows)} raise here "
+              "(every argument is on the CPU: a case that raises is broken); nothing written")
+        return 0
+    if not torch.cuda.is_available():
+        print("the truth table needs a CUDA GPU, and this machine has none: the committed table "
+              f"({TABLE.relative_to(ROOT)}) stands. MIX_DEVICE=cpu dry-runs the cases.")
+        return 0
+    rows = generate({**VERIFIED_CASES, **GROWN_CASES})
+    payload = {"provenance": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+                              "date": datetime.date.today().isoformat(), "generator": "benchmarks/mix_table.py"},
+               "rows": rows}
+    Path(args.out).write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
+    print(f"wrote {len(rows)} rows to {args.out}")
+    return 0
+
+
+def _print_replay() -> int:
+    from placecheck.limits import mix_table_limits
+
+    limits = mix_table_limits()
+    rows = verified_rows()
+    for engine in ("fake", "tagged"):
+        differ = [r for r in rows if not agrees(r, replay(r["case"], r["variant"], engine))]
+        known = [r for r in differ if (r["case"], r["variant"], engine) in limits]
+        print(f"{engine}: {len(rows) - len(differ)} of {len(rows)} verified rows agree with the GPU; "
+              f"{len(known)} of the {len(differ)} others documented in placecheck.limits")
+    return 0
+
+
+def agrees(row: dict[str, Any], got: Replayed) -> bool:
+    """Same verdict as the GPU, and a host sync reported wherever the GPU reported one."""
+    return got.verdict == row["outcome"] and (got.synced or not row["syncs"])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -68,8 +68,9 @@ def index_ops() -> frozenset[Callable[..., Any]]:
     return _INDEX_OPS
 
 
-_CROSS_DEVICE_NAMES = frozenset({"copy_", "to", "type_as", "__setitem__", "set_", "_has_compatible_shallow_copy_type",
-                                 "new_tensor", "__deepcopy__", "__reduce_ex__"})
+_CROSS_DEVICE_NAMES = frozenset({"copy_", "to", "type_as", "__setitem__", "set_",
+                                 "_has_compatible_shallow_copy_type", "new_tensor", "__deepcopy__",
+                                 "__reduce_ex__"})
 """Ops that legally take tensors on two devices: they copy between them."""
 
 _SHAPE_ONLY_NAMES = frozenset({"expand_as", "view_as", "reshape_as", "result_type",
@@ -86,8 +87,9 @@ scalar. From PyTorch's ``native_functions.yaml``: their CUDA kernels lack ``devi
 every tensor argument's device is checked (a GPU raises for ``clamp(x, min=t)``, ``logaddexp(x, t)``
 and ``stack`` of 0-dim tensors: tests/data/mix-table.json); ``stack`` and friends reach ``cat``."""
 
-_IN_PLACE_DUNDERS = frozenset({"__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__imod__",
-                               "__ipow__", "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__",
+_IN_PLACE_DUNDERS = frozenset({"__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__",
+                               "__imod__", "__ipow__", "__iand__", "__ior__", "__ixor__", "__ilshift__",
+                               "__irshift__",
                                "__imatmul__"})
 
 _HOST_ARGUMENTS: dict[str, frozenset[int]] = {

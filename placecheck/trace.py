@@ -99,17 +99,15 @@ def _boolean_mask(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor
     return None
 
 
-def _indexing_read(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
-    """Indexing a device tensor with a boolean mask on the device (``x[mask]``: a ``nonzero`` whose size
-    the host must read), or with a 0-dim integer tensor on the device (``x[i]``: its value is read on
-    the host)."""
-    masked = _boolean_mask(args, kwargs)
-    if masked is not None or len(args) < 2 or _on_device(args[0]) is None:
-        return masked
+def _device_scalar_index(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """Indexing a device tensor with a 0-dim integer tensor on the device (``x[i]``): the host reads
+    the index's value."""
+    if len(args) < 2 or _on_device(args[0]) is None:
+        return None
     index = args[1]
     if isinstance(index, torch.Tensor) and index.dim() == 0 and not index.is_floating_point() \
-            and _on_device(index) is not None:
-        return index
+            and index.dtype != torch.bool:
+        return _on_device(index)
     return None
 
 
@@ -191,11 +189,15 @@ def _host_syncs() -> dict[Any, tuple[str, _SyncProbe]]:
         torch.tensor: ("torch.tensor of device tensors", _device_tensors_in_data),
     }
     for indexing in (T.__getitem__, T.__setitem__, T.index_put_, T.index_put, torch.index_put):
-        table[indexing] = ("indexing read on the host (a boolean mask, or a 0-dim device index)", _indexing_read)
+        table[indexing] = ("boolean-mask indexing", _boolean_mask)
     return table
 
 
 _HOST_SYNCS = _host_syncs()
+_SCALAR_INDEXING: dict[Any, tuple[str, _SyncProbe]] = {
+    indexing: ("indexing with a 0-dim device tensor", _device_scalar_index)
+    for indexing in (torch.Tensor.__getitem__, torch.Tensor.__setitem__)}
+"""Indexing that reads its index on the host (the same calls as boolean-mask indexing, another probe)."""
 
 
 def _is_passthrough(func: Callable[..., Any]) -> bool:
@@ -455,11 +457,12 @@ class Tracer:
         return out
 
     def _on_call(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        sync = _HOST_SYNCS.get(func)
-        if sync is not None:
-            waited_on = sync[1](args, kwargs)
-            if waited_on is not None:
-                self._record_host_sync(sync[0], waited_on)
+        for table in (_HOST_SYNCS, _SCALAR_INDEXING):
+            sync = table.get(func)
+            if sync is not None:
+                waited_on = sync[1](args, kwargs)
+                if waited_on is not None:
+                    self._record_host_sync(sync[0], waited_on)
         if _is_passthrough(func):
             return func(*args, **kwargs)
         refused = classify.refused_on_device(func, args)
@@ -526,7 +529,8 @@ class Tracer:
         if host:
             moved: dict[int, torch.Tensor] = {}
             for _, t in host:
-                self._record_mismatch(func, "tensor", str(t.device), t, (str(t.device), "cpu"), expected="cpu")
+                self._record_mismatch(func, "tensor", str(t.device), t, (str(t.device), "cpu"),
+                                      expected="cpu")
                 moved[id(t)] = t.cpu()
             args, kwargs = _replace(args, moved), _replace(kwargs, moved)
         return args, kwargs
@@ -548,9 +552,9 @@ class Tracer:
         if key in self._recorded:
             return
         self._recorded.add(key)
-        self.events.append(Mismatch(op_name(func), tuple(sorted(set(devices))), device, site, prov,
-                                    _dtype(t) if t is not None else what, _shape(t) if t is not None else None,
-                                    expected=expected or self.target_name))
+        dtype, shape = (_dtype(t), _shape(t)) if t is not None else (what, None)
+        self.events.append(Mismatch(op_name(func), tuple(sorted(set(devices))), device, site, prov, dtype,
+                                    shape, expected=expected or self.target_name))
 
     def _copied_to_device(self, func: Callable[..., Any], off: list[tuple[int, torch.Tensor]],
                           out: torch.Tensor) -> None:
