@@ -94,7 +94,7 @@ _IN_PLACE_DUNDERS = frozenset({"__iadd__", "__isub__", "__imul__", "__itruediv__
 
 _HOST_ARGUMENTS: dict[str, frozenset[int]] = {
     "_pack_padded_sequence": frozenset({1}),
-    "pack_padded_sequence": frozenset({1}),
+    "_pad_packed_sequence": frozenset({1}),
 }
 """Ops whose argument at these positions must be a CPU tensor whatever the device of the rest
 (``pack_padded_sequence``'s ``lengths``): on CUDA a GPU raises; on the CPU it is correct."""
@@ -108,6 +108,9 @@ _CPU_ACCEPTED: dict[str, frozenset[int]] = {
     "ctc_loss": frozenset({1, 2, 3}),  # targets, input_lengths, target_lengths may stay on the CPU
 }
 """Ops that accept a CPU tensor of any shape at these positions beside CUDA ones."""
+
+_PACKED_RNNS = frozenset({"lstm", "gru", "rnn_tanh", "rnn_relu"})
+"""Recurrent ops whose packed form takes ``batch_sizes`` (int64, on the CPU) second."""
 
 
 def _name(func: Callable[..., Any]) -> str:
@@ -130,11 +133,15 @@ def legal_cpu_argument(func: Callable[..., Any], pos: int, t: torch.Tensor) -> b
     """A CPU tensor a GPU op accepts: a 0-dim scalar it reads (not the tensor an in-place op writes, nor
     an argument of an op in :data:`_NO_CPU_SCALARS`), an index tensor (not the indexed one, nor the
     values ``index_put_`` writes), or an argument the op takes on the CPU (``_CPU_ACCEPTED``)."""
+    import torch
+
     if t.device.type != "cpu":
         return False
     name = _name(func)
     if pos in _CPU_ACCEPTED.get(name, ()):
         return True
+    if pos == 1 and name in _PACKED_RNNS and t.dim() == 1 and t.dtype == torch.int64:
+        return True  # a packed sequence's batch_sizes, on the CPU by design
     if t.dim() == 0:
         return name not in _NO_CPU_SCALARS and not (pos == 0 and in_place(func))
     return func in index_ops() and pos > 0 and not (pos == 2 and name in ("index_put_", "index_put"))
