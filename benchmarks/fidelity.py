@@ -45,16 +45,18 @@ from typing import Any
 
 import tomllib
 
+from placecheck.limits import fidelity_limits  # torch-free: the one table of known differences
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 FIXTURE_DIRS = ("forward", "walk", "seeds")
 KINDS = ("fixtures", "examples", "zoo", "scale")
 ENGINES = ("real", "fake", "tagged")
 
-KNOWN_DIFFERENCES: dict[tuple[str, str], str] = {
-    # (target, engine) -> why its findings differ from the real GPU's: a documented limit of the
-    # simulation. Filled from a GPU run; an entry that no longer differs is reported as stale.
-}
+KNOWN_DIFFERENCES: dict[tuple[str, str], str] = fidelity_limits()
+"""(target, engine) -> why its findings differ from the real GPU's: a documented limit of the simulation,
+from the one table of them (placecheck.limits, docs/simulation-limits.md). An entry that no longer
+differs is reported as stale."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -68,9 +68,114 @@ def index_ops() -> frozenset[Callable[..., Any]]:
     return _INDEX_OPS
 
 
+_CROSS_DEVICE_NAMES = frozenset({"copy_", "to", "type_as", "__setitem__", "set_",
+                                 "_has_compatible_shallow_copy_type", "new_tensor", "__deepcopy__",
+                                 "__reduce_ex__"})
+"""Ops that legally take tensors on two devices: they copy between them."""
+
+_SHAPE_ONLY_NAMES = frozenset({"expand_as", "view_as", "reshape_as", "result_type",
+                               "is_same_size", "can_cast", "promote_types", "is_set_to", "_is_all_true"})
+"""Ops that read only the other tensor's shape or dtype: any device will do."""
+
+_NO_CPU_SCALARS = frozenset({
+    "clamp", "clamp_", "clip", "clip_", "clamp_min", "clamp_min_", "clamp_max", "clamp_max_",
+    "logaddexp", "logaddexp2", "nextafter", "nextafter_", "igamma", "igammac", "float_power", "float_power_",
+    "cat", "concat", "concatenate", "stack", "hstack", "vstack", "dstack", "column_stack",
+})
+"""Ops that refuse a 0-dim CPU tensor beside CUDA ones, where ``add`` and most binary ops take it as a
+scalar. From PyTorch's ``native_functions.yaml``: their CUDA kernels lack ``device_check: NoCheck``, so
+every tensor argument's device is checked (a GPU raises for ``clamp(x, min=t)``, ``logaddexp(x, t)``
+and ``stack`` of 0-dim tensors: tests/data/mix-table.json); ``stack`` and friends reach ``cat``."""
+
+_IN_PLACE_DUNDERS = frozenset({"__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__",
+                               "__imod__", "__ipow__", "__iand__", "__ior__", "__ixor__", "__ilshift__",
+                               "__irshift__",
+                               "__imatmul__"})
+
+_HOST_ARGUMENTS: dict[str, frozenset[int]] = {
+    "_pack_padded_sequence": frozenset({1}),
+    "_pad_packed_sequence": frozenset({1}),
+}
+"""Ops whose argument at these positions must be a CPU tensor whatever the device of the rest
+(``pack_padded_sequence``'s ``lengths``): on CUDA a GPU raises; on the CPU it is correct."""
+
+_HOST_OUTPUTS: dict[str, frozenset[int]] = {"_pack_padded_sequence": frozenset({1})}
+"""Ops that return a CPU tensor at these positions of their output whatever their input's device
+(``batch_sizes`` of a packed sequence)."""
+
+_CPU_ACCEPTED: dict[str, frozenset[int]] = {
+    **_HOST_ARGUMENTS,
+    "ctc_loss": frozenset({1, 2, 3}),  # targets, input_lengths, target_lengths may stay on the CPU
+}
+"""Ops that accept a CPU tensor of any shape at these positions beside CUDA ones."""
+
+_PACKED_RNNS = frozenset({"lstm", "gru", "rnn_tanh", "rnn_relu"})
+"""Recurrent ops whose packed form takes ``batch_sizes`` (int64, on the CPU) second."""
+
+
+def _name(func: Callable[..., Any]) -> str:
+    return getattr(func, "__name__", "")
+
+
+def in_place(func: Callable[..., Any]) -> bool:
+    """``x.add_(y)``, ``x += y``: the op writes its first argument."""
+    name = _name(func)
+    return (name.endswith("_") and not name.endswith("__")) or name in _IN_PLACE_DUNDERS
+
+
+def copies_between_devices(func: Callable[..., Any]) -> bool:
+    """True for the ops that legally take tensors on two devices: they copy between them (``copy_``,
+    ``to``, ``x[i] = v``) or read only the other's shape (``expand_as``)."""
+    return _name(func) in _CROSS_DEVICE_NAMES or _name(func) in _SHAPE_ONLY_NAMES
+
+
 def legal_cpu_argument(func: Callable[..., Any], pos: int, t: torch.Tensor) -> bool:
-    """A CPU tensor a GPU op accepts: a 0-dim scalar, or an index tensor (not the indexed one)."""
-    return t.device.type == "cpu" and (t.dim() == 0 or (func in index_ops() and pos > 0))
+    """A CPU tensor a GPU op accepts: a 0-dim scalar it reads (not the tensor an in-place op writes, nor
+    an argument of an op in :data:`_NO_CPU_SCALARS`), an index tensor (not the indexed one, nor the
+    values ``index_put_`` writes), or an argument the op takes on the CPU (``_CPU_ACCEPTED``)."""
+    import torch
+
+    if t.device.type != "cpu":
+        return False
+    name = _name(func)
+    if pos in _CPU_ACCEPTED.get(name, ()):
+        return True
+    if pos == 1 and name in _PACKED_RNNS and t.dim() == 1 and t.dtype == torch.int64:
+        return True  # a packed sequence's batch_sizes, on the CPU by design
+    if t.dim() == 0:
+        return name not in _NO_CPU_SCALARS and not (pos == 0 and in_place(func))
+    return func in index_ops() and pos > 0 and not (pos == 2 and name in ("index_put_", "index_put"))
+
+
+def host_arguments_on_device(func: Callable[..., Any],
+                             tensors: list[tuple[int, torch.Tensor]]) -> list[tuple[int, torch.Tensor]]:
+    """The tensors an op needs on the CPU (:data:`_HOST_ARGUMENTS`) that are on a device."""
+    positions = _HOST_ARGUMENTS.get(_name(func))
+    if not positions:
+        return []
+    return [(pos, t) for pos, t in tensors if pos in positions and t.device.type not in ("cpu", "meta")]
+
+
+def host_outputs(func: Callable[..., Any]) -> frozenset[int]:
+    """The positions of ``func``'s output that stay on the CPU (:data:`_HOST_OUTPUTS`)."""
+    return _HOST_OUTPUTS.get(_name(func), frozenset())
+
+
+def refused_on_device(func: Callable[..., Any], args: tuple[Any, ...]) -> BaseException | None:
+    """The error a GPU raises for a call that no device tensor may make: ``.numpy()`` of a device
+    tensor (TypeError), ``pin_memory()`` of one (only CPU tensors can be pinned); None otherwise."""
+    import torch
+
+    subject = args[0] if args else None
+    if not isinstance(subject, torch.Tensor) or subject.device.type in ("cpu", "meta"):
+        return None
+    name = _name(func)
+    if name == "numpy":
+        return TypeError(f"can't convert {subject.device} device type tensor to numpy. Use Tensor.cpu() to "
+                         "copy the tensor to host memory first.")
+    if name == "pin_memory":
+        return RuntimeError(f"cannot pin a tensor on {subject.device}: only dense CPU tensors can be pinned")
+    return None
 
 
 def offending_arguments(func: Callable[..., Any], tensors: list[tuple[int, torch.Tensor]],
@@ -80,14 +185,47 @@ def offending_arguments(func: Callable[..., Any], tensors: list[tuple[int, torch
     return [(pos, t) for pos, t in tensors if t.device != device and not legal_cpu_argument(func, pos, t)]
 
 
-def mixes_devices(func: Callable[..., Any], tensors: list[tuple[int, torch.Tensor]]) -> bool:
+def _foreach_mixed(args: tuple[Any, ...]) -> bool:
+    """A ``torch._foreach_*`` call mixes devices when the tensors at one index of its lists are on two
+    devices (each index may be on its own device: PyTorch groups them)."""
+    import torch
+
+    lists = [a for a in args if isinstance(a, list | tuple) and a and isinstance(a[0], torch.Tensor)]
+    for column in zip(*lists, strict=False):
+        devices = {t.device for t in column if isinstance(t, torch.Tensor)}
+        if len(devices) > 1:
+            return True
+    return False
+
+
+def mixes_devices(func: Callable[..., Any], tensors: list[tuple[int, torch.Tensor]],
+                  args: tuple[Any, ...] | None = None) -> bool:
     """True when an op's tensor arguments are on two devices in a way no GPU kernel accepts.
 
-    Decided from the devices alone: the legal mixes (a 0-dim CPU scalar, a CPU
-    index tensor) do not count.
+    Decided from the devices alone: the legal mixes (a 0-dim CPU scalar an op reads, a CPU index
+    tensor, a copy between devices) do not count. ``args`` (the call's positional arguments) lets a
+    ``torch._foreach_*`` call be judged index by index, as PyTorch groups its lists.
     """
+    if copies_between_devices(func):
+        return False
+    if args is not None and _name(func).startswith("_foreach_"):
+        return _foreach_mixed(args)
     devices = {t.device for pos, t in tensors if not legal_cpu_argument(func, pos, t)}
     return len(devices) > 1
+
+
+def generator_off_device(args: tuple[Any, ...], kwargs: dict[str, Any], device: torch.device | None) -> Any:
+    """The ``torch.Generator`` of a call that runs on ``device`` (the device of its tensors, or of its
+    ``device=``) when the generator is on another device type: a GPU raises "Expected a 'cuda' device
+    type for generator"; None when there is none."""
+    import torch
+
+    if device is None or device.type in ("cpu", "meta"):
+        return None
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, torch.Generator) and a.device.type != device.type:
+            return a
+    return None
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:

@@ -38,17 +38,21 @@ from torch._C import DisableTorchFunctionSubclass
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_map_only
 
-from placecheck.classify import DeviceMismatchError, legal_cpu_argument, tensor_arguments
+from placecheck.classify import (
+    DeviceMismatchError,
+    copies_between_devices,
+    generator_off_device,
+    host_arguments_on_device,
+    host_outputs,
+    legal_cpu_argument,
+    mixes_devices,
+    refused_on_device,
+    tensor_arguments,
+)
 from placecheck.cudaapi import cuda_queries_simulated, current_index
 
 _CPU = torch.device("cpu")
 
-# Ops that legally take tensors on two devices (they copy between them).
-_CROSS_DEVICE: frozenset[Callable[..., Any]] = frozenset({
-    torch.Tensor.copy_, torch.Tensor.to, torch.Tensor.type_as, torch.Tensor.__setitem__,
-    torch.Tensor.set_, torch._has_compatible_shallow_copy_type, torch.Tensor.new_tensor,
-    torch.Tensor.__deepcopy__, torch.Tensor.__reduce_ex__,
-})
 class SimulatedDeviceMismatchError(DeviceMismatchError):
     """An op mixed devices under the real-valued engine (PyTorch's own text)."""
 
@@ -112,14 +116,17 @@ class SimulatedTensor(torch.Tensor):
             with DisableTorchFunctionSubclass():
                 text = repr(args[0].as_subclass(torch.Tensor))
             return f"{text[:-1]}, device='{args[0]._pc_device}')" if text.endswith(")") else text
-        if func is torch.Tensor.numpy and isinstance(args[0], SimulatedTensor):
-            raise TypeError(f"can't convert {args[0]._pc_device} device type tensor to numpy. "
-                            "Use Tensor.cpu() to copy the tensor to host memory first.")
+        refused = refused_on_device(func, args)
+        if refused is not None:
+            raise refused
         device = _result_device(func, args, kwargs)
         with DisableTorchFunctionSubclass():
             out = func(*args, **kwargs)
         if device is None:
             return out
+        on_host = host_outputs(func)
+        if on_host and isinstance(out, tuple):
+            return tuple(o if i in on_host else _tag_all(o, device) for i, o in enumerate(out))
         return _tag_all(out, device)
 
 
@@ -140,9 +147,21 @@ def _result_device(func: Callable[..., Any], args: tuple[Any, ...],
             plain.append((pos, t))
     if simulated is None:
         return None
-    if func in _CROSS_DEVICE:
+    if copies_between_devices(func):
         first = args[0] if args else None
         return first._pc_device if isinstance(first, SimulatedTensor) else None
+    _check_generator(args, kwargs, simulated)
+    host = host_arguments_on_device(func, tensors)
+    if host:
+        raise SimulatedDeviceMismatchError(
+            f"{getattr(func, '__name__', func)} needs its argument {host[0][0]} on the CPU, but got a tensor "
+            f"on {host[0][1].device}")
+    if getattr(func, "__name__", "").startswith("_foreach_"):
+        if mixes_devices(func, tensors, args):
+            raise SimulatedDeviceMismatchError(
+                "Expected all tensors to be on the same device, but found at least two devices at one index "
+                f"of the lists of {getattr(func, '__name__', func)}")
+        return simulated
     offending = [t for pos, t in plain if not legal_cpu_argument(func, pos, t)]
     if offending or mixed:
         other = offending[0].device if offending else next(
@@ -153,6 +172,14 @@ def _result_device(func: Callable[..., Any], args: tuple[Any, ...],
             f"Expected all tensors to be on the same device, but found at least two devices, "
             f"{simulated} and {other}! (when checking argument for {name})")
     return simulated
+
+
+def _check_generator(args: tuple[Any, ...], kwargs: dict[str, Any], device: torch.device) -> None:
+    """A GPU op given a ``torch.Generator`` of another device type raises; so does this engine."""
+    generator = generator_off_device(args, kwargs, device)
+    if generator is not None:
+        raise SimulatedDeviceMismatchError(f"Expected a '{device.type}' device type for generator but found "
+                                           f"'{generator.device.type}'")
 
 
 def _tag_all(out: Any, device: torch.device) -> Any:
@@ -231,6 +258,7 @@ class _TaggingMode(TorchFunctionMode):
         device = kwargs.get("device")
         dest = _cuda(device) if device is not None else None
         if dest is not None:
+            _check_generator(args, kwargs, dest)
             with DisableTorchFunctionSubclass():
                 out = func(*args, **{**kwargs, "device": "cpu"})
             return _tag_all(out, dest)

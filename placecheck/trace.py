@@ -99,6 +99,44 @@ def _boolean_mask(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor
     return None
 
 
+def _device_scalar_index(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """Indexing a device tensor with a 0-dim integer tensor on the device (``x[i]``): the host reads
+    the index's value."""
+    if len(args) < 2 or _on_device(args[0]) is None:
+        return None
+    index = args[1]
+    if isinstance(index, torch.Tensor) and index.dim() == 0 and not index.is_floating_point() \
+            and index.dtype != torch.bool:
+        return _on_device(index)
+    return None
+
+
+def _device_scalar_value(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """``masked_fill(mask, value)`` with a 0-dim device tensor ``value``: the kernel reads it on the host."""
+    value = args[2] if len(args) > 2 else kwargs.get("value")
+    if isinstance(value, torch.Tensor) and value.dim() == 0:
+        return _on_device(value)
+    return None
+
+
+def _host_device_copy(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """``dst.copy_(src)`` between the host and a device, blocking: the host waits for the copy."""
+    if len(args) < 2 or not isinstance(args[1], torch.Tensor) or not isinstance(args[0], torch.Tensor):
+        return None
+    blocking = not (args[2] if len(args) > 2 else kwargs.get("non_blocking", False))
+    if blocking and (args[0].device.type == "cpu") != (args[1].device.type == "cpu"):
+        return _on_device(args[0]) if _on_device(args[0]) is not None else _on_device(args[1])
+    return None
+
+
+def _device_tensors_in_data(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """``torch.tensor([t1, t2])`` of device tensors: each element is read on the host."""
+    data = args[0] if args else kwargs.get("data")
+    if isinstance(data, list | tuple):
+        return next((t for _, t in classify.tensor_arguments((data,), {}) if _on_device(t) is not None), None)
+    return None
+
+
 def _repeats_on_device(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
     """``repeat_interleave`` with a tensor of repeats and no ``output_size``: the host reads their sum."""
     if kwargs.get("output_size") is not None or len(args) > 3:
@@ -141,6 +179,14 @@ def _host_syncs() -> dict[Any, tuple[str, _SyncProbe]]:
         T.repeat_interleave: (".repeat_interleave() without output_size", _repeats_on_device),
         torch.repeat_interleave: ("torch.repeat_interleave without output_size", _repeats_on_device),
         torch.where: ("torch.where(condition)", _condition_only),
+        T.bincount: (".bincount()", _subject), torch.bincount: ("torch.bincount", _subject),
+        T.histc: (".histc()", _subject), torch.histc: ("torch.histc", _subject),
+        torch.nn.functional.ctc_loss: ("F.ctc_loss (reads the lengths on the host)", _subject),
+        T.masked_fill: (".masked_fill() with a 0-dim device value", _device_scalar_value),
+        T.masked_fill_: (".masked_fill_() with a 0-dim device value", _device_scalar_value),
+        torch.masked_fill: ("torch.masked_fill with a 0-dim device value", _device_scalar_value),
+        T.copy_: (".copy_() between host and device", _host_device_copy),
+        torch.tensor: ("torch.tensor of device tensors", _device_tensors_in_data),
     }
     for indexing in (T.__getitem__, T.__setitem__, T.index_put_, T.index_put, torch.index_put):
         table[indexing] = ("boolean-mask indexing", _boolean_mask)
@@ -148,6 +194,10 @@ def _host_syncs() -> dict[Any, tuple[str, _SyncProbe]]:
 
 
 _HOST_SYNCS = _host_syncs()
+_SCALAR_INDEXING: dict[Any, tuple[str, _SyncProbe]] = {
+    indexing: ("indexing with a 0-dim device tensor", _device_scalar_index)
+    for indexing in (torch.Tensor.__getitem__, torch.Tensor.__setitem__)}
+"""Indexing that reads its index on the host (the same calls as boolean-mask indexing, another probe)."""
 
 
 def _is_passthrough(func: Callable[..., Any]) -> bool:
@@ -407,15 +457,20 @@ class Tracer:
         return out
 
     def _on_call(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        sync = _HOST_SYNCS.get(func)
-        if sync is not None:
-            waited_on = sync[1](args, kwargs)
-            if waited_on is not None:
-                self._record_host_sync(sync[0], waited_on)
+        for table in (_HOST_SYNCS, _SCALAR_INDEXING):
+            sync = table.get(func)
+            if sync is not None:
+                waited_on = sync[1](args, kwargs)
+                if waited_on is not None:
+                    self._record_host_sync(sync[0], waited_on)
         if _is_passthrough(func):
             return func(*args, **kwargs)
+        refused = classify.refused_on_device(func, args)
+        if refused is not None:
+            raise refused  # what a GPU raises here, whatever the engine would do
         tensors = list(classify.tensor_arguments(args, kwargs))
         target = self.target
+        args, kwargs = self._misplaced_generator_or_host_argument(func, args, kwargs, tensors)
         off = [(pos, t) for pos, t in tensors if t.device != target]
         if off:
             self.activity += 1
@@ -423,9 +478,15 @@ class Tracer:
         if off and len(off) < len(tensors):
             self._check_implicit(func, off)
         try:
+            if off and classify.mixes_devices(func, tensors, args):
+                # decided before the call: an engine may run a mix that a GPU refuses (fake tensors take
+                # a 0-dim CPU tensor in clamp, the self of an in-place op, a foreach list's element)
+                raise classify.DeviceMismatchError(f"{op_name(func)} mixed devices")
             out = func(*args, **kwargs)
         except Exception as exc:
-            if not off or not classify.mixes_devices(func, tensors):
+            if not off or not classify.mixes_devices(func, tensors, args):
+                if off and classify.is_engine_mismatch(exc):
+                    return self._accepted_mix(func, args, kwargs, off, exc)
                 raise
             out = self._repair(func, args, kwargs, off, exc)
             off = []
@@ -440,6 +501,60 @@ class Tracer:
                 if isinstance(o, torch.Tensor) and o.device != target:
                     self._off_target_result(func, args, off, o)
         return out
+
+    def _accepted_mix(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+                      off: list[tuple[int, torch.Tensor]], exc: Exception) -> Any:
+        """An engine refused a mix a GPU accepts (a 0-dim CPU scalar, ``ctc_loss``'s CPU lengths): the
+        simulation's limit, not the model's. Run the call again with those arguments on the target."""
+        moved = {id(t): self._move(t) for _, t in off}
+        try:
+            return func(*_replace(args, moved), **_replace(kwargs, moved))
+        except Exception:
+            raise exc from None
+
+    def _misplaced_generator_or_host_argument(
+            self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+            tensors: list[tuple[int, torch.Tensor]]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """PC201 for what a GPU refuses that is no mix of tensors: a ``torch.Generator`` of another
+        device type than the call's, or a tensor the op needs on the CPU (``pack_padded_sequence``'s
+        lengths) on the device. Recorded, then the call goes on with it fixed."""
+        device = self._call_device(kwargs, tensors)
+        generator = classify.generator_off_device(args, kwargs, device)
+        if generator is not None and device is not None:
+            self._record_mismatch(func, "generator", str(generator.device), None,
+                                  (str(generator.device), str(device)))
+            args = tuple(None if a is generator else a for a in args)
+            kwargs = {k: (None if v is generator else v) for k, v in kwargs.items()}
+        host = classify.host_arguments_on_device(func, tensors)
+        if host:
+            moved: dict[int, torch.Tensor] = {}
+            for _, t in host:
+                self._record_mismatch(func, "tensor", str(t.device), t, (str(t.device), "cpu"),
+                                      expected="cpu")
+                moved[id(t)] = t.cpu()
+            args, kwargs = _replace(args, moved), _replace(kwargs, moved)
+        return args, kwargs
+
+    @staticmethod
+    def _call_device(kwargs: dict[str, Any], tensors: list[tuple[int, torch.Tensor]]) -> torch.device | None:
+        """Where a call runs: its ``device=``, else its first tensor's device."""
+        device = kwargs.get("device")
+        if isinstance(device, str | torch.device):
+            return torch.device(device)
+        return tensors[0][1].device if tensors else None
+
+    def _record_mismatch(self, func: Callable[..., Any], what: str, device: str, t: torch.Tensor | None,
+                         devices: tuple[str, ...], expected: str = "") -> None:
+        """A PC201 at the current user line that no retry of :meth:`_repair` decides."""
+        site = self._site(sys._getframe())
+        prov = self.provenance(t) if t is not None else Provenance()
+        key = ("mismatch", site.source, prov.origin, what)
+        if key in self._recorded:
+            return
+        self._recorded.add(key)
+        dtype, shape = (_dtype(t), _shape(t)) if t is not None else (what, None)
+        self.events.append(Mismatch(op_name(func), tuple(sorted(set(devices))), device, site, prov, dtype,
+                                    shape, expected=expected or self.target_name))
 
     def _copied_to_device(self, func: Callable[..., Any], off: list[tuple[int, torch.Tensor]],
                           out: torch.Tensor) -> None:
@@ -483,7 +598,7 @@ class Tracer:
                 return func(*args, **kwargs)
             except Exception as again:
                 tensors = list(classify.tensor_arguments(args, kwargs))
-                if not classify.mixes_devices(func, tensors):
+                if not classify.mixes_devices(func, tensors, args):
                     raise
                 exc = again
                 off = [(pos, t) for pos, t in tensors if t.device != self.target]
@@ -494,6 +609,9 @@ class Tracer:
                            off: list[tuple[int, torch.Tensor]], out: torch.Tensor) -> None:
         """An op returned a tensor off the target: derived from an off-target input, or created here."""
         self.activity += 1
+        if func in (torch.Tensor.to, torch.Tensor.type_as) and args and isinstance(args[0], torch.Tensor) \
+                and args[0].device.type != "cpu" and out.device.type == "cpu":
+            self._record_host_sync(f".{func.__name__}()", args[0])  # a device-to-host copy waits
         if self.prov.knows(out):
             return
         provenances = [p for p in (self.provenance(t) for _, t in off) if p.path or p.creation is not None]
@@ -513,10 +631,9 @@ class Tracer:
             return
         if off:
             return
-        if func is torch.Tensor.cpu or (func is torch.Tensor.to and args and isinstance(args[0], torch.Tensor)
+        if func is torch.Tensor.cpu or (func in (torch.Tensor.to, torch.Tensor.type_as) and args
+                                        and isinstance(args[0], torch.Tensor)
                                         and args[0].device.type != "cpu" and out.device.type == "cpu"):
-            if func is torch.Tensor.to:
-                self._record_host_sync(".to()", args[0])
             # a device-to-host copy: PC204, not a creation; its line is where the result came from
             self.prov.remember(out, Provenance(host_copy=self._site(sys._getframe())))
             return
