@@ -94,7 +94,7 @@ _EFFECT = {"PC201": "crashes on a GPU", "PC204": "waits for the GPU",
 class Finding:
     """One placement problem.
 
-    The first nine fields are the public JSON contract (see PLACEMENT.md);
+    The first nine fields are the public JSON contract (docs/contract.md);
     the rest add detail that formats may show. A report groups findings that
     share a root cause into one problem (:mod:`placecheck.problems`): the
     problem is a ``Finding`` whose ``where``/``source`` are its first

@@ -2,7 +2,7 @@
 
 Each :class:`Rule` holds the code, the stable ``kind`` slug, the default
 severity, a one-line title and the explanation that ``placecheck explain``
-prints. The texts state PyTorch's real rules (see PLACEMENT.md), not the
+prints. The texts state PyTorch's real rules (docs/contract.md, "What PyTorch does"), not the
 folklore of the seed articles. This module must not import torch.
 """
 

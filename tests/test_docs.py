@@ -1,4 +1,5 @@
-"""Docs that CI users copy: the README's workflow, the pre-commit hook, configs/example.toml."""
+"""Docs that CI users copy: the workflows of the README and docs/ci.md, the pre-commit hook,
+configs/example.toml."""
 
 from __future__ import annotations
 
@@ -38,10 +39,15 @@ def _check_command_line(line: str) -> None:
     assert used <= known, f"unknown flags {used - known} in {line!r}"
 
 
+def _ci_text() -> str:
+    """What a CI user reads: the README's CI section, then docs/ci.md."""
+    return _section("Use in CI") + (REPO / "docs" / "ci.md").read_text(encoding="utf-8")
+
+
 def _workflows() -> list[dict[str, Any]]:
-    """The README's GitHub Actions workflows (its CI section's YAML blocks), parsed."""
-    blocks = re.findall(r"```yaml\n(.*?)```", _section("Use in CI"), re.S)
-    return [yaml.safe_load(block) for block in blocks]
+    """The GitHub Actions workflows of the README's CI section and docs/ci.md, parsed."""
+    blocks = [yaml.safe_load(block) for block in re.findall(r"```yaml\n(.*?)```", _ci_text(), re.S)]
+    return [block for block in blocks if "jobs" in block]
 
 
 def _workflow(job: str) -> dict[str, Any]:
@@ -50,7 +56,9 @@ def _workflow(job: str) -> dict[str, Any]:
 
 
 def test_readme_workflow_is_valid_yaml_naming_real_flags() -> None:
-    assert len(_workflows()) == 2  # one job; a matrix of shards and their merge
+    assert len(_workflows()) == 2  # one job (the README's); a matrix of shards and their merge (docs/ci.md)
+    readme_first = re.findall(r"```yaml\n(.*?)```", _section("Use in CI"), re.S)[0]
+    assert "placecheck" in yaml.safe_load(readme_first)["jobs"]  # the one-job workflow is the README's
     workflow = _workflow("placecheck")
     steps = workflow["jobs"]["placecheck"]["steps"]
     runs = [step["run"] for step in steps if "run" in step and "placecheck audit" in step["run"]]
@@ -125,7 +133,7 @@ def test_readme_shard_matrix_uses_real_flags_and_merges_every_shard() -> None:
 
 
 def test_readme_console_examples_name_real_flags() -> None:
-    console = re.findall(r"```console\n(.*?)```", _section("Use in CI"), re.S)
+    console = re.findall(r"```console\n(.*?)```", _ci_text(), re.S)
     lines = [line.split("#")[0].strip() for block in console for line in block.splitlines()]
     commands = [line for line in lines if line.startswith("placecheck ")]
     assert len(commands) >= 4
@@ -139,6 +147,10 @@ def test_pre_commit_hook() -> None:
     assert hook["id"] == "placecheck" and hook["language"] == "python"
     assert hook["entry"] == "placecheck audit"  # no TARGET: audits [tool.placecheck]
     assert hook["pass_filenames"] is False
+    # the README's snippet names that hook
+    blocks = [yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", _section("Use in CI"), re.S)]
+    [config] = [b for b in blocks if "repos" in b]
+    assert [h["id"] for h in config["repos"][0]["hooks"]] == [hook["id"]]
 
 
 def test_example_config_documents_every_key() -> None:

@@ -9,7 +9,6 @@ them with ``pytest tests/test_formats.py --update-golden`` and review the diff.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 from conftest import REPO, load_file
+from report_schema import validate_json
 from typer.testing import CliRunner
 
 import placecheck
@@ -46,6 +46,8 @@ def no_columns(monkeypatch: pytest.MonkeyPatch) -> None:
 def _cli(*args: str) -> str:
     result = CliRunner().invoke(app, ["audit", TARGET, *STABLE, *args])
     assert result.exit_code == 1, result.stderr
+    if "json" in args:
+        validate_json(result.stdout)  # every JSON output of these tests is what the shipped schema says
     return result.stdout
 
 
@@ -79,6 +81,8 @@ def test_json_golden(golden: Callable[[str, str], None]) -> None:
 def test_grouped_golden(fmt: OutputFormat, name: str, golden: Callable[[str, str], None]) -> None:
     # the demo's 18 findings as problems: one per root cause, the mismatches as their evidence
     text = formatter_for(fmt).format(_python_report().grouped())
+    if fmt is OutputFormat.JSON:
+        validate_json(text)
     golden(name, text.replace(placecheck.__version__, "VERSION"))
 
 
@@ -123,7 +127,7 @@ def test_json_contract_fields() -> None:
     finding = Finding(code="PC101", kind="stray-tensor", severity=Severity.ERROR, where="mask",
                       message="m", hint="h", device="cpu", expected="cuda:0", dtype="float32",
                       shape=(2, 3), nbytes=24, count=1)
-    data = json.loads(formatter_for(OutputFormat.JSON).format(
+    data = validate_json(formatter_for(OutputFormat.JSON).format(
         Report.build("Net", "cuda:0", "simulated cuda", [finding], notes=["n"], stats={"modules": 1})))
     assert (data["target"], data["device"], data["engine"]) == ("Net", "cuda:0", "simulated cuda")
     assert data["notes"] == ["n"] and data["stats"] == {"modules": 1}

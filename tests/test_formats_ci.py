@@ -18,6 +18,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 from junitparser import Failure, JUnitXml
+from report_schema import validate_json
 
 from placecheck.finding import Finding, Severity
 from placecheck.formats import OutputFormat, formatter_for
@@ -63,7 +64,10 @@ def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def _render(fmt: OutputFormat, reports: list[Report] | None = None) -> str:
-    return formatter_for(fmt).format_reports(RUN if reports is None else reports)
+    text = formatter_for(fmt).format_reports(RUN if reports is None else reports)
+    if fmt is OutputFormat.JSON:
+        validate_json(text)  # every JSON output of these tests is what the shipped schema says
+    return text
 
 
 @pytest.mark.parametrize("fmt", list(OutputFormat), ids=str)
@@ -281,14 +285,14 @@ def test_json_config_run_shape_does_not_depend_on_the_number_of_models(tmp_path:
     for reports in ([RUN[0]], RUN[:2]):
         out = OutputOptions(format=OutputFormat.JSON, output=str(tmp_path / "out.json"))
         finish_with_baseline(reports, out, None, None, load_error=False, config_run=True)
-        data = json.loads((tmp_path / "out.json").read_text(encoding="utf-8"))
+        data = validate_json((tmp_path / "out.json").read_text(encoding="utf-8"))
         shapes.append(sorted(data))
         assert [m["target"] for m in data["models"]] == [r.target for r in reports]
     assert shapes[0] == shapes[1] == ["findings", "models", "schema_version", "summary"]
     # one TARGET keeps the single-report object
     out = OutputOptions(format=OutputFormat.JSON, output=str(tmp_path / "one.json"))
     finish_with_baseline([RUN[0]], out, None, None, load_error=False)
-    assert json.loads((tmp_path / "one.json").read_text(encoding="utf-8"))["target"] == RUN[0].target
+    assert validate_json((tmp_path / "one.json").read_text(encoding="utf-8"))["target"] == RUN[0].target
 
 
 def test_markdown_shows_a_dead_audits_last_stack_lines() -> None:

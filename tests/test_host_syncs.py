@@ -1,7 +1,7 @@
 """Every host sync a GPU reports is PC204 with the user's line, on both simulating engines (issue 10 item 3).
 
 The reference is what ``torch.cuda.set_sync_debug_mode("warn")`` reports on a
-real GPU (PLACEMENT.md lists it). One case per sync source; each runs on the
+real GPU (docs/contract.md, "What PyTorch does", lists it). One case per sync source; each runs on the
 fake engine (which records the sync before it stops at a data-dependent op)
 and on the real-valued one. ``.numpy()`` of a device tensor is not here: a GPU
 raises TypeError there (the crash, PC207; see test_trace), and

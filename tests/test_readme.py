@@ -1,12 +1,12 @@
-"""The README shows what placecheck really prints and names only real flags.
+"""The README and every page of docs/ show what placecheck really prints and name only real flags.
 
 The block between ``<!-- demo-output:start -->`` and ``<!-- demo-output:end -->``
-is the output of the command ``make demo`` runs; each block between
+(on one page) is the output of the command ``make demo`` runs; each block between
 ``<!-- run-output:start -->`` and ``<!-- run-output:end -->`` is the output of
-the ``$ placecheck ...`` command on its own first line (a section of the README
-adds one where it shows a run). ``pytest --update-golden`` rewrites them all
-from real runs. Every ``placecheck ...`` line in a ``console`` block of the
-README must use flags the command has.
+the ``$ placecheck ...`` command on its own first line (a page adds one where it
+shows a run). ``pytest --update-golden`` rewrites them all from real runs. Every
+``placecheck ...`` line in a ``console`` block of a page must use flags the
+command has, and every flag of every command is documented in docs/options.md.
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ from placecheck.cli import app
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
+PAGES = [README, *sorted((REPO / "docs").glob("*.md"))]
+"""Every page whose examples the tests re-run: the README and each page of docs/."""
 START, END = "<!-- demo-output:start -->\n", "<!-- demo-output:end -->"
 # Machine-dependent figures in the notes, compared as placeholders.
 _VOLATILE = re.compile(r"\d+(?:\.\d+)? GiB of memory available")
@@ -62,13 +64,14 @@ def test_readme_shows_the_real_demo_output(update_golden: bool) -> None:
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 1, run.stderr  # the buggy example has findings
     shown = f"```text\n$ {' '.join(command)}\n{run.stdout}```\n"
-    text = README.read_text(encoding="utf-8")
+    [page] = [p for p in PAGES if START in p.read_text(encoding="utf-8")]
+    text = page.read_text(encoding="utf-8")
     start, end = _demo_block(text)
     if update_golden:
-        README.write_text(text[:start] + shown + text[end:], encoding="utf-8")
+        page.write_text(text[:start] + shown + text[end:], encoding="utf-8")
         return
     assert _normalise(text[start:end]) == _normalise(shown), (
-        "README's demo output differs from a real run of the demo; run pytest --update-golden")
+        f"{page.name}'s demo output differs from a real run of the demo; run pytest --update-golden")
 
 
 RUN_START, RUN_END = "<!-- run-output:start -->\n", "<!-- run-output:end -->"
@@ -88,21 +91,30 @@ def _run_blocks(text: str) -> list[tuple[int, int, str]]:
     return blocks
 
 
-def test_readme_has_run_output_blocks() -> None:
-    # the test below would pass vacuously on a README without any
-    commands = [c for _, _, c in _run_blocks(README.read_text(encoding="utf-8"))]
-    assert "placecheck audit placecheck/examples/pipeline.py:BuggyPipeline --device keep" in commands
+def _page_blocks() -> list[tuple[Path, int]]:
+    """(page, index) of every run-output block of every page."""
+    return [(page, i) for page in PAGES for i in range(len(_run_blocks(page.read_text(encoding="utf-8"))))]
+
+
+def test_pages_have_run_output_blocks() -> None:
+    # the test below would pass vacuously on pages without any
+    commands = {page.name: [c for _, _, c in _run_blocks(page.read_text(encoding="utf-8"))] for page in PAGES}
+    assert commands["README.md"] == ["placecheck run placecheck/examples/train_buggy.py"]
+    pipeline = "placecheck audit placecheck/examples/pipeline.py:BuggyPipeline --device keep"
+    assert pipeline in commands["many-gpus.md"]
+    assert "placecheck fix placecheck/examples/buggy.py:BuggyNet" in commands["fix.md"]
 
 
 @pytest.mark.skipif(torch.version.cuda is None,
                     reason="the outputs are recorded with the CUDA build of torch (the CPU-only build's "
                            "engine notes differ)")
-@pytest.mark.parametrize("index", range(len(_run_blocks(README.read_text(encoding="utf-8")))))
-def test_readme_run_output_is_a_real_run(index: int, update_golden: bool,
-                                         monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("page, index", _page_blocks(),
+                         ids=lambda v: v.name if isinstance(v, Path) else str(v))
+def test_run_output_is_a_real_run(page: Path, index: int, update_golden: bool,
+                                  monkeypatch: pytest.MonkeyPatch) -> None:
     # in-process, through the same typer app the console script runs (the demo above and
     # test_cli_audit's subprocess test run the real process): as from the repository, no terminal width
-    text = README.read_text(encoding="utf-8")
+    text = page.read_text(encoding="utf-8")
     start, end, command = _run_blocks(text)[index]
     monkeypatch.chdir(REPO)
     for name in ("COLUMNS", "LINES"):
@@ -111,10 +123,10 @@ def test_readme_run_output_is_a_real_run(index: int, update_golden: bool,
     assert run.exit_code in (0, 1), (run.stderr, run.exception)
     shown = f"```text\n$ {command}\n{run.stdout}```\n"
     if update_golden:
-        README.write_text(text[:start] + shown + text[end:], encoding="utf-8")
+        page.write_text(text[:start] + shown + text[end:], encoding="utf-8")
         return
     assert _normalise(text[start:end]) == _normalise(shown), (
-        f"README's output of `{command}` differs from a real run; run pytest --update-golden")
+        f"{page.name}'s output of `{command}` differs from a real run; run pytest --update-golden")
 
 
 def _flags(command: str) -> set[str]:
@@ -123,7 +135,8 @@ def _flags(command: str) -> set[str]:
 
 
 def _readme_command_lines() -> list[str]:
-    text = README.read_text(encoding="utf-8")
+    """Every ``placecheck ...`` line of a ``console`` block of a page."""
+    text = "\n".join(page.read_text(encoding="utf-8") for page in PAGES)
     blocks = re.findall(r"```console\n(.*?)```", text, re.S)
     lines: list[str] = []
     for block in blocks:
@@ -135,13 +148,44 @@ def _readme_command_lines() -> list[str]:
     return lines
 
 
-def test_readme_console_lines_name_real_commands_and_flags() -> None:
+def test_console_lines_name_real_commands_and_flags() -> None:
     lines = _readme_command_lines()
-    assert len(lines) >= 10
+    assert len(lines) >= 20
     commands = set(typer.main.get_command(app).commands)  # type: ignore[attr-defined]
     for line in lines:
         words = shlex.split(line.replace("[", " ").replace("]", " "))
-        assert words[1] in commands, f"unknown command in README: {line!r}"
-        used = {w.split("=", 1)[0] for w in words[2:] if w.startswith("-")}
+        assert words[1] in commands, f"unknown command in the docs: {line!r}"
+        own = words[2:words.index("--")] if "--" in words else words[2:]  # after --: the script's
+        used = {w.split("=", 1)[0] for w in own if w.startswith("-")}
         unknown = used - _flags(words[1])
-        assert not unknown, f"README line {line!r} uses flags placecheck {words[1]} lacks: {unknown}"
+        assert not unknown, f"docs line {line!r} uses flags placecheck {words[1]} lacks: {unknown}"
+
+
+def test_every_flag_of_every_command_is_documented() -> None:
+    text = (REPO / "docs" / "options.md").read_text(encoding="utf-8")
+    documented = set(re.findall(r"`(--[a-z][a-z-]*)", text))
+    for name in typer.main.get_command(app).commands:  # type: ignore[attr-defined]
+        missing = {f for f in _flags(name) if f.startswith("--") and f != "--help"} - documented
+        assert not missing, f"docs/options.md does not document placecheck {name} {sorted(missing)}"
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor of a markdown heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_links_between_pages_lead_somewhere() -> None:
+    checked = 0
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if target.startswith(("http://", "https://")):
+                continue
+            path, _, anchor = target.partition("#")
+            linked = (page.parent / path).resolve() if path else page
+            assert linked.exists(), f"{page.name} links to {target}, which does not exist"
+            if anchor:
+                headings = re.findall(r"^#+ (.+)$", linked.read_text(encoding="utf-8"), re.M)
+                assert anchor in {_anchor(h) for h in headings}, f"{page.name}: no heading for {target}"
+            checked += 1
+    assert checked >= 20

@@ -262,10 +262,10 @@ def test_fsdp_shards_a_plain_model_over_the_ranks() -> None:
         assert weight.to_local().device == torch.device("cuda", 1)
 
 
-def test_readme_shows_a_replicated_run() -> None:
+def test_the_docs_show_a_replicated_run() -> None:
     """tests/test_readme.py re-runs every run-output block; this one must stay among them."""
-    readme = (TESTS.parent / "README.md").read_text(encoding="utf-8")
-    block = readme[readme.index("### Replicas"):]
+    page = (TESTS.parent / "docs" / "many-gpus.md").read_text(encoding="utf-8")
+    block = page[page.index("## Replicas"):]
     block = block[block.index("<!-- run-output:start -->"):block.index("<!-- run-output:end -->")]
     assert "$ placecheck audit placecheck/examples/replicas.py:BuggyReplicated --wrap ddp\n" in block
     assert "on rank 1 (cuda:1), " in block

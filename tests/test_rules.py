@@ -1,4 +1,4 @@
-"""``placecheck.rules``: the codes are the public contract of PLACEMENT.md, declared once."""
+"""``placecheck.rules``: the codes are the public contract of docs/contract.md, declared once."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from placecheck.finding import Severity
 from placecheck.rules import RULES, _rule, expand, rule, selected
 
-# The contract table of PLACEMENT.md: code -> (kind, phase).
+# The contract table of docs/contract.md: code -> (kind, phase).
 CONTRACT = {
     "PC101": ("stray-tensor", "walk"),
     "PC102": ("unregistered-module", "walk"),

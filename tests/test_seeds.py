@@ -2,7 +2,7 @@
 
 Each ``tests/fixtures/seeds/seed_NNN_*.py`` is the article's model (``Model``);
 its ``.expected`` lists ``CODE where`` lines, or nothing where the article's
-claim of a bug is false (PLACEMENT.md, "What the seed articles get wrong").
+claim of a bug is false (docs/contract.md, "Some common claims about `.to()` are false").
 Forward-time bugs (tensors or layers created in ``forward()``) belong to the
 forward pass and are not here.
 """

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from report_schema import validate_json, validate_report
 
 from placecheck import __version__, shards
 from placecheck.config import parse
@@ -93,7 +94,7 @@ def _shards(tmp_path: Path, labels: list[str], count: int, findings: dict[str, l
         run = shards.run_info(config, shards.Shard(k, count), positions,
                               options or {"fail_on": "warning", "group": True, "hints": False}, baseline)
         path = tmp_path / f"shard-{k}.json"
-        path.write_text(json.dumps(run_to_dict(reports, run)))
+        path.write_text(json.dumps(validate_report(run_to_dict(reports, run))))
         paths.append(path)
     return paths
 
@@ -106,7 +107,7 @@ def test_merge_gives_the_run_in_config_order_with_one_exit_code(tmp_path: Path) 
                     {"m:Model5": [_finding("PC101", "mask")]})
     proc = _placecheck("merge", *map(str, reversed(paths)), "--format", "json")
     assert proc.returncode == 1, proc.stderr
-    merged = json.loads(proc.stdout)
+    merged = validate_json(proc.stdout)
     assert [m["target"] for m in merged["models"]] == LABELS
     assert "run" not in merged  # one run, no longer a shard
     assert [(f["target"], f["code"]) for f in merged["findings"]] == [("m:Model5", "PC101")]
@@ -223,12 +224,13 @@ def test_shards_merged_equal_one_run(tmp_path: Path) -> None:
         assert shard.returncode == 0, shard.stderr
         outputs.append(str(out))
     # the names split the models 2 + 1 (a test of the split itself: tests above)
-    assert [len(json.loads(Path(o).read_text())["models"]) for o in outputs] == [1, 2]
+    assert [len(validate_json(Path(o).read_text())["models"]) for o in outputs] == [1, 2]  # with their run
     merged = _placecheck("merge", *outputs, "--format", "json", cwd=tmp_path)
     assert merged.returncode == whole.returncode, merged.stderr
     # the same run, but for the memory each process found free (an init note)
     free = re.compile(r"[\d.]+ GiB of memory available")
     assert free.sub("", merged.stdout) == free.sub("", whole.stdout)
-    findings = {(f["target"], f["code"], f["where"]) for f in json.loads(merged.stdout)["findings"]}
+    validate_json(whole.stdout)
+    findings = {(f["target"], f["code"], f["where"]) for f in validate_json(merged.stdout)["findings"]}
     # buggy-6's PC102 allowed, buggy-4's PC101 baselined (written with --select PC101): gone
     assert findings == {("buggy-6", "PC101", "mask"), ("buggy-4", "PC102", "heads[0]")}

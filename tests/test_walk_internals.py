@@ -1,7 +1,7 @@
 """The walk's guarantee: zero findings from PyTorch's own legitimate internals.
 
 Each test builds one model using an internal that a naive walker misreads
-(PLACEMENT.md, "Legitimate module internals") and requires the simulated-CUDA
+(docs/contract.md, "Never a finding") and requires the simulated-CUDA
 audit to report nothing. If one of these fails, the fix belongs in walk.py.
 Also here: details of findings the fixtures do not pin (counts, bytes, devices).
 """

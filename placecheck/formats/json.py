@@ -1,4 +1,5 @@
-"""``--format json``: the machine-readable contract of PLACEMENT.md."""
+"""``--format json``: the machine-readable contract of docs/contract.md
+(its shape: ``placecheck/schema/report.schema.json``)."""
 
 from __future__ import annotations
 
