@@ -1070,9 +1070,12 @@ def _move_model_up(module: cst.Module, request: Request) -> Rewrite | NotFixable
                           "model to the device before optimizer.load_state_dict")
     load = block[at]
     assert isinstance(moved, cst.SimpleStatementLine) and isinstance(load, cst.SimpleStatementLine)
+    # blank lines above the load go above the move; the load keeps the comments that describe it
+    lines = list(load.leading_lines)
+    split = next((i for i, e in enumerate(lines) if e.comment), len(lines))
     comments = [e for e in moved.leading_lines if e.comment]
-    first = moved.with_changes(leading_lines=[*load.leading_lines, *comments])
-    new = module.visit(_Reorder(load, moved, [first, load.with_changes(leading_lines=[])]))
+    first = moved.with_changes(leading_lines=[*lines[:split], *comments])
+    new = module.visit(_Reorder(load, moved, [first, load.with_changes(leading_lines=lines[split:])]))
     start, end = positions[load].start.line, positions[moved].end.line
     return _rewritten(module.code, new.code, start, end, "")
 

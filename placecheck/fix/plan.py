@@ -8,12 +8,13 @@ the rewrite finds the statement it expects there. No torch here.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import os
 import re
 import sys
 import sysconfig
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 from placecheck.finding import Finding
@@ -190,6 +191,9 @@ def origin_requests(finding: Finding, everything: Sequence[Finding], unsafe: boo
             planned.append((used[0], Request(code="PC201", line=used[1], where=finding.where, holder=holder,
                                              script=True), None))
             continue
+        built = next((f for f in everything if f.code == "PC203" and origin.startswith(f.where + ".")), None)
+        if built is not None:
+            return f"its origin, {origin}, belongs to a layer built in forward (PC203 at {built.where})"
         return f"the audit names its origin ({origin}) but no line of your code that made it"
     return planned
 
@@ -221,13 +225,40 @@ def apply(text: str, requests: list[Request]) -> tuple[str, list[Rewrite | NotFi
 @functools.lru_cache(maxsize=64)
 def _apply_bottom_up(text: str,
                      requests: tuple[Request, ...]) -> tuple[str, tuple[Rewrite | NotFixable, ...]]:
-    outcomes = []
-    for request in requests:
+    outcomes: list[Rewrite | NotFixable] = []
+    pending = list(requests)
+    back: Callable[[int], int] = lambda line: line  # noqa: E731 - a line of `text` -> the original's
+    while pending:
+        request = pending.pop(0)
         outcome = rewrite(text, request)
         if isinstance(outcome, Rewrite):
+            # most edits touch their own line or below; one that adds lines above the next request's line
+            # (a helper class made an nn.Module) moves it
+            forward, backward = _line_moves(text, outcome.source)
+            pending = [replace(r, line=forward(r.line), use=forward(r.use) if r.use else 0) for r in pending]
+            outcome = replace(outcome, start=back(outcome.start), end=back(outcome.end))
+            back = _compose(back, backward)
             text = outcome.source
         outcomes.append(outcome)
     return text, tuple(outcomes)
+
+
+def _compose(outer: Callable[[int], int], inner: Callable[[int], int]) -> Callable[[int], int]:
+    return lambda line: outer(inner(line))
+
+
+def _line_moves(before: str, after: str) -> tuple[Callable[[int], int], Callable[[int], int]]:
+    """Line of ``before`` (1-based) -> the same line in ``after``, and back: lines the edit did not touch;
+    the others as they are."""
+    old, new = before.splitlines(), after.splitlines()
+    if len(old) == len(new):
+        return (lambda line: line), (lambda line: line)
+    there: dict[int, int] = {}
+    for block in difflib.SequenceMatcher(None, old, new, autojunk=False).get_matching_blocks():
+        for k in range(block.size):
+            there[block.a + k + 1] = block.b + k + 1
+    here = {b: a for a, b in there.items()}
+    return (lambda line: there.get(line, line)), (lambda line: here.get(line, line))
 
 
 def make_plan(findings: Iterable[Finding], unsafe: bool, everything: Sequence[Finding] = (),
