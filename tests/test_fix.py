@@ -201,14 +201,20 @@ def test_write_refuses_a_file_changed_since_the_audit(tmp_path: Path,
 
 def test_buggy_example_fixes_what_it_can_and_explains_the_rest() -> None:
     result = fix("placecheck/examples/buggy.py:BuggyNet", AuditOptions())
-    assert sorted(e.code for e in result.edits) == ["PC101", "PC102", "PC103", "PC202"], result.summary()
+    assert sorted(e.code for e in result.edits) == ["PC101", "PC101", "PC101", "PC102", "PC103", "PC202"], \
+        result.summary()
     assert not result.failed
     reasons = {u.finding.code: u.reason for u in result.not_fixable}
-    assert "nn.LazyLinear" in reasons["PC203"]
-    assert "plain container" in " ".join(u.reason for u in result.not_fixable if "cache" in u.finding.where)
-    assert result.exit_code == 1  # the cache dict, the helper object and the lazy layer remain
-    assert "+        self.heads = nn.ModuleList([" in result.diff()
+    assert "nn.LazyLinear" in reasons["PC203"] and "PC203" in reasons["PC201"]  # the gate's mismatch
+    assert result.exit_code == 1  # the lazy layer and the mismatch it causes remain
+    diff = result.diff()
+    assert "+        self.heads = nn.ModuleList([" in diff and "+class RopeCache(nn.Module):" in diff
+    assert '+        self.register_buffer("cache_k", torch.zeros(length, dim), persistent=False)' in diff
     assert "state_dict() gains" in result.summary()
+    verdicts = {(f.code, f.where or f.source): (fixed, how) for f, fixed, how in result.verdicts()}
+    assert verdicts[("PC101", "rope.cos")] == (True, "edit at placecheck/examples/buggy.py:13-19")
+    assert verdicts[("PC203", "gate")][0] is False
+    assert len(result.verdicts()) == len(result.report.findings)  # every finding gets its line
 
 
 def test_cli_json_lists_each_edit_and_exit_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -220,6 +226,10 @@ def test_cli_json_lists_each_edit_and_exit_code(tmp_path: Path, monkeypatch: pyt
     assert edits == {("PC202", 14, 14), ("PC202", 15, 15)}
     assert all(e["file"] == "pc202_device_from_input.py" and e["before"] != e["after"] for e in data["edits"])
     assert data["written"] == []
+    assert {(f["code"], f["fixed"], f.get("edit")) for f in data["findings"]} == {
+        ("PC201", True, "edit at its origin pc202_device_from_input.py:14"),
+        ("PC202", True, "edit at pc202_device_from_input.py:14"),
+        ("PC202", True, "edit at pc202_device_from_input.py:15")}
 
 
 def test_cli_exit_codes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -228,6 +238,9 @@ def test_cli_exit_codes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
     out = runner.invoke(app, ["fix", "placecheck/examples/buggy.py:BuggyNet"])
     assert out.exit_code == 1
     assert "not fixable" in out.stdout and out.stdout.startswith("--- a/placecheck/examples/buggy.py")
+    assert "\n  not fixed: PC203 gate: a layer built in forward" in out.stdout  # one line per finding
+    assert "\n  fixed: PC202 placecheck/examples/buggy.py:54: edit at placecheck/examples/buggy.py:54\n" \
+        in out.stdout
     target = _copy(FIXTURES / "pc103_parameter_list.py", tmp_path, monkeypatch)
     assert runner.invoke(app, ["fix", target, "--write"]).exit_code == 0
     assert runner.invoke(app, ["fix", target]).exit_code == 0  # nothing left to fix
@@ -321,11 +334,70 @@ def test_torch_load_gets_map_location() -> None:
 
 def test_explain_says_whether_a_code_is_auto_fixable() -> None:
     runner = CliRunner()
-    fixable = runner.invoke(app, ["explain", "PC102"])
-    assert fixable.exit_code == 0 and "placecheck fix: auto-fixable: " in fixable.stdout
-    assert "nn.ModuleList" in fixable.stdout.split("placecheck fix:")[1]
-    lazy = runner.invoke(app, ["explain", "PC203"]).stdout.split("placecheck fix:")[1]
+
+    def said(code: str) -> str:
+        out = runner.invoke(app, ["explain", code])
+        assert out.exit_code == 0, out.output
+        return str(out.stdout.split("placecheck fix:")[1])
+
+    assert said("PC102").startswith(" auto-fixable: ") and "nn.ModuleList" in said("PC102")
+    lazy = said("PC203")
     assert "not auto-fixable" in lazy and "nn.Lazy" in lazy
+    stray = said("PC101")  # the forms: a plain attribute, a list or dict literal, a helper class
+    assert "register_buffer" in stray and "list or dict literal" in stray and "helper class" in stray
+    made = said("PC202")
+    assert "helper function" in made and "self.device" in made and "fix --run" in made
+    assert "origin" in said("PC201") and said("PC307").startswith(" auto-fixable: ")
+    assert said("PC204").startswith(" not auto-fixable")
+
+
+def test_containers_used_as_a_whole_and_helpers_that_cannot_be_modules_are_refused_with_the_edit() -> None:
+    src = ("import torch\nfrom torch import nn\nclass M(nn.Module):\n    def __init__(self):\n"
+           "        super().__init__()\n        self.grid = [torch.zeros(2), torch.ones(2)]\n"
+           "    def forward(self, x):\n        for g in self.grid:\n            x = x + g\n"
+           "        return x\n")
+    whole = rewrite(src, Request("PC101", 6, where="grid[0]"))
+    assert isinstance(whole, NotFixable) and "used as a whole at line 8" in whole.reason
+    assert 'self.register_buffer("grid_<key>", <tensor>, persistent=False)' in whole.reason
+    indexed = _rewrite(src.replace("        for g in self.grid:\n            x = x + g\n",
+                                   "        x = x + self.grid[1]\n"), Request("PC101", 6, where="grid[0]"))
+    assert "self.grid_1" in indexed.source and "self.grid[" not in indexed.source
+    helper = ("import torch\nfrom torch import nn\nfrom dataclasses import dataclass\n@dataclass\n"
+              "class Kv:\n    k: torch.Tensor\nclass M(nn.Module):\n    def __init__(self):\n"
+              "        super().__init__()\n"
+              "        self.kv = Kv(torch.zeros(2))\n")
+    refused = rewrite(helper, Request("PC101", 10, where="kv.k", fields=("k",)))
+    assert isinstance(refused, NotFixable) and "decorators" in refused.reason
+    assert "class Helper(nn.Module)" in refused.reason  # the hint shows the edit
+    clash = ("import torch\nimport torch.nn as nn\nclass Kv:\n    def __init__(self):\n"
+             "        self.k = torch.zeros(2)\n    def to(self, d):\n        return self\n"
+             "class M(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+             "        self.kv = Kv()\n")
+    refused = rewrite(clash, Request("PC101", 11, where="kv.k", fields=("k",)))
+    assert isinstance(refused, NotFixable) and "defines to" in refused.reason
+
+
+def test_a_method_without_a_tensor_argument_says_what_to_pass() -> None:
+    src = ("import torch\nclass M:\n    def mask(self, n: int):\n        return torch.ones(n, n)\n"
+           "    @staticmethod\n    def grid(x):\n        return torch.arange(3)\n")
+    refused = rewrite(src, Request("PC202", 4, op="torch.ones"))
+    assert isinstance(refused, NotFixable) and "mask() has no tensor argument" in refused.reason
+    assert _rewrite(src, Request("PC202", 7, op="torch.arange")).after == \
+        "        return torch.arange(3, device=x.device)\n"  # a staticmethod's first argument is an input
+
+
+def test_a_script_tensor_takes_the_scripts_device_expression() -> None:
+    import libcst as cst
+
+    from placecheck.fix.edits import script_device
+
+    moves = "dev = 'cuda'\nm.to(dev)\nx = x.to(device=dev)\ny.to(z)\n"
+    assert script_device(cst.parse_module(moves)) == "dev"
+    assert script_device(cst.parse_module("m.cuda()\n")) == '"cuda"'
+    assert script_device(cst.parse_module("x = 1\n")) == ""
+    src = "import torch\ndevice = 'cuda'\nmodel.to(device)\nacc = torch.zeros(3)\n"
+    assert _rewrite(src, Request("PC202", 4, script=True)).after == "acc = torch.zeros(3, device=device)\n"
+    assert isinstance(rewrite(src, Request("PC202", 4)), NotFixable)  # a model file: no input, no device
 
 
 def test_an_edit_that_breaks_the_model_fails_the_proof_and_is_not_offered(

@@ -63,10 +63,36 @@ class FixResult:
     """Each edited file's text as audited."""
     patched: dict[str, str] = field(default_factory=dict)
     """Each edited file's text with the offered edits."""
+    chosen: list[Finding] = field(default_factory=list)
+    """The findings of the first audit selected for fixing, in report order."""
 
     @property
     def fixed_findings(self) -> int:
         return sum(len(e.findings) for e in self.edits)
+
+    def verdicts(self) -> list[tuple[Finding, bool, str]]:
+        """Each selected finding of the first audit: whether it is fixed, and how or why not (one line)."""
+        by_edit = {id(f): e for e in self.edits for f in e.findings}
+        by_failure = {id(f): reason for e, reason in self.failed for f in e.findings}
+        by_reason = {id(u.finding): u.reason for u in self.not_fixable}
+        gone = {id(f) for f in self.resolved}
+        out = []
+        for finding in self.chosen:
+            edit = by_edit.get(id(finding))
+            if edit is not None:
+                lines = f"{edit.start}" if edit.start == edit.end else f"{edit.start}-{edit.end}"
+                at = "its origin " if finding.code == "PC201" and edit.code != "PC201" else ""
+                out.append((finding, True, f"edit at {at}{edit.file}:{lines}"))
+            elif id(finding) in gone:
+                out.append((finding, True, "gone with the edits of its origins" if finding.code == "PC201"
+                            else "gone with the edits"))
+            elif id(finding) in by_reason:
+                out.append((finding, False, by_reason[id(finding)]))
+            elif id(finding) in by_failure:
+                out.append((finding, False, f"failed proof: {by_failure[id(finding)]}"))
+            else:
+                out.append((finding, False, "still reported after the edits"))
+        return out
 
     @property
     def exit_code(self) -> int:
@@ -92,14 +118,10 @@ class FixResult:
                 f"{len(self.edits)} edit{'s' if len(self.edits) != 1 else ''}, not fixable "
                 f"{len(self.not_fixable)}{f' ({codes})' if codes else ''}, failed proof {len(self.failed)}")
         lines = [line]
-        if self.resolved:
-            lines.append(f"  also gone with the edits: {len(self.resolved)} ("
-                         + ", ".join(sorted({f.code for f in self.resolved})) + ")")
         notes = sorted({e.note for e in self.edits if e.note})
         lines.extend(f"  note: {note}" for note in notes)
-        lines.extend(f"  not fixed automatically: {u.finding.code} {u.finding.where or u.finding.source}: "
-                     f"{u.reason}" for u in self.not_fixable)
-        lines.extend(f"  failed proof: {e.code} {e.file}:{e.start}: {reason}" for e, reason in self.failed)
+        lines.extend(f"  {'fixed' if fixed else 'not fixed'}: {f.code} {f.where or f.source}: {how}"
+                     for f, fixed, how in self.verdicts())
         return "\n".join(lines) + "\n"
 
     def to_dict(self) -> dict[str, Any]:
@@ -110,6 +132,8 @@ class FixResult:
             "failed_proof": [{**e.to_dict(), "reason": reason} for e, reason in self.failed],
             "not_fixable": [{"code": u.finding.code, "where": u.finding.where, "source": u.finding.source,
                              "reason": u.reason} for u in self.not_fixable],
+            "findings": [{"code": f.code, "where": f.where, "source": f.source, "fixed": fixed,
+                          ("edit" if fixed else "reason"): how} for f, fixed, how in self.verdicts()],
             "summary": {"fixed": self.fixed_findings, "edits": len(self.edits),
                         "not_fixable": len(self.not_fixable), "failed_proof": len(self.failed),
                         "remaining": len(self.remaining)},
@@ -218,8 +242,11 @@ def _not_rewritten(finding: Finding) -> str:
 
 
 def fix_report(report: Report, audit_once: Callable[[], Report], *, select: Iterable[str] | None = None,
-               ignore: Iterable[str] | None = None, unsafe: bool = False) -> FixResult:
+               ignore: Iterable[str] | None = None, unsafe: bool = False, script: str = "") -> FixResult:
     """Plan, prove and collect the edits for ``report``; ``audit_once`` repeats its audit.
+
+    ``script``: the file a ``placecheck run`` report ran (a tensor made there outside a function with a
+    tensor argument takes the script's device expression).
 
     ``select``/``ignore`` (code prefixes) choose the findings to fix; the
     proof compares every finding, selected or not, so an edit that brings a
@@ -229,15 +256,19 @@ def fix_report(report: Report, audit_once: Callable[[], Report], *, select: Iter
 
     codes = selected(select, ignore)
     chosen = [f for f in report.findings if f.code in codes]
-    plan = make_plan([f for f in chosen if f.code in AUTOFIX], unsafe)
-    result = FixResult(report, originals=plan.originals)
-    unplanned = [Unfixed(f, _not_rewritten(f)) for f in chosen if f.code not in AUTOFIX] + plan.not_fixable
+    plan = make_plan([f for f in chosen if f.code in AUTOFIX], unsafe, report.findings, script)
+    result = FixResult(report, originals=plan.originals, chosen=chosen)
+    picked = {id(f) for f in chosen}
+    unplanned = [Unfixed(f, _not_rewritten(f)) for f in chosen if f.code not in AUTOFIX] + \
+        [u for u in plan.not_fixable if id(u.finding) in picked]
     if not plan.edits:
         result.not_fixable = unplanned
         result.remaining = chosen
         return result
     prover = _Prover(plan, audit_once, list(report.findings))
     result.edits, result.failed, outcome, maps = prover.settle(plan.edits)
+    unplanned += [Unfixed(f, "not every tensor it mixed comes from a line placecheck fix rewrote")
+                  for f in plan.via_origins]
     if outcome is None:
         result.not_fixable = unplanned
         result.remaining = chosen
@@ -326,7 +357,7 @@ def fix_run(script: str, args: Sequence[str] = (), *, steps: int | None = None, 
     first = reaudit(audit_once, {})
     if first.report is None:
         raise LoadError(f"placecheck run of {script} failed: {first.error}")
-    return fix_report(first.report, audit_once, select=select, ignore=ignore, unsafe=unsafe)
+    return fix_report(first.report, audit_once, select=select, ignore=ignore, unsafe=unsafe, script=script)
 
 
 def write(result: FixResult) -> list[str]:

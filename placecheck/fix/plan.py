@@ -8,12 +8,14 @@ the rewrite finds the statement it expects there. No torch here.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import os
+import re
 import sys
 import sysconfig
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
 
 from placecheck.finding import Finding
 from placecheck.fix.edits import NotFixable, Request, Rewrite, rewrite
@@ -61,6 +63,9 @@ class Plan:
     """Text of each file an edit touches, as read when the edits were planned."""
     edits: list[Edit] = field(default_factory=list)
     not_fixable: list[Unfixed] = field(default_factory=list)
+    via_origins: list[Finding] = field(default_factory=list)
+    """Mismatches (PC201) with several origins: each origin has its edit; the mismatch is fixed when all
+    are, which only the proof shows."""
 
 
 def split_source(source: str) -> tuple[str, int] | None:
@@ -111,26 +116,96 @@ def edited_line(finding: Finding) -> tuple[str, int] | None:
     return split_source(finding.source)
 
 
-def request_for(finding: Finding, line: int, unsafe: bool) -> Request:
-    """The rewrite a finding asks for (``line``: from :func:`edited_line`)."""
+def request_for(finding: Finding, line: int, unsafe: bool, script: str = "") -> Request:
+    """The rewrite a finding asks for (``line``: from :func:`edited_line`); ``script``: the file
+    ``placecheck run`` ran, if any."""
     details = dict(finding.details)
     batch = details.get("batch", "") if finding.code == "PC201" else ""
     use = 0
     if batch:
         used, loop = split_source(finding.source), split_source(finding.origin)
         use = used[1] if used is not None and loop is not None and used[0] == loop[0] else 0
+    located = edited_line(finding)
+    in_script = bool(script) and located is not None and _same_file(located[0], script)
+    fields: tuple[str, ...] = ()
+    if finding.code == "PC101":
+        attr = _attribute(finding.where, finding.module)
+        base, dot, rest = attr.partition(".")
+        fields = (rest,) if dot and "[" not in base else ()
     return Request(code=finding.code, line=line, where=finding.where, module=finding.module,
-                   op=details.get("op", ""), device=finding.expected, unsafe=unsafe, batch=batch, use=use)
+                   op=details.get("op", ""), device=finding.expected, unsafe=unsafe, batch=batch, use=use,
+                   fields=fields, script=in_script)
+
+
+def _same_file(a: str, b: str) -> bool:
+    return os.path.abspath(a) == os.path.abspath(b)
+
+
+def _attribute(where: str, module: str) -> str:
+    """``blocks.0.rope.cos`` under module ``blocks.0`` -> ``rope.cos``."""
+    return where[len(module) + 1:] if module and where.startswith(module + ".") else where
+
+
+def origins(finding: Finding) -> list[str]:
+    """Where the tensors a mismatch (PC201) mixed came from: attribute paths or ``file:line``s."""
+    listed = dict(finding.details).get("origins", "")
+    found = [o.strip() for o in listed.split(", ") if o.strip()]
+    return found or ([finding.origin] if finding.origin else [])
+
+
+_WALK = ("PC101", "PC102", "PC103")
+
+
+def origin_requests(finding: Finding, everything: Sequence[Finding], unsafe: bool,
+                    script: str = "") -> list[tuple[str, Request, Finding | None]] | str:
+    """A mismatch (PC201) fixed where its tensors come from: for each origin, the file, the rewrite and the
+    finding the audit made there (a PC101 of the attribute, a PC202 of the line), if any; or why not.
+
+    An attribute's origin is the walk finding of that attribute (its line is the assignment); a line's is
+    the PC202 the audit made there, else the torch factory on that line. In the script ``placecheck run``
+    ran, a module's buffer the script never moved (``criterion.weight``) is moved where it is built.
+    """
+    named = origins(finding)
+    if not named:
+        return "the audit does not say where the mismatched tensor came from"
+    planned: list[tuple[str, Request, Finding | None]] = []
+    for origin in named:
+        at = split_source(origin)
+        if at is not None:
+            made = next((f for f in everything if f.code == "PC202" and f.source == origin), None)
+            if made is not None:
+                planned.append((at[0], request_for(made, at[1], unsafe, script), made))
+            else:
+                planned.append((at[0], Request(code="PC202", line=at[1], device=finding.expected,
+                                               script=bool(script) and _same_file(at[0], script)), None))
+            continue
+        walked = next((f for f in everything if f.code in _WALK and f.where == origin), None)
+        located = split_source(walked.source) if walked is not None else None
+        if walked is not None and located is not None:
+            planned.append((located[0], request_for(walked, located[1], unsafe, script), walked))
+            continue
+        used = split_source(finding.source)
+        holder = origin.partition(".")[0]
+        if script and used is not None and _same_file(used[0], script) and "." in origin \
+                and holder.isidentifier():
+            planned.append((used[0], Request(code="PC201", line=used[1], where=finding.where, holder=holder,
+                                             script=True), None))
+            continue
+        built = next((f for f in everything if f.code == "PC203" and origin.startswith(f.where + ".")), None)
+        if built is not None:
+            return f"its origin, {origin}, belongs to a layer built in forward (PC203 at {built.where})"
+        return f"the audit names its origin ({origin}) but no line of your code that made it"
+    return planned
 
 
 def _request_key(request: Request) -> tuple[object, ...]:
     """Findings that ask for the same rewrite share one edit (``heads[0]`` and ``heads[1]``)."""
     if request.code in ("PC102", "PC103"):
         return request.code, request.line, request.where.partition("[")[0]
-    if request.code == "PC101":  # blocks.0.mask and blocks.1.mask: one line of one class
-        return request.code, request.line, request.where.removeprefix(request.module).lstrip(".")
-    if request.batch:  # `labels` used unmoved at several lines: one move in the loop
-        return request.code, request.line, request.where
+    if request.code == "PC101":  # blocks.0.mask and blocks.1.mask, cache['k'] and cache['v']: one edit
+        return request.code, request.line, re.split(r"[.\[]", _attribute(request.where, request.module))[0]
+    if request.batch or request.holder:  # `labels` used unmoved at several lines: one move in the loop
+        return request.code, request.line, request.where, request.holder
     return request.code, request.line, request.op
 
 
@@ -150,20 +225,78 @@ def apply(text: str, requests: list[Request]) -> tuple[str, list[Rewrite | NotFi
 @functools.lru_cache(maxsize=64)
 def _apply_bottom_up(text: str,
                      requests: tuple[Request, ...]) -> tuple[str, tuple[Rewrite | NotFixable, ...]]:
-    outcomes = []
-    for request in requests:
+    outcomes: list[Rewrite | NotFixable] = []
+    pending = list(requests)
+    back: Callable[[int], int] = lambda line: line  # noqa: E731 - a line of `text` -> the original's
+    while pending:
+        request = pending.pop(0)
         outcome = rewrite(text, request)
         if isinstance(outcome, Rewrite):
+            # most edits touch their own line or below; one that adds lines above the next request's line
+            # (a helper class made an nn.Module) moves it
+            forward, backward = _line_moves(text, outcome.source)
+            pending = [replace(r, line=forward(r.line), use=forward(r.use) if r.use else 0) for r in pending]
+            outcome = replace(outcome, start=back(outcome.start), end=back(outcome.end))
+            back = _compose(back, backward)
             text = outcome.source
         outcomes.append(outcome)
     return text, tuple(outcomes)
 
 
-def make_plan(findings: Iterable[Finding], unsafe: bool) -> Plan:
-    """Sort ``findings`` into edits and reasons; read each file once."""
+def _compose(outer: Callable[[int], int], inner: Callable[[int], int]) -> Callable[[int], int]:
+    return lambda line: outer(inner(line))
+
+
+def _line_moves(before: str, after: str) -> tuple[Callable[[int], int], Callable[[int], int]]:
+    """Line of ``before`` (1-based) -> the same line in ``after``, and back: lines the edit did not touch;
+    the others as they are."""
+    old, new = before.splitlines(), after.splitlines()
+    if len(old) == len(new):
+        return (lambda line: line), (lambda line: line)
+    there: dict[int, int] = {}
+    for block in difflib.SequenceMatcher(None, old, new, autojunk=False).get_matching_blocks():
+        for k in range(block.size):
+            there[block.a + k + 1] = block.b + k + 1
+    here = {b: a for a, b in there.items()}
+    return (lambda line: there.get(line, line)), (lambda line: here.get(line, line))
+
+
+def make_plan(findings: Iterable[Finding], unsafe: bool, everything: Sequence[Finding] = (),
+              script: str = "") -> Plan:
+    """Sort ``findings`` into edits and reasons; read each file once.
+
+    ``everything``: every finding of the audit, selected or not (a mismatch's origin is fixed through the
+    finding made there); ``script``: the file ``placecheck run`` ran, if any.
+    """
     plan = Plan()
     grouped: dict[str, dict[tuple[object, ...], tuple[Request, list[Finding]]]] = {}
+
+    def add(path: str, request: Request, found: list[Finding]) -> None:
+        group = grouped.setdefault(path, {})
+        key = _request_key(request)
+        if key not in group:
+            group[key] = (request, [])
+        first, already = group[key]
+        if first.fields and request.fields:  # one helper object: every tensor field it holds
+            first = replace(first, fields=tuple(dict.fromkeys([*first.fields, *request.fields])))
+        group[key] = (first, already + [f for f in found if all(f is not g for g in already)])
+
     for finding in findings:
+        if finding.code == "PC201" and not dict(finding.details).get("batch"):
+            planned = origin_requests(finding, everything, unsafe, script)
+            if isinstance(planned, str):
+                plan.not_fixable.append(Unfixed(finding, planned))
+                continue
+            reasons = [why_not_editable(path) for path, _, _ in planned]
+            if any(reasons):
+                plan.not_fixable.append(Unfixed(finding, next(r for r in reasons if r)))
+                continue
+            for path, request, made in planned:
+                answered = [made] if made is not None else []
+                add(path, request, answered + ([finding] if len(planned) == 1 else []))
+            if len(planned) > 1:
+                plan.via_origins.append(finding)
+            continue
         located = edited_line(finding)
         if located is None:
             plan.not_fixable.append(Unfixed(finding, "the audit does not say which line of your code "
@@ -174,13 +307,7 @@ def make_plan(findings: Iterable[Finding], unsafe: bool) -> Plan:
         if reason:
             plan.not_fixable.append(Unfixed(finding, reason))
             continue
-        request = request_for(finding, line, unsafe)
-        group = grouped.setdefault(path, {})
-        key = _request_key(request)
-        if key in group:
-            group[key][1].append(finding)
-        else:
-            group[key] = (request, [finding])
+        add(path, request_for(finding, line, unsafe, script), [finding])
     for path, requests in grouped.items():
         with open(path, encoding="utf-8", newline="") as handle:
             plan.originals[path] = handle.read()
