@@ -51,6 +51,7 @@ from placecheck.events import (
 )
 from placecheck.finding import Finding
 from placecheck.forward_checks import ForwardFindings, forward_findings
+from placecheck.host_syncs import host_sync
 from placecheck.placement.expected import Placement
 from placecheck.placement.flows import Flows
 from placecheck.provenance import Creation, Provenance, Provenances, StrayVerdict
@@ -71,83 +72,6 @@ _METADATA = frozenset({torch.Tensor.dim, torch.Tensor.size, torch.Tensor.numel, 
 _HOST_FACTORIES = ("from_numpy", "frombuffer")
 """Factories that build a tensor from host memory without a torch function call the mode sees."""
 _passthrough: dict[Any, bool] = {}
-
-
-def _on_device(value: Any) -> torch.Tensor | None:
-    """``value`` when it is a tensor on an accelerator (not the CPU, not meta), else None."""
-    if isinstance(value, torch.Tensor) and value.device.type not in ("cpu", "meta"):
-        return value
-    return None
-
-
-def _subject(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
-    return _on_device(args[0]) if args else None
-
-
-def _any_argument(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
-    return next((t for _, t in classify.tensor_arguments(args, kwargs) if _on_device(t) is not None), None)
-
-
-def _boolean_mask(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
-    """The device tensor indexed by a boolean mask on the device (``x[mask]``, ``x[mask] = v``):
-    finding the selected elements is a ``nonzero`` whose size the host must read."""
-    if len(args) < 2 or _on_device(args[0]) is None:
-        return None
-    for _, t in classify.tensor_arguments((args[1],), {}):
-        if t.dtype in (torch.bool, torch.uint8) and _on_device(t) is not None:
-            return typing.cast(torch.Tensor, args[0])
-    return None
-
-
-def _repeats_on_device(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
-    """``repeat_interleave`` with a tensor of repeats and no ``output_size``: the host reads their sum."""
-    if kwargs.get("output_size") is not None or len(args) > 3:
-        return None
-    repeats = args[1] if len(args) > 1 else kwargs.get("repeats", args[0] if args else None)
-    return _on_device(repeats)
-
-
-def _condition_only(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
-    """``torch.where(condition)`` with one argument is ``nonzero(as_tuple=True)``."""
-    return _on_device(args[0]) if len(args) == 1 and not kwargs else None
-
-
-_SyncProbe = Callable[[tuple[Any, ...], dict[str, Any]], "torch.Tensor | None"]
-
-
-def _host_syncs() -> dict[Any, tuple[str, _SyncProbe]]:
-    """Every call that makes the host wait for the device (what ``torch.cuda.set_sync_debug_mode
-    ("warn")`` reports), with its name and a probe returning the device tensor it waits on.
-
-    Not ``.numpy()``: on a CUDA tensor it raises TypeError (the crash a GPU gives, reported as
-    PC207); ``.cpu().numpy()`` syncs at ``.cpu()``.
-    """
-    T = torch.Tensor
-    table: dict[Any, tuple[str, _SyncProbe]] = {
-        T.item: (".item()", _subject), T.tolist: (".tolist()", _subject), T.cpu: (".cpu()", _subject),
-        T.__bool__: ("bool()", _subject), T.__int__: ("int()", _subject), T.__float__: ("float()", _subject),
-        T.__index__: ("an index", _subject), T.__contains__: ("`in` (Tensor.__contains__)", _subject),
-        T.__repr__: ("printing", _subject), T.__format__: ("formatting", _subject),
-        T.nonzero: (".nonzero()", _subject), torch.nonzero: ("torch.nonzero", _subject),
-        T.argwhere: (".argwhere()", _subject), torch.argwhere: ("torch.argwhere", _subject),
-        T.masked_select: (".masked_select()", _any_argument),
-        torch.masked_select: ("torch.masked_select", _any_argument),
-        T.unique: (".unique()", _subject), torch.unique: ("torch.unique", _subject),
-        T.unique_consecutive: (".unique_consecutive()", _subject),
-        torch.unique_consecutive: ("torch.unique_consecutive", _subject),
-        T.equal: (".equal()", _any_argument), torch.equal: ("torch.equal", _any_argument),
-        T.allclose: (".allclose()", _any_argument), torch.allclose: ("torch.allclose", _any_argument),
-        torch.is_nonzero: ("torch.is_nonzero", _subject),
-        T.repeat_interleave: (".repeat_interleave() without output_size", _repeats_on_device),
-        torch.repeat_interleave: ("torch.repeat_interleave without output_size", _repeats_on_device),
-        torch.where: ("torch.where(condition)", _condition_only),
-    }
-    for indexing in (T.__getitem__, T.__setitem__, T.index_put_, T.index_put, torch.index_put):
-        table[indexing] = ("boolean-mask indexing", _boolean_mask)
-    return table
-
-
-_HOST_SYNCS = _host_syncs()
 
 
 def _is_passthrough(func: Callable[..., Any]) -> bool:
@@ -407,11 +331,9 @@ class Tracer:
         return out
 
     def _on_call(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        sync = _HOST_SYNCS.get(func)
+        sync = host_sync(func, args, kwargs)
         if sync is not None:
-            waited_on = sync[1](args, kwargs)
-            if waited_on is not None:
-                self._record_host_sync(sync[0], waited_on)
+            self._record_host_sync(*sync)
         if _is_passthrough(func):
             return func(*args, **kwargs)
         tensors = list(classify.tensor_arguments(args, kwargs))

@@ -55,16 +55,12 @@ from torch.overrides import TorchFunctionMode
 from placecheck.devices import human_bytes
 from placecheck.errors import PlacecheckError, one_line
 from placecheck.finding import Finding, Severity
+from placecheck.host_syncs import HOST_SYNCS, host_sync
 from placecheck.rules import rule
 from placecheck.run.sites import called_from_user, here, library_caller, names_of, raised_at
 from placecheck.tagged import SimulatedDeviceMismatchError, SimulatedTensor
 from placecheck.walk import Snapshot, walk
 
-_HOST_SYNC = frozenset({torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.cpu, torch.Tensor.__bool__,
-                        torch.Tensor.__int__, torch.Tensor.__float__, torch.Tensor.__index__,
-                        torch.Tensor.__format__, torch.Tensor.__repr__})
-_SYNC_NAMES = {"__bool__": "bool()", "__int__": "int()", "__float__": "float()", "__index__": "an index",
-               "__format__": "formatting", "__repr__": "printing"}
 _MOVES = frozenset({torch.Tensor.to, torch.Tensor.cuda})
 _FACTORIES = frozenset(getattr(torch, name) for name in (
     "zeros", "ones", "empty", "full", "tensor", "as_tensor", "arange", "linspace", "rand", "randn",
@@ -362,15 +358,14 @@ class RunRecorder:
         """One torch call: run it, recording syncs, copies and mismatches."""
         if self._quiet:
             return func(*args, **kwargs)
-        if func in _HOST_SYNC and args and isinstance(args[0], torch.Tensor) \
-                and args[0].device.type == "cuda":
-            self._record_sync(func.__name__, args[0])
-            with self.quiet():
-                if func is torch.Tensor.__format__ and args[0].dim() == 0 and len(args) > 1:
+        sync = host_sync(func, args, kwargs)
+        if sync is not None:
+            self._record_sync(*sync)
+            if func is torch.Tensor.__format__ and args[0].dim() == 0 and len(args) > 1:
+                with self.quiet():
                     # f"{loss:.3f}": a GPU formats the value (Tensor.__format__ does so only for
                     # exact torch.Tensor, not for the engine's subclass)
                     return args[0].item().__format__(args[1])
-                return func(*args, **kwargs)
         if func is torch.Tensor.module_load and len(args) > 1 and not kwargs.get("assign", False):
             # load_state_dict under the swap flag: a copy into the parameter, legal across devices
             # on a GPU as copy_ is (the tagged engine does not list module_load as a copy)
@@ -517,12 +512,11 @@ class RunRecorder:
                             return f"{name}.{tname}"
         return ""
 
-    def _record_sync(self, name: str, t: torch.Tensor) -> None:
+    def _record_sync(self, call: str, t: torch.Tensor) -> None:
         line, _ = here()
         if not line:
             return
         module = type(self._forward_stack[-1]).__name__ if self._forward_stack else ""
-        call = _SYNC_NAMES.get(name, f".{name}()")
         via = library_caller()
         if via:
             call = f"{call} in {via}"
@@ -536,7 +530,7 @@ class RunRecorder:
 
         def __repr__(tensor: SimulatedTensor, *args: Any, **kwargs: Any) -> str:
             if not recorder._quiet and tensor.device.type == "cuda":
-                recorder._record_sync("__repr__", tensor)
+                recorder._record_sync(HOST_SYNCS[torch.Tensor.__repr__][0], tensor)
             with recorder.quiet():
                 return original(tensor, *args, **kwargs)
         return __repr__
