@@ -186,8 +186,9 @@ def fake_limit(exc: BaseException, assumed: bool = False) -> str:
     return f"{why} at {line}" if line else why
 
 
-def simulation_limit(exc: BaseException) -> str:
-    """A note when ``exc``, raised during a simulated forward, is the simulation's limit, not the model's.
+def simulation_limit(exc: BaseException, phase: str = "forward") -> str:
+    """A note when ``exc``, raised during a simulated ``phase`` (a forward, a script ``placecheck run``
+    runs), is the simulation's limit, not the model's.
 
     Returns "" when ``exc`` is not such an error. Code that is correct on a GPU
     can still call into the CUDA driver (a custom kernel, ``torch.cuda.graphs``,
@@ -202,7 +203,7 @@ def simulation_limit(exc: BaseException) -> str:
 
             line = user_line(exc)
             where = f" at {line}" if line else ""
-            return (f"forward: stopped{where}: the code there needs a real CUDA driver, which the simulation "
+            return (f"{phase}: stopped{where}: the code there needs a real CUDA driver, which the simulation "
                     f"does not provide ({one_line(seen)}); run on a GPU to check the rest")
     return ""
 

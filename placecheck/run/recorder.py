@@ -52,13 +52,14 @@ import torch.nn as nn
 from torch._C import DisableTorchFunctionSubclass
 from torch.overrides import TorchFunctionMode
 
+from placecheck import classify
 from placecheck.devices import human_bytes
 from placecheck.errors import PlacecheckError, one_line
 from placecheck.finding import Finding, Severity
 from placecheck.host_syncs import HOST_SYNCS, host_sync
 from placecheck.rules import rule
 from placecheck.run.sites import called_from_user, here, library_caller, names_of, raised_at
-from placecheck.tagged import SimulatedDeviceMismatchError, SimulatedTensor
+from placecheck.tagged import SimulatedTensor
 from placecheck.walk import Snapshot, walk
 
 _MOVES = frozenset({torch.Tensor.to, torch.Tensor.cuda})
@@ -66,9 +67,6 @@ _FACTORIES = frozenset(getattr(torch, name) for name in (
     "zeros", "ones", "empty", "full", "tensor", "as_tensor", "arange", "linspace", "rand", "randn",
     "randint", "randperm", "eye", "zeros_like", "ones_like", "empty_like", "full_like", "rand_like",
     "randn_like"))
-# Ops whose index arguments may be CPU tensors on a GPU (an implicit copy, not an error).
-_INDEX_OPS = frozenset({torch.Tensor.__getitem__, torch.Tensor.__setitem__, torch.Tensor.index_put_,
-                        torch.Tensor.index_put, torch.index_put})
 _MAX_RETRIES = 4
 _MAX_TRACKED = 50_000
 _PIN_WARNING = "'pin_memory' argument is set as true but no accelerator is found"
@@ -299,6 +297,8 @@ class RunRecorder:
         """Files this run saved with torch.save -> the device of each tensor, in order."""
         self.reported_errors: set[int] = set()
         """ids of exceptions raised to reproduce a failure already reported (a PC301 load)."""
+        self._simulated_errors: set[int] = set()
+        """ids of the errors the recorder raised as CUDA would (a device index beyond ``gpus``)."""
 
     # -- the session ------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -370,7 +370,7 @@ class RunRecorder:
             # load_state_dict under the swap flag: a copy into the parameter, legal across devices
             # on a GPU as copy_ is (the tagged engine does not list module_load as a copy)
             return args[0].copy_(args[1]).detach()
-        if func in _INDEX_OPS and args and isinstance(args[0], torch.Tensor) \
+        if func in classify.index_ops() and args and isinstance(args[0], torch.Tensor) \
                 and args[0].device.type == "cuda":
             self._implicit_index(func, args)
         try:
@@ -397,9 +397,12 @@ class RunRecorder:
         return out
 
     def _no_such_gpu(self, device: torch.device) -> RuntimeError:
-        """What CUDA raises for a device index the machine lacks (--gpus sets how many it has)."""
-        return RuntimeError(f"CUDA error: invalid device ordinal ({device} on a machine with {self.gpus} "
-                            f"GPU{'s' if self.gpus != 1 else ''}; placecheck run --gpus sets how many)")
+        """What CUDA raises for a device index the machine lacks (--gpus sets how many it has): the
+        script's error (PC207), not a limit of the simulation, although its text is CUDA's."""
+        error = RuntimeError(f"CUDA error: invalid device ordinal ({device} on a machine with {self.gpus} "
+                             f"GPU{'s' if self.gpus != 1 else ''}; placecheck run --gpus sets how many)")
+        self._simulated_errors.add(id(error))
+        return error
 
     def _track(self, t: torch.Tensor, origin: _Origin) -> None:
         self._tracked[id(t)] = _Tracked(weakref.ref(t), origin)
@@ -421,21 +424,19 @@ class RunRecorder:
                 exc: Exception) -> Any:
         """Record a device mismatch, move the offending arguments to the majority device, run again.
 
-        The mismatch is decided from the devices of the arguments (the engine's own decision, which
-        it raises as SimulatedDeviceMismatchError), never from an error's text; any other error is the
-        script's and propagates.
+        The mismatch is :mod:`placecheck.classify`'s decision, as in ``audit``: the engine raised its
+        mismatch type, and the devices of the arguments mix in a way no GPU kernel accepts; never an
+        error's text. Any other error is the script's and propagates.
         """
         for _ in range(_MAX_RETRIES):
-            if not isinstance(exc, SimulatedDeviceMismatchError):
-                raise exc
             tensors = _tensor_args(args, kwargs)
+            if not classify.is_engine_mismatch(exc) or not classify.mixes_devices(func, tensors):
+                raise exc
             on_cuda = [t.device for _, t in tensors if t.device.type == "cuda"]
             if not on_cuda:
                 raise exc
             reference = max(set(on_cuda), key=on_cuda.count)
-            offending = [t for pos, t in tensors if t.device != reference
-                         and not (t.device.type == "cpu" and t.dim() == 0)
-                         and not (func in _INDEX_OPS and pos > 0)]
+            offending = [t for _, t in classify.offending_arguments(func, tensors, reference)]
             if not offending:
                 raise exc
             line, frame = here()
@@ -946,14 +947,22 @@ class RunRecorder:
         return notes
 
     def error_finding(self, exc: BaseException) -> Finding | None:
-        """The script's own exception: PC201 when it mixed devices, PC207 otherwise; None when reported."""
+        """The script's own exception, as :mod:`placecheck.classify` decides for ``audit``: PC201 when it
+        mixed devices, a note when it met a limit of the simulation, PC207 otherwise; None when already
+        reported or noted."""
         seen: BaseException | None = exc
+        raised_here = False
         while seen is not None:
             if id(seen) in self.reported_errors:
                 return None
+            raised_here = raised_here or id(seen) in self._simulated_errors
             seen = seen.__cause__ or seen.__context__
+        limit = "" if raised_here else classify.simulation_limit(exc, phase="run")
+        if limit:
+            self.notes[limit] = None
+            return None
         line = raised_at(exc)
-        if isinstance(exc, SimulatedDeviceMismatchError):
+        if classify.is_engine_mismatch(exc):
             r = rule("PC201")
             return Finding(code=r.code, kind=r.kind, severity=r.severity, where="", source=line,
                            message=f"the script stopped on a device mismatch: {one_line(exc)}",
