@@ -58,7 +58,8 @@ from placecheck.errors import PlacecheckError, one_line
 from placecheck.finding import Finding, Severity
 from placecheck.host_syncs import HOST_SYNCS, host_sync
 from placecheck.rules import rule
-from placecheck.run.sites import called_from_user, here, library_caller, names_of, raised_at
+from placecheck.run.sites import called_from_user, library_caller, names_of
+from placecheck.sources import here, user_line
 from placecheck.tagged import SimulatedTensor
 from placecheck.walk import Snapshot, walk
 
@@ -961,7 +962,7 @@ class RunRecorder:
         if limit:
             self.notes[limit] = None
             return None
-        line = raised_at(exc)
+        line = user_line(exc)
         if classify.is_engine_mismatch(exc):
             r = rule("PC201")
             return Finding(code=r.code, kind=r.kind, severity=r.severity, where="", source=line,
