@@ -35,7 +35,6 @@ from typing import Any
 import torch
 import torch.nn as nn
 from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import keystr, tree_flatten_with_path, tree_map_only
 
 from placecheck import classify
 from placecheck.errors import one_line
@@ -103,37 +102,6 @@ def _shape(t: torch.Tensor) -> tuple[int, ...] | None:
         return tuple(int(s) for s in t.shape)
     except (RuntimeError, TypeError, ValueError):
         return None
-
-
-def _replace(obj: Any, moved: dict[int, torch.Tensor]) -> Any:
-    """``obj`` (call arguments) with the tensors in ``moved`` (by id) replaced."""
-    return tree_map_only(torch.Tensor, lambda t: moved.get(id(t), t), obj)
-
-
-def _output_tensors(obj: Any, path: str) -> Iterator[tuple[str, torch.Tensor]]:
-    """Every tensor in a forward output, with its path: nested lists, tuples, dicts, namedtuples
-    (what ``torch.utils._pytree`` flattens), and the fields of dataclasses it leaves whole.
-
-    A container type registered with pytree without key paths (transformers' ``ModelOutput``, an
-    ordered dict) is opened as the mapping or sequence it is.
-    """
-    try:
-        leaves, _ = tree_flatten_with_path(obj)
-    except ValueError:  # a registered node without a flatten_with_keys_fn
-        if isinstance(obj, dict):
-            for k, v in obj.items():
-                yield from _output_tensors(v, f"{path}[{k!r}]")
-        elif isinstance(obj, list | tuple):
-            for i, v in enumerate(obj):
-                yield from _output_tensors(v, f"{path}[{i}]")
-        return
-    for key_path, leaf in leaves:
-        here = path + keystr(key_path)
-        if isinstance(leaf, torch.Tensor):
-            yield here, leaf
-        elif dataclasses.is_dataclass(leaf) and not isinstance(leaf, type) and here.count(".") < 8:
-            for f in dataclasses.fields(leaf):
-                yield from _output_tensors(getattr(leaf, f.name, None), f"{here}.{f.name}")
 
 
 # -- the tracer --------------------------------------------------------------------------------
@@ -283,7 +251,8 @@ class Tracer:
 
     def backward(self, output: Any) -> None:
         """Backward of the summed floating outputs; then every gradient must be on the target."""
-        floats = [t for _, t in _output_tensors(output, "") if t.is_floating_point() and t.requires_grad]
+        floats = [t for _, t in classify.tensors_with_paths(output, "")
+                  if t.is_floating_point() and t.requires_grad]
         if not floats:
             return
         total = functools.reduce(lambda a, b: a + b, (self._move(t).sum() for t in floats))
@@ -300,7 +269,7 @@ class Tracer:
     def check_output(self, output: Any) -> None:
         """PC206: every tensor in the (nested) output must be on the target."""
         expected = self.placement.expected("") if self.placement is not None else None
-        for path, t in _output_tensors(output, "output"):
+        for path, t in classify.tensors_with_paths(output, "output"):
             if (t.device != self.target) if expected is None else not expected.allows(str(t.device)):
                 prov = self.provenance(t)
                 self.prov.mark(prov, "met_device")
@@ -400,7 +369,7 @@ class Tracer:
                                                 _dtype(t), _shape(t), expected=self.target_name,
                                                 stages=stages))
                 moved[id(t)] = self._move(t)
-            args, kwargs = _replace(args, moved), _replace(kwargs, moved)
+            args, kwargs = classify.replace_tensors(args, moved), classify.replace_tensors(kwargs, moved)
             try:
                 return func(*args, **kwargs)
             except Exception as again:

@@ -60,6 +60,7 @@ from placecheck.host_syncs import HOST_SYNCS, host_sync
 from placecheck.rules import rule
 from placecheck.run.sites import called_from_user, library_caller, names_of
 from placecheck.sources import here, user_line
+from placecheck.state import Registry, replace_tensors
 from placecheck.tagged import SimulatedTensor
 from placecheck.walk import Snapshot, walk
 
@@ -128,28 +129,6 @@ class _ScriptMode(TorchFunctionMode):
         return self.recorder.on_call(func, args, kwargs or {})
 
 
-def _tensor_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[tuple[int, torch.Tensor]]:
-    out = []
-    for pos, a in enumerate((*args, *kwargs.values())):
-        if isinstance(a, torch.Tensor):
-            out.append((pos, a))
-        elif isinstance(a, list | tuple):
-            out.extend((pos, x) for x in a if isinstance(x, torch.Tensor))
-    return out
-
-
-def _replace(obj: Any, moved: dict[int, torch.Tensor]) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return moved.get(id(obj), obj)
-    if isinstance(obj, dict):
-        return {k: _replace(v, moved) for k, v in obj.items()}
-    if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
-        return tuple(_replace(v, moved) for v in obj)
-    if isinstance(obj, list):
-        return [_replace(v, moved) for v in obj]
-    return obj
-
-
 def _op_name(func: Callable[..., Any]) -> str:
     name = getattr(func, "__name__", str(func))
     qual = getattr(func, "__qualname__", name)
@@ -158,18 +137,6 @@ def _op_name(func: Callable[..., Any]) -> str:
 
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
-
-
-def _batch_leaves(batch: Any, path: str, depth: int = 0) -> Iterator[tuple[str, torch.Tensor]]:
-    """``("batch[1]", tensor)`` for every tensor in a collated batch (tuples, lists, dicts)."""
-    if isinstance(batch, torch.Tensor):
-        yield path, batch
-    elif depth < 4 and isinstance(batch, dict):
-        for k, v in batch.items():
-            yield from _batch_leaves(v, f"{path}[{k!r}]", depth + 1)
-    elif depth < 4 and isinstance(batch, list | tuple):
-        for i, v in enumerate(batch):
-            yield from _batch_leaves(v, f"{path}[{i}]", depth + 1)
 
 
 def _cuda_destination(args: tuple[Any, ...], kwargs: dict[str, Any], cuda_call: bool) -> torch.device | None:
@@ -204,7 +171,12 @@ def _plain(t: torch.Tensor) -> torch.Tensor:
 def _map_tree(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor], undo: _Undo | None = None,
               depth: int = 0) -> Any:
     """``obj`` with ``fn`` applied to every tensor in its dicts, lists and tuples (rebuilt, not mutated)
-    and in the modules in it (replaced in place; ``undo`` collects the originals)."""
+    and in the modules in it (replaced in place through :func:`placecheck.state.replace_tensors`;
+    ``undo`` collects the originals).
+
+    Not ``torch.utils._pytree``: a checkpoint is rebuilt as the types it holds, and a ``state_dict``
+    keeps its ``_metadata`` (the per-module versions ``load_state_dict`` reads), which pytree drops.
+    """
     if isinstance(obj, torch.Tensor):
         return fn(obj)
     if depth > 32:
@@ -229,33 +201,34 @@ def _map_tree(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor], undo: _Undo 
     return obj
 
 
-_Undo = list[tuple[dict[str, Any], str, Any]]
+_Undo = dict[int, tuple[nn.Module, torch.Tensor]]
+"""id of a tensor put into a module -> (the module saved whole, the tensor it replaced)."""
 
 
 def _replace_module_tensors(model: nn.Module, fn: Callable[[torch.Tensor], torch.Tensor],
                             undo: _Undo | None) -> None:
-    """Every parameter and buffer of ``model`` replaced by ``fn`` of it (parameters stay parameters);
-    ``undo`` collects what was replaced, for :func:`_restore`."""
-    for module in model.modules():
-        for name, param in list(module._parameters.items()):
-            if param is not None:
-                new = fn(param)
-                if new is not param:
-                    if undo is not None:
-                        undo.append((module._parameters, name, param))
-                    module._parameters[name] = nn.Parameter(new, requires_grad=param.requires_grad)
-        for name, buffer in list(module._buffers.items()):
-            if buffer is not None:
-                new = fn(buffer)
-                if new is not buffer:
-                    if undo is not None:
-                        undo.append((module._buffers, name, buffer))
-                    module._buffers[name] = new
+    """Every tensor ``model`` holds, registered or plain (the state registry's traversal), replaced by
+    ``fn`` of it (parameters stay parameters); ``undo`` collects what was replaced, for :func:`_restore`."""
+    done: dict[int, torch.Tensor] = {}
+
+    def swap(t: torch.Tensor) -> torch.Tensor:
+        if id(t) in done:  # a tensor held twice stays one tensor
+            return done[id(t)]
+        new = fn(t)
+        if new is not t and isinstance(t, nn.Parameter):
+            new = nn.Parameter(new, requires_grad=t.requires_grad)
+        if new is not t and undo is not None:
+            undo[id(new)] = (model, t)
+        done[id(t)] = new
+        return new
+
+    replace_tensors(model, swap)
 
 
 def _restore(undo: _Undo) -> None:
-    for table, name, original in reversed(undo):
-        table[name] = original
+    """Put back the tensors :func:`_replace_module_tensors` replaced."""
+    for model in {id(m): m for m, _ in undo.values()}.values():
+        replace_tensors(model, lambda t: undo[id(t)][1] if id(t) in undo else t)
 
 
 class RunRecorder:
@@ -390,7 +363,7 @@ class RunRecorder:
                     module = type(self._forward_stack[-1]).__name__ if self._forward_stack else ""
                     self._track(out, _Origin("created", f"torch.{_op_name(func)}", line, module=module))
             elif self._tracked:
-                for _, t in _tensor_args(args, kwargs):
+                for _, t in classify.tensor_arguments(args, kwargs):
                     origin = self._origin(t)
                     if origin is not None:
                         self._track(out, origin)  # a view or a cast of a batch element keeps its origin
@@ -430,7 +403,7 @@ class RunRecorder:
         error's text. Any other error is the script's and propagates.
         """
         for _ in range(_MAX_RETRIES):
-            tensors = _tensor_args(args, kwargs)
+            tensors = list(classify.tensor_arguments(args, kwargs))
             if not classify.is_engine_mismatch(exc) or not classify.mixes_devices(func, tensors):
                 raise exc
             on_cuda = [t.device for _, t in tensors if t.device.type == "cuda"]
@@ -446,7 +419,7 @@ class RunRecorder:
                 self._mismatch(func, t, reference, line, frame)
                 with self.quiet():
                     moved[id(t)] = t.to(reference)
-            args, kwargs = _replace(args, moved), _replace(kwargs, moved)
+            args, kwargs = classify.replace_tensors(args, moved), classify.replace_tensors(kwargs, moved)
             try:
                 return func(*args, **kwargs)
             except Exception as again:
@@ -509,7 +482,8 @@ class RunRecorder:
         for scope in scopes:
             for name, value in list(scope.items()):
                 if isinstance(value, nn.Module) and not name.startswith("_"):
-                    for tname, owned in [*value.named_buffers(), *value.named_parameters()]:
+                    registry = Registry.of(value)
+                    for tname, owned in [*registry.buffers, *registry.parameters]:
                         if owned is t:
                             return f"{name}.{tname}"
         return ""
@@ -785,7 +759,7 @@ class RunRecorder:
             batch = original(iterator)
             pinned, _ = self._loaders.get(id(iterator), (False, ""))
             line = here()[0]
-            for path, t in _batch_leaves(batch, "batch"):
+            for path, t in classify.tensors_with_paths(batch, "batch"):
                 if type(t) is torch.Tensor:
                     self._track(t, _Origin("batch", path, line, pinned))
             return batch
@@ -861,7 +835,7 @@ class RunRecorder:
                 devices.append(str(t.device))
                 return _plain(t)
 
-            undo: _Undo = []
+            undo: _Undo = {}
             with self.quiet():
                 try:
                     plain = _map_tree(obj, host, undo)
