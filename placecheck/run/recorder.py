@@ -52,8 +52,7 @@ import torch.nn as nn
 from torch._C import DisableTorchFunctionSubclass
 from torch.overrides import TorchFunctionMode
 
-from placecheck import classify
-from placecheck.devices import human_bytes
+from placecheck import classify, rules
 from placecheck.errors import PlacecheckError, one_line
 from placecheck.finding import Finding, Severity
 from placecheck.host_syncs import HOST_SYNCS, host_sync
@@ -62,6 +61,7 @@ from placecheck.run.sites import called_from_user, library_caller, names_of
 from placecheck.sources import here, user_line
 from placecheck.state import Registry, replace_tensors
 from placecheck.tagged import SimulatedTensor
+from placecheck.trace import op_name
 from placecheck.walk import Snapshot, walk
 
 _MOVES = frozenset({torch.Tensor.to, torch.Tensor.cuda})
@@ -129,10 +129,9 @@ class _ScriptMode(TorchFunctionMode):
         return self.recorder.on_call(func, args, kwargs or {})
 
 
-def _op_name(func: Callable[..., Any]) -> str:
-    name = getattr(func, "__name__", str(func))
-    qual = getattr(func, "__qualname__", name)
-    return f"Tensor.{name}" if qual.startswith("TensorBase.") or qual.startswith("Tensor.") else name
+def _tensor(t: torch.Tensor) -> str:
+    """``int64[3]``: a tensor as a finding's message names it."""
+    return f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}"
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -361,7 +360,7 @@ class RunRecorder:
                 line = called_from_user()
                 if line:
                     module = type(self._forward_stack[-1]).__name__ if self._forward_stack else ""
-                    self._track(out, _Origin("created", f"torch.{_op_name(func)}", line, module=module))
+                    self._track(out, _Origin("created", op_name(func), line, module=module))
             elif self._tracked:
                 for _, t in classify.tensor_arguments(args, kwargs):
                     origin = self._origin(t)
@@ -431,38 +430,29 @@ class RunRecorder:
         """PC201 for one offending argument: what it is and where it came from."""
         r = rule("PC201")
         names = names_of(t, frame)
-        named = f"`{names[0]}`" if names else f"a {t.device} tensor {tuple(t.shape)}"
+        name = names[0] if names else ""
         origin = self._origin(t)
         owner = self._module_owner(t, frame)
         in_module = self._forward_stack[-1] if self._forward_stack else None
-        if origin is not None and origin.kind == "batch":
-            what = f"{named} ({origin.path}, from the DataLoader at {origin.line})"
-            where, origin_text = names[0] if names else origin.path, origin.line
-            hint = (f"move every tensor of the batch to the device, not only the inputs: "
-                    f"{names[0] if names else 'x'} = {names[0] if names else 'x'}.to(device)")
+        batch = origin is not None and origin.kind == "batch"
+        if batch and origin is not None:
+            where, origin_text = name or origin.path, origin.line
         elif owner:
-            what, where, origin_text = f"`{owner}`", owner, owner
-            holder = owner.rsplit(".", 1)[0]
-            hint = (f"call {holder}.to(device) as for the model: .to() moves a module's registered "
-                    "buffers, a loss's weight and pos_weight included")
-        elif origin is not None:
-            what = f"{named} (created by {origin.path} at {origin.line})"
-            where, origin_text = names[0] if names else "", origin.line
-            hint = (f"create it on the input's device in forward ({origin.path}(..., device=x.device))"
-                    if in_module is not None else
-                    f"create it on the device ({origin.path}(..., device=device)), or move it once before "
-                    "the loop; a metric can also accumulate Python numbers")
+            where, origin_text = owner, owner
         else:
-            what, where, origin_text = named, names[0] if names else "", ""
-            hint = f"move it to {reference} before this op (tensor.to(device))"
+            where, origin_text = name, origin.line if origin is not None else ""
         if in_module is not None and not owner:
             where = where or type(in_module).__name__
-        op = _op_name(func)
+        op = op_name(func)
         details: tuple[tuple[str, str], ...] = (("op", op),)
-        if origin is not None and origin.kind == "batch":  # placecheck fix moves it beside its siblings
+        if batch and origin is not None:  # placecheck fix moves it beside its siblings
             details += (("batch", origin.path),)
-        message = (f"{op} mixed {reference} and {t.device}: {what} is on {t.device}; on a GPU this "
-                   f"raises 'Expected all tensors to be on the same device'")
+        message, hint = rules.script_device_mismatch(
+            op, str(reference), str(t.device), f"a {t.device} tensor {tuple(t.shape)}", name=name,
+            batch=origin.path if batch and origin is not None else "",
+            loader_at=origin.line if origin is not None else "", owner=owner,
+            created_by=origin.path if origin is not None and not batch else "",
+            created_at=origin.line if origin is not None else "", in_forward=in_module is not None)
         self._add(Finding(
             code=r.code, kind=r.kind, severity=r.severity, where=where, message=message, hint=hint,
             source=line, device=str(t.device), expected=str(reference),
@@ -527,7 +517,7 @@ class RunRecorder:
                 self.batch_copies.setdefault((line, origin.line, origin.pinned), {})[origin.path] = None
             return
         if origin is not None and origin.module:
-            self._created_then_moved(origin, str(out.device), source)
+            self._created_in_forward(origin, str(out.device), source, copied_at=line)
             return
         key = (line, id(source))
         copies = self.copies.get(key)
@@ -535,16 +525,15 @@ class RunRecorder:
             copies = self.copies[key] = _Copies(weakref.ref(source), _nbytes(source), str(out.device))
         copies.steps.add(self.steps)
 
-    def _created_then_moved(self, origin: _Origin, device: str, t: torch.Tensor) -> None:
-        """PC202: made on the host in forward, then copied to the device, on every call."""
+    def _created_in_forward(self, origin: _Origin, device: str, t: torch.Tensor, copied_at: str) -> None:
+        """PC202: made on the host in a forward, then copied to the device at ``copied_at``, on every call."""
         r = rule("PC202")
+        message, hint = rules.created_off_device(origin.path, _tensor(t), "cpu", device, copied_to=device,
+                                                 copied_at=copied_at)
         self._add(Finding(
             code=r.code, kind=r.kind, severity=Severity.WARNING, where=origin.module, source=origin.line,
             device="cpu", expected=device, dtype=str(t.dtype).removeprefix("torch."), shape=tuple(t.shape),
-            nbytes=_nbytes(t), count=1,
-            message=(f"{origin.path} in {origin.module}.forward creates the tensor on the CPU and it is then "
-                     f"copied to {device}: a host allocation and a blocking copy on every call"),
-            hint=f"create it on the device directly: {origin.path}(..., device=x.device)"))
+            nbytes=_nbytes(t), count=1, origin=origin.line, message=message, hint=hint))
 
     def _implicit_index(self, func: Callable[..., Any], args: tuple[Any, ...]) -> None:
         """PC205: a CPU index tensor indexing a device tensor (a host-to-device copy per call)."""
@@ -556,15 +545,21 @@ class RunRecorder:
         line, _ = here()
         if not line:
             return
+        target = str(args[0].device)
+        origin = self._origin(cpu[0])
+        # a forward's creation is named as audit names it (audit sees no other); the creation itself is
+        # not a second finding here (audit also reports it as PC202)
+        in_forward = origin is not None and origin.kind == "created" and bool(origin.module)
         r = rule("PC205")
+        came_from = rules.came_from(created_by=origin.path, created_at=origin.line) \
+            if origin is not None and in_forward else ""
+        message, hint = rules.implicit_transfer(op_name(func), False, _tensor(cpu[0]), target, came_from)
         self._add(Finding(
             code=r.code, kind=r.kind, severity=r.severity, source=line, device="cpu",
             where=type(self._forward_stack[-1]).__name__ if self._forward_stack else "",
-            expected=str(args[0].device), dtype=str(cpu[0].dtype).removeprefix("torch."),
+            expected=target, dtype=str(cpu[0].dtype).removeprefix("torch."),
             shape=tuple(cpu[0].shape), nbytes=_nbytes(cpu[0]), count=1,
-            message=(f"a CPU index tensor {tuple(cpu[0].shape)} indexes a {args[0].device} tensor: legal, "
-                     "but PyTorch copies the index to the device (and waits) on every call"),
-            hint="make the index on the device (torch.arange(n, device=x.device), idx.to(device) once)"))
+            origin=origin.line if origin is not None and in_forward else "", message=message, hint=hint))
 
     # -- module moves ----------------------------------------------------------------------------------
     def _module_to(self, original: Callable[..., Any]) -> Callable[..., Any]:
@@ -675,16 +670,10 @@ class RunRecorder:
             self._opt_reported.add(report_key)
             line = self._resumed.get(opt) or self.optimizers.get(opt, "")
             state_on, params_on = ", ".join(sorted(devices)), ", ".join(sorted(param_devices))
+            message, hint = rules.optimizer_state_off_device(off_count, off_bytes, index, state_on, params_on)
             self._add(Finding(
                 code=r.code, kind=r.kind, severity=r.severity,
-                where=f"{type(opt).__name__}.param_groups[{index}]",
-                message=(f"{off_count} state tensor{'s' if off_count != 1 else ''} "
-                         f"({human_bytes(off_bytes)}) "
-                         f"of param group {index} {'are' if off_count != 1 else 'is'} on {state_on} while "
-                         f"the parameters are on {params_on}: the first step mixes devices"),
-                hint=("load_state_dict casts the state to where the parameters are at that moment: move "
-                      "the model to the device before optimizer.load_state_dict (or build the optimizer "
-                      "after the move)"),
+                where=f"{type(opt).__name__}.param_groups[{index}]", message=message, hint=hint,
                 source=line, device=state_on, expected=params_on, nbytes=off_bytes, count=off_count,
                 details=(("optimizer", type(opt).__name__),)))
 
@@ -703,13 +692,10 @@ class RunRecorder:
         shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
         model = ", ".join(sorted({cls for cls, _ in used.values()}))
         line = self.optimizers.get(opt, "")
+        message, hint = rules.stale_optimizer(type(opt).__name__, line, len(held), model, len(names), shown)
         self._add(Finding(
             code=r.code, kind=r.kind, severity=r.severity, where=f"{type(opt).__name__}",
-            message=(f"{type(opt).__name__} built at {line or 'an unknown line'} holds {len(held)} "
-                     f"parameter{'s' if len(held) != 1 else ''} the forward no longer uses; the {model} "
-                     f"the script runs has {len(names)} that no optimizer steps ({shown})"),
-            hint=("build the optimizer from the model the script trains, after the model is re-created, "
-                  "reloaded or moved: optimizer = Optim(model.parameters()) last"),
+            message=message, hint=hint,
             source=line, count=len(names), module=model,
             details=(("optimizer", type(opt).__name__), ("parameters", shown))))
 
@@ -726,16 +712,12 @@ class RunRecorder:
                        if t.device.type == "cuda"), "")
         on_target = devices == [target]
         r = rule("PC203")
+        message, hint = rules.layer_built_in_forward(type(submodule).__name__, name, type(owner).__name__,
+                                                     ", ".join(devices), on_target)
         self._add(Finding(
             code=r.code, kind=r.kind, severity=Severity.WARNING if on_target else r.severity,
             where=f"{type(owner).__name__}.{name}", source=line, device=", ".join(devices),
-            expected=target,
-            message=(f"{type(submodule).__name__} {name!r} is built during {type(owner).__name__}.forward "
-                     f"on {', '.join(devices)}: " + (
-                         "an optimizer built before the first forward does not hold its parameters"
-                         if on_target else "the earlier .to() never saw it, and no optimizer holds it")),
-            hint="build layers in __init__ (or use an nn.Lazy* module), then move the model and build the "
-                 "optimizer"))
+            expected=target, message=message, hint=hint))
 
     def _forward_enter(self, module: nn.Module, args: Any) -> None:
         if not self._forward_stack:
@@ -852,57 +834,39 @@ class RunRecorder:
     def findings(self) -> list[Finding]:
         """Everything recorded, host syncs and repeated copies summarised per line."""
         out = list(self.found.values())
+        r = rule("PC204")
         for (line, call), (count, module, device, steps) in self.syncs.items():
-            r = rule("PC204")
             inside = call.split(" in ", 1)[1] if " in " in call else ""
+            details = (("call", call), ("calls", str(count)))
             if module and inside:
                 # a performance finding made entirely inside installed code: info, naming it
-                out.append(Finding(
-                    code=r.code, kind=r.kind, severity=Severity.INFO, where=module, source=line,
-                    device=device, expected=device, count=count,
-                    message=(f"{call} of a {device} tensor in {module}.forward: a host sync inside "
-                             "installed code, on every call"),
-                    hint=f"{inside} syncs there by itself; nothing to change in this line",
-                    details=(("call", call), ("calls", str(count)))))
-                continue
-            if module:
-                out.append(Finding(
-                    code=r.code, kind=r.kind, severity=r.severity, where=module, source=line, device=device,
-                    expected=device, count=count,
-                    message=f"{call} of a {device} tensor in {module}.forward waits for the GPU on every "
-                            "call",
-                    hint="keep the value on the device (torch.where, masks), or compute it outside forward",
-                    details=(("call", call), ("calls", str(count)))))
-                continue
-            # per step in which the line ran: the run may stop mid-step, before a step's logging line
-            # a line that ran once may be a per-step line the --steps stop cut short (logging after step())
-            cut_short = self.stopped_by_steps and max(steps) >= self.steps - 1
-            rate = ("once" if count == 1 and not cut_short else
-                    f"{count / len(steps):g} per optimizer step" if self.steps else f"{count} times")
-            out.append(Finding(
-                code=r.code, kind=r.kind, severity=Severity.INFO, where="", source=line, device=device,
-                expected=device, count=count,
-                message=(f"{call} of a {device} tensor outside the model's forward: a host sync, {rate}; "
-                         "each waits for the GPU to finish the queued work"),
-                hint=(f"{inside} syncs by design; nothing to change here" if inside
-                      else "fine once per step for logging; accumulate on the device (loss.detach()) and "
-                           "read it every N steps when steps are short"),
-                details=(("call", call), ("calls", str(count)))))
+                message, hint = rules.sync_in_installed_forward(call, device, module, inside)
+                severity = Severity.INFO
+            elif module:
+                message, hint = rules.host_sync(call, device)  # as audit says it of the same forward
+                severity = r.severity
+            else:
+                # per step in which the line ran: the run may stop mid-step, before a step's logging
+                # line; a line that ran once may be a per-step line the --steps stop cut short
+                cut_short = self.stopped_by_steps and max(steps) >= self.steps - 1
+                rate = ("once" if count == 1 and not cut_short else
+                        f"{count / len(steps):g} per optimizer step" if self.steps else f"{count} times")
+                message, hint = rules.loop_sync(call, device, rate, inside)
+                severity = Severity.INFO
+            out.append(Finding(code=r.code, kind=r.kind, severity=severity, where=module, source=line,
+                               device=device, expected=device, count=count, message=message, hint=hint,
+                               details=details))
         r = rule("PC209")
         repeated: dict[str, _Copies] = {}
         for (line, _), copies in self.copies.items():
             if len(copies.steps) >= 2 and copies.nbytes > repeated.get(line, copies).nbytes - 1:
                 repeated[line] = copies
         for line, copies in repeated.items():
+            message, hint = rules.repeated_copy(copies.nbytes, copies.device, len(copies.steps))
             out.append(Finding(
                 code=r.code, kind=r.kind, severity=r.severity, where="", source=line, device="cpu",
-                expected=copies.device, nbytes=copies.nbytes, count=len(copies.steps),
-                message=(f"the same {human_bytes(copies.nbytes)} host tensor is copied to {copies.device} at "
-                         f"every step ({len(copies.steps)} steps seen): {human_bytes(copies.nbytes)} per "
-                         "step "
-                         "over the bus for data that does not change"),
-                hint="move it to the device once, before the loop, and index the device copy",
-                details=(("bytes per step", str(copies.nbytes)),)))
+                expected=copies.device, nbytes=copies.nbytes, count=len(copies.steps), message=message,
+                hint=hint, details=(("bytes per step", str(copies.nbytes)),)))
         return out
 
     def copy_notes(self) -> list[str]:
@@ -937,13 +901,8 @@ class RunRecorder:
             self.notes[limit] = None
             return None
         line = user_line(exc)
-        if classify.is_engine_mismatch(exc):
-            r = rule("PC201")
-            return Finding(code=r.code, kind=r.kind, severity=r.severity, where="", source=line,
-                           message=f"the script stopped on a device mismatch: {one_line(exc)}",
-                           hint="move every tensor of this op to one device")
-        r = rule("PC207")
-        return Finding(code=r.code, kind=r.kind, severity=r.severity, where="", source=line,
-                       message=f"the script raised {one_line(exc)}",
-                       hint="fix the error at this line; the findings before it stand",
-                       details=(("exception", type(exc).__name__),))
+        mismatch = classify.is_engine_mismatch(exc)
+        r = rule("PC201" if mismatch else "PC207")
+        message, hint = rules.script_error(one_line(exc), mismatch=mismatch)
+        return Finding(code=r.code, kind=r.kind, severity=r.severity, where="", source=line, message=message,
+                       hint=hint, details=() if mismatch else (("exception", type(exc).__name__),))
