@@ -64,3 +64,23 @@ def test_a_limit_of_the_simulation_is_a_note_in_run_as_in_audit() -> None:
     report = run(needs_a_driver)
     assert report.findings == ()
     assert any(n.startswith("run: stopped at ") and "needs a real CUDA driver" in n for n in report.notes)
+
+
+def test_run_leaves_torch_as_it_found_it() -> None:
+    """run's few patches (placecheck/run/patches.py) are all undone, also when the script raises."""
+    import torch.nn as nn
+    from torch.utils.data import dataloader
+
+    owners = [(nn.Module, "to"), (nn.Module, "cuda"), (torch.optim.Optimizer, "__init__"),
+              (torch.optim.Optimizer, "load_state_dict"), (dataloader.DataLoader, "__iter__"),
+              (dataloader._BaseDataLoaderIter, "__next__"), (torch, "load"), (torch, "save"),
+              (torch.__future__, "set_overwrite_module_params_on_conversion")]
+    before = [vars(owner).get(name) for owner, name in owners]
+
+    def raises() -> None:
+        nn.Linear(2, 2).to("cuda")
+        raise ValueError("the script's own bug")
+
+    assert [f.code for f in run(raises).findings] == ["PC207"]
+    assert [vars(owner).get(name) for owner, name in owners] == before
+    assert not torch.__future__.get_swap_module_params_on_conversion()

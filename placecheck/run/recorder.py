@@ -45,7 +45,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
-from unittest import mock
 
 import torch
 import torch.nn as nn
@@ -55,8 +54,9 @@ from torch.overrides import TorchFunctionMode
 from placecheck import classify, rules
 from placecheck.errors import PlacecheckError, one_line
 from placecheck.finding import Finding, Severity
-from placecheck.host_syncs import HOST_SYNCS, host_sync
+from placecheck.host_syncs import host_sync
 from placecheck.rules import rule
+from placecheck.run.patches import patched
 from placecheck.run.sites import called_from_user, library_caller, names_of
 from placecheck.sources import here, user_line
 from placecheck.state import Registry, replace_tensors
@@ -294,18 +294,15 @@ class RunRecorder:
             with contextlib.ExitStack() as stack:
                 stack.enter_context(warnings.catch_warnings())
                 warnings.filterwarnings("ignore", message=_PIN_WARNING)  # the simulation has no pinned memory
-                for owner, name, make in (
+                stack.enter_context(patched([
                     (nn.Module, "to", self._module_to), (nn.Module, "cuda", self._module_cuda),
                     (torch.optim.Optimizer, "__init__", self._optimizer_init),
                     (torch.optim.Optimizer, "load_state_dict", self._optimizer_load),
                     (dataloader.DataLoader, "__iter__", self._loader_iter),
                     (dataloader._BaseDataLoaderIter, "__next__", self._loader_next),
                     (torch, "load", self._torch_load), (torch, "save", self._torch_save),
-                    (SimulatedTensor, "__repr__", self._simulated_repr),
                     (torch.__future__, "set_overwrite_module_params_on_conversion", self._overwrite_flag),
-                ):
-                    original = getattr(owner, name)
-                    stack.enter_context(mock.patch.object(owner, name, make(original)))
+                ]))
                 stack.enter_context(_ScriptMode(self))
                 yield self
         finally:
@@ -490,16 +487,6 @@ class RunRecorder:
                                       [0, module, str(t.device), set()])
         entry[0] += 1
         entry[3].add(self.steps)
-
-    def _simulated_repr(self, original: Callable[..., str]) -> Callable[..., str]:
-        recorder = self
-
-        def __repr__(tensor: SimulatedTensor, *args: Any, **kwargs: Any) -> str:
-            if not recorder._quiet and tensor.device.type == "cuda":
-                recorder._record_sync(HOST_SYNCS[torch.Tensor.__repr__][0], tensor)
-            with recorder.quiet():
-                return original(tensor, *args, **kwargs)
-        return __repr__
 
     def _record_move(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
                      source: torch.Tensor, out: torch.Tensor) -> None:
