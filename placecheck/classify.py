@@ -50,6 +50,46 @@ def tensor_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Iterator[
                     yield pos, leaf
 
 
+def replace_tensors(obj: Any, moved: dict[int, torch.Tensor]) -> Any:
+    """``obj`` (call arguments) with the tensors in ``moved`` (by id) replaced, containers rebuilt."""
+    import torch
+    from torch.utils._pytree import tree_map_only
+
+    return tree_map_only(torch.Tensor, lambda t: moved.get(id(t), t), obj)
+
+
+def tensors_with_paths(obj: Any, path: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor in a nested value (a forward's output, a DataLoader's batch), with its path
+    (``output[0]['logits']``): nested lists, tuples, dicts, namedtuples (what ``torch.utils._pytree``
+    flattens), and the fields of dataclasses it leaves whole.
+
+    A container type registered with pytree without key paths (transformers' ``ModelOutput``, an
+    ordered dict) is opened as the mapping or sequence it is.
+    """
+    import dataclasses
+
+    import torch
+    from torch.utils._pytree import keystr, tree_flatten_with_path
+
+    try:
+        leaves, _ = tree_flatten_with_path(obj)
+    except ValueError:  # a registered node without a flatten_with_keys_fn
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                yield from tensors_with_paths(v, f"{path}[{k!r}]")
+        elif isinstance(obj, list | tuple):
+            for i, v in enumerate(obj):
+                yield from tensors_with_paths(v, f"{path}[{i}]")
+        return
+    for key_path, leaf in leaves:
+        here = path + keystr(key_path)
+        if isinstance(leaf, torch.Tensor):
+            yield here, leaf
+        elif dataclasses.is_dataclass(leaf) and not isinstance(leaf, type) and here.count(".") < 8:
+            for f in dataclasses.fields(leaf):
+                yield from tensors_with_paths(getattr(leaf, f.name, None), f"{here}.{f.name}")
+
+
 def _index_ops() -> frozenset[Callable[..., Any]]:
     import torch
 
@@ -324,8 +364,9 @@ def fake_limit(exc: BaseException, assumed: bool = False) -> str:
     return f"{why} at {line}" if line else why
 
 
-def simulation_limit(exc: BaseException) -> str:
-    """A note when ``exc``, raised during a simulated forward, is the simulation's limit, not the model's.
+def simulation_limit(exc: BaseException, phase: str = "forward") -> str:
+    """A note when ``exc``, raised during a simulated ``phase`` (a forward, a script ``placecheck run``
+    runs), is the simulation's limit, not the model's.
 
     Returns "" when ``exc`` is not such an error. Code that is correct on a GPU
     can still call into the CUDA driver (a custom kernel, ``torch.cuda.graphs``,
@@ -340,7 +381,7 @@ def simulation_limit(exc: BaseException) -> str:
 
             line = user_line(exc)
             where = f" at {line}" if line else ""
-            return (f"forward: stopped{where}: the code there needs a real CUDA driver, which the simulation "
+            return (f"{phase}: stopped{where}: the code there needs a real CUDA driver, which the simulation "
                     f"does not provide ({one_line(seen)}); run on a GPU to check the rest")
     return ""
 

@@ -36,9 +36,7 @@ from __future__ import annotations
 import contextlib
 import dis
 import functools
-import os
 import sys
-import typing
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -51,6 +49,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.weak import WeakIdKeyDictionary
 
 from placecheck.shortcuts import shortcut
+from placecheck.sources import first_outside, where_is
 
 aten = torch.ops.aten
 
@@ -311,8 +310,8 @@ class DataDependentMode(TorchDispatchMode):  # type: ignore[no-untyped-call]  # 
 
     # -- assumptions ----------------------------------------------------------------------------
     def _assume(self, what: str, func: Any, record: bool = True, op: str = "") -> Assumption:
-        frame = _outside_frame(sys._getframe(1))
-        line = f"{_display(frame.f_code.co_filename)}:{frame.f_lineno}" if frame is not None else ""
+        frame = first_outside(sys._getframe(1))
+        line = where_is(frame)
         assumption = Assumption(what, op or _op_name(func), line, branch=_branches(frame))
         if record:
             self.assumptions[assumption] = self.assumptions.get(assumption, 0) + 1
@@ -390,36 +389,6 @@ def on_host() -> Iterator[None]:
 
 def _op_name(func: Any) -> str:
     return str(getattr(func, "__name__", func)).split(".")[0] + "()"
-
-
-_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
-_PLACECHECK_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep + "placecheck" + os.sep
-_EXAMPLES_DIR = _PLACECHECK_DIR + "examples" + os.sep
-_WRAPPER_FILES = frozenset(os.path.abspath(m.__file__ or "") for m in (contextlib, functools, typing))
-
-
-@functools.cache
-def _internal(filename: str) -> bool:
-    """torch's, placecheck's (not its examples') and the stdlib call wrappers' own files."""
-    return (filename.startswith(_TORCH_DIR) or filename.startswith("<frozen")
-            or (filename.startswith(_PLACECHECK_DIR) and not filename.startswith(_EXAMPLES_DIR))
-            or os.path.abspath(filename) in _WRAPPER_FILES or "unittest/mock.py" in filename)
-
-
-def _outside_frame(frame: FrameType | None) -> FrameType | None:
-    """The innermost frame outside torch and placecheck (the model's code, or a library's)."""
-    while frame is not None and _internal(frame.f_code.co_filename):
-        frame = frame.f_back
-    return frame
-
-
-def _display(filename: str) -> str:
-    """``filename`` relative to the working directory when it is under it."""
-    try:
-        rel = os.path.relpath(filename)
-    except ValueError:
-        return filename
-    return filename if rel.startswith("..") else rel
 
 
 # Python 3.11's POP_JUMP_FORWARD_IF_FALSE, 3.12's POP_JUMP_IF_FALSE, JUMP_IF_FALSE_OR_POP

@@ -1,11 +1,14 @@
 """Source attribution: which line of the user's code, and which module's forward, an event belongs to.
 
-A finding's ``source`` is the innermost frame outside torch, placecheck and
-installed packages (site-packages), never a frame outside the forward; its
-``where`` is the module whose ``forward`` ran that line. Which code objects are
-torch's or placecheck's own, and which installed package a file belongs to,
-is cached per code object: the Python stack is walked only when an event is
-recorded.
+A finding's ``source`` is the innermost frame outside torch, placecheck, the
+standard library and installed packages (site-packages); in ``audit`` never a
+frame outside the forward; its ``where`` is the module whose ``forward`` ran
+that line. Every command asks the same questions here: ``audit``'s tracer,
+``placecheck run``'s recorder (:func:`here`, :func:`user_line`) and the
+data-dependent ops of the fake engine (:func:`first_outside`); one
+:func:`display_path` writes the line. Which files are torch's or placecheck's
+own, and which installed package a file belongs to, is cached per file name:
+the Python stack is walked only when an event is recorded.
 
 This module imports no other placecheck module: the classifier, the engines
 and the tracer all build on it.
@@ -17,7 +20,7 @@ import contextlib
 import functools
 import inspect
 import os
-import typing
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import CodeType, FrameType, TracebackType
@@ -28,7 +31,10 @@ import torch.nn as nn
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _PLACECHECK_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-_LIBRARY_FILES = frozenset(os.path.abspath(m.__file__ or "") for m in (contextlib, functools, typing))
+_EXAMPLES_DIR = _PLACECHECK_DIR + "examples" + os.sep
+"""placecheck's examples are user code: the README runs them, and an audit of one reports its lines."""
+_STDLIB_DIR = os.path.dirname(os.path.abspath(os.__file__)) + os.sep
+"""The standard library (contextlib's, functools' and unittest.mock's call wrappers among it)."""
 _USER_FILES: set[str] = set()
 """Files inside placecheck's package that hold code under audit (see :func:`treat_as_user_code`)."""
 
@@ -51,7 +57,13 @@ def treat_as_user_code(*classes: type) -> None:
 
 
 def is_internal(code: CodeType) -> bool:
-    """True for torch's, placecheck's and the stdlib wrappers' own frames; not the code under audit."""
+    """True for torch's, placecheck's and the standard library's own frames; not the code under audit.
+
+    The one decision of which frames are the tool's and the framework's, for every command: ``audit``'s
+    tracer (:class:`Attribution`), ``placecheck run``'s recorder (:func:`user_frame`, :func:`here`) and
+    the data-dependent ops (:func:`first_outside`) all ask it. Installed packages are not internal but
+    not the user's either (:func:`library_package`); :func:`frame_kind` answers both questions.
+    """
     return _internal_name(code.co_filename)
 
 
@@ -68,13 +80,20 @@ def _machinery_file(name: str) -> bool:
 
 
 def internal_file(name: str) -> bool:
-    """True for a file of torch, of placecheck's own machinery, or of the stdlib's call wrappers."""
+    """True for a file of torch, of placecheck's own machinery, or of the standard library."""
     return _machinery(name) and name not in _USER_FILES and os.path.abspath(name) not in _USER_FILES
 
 
 def _machinery(name: str) -> bool:
-    return (name.startswith(_TORCH_DIR) or name.startswith("<frozen") or name.startswith(_PLACECHECK_DIR)
-            or os.path.abspath(name) in _LIBRARY_FILES or "unittest/mock.py" in name)
+    if name.startswith("<"):
+        return name.startswith("<frozen")  # <string>, <stdin>: code the user handed to exec
+    absolute = os.path.abspath(name)
+    if absolute.startswith(_EXAMPLES_DIR):
+        return False
+    if absolute.startswith((_TORCH_DIR, _PLACECHECK_DIR)):
+        return True
+    # site-packages may live inside the standard library's directory (a Python without a virtualenv)
+    return absolute.startswith(_STDLIB_DIR) and not absolute.startswith(_SITE_DIRS)
 
 
 def display_path(filename: str) -> str:
@@ -152,6 +171,44 @@ def _library_of(filename: str, working_directory: str) -> str:
         if name.startswith(base) and not (cwd.startswith(base) and name.startswith(cwd)):
             return name[len(base):].split(os.sep, 1)[0].removesuffix(".py")
     return ""
+
+
+def is_users(code: CodeType) -> bool:
+    """True for a frame of the user's own code: neither internal (:func:`is_internal`) nor an installed
+    package's (:func:`library_package`)."""
+    return not is_internal(code) and not library_package(code)
+
+
+def user_frame(frame: FrameType | None) -> FrameType | None:
+    """The innermost frame of the user's own code (:func:`is_users`) at or outside ``frame``."""
+    while frame is not None and not is_users(frame.f_code):
+        frame = frame.f_back
+    return frame
+
+
+def first_outside(frame: FrameType | None) -> FrameType | None:
+    """The innermost frame outside torch and placecheck at or outside ``frame``: the user's code, or an
+    installed package's."""
+    while frame is not None and is_internal(frame.f_code):
+        frame = frame.f_back
+    return frame
+
+
+def where_is(frame: FrameType | None) -> str:
+    """``file:line`` of ``frame`` as the user would type it ("" for none)."""
+    if frame is None:
+        return ""
+    return f"{display_path(frame.f_code.co_filename)}:{frame.f_lineno}"
+
+
+def here() -> tuple[str, FrameType | None]:
+    """``(file:line, frame)`` of the innermost user frame around the caller; ``("", None)`` when none.
+
+    For events outside any one forward (``placecheck run``'s whole script): no frame bounds the search,
+    unlike :meth:`Attribution.site`.
+    """
+    frame = user_frame(sys._getframe(1))
+    return (where_is(frame), frame)
 
 
 def frames_of(tb: TracebackType | None) -> list[FrameType]:

@@ -35,7 +35,6 @@ from typing import Any
 import torch
 import torch.nn as nn
 from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import keystr, tree_flatten_with_path, tree_map_only
 
 from placecheck import classify
 from placecheck.errors import one_line
@@ -51,6 +50,7 @@ from placecheck.events import (
 )
 from placecheck.finding import Finding
 from placecheck.forward_checks import ForwardFindings, forward_findings
+from placecheck.host_syncs import host_sync
 from placecheck.placement.expected import Placement
 from placecheck.placement.flows import Flows
 from placecheck.provenance import Creation, Provenance, Provenances, StrayVerdict
@@ -71,133 +71,6 @@ _METADATA = frozenset({torch.Tensor.dim, torch.Tensor.size, torch.Tensor.numel, 
 _HOST_FACTORIES = ("from_numpy", "frombuffer")
 """Factories that build a tensor from host memory without a torch function call the mode sees."""
 _passthrough: dict[Any, bool] = {}
-
-
-def _on_device(value: Any) -> torch.Tensor | None:
-    """``value`` when it is a tensor on an accelerator (not the CPU, not meta), else None."""
-    if isinstance(value, torch.Tensor) and value.device.type not in ("cpu", "meta"):
-        return value
-    return None
-
-
-def _subject(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
-    return _on_device(args[0]) if args else None
-
-
-def _any_argument(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
-    return next((t for _, t in classify.tensor_arguments(args, kwargs) if _on_device(t) is not None), None)
-
-
-def _boolean_mask(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
-    """The device tensor indexed by a boolean mask on the device (``x[mask]``, ``x[mask] = v``):
-    finding the selected elements is a ``nonzero`` whose size the host must read."""
-    if len(args) < 2 or _on_device(args[0]) is None:
-        return None
-    for _, t in classify.tensor_arguments((args[1],), {}):
-        if t.dtype in (torch.bool, torch.uint8) and _on_device(t) is not None:
-            return typing.cast(torch.Tensor, args[0])
-    return None
-
-
-def _device_scalar_index(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
-    """Indexing a device tensor with a 0-dim integer tensor on the device (``x[i]``): the host reads
-    the index's value."""
-    if len(args) < 2 or _on_device(args[0]) is None:
-        return None
-    index = args[1]
-    if isinstance(index, torch.Tensor) and index.dim() == 0 and not index.is_floating_point() \
-            and index.dtype != torch.bool:
-        return _on_device(index)
-    return None
-
-
-def _device_scalar_value(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
-    """``masked_fill(mask, value)`` with a 0-dim device tensor ``value``: the kernel reads it on the host."""
-    value = args[2] if len(args) > 2 else kwargs.get("value")
-    if isinstance(value, torch.Tensor) and value.dim() == 0:
-        return _on_device(value)
-    return None
-
-
-def _host_device_copy(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
-    """``dst.copy_(src)`` between the host and a device, blocking: the host waits for the copy."""
-    if len(args) < 2 or not isinstance(args[1], torch.Tensor) or not isinstance(args[0], torch.Tensor):
-        return None
-    blocking = not (args[2] if len(args) > 2 else kwargs.get("non_blocking", False))
-    if blocking and (args[0].device.type == "cpu") != (args[1].device.type == "cpu"):
-        return _on_device(args[0]) if _on_device(args[0]) is not None else _on_device(args[1])
-    return None
-
-
-def _device_tensors_in_data(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
-    """``torch.tensor([t1, t2])`` of device tensors: each element is read on the host."""
-    data = args[0] if args else kwargs.get("data")
-    if isinstance(data, list | tuple):
-        return next((t for _, t in classify.tensor_arguments((data,), {}) if _on_device(t) is not None), None)
-    return None
-
-
-def _repeats_on_device(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
-    """``repeat_interleave`` with a tensor of repeats and no ``output_size``: the host reads their sum."""
-    if kwargs.get("output_size") is not None or len(args) > 3:
-        return None
-    repeats = args[1] if len(args) > 1 else kwargs.get("repeats", args[0] if args else None)
-    return _on_device(repeats)
-
-
-def _condition_only(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
-    """``torch.where(condition)`` with one argument is ``nonzero(as_tuple=True)``."""
-    return _on_device(args[0]) if len(args) == 1 and not kwargs else None
-
-
-_SyncProbe = Callable[[tuple[Any, ...], dict[str, Any]], "torch.Tensor | None"]
-
-
-def _host_syncs() -> dict[Any, tuple[str, _SyncProbe]]:
-    """Every call that makes the host wait for the device (what ``torch.cuda.set_sync_debug_mode
-    ("warn")`` reports), with its name and a probe returning the device tensor it waits on.
-
-    Not ``.numpy()``: on a CUDA tensor it raises TypeError (the crash a GPU gives, reported as
-    PC207); ``.cpu().numpy()`` syncs at ``.cpu()``.
-    """
-    T = torch.Tensor
-    table: dict[Any, tuple[str, _SyncProbe]] = {
-        T.item: (".item()", _subject), T.tolist: (".tolist()", _subject), T.cpu: (".cpu()", _subject),
-        T.__bool__: ("bool()", _subject), T.__int__: ("int()", _subject), T.__float__: ("float()", _subject),
-        T.__index__: ("an index", _subject), T.__contains__: ("`in` (Tensor.__contains__)", _subject),
-        T.__repr__: ("printing", _subject), T.__format__: ("formatting", _subject),
-        T.nonzero: (".nonzero()", _subject), torch.nonzero: ("torch.nonzero", _subject),
-        T.argwhere: (".argwhere()", _subject), torch.argwhere: ("torch.argwhere", _subject),
-        T.masked_select: (".masked_select()", _any_argument),
-        torch.masked_select: ("torch.masked_select", _any_argument),
-        T.unique: (".unique()", _subject), torch.unique: ("torch.unique", _subject),
-        T.unique_consecutive: (".unique_consecutive()", _subject),
-        torch.unique_consecutive: ("torch.unique_consecutive", _subject),
-        T.equal: (".equal()", _any_argument), torch.equal: ("torch.equal", _any_argument),
-        T.allclose: (".allclose()", _any_argument), torch.allclose: ("torch.allclose", _any_argument),
-        torch.is_nonzero: ("torch.is_nonzero", _subject),
-        T.repeat_interleave: (".repeat_interleave() without output_size", _repeats_on_device),
-        torch.repeat_interleave: ("torch.repeat_interleave without output_size", _repeats_on_device),
-        torch.where: ("torch.where(condition)", _condition_only),
-        T.bincount: (".bincount()", _subject), torch.bincount: ("torch.bincount", _subject),
-        T.histc: (".histc()", _subject), torch.histc: ("torch.histc", _subject),
-        torch.nn.functional.ctc_loss: ("F.ctc_loss (reads the lengths on the host)", _subject),
-        T.masked_fill: (".masked_fill() with a 0-dim device value", _device_scalar_value),
-        T.masked_fill_: (".masked_fill_() with a 0-dim device value", _device_scalar_value),
-        torch.masked_fill: ("torch.masked_fill with a 0-dim device value", _device_scalar_value),
-        T.copy_: (".copy_() between host and device", _host_device_copy),
-        torch.tensor: ("torch.tensor of device tensors", _device_tensors_in_data),
-    }
-    for indexing in (T.__getitem__, T.__setitem__, T.index_put_, T.index_put, torch.index_put):
-        table[indexing] = ("boolean-mask indexing", _boolean_mask)
-    return table
-
-
-_HOST_SYNCS = _host_syncs()
-_SCALAR_INDEXING: dict[Any, tuple[str, _SyncProbe]] = {
-    indexing: ("indexing with a 0-dim device tensor", _device_scalar_index)
-    for indexing in (torch.Tensor.__getitem__, torch.Tensor.__setitem__)}
-"""Indexing that reads its index on the host (the same calls as boolean-mask indexing, another probe)."""
 
 
 def _is_passthrough(func: Callable[..., Any]) -> bool:
@@ -229,37 +102,6 @@ def _shape(t: torch.Tensor) -> tuple[int, ...] | None:
         return tuple(int(s) for s in t.shape)
     except (RuntimeError, TypeError, ValueError):
         return None
-
-
-def _replace(obj: Any, moved: dict[int, torch.Tensor]) -> Any:
-    """``obj`` (call arguments) with the tensors in ``moved`` (by id) replaced."""
-    return tree_map_only(torch.Tensor, lambda t: moved.get(id(t), t), obj)
-
-
-def _output_tensors(obj: Any, path: str) -> Iterator[tuple[str, torch.Tensor]]:
-    """Every tensor in a forward output, with its path: nested lists, tuples, dicts, namedtuples
-    (what ``torch.utils._pytree`` flattens), and the fields of dataclasses it leaves whole.
-
-    A container type registered with pytree without key paths (transformers' ``ModelOutput``, an
-    ordered dict) is opened as the mapping or sequence it is.
-    """
-    try:
-        leaves, _ = tree_flatten_with_path(obj)
-    except ValueError:  # a registered node without a flatten_with_keys_fn
-        if isinstance(obj, dict):
-            for k, v in obj.items():
-                yield from _output_tensors(v, f"{path}[{k!r}]")
-        elif isinstance(obj, list | tuple):
-            for i, v in enumerate(obj):
-                yield from _output_tensors(v, f"{path}[{i}]")
-        return
-    for key_path, leaf in leaves:
-        here = path + keystr(key_path)
-        if isinstance(leaf, torch.Tensor):
-            yield here, leaf
-        elif dataclasses.is_dataclass(leaf) and not isinstance(leaf, type) and here.count(".") < 8:
-            for f in dataclasses.fields(leaf):
-                yield from _output_tensors(getattr(leaf, f.name, None), f"{here}.{f.name}")
 
 
 # -- the tracer --------------------------------------------------------------------------------
@@ -409,7 +251,8 @@ class Tracer:
 
     def backward(self, output: Any) -> None:
         """Backward of the summed floating outputs; then every gradient must be on the target."""
-        floats = [t for _, t in _output_tensors(output, "") if t.is_floating_point() and t.requires_grad]
+        floats = [t for _, t in classify.tensors_with_paths(output, "")
+                  if t.is_floating_point() and t.requires_grad]
         if not floats:
             return
         total = functools.reduce(lambda a, b: a + b, (self._move(t).sum() for t in floats))
@@ -426,7 +269,7 @@ class Tracer:
     def check_output(self, output: Any) -> None:
         """PC206: every tensor in the (nested) output must be on the target."""
         expected = self.placement.expected("") if self.placement is not None else None
-        for path, t in _output_tensors(output, "output"):
+        for path, t in classify.tensors_with_paths(output, "output"):
             if (t.device != self.target) if expected is None else not expected.allows(str(t.device)):
                 prov = self.provenance(t)
                 self.prov.mark(prov, "met_device")
@@ -457,12 +300,9 @@ class Tracer:
         return out
 
     def _on_call(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        for table in (_HOST_SYNCS, _SCALAR_INDEXING):
-            sync = table.get(func)
-            if sync is not None:
-                waited_on = sync[1](args, kwargs)
-                if waited_on is not None:
-                    self._record_host_sync(sync[0], waited_on)
+        sync = host_sync(func, args, kwargs)
+        if sync is not None:
+            self._record_host_sync(*sync)
         if _is_passthrough(func):
             return func(*args, **kwargs)
         refused = classify.refused_on_device(func, args)
@@ -508,7 +348,7 @@ class Tracer:
         simulation's limit, not the model's. Run the call again with those arguments on the target."""
         moved = {id(t): self._move(t) for _, t in off}
         try:
-            return func(*_replace(args, moved), **_replace(kwargs, moved))
+            return func(*classify.replace_tensors(args, moved), **classify.replace_tensors(kwargs, moved))
         except Exception:
             raise exc from None
 
@@ -532,7 +372,7 @@ class Tracer:
                 self._record_mismatch(func, "tensor", str(t.device), t, (str(t.device), "cpu"),
                                       expected="cpu")
                 moved[id(t)] = t.cpu()
-            args, kwargs = _replace(args, moved), _replace(kwargs, moved)
+            args, kwargs = classify.replace_tensors(args, moved), classify.replace_tensors(kwargs, moved)
         return args, kwargs
 
     @staticmethod
@@ -593,7 +433,7 @@ class Tracer:
                                                 _dtype(t), _shape(t), expected=self.target_name,
                                                 stages=stages))
                 moved[id(t)] = self._move(t)
-            args, kwargs = _replace(args, moved), _replace(kwargs, moved)
+            args, kwargs = classify.replace_tensors(args, moved), classify.replace_tensors(kwargs, moved)
             try:
                 return func(*args, **kwargs)
             except Exception as again:

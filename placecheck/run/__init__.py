@@ -58,13 +58,13 @@ def run(target: str | Callable[[], Any], args: Sequence[str] = (), *, module: bo
         if finding is not None:
             findings.append(finding)
     notes.append(_ending(outcome, recorder.steps))
-    if not recorder.moved_modules and not recorder.optimizers:
+    if not recorder.moves.moved_modules and not recorder.optimizers:
         notes.append("run: the script moved no module to the GPU and built no optimizer: nothing of a "
                      "training or inference loop was seen")
     notes.extend(recorder.notes)
     notes.extend(recorder.copy_notes())
     kept = [f for f in findings if f.code in codes]
-    stats = {"optimizer_steps": recorder.steps, "modules_moved": len(recorder.moved_modules),
+    stats = {"optimizer_steps": recorder.steps, "modules_moved": len(recorder.moves.moved_modules),
              "optimizers": len(recorder.optimizers)}
     return Report.build(program.name, recorder.target, SIMULATED_CUDA_VALUES, kept, notes, stats)
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from placecheck.errors import LoadError
 from placecheck.run.recorder import StopRun
-from placecheck.run.sites import raised_at
+from placecheck.sources import user_line
 
 
 @dataclass(frozen=True)
@@ -133,14 +133,14 @@ def execute(program: Program, timeout: float | None = None, notes: list[str] | N
             else:
                 runpy.run_path(target, run_name="__main__")
         except StopRun as stop:
-            return Outcome("stopped", raised_at(stop), stop.reason)
+            return Outcome("stopped", user_line(stop), stop.reason)
         except SystemExit as exc:
             code = exc.code if exc.code is not None else 0
-            return Outcome("exit", raised_at(exc), exit_code=code)
+            return Outcome("exit", user_line(exc), exit_code=code)
         except BaseException as exc:  # the program's own failure is reported, not raised
             if isinstance(exc, KeyboardInterrupt):
                 raise
-            return Outcome("error", raised_at(exc), error=exc)
+            return Outcome("error", user_line(exc), error=exc)
     return Outcome("end")
 
 

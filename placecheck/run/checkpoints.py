@@ -1,0 +1,194 @@
+"""What a script saves and loads with ``torch.save`` / ``torch.load``, as on the simulated machine.
+
+A save writes plain host tensors (no placecheck class in the file) and remembers the device each came
+from; a load puts each storage back where it was saved (or where ``map_location`` maps it), tagged
+as the engine's device tensor. A load of storages the simulated machine lacks, without
+``map_location``, is PC301 and then fails as it would there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import typing
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn as nn
+from torch._C import DisableTorchFunctionSubclass
+
+from placecheck.errors import PlacecheckError
+from placecheck.sources import here
+from placecheck.state import replace_tensors
+from placecheck.tagged import SimulatedTensor
+
+if typing.TYPE_CHECKING:
+    from placecheck.run.recorder import RunRecorder
+
+
+def _plain(t: torch.Tensor) -> torch.Tensor:
+    """A tagged tensor's data as an ordinary CPU tensor (what a real GPU would copy back to save)."""
+    if isinstance(t, SimulatedTensor):
+        with DisableTorchFunctionSubclass():
+            return t.as_subclass(torch.Tensor)
+    return t
+
+
+def _map_tree(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor], undo: _Undo | None = None,
+              depth: int = 0) -> Any:
+    """``obj`` with ``fn`` applied to every tensor in its dicts, lists and tuples (rebuilt, not mutated)
+    and in the modules in it (replaced in place through :func:`placecheck.state.replace_tensors`;
+    ``undo`` collects the originals).
+
+    Not ``torch.utils._pytree``: a checkpoint is rebuilt as the types it holds, and a ``state_dict``
+    keeps its ``_metadata`` (the per-module versions ``load_state_dict`` reads), which pytree drops.
+    """
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if depth > 32:
+        return obj
+    if isinstance(obj, dict):
+        items = [(k, _map_tree(v, fn, undo, depth + 1)) for k, v in obj.items()]
+        try:
+            out = type(obj)()
+        except TypeError:
+            out = {}
+        out.update(items)
+        metadata = getattr(obj, "_metadata", None)
+        if metadata is not None:  # a state_dict's per-module versions, which load_state_dict reads
+            out._metadata = metadata  # type: ignore[attr-defined]
+        return out
+    if isinstance(obj, list):
+        return [_map_tree(v, fn, undo, depth + 1) for v in obj]
+    if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
+        return tuple(_map_tree(v, fn, undo, depth + 1) for v in obj)
+    if isinstance(obj, nn.Module):  # a pickled whole module: its tensors are replaced in place
+        _replace_module_tensors(obj, fn, undo)
+    return obj
+
+
+_Undo = dict[int, tuple[nn.Module, torch.Tensor]]
+"""id of a tensor put into a module -> (the module saved whole, the tensor it replaced)."""
+
+
+def _replace_module_tensors(model: nn.Module, fn: Callable[[torch.Tensor], torch.Tensor],
+                            undo: _Undo | None) -> None:
+    """Every tensor ``model`` holds, registered or plain (the state registry's traversal), replaced by
+    ``fn`` of it (parameters stay parameters); ``undo`` collects what was replaced, for :func:`_restore`."""
+    done: dict[int, torch.Tensor] = {}
+
+    def swap(t: torch.Tensor) -> torch.Tensor:
+        if id(t) in done:  # a tensor held twice stays one tensor
+            return done[id(t)]
+        new = fn(t)
+        if new is not t and isinstance(t, nn.Parameter):
+            new = nn.Parameter(new, requires_grad=t.requires_grad)
+        if new is not t and undo is not None:
+            undo[id(new)] = (model, t)
+        done[id(t)] = new
+        return new
+
+    replace_tensors(model, swap)
+
+
+def _restore(undo: _Undo) -> None:
+    """Put back the tensors :func:`_replace_module_tensors` replaced."""
+    for model in {id(m): m for m, _ in undo.values()}.values():
+        replace_tensors(model, lambda t: undo[id(t)][1] if id(t) in undo else t)
+
+
+class Checkpoints:
+    """The script's ``torch.save`` and ``torch.load`` calls."""
+
+    def __init__(self, recorder: RunRecorder) -> None:
+        self.recorder = recorder
+        self.saved: dict[str, list[str]] = {}
+        """Files this run saved with torch.save -> the device of each tensor, in order."""
+
+    def torch_load(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        """``torch.load`` as on the simulated machine (:meth:`_load`)."""
+        def load(f: Any, map_location: Any = None, *args: Any, **kwargs: Any) -> Any:
+            with self.recorder.quiet():
+                return self._load(original, f, map_location, args, kwargs)
+        return load
+
+    def _load(self, original: Callable[..., Any], f: Any, map_location: Any, args: tuple[Any, ...],
+              kwargs: dict[str, Any]) -> Any:
+        """``torch.load`` as on the simulated machine: storages restored where they were saved when it has
+        that device (tagged), PC301 and the load's failure when it does not."""
+        from placecheck.checkpoint import read_checkpoint
+        from placecheck.checkpoint.preflight import device_findings
+
+        line = here()[0]
+        if map_location is None and (isinstance(f, str | bytes) or hasattr(f, "__fspath__")):
+            try:
+                meta = read_checkpoint(f)
+            except (PlacecheckError, OSError):
+                meta = None
+            missing = device_findings(meta, self.recorder.target, self.recorder.gpus) \
+                if meta is not None else []
+            missing = [m for m in missing if m.device != m.expected and "," not in m.device]
+            if missing:
+                for finding in missing:
+                    self.recorder.add(dataclasses.replace(finding, source=line))
+                have = f"torch.cuda.device_count() is {self.recorder.gpus}"
+                error = RuntimeError(f"Attempting to deserialize object on CUDA device "
+                                     f"{missing[0].device.partition(':')[2] or '0'} but {have}.")
+                self.recorder.reported_errors.add(id(error))
+                raise error
+        locations: dict[int, str] = {}
+
+        def remember(storage: Any, location: str) -> Any:
+            locations[storage.data_ptr()] = location
+            return storage
+
+        loaded = original(f, remember, *args, **kwargs)
+        saved_here = iter(self.saved.get(os.path.abspath(f), [])
+                          if isinstance(f, str) or hasattr(f, "__fspath__") else [])
+
+        def place(t: torch.Tensor) -> torch.Tensor:
+            saved = next(saved_here, None) or locations.get(t.untyped_storage().data_ptr(), "cpu")
+            dest = self._mapped(map_location, saved)
+            if dest.type == "cuda":
+                return SimulatedTensor.tag(_plain(t), dest)
+            return t
+
+        return _map_tree(loaded, place)
+
+    @staticmethod
+    def _mapped(map_location: Any, saved: str) -> torch.device:
+        """Where ``torch.load(map_location=...)`` puts a storage saved on ``saved``."""
+        if map_location is None:
+            target = saved
+        elif isinstance(map_location, dict):
+            target = map_location.get(saved, saved)
+        elif isinstance(map_location, str | torch.device):
+            target = str(map_location)
+        else:
+            target = "cpu"  # a callable map_location: its storages are its business
+        device = torch.device(target)
+        return torch.device("cuda", device.index or 0) if device.type == "cuda" else device
+
+    def torch_save(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        """``torch.save`` of plain host tensors, remembering where each was (a later load in the run puts
+        it back there)."""
+        def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
+            devices: list[str] = []
+
+            def host(t: torch.Tensor) -> torch.Tensor:
+                devices.append(str(t.device))
+                return _plain(t)
+
+            undo: _Undo = {}
+            with self.recorder.quiet():
+                try:
+                    plain = _map_tree(obj, host, undo)
+                    if isinstance(f, str) or hasattr(f, "__fspath__"):
+                        # the file holds host tensors (no placecheck class in it); a later torch.load of
+                        # it in this run puts each back on the device it was saved from, as on a GPU
+                        self.saved[os.path.abspath(f)] = devices
+                    return original(plain, f, *args, **kwargs)
+                finally:
+                    _restore(undo)  # a whole module saved: the script's module keeps its own tensors
+        return save

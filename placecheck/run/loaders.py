@@ -1,0 +1,80 @@
+"""What a script's DataLoaders yield: each batch element tagged with its loader's line, and how the
+script then copies it to the device (``non_blocking`` against ``pin_memory``: a note)."""
+
+from __future__ import annotations
+
+import typing
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from placecheck import classify
+from placecheck.run.origins import Origin
+from placecheck.sources import here
+
+if typing.TYPE_CHECKING:
+    from placecheck.run.recorder import RunRecorder
+
+PIN_WARNING = "'pin_memory' argument is set as true but no accelerator is found"
+"""What a DataLoader(pin_memory=True) warns on a machine without CUDA: the simulation has no pinned memory."""
+
+
+def non_blocking(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """The ``non_blocking`` of a ``.to(...)``/``.cuda(...)`` call."""
+    if "non_blocking" in kwargs:
+        return bool(kwargs["non_blocking"])
+    return any(isinstance(a, bool) and a for a in args[1:3])  # to(device, non_blocking) / cuda(device, nb)
+
+
+class Loaders:
+    """The script's DataLoader iterators and the batches they yield."""
+
+    def __init__(self, recorder: RunRecorder) -> None:
+        self.recorder = recorder
+        self.iterators: dict[int, tuple[bool, str]] = {}
+        """id of a loader's iterator -> (its loader pins memory, the line that iterated it)."""
+        self.batch_copies: dict[tuple[str, str, bool], dict[str, None]] = {}
+        """(copy line, loop line, pinned) -> batch paths copied with the other non_blocking than pinned."""
+
+    def loader_iter(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        """``DataLoader.__iter__``: remember the iterator, its loop line and its ``pin_memory``."""
+        def __iter__(loader: Any) -> Any:
+            iterator = original(loader)
+            self.iterators[id(iterator)] = (bool(getattr(loader, "pin_memory", False)), here()[0])
+            return iterator
+        return __iter__
+
+    def loader_next(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        """``_BaseDataLoaderIter.__next__``: tag every plain tensor of the batch with where it came from."""
+        def __next__(iterator: Any) -> Any:
+            batch = original(iterator)
+            pinned, _ = self.iterators.get(id(iterator), (False, ""))
+            line = here()[0]
+            for path, t in classify.tensors_with_paths(batch, "batch"):
+                if type(t) is torch.Tensor:
+                    self.recorder.origins.track(t, Origin("batch", path, line, pinned))
+            return batch
+        return __next__
+
+    def copied(self, origin: Origin, line: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """A batch element copied to the device at ``line``: remembered when its ``non_blocking`` does not
+        match its loader's ``pin_memory``."""
+        if non_blocking(args, kwargs) != origin.pinned:
+            self.batch_copies.setdefault((line, origin.line, origin.pinned), {})[origin.path] = None
+
+    def copy_notes(self) -> list[str]:
+        """Batches copied with ``non_blocking`` that does not match the loader's ``pin_memory``."""
+        notes = []
+        for (line, loop, pinned), paths in self.batch_copies.items():
+            what = ", ".join(paths)
+            if pinned:
+                notes.append(f"{line}: {what} from pinned memory (a DataLoader with pin_memory=True, "
+                             "iterated "
+                             f"at {loop}) copied with a blocking .to(): non_blocking=True lets the copy "
+                             "overlap with compute")
+            else:
+                notes.append(f"{line}: .to(..., non_blocking=True) of {what} from a DataLoader without "
+                             f"pin_memory=True (iterated at {loop}): from pageable memory the copy is "
+                             "synchronous, the flag does nothing; pass pin_memory=True to the DataLoader")
+        return notes

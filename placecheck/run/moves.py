@@ -1,0 +1,106 @@
+"""The script's module moves: every ``Module.to()``/``.cuda()`` to CUDA walked at that moment.
+
+The walk (:mod:`placecheck.walk`, the same one ``audit`` runs) compares the module before and after
+the move and reports what ``.to()`` left behind (PC101-PC105) at the line of the move. Parameters
+keep their identity across the move (``torch.__future__``'s swap flag), as on a real GPU, so an
+optimizer built before the move stays valid; unless the script asked for new ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from placecheck.sources import here
+from placecheck.walk import Snapshot, walk
+
+if typing.TYPE_CHECKING:
+    from placecheck.run.recorder import RunRecorder
+
+
+def _cuda_destination(args: tuple[Any, ...], kwargs: dict[str, Any], cuda_call: bool) -> torch.device | None:
+    """The CUDA device a ``Module.to(...)``/``.cuda(...)`` call moves to, or None."""
+    if cuda_call:
+        dev = args[0] if args else kwargs.get("device")
+        index = dev if isinstance(dev, int) else (torch.device(dev).index if dev is not None else None)
+        return torch.device("cuda", index or 0)
+    try:
+        device = torch._C._nn._parse_to(*args, **kwargs)[0]
+    except (TypeError, RuntimeError):
+        return None
+    if device is None or device.type != "cuda":
+        return None
+    return torch.device("cuda", device.index or 0)
+
+
+class Moves:
+    """The modules the script moved, and the walks of those moves."""
+
+    def __init__(self, recorder: RunRecorder) -> None:
+        self.recorder = recorder
+        self.moved_modules: list[weakref.ref[nn.Module]] = []
+        self._walked: set[tuple[int, str]] = set()
+        self._moving = 0
+        self.user_overwrite = False
+        """The script asked for new Parameter objects on ``.to()`` (``torch.__future__``)."""
+
+    def module_to(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        """``nn.Module.to``: the move, then its walk."""
+        def to(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+            return self._move_module(original, module, args, kwargs, cuda_call=False)
+        return to
+
+    def module_cuda(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        """``nn.Module.cuda``: the move, then its walk."""
+        def cuda(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+            return self._move_module(original, module, args, kwargs, cuda_call=True)
+        return cuda
+
+    def _move_module(self, original: Callable[..., Any], module: nn.Module, args: tuple[Any, ...],
+                     kwargs: dict[str, Any], cuda_call: bool) -> Any:
+        """``module.to(...)`` as the script asked, then the walk of what the move left behind."""
+        if self._moving or self.recorder.quieted:
+            return original(module, *args, **kwargs)
+        dest = _cuda_destination(args, kwargs, cuda_call)
+        if dest is not None and (dest.index or 0) >= self.recorder.gpus:
+            raise self.recorder.no_such_gpu(dest)
+        line, _ = here()
+        snapshot = Snapshot.take(module) if dest is not None else None
+        self._moving += 1
+        # the engine needs new tensors from .to(); a GPU keeps each Parameter object unless the script
+        # asked for new ones (set_overwrite_module_params_on_conversion(True))
+        torch.__future__.set_swap_module_params_on_conversion(not self.user_overwrite)
+        try:
+            with self.recorder.quiet():  # the move's own copies are not the script's transfers
+                moved = original(module, *args, **kwargs)
+        finally:
+            torch.__future__.set_swap_module_params_on_conversion(True)
+            self._moving -= 1
+        if dest is None:
+            return moved
+        self.moved_modules.append(weakref.ref(module))
+        key = (id(module), str(dest))
+        if key in self._walked:
+            return moved
+        self._walked.add(key)
+        with self.recorder.quiet():
+            result = walk(module, str(dest), snapshot)
+        for f in result.findings:
+            self.recorder.add(dataclasses.replace(f, source=f.source or line,
+                                          details=(*f.details, ("moved at", line),
+                                                   ("model", type(module).__name__))))
+        for note in result.notes:
+            self.recorder.notes[note] = None
+        return moved
+
+    def overwrite_flag(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        """``torch.__future__.set_overwrite_module_params_on_conversion``: the script's wish, remembered."""
+        def set_overwrite_module_params_on_conversion(value: bool) -> None:
+            self.user_overwrite = bool(value)  # the engine's own setting (True) stays in force
+        return set_overwrite_module_params_on_conversion

@@ -1,0 +1,57 @@
+"""The only patches ``placecheck run`` makes to torch, and why each is the only way.
+
+PyTorch's own tools observe through modes and hooks, and so does the recorder
+wherever torch offers one: a ``TorchFunctionMode`` sees every torch call
+(syncs, copies, mismatches, printing), the global module hooks see every
+forward and every layer registered, the global optimizer hooks see every step.
+What none of them shows, and so is patched here, for the recorder's session only:
+
+- ``nn.Module.to`` / ``nn.Module.cuda``: which module moved, and where to; the
+  mode sees only the tensor copies inside, and the walk of what the move left
+  behind (PC101-PC105) needs the module before and after. There is no global
+  hook on ``Module._apply``.
+- ``Optimizer.__init__``: no hook sees an optimizer built (the line PC308 names,
+  and that the script built one at all); the step hooks see it only at its first step.
+- ``Optimizer.load_state_dict``: its state-dict hooks are per instance, and the
+  instance exists before the recorder could register one (the resume line of PC307).
+- ``DataLoader.__iter__`` and ``_BaseDataLoaderIter.__next__``: batches come out
+  of Python iteration, not torch calls (where each batch element came from: PC201's origin).
+- ``torch.load`` / ``torch.save``: serialisation is no torch function a mode sees;
+  the engine's tensors are saved as plain tensors and loaded back on the device
+  they were saved from, and a load the simulated machine cannot do is PC301.
+- ``torch.__future__.set_overwrite_module_params_on_conversion``: the engine needs
+  its own setting in force while the script runs; the script's wish is remembered.
+
+Each patch is the original wrapped, never a reimplementation; every original is
+restored when the session ends, however it ends. Not reentrant.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+Patch = tuple[object, str, Callable[[Callable[..., Any]], Callable[..., Any]]]
+"""``(owner, attribute name, make)``: the attribute becomes ``make(original)``."""
+
+_MISSING = object()
+
+
+@contextlib.contextmanager
+def patched(patches: Sequence[Patch]) -> Iterator[None]:
+    """Each ``owner.name`` replaced by ``make(original)`` for the block, then put back as it was (an
+    attribute the owner only inherited is removed again), in reverse order, even when the block raises."""
+    saved: list[tuple[object, str, Any]] = []
+    try:
+        for owner, name, make in patches:
+            original = getattr(owner, name)
+            saved.append((owner, name, vars(owner).get(name, _MISSING)))
+            setattr(owner, name, make(original))
+        yield
+    finally:
+        for owner, name, own in reversed(saved):
+            if own is _MISSING:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, own)
