@@ -125,6 +125,19 @@ class Copy:
 
 
 @dataclass
+class StaleRead:
+    """A host read of a CPU tensor that a non-blocking device-to-host copy was still filling (PC210)."""
+
+    op: str
+    device: str
+    """The device the copy came from."""
+    site: Site
+    """Where the host read it."""
+    copied_at: Site
+    """Where the non-blocking copy was made."""
+
+
+@dataclass
 class GradOffDevice:
     """A parameter whose gradient the backward left off the target (PC201)."""
 
@@ -133,4 +146,4 @@ class GradOffDevice:
 
 
 Event = typing.Union[Creation, Mismatch, HostSync, ImplicitTransfer, Registration, OutputOffDevice,
-                     ForwardError, GradOffDevice, Copy]
+                     ForwardError, GradOffDevice, Copy, StaleRead]

@@ -132,7 +132,12 @@ class SimulatedTensor(torch.Tensor):
 
 def _result_device(func: Callable[..., Any], args: tuple[Any, ...],
                    kwargs: dict[str, Any]) -> torch.device | None:
-    """The simulated device of ``func``'s result; raises on an illegal mix of devices."""
+    """The simulated device of ``func``'s result; raises on an illegal mix of devices. None: a plain
+    tensor (``device="cpu"`` given, as in ``torch.empty_like(t, device="cpu")``, is the CPU whatever
+    ``t`` is on)."""
+    device = kwargs.get("device")
+    if device is not None and _cuda(device) is None:
+        return None
     simulated: torch.device | None = None
     plain: list[tuple[int, torch.Tensor]] = []
     mixed = False
@@ -255,6 +260,9 @@ class _TaggingMode(TorchFunctionMode):
         if func is torch.Tensor.type_as and len(args) == 2 and isinstance(args[1], torch.Tensor):
             # x.type_as(other) is x.to(other.dtype) on other's device
             return _move(torch.Tensor.to, (args[0], args[1].dtype), {}, args[1].device)
+        if kwargs.get("pin_memory"):
+            # page-locked host memory needs a driver; it is CPU memory all the same
+            kwargs = {**kwargs, "pin_memory": False}
         device = kwargs.get("device")
         dest = _cuda(device) if device is not None else None
         if dest is not None:
