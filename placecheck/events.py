@@ -30,6 +30,10 @@ class Mismatch:
     stages: tuple[str, str] | None = None
     """``--device keep``: (the stage whose forward produced the offending tensor, the stage whose forward
     received it); ``"(input)"`` names the forward's inputs, ``""`` the root."""
+    refused: str = ""
+    """Not two tensors' devices but one argument a GPU refuses there: ``generator`` (a ``torch.Generator``
+    on ``device``, another device type than the op's ``expected``), or the name of an argument the op
+    needs on the CPU (``lengths``), which is on ``device``."""
 
 
 @dataclass

@@ -204,6 +204,16 @@ def _copy(event: Copy) -> Finding:
 
 def _mismatch(event: Mismatch, target: str) -> Finding:
     prov = event.provenance
+    if event.refused:
+        if event.refused == "generator":
+            message, hint = rules.generator_off_device(event.op, event.device, target)
+        else:
+            message, hint = rules.host_argument_on_device(event.op, event.refused,
+                                                          _tensor(event.dtype, event.shape), event.device)
+        return _make("PC201", event.site, None, device=event.device, expected=target, dtype=event.dtype,
+                     shape=event.shape, origin=prov.origin, message=message, hint=hint,
+                     details=(("op", event.op), ("devices", ", ".join(event.devices)),
+                              ("argument", event.refused)))
     from_stage, to_module = event.stages if event.stages is not None else ("", "")
     message, hint = rules.device_mismatch(
         event.op, event.devices, event.device, _tensor(event.dtype, event.shape), _came_from(prov),

@@ -425,6 +425,23 @@ def left_out_of_sharding(what: str, name: str, device: str, target: str) -> tupl
             "left over, or move the model to the rank's GPU before sharding it")
 
 
+def generator_off_device(op: str, generator_device: str, device: str) -> tuple[str, str]:
+    """PC201 of a ``torch.Generator`` on ``generator_device`` given to ``op``, which runs on ``device``."""
+    kind, gen_kind = device.split(":")[0], generator_device.split(":")[0]
+    return (f"{op} runs on {device} with a torch.Generator on {generator_device}: a GPU raises \"Expected a "
+            f"'{kind}' device type for generator but found '{gen_kind}'\"",
+            f"create the generator on the op's device (torch.Generator(device={device!r})"
+            ".manual_seed(seed)), or leave generator= out to draw from the device's default generator")
+
+
+def host_argument_on_device(op: str, argument: str, tensor: str, device: str) -> tuple[str, str]:
+    """PC201 of an ``argument`` (``lengths``) that ``op`` needs on the CPU, given on ``device``."""
+    return (f"{op} needs its {argument} argument ({tensor}) on the CPU, but it is on {device}: a GPU raises "
+            "here (the data may be on the device; this argument may not)",
+            f"keep {argument} on the CPU ({argument}.cpu(), or a list of ints): PyTorch reads it on the host "
+            "to lay out the packed batch")
+
+
 def device_mismatch_untraced(phase: str, error: str) -> tuple[str, str]:
     """PC201 for a mismatch an engine raised that no op's arguments showed."""
     return (f"the {phase} raised a device mismatch placecheck could not trace to an argument: {error}",

@@ -274,12 +274,12 @@ class _TaggingMode(TorchFunctionMode):
 
 
 @contextlib.contextmanager
-def tagged_cuda(gpus: int = 1) -> Iterator[None]:
+def tagged_cuda(gpus: int = 1, strict: bool = False) -> Iterator[None]:
     """The real-valued session: tagging mode, simulated ``torch.cuda`` queries, new params on ``.to()``."""
     overwrite = torch.__future__.get_overwrite_module_params_on_conversion()
     torch.__future__.set_overwrite_module_params_on_conversion(True)
     try:
-        with cuda_queries_simulated(gpus), _TaggingMode(), warnings.catch_warnings():
+        with cuda_queries_simulated(gpus, strict), _TaggingMode(), warnings.catch_warnings():
             # the data is on the CPU, where an LSTM with proj_size warns that oneDNN cannot run it;
             # on the GPU being simulated it would not
             warnings.filterwarnings("ignore", message="LSTM with projections is not supported with oneDNN")

@@ -38,6 +38,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import keystr, tree_flatten_with_path, tree_map_only
 
 from placecheck import classify
+from placecheck.cudaapi import missing_gpu
 from placecheck.errors import one_line
 from placecheck.events import (
     Event,
@@ -515,6 +516,9 @@ class Tracer:
             out = self._repair(func, args, kwargs, off, exc)
             off = []
         if isinstance(out, torch.Tensor) and out.device != target:
+            missing = missing_gpu(out.device)
+            if missing is not None:
+                raise missing  # CUDA's "invalid device ordinal", at this line
             if self.flows is not None and self.flows.between_devices(func, args, out):
                 return out  # a copy between devices: traffic (Flows), not a tensor created off the target
             self._off_target_result(func, args, off, out, kwargs)
@@ -546,15 +550,17 @@ class Tracer:
         generator = classify.generator_off_device(args, kwargs, device)
         if generator is not None and device is not None:
             self._record_mismatch(func, "generator", str(generator.device), None,
-                                  (str(generator.device), str(device)))
+                                  (str(generator.device), str(device)), refused="generator",
+                                  expected=str(device))
             args = tuple(None if a is generator else a for a in args)
             kwargs = {k: (None if v is generator else v) for k, v in kwargs.items()}
         host = classify.host_arguments_on_device(func, tensors)
         if host:
             moved: dict[int, torch.Tensor] = {}
-            for _, t in host:
+            for pos, t in host:
+                name = classify.host_argument_name(func, pos) or "tensor"
                 self._record_mismatch(func, "tensor", str(t.device), t, (str(t.device), "cpu"),
-                                      expected="cpu")
+                                      expected="cpu", refused=name)
                 moved[id(t)] = t.cpu()
             args, kwargs = _replace(args, moved), _replace(kwargs, moved)
         return args, kwargs
@@ -568,8 +574,9 @@ class Tracer:
         return tensors[0][1].device if tensors else None
 
     def _record_mismatch(self, func: Callable[..., Any], what: str, device: str, t: torch.Tensor | None,
-                         devices: tuple[str, ...], expected: str = "") -> None:
-        """A PC201 at the current user line that no retry of :meth:`_repair` decides."""
+                         devices: tuple[str, ...], expected: str = "", refused: str = "") -> None:
+        """A PC201 at the current user line that no retry of :meth:`_repair` decides; ``refused`` names
+        what the GPU refuses (:attr:`~placecheck.events.Mismatch.refused`)."""
         site = self._site(sys._getframe())
         prov = self.provenance(t) if t is not None else Provenance()
         key = ("mismatch", site.source, prov.origin, what)
@@ -578,7 +585,7 @@ class Tracer:
         self._recorded.add(key)
         dtype, shape = (_dtype(t), _shape(t)) if t is not None else (what, None)
         self.events.append(Mismatch(op_name(func), tuple(sorted(set(devices))), device, site, prov, dtype,
-                                    shape, expected=expected or self.target_name))
+                                    shape, expected=expected or self.target_name, refused=refused))
 
     def _copied_to_device(self, func: Callable[..., Any], off: list[tuple[int, torch.Tensor]],
                           out: torch.Tensor) -> None:
