@@ -261,6 +261,17 @@ class DeviceMismatchError(RuntimeError):
     """An op mixed devices, decided from its tensor arguments (raised by placecheck's own engines)."""
 
 
+class ForkedCudaError(RuntimeError):
+    """CUDA used in a process forked after the parent initialised it (a DataLoader worker whose dataset
+    makes CUDA tensors, under the default fork start method): what CUDA raises there, raised by the
+    simulation. The model's bug, never the simulation's limit."""
+
+
+FORKED_CUDA = ("Cannot re-initialize CUDA in forked subprocess. To use CUDA with multiprocessing, you must "
+               "use the 'spawn' start method")
+"""PyTorch's own words for :class:`ForkedCudaError` (torch/cuda/__init__.py)."""
+
+
 def is_missing_device(exc: BaseException) -> bool:
     """True when ``exc`` is (or was caused by) an :class:`InvalidDeviceError`: a GPU the machine lacks."""
     return any(isinstance(e, InvalidDeviceError) for e in _chain(exc))
@@ -356,7 +367,8 @@ def simulation_limit(exc: BaseException) -> str:
     the model's placement, so it belongs in the report's notes, not in a PC207
     that blames the user's code.
     """
-    if is_missing_device(exc):
+    if is_missing_device(exc) or any(isinstance(e, ForkedCudaError) or FORKED_CUDA in str(e)
+                                     for e in _chain(exc)):
         return ""  # what a GPU with that many devices raises too: the model's bug
     for seen in _chain(exc):
         text = str(seen).lower()

@@ -16,6 +16,7 @@ Not reentrant: one simulated session at a time per process.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import sys
 import types
@@ -27,7 +28,7 @@ from unittest import mock
 import torch
 from torch.overrides import TorchFunctionMode
 
-from placecheck.classify import InvalidDeviceError
+from placecheck.classify import FORKED_CUDA, ForkedCudaError, InvalidDeviceError
 from placecheck.devices import device_index
 
 
@@ -96,8 +97,9 @@ _current = [0]
 ``torch.cuda.set_device`` / ``torch.cuda.device(i)`` in model code and by :func:`current_device`."""
 
 
-_gpus: list[int | None] = [None]
-"""How many GPUs the simulated session has (None outside one): a higher index does not exist."""
+_gpus: list[int | None] = [None, None]
+"""How many GPUs the simulated session has: [0] when ``--gpus`` bounds them (a higher index does not
+exist), else None; [1] in any session, None outside one."""
 
 
 def missing_gpu(device: torch.device) -> InvalidDeviceError | None:
@@ -107,6 +109,30 @@ def missing_gpu(device: torch.device) -> InvalidDeviceError | None:
     if gpus is None or device.type != "cuda" or (device.index or 0) < gpus:
         return None
     return InvalidDeviceError(str(device), gpus)
+
+
+_initialised = [False]
+"""A simulated CUDA tensor was made in this session: CUDA is initialised, as on a GPU."""
+_bad_fork = [False]
+"""This process was forked from one whose simulated CUDA was initialised (torch's ``_is_in_bad_fork``)."""
+
+
+def cuda_initialised() -> None:
+    """A simulated CUDA tensor was made: a process forked from here may not use CUDA again."""
+    _initialised[0] = True
+
+
+def forked_cuda_error() -> ForkedCudaError | None:
+    """What CUDA raises on first use in a process forked after its parent initialised CUDA (a
+    ``DataLoader`` worker under the fork start method whose dataset makes CUDA tensors); None here."""
+    return ForkedCudaError(FORKED_CUDA) if _bad_fork[0] else None
+
+
+def _after_fork_in_child() -> None:
+    _bad_fork[0] = _bad_fork[0] or (_gpus[1] is not None and _initialised[0])
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def current_index() -> int:
@@ -370,7 +396,7 @@ def cuda_queries_simulated(gpus: int, strict: bool = False) -> Iterator[None]:
     """
     with contextlib.ExitStack() as stack:
         stack.enter_context(current_device(_current[0]))  # what model code selects stays in the session
-        stack.enter_context(_gpu_count(gpus if strict else None))
+        stack.enter_context(_gpu_count(gpus, strict))
         for name, fn in _cuda_query_patches(gpus).items():
             real = getattr(torch.cuda, name, None)
             if real is None:
@@ -396,13 +422,14 @@ def cuda_queries_simulated(gpus: int, strict: bool = False) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _gpu_count(gpus: int | None) -> Iterator[None]:
-    before = _gpus[0]
-    _gpus[0] = gpus
+def _gpu_count(gpus: int, strict: bool) -> Iterator[None]:
+    before = list(_gpus), _initialised[0]
+    _gpus[:] = [gpus if strict else None, gpus]
     try:
         yield
     finally:
-        _gpus[0] = before
+        _gpus[:] = before[0]
+        _initialised[0] = before[1]
 
 
 def _pinned_copy(self: torch.Tensor, device: Any = None) -> torch.Tensor:

@@ -49,7 +49,7 @@ from placecheck.classify import (
     refused_on_device,
     tensor_arguments,
 )
-from placecheck.cudaapi import cuda_queries_simulated, current_index
+from placecheck.cudaapi import cuda_initialised, cuda_queries_simulated, current_index, forked_cuda_error
 
 _CPU = torch.device("cpu")
 
@@ -242,9 +242,18 @@ def _move(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any
             return out
         if simulated and source._pc_device == dest and out is data:
             return source  # type: ignore[no-any-return]  # already there: .to() returns itself
+        _cuda_used()
         if out.data_ptr() == data.data_ptr():
             out = out.clone()  # a host-to-device copy never aliases the host tensor
     return SimulatedTensor.tag(out, dest)
+
+
+def _cuda_used() -> None:
+    """A new CUDA tensor: CUDA is initialised (or, in a process forked after that, raises as CUDA does)."""
+    error = forked_cuda_error()
+    if error is not None:
+        raise error
+    cuda_initialised()
 
 
 class _TaggingMode(TorchFunctionMode):
@@ -266,6 +275,7 @@ class _TaggingMode(TorchFunctionMode):
         device = kwargs.get("device")
         dest = _cuda(device) if device is not None else None
         if dest is not None:
+            _cuda_used()
             _check_generator(args, kwargs, dest)
             with DisableTorchFunctionSubclass():
                 out = func(*args, **{**kwargs, "device": "cpu"})

@@ -1,12 +1,15 @@
 """Errors a GPU raises, raised by the simulation at the user's line (issue 23 item 4).
 
 A device index the machine lacks (``--gpus``), ``pin_memory`` of device tensors through a
-``DataLoader(pin_memory=True)``, a CPU ``torch.Generator`` for device random numbers and
-``pack_padded_sequence`` lengths on the device: each at its line, with a message that says what
-is wrong (decided from the arguments, never from PyTorch's messages).
+``DataLoader(pin_memory=True)``, CUDA used in a forked ``DataLoader`` worker, a CPU
+``torch.Generator`` for device random numbers and ``pack_padded_sequence`` lengths on the device:
+each at its line, with a message that says what is wrong (decided from the arguments, never from
+PyTorch's messages).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 import torch
@@ -16,7 +19,7 @@ from torch.nn.utils.rnn import pack_padded_sequence
 from torch.utils.data import DataLoader, TensorDataset
 
 import placecheck
-from placecheck.classify import InvalidDeviceError, simulation_limit
+from placecheck.classify import FORKED_CUDA, ForkedCudaError, InvalidDeviceError, simulation_limit
 from placecheck.cudaapi import cuda_queries_simulated
 
 pytestmark = pytest.mark.cpu_build  # runs on the CPU-only torch build too (Makefile: test-cpu-build)
@@ -129,3 +132,50 @@ def test_pc201_of_device_lengths_says_they_must_be_on_the_cpu(engine: str) -> No
     assert "same device" not in finding.message
     assert (finding.device, finding.expected) == ("cuda:0", "cpu")
     assert "lengths.cpu()" in finding.hint
+
+
+_WORKERS_SCRIPT = '''
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, Dataset
+
+
+class OnTheGpu(Dataset):
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        return torch.randn(4, device="cuda"), torch.tensor(i % 2, device="cuda")
+
+
+if __name__ == "__main__":
+    model = nn.Linear(4, 2).to("cuda")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in DataLoader(OnTheGpu(), batch_size=8, num_workers=WORKERS):  # MARK loader-loop
+        loss = nn.functional.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+'''
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="the fork start method needs os.fork")
+def test_cuda_in_a_forked_dataloader_worker_raises_as_cuda_does_at_the_loop(tmp_path: Any) -> None:
+    buggy = tmp_path / "workers_buggy.py"
+    buggy.write_text(_WORKERS_SCRIPT.replace("WORKERS", "2"))
+    report = placecheck.run(str(buggy), steps=2)
+    errors = [f for f in report.findings if f.code == "PC207"]
+    assert len(errors) == 1 and "ForkedCudaError" in errors[0].message, report.findings
+    line = next(i + 1 for i, s in enumerate(_WORKERS_SCRIPT.splitlines()) if "MARK loader-loop" in s)
+    assert errors[0].source.endswith(f"workers_buggy.py:{line}")
+    # in the main process (no workers) the same dataset is fine
+    fixed = tmp_path / "workers_fixed.py"
+    fixed.write_text(_WORKERS_SCRIPT.replace("WORKERS", "0"))
+    assert placecheck.run(str(fixed), steps=2).findings == ()
+
+
+def test_the_forked_cuda_error_is_the_scripts_not_the_simulations() -> None:
+    error = ForkedCudaError(FORKED_CUDA)
+    assert simulation_limit(error) == ""
+    reraised = RuntimeError(f"Caught ForkedCudaError in DataLoader worker process 0.\n{FORKED_CUDA}")
+    assert simulation_limit(reraised) == ""
