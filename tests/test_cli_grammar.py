@@ -16,7 +16,6 @@ import enum
 import re
 import shlex
 import sys
-from pathlib import Path
 from typing import Any
 
 import pytest

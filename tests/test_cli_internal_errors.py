@@ -115,13 +115,15 @@ def test_debug_shows_the_traceback_and_keeps_exit_3(case: str, files: dict[str, 
     argv, broken = CASES[case]
     _break(monkeypatch, broken)
     code, out, err = _entrypoint(monkeypatch, capsys, *(a.format(**files) for a in argv), "--debug")
-    assert code == EXIT_INTERNAL, err
+    assert (code, out) == (EXIT_INTERNAL, ""), err
     assert "Traceback (most recent call last)" in err and "in _boom" in err
     last = err.strip().splitlines()[-1]
-    assert last.startswith("placecheck: internal error: unexpected RuntimeError") and "traceback above" in last
+    assert last.startswith("placecheck: internal error: unexpected RuntimeError"), last
+    assert "traceback above" in last
 
 
-def test_placecheck_errors_stay_exit_2_inside_the_guard(files: dict[str, str], monkeypatch: pytest.MonkeyPatch,
+def test_placecheck_errors_stay_exit_2_inside_the_guard(files: dict[str, str],
+                                                        monkeypatch: pytest.MonkeyPatch,
                                                         capsys: pytest.CaptureFixture[str]) -> None:
     # the guard turns only unexpected errors into exit 3: bad input is still the user's, exit 2
     import importlib
@@ -133,7 +135,8 @@ def test_placecheck_errors_stay_exit_2_inside_the_guard(files: dict[str, str], m
 
     monkeypatch.setattr(importlib.import_module("placecheck.ci"), "merge_reports", not_loadable)
     code, out, err = _entrypoint(monkeypatch, capsys, "merge", files["shard"])
-    assert (code, out, err.strip()) == (2, "", "placecheck: error: cannot load shard.json: not a shard report")
+    assert (code, out) == (2, "")
+    assert err.strip() == "placecheck: error: cannot load shard.json: not a shard report"
 
 
 def test_an_error_escaping_every_command_is_still_exit_3(monkeypatch: pytest.MonkeyPatch,
