@@ -46,7 +46,8 @@ syncs are counted, not timed).
 
 The script's own exit code and exceptions are reported in the notes and as
 PC207; exit status: 0 when no finding is at or above --fail-on, 1 when one
-is, 2 for a missing script or module or a syntax error.
+is, 2 for a missing script or module or a syntax error, 3 for an internal
+error.
 """
 
 
