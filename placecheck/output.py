@@ -81,19 +81,20 @@ def fail(message: str, debug: bool = False) -> typer.Exit:
 def click_errors() -> tuple[type[Exception], ...]:
     """The base classes of click's usage errors on the typer installed.
 
-    typer 0.27.2 and later carry their own copy of click, whose ``ClickException`` derives from
-    ``typer.TyperException``; older typer runs on click itself (``click.exceptions.ClickException``)
-    and has no ``TyperException``. Both are returned where present: beside a new typer, a click
-    installed for another package is harmless here.
+    typer before 0.27 runs on click itself (``click.exceptions.ClickException``); 0.27.0 and 0.27.1
+    carry their own copy of click (``typer._click``) and export none of its errors; from 0.27.2
+    that copy's errors derive from the public ``typer.TyperException``. Each is looked up where it
+    exists: beside a new typer, a click installed for another package is harmless here.
     """
+    import importlib
+
     errors: list[type[Exception]] = []
     vendored = getattr(typer, "TyperException", None)
     if isinstance(vendored, type) and issubclass(vendored, Exception):
         errors.append(vendored)
-    with contextlib.suppress(ImportError):
-        from click.exceptions import ClickException
-
-        errors.append(ClickException)
+    for module in ("typer._click.exceptions", "click.exceptions"):
+        with contextlib.suppress(ImportError):
+            errors.append(importlib.import_module(module).ClickException)
     return tuple(errors)
 
 

@@ -19,9 +19,7 @@ from placecheck.config import tomllib  # tomli on Python 3.10
 REPO = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
 # import name -> distribution name, where they differ
-# (click: placecheck/output.py catches click's errors where typer runs on click, typer < 0.27.2,
-# which brings it; newer typer carries its own copy)
-DISTRIBUTION = {"yaml": "pyyaml", "libcst": "libcst", "tomli": "tomli", "click": "typer"}
+DISTRIBUTION = {"yaml": "pyyaml", "libcst": "libcst", "tomli": "tomli"}
 
 
 def _names(requirements: list[str]) -> set[str]:
