@@ -15,7 +15,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet $(TORCH) torch torchvision
-	$(PY) -m pip install --quiet $(TORCH) -e '.[dev,transformers,fix,zoo,accelerate]'
+	$(PY) -m pip install --quiet $(TORCH) -e '.[dev,transformers,fix,zoo,accelerate,vision,safetensors]'
 	touch $(STAMP)
 
 demo: install
@@ -75,7 +75,7 @@ test-cpu-build: $(CPU_STAMP)
 
 # Every benchmarks/bench_*.py, each printing its table and writing benchmarks/results/.
 bench: install
-	$(PY) -m pip install --quiet $(TORCH) -e '.[dev,transformers,bench]'
+	$(PY) -m pip install --quiet $(TORCH) -e '.[dev,transformers,bench,vision]'
 	@set -e; for bench in benchmarks/bench_*.py; do echo "== $$bench"; $(PY) $$bench; done
 
 # Real-GPU fidelity (benchmarks/fidelity.py): every fixture, example and torchvision zoo model audited

@@ -23,9 +23,9 @@ from typing import Any
 
 import typer
 
-from placecheck.errors import UsageError
+from placecheck.errors import PlacecheckError, UsageError, one_line
 from placecheck.formats import OutputFormat, formatter_for
-from placecheck.report import EXIT_USAGE, FAIL_ON_CHOICES, Report, exit_code
+from placecheck.report import EXIT_INTERNAL, EXIT_USAGE, FAIL_ON_CHOICES, Report, exit_code
 
 
 @dataclass(frozen=True)
@@ -76,6 +76,72 @@ def fail(message: str, debug: bool = False) -> typer.Exit:
         message = message.replace(" (--debug shows the traceback)", "")  # it just did
     typer.echo(f"placecheck: error: {message}", err=True)
     return typer.Exit(EXIT_USAGE)
+
+
+def click_errors() -> tuple[type[Exception], ...]:
+    """The base classes of click's usage errors on the typer installed.
+
+    typer before 0.27 runs on click itself (``click.exceptions.ClickException``); 0.27.0 and 0.27.1
+    carry their own copy of click (``typer._click``) and export none of its errors; from 0.27.2
+    that copy's errors derive from the public ``typer.TyperException``. Each is looked up where it
+    exists: beside a new typer, a click installed for another package is harmless here.
+    """
+    import importlib
+
+    errors: list[type[Exception]] = []
+    vendored = getattr(typer, "TyperException", None)
+    if isinstance(vendored, type) and issubclass(vendored, Exception):
+        errors.append(vendored)
+    for module in ("typer._click.exceptions", "click.exceptions"):
+        with contextlib.suppress(ImportError):
+            errors.append(importlib.import_module(module).ClickException)
+    return tuple(errors)
+
+
+def torch_version() -> str:
+    """The torch in use (the imported one, else the installed distribution's), without importing it."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        return str(getattr(torch, "__version__", "unknown"))
+    from importlib import metadata
+
+    try:
+        return metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def internal_error(exc: BaseException, debug: bool = False) -> typer.Exit:
+    """Print one line for an unexpected error (the traceback first under --debug); return the exit-3
+    exception (:data:`~placecheck.report.EXIT_INTERNAL`: neither "clean" nor "findings")."""
+    from placecheck import __version__
+
+    if debug:
+        traceback.print_exc()
+    ask = ("report it with the traceback above" if debug
+           else "rerun with --debug for the traceback and report it")
+    typer.echo(f"placecheck: internal error: unexpected {one_line(exc)} (placecheck {__version__}, torch "
+               f"{torch_version()}): a bug in placecheck, or something it did not foresee; {ask}", err=True)
+    return typer.Exit(EXIT_INTERNAL)
+
+
+@contextlib.contextmanager
+def errors_reported(debug: bool = False) -> Iterator[None]:
+    """Around a command's work: placecheck's own errors (bad input, a target that does not load) end
+    in one line and exit 2, anything unexpected in one line and exit 3; a traceback only with --debug.
+
+    The exits a command raises itself, and click's usage errors, pass through.
+    """
+    try:
+        yield
+    except (typer.Exit, typer.Abort):
+        raise
+    except PlacecheckError as exc:
+        raise fail(str(exc), debug) from None
+    except Exception as exc:
+        if isinstance(exc, click_errors()):
+            raise
+        raise internal_error(exc, debug) from None
 
 
 @contextlib.contextmanager

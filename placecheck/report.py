@@ -17,6 +17,9 @@ from placecheck.finding import Finding, Severity
 EXIT_OK = 0
 EXIT_FINDINGS = 1
 EXIT_USAGE = 2
+EXIT_INTERNAL = 3
+"""An unexpected error inside placecheck (a bug, or something it did not foresee): never 1, so a CI
+step does not read a crash as placement findings, nor 2, which says the user's input is wrong."""
 
 
 ASSUMED_BRANCHES = "assumed_branches"

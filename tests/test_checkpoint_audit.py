@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -183,3 +184,25 @@ def test_a_checkpoint_of_a_differently_sized_model_is_one_shape_problem(tmp_path
     assert problem.instances[:2] == ("layers.0.bias", "layers.0.weight")
     ungrouped = check_checkpoint(str(path), model=_Tower(4), device="cpu", group=False).report.findings
     assert [f.code for f in ungrouped] == ["PC304"] * 8
+
+
+def test_without_safetensors_a_safetensors_load_says_which_extra(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # safetensors is the extra placecheck[safetensors]: only loading the tensors needs it
+    path = tmp_path / "small.safetensors"
+    save_file(_trained(), str(path))
+    for name in ("safetensors", "safetensors.torch"):
+        monkeypatch.setitem(sys.modules, name, None)  # import raises ModuleNotFoundError
+    checked = check_checkpoint(str(path), device="cuda")  # the header alone: no safetensors needed
+    assert [f.code for f in checked.report.findings] == []
+    model = tmp_path / "small.py"
+    model.write_text("import torch, torch.nn as nn\n\nclass Small(nn.Module):\n"
+                     "    def __init__(self):\n        super().__init__()\n"
+                     "        self.fc = nn.Linear(4, 3)\n"
+                     "        self.register_buffer('steps', torch.zeros((), dtype=torch.int64))\n")
+    result = CliRunner().invoke(app, ["audit", f"{model}:Small", "--checkpoint", str(path),
+                                      "--device", "cpu"])
+    assert result.exit_code == 2, result.output
+    assert result.stdout == ""
+    assert result.stderr.strip() == (f"placecheck: error: loading the tensors of {str(path)!r} needs "
+                                     "safetensors: pip install 'placecheck[safetensors]'")

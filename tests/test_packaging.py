@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -47,7 +48,51 @@ def _third_party_imports() -> dict[str, set[str]]:
 def test_published_torch_ranges_are_open() -> None:
     deps = PYPROJECT["project"]["dependencies"]
     torch_deps = [d for d in deps if d.startswith(("torch>", "torch=", "torch<", "torchvision"))]
-    assert sorted(torch_deps) == ["torch>=2.4", "torchvision>=0.19"]
+    assert sorted(torch_deps) == ["torch>=2.4"]
+
+
+USER_STACKS = {
+    # what a user already has, which `pip install placecheck[...]` must keep
+    "a GPU image (issue 22)": {"torch": "2.11.0+cu130", "transformers": "5.17.0", "typer": "0.27.2",
+                               "safetensors": "0.7.0", "torchvision": "0.26.0+cu130"},
+    "this project's machines": {"torch": "2.14.1", "transformers": "4.57.6", "typer": "0.29.2",
+                                "torchvision": "0.29.1"},
+    "the newest releases": {"torch": "2.15.0", "transformers": "5.17.0", "typer": "0.29.2"},
+    "typer's floor": {"typer": "0.15.4"},
+}
+
+
+def test_installing_placecheck_keeps_a_users_torch_and_transformers() -> None:
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    project = PYPROJECT["project"]
+    hard = [Requirement(r) for r in project["dependencies"]]
+    # each torchvision release requires one torch; safetensors and transformers only serve extras
+    assert not {r.name for r in hard} & {"torchvision", "safetensors", "transformers"}
+    extras = {name: [Requirement(r) for r in reqs] for name, reqs in project["optional-dependencies"].items()}
+    assert [str(r) for r in extras["vision"]] == ["torchvision>=0.19"]
+    assert [str(r) for r in extras["safetensors"]] == ["safetensors>=0.4"]
+    checked = 0
+    for group, reqs in {"dependencies": hard, **extras}.items():
+        for req in reqs:
+            assert not any(s.operator in ("==", "===") for s in req.specifier), (group, str(req))
+            for stack, versions in USER_STACKS.items():
+                if req.name in versions:
+                    checked += 1
+                    assert req.specifier.contains(Version(versions[req.name]), prereleases=True), (
+                        f"{group}: {req} would replace {stack}'s {req.name} {versions[req.name]}")
+    assert checked >= 10
+
+
+def test_an_example_without_torchvision_says_which_extra() -> None:
+    example = REPO / "placecheck" / "examples" / "train_buggy.py"
+    code = ("import runpy, sys\nsys.modules['torchvision'] = None\n"
+            f"runpy.run_path({str(example)!r}, run_name='__main__')\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.strip() == "this example needs torchvision: pip install 'placecheck[vision]'"
 
 
 def test_every_import_is_declared() -> None:
@@ -64,11 +109,13 @@ def test_every_import_is_declared() -> None:
 def test_the_project_machines_pin_torch_with_a_constraints_file() -> None:
     pins = [line for line in (REPO / "constraints.txt").read_text(encoding="utf-8").splitlines()
             if line and not line.startswith("#")]
-    assert pins == ["torch==2.14.1", "torchvision==0.29.1"]
+    assert pins == ["torch==2.14.1", "torchvision==0.29.1", "transformers==4.57.6"]
     makefile = (REPO / "Makefile").read_text(encoding="utf-8")
     assert re.search(r"^TORCH\s*\?=\s*-c constraints\.txt$", makefile, re.M)
     install = makefile.split("$(STAMP): ", 1)[1].split("\n\n", 1)[0]
     assert install.count("pip install") == install.count("pip install --quiet $(TORCH)") == 2
+    # the examples' extras: torchvision and safetensors are no longer installed with placecheck itself
+    assert "vision" in install and "safetensors" in install
     # the CPU-build venv keeps its own torch 2.13.0: the constraint's torch must not reach it
     cpu = makefile.split("$(CPU_STAMP): ", 1)[1].split("\n\n", 1)[0]
     assert "constraints" not in cpu and "$(TORCH)" not in cpu

@@ -41,7 +41,7 @@ from placecheck.checkpoint.metadata import (
 )
 from placecheck.checkpoint.pt2 import load_pt2_state_dict
 from placecheck.devices import human_bytes, normalize_device
-from placecheck.errors import LoadError, UsageError, one_line
+from placecheck.errors import LoadError, PlacecheckError, UsageError, one_line
 from placecheck.finding import Finding
 from placecheck.quiet import quiet
 from placecheck.report import Report
@@ -433,6 +433,8 @@ def _real_load(meta: CheckpointMeta, map_location: str, trust: bool) -> Any:
     try:
         with quiet("torch", logging.CRITICAL + 1, warnings_too=True):
             return _load_by_format(meta, map_location, trust)
+    except PlacecheckError:
+        raise
     except Exception as exc:
         raise LoadError(f"loading {meta.path!r} with map_location={map_location!r} raised "
                         f"{one_line(exc)} (--debug shows the traceback)") from exc
@@ -443,12 +445,17 @@ def _load_by_format(meta: CheckpointMeta, map_location: str, trust: bool) -> Any
     import torch
 
     if meta.format is CheckpointFormat.SAFETENSORS:
-        from safetensors.torch import load_file
-
         if map_location == "meta":
             with torch.device("meta"):
                 return {k: torch.empty(t.shape, dtype=getattr(torch, t.dtype))
                         for k, t in meta.root.items()}
+        try:
+            from safetensors.torch import load_file
+        except ModuleNotFoundError as exc:
+            if (exc.name or "").split(".")[0] != "safetensors":
+                raise
+            raise UsageError(f"loading the tensors of {meta.path!r} needs safetensors: "
+                             "pip install 'placecheck[safetensors]'") from None
         return load_file(meta.path, device=map_location)
     if meta.format is CheckpointFormat.TORCHSCRIPT:
         scripted = torch.jit.load(meta.path, map_location=map_location)  # type: ignore[no-untyped-call]

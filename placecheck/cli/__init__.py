@@ -5,8 +5,10 @@ command is a module here and one import line below. Options are parsed into
 a frozen object, the same ``audit()`` Python users call does the work, a
 formatter renders the report (:mod:`placecheck.output`) and
 :func:`placecheck.report.exit_code` decides the exit status (0 clean, 1
-findings at or above ``--fail-on``, 2 usage or load error). torch is imported
-only when an audit actually runs, so ``--help`` is fast.
+findings at or above ``--fail-on``, 2 usage or load error, 3 an internal error:
+:func:`placecheck.output.errors_reported` guards every command). The options
+several commands share are declared once, in :mod:`placecheck.cli.common`.
+torch is imported only when an audit actually runs, so ``--help`` is fast.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from typing import Annotated
 import typer
 
 from placecheck import __version__
+from placecheck.output import click_errors, internal_error
 from placecheck.report import EXIT_USAGE
 
 app = typer.Typer(
@@ -53,14 +54,17 @@ def entrypoint() -> None:
         return
     try:
         code = app(standalone_mode=False)
-    except typer.TyperException as exc:  # click's ClickException, UsageError, BadParameter, ...
+    except click_errors() as exc:  # click's ClickException, UsageError, BadParameter, ...
         if type(exc).__name__ == "NoArgsIsHelpError":
             exc.show()  # type: ignore[attr-defined]  # a subcommand's help screen, not an error
             sys.exit(EXIT_USAGE)
-        message = " ".join(exc.format_message().split())
+        message = " ".join(getattr(exc, "format_message", exc.__str__)().split())
         typer.echo(f"placecheck: error: {message}", err=True)
         sys.exit(getattr(exc, "exit_code", EXIT_USAGE))
     except typer.Abort:
         typer.echo("Aborted!", err=True)
         sys.exit(1)
+    except Exception as exc:  # escaped a command's own guard (output.errors_reported): never exit 1
+        exit_ = internal_error(exc, "--debug" in sys.argv)
+        sys.exit(exit_.exit_code)
     sys.exit(code if isinstance(code, int) else 0)

@@ -8,73 +8,67 @@ import typer
 
 from placecheck.cli.app import app
 from placecheck.cli.common import (
-    FLAG,
+    DEFAULT_DEVICE,
+    PANEL_TARGET,
+    Arg,
     Debug,
+    Device,
+    Engine,
     ExitZero,
     FailOn,
     Format,
+    Gpus,
     Hints,
     Ignore,
+    Key,
+    Kwargs,
     NoGroup,
     Output,
+    PanelCommand,
     Select,
+    Trust,
 )
-from placecheck.devices import DEVICE_HELP
-from placecheck.errors import PlacecheckError
 from placecheck.formats import OutputFormat
 from placecheck.options import split_codes
-from placecheck.output import OutputOptions, emit, fail, model_output_to_stderr
+from placecheck.output import OutputOptions, emit, errors_reported, model_output_to_stderr
 from placecheck.report import EXIT_USAGE
 
 
-@app.command()
+@app.command(cls=PanelCommand)
 def checkpoint(
     file: Annotated[str, typer.Argument(
         help="The checkpoint: a torch.save file (zip or legacy), a TorchScript archive, a .pt2 "
              "program or a .safetensors file.", show_default=False)],
     model: Annotated[str | None, typer.Option(
-        "--model", "-m", metavar="TARGET", help="Compare with this model's state_dict(): MODULE:ATTR or "
-                              "path/to/file.py:ATTR.")] = None,
-    device: Annotated[str, typer.Option("--device", "-d", metavar="DEVICE",
-        help=f"Target device: {DEVICE_HELP}.")] = "cuda",
-    engine: Annotated[str, typer.Option(
-        metavar="ENGINE",
-        help="auto: the real machine's GPUs when present, simulated ones when not; real; fake.")] = "auto",
-    gpus: Annotated[int | None, typer.Option(
-        metavar="N",
-        help="Number of GPUs the target machine has when simulated (default: enough for --device).",
-        min=1)] = None,
-    key: Annotated[str | None, typer.Option(
-        "--key", metavar="KEY",
-        help="Where the state_dict is inside the checkpoint, e.g. model.ema (default: found "
-                      "automatically).")] = None,
-    trust: Annotated[bool, typer.Option(
-        "--trust", metavar=FLAG,
-        help="Allow loading a checkpoint that runs pickled code (weights_only=False).")] = False,
-    kwargs: Annotated[str | None, typer.Option(
-        "--kwargs", metavar="JSON", help="Constructor arguments for --model as a JSON object.")] = None,
-    arg: Annotated[list[str] | None, typer.Option(
-        "--arg", metavar="KEY=VALUE", help="Constructor argument KEY=VALUE for --model; repeatable.")] = None,
+        "--model", metavar="TARGET", rich_help_panel=PANEL_TARGET,
+        help="Compare with this model's state_dict(): MODULE:ATTR or path/to/file.py:ATTR.")] = None,
+    kwargs: Kwargs = None,
+    arg: Arg = None,
+    key: Key = None,
+    trust: Trust = False,
+    device: Device = DEFAULT_DEVICE,
+    engine: Engine = "auto",
+    gpus: Gpus = None,
     select: Select = None,
     ignore: Ignore = None,
     fmt: Format = OutputFormat.TABLE,
     output: Output = "-",
-    fail_on: FailOn = "warning",
-    exit_zero: ExitZero = False,
     no_group: NoGroup = False,
     hints: Hints = False,
     debug: Debug = False,
+    fail_on: FailOn = "warning",
+    exit_zero: ExitZero = False,
 ) -> None:
     """Check a checkpoint before a job loads it: saved devices, keys against a model, and safety.
 
     Reads only the file's index (never its tensor data, never its pickled
     code) and never modifies it. Exit status: 0 when no finding is at or above
     --fail-on, 1 when one is, 2 for unreadable files, bad options and
-    checkpoints that would run code (unless --trust).
+    checkpoints that would run code (unless --trust), 3 for an internal error.
     """
-    from placecheck.load import parse_kwargs
+    with errors_reported(debug):
+        from placecheck.load import parse_kwargs
 
-    try:
         out = OutputOptions(format=fmt, output=output, fail_on=fail_on, exit_zero=exit_zero, debug=debug,
                             group=not no_group, hints=hints)
         out.check()
@@ -82,20 +76,14 @@ def checkpoint(
         result = run_checkpoint(file, model, constructor_kwargs, device=device, engine=engine, gpus=gpus,
                                 key=key, trust=trust, select=split_codes(select),
                                 ignore=split_codes(ignore), group=not no_group)
-    except PlacecheckError as exc:
-        raise fail(str(exc), debug) from None
-    except Exception as exc:  # a bug in placecheck or something unforeseen in the file
-        from placecheck.errors import one_line
+        code = emit(result.report, out)
+        if result.refused:
+            from placecheck.checkpoint.preflight import unsafe_globals_text
 
-        raise fail(f"unexpected {one_line(exc)}; rerun with --debug and report it", debug) from None
-    code = emit(result.report, out)
-    if result.refused:
-        from placecheck.checkpoint.preflight import unsafe_globals_text
-
-        names = unsafe_globals_text(result.meta)
-        typer.echo(f"placecheck: error: {file!r} would run pickled code when loaded (it names {names}); "
-                   "not loaded (pass --trust if you trust it)", err=True)
-        code = EXIT_USAGE
+            names = unsafe_globals_text(result.meta)
+            typer.echo(f"placecheck: error: {file!r} would run pickled code when loaded (it names {names}); "
+                       "not loaded (pass --trust if you trust it)", err=True)
+            code = EXIT_USAGE
     raise typer.Exit(code)
 
 

@@ -7,6 +7,8 @@ from importlib import resources
 import typer
 
 from placecheck.cli.app import app
+from placecheck.cli.common import Debug, PanelCommand
+from placecheck.output import errors_reported
 
 EXAMPLE_CONFIG = "configs/example.toml"
 """The example's path inside the installed package (package data)."""
@@ -17,7 +19,8 @@ def example_config_text() -> str:
     return resources.files("placecheck").joinpath(EXAMPLE_CONFIG).read_text(encoding="utf-8")
 
 
-@app.command("example-config")
-def example_config() -> None:
+@app.command("example-config", cls=PanelCommand)
+def example_config(debug: Debug = False) -> None:
     """Print a config documenting every key: placecheck example-config > placecheck.toml."""
-    typer.echo(example_config_text(), nl=False)
+    with errors_reported(debug):
+        typer.echo(example_config_text(), nl=False)

@@ -4,7 +4,8 @@ A thin adapter over :func:`placecheck.fix.fix`: the audit options become an
 :class:`~placecheck.options.AuditOptions`; the result is printed as a unified
 diff and a summary (or JSON), and ``--write`` applies it. Exit 0 when no
 selected finding is left, 1 when some are, 2 for usage errors, a target that
-does not load, or a file changed since the audit (FixRefused: nothing written then).
+does not load, or a file changed since the audit (FixRefused: nothing written then),
+3 for an internal error.
 """
 
 from __future__ import annotations
@@ -17,10 +18,30 @@ from typing import Annotated, Any
 import typer
 
 from placecheck.cli.app import app
-from placecheck.devices import DEVICE_HELP
-from placecheck.errors import PlacecheckError, UsageError
+from placecheck.cli.common import (
+    DEFAULT_DEVICE,
+    FLAG,
+    PANEL_FIX,
+    PANEL_REPORTING,
+    PANEL_TARGET,
+    Arg,
+    Debug,
+    Device,
+    Engine,
+    ExampleInputs,
+    Gpus,
+    Ignore,
+    Init,
+    Input,
+    Kwargs,
+    PanelCommand,
+    Select,
+    Steps,
+    Timeout,
+)
+from placecheck.errors import UsageError
 from placecheck.options import AuditOptions, split_codes
-from placecheck.output import fail, model_output_to_stderr
+from placecheck.output import errors_reported, model_output_to_stderr
 from placecheck.report import Report
 
 
@@ -31,7 +52,7 @@ class FixFormat(str, enum.Enum):
     JSON = "json"
 
 
-@app.command(context_settings={"allow_interspersed_args": True})
+@app.command(cls=PanelCommand, context_settings={"allow_interspersed_args": True})
 def fix(
     target: Annotated[str, typer.Argument(
         metavar="TARGET", show_default=False,
@@ -40,96 +61,94 @@ def fix(
         metavar="[-- ARGS]...", show_default=False,
         help="With --run: the script's arguments, after --.")] = None,
     run_script: Annotated[bool, typer.Option(
-        "--run", help="TARGET is a training or inference script: run it as placecheck run does (it REALLY "
-                      "runs, twice: once more for the proof) and fix what it meets, a batch element the "
-                      "loop does not move included.")] = False,
-    steps: Annotated[int | None, typer.Option(
-        metavar="N", min=0, help="With --run: stop after this many optimizer steps (0: run to the end; "
-                                 "default 2).")] = None,
-    timeout: Annotated[float | None, typer.Option(
-        metavar="SECONDS", min=0, help="With --run: stop the script after this many seconds.")] = None,
-    device: Annotated[str, typer.Option(
-        "--device", "-d", metavar="DEVICE", help=f"Target device: {DEVICE_HELP}.")] = "cuda",
-    engine: Annotated[str, typer.Option(metavar="ENGINE", help="As for audit.")] = "auto",
-    gpus: Annotated[int | None, typer.Option(metavar="N", min=1, help="As for audit.")] = None,
-    init: Annotated[str, typer.Option(metavar="INIT", help="As for audit.")] = "auto",
-    kwargs: Annotated[str | None, typer.Option(
-        "--kwargs", metavar="JSON", help="Constructor arguments as a JSON object.")] = None,
-    arg: Annotated[list[str] | None, typer.Option(
-        "--arg", metavar="KEY=VALUE", help="A constructor argument; repeatable.")] = None,
-    input_specs: Annotated[list[str] | None, typer.Option(
-        "--input", "-i", metavar="SPEC", help="A forward input, as for audit; repeatable.")] = None,
-    example_inputs: Annotated[str | None, typer.Option(
-        "--example-inputs", metavar="TARGET", help="As for audit.")] = None,
-    select: Annotated[list[str] | None, typer.Option(
-        metavar="CODES", help="Fix only these codes or prefixes (PC1, PC202, ALL).")] = None,
-    ignore: Annotated[list[str] | None, typer.Option(
-        metavar="CODES", help="Do not fix these codes or prefixes.")] = None,
+        "--run", metavar=FLAG, rich_help_panel=PANEL_TARGET,
+        help="TARGET is a training or inference script: run it as placecheck run does (it REALLY "
+             "runs, twice: once more for the proof) and fix what it meets, a batch element the "
+             "loop does not move included.")] = False,
+    kwargs: Kwargs = None,
+    arg: Arg = None,
+    device: Device = DEFAULT_DEVICE,
+    engine: Engine = "auto",
+    gpus: Gpus = None,
+    init: Init = "auto",
+    input_specs: Input = None,
+    example_inputs: ExampleInputs = None,
+    steps: Steps = None,
+    timeout: Timeout = None,
     show_diff: Annotated[bool, typer.Option(
-        "--diff", help="Print the patch as a unified diff (the default).")] = False,
+        "--diff", metavar=FLAG, rich_help_panel=PANEL_FIX,
+        help="Print the patch as a unified diff (the default).")] = False,
     write_files: Annotated[bool, typer.Option(
-        "--write", help="Write the proven edits into the files (each replaced whole, atomically); "
-                        "refused, writing nothing, when a file changed since the audit.")] = False,
+        "--write", metavar=FLAG, rich_help_panel=PANEL_FIX,
+        help="Write the proven edits into the files (each replaced whole, atomically); refused, "
+             "writing nothing, when a file changed since the audit.")] = False,
     unsafe: Annotated[bool, typer.Option(
-        "--unsafe", help="Register stray tensors as persistent buffers: state_dict() gains their keys, "
-                         "and checkpoints saved before lack them.")] = False,
-    fmt: Annotated[FixFormat, typer.Option("--format", "-f", help="text or json.")] = FixFormat.TEXT,
-    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks for errors.")] = False,
+        "--unsafe", metavar=FLAG, rich_help_panel=PANEL_FIX,
+        help="Register stray tensors as persistent buffers: state_dict() gains their keys, and "
+             "checkpoints saved before lack them.")] = False,
+    select: Select = None,
+    ignore: Ignore = None,
+    fmt: Annotated[FixFormat, typer.Option(
+        "--format", "-f", metavar="FORMAT", rich_help_panel=PANEL_REPORTING,
+        help="text (the diff and a summary) or json.")] = FixFormat.TEXT,
+    debug: Debug = False,
 ) -> None:
     """Turn each fixable finding into an edit of your code, proven by a second audit.
 
     Prints a unified diff and a summary (fixed N, not fixable M, failed proof K);
     --write applies it. Exit status: 0 when nothing selected is left, 1 when
-    findings remain, 2 for usage errors and targets that do not load.
+    findings remain, 2 for usage errors and targets that do not load, 3 for an
+    internal error.
     """
-    try:
-        if show_diff and write_files:
-            raise UsageError("--diff and --write cannot be combined: --diff prints the patch, --write "
-                             "applies it")
-        from placecheck.fix import fix as run_fix
-        from placecheck.fix import fix_run, write
-        from placecheck.load import parse_kwargs
+    with errors_reported(debug):
+        try:
+            if show_diff and write_files:
+                raise UsageError("--diff and --write cannot be combined: --diff prints the patch, --write "
+                                 "applies it")
+            from placecheck.fix import fix as run_fix
+            from placecheck.fix import fix_run, write
+            from placecheck.load import parse_kwargs
 
-        options = AuditOptions(device=device, engine=engine, gpus=gpus, init=init,
-                               inputs=tuple(input_specs or ()), example_inputs=example_inputs,
-                               select=split_codes(select), ignore=split_codes(ignore))
-        if run_script:
-            model_only = [flag for flag, given in (
-                ("--device", device != "cuda"), ("--engine", engine != "auto"), ("--init", init != "auto"),
-                ("--kwargs", kwargs is not None), ("--arg", bool(arg)), ("--input", bool(input_specs)),
-                ("--example-inputs", example_inputs is not None)) if given]
-            if model_only:
-                raise UsageError(f"{', '.join(model_only)} describe a model TARGET, not a script run with "
-                                 "--run (it runs on one simulated GPU; --gpus sets how many)")
-            options.check()
-            with model_output_to_stderr():
-                result = fix_run(target, script_args_of(script_args), steps=steps, gpus=gpus or 1,
-                                 timeout=timeout, select=options.select, ignore=options.ignore, unsafe=unsafe)
+            options = AuditOptions(device=device, engine=engine, gpus=gpus, init=init,
+                                   inputs=tuple(input_specs or ()), example_inputs=example_inputs,
+                                   select=split_codes(select), ignore=split_codes(ignore))
+            if run_script:
+                model_only = [flag for flag, given in (
+                    ("--device", device != DEFAULT_DEVICE), ("--engine", engine != "auto"),
+                    ("--init", init != "auto"), ("--kwargs", kwargs is not None), ("--arg", bool(arg)),
+                    ("--input", bool(input_specs)), ("--example-inputs", example_inputs is not None),
+                ) if given]
+                if model_only:
+                    raise UsageError(f"{', '.join(model_only)} describe a model TARGET, not a script run "
+                                     "with --run (it runs on one simulated GPU; --gpus sets how many)")
+                options.check()
+                with model_output_to_stderr():
+                    result = fix_run(target, script_args_of(script_args), steps=steps, gpus=gpus or 1,
+                                     timeout=timeout, select=options.select, ignore=options.ignore,
+                                     unsafe=unsafe)
+            else:
+                if script_args or steps is not None or timeout is not None:
+                    raise UsageError("script arguments, --steps and --timeout go with --run (TARGET a "
+                                     "script): placecheck fix --run SCRIPT.py -- ARGS")
+                constructor_kwargs = parse_kwargs(kwargs, arg or ())
+                with model_output_to_stderr():
+                    result = run_fix(target, options, kwargs=constructor_kwargs, unsafe=unsafe)
+            written = write(result) if write_files else []
+        except ModuleNotFoundError as exc:
+            if exc.name != "libcst":
+                raise
+            raise UsageError("placecheck fix needs libcst: pip install 'placecheck[fix]'") from None
+        if fmt is FixFormat.JSON:
+            data = result.to_dict()
+            data["written"] = written
+            typer.echo(json.dumps(data, indent=2))
         else:
-            if script_args or steps is not None or timeout is not None:
-                raise UsageError("script arguments, --steps and --timeout go with --run (TARGET a script): "
-                                 "placecheck fix --run SCRIPT.py -- ARGS")
-            constructor_kwargs = parse_kwargs(kwargs, arg or ())
-            with model_output_to_stderr():
-                result = run_fix(target, options, kwargs=constructor_kwargs, unsafe=unsafe)
-        written = write(result) if write_files else []
-    except PlacecheckError as exc:
-        raise fail(str(exc), debug) from None
-    except ModuleNotFoundError as exc:
-        if exc.name != "libcst":
-            raise
-        raise fail("placecheck fix needs libcst: pip install 'placecheck[fix]'", debug) from None
-    if fmt is FixFormat.JSON:
-        data = result.to_dict()
-        data["written"] = written
-        typer.echo(json.dumps(data, indent=2))
-    else:
-        if write_files:
-            typer.echo("".join(f"wrote {path}\n" for path in written), nl=False)
-        else:
-            typer.echo(result.diff(), nl=False)
-        typer.echo(result.summary(), nl=False)
-    raise typer.Exit(result.exit_code)
+            if write_files:
+                typer.echo("".join(f"wrote {path}\n" for path in written), nl=False)
+            else:
+                typer.echo(result.diff(), nl=False)
+            typer.echo(result.summary(), nl=False)
+        raise typer.Exit(result.exit_code)
 
 
 def fix_and_write(target: str, constructor_kwargs: dict[str, Any], options: AuditOptions) -> Report:

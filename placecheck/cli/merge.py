@@ -7,9 +7,18 @@ from typing import Annotated
 import typer
 
 from placecheck.cli.app import app
-from placecheck.cli.common import Debug, ExitZero, Format, Output
+from placecheck.cli.common import (
+    PANEL_CI,
+    Baseline,
+    Debug,
+    ExitZero,
+    Format,
+    Output,
+    PanelCommand,
+    WriteBaseline,
+)
 from placecheck.formats import OutputFormat
-from placecheck.output import OutputOptions
+from placecheck.output import OutputOptions, errors_reported
 from placecheck.report import FAIL_ON_CHOICES
 
 MERGE_HELP = """Combine the JSON reports of a config's shards into one run's report.
@@ -24,32 +33,28 @@ entries were applied by the one shard that audited their model.
 
 Exit status: 0 when no finding is at or above --fail-on, 1 when one is, 2 for
 reports that are not the shards of one run, a missing shard, or a model that
-did not load.
+did not load, 3 for an internal error.
 """
 
 
-@app.command(help=MERGE_HELP)
+@app.command(cls=PanelCommand, help=MERGE_HELP)
 def merge(
     reports: Annotated[list[str], typer.Argument(
         metavar="REPORT", show_default=False,
         help="The --format json report of every shard.")],
     fmt: Format = OutputFormat.TABLE,
     output: Output = "-",
+    debug: Debug = False,
     fail_on: Annotated[str | None, typer.Option(
-        metavar="SEVERITY",
+        "--fail-on", metavar="SEVERITY", rich_help_panel=PANEL_CI,
         help=f"Exit 1 when a finding is at or above this severity: {', '.join(FAIL_ON_CHOICES)} "
              "(default: the shards' own).")] = None,
     exit_zero: ExitZero = False,
-    baseline: Annotated[str | None, typer.Option(
-        "--baseline", metavar="FILE",
-        help="Hide the findings this baseline file records (default: the one the shards name, their "
-             "--baseline or their config's); report entries it no longer matches as stale.")] = None,
-    write_baseline: Annotated[str | None, typer.Option(
-        "--write-baseline", metavar="FILE",
-        help="Record every finding of the merged run in FILE (for --baseline) and exit 0.")] = None,
-    debug: Debug = False,
+    baseline: Baseline = None,
+    write_baseline: WriteBaseline = None,
 ) -> None:
-    from placecheck.ci import merge_reports
+    with errors_reported(debug):
+        from placecheck.ci import merge_reports
 
-    out = OutputOptions(format=fmt, output=output, exit_zero=exit_zero, debug=debug)
-    raise typer.Exit(merge_reports(reports, out, fail_on, baseline, write_baseline))
+        out = OutputOptions(format=fmt, output=output, exit_zero=exit_zero, debug=debug)
+        raise typer.Exit(merge_reports(reports, out, fail_on, baseline, write_baseline))

@@ -7,11 +7,25 @@ from typing import Annotated
 import typer
 
 from placecheck.cli.app import app
-from placecheck.cli.common import Debug, ExitZero, FailOn, Format, Hints, Ignore, NoGroup, Output, Select
-from placecheck.errors import PlacecheckError
+from placecheck.cli.common import (
+    PANEL_TARGET,
+    Debug,
+    ExitZero,
+    FailOn,
+    Format,
+    Gpus,
+    Hints,
+    Ignore,
+    NoGroup,
+    Output,
+    PanelCommand,
+    Select,
+    Steps,
+    Timeout,
+)
 from placecheck.formats import OutputFormat
-from placecheck.output import OutputOptions, emit, fail, model_output_to_stderr
-from placecheck.report import FAIL_ON_CHOICES
+from placecheck.options import split_codes
+from placecheck.output import OutputOptions, emit, errors_reported, model_output_to_stderr
 
 RUN_HELP = """Run a training or inference script on a simulated GPU: every placement problem it meets.
 
@@ -32,41 +46,36 @@ syncs are counted, not timed).
 
 The script's own exit code and exceptions are reported in the notes and as
 PC207; exit status: 0 when no finding is at or above --fail-on, 1 when one
-is, 2 for a missing script or module or a syntax error.
+is, 2 for a missing script or module or a syntax error, 3 for an internal
+error.
 """
 
 
-@app.command(help=RUN_HELP, context_settings={"allow_interspersed_args": True})
+@app.command(cls=PanelCommand, help=RUN_HELP, context_settings={"allow_interspersed_args": True})
 def run(
     script: Annotated[str | None, typer.Argument(
         help="The script to run (omit with -m).", show_default=False)] = None,
     script_args: Annotated[list[str] | None, typer.Argument(
         help="Arguments for the script, after --.", show_default=False)] = None,
     module: Annotated[str | None, typer.Option(
-        "-m", "--module", metavar="MODULE",
+        "--module", "-m", metavar="MODULE", rich_help_panel=PANEL_TARGET,
         help="Run a module as `python -m MODULE` would, instead of a script.")] = None,
-    steps: Annotated[int, typer.Option(
-        metavar="N", help="Stop after this many optimizer steps (0: run to the end).", min=0)] = 2,
-    gpus: Annotated[int, typer.Option(metavar="N",
-        help="Number of simulated GPUs (torch.cuda.device_count()).",
-                                      min=1)] = 1,
-    timeout: Annotated[float | None, typer.Option(
-        metavar="SECONDS", help="Stop the script after this many seconds.", min=0)] = None,
+    gpus: Gpus = None,
+    steps: Steps = None,
+    timeout: Timeout = None,
     select: Select = None,
     ignore: Ignore = None,
     fmt: Format = OutputFormat.TABLE,
     output: Output = "-",
-    fail_on: FailOn = "warning",
-    exit_zero: ExitZero = False,
     no_group: NoGroup = False,
     hints: Hints = False,
     debug: Debug = False,
+    fail_on: FailOn = "warning",
+    exit_zero: ExitZero = False,
 ) -> None:
     from placecheck.errors import UsageError
 
-    try:
-        if fail_on not in FAIL_ON_CHOICES:
-            raise UsageError(f"--fail-on {fail_on!r} is not one of {', '.join(FAIL_ON_CHOICES)}")
+    with errors_reported(debug):
         args = list(script_args or ())
         if module is not None:
             if script is not None:
@@ -78,19 +87,19 @@ def run(
             target = script
         out = OutputOptions(format=fmt, output=output, fail_on=fail_on, exit_zero=exit_zero, debug=debug,
                             group=not no_group, hints=hints)
-        out.check()  # a bad --output fails before the script runs
+        out.check()  # a bad --fail-on or --output fails before the script runs
+        codes = split_codes(select), split_codes(ignore)
+        from placecheck.rules import selected
+
+        try:
+            selected(*codes)  # a bad selector fails before the script runs
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        from placecheck.run import DEFAULT_STEPS
         from placecheck.run import run as run_program
 
         with model_output_to_stderr():
-            report = run_program(target, args, module=module is not None, steps=steps, gpus=gpus,
-                                 timeout=timeout, select=_codes(select), ignore=_codes(ignore))
-    except PlacecheckError as exc:
-        raise fail(str(exc), debug) from None
-    except ValueError as exc:  # a bad --select/--ignore selector
-        raise fail(str(exc), debug) from None
-    raise typer.Exit(emit(report, out))
-
-
-def _codes(values: list[str] | None) -> tuple[str, ...]:
-    """``["PC1,PC204", "PC3"]`` -> ``("PC1", "PC204", "PC3")``."""
-    return tuple(c.strip() for v in values or () for c in v.split(",") if c.strip())
+            report = run_program(target, args, module=module is not None,
+                                 steps=DEFAULT_STEPS if steps is None else steps, gpus=gpus or 1,
+                                 timeout=timeout, select=codes[0], ignore=codes[1])
+        raise typer.Exit(emit(report, out))

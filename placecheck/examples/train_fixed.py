@@ -1,15 +1,15 @@
-"""The seeds' CIFAR-10 training loop fixed: every tensor of the batch is moved.
-
-Runs on the CPU as it is (no GPU: ``device`` is the CPU); on a GPU, or under
-``placecheck run placecheck/examples/train_buggy.py``, the loss mixes the
-moved images' logits with labels left on the CPU. Data is synthetic
-(torchvision's FakeData), so nothing is downloaded.
+"""The seeds' CIFAR-10 training loop fixed: every tensor of the batch is moved (train_buggy.py
+forgets the labels). Data is torchvision's FakeData, so nothing is downloaded.
 """
 
 import torch
 import torch.nn as nn
-import torchvision
-import torchvision.transforms as transforms
+
+try:
+    import torchvision
+    import torchvision.transforms as transforms
+except ModuleNotFoundError:
+    raise SystemExit("this example needs torchvision: pip install 'placecheck[vision]'") from None
 
 device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 

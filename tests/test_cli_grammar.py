@@ -1,0 +1,304 @@
+"""One command-line grammar, on every typer of the supported range (``pytest -m cli``).
+
+Table-driven: :data:`FLAGS` is every flag of every command and :data:`VALUES` a value each
+takes. The tests check that ``--help`` documents exactly those flags, that each of them (long
+and short spelling) parses to its value, that every flag README.md and docs/*.md show is one of
+them, that a shared option has one help, metavar, panel and default in every command that has
+it, and that a usage error is one line and exit 2 through the console-script entry point.
+typer 0.27.0 to 0.27.3 name an option declared with only a metavar from its metavar
+(``--ENGINE``); on typer before 0.27.2 ``typer.TyperException`` does not exist: both broke the
+command line once, and either fails here.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+import shlex
+import sys
+from typing import Any
+
+import pytest
+import typer
+from conftest import REPO, assert_usage_error
+from typer.testing import CliRunner
+
+from placecheck.cli import app, common
+
+pytestmark = pytest.mark.cli
+
+FLAGS: dict[str, set[str]] = {
+    "audit": {
+        "--kwargs", "--arg", "--checkpoint", "--key", "--trust",
+        "-d", "--device", "--engine", "--gpus", "--init", "--wrap", "--world-size", "--device-map",
+        "--gpu-memory", "--cpu-memory",
+        "-i", "--input", "--example-inputs", "--train", "--no-forward", "--no-reuse-calls", "--timeout",
+        "--fix",
+        "--select", "--ignore", "--library-findings", "-f", "--format", "-o", "--output", "--no-group",
+        "--hints", "--debug",
+        "--fail-on", "--exit-zero", "-c", "--config", "-j", "--jobs", "--isolation", "--progress",
+        "--shard", "--baseline", "--write-baseline",
+    },
+    "checkpoint": {
+        "--model", "--kwargs", "--arg", "--key", "--trust", "-d", "--device", "--engine", "--gpus",
+        "--select", "--ignore", "-f", "--format", "-o", "--output", "--no-group", "--hints", "--debug",
+        "--fail-on", "--exit-zero",
+    },
+    "run": {
+        "-m", "--module", "--gpus", "--steps", "--timeout", "--select", "--ignore", "-f", "--format",
+        "-o", "--output", "--no-group", "--hints", "--debug", "--fail-on", "--exit-zero",
+    },
+    "fix": {
+        "--run", "--kwargs", "--arg", "-d", "--device", "--engine", "--gpus", "--init", "-i", "--input",
+        "--example-inputs", "--steps", "--timeout", "--diff", "--write", "--unsafe", "--select",
+        "--ignore", "-f", "--format", "--debug",
+    },
+    "merge": {
+        "-f", "--format", "-o", "--output", "--debug", "--fail-on", "--exit-zero", "--baseline",
+        "--write-baseline",
+    },
+    "rules": {"--debug"},
+    "explain": {"--debug"},
+    "example-config": {"--debug"},
+}
+"""Every flag of every command (``-h``/``--help`` aside). A flag added to a command is added here."""
+
+POSITIONAL = {"audit": ["m.py:Net"], "checkpoint": ["model.pt"], "run": ["train.py"], "fix": ["m.py:Net"],
+              "merge": ["shard.json"], "rules": [], "explain": ["PC101"], "example-config": []}
+"""Arguments that make each command's line complete."""
+
+VALUES: dict[str, tuple[str | None, Any]] = {
+    # flag: (what is typed after it, None for an on/off flag; what the command receives)
+    "--kwargs": ('{"n": 1}', '{"n": 1}'), "--arg": ("n=1", ["n=1"]), "--checkpoint": ("w.pt", "w.pt"),
+    "--key": ("model.ema", "model.ema"), "--trust": (None, True), "--model": ("m.py:Net", "m.py:Net"),
+    "--device": ("cuda:1", "cuda:1"), "--engine": ("tagged", "tagged"), "--gpus": ("3", 3),
+    "--init": ("meta", "meta"), "--wrap": ("ddp", "ddp"), "--world-size": ("4", 4),
+    "--device-map": ("auto", "auto"), "--gpu-memory": ("24GiB", "24GiB"), "--cpu-memory": ("8GB", "8GB"),
+    "--input": ("float32[2,3]", ["float32[2,3]"]), "--example-inputs": ("d.py:batch", "d.py:batch"),
+    "--train": (None, True), "--no-forward": (None, True), "--no-reuse-calls": (None, True),
+    "--timeout": ("2.5", 2.5), "--steps": ("0", 0), "--module": ("pkg.train", "pkg.train"),
+    "--fix": (None, True), "--run": (None, True), "--diff": (None, True), "--write": (None, True),
+    "--unsafe": (None, True), "--select": ("PC2,PC301", ["PC2,PC301"]), "--ignore": ("PC204", ["PC204"]),
+    "--library-findings": (None, True), "--output": ("r.json", "r.json"),
+    "--no-group": (None, True), "--hints": (None, True), "--debug": (None, True),
+    "--fail-on": ("error", "error"), "--exit-zero": (None, True), "--config": ("c.toml", "c.toml"),
+    "--jobs": ("2", 2), "--isolation": ("spawn", "spawn"), "--progress": ("lines", "lines"),
+    "--shard": ("1/2", "1/2"), "--baseline": ("b.json", "b.json"), "--write-baseline": ("b.json", "b.json"),
+}
+FORMAT_VALUES = {"fix": ("json", "json")}
+"""``--format``'s value per command (the report formats elsewhere: json, sarif, ...)."""
+
+SHARED = ("--device", "--gpus", "--engine", "--select", "--ignore", "--format", "--output", "--fail-on",
+          "--exit-zero", "--timeout", "--steps", "--debug")
+"""The options issue 24 names: one meaning, help and default wherever they appear."""
+DIFFERENT = {
+    ("fix", "--format"): "fix prints a patch, not a report: text (the diff and summary) or json",
+    ("merge", "--fail-on"): "merge's default is the shards' own --fail-on",
+}
+"""The only options that differ from another command's option of the same name, and why."""
+
+
+def _root() -> Any:
+    return typer.main.get_command(app)
+
+
+def _command(name: str) -> Any:
+    return _root().commands[name]
+
+
+def _options(name: str) -> dict[str, Any]:
+    """Long and short flag -> its click option, help aside."""
+    return {flag: p for p in _command(name).params if p.param_type_name == "option"
+            for flag in (*p.opts, *p.secondary_opts)}
+
+
+def _plain(value: Any) -> Any:
+    """A parsed value as a command receives it, alike on every typer (some convert enums and lists
+    while parsing, older ones in the command's callback)."""
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _parse(command: str, argv: list[str]) -> dict[str, Any]:
+    """What ``placecheck COMMAND ARGV`` would pass the command (click parses; nothing runs)."""
+    with _command(command).make_context(command, list(argv)) as ctx:
+        return {name: _plain(value) for name, value in ctx.params.items()}
+
+
+def _help_flags(command: str) -> set[str]:
+    """The flags ``placecheck COMMAND --help`` shows, read off the text."""
+    result = CliRunner().invoke(app, [command, "--help"])
+    assert result.exit_code == 0, result.output
+    flags: set[str] = set()
+    sections = result.stdout.split("\n\n")
+    first = next(i for i, part in enumerate(sections) if re.match(r"[A-Z][A-Za-z ]+:\n", part))
+    for line in "\n\n".join(sections[first:]).splitlines():  # the options, not the description
+        entry = re.match(r"^  (-[^ ].*?)(?:  |$)", line)  # an option's first line; wrapped help is deeper
+        if entry:
+            flags |= {part.split(" ")[0] for part in entry.group(1).split(", ")}
+    return flags - {"-h", "--help"}
+
+
+@pytest.mark.parametrize("command", sorted(FLAGS))
+def test_help_documents_exactly_the_flags_of_the_table(command: str) -> None:
+    assert set(_root().commands) == set(FLAGS)
+    assert _help_flags(command) == FLAGS[command]
+    assert set(_options(command)) == FLAGS[command]
+
+
+@pytest.mark.parametrize("command, flag", sorted((c, f) for c, flags in FLAGS.items() for f in flags))
+def test_every_flag_parses(command: str, flag: str) -> None:
+    option = _options(command)[flag]
+    long = max((*option.opts, *option.secondary_opts), key=len)
+    typed, expected = FORMAT_VALUES.get(command, ("sarif", "sarif")) if long == "--format" else VALUES[long]
+    argv = [*POSITIONAL[command], flag, *([] if typed is None else [typed])]
+    params = _parse(command, argv)
+    assert params[option.name] == expected, (argv, params[option.name])
+    assert params[option.name] != _plain(option.default)  # the flag, not the default, set it
+
+
+@pytest.mark.parametrize("command", sorted(FLAGS))
+def test_every_option_is_spelled_in_its_declaration(command: str) -> None:
+    # a derived name (typer 0.27: from the metavar, --ENGINE) is never lower-case kebab
+    for option in {id(o): o for o in _options(command).values()}.values():
+        longs = [f for f in option.opts if f.startswith("--")]
+        assert longs and all(re.fullmatch(r"--[a-z][a-z0-9-]*", f) for f in longs), option.opts
+        assert all(re.fullmatch(r"-[a-z]", f) for f in option.opts if not f.startswith("--")), option.opts
+
+
+def test_a_short_flag_has_one_meaning() -> None:
+    meaning: dict[str, set[str]] = {}
+    for command in FLAGS:
+        for flag, option in _options(command).items():
+            if not flag.startswith("--"):
+                meaning.setdefault(flag, set()).add(max(option.opts, key=len))
+    assert {short: longs for short, longs in meaning.items() if len(longs) > 1} == {}
+    assert meaning["-m"] == {"--module"} and "--model" in FLAGS["checkpoint"]
+
+
+def _described(option: Any, ctx: Any) -> dict[str, Any]:
+    return {"opts": sorted(option.opts), "default": _plain(option.default), "help": option.help,
+            "metavar": option.metavar, "panel": getattr(option, "rich_help_panel", None),
+            "shown": option.get_help_record(ctx)}
+
+
+@pytest.mark.parametrize("flag", sorted({f for flags in FLAGS.values() for f in flags if f.startswith("--")}))
+def test_a_shared_option_is_the_same_in_every_command(flag: str) -> None:
+    having = [c for c in sorted(FLAGS) if flag in FLAGS[c] and (c, flag) not in DIFFERENT]
+    described = {}
+    for command in having:
+        with _command(command).make_context(command, [*POSITIONAL[command]]) as ctx:
+            described[command] = _described(_options(command)[flag], ctx)
+    first = next(iter(described.values()), None)
+    assert all(d == first for d in described.values()), described
+
+
+def test_the_shared_options_are_where_issue_24_wants_them() -> None:
+    # not vacuous: the options the grammar is about appear in the commands that run audits
+    for flag in SHARED:
+        having = {c for c in ("audit", "run", "fix", "checkpoint") if flag in FLAGS[c]}
+        assert len(having) >= 2, (flag, having)
+    assert all("--debug" in flags for flags in FLAGS.values())
+    assert {c for c in FLAGS if "--steps" in FLAGS[c]} == {"run", "fix"}
+    from placecheck.run import DEFAULT_STEPS
+
+    assert common.DEFAULT_STEPS == DEFAULT_STEPS
+
+
+def test_help_is_grouped_into_panels_in_one_order() -> None:
+    for command in ("audit", "run", "fix", "checkpoint"):
+        text = CliRunner().invoke(app, [command, "--help"]).stdout
+        titles = [line[:-1] for line in text.splitlines() if re.fullmatch(r"[A-Z][A-Za-z ]+:", line)]
+        panels = [t for t in titles if t in common.PANELS]
+        assert len(panels) >= 3 and panels == sorted(panels, key=common.PANELS.index), (command, titles)
+    audit_help = CliRunner().invoke(app, ["audit", "--help"]).stdout
+    device_panel = audit_help.split("Device and engine:\n", 1)[1].split("\n\n", 1)[0]
+    assert "--gpus" in device_panel and "--format" not in device_panel
+
+
+# -- what the README and docs show ---------------------------------------------------------------
+
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+FOREIGN = {"--index-url": "pip", "--extra-index-url": "pip", "--no-deps": "pip", "--upgrade": "pip",
+           "--update-golden": "pytest (tests/conftest.py)", "--no-index": "pip",
+           "--reference": "benchmarks/fidelity.py"}
+"""Flags the docs show for other tools."""
+
+
+def _doc_command_lines() -> list[tuple[str, str]]:
+    """(file, line) of every ``placecheck COMMAND ...`` line in a fenced block of the docs."""
+    lines = []
+    for path in DOCS:
+        for block in re.findall(r"```[a-z]*\n(.*?)```", path.read_text(encoding="utf-8"), re.S):
+            for line in block.replace("\\\n", " ").splitlines():
+                found = re.search(r"(?:^|[$:] |\brun: )(placecheck [a-z-]+.*)", line)
+                if found and found.group(1).split()[1] in FLAGS:
+                    lines.append((path.name, found.group(1).split("  #")[0].strip()))
+    return lines
+
+
+def test_every_command_line_the_docs_show_names_real_flags() -> None:
+    lines = _doc_command_lines()
+    assert len(lines) >= 10
+    for source, line in lines:
+        words = shlex.split(line.replace("[", " ").replace("]", " ").replace("|", " "))
+        command = words[1]
+        used = {w.split("=", 1)[0] for w in words[2:] if re.fullmatch(r"--?[a-zA-Z][\w-]*(=.*)?", w)}
+        assert used <= FLAGS[command], f"{source}: {line!r} uses flags placecheck {command} lacks"
+
+
+def test_every_complete_command_line_the_docs_show_parses() -> None:
+    # a line without placeholders ([--device cuda], ARGS...) is parsed whole, its values included
+    complete = [(s, line) for s, line in _doc_command_lines()
+                if not re.search(r"[\[\]]|\.\.\.|\bTARGET\b|\bFILE\b|\bSCRIPT\b", line)]
+    assert len(complete) >= 5
+    for _source, line in complete:
+        words = shlex.split(line)
+        for redirect in (">", "|", "&&"):
+            words = words[:words.index(redirect)] if redirect in words else words
+        _parse(words[1], words[2:])
+
+
+def test_every_flag_the_docs_mention_exists() -> None:
+    every = set().union(*FLAGS.values()) | {"-h", "--help", "--version"}
+    for path in DOCS:
+        mentioned = set(re.findall(r"`(--[a-z][a-z0-9-]*)", path.read_text(encoding="utf-8")))
+        unknown = mentioned - every - set(FOREIGN)
+        assert not unknown, f"{path.name} mentions flags no placecheck command has: {sorted(unknown)}"
+
+
+# -- usage errors through the console script ------------------------------------------------------
+
+
+def _entrypoint(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+                *argv: str) -> tuple[int, str, str]:
+    from placecheck.cli import entrypoint
+
+    monkeypatch.setattr(sys, "argv", ["placecheck", *argv])
+    with pytest.raises(SystemExit) as info:
+        entrypoint()
+    captured = capsys.readouterr()
+    code = info.value.code
+    return code if isinstance(code, int) else 1, captured.out, captured.err
+
+
+BAD_VALUES = [("--gpus", "0"), ("--gpus", "two"), ("--format", "nope"), ("--steps", "-1"),
+              ("--timeout", "0"), ("--jobs", "0"), ("--world-size", "0")]
+
+
+@pytest.mark.parametrize("command, argv, needle", [
+    *[(c, ["--no-such-flag"], "--no-such-flag") for c in sorted(FLAGS)],
+    *[(c, [flag, value], flag) for c in sorted(FLAGS) for flag, value in BAD_VALUES if flag in FLAGS[c]],
+])
+def test_a_usage_error_is_one_line_and_exit_2(monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str],
+                                              command: str, argv: list[str], needle: str) -> None:
+    assert_usage_error(*_entrypoint(monkeypatch, capsys, command, *POSITIONAL[command], *argv), needle)
+
+
+def test_an_option_missing_its_value_is_one_line_and_exit_2(monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    assert_usage_error(*_entrypoint(monkeypatch, capsys, "audit", "m.py:Net", "--engine"), "--engine")
