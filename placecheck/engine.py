@@ -81,7 +81,7 @@ class Engine:
     @functools.cached_property
     def fake_mode(self) -> Any:
         """The one fake mode of this engine's sessions (fake tensors of two modes cannot meet)."""
-        from torch._subclasses.fake_tensor import FakeTensorMode
+        from placecheck.compat import FakeTensorMode
 
         return FakeTensorMode(allow_non_fake_inputs=True)
 
@@ -175,7 +175,7 @@ def simulated_cuda(gpus: int = 1, fake_mode: Any = None) -> Iterator[Any]:
     ``__init__``) is moved and run in the next, and fake tensors of two modes
     cannot meet.
     """
-    from torch._subclasses.fake_tensor import FakeTensorMode
+    from placecheck.compat import FakeTensorMode
 
     mode = fake_mode if fake_mode is not None else FakeTensorMode(allow_non_fake_inputs=True)
     # A CPU-only build refuses .to("cuda") even on fake tensors; there the moves are made by hand.
@@ -189,7 +189,7 @@ def simulated_cuda(gpus: int = 1, fake_mode: Any = None) -> Iterator[Any]:
 
 def _forget_fake_memo(t: Any) -> None:
     """Drop the fake mode's weak references to ``t`` (its converter memo), so that it can be swapped."""
-    from torch._subclasses.fake_tensor import FakeTensor
+    from placecheck.compat import FakeTensor
 
     if not isinstance(t, FakeTensor):
         return
@@ -419,6 +419,8 @@ def move_model(model: nn.Module, engine: Engine) -> nn.Module:
         return moved if isinstance(moved, nn.Module) else model
     from torch.nn.parameter import UninitializedBuffer
 
+    from placecheck.compat import fake_moves_replace_parameters
+
     for module in model.modules():
         for name, buffer in module._buffers.items():
             if isinstance(buffer, UninitializedBuffer):
@@ -426,22 +428,23 @@ def move_model(model: nn.Module, engine: Engine) -> nn.Module:
     # The parameters become fake CUDA tensors straight from their shapes (the session's own moves do
     # that on a CPU-only build): torch's _to_copy per parameter costs some 30 times more, most of the
     # audit of a model with thousands of experts, and half of a CPU-built convnet's.
-    from torch._guards import active_fake_mode
+    from placecheck.compat import active_fake_mode
 
     fake_mode = active_fake_mode()
     if fake_mode is not None and not CPU_ONLY_BUILD:
         moves = _FakeCudaMoves(fake_mode, model_move=True)
-        with _each_module_applied_once(), moves, moves.parameters_made_in_place():
+        with (_each_module_applied_once(), fake_moves_replace_parameters(), moves,
+              moves.parameters_made_in_place()):
             moved = model.to(engine.device)
         return moved if isinstance(moved, nn.Module) else model
-    with _each_module_applied_once():
+    with _each_module_applied_once(), fake_moves_replace_parameters():
         moved = model.to(engine.device)
     return moved if isinstance(moved, nn.Module) else model
 
 
 def _fake_on_same_device(t: torch.Tensor) -> torch.Tensor:
     """An empty fake tensor on ``t``'s device with its dtype, in the active fake mode."""
-    from torch._guards import active_fake_mode
+    from placecheck.compat import active_fake_mode
 
     fake_mode = active_fake_mode()
     if fake_mode is None:

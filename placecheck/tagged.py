@@ -34,11 +34,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from torch._C import DisableTorchFunctionSubclass
 from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_map_only
 
 from placecheck.classify import DeviceMismatchError, legal_cpu_argument, tensor_arguments
+from placecheck.compat import DisableTorchFunctionSubclass, has_compatible_shallow_copy_type, tree_map_only
 from placecheck.cudaapi import cuda_queries_simulated, current_index
 
 _CPU = torch.device("cpu")
@@ -46,7 +45,7 @@ _CPU = torch.device("cpu")
 # Ops that legally take tensors on two devices (they copy between them).
 _CROSS_DEVICE: frozenset[Callable[..., Any]] = frozenset({
     torch.Tensor.copy_, torch.Tensor.to, torch.Tensor.type_as, torch.Tensor.__setitem__,
-    torch.Tensor.set_, torch._has_compatible_shallow_copy_type, torch.Tensor.new_tensor,
+    torch.Tensor.set_, has_compatible_shallow_copy_type(), torch.Tensor.new_tensor,
     torch.Tensor.__deepcopy__, torch.Tensor.__reduce_ex__,
 })
 class SimulatedDeviceMismatchError(DeviceMismatchError):

@@ -35,9 +35,9 @@ from typing import Any
 import torch
 import torch.nn as nn
 from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import keystr, tree_flatten_with_path, tree_map_only
 
 from placecheck import classify
+from placecheck.compat import DisableTorchFunction, keystr, tree_flatten_with_path, tree_map_only
 from placecheck.errors import one_line
 from placecheck.events import (
     Event,
@@ -307,7 +307,7 @@ class Tracer:
         def wrapped(original: Callable[..., Any]) -> Callable[..., Any]:
             @functools.wraps(original)
             def factory(*args: Any, **kwargs: Any) -> Any:
-                with torch._C.DisableTorchFunction():  # fake tensors' own conversion is not the model's
+                with DisableTorchFunction():  # fake tensors' own conversion is not the model's
                     out = original(*args, **kwargs)
                 if isinstance(out, torch.Tensor) and out.device != self.target:
                     self._off_target_result(original, args, [], out)
@@ -657,7 +657,7 @@ def _attention_fast_path_kept(target: torch.device) -> Iterator[None]:
                 or any(isinstance(t, SimulatedTensor) or t.device != target
                        for t in [*tensors, *self.parameters()])):
             return original(self, *args, **kwargs)
-        with torch._C.DisableTorchFunction():
+        with DisableTorchFunction():
             return original(self, *args, **kwargs)
 
     nn.MultiheadAttention.forward = forward  # type: ignore[method-assign]

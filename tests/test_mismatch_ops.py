@@ -20,7 +20,8 @@ import torch.nn.functional as F
 
 import placecheck
 
-pytestmark = pytest.mark.cpu_build  # runs on the CPU-only torch build too (Makefile: test-cpu-build)
+# runs on the CPU-only torch build too (Makefile: test-cpu-build)
+pytestmark = [pytest.mark.cpu_build, pytest.mark.compat]
 
 HERE = Path(__file__).name
 

@@ -49,9 +49,9 @@ from unittest import mock
 
 import torch
 import torch.nn as nn
-from torch._C import DisableTorchFunctionSubclass
 from torch.overrides import TorchFunctionMode
 
+from placecheck.compat import DisableTorchFunctionSubclass, parse_to
 from placecheck.devices import human_bytes
 from placecheck.errors import PlacecheckError, one_line
 from placecheck.finding import Finding, Severity
@@ -184,7 +184,7 @@ def _cuda_destination(args: tuple[Any, ...], kwargs: dict[str, Any], cuda_call: 
         index = dev if isinstance(dev, int) else (torch.device(dev).index if dev is not None else None)
         return torch.device("cuda", index or 0)
     try:
-        device = torch._C._nn._parse_to(*args, **kwargs)[0]
+        device = parse_to(*args, **kwargs)[0]
     except (TypeError, RuntimeError):
         return None
     if device is None or device.type != "cuda":
