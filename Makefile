@@ -39,9 +39,9 @@ test:
 	$(PY) -m pytest $(PYTEST_PARALLEL)
 	$(MAKE) test-cpu-build
 
-# The CPU-only torch build (torch 2.13.0+cpu from this machine's disk), where
-# .to("cuda") under fake tensors fails ("not linked with support for cuda
-# devices"): the engines must work there too. Nothing else torch-related is
+# The CPU-only torch build (torch 2.13.0+cpu: this machine's wheel store, /opt/wheels, or the PyTorch
+# CPU wheel index named by TORCH_CPU_INDEX), where .to("cuda") under fake tensors fails ("not linked
+# with support for cuda devices"): the engines must work there too. Nothing else torch-related is
 # installed (torchvision does not import beside this torch); the tests that
 # need torchvision or transformers skip themselves with pytest.importorskip.
 # Only the tests marked cpu_build run there (pytest -m cpu_build): those that reach code which
@@ -50,10 +50,16 @@ test:
 # need not run twice: the report, formats, rules, config, baseline, CLI options, the runner's
 # process handling and checkpoint parsing read findings, files and options, never the torch
 # build's CUDA support, so they pass or fail alike on both builds.
+# The requirement names the local version +cpu, so pip never takes a CUDA build for it. On a machine
+# without the wheel, pass the index: make test TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu
+# When no CPU-only build can be had, the leg is skipped with a line saying so (never failed, never
+# passed silently); rm -r $(CPU_VENV) to try again.
 CPU_VENV  ?= .venv-cpu
 CPU_PY    := $(CPU_VENV)/bin/python
 CPU_STAMP := $(CPU_VENV)/.placecheck-installed
-CPU_TORCH ?= torch==2.13.0
+CPU_NONE  := $(CPU_VENV)/.no-cpu-only-build
+CPU_TORCH ?= torch==2.13.0+cpu
+TORCH_CPU_INDEX ?=
 # pyproject's dependencies, dev and accelerate extras but torch and torchvision (the package itself
 # goes in with --no-deps), plus numpy, which torch uses when present. accelerate: --device-map
 # dispatches on simulated GPUs there too (moves to CUDA take another path on that build).
@@ -63,14 +69,19 @@ $(CPU_STAMP): pyproject.toml
 	test -x $(CPU_PY) || $(PYTHON) -m venv $(CPU_VENV)
 	$(CPU_PY) -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
 	  extras = p["optional-dependencies"]; \
-	  print(*[d for d in p["dependencies"] + extras["dev"] + extras["accelerate"] + ["numpy"] \
-	          if not d.startswith("torch")], sep="\n")' > $(CPU_REQS)
-	$(CPU_PY) -m pip install --quiet $(CPU_TORCH) -r $(CPU_REQS)
-	$(CPU_PY) -m pip install --quiet --no-deps -e .
+	  wanted = p["dependencies"] + [d for e in ("dev", "accelerate", "safetensors") for d in extras.get(e, [])]; \
+	  print(*[d for d in wanted + ["numpy"] if not d.startswith("torch")], sep="\n")' > $(CPU_REQS)
+	if $(CPU_PY) -m pip install --quiet $(if $(TORCH_CPU_INDEX),--extra-index-url $(TORCH_CPU_INDEX)) \
+	    '$(CPU_TORCH)'; then rm -f $(CPU_NONE); else touch $(CPU_NONE); fi
+	test -f $(CPU_NONE) || $(CPU_PY) -m pip install --quiet -r $(CPU_REQS)
+	test -f $(CPU_NONE) || $(CPU_PY) -m pip install --quiet --no-deps -e .
 	touch $(CPU_STAMP)
 
 test-cpu-build: $(CPU_STAMP)
-	$(CPU_PY) -c 'import torch, sys; sys.exit(0 if torch.version.cuda is None else "$(CPU_VENV) has a CUDA build of torch: rm -r $(CPU_VENV)")'
+	@if [ -f $(CPU_NONE) ]; then echo "test-cpu-build: SKIPPED: no CPU-only build of torch could be had \
+	($(CPU_TORCH)); set TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu (or another index with it)"; \
+	exit 0; fi; \
+	$(CPU_PY) -c 'import torch, sys; sys.exit(0 if torch.version.cuda is None else "$(CPU_VENV) has a CUDA build of torch: rm -r $(CPU_VENV)")' && \
 	$(CPU_PY) -m pytest $(PYTEST_PARALLEL) -m cpu_build
 
 # ---- the version matrix (issue 22): make test-compat ----------------------------------------------

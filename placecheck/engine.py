@@ -417,7 +417,7 @@ def move_model(model: nn.Module, engine: Engine) -> nn.Module:
     if not engine.fake:
         moved = model.to(engine.device)
         return moved if isinstance(moved, nn.Module) else model
-    from torch.nn.parameter import UninitializedBuffer
+    from torch.nn.parameter import UninitializedBuffer, UninitializedParameter
 
     from placecheck.compat import fake_moves_replace_parameters
 
@@ -425,6 +425,12 @@ def move_model(model: nn.Module, engine: Engine) -> nn.Module:
         for name, buffer in module._buffers.items():
             if isinstance(buffer, UninitializedBuffer):
                 module._buffers[name] = _fake_on_same_device(buffer)
+        # and their parameters, which the fake mode of torch 2.11 cannot dispatch on either; newer
+        # torch gives the same empty fake parameter
+        for name, param in module._parameters.items():
+            if isinstance(param, UninitializedParameter):
+                module._parameters[name] = nn.Parameter(_fake_on_same_device(param),
+                                                        requires_grad=param.requires_grad)
     # The parameters become fake CUDA tensors straight from their shapes (the session's own moves do
     # that on a CPU-only build): torch's _to_copy per parameter costs some 30 times more, most of the
     # audit of a model with thousands of experts, and half of a CPU-built convnet's.
