@@ -9,20 +9,32 @@ torch), and a name that a torch release lacks has a fallback or a refusal that
 says which torch it needs (:func:`require_torch`). tests/test_compat.py fails
 when another module imports a private torch name.
 
-The oldest torch supported is **2.6** (pyproject's ``torch>=2.6``). What was
-tried (2026-11, the compat-marked tests, ``pytest -m compat``):
+The oldest torch supported is **2.10** (pyproject's ``torch>=2.10``), the oldest
+on which the tests marked ``compat`` (``pytest -m compat``: engines, the
+device-error classifier, run mode, checkpoints, fix, CLI) pass. What was tried
+(PyPI's CUDA builds on a machine without a GPU, 2026-11):
 
-- 2.4 and 2.5 lack FSDP2 (``torch.distributed.fsdp.fully_shard``, public from
-  2.6), so ``--wrap fsdp`` cannot run; 2.4 also lacks DTensor
-  (``torch.distributed.tensor``, public from 2.5);
-- up to 2.6, ``Module._apply`` puts a fake tensor into the existing parameter
-  with ``param.data = ...``, which leaves every moved parameter on ``meta``
-  (the fake engine reported 11 problems for the buggy example, not 7); torch 2.7
-  replaces the parameter instead. :func:`fake_moves_replace_parameters` makes
-  the older ones do the same;
-- ``FakeTensorDeviceMismatchError`` first appears after 2.11 (2.11 raises a
-  plain ``RuntimeError`` from the fake tensors' device check):
-  :func:`is_fake_device_mismatch` recognises both.
+- 2.10.0: all pass (the fake engine's Conv2d-input mismatch is a known xfail
+  before 2.12, as on 2.11: torch's fake convolution returns a CPU tensor
+  instead of raising);
+- 2.9.1: 12 fail. Under the fake mode a real CPU tensor's ``.cuda()`` (a model
+  that calls ``.cuda()`` in ``__init__``, autocast, indexing) reaches the CUDA
+  driver ("CUDA driver version is insufficient"); also the shared fake mode of
+  an engine's sessions, a checkpoint read that must load no tensor data, and
+  the fix of the buggy example;
+- 2.8.0, 2.7.1, 2.6.0: the same and more (18 to 24 fail), the ``.pt2`` reader
+  among them; up to 2.7, ``Module._apply`` put a fake tensor into the existing
+  parameter with ``param.data = ...``, which left every moved parameter on
+  ``meta`` (:func:`fake_moves_replace_parameters` replaces the parameter
+  instead, as newer torch does);
+- 2.5 and 2.4 lack FSDP2 (``torch.distributed.fsdp.fully_shard``, public from
+  2.6) for ``--wrap fsdp``; 2.4 also DTensor.
+
+Within the supported range: ``FakeTensorDeviceMismatchError`` first appears
+after 2.11 (2.11 and 2.10 raise a plain ``RuntimeError`` from the fake tensors'
+device check; :func:`is_fake_device_mismatch` recognises both), and 2.11's fake
+mode cannot move ``nn.Lazy*`` modules' uninitialised parameters
+(placecheck.engine.move_model makes them empty fake tensors first, as newer torch does).
 """
 
 from __future__ import annotations
@@ -64,7 +76,7 @@ if TYPE_CHECKING:
     from torch.utils._pytree import tree_map_only as tree_map_only
     from torch.utils._pytree import tree_unflatten as tree_unflatten
 
-FLOOR = "2.6"
+FLOOR = "2.10"
 """The oldest torch placecheck supports (pyproject's ``torch>=``): see the module's docstring."""
 
 _FAKE = "torch._subclasses.fake_tensor"
@@ -270,7 +282,7 @@ def export_scalar_type(code: int) -> str:
 
 # ---- torch.distributed ---------------------------------------------------------------------------
 
-FSDP_FLOOR = "2.6"
+FSDP_FLOOR = "2.10"
 """FSDP2's ``fully_shard`` is public from torch 2.6 (and DTensor from 2.5)."""
 
 
