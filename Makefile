@@ -88,12 +88,13 @@ test-cpu-build: $(CPU_STAMP)
 # The tests marked compat (engines, the device-error classifier, run mode, checkpoint reading, fix,
 # CLI parsing) on every torch of the matrix, each in its own venv: the declared floor (pyproject's
 # torch>=X.Y, read from it), what GPU images ship (2.11), the pinned build (the main venv) and the
-# newest release. Then the tests marked transformers under transformers 4.57.x and the newest 5.x,
-# and those marked cli under typer's declared floor, 0.27.2 and the newest: those legs install only
-# that package and its dependencies into a folder put first on PYTHONPATH (pip --target), in front of
-# the main venv's, so the main venv is never changed. A venv (or folder) is reused while its stamp is
-# newer than pyproject.toml; `rm -r .venv-torch-2.15` (or make clean) builds it again. Any non-zero
-# pytest exit fails the target, 5 (a marker selecting nothing) included.
+# newest release. Then the tests marked transformers under transformers 4.57.x and the newest 5.x
+# (each in a venv of its own with the pinned torch), and those marked cli under typer's declared
+# floor, 0.27.2 and the newest: those legs install only typer and its dependencies into a folder put
+# first on PYTHONPATH (pip --target), in front of the main venv's, which is never changed. A venv (or
+# folder) is reused while its stamp is newer than pyproject.toml; `rm -r .venv-torch-2.15` (or make
+# clean) builds it again. Any non-zero pytest exit fails the target, 5 (a marker selecting nothing)
+# included.
 # PIP_CONSTRAINT=/dev/null: this machine's global pip constraint caps torch at the pinned build; the
 # compat venvs lift it for themselves only (an empty PIP_CONSTRAINT does not: pip then keeps its
 # config file's value).
@@ -107,31 +108,43 @@ COMPAT_TRANSFORMERS ?= 4.57 5
 COMPAT_TYPER ?= $(TYPER_FLOOR) 0.27.2 newest
 COMPAT_PYTEST := -p no:cacheprovider $(PYTEST_PARALLEL)
 
-# torch==X.Y is X.Y.0; beside it pyproject's dependencies and its dev, accelerate, fix and safetensors
-# extras, but torch and torchvision (the package goes in with --no-deps), plus numpy, which torch uses
+# pyproject's dependencies and its dev, accelerate, fix and safetensors extras, but torch and
+# torchvision (the package goes in with --no-deps), plus numpy, which torch uses when present
+COMPAT_REQS = $(1)/bin/python -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
+  extras = p["optional-dependencies"]; \
+  wanted = p["dependencies"] + [d for e in ("dev", "accelerate", "fix", "safetensors") for d in extras.get(e, [])]; \
+  print(*[d for d in wanted + ["numpy"] if not d.startswith(("torch", "transformers"))], sep="\n")' \
+  > $(1)/requirements.txt
+
+# torch==X.Y is X.Y.0
 .venv-torch-%/.placecheck-installed: pyproject.toml
-	test -x .venv-torch-$*/bin/python || $(PYTHON) -m venv .venv-torch-$*
-	.venv-torch-$*/bin/python -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
-	  extras = p["optional-dependencies"]; \
-	  wanted = p["dependencies"] + [d for e in ("dev", "accelerate", "fix", "safetensors") for d in extras.get(e, [])]; \
-	  print(*[d for d in wanted + ["numpy"] if not d.startswith("torch")], sep="\n")' > .venv-torch-$*/requirements.txt
-	PIP_CONSTRAINT=/dev/null .venv-torch-$*/bin/python -m pip install --quiet torch==$* -r .venv-torch-$*/requirements.txt
-	.venv-torch-$*/bin/python -m pip install --quiet --no-deps -e .
+	test -x $(@D)/bin/python || $(PYTHON) -m venv $(@D)
+	$(call COMPAT_REQS,$(@D))
+	PIP_CONSTRAINT=/dev/null $(@D)/bin/python -m pip install --quiet torch==$* -r $(@D)/requirements.txt
+	$(@D)/bin/python -m pip install --quiet --no-deps -e .
 	touch $@
 
-# transformers X.Y is its newest X.Y.*; transformers 5 its newest 5.*
-.venv-transformers-%/.stamp: pyproject.toml | install
-	rm -rf $(@D)
-	$(PY) -m pip install --quiet --target $(@D) 'transformers~=$*.0'
+# A venv of its own beside the pinned torch (constraints.txt's torch lines: its other pins would fix
+# transformers): placecheck tells installed packages (site-packages) from the user's code, so
+# transformers must be installed, not put on PYTHONPATH. transformers X.Y is its newest X.Y.*,
+# transformers 5 its newest 5.*.
+.venv-transformers-%/.placecheck-installed: pyproject.toml constraints.txt
+	test -x $(@D)/bin/python || $(PYTHON) -m venv $(@D)
+	$(call COMPAT_REQS,$(@D))
+	grep -E '^torch' constraints.txt > $(@D)/constraints.txt
+	$(@D)/bin/python -m pip install --quiet -c $(@D)/constraints.txt torch 'transformers~=$*.0' \
+	  -r $(@D)/requirements.txt
+	$(@D)/bin/python -m pip install --quiet --no-deps -e .
 	touch $@
 
+# typer (and its click) only, put first on PYTHONPATH in front of the main venv's, which is not changed
 .venv-typer-%/.stamp: pyproject.toml | install
 	rm -rf $(@D)
 	$(PY) -m pip install --quiet --target $(@D) '$(if $(filter newest,$*),typer,typer==$*)'
 	touch $@
 
 test-compat: install $(foreach v,$(COMPAT_TORCH),.venv-torch-$(v)/.placecheck-installed) \
-             $(foreach v,$(COMPAT_TRANSFORMERS),.venv-transformers-$(v)/.stamp) \
+             $(foreach v,$(COMPAT_TRANSFORMERS),.venv-transformers-$(v)/.placecheck-installed) \
              $(foreach v,$(COMPAT_TYPER),.venv-typer-$(v)/.stamp)
 	@set -e; for v in $(COMPAT_TORCH); do \
 	  echo "== test-compat: torch $$(.venv-torch-$$v/bin/python -c 'import torch; print(torch.__version__)')"; \
@@ -139,9 +152,9 @@ test-compat: install $(foreach v,$(COMPAT_TORCH),.venv-torch-$(v)/.placecheck-in
 	@echo "== test-compat: torch $$($(PY) -c 'import torch; print(torch.__version__)') (the main venv)"
 	$(PY) -m pytest $(COMPAT_PYTEST) -m compat
 	@set -e; for v in $(COMPAT_TRANSFORMERS); do \
-	  echo "== test-compat: transformers $$(PYTHONPATH=$(CURDIR)/.venv-transformers-$$v $(PY) -c \
+	  echo "== test-compat: transformers $$(.venv-transformers-$$v/bin/python -c \
 	    'import transformers; print(transformers.__version__)')"; \
-	  PYTHONPATH=$(CURDIR)/.venv-transformers-$$v $(PY) -m pytest $(COMPAT_PYTEST) -m transformers; done
+	  .venv-transformers-$$v/bin/python -m pytest $(COMPAT_PYTEST) -m transformers; done
 	@set -e; for v in $(COMPAT_TYPER); do \
 	  echo "== test-compat: typer $$(PYTHONPATH=$(CURDIR)/.venv-typer-$$v $(PY) -c \
 	    'import importlib.metadata as m; print(m.version("typer"))')"; \
