@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.placecheck-installed
 # pyproject.toml's published ranges stay open for users.
 TORCH  ?= -c constraints.txt
 
-.PHONY: install demo test test-cpu-build lint bench fidelity clean wheel-check
+.PHONY: install demo test test-cpu-build test-compat lint bench fidelity clean wheel-check
 
 install: $(STAMP)
 
@@ -39,9 +39,9 @@ test:
 	$(PY) -m pytest $(PYTEST_PARALLEL)
 	$(MAKE) test-cpu-build
 
-# The CPU-only torch build (torch 2.13.0+cpu from this machine's disk), where
-# .to("cuda") under fake tensors fails ("not linked with support for cuda
-# devices"): the engines must work there too. Nothing else torch-related is
+# The CPU-only torch build (torch 2.13.0+cpu: this machine's wheel store, /opt/wheels, or the PyTorch
+# CPU wheel index named by TORCH_CPU_INDEX), where .to("cuda") under fake tensors fails ("not linked
+# with support for cuda devices"): the engines must work there too. Nothing else torch-related is
 # installed (torchvision does not import beside this torch); the tests that
 # need torchvision or transformers skip themselves with pytest.importorskip.
 # Only the tests marked cpu_build run there (pytest -m cpu_build): those that reach code which
@@ -50,10 +50,16 @@ test:
 # need not run twice: the report, formats, rules, config, baseline, CLI options, the runner's
 # process handling and checkpoint parsing read findings, files and options, never the torch
 # build's CUDA support, so they pass or fail alike on both builds.
+# The requirement names the local version +cpu, so pip never takes a CUDA build for it. On a machine
+# without the wheel, pass the index: make test TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu
+# When no CPU-only build can be had, the leg is skipped with a line saying so (never failed, never
+# passed silently); rm -r $(CPU_VENV) to try again.
 CPU_VENV  ?= .venv-cpu
 CPU_PY    := $(CPU_VENV)/bin/python
 CPU_STAMP := $(CPU_VENV)/.placecheck-installed
-CPU_TORCH ?= torch==2.13.0
+CPU_NONE  := $(CPU_VENV)/.no-cpu-only-build
+CPU_TORCH ?= torch==2.13.0+cpu
+TORCH_CPU_INDEX ?=
 # pyproject's dependencies, dev and accelerate extras but torch and torchvision (the package itself
 # goes in with --no-deps), plus numpy, which torch uses when present. accelerate: --device-map
 # dispatches on simulated GPUs there too (moves to CUDA take another path on that build).
@@ -63,15 +69,96 @@ $(CPU_STAMP): pyproject.toml
 	test -x $(CPU_PY) || $(PYTHON) -m venv $(CPU_VENV)
 	$(CPU_PY) -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
 	  extras = p["optional-dependencies"]; \
-	  print(*[d for d in p["dependencies"] + extras["dev"] + extras["accelerate"] + ["numpy"] \
-	          if not d.startswith("torch")], sep="\n")' > $(CPU_REQS)
-	$(CPU_PY) -m pip install --quiet $(CPU_TORCH) -r $(CPU_REQS)
-	$(CPU_PY) -m pip install --quiet --no-deps -e .
+	  wanted = p["dependencies"] + [d for e in ("dev", "accelerate", "safetensors") for d in extras.get(e, [])]; \
+	  print(*[d for d in wanted + ["numpy"] if not d.startswith("torch")], sep="\n")' > $(CPU_REQS)
+	if $(CPU_PY) -m pip install --quiet $(if $(TORCH_CPU_INDEX),--extra-index-url $(TORCH_CPU_INDEX)) \
+	    '$(CPU_TORCH)'; then rm -f $(CPU_NONE); else touch $(CPU_NONE); fi
+	test -f $(CPU_NONE) || $(CPU_PY) -m pip install --quiet -r $(CPU_REQS)
+	test -f $(CPU_NONE) || $(CPU_PY) -m pip install --quiet --no-deps -e .
 	touch $(CPU_STAMP)
 
 test-cpu-build: $(CPU_STAMP)
-	$(CPU_PY) -c 'import torch, sys; sys.exit(0 if torch.version.cuda is None else "$(CPU_VENV) has a CUDA build of torch: rm -r $(CPU_VENV)")'
+	@if [ -f $(CPU_NONE) ]; then echo "test-cpu-build: SKIPPED: no CPU-only build of torch could be had \
+	($(CPU_TORCH)); set TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu (or another index with it)"; \
+	exit 0; fi; \
+	$(CPU_PY) -c 'import torch, sys; sys.exit(0 if torch.version.cuda is None else "$(CPU_VENV) has a CUDA build of torch: rm -r $(CPU_VENV)")' && \
 	$(CPU_PY) -m pytest $(PYTEST_PARALLEL) -m cpu_build
+
+# ---- the version matrix (issue 22): make test-compat ----------------------------------------------
+# The tests marked compat (engines, the device-error classifier, run mode, checkpoint reading, fix,
+# CLI parsing) on every torch of the matrix, each in its own venv: the declared floor (pyproject's
+# torch>=X.Y, read from it), what GPU images ship (2.11), the pinned build (the main venv) and the
+# newest release. Then the tests marked transformers under transformers 4.57.x and the newest 5.x
+# (each in a venv of its own with the pinned torch), and those marked cli under typer's declared
+# floor, 0.27.2 and the newest: those legs install only typer and its dependencies into a folder put
+# first on PYTHONPATH (pip --target), in front of the main venv's, which is never changed. A venv (or
+# folder) is reused while its stamp is newer than pyproject.toml; `rm -r .venv-torch-2.15` (or make
+# clean) builds it again. Any non-zero pytest exit fails the target, 5 (a marker selecting nothing)
+# included.
+# PIP_CONSTRAINT=/dev/null: this machine's global pip constraint caps torch at the pinned build; the
+# compat venvs lift it for themselves only (an empty PIP_CONSTRAINT does not: pip then keeps its
+# config file's value).
+TOML_FLOOR = $(shell $(PYTHON) -c 'import re, tomllib; \
+  deps = tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]; \
+  print(next(re.search(r">=\s*([0-9.]+)", d).group(1) for d in deps if re.match(r"$(1)\b", d)))')
+TORCH_FLOOR  := $(call TOML_FLOOR,torch)
+TYPER_FLOOR  := $(call TOML_FLOOR,typer)
+COMPAT_TORCH ?= $(TORCH_FLOOR) 2.11 2.15
+COMPAT_TRANSFORMERS ?= 4.57 5
+COMPAT_TYPER ?= $(TYPER_FLOOR) 0.27.2 newest
+COMPAT_PYTEST := -p no:cacheprovider $(PYTEST_PARALLEL)
+
+# pyproject's dependencies and its dev, accelerate, fix and safetensors extras, but torch and
+# torchvision (the package goes in with --no-deps), plus numpy, which torch uses when present
+COMPAT_REQS = $(1)/bin/python -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
+  extras = p["optional-dependencies"]; \
+  wanted = p["dependencies"] + [d for e in ("dev", "accelerate", "fix", "safetensors") for d in extras.get(e, [])]; \
+  print(*[d for d in wanted + ["numpy"] if not d.startswith(("torch", "transformers"))], sep="\n")' \
+  > $(1)/requirements.txt
+
+# torch==X.Y is X.Y.0
+.venv-torch-%/.placecheck-installed: pyproject.toml
+	test -x $(@D)/bin/python || $(PYTHON) -m venv $(@D)
+	$(call COMPAT_REQS,$(@D))
+	PIP_CONSTRAINT=/dev/null $(@D)/bin/python -m pip install --quiet torch==$* -r $(@D)/requirements.txt
+	$(@D)/bin/python -m pip install --quiet --no-deps -e .
+	touch $@
+
+# A venv of its own beside the pinned torch (constraints.txt's torch lines: its other pins would fix
+# transformers): placecheck tells installed packages (site-packages) from the user's code, so
+# transformers must be installed, not put on PYTHONPATH. transformers X.Y is its newest X.Y.*,
+# transformers 5 its newest 5.*.
+.venv-transformers-%/.placecheck-installed: pyproject.toml constraints.txt
+	test -x $(@D)/bin/python || $(PYTHON) -m venv $(@D)
+	$(call COMPAT_REQS,$(@D))
+	grep -E '^torch' constraints.txt > $(@D)/constraints.txt
+	$(@D)/bin/python -m pip install --quiet -c $(@D)/constraints.txt torch 'transformers~=$*.0' \
+	  -r $(@D)/requirements.txt
+	$(@D)/bin/python -m pip install --quiet --no-deps -e .
+	touch $@
+
+# typer (and its click) only, put first on PYTHONPATH in front of the main venv's, which is not changed
+.venv-typer-%/.stamp: pyproject.toml | install
+	rm -rf $(@D)
+	$(PY) -m pip install --quiet --target $(@D) '$(if $(filter newest,$*),typer,typer==$*)'
+	touch $@
+
+test-compat: install $(foreach v,$(COMPAT_TORCH),.venv-torch-$(v)/.placecheck-installed) \
+             $(foreach v,$(COMPAT_TRANSFORMERS),.venv-transformers-$(v)/.placecheck-installed) \
+             $(foreach v,$(COMPAT_TYPER),.venv-typer-$(v)/.stamp)
+	@set -e; for v in $(COMPAT_TORCH); do \
+	  echo "== test-compat: torch $$(.venv-torch-$$v/bin/python -c 'import torch; print(torch.__version__)')"; \
+	  .venv-torch-$$v/bin/python -m pytest $(COMPAT_PYTEST) -m compat; done
+	@echo "== test-compat: torch $$($(PY) -c 'import torch; print(torch.__version__)') (the main venv)"
+	$(PY) -m pytest $(COMPAT_PYTEST) -m compat
+	@set -e; for v in $(COMPAT_TRANSFORMERS); do \
+	  echo "== test-compat: transformers $$(.venv-transformers-$$v/bin/python -c \
+	    'import transformers; print(transformers.__version__)')"; \
+	  .venv-transformers-$$v/bin/python -m pytest $(COMPAT_PYTEST) -m transformers; done
+	@set -e; for v in $(COMPAT_TYPER); do \
+	  echo "== test-compat: typer $$(PYTHONPATH=$(CURDIR)/.venv-typer-$$v $(PY) -c \
+	    'import importlib.metadata as m; print(m.version("typer"))')"; \
+	  PYTHONPATH=$(CURDIR)/.venv-typer-$$v $(PY) -m pytest $(COMPAT_PYTEST) -m cli; done
 
 # Every benchmarks/bench_*.py, each printing its table and writing benchmarks/results/.
 bench: install
@@ -110,4 +197,5 @@ lint: install
 	$(VENV)/bin/mypy placecheck
 
 clean:
-	rm -rf $(VENV) $(CPU_VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info
+	rm -rf $(VENV) $(CPU_VENV) .venv-torch-* .venv-transformers-* .venv-typer-* .pytest_cache .mypy_cache \
+	  .ruff_cache build *.egg-info

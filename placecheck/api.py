@@ -20,6 +20,7 @@ import torch
 import torch.nn as nn
 
 from placecheck import classify
+from placecheck.compat import FAKE_TENSOR_LOGGER, torch_note
 from placecheck.construct import construct, leftovers_to_default_device, move_from_meta, parse_init
 from placecheck.devices import KEEP, normalize_device
 from placecheck.engine import (
@@ -371,7 +372,7 @@ def _audit_on(model: ModelOrFactory, opts: AuditOptions, replica: Replica | None
         attempt.incomplete = f"fake tensors stopped ({attempt.fallback})"
     found = replica.explained(attempt.findings) if replica is not None else attempt.findings
     findings = [f for f in found if f.code in codes]
-    notes = [f"engine: {eng.name}: {eng.reason}", *attempt.notes]
+    notes = [f"engine: {eng.name}: {eng.reason}", torch_note(), *attempt.notes]
     return Report.build(str(name), dev, eng.name, findings, notes, attempt.stats,
                         incomplete=attempt.incomplete, device_map=attempt.device_map)
 
@@ -706,7 +707,7 @@ def _forward(model: nn.Module, eng: Engine, result: WalkResult, snapshot: Snapsh
         reuse = CallReuse(model, lambda: tracer.activity, mode, tracer.module_paths)
     why = limit = ""
     try:
-        with quiet("torch._subclasses.fake_tensor"):
+        with quiet(FAKE_TENSOR_LOGGER):
             tracer.run(args, kwargs, train=train, reuse=reuse)
     except Exception as exc:
         # after ops that ran on assumed values, any error but a device mismatch may be the assumption's
@@ -781,8 +782,8 @@ def _audit_device_map(model: ModelOrFactory, opts: AuditOptions) -> Report:
                              "default device)")
     built = construction.model
     plan = dispatch.plan_device_map(built, spec, opts.gpus, opts.gpu_memory, opts.cpu_memory)
-    notes = [f"engine: {eng.name}: {eng.reason}", *([construction.note] if construction.note else []),
-             *plan.summary()]
+    notes = [f"engine: {eng.name}: {eng.reason}", torch_note(),
+             *([construction.note] if construction.note else []), *plan.summary()]
     run_forward = opts.forward and any(rule(c).phase == "forward" for c in codes)
     inputs: tuple[tuple[Any, ...], dict[str, Any], str] | None = None
     if run_forward and type(built).forward is nn.Module.forward:

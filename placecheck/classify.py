@@ -14,7 +14,7 @@ Three answers, each from the best evidence there is:
   message is the only evidence PyTorch gives, so those texts are kept here, once;
 - otherwise the **user's bug** (PC207).
 
-Call arguments are traversed with ``torch.utils._pytree``, as PyTorch's flop
+Call arguments are traversed with torch's pytree (:mod:`placecheck.compat`), as PyTorch's flop
 counter and fake tensors do. This module imports nothing of placecheck above
 :mod:`placecheck.sources`, and that and torch only inside its functions (the
 CLI's parent process, which calls :func:`out_of_memory`, never imports torch).
@@ -39,7 +39,8 @@ def tensor_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Iterator[
     is a legal index (:func:`legal_cpu_argument`).
     """
     import torch
-    from torch.utils._pytree import tree_leaves
+
+    from placecheck.compat import tree_leaves
 
     for pos, a in enumerate((*args, *kwargs.values())):
         if isinstance(a, torch.Tensor):
@@ -53,7 +54,8 @@ def tensor_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Iterator[
 def replace_tensors(obj: Any, moved: dict[int, torch.Tensor]) -> Any:
     """``obj`` (call arguments) with the tensors in ``moved`` (by id) replaced, containers rebuilt."""
     import torch
-    from torch.utils._pytree import tree_map_only
+
+    from placecheck.compat import tree_map_only
 
     return tree_map_only(torch.Tensor, lambda t: moved.get(id(t), t), obj)
 
@@ -69,7 +71,8 @@ def tensors_with_paths(obj: Any, path: str) -> Iterator[tuple[str, torch.Tensor]
     import dataclasses
 
     import torch
-    from torch.utils._pytree import keystr, tree_flatten_with_path
+
+    from placecheck.compat import keystr, tree_flatten_with_path
 
     try:
         leaves, _ = tree_flatten_with_path(obj)
@@ -287,14 +290,15 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
 def is_engine_mismatch(exc: BaseException) -> bool:
     """True when a simulating engine raised its own device-mismatch exception type for ``exc``.
 
-    The types, not the text: fake tensors raise ``FakeTensorDeviceMismatchError``
-    and the real-valued engine :class:`~placecheck.tagged.SimulatedDeviceMismatchError`
+    Not the text: fake tensors' device check raised it (its exception type where
+    torch has one, :func:`placecheck.compat.is_fake_device_mismatch`), or the
+    real-valued engine raised :class:`~placecheck.tagged.SimulatedDeviceMismatchError`
     (a subclass of :class:`DeviceMismatchError`, defined here so that this
     module does not import the engine).
     """
-    from torch._subclasses.fake_tensor import FakeTensorDeviceMismatchError
+    from placecheck.compat import is_fake_device_mismatch
 
-    return any(isinstance(e, FakeTensorDeviceMismatchError | DeviceMismatchError) for e in _chain(exc))
+    return any(isinstance(e, DeviceMismatchError) or is_fake_device_mismatch(e) for e in _chain(exc))
 
 
 class DeviceMismatchError(RuntimeError):
@@ -362,13 +366,13 @@ def fake_limit(exc: BaseException, assumed: bool = False) -> str:
     convert, a guard on a data-dependent symbolic size), their "NYI: aten.*"
     assertions, and the messages in :data:`_FAKE_LIMIT_TEXTS`.
     """
-    from torch._subclasses.fake_tensor import (
+    from placecheck.compat import (
         DataDependentOutputException,
         DynamicOutputShapeException,
+        GuardOnDataDependentSymNode,
         UnsupportedFakeTensorException,
         UnsupportedOperatorException,
     )
-    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
     why = ""
     for seen in _chain(exc):

@@ -27,9 +27,9 @@ from typing import Any
 import torch
 import torch.nn as nn
 from torch.nn.parameter import UninitializedBuffer, UninitializedParameter
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from placecheck.assignments import Assignments, build_recorded
+from placecheck.compat import TorchDispatchMode
 from placecheck.devices import human_bytes
 from placecheck.engine import Engine, move_model
 from placecheck.errors import LoadError, UsageError, one_line
@@ -277,7 +277,7 @@ class _Materialiser:
 
 
 def _real_tensors() -> contextlib.AbstractContextManager[Any]:
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from placecheck.compat import unset_fake_temporarily
 
     return unset_fake_temporarily()
 
@@ -295,7 +295,7 @@ def leftovers_to_default_device(model: nn.Module, snapshot: Any = None,
     :class:`~placecheck.walk.Snapshot`) learns the new identities, so a plain
     reference to a registered tensor is still recognised as one.
     """
-    from torch._guards import active_fake_mode
+    from placecheck.compat import active_fake_mode
 
     materialiser = _Materialiser(torch.device(device), fake=active_fake_mode() is not None,
                                  budget=REAL_LEFTOVER_BUDGET)

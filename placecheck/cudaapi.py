@@ -8,7 +8,7 @@ memory statistics, autocast's availability check) answers harmlessly (see
 
 Both simulating engines (fake tensors in :mod:`placecheck.engine`, real values
 in :mod:`placecheck.tagged`) enter :func:`cuda_queries_simulated`; this module
-imports no other placecheck module but :mod:`placecheck.devices`.
+imports no other placecheck module but :mod:`placecheck.devices` and :mod:`placecheck.compat`.
 
 Not reentrant: one simulated session at a time per process.
 """
@@ -29,6 +29,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from placecheck.classify import FORKED_CUDA, ForkedCudaError, InvalidDeviceError
+from placecheck.compat import cudnn_disabled
 from placecheck.devices import device_index
 
 
@@ -414,7 +415,7 @@ def cuda_queries_simulated(gpus: int, strict: bool = False) -> Iterator[None]:
         # where a tensor is: pin_memory() is a CPU copy, record_stream() nothing
         stack.enter_context(mock.patch.object(torch.Tensor, "pin_memory", _pinned_copy))
         stack.enter_context(mock.patch.object(torch.Tensor, "record_stream", _record_stream))
-        stack.enter_context(_cudnn_disabled())
+        stack.enter_context(cudnn_disabled())
         if CPU_ONLY_BUILD:
             stack.enter_context(warnings.catch_warnings())
             warnings.filterwarnings("ignore", message=re.escape(_AUTOCAST_DISABLED_WARNING))
@@ -443,12 +444,3 @@ def _record_stream(self: torch.Tensor, stream: Any) -> None:
     """``Tensor.record_stream(s)`` under simulation: nothing to tell an allocator that does not exist."""
 
 
-@contextlib.contextmanager
-def _cudnn_disabled() -> Iterator[None]:
-    """``torch.backends.cudnn.enabled = False`` for the block, leaving the other cuDNN flags alone."""
-    enabled = torch._C._get_cudnn_enabled()
-    torch._C._set_cudnn_enabled(False)
-    try:
-        yield
-    finally:
-        torch._C._set_cudnn_enabled(enabled)

@@ -44,10 +44,9 @@ from types import FrameType
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.weak import WeakIdKeyDictionary
 
+from placecheck.compat import TorchDispatchMode, tree_flatten, tree_map
 from placecheck.shortcuts import shortcut
 from placecheck.sources import first_outside, where_is
 
@@ -131,7 +130,7 @@ _META_OPS = frozenset({torch.ops.prim.device.default, aten.sym_size.int, aten.sy
 
 
 def _fake_tensor_type() -> type[torch.Tensor]:
-    from torch._subclasses.fake_tensor import FakeTensor
+    from placecheck.compat import FakeTensor
 
     return FakeTensor
 
@@ -380,8 +379,7 @@ def _written(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Iterat
 @contextlib.contextmanager
 def on_host() -> Iterator[None]:
     """No fake mode and no dispatch mode for the block: real values are computed on the CPU there."""
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-    from torch.utils._python_dispatch import _disable_current_modes
+    from placecheck.compat import _disable_current_modes, unset_fake_temporarily
 
     with unset_fake_temporarily(), _disable_current_modes():
         yield
@@ -589,7 +587,7 @@ def _read_name(value: Any) -> str:
 
 def active() -> DataDependentMode | None:
     """The data-dependent mode of the simulated session running now (None outside one)."""
-    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+    from placecheck.compat import _get_current_dispatch_mode_stack
 
     for mode in reversed(_get_current_dispatch_mode_stack()):
         if isinstance(mode, DataDependentMode):

@@ -84,7 +84,7 @@ class Engine:
     @functools.cached_property
     def fake_mode(self) -> Any:
         """The one fake mode of this engine's sessions (fake tensors of two modes cannot meet)."""
-        from torch._subclasses.fake_tensor import FakeTensorMode
+        from placecheck.compat import FakeTensorMode
 
         return FakeTensorMode(allow_non_fake_inputs=True)
 
@@ -178,7 +178,7 @@ def simulated_cuda(gpus: int = 1, fake_mode: Any = None, strict: bool = False) -
     ``__init__``) is moved and run in the next, and fake tensors of two modes
     cannot meet.
     """
-    from torch._subclasses.fake_tensor import FakeTensorMode
+    from placecheck.compat import FakeTensorMode
 
     mode = fake_mode if fake_mode is not None else FakeTensorMode(allow_non_fake_inputs=True)
     # A CPU-only build refuses .to("cuda") even on fake tensors; there the moves are made by hand.
@@ -192,7 +192,7 @@ def simulated_cuda(gpus: int = 1, fake_mode: Any = None, strict: bool = False) -
 
 def _forget_fake_memo(t: Any) -> None:
     """Drop the fake mode's weak references to ``t`` (its converter memo), so that it can be swapped."""
-    from torch._subclasses.fake_tensor import FakeTensor
+    from placecheck.compat import FakeTensor
 
     if not isinstance(t, FakeTensor):
         return
@@ -420,31 +420,40 @@ def move_model(model: nn.Module, engine: Engine) -> nn.Module:
     if not engine.fake:
         moved = model.to(engine.device)
         return moved if isinstance(moved, nn.Module) else model
-    from torch.nn.parameter import UninitializedBuffer
+    from torch.nn.parameter import UninitializedBuffer, UninitializedParameter
+
+    from placecheck.compat import fake_moves_replace_parameters
 
     for module in model.modules():
         for name, buffer in module._buffers.items():
             if isinstance(buffer, UninitializedBuffer):
                 module._buffers[name] = _fake_on_same_device(buffer)
+        # and their parameters, which the fake mode of torch 2.11 cannot dispatch on either; newer
+        # torch gives the same empty fake parameter
+        for name, param in module._parameters.items():
+            if isinstance(param, UninitializedParameter):
+                module._parameters[name] = nn.Parameter(_fake_on_same_device(param),
+                                                        requires_grad=param.requires_grad)
     # The parameters become fake CUDA tensors straight from their shapes (the session's own moves do
     # that on a CPU-only build): torch's _to_copy per parameter costs some 30 times more, most of the
     # audit of a model with thousands of experts, and half of a CPU-built convnet's.
-    from torch._guards import active_fake_mode
+    from placecheck.compat import active_fake_mode
 
     fake_mode = active_fake_mode()
     if fake_mode is not None and not CPU_ONLY_BUILD:
         moves = _FakeCudaMoves(fake_mode, model_move=True)
-        with _each_module_applied_once(), moves, moves.parameters_made_in_place():
+        with (_each_module_applied_once(), fake_moves_replace_parameters(), moves,
+              moves.parameters_made_in_place()):
             moved = model.to(engine.device)
         return moved if isinstance(moved, nn.Module) else model
-    with _each_module_applied_once():
+    with _each_module_applied_once(), fake_moves_replace_parameters():
         moved = model.to(engine.device)
     return moved if isinstance(moved, nn.Module) else model
 
 
 def _fake_on_same_device(t: torch.Tensor) -> torch.Tensor:
     """An empty fake tensor on ``t``'s device with its dtype, in the active fake mode."""
-    from torch._guards import active_fake_mode
+    from placecheck.compat import active_fake_mode
 
     fake_mode = active_fake_mode()
     if fake_mode is None:

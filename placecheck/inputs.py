@@ -207,11 +207,11 @@ def _real() -> Any:
     """A context where factories make real tensors, even inside the simulated engine's fake mode."""
     import contextlib
 
-    from torch._guards import active_fake_mode
+    from placecheck.compat import active_fake_mode
 
     if active_fake_mode() is None:
         return contextlib.nullcontext()
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from placecheck.compat import unset_fake_temporarily
 
     return unset_fake_temporarily()
 
@@ -413,7 +413,8 @@ def move_inputs(obj: Any, device: str) -> Any:
     converted to a fake one on ``device`` directly, as the engine does for parameters.
     """
     import torch
-    from torch.utils._pytree import tree_map_only
+
+    from placecheck.compat import tree_map_only
 
     return tree_map_only(torch.Tensor, lambda t: _move_tensor(t, device), obj)
 
@@ -428,12 +429,12 @@ def _move_tensor(t: torch.Tensor, device: str) -> torch.Tensor:
 
         if not needs_cuda_driver(exc):
             raise
-        from torch._guards import active_fake_mode
+        from placecheck.compat import active_fake_mode
 
         fake_mode = active_fake_mode()
         if fake_mode is None:
             raise
-        from torch._subclasses.fake_tensor import unset_fake_temporarily
+        from placecheck.compat import unset_fake_temporarily
 
         with unset_fake_temporarily():
             meta = t.detach().to("meta")

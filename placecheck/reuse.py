@@ -51,10 +51,15 @@ from typing import Any
 
 import torch
 import torch.nn as nn
-from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 from torch.nn.modules import module as module_mod
-from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from placecheck.compat import (
+    DisableTorchFunction,
+    FakeTensor,
+    tree_flatten,
+    tree_unflatten,
+    unset_fake_temporarily,
+)
 from placecheck.datadep import on_host
 
 if typing.TYPE_CHECKING:
@@ -206,14 +211,14 @@ class CallReuse:
               kwargs: dict[str, Any]) -> Any:
         if id(module) not in self._candidates or torch.is_grad_enabled():
             return original(module, *args, **kwargs)
-        with torch._C.DisableTorchFunction():  # the bookkeeping's own tensor reads are not the model's
+        with DisableTorchFunction():  # the bookkeeping's own tensor reads are not the model's
             found = self._lookup(module, args, kwargs)
         if isinstance(found, _Memo):
             return self._reuse(module, found)
         if found is None:
             return original(module, *args, **kwargs)
         key, inputs = found
-        with torch._C.DisableTorchFunction():
+        with DisableTorchFunction():
             state = [*module.parameters(), *module.buffers()]
             versions = [t._version for t in (*state, *inputs)]
         activity = self.activity()
@@ -221,7 +226,7 @@ class CallReuse:
         reads = mode.value_reads
         assumed = dict(mode.assumptions)
         out = original(module, *args, **kwargs)
-        with torch._C.DisableTorchFunction():
+        with DisableTorchFunction():
             clean = (self.activity() == activity and [t._version for t in (*state, *inputs)] == versions
                      and self.key(module) == key[0])
             made = self._memo(module, out, [*state, *inputs], assumed) if clean else None
@@ -307,7 +312,7 @@ class CallReuse:
         """A new fake tensor with no values, made from a meta one as the fake mode makes its own (a CPU-only
         torch build refuses a fake CUDA factory call)."""
         fake_mode = self.mode.fake_mode
-        with torch._C.DisableTorchFunction(), unset_fake_temporarily():  # not the model's: no event
+        with DisableTorchFunction(), unset_fake_temporarily():  # not the model's: no event
             meta = torch.empty_strided(shape, stride, dtype=dtype, device="meta")
         made: torch.Tensor = fake_mode.fake_tensor_converter.from_meta_and_device(fake_mode, meta, device)
         return made

@@ -26,7 +26,7 @@ aten = torch.ops.aten
 def fake_tensor(fake_mode: Any, shape: Sequence[int], stride: Sequence[int], dtype: torch.dtype,
                 device: torch.device) -> torch.Tensor:
     """A fake tensor of ``fake_mode`` with this shape, strides and dtype, on ``device``, with no data."""
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from placecheck.compat import unset_fake_temporarily
 
     with unset_fake_temporarily():
         meta = torch.empty_strided(tuple(shape), tuple(stride), dtype=dtype, device="meta")
@@ -48,7 +48,7 @@ def _eval_batch_norm(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -
     are the running statistics and their inverse square root, one per channel, in the computation
     dtype (float32 for half precision); cudnn's variant gives empty ones and an empty reserve.
     """
-    from torch._subclasses.fake_tensor import FakeTensor
+    from placecheck.compat import FakeTensor
 
     if func is aten._native_batch_norm_legit_no_training.default:
         if kwargs or len(args) != 7:

@@ -25,7 +25,6 @@ import collections
 import dataclasses
 import functools
 import itertools
-import sys
 import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -235,11 +234,9 @@ def _with_internals(keys: frozenset[str]) -> frozenset[str]:
 def _composable_state_keys() -> frozenset[str]:
     """The ``__dict__`` keys under which torch.distributed's composable APIs keep a module's state
     (none until one of them has been imported)."""
-    contract = sys.modules.get("torch.distributed._composable.contract")
-    if contract is None:
-        return frozenset()
-    keys = (getattr(contract, "STATE_KEY", None), getattr(contract, "REGISTRY_KEY", None))
-    return frozenset(k for k in keys if isinstance(k, str))
+    from placecheck.compat import composable_state_keys
+
+    return composable_state_keys()
 
 
 def class_attributes(module: nn.Module) -> dict[str, Any]:

@@ -34,9 +34,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from torch._C import DisableTorchFunctionSubclass
 from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_map_only
 
 from placecheck.classify import (
     DeviceMismatchError,
@@ -49,6 +47,7 @@ from placecheck.classify import (
     refused_on_device,
     tensor_arguments,
 )
+from placecheck.compat import DisableTorchFunctionSubclass, tree_map_only
 from placecheck.cudaapi import cuda_initialised, cuda_queries_simulated, current_index, forked_cuda_error
 
 _CPU = torch.device("cpu")

@@ -37,6 +37,7 @@ import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 
 from placecheck import classify
+from placecheck.compat import DisableTorchFunction
 from placecheck.cudaapi import missing_gpu
 from placecheck.errors import one_line
 from placecheck.events import (
@@ -205,7 +206,7 @@ class Tracer:
         def wrapped(original: Callable[..., Any]) -> Callable[..., Any]:
             @functools.wraps(original)
             def factory(*args: Any, **kwargs: Any) -> Any:
-                with torch._C.DisableTorchFunction():  # fake tensors' own conversion is not the model's
+                with DisableTorchFunction():  # fake tensors' own conversion is not the model's
                     out = original(*args, **kwargs)
                 if isinstance(out, torch.Tensor) and out.device != self.target:
                     self._off_target_result(original, args, [], out)
@@ -660,7 +661,7 @@ def _attention_fast_path_kept(target: torch.device) -> Iterator[None]:
                 or any(isinstance(t, SimulatedTensor) or t.device != target
                        for t in [*tensors, *self.parameters()])):
             return original(self, *args, **kwargs)
-        with torch._C.DisableTorchFunction():
+        with DisableTorchFunction():
             return original(self, *args, **kwargs)
 
     nn.MultiheadAttention.forward = forward  # type: ignore[method-assign]

@@ -112,7 +112,7 @@ def _dtype(t: torch.Tensor) -> str:
 
 def storage_key(t: torch.Tensor) -> int | None:
     """The data pointer of a real tensor's storage; ``None`` for fake/meta tensors."""
-    from torch._subclasses.fake_tensor import FakeTensor
+    from placecheck.compat import FakeTensor
 
     if isinstance(t, FakeTensor) or t.device.type == "meta" or t.is_sparse:
         return None

@@ -39,12 +39,13 @@ import sysconfig
 from pathlib import Path
 from typing import Any
 
+from placecheck import compat
 from placecheck.classify import out_of_memory
 from placecheck.errors import PlacecheckError, one_line
 from placecheck.options import AuditOptions
 
 WARM_MODULES = ("torch", "placecheck.api", "placecheck.load", "placecheck.formats.json", "placecheck.trace",
-                "placecheck.inputs", "placecheck.datadep", "torch._subclasses.schema_check_mode")
+                "placecheck.inputs", "placecheck.datadep", *compat.WARM_MODULES)
 """What every audit imports (some lazily, during the forward): the server imports them before its
 first fork, so that no child imports them again."""
 

@@ -21,10 +21,11 @@ from placecheck.checkpoint import CheckpointFormat, check_checkpoint, read_check
 from placecheck.checkpoint.metadata import find_state_dict
 from placecheck.cli import app
 
+pytestmark = pytest.mark.compat
+
 NET_SOURCE = '''
 import torch
 import torch.nn as nn
-
 
 class Net(nn.Module):
     def __init__(self):

@@ -18,6 +18,8 @@ from typer.testing import CliRunner
 
 from placecheck.cli import app
 
+pytestmark = [pytest.mark.compat, pytest.mark.cli]
+
 TARGETS = TESTS / "fixtures" / "cli" / "targets.py"
 BROKEN = TESTS / "fixtures" / "cli" / "broken_import.py"
 

@@ -11,6 +11,8 @@ from typer.testing import CliRunner
 from placecheck.cli import app
 from placecheck.rules import RULES
 
+pytestmark = pytest.mark.cli
+
 runner = CliRunner()
 
 

@@ -171,6 +171,7 @@ def _tiny(name: str) -> Any:
         num_key_value_heads=1, num_experts=4, num_experts_per_tok=2, **small)).eval()
 
 
+@pytest.mark.transformers
 @pytest.mark.parametrize("name", ["bert", "roberta", "mixtral", "qwen2_moe"])
 def test_tiny_configs_run_on_the_fake_engine_with_the_real_valued_engines_findings(name: str) -> None:
     factory = _tiny(name)

@@ -185,6 +185,7 @@ def test_cli_without_accelerate_says_how_to_install(monkeypatch: pytest.MonkeyPa
 # ---- the map is accelerate's own ----------------------------------------------------------------------
 
 
+@pytest.mark.transformers
 def test_the_8b_map_equals_what_transformers_and_accelerate_compute() -> None:
     """The map placecheck prints for Llama-8B on 4 x 24GiB is the one ``from_pretrained(device_map="auto",
     max_memory=...)`` computes (transformers' own ``_get_device_map``) and the one
@@ -219,6 +220,7 @@ def test_the_8b_map_equals_what_transformers_and_accelerate_compute() -> None:
     assert all(n <= 24 * 2**30 for n in per_device.values())
 
 
+@pytest.mark.transformers
 @pytest.mark.parametrize("spec", ["balanced_low_0", "sequential"])
 def test_other_computed_maps_equal_transformers(spec: str) -> None:
     _accelerate()
@@ -345,6 +347,7 @@ def test_tied_weights_stay_tied_and_shaped_on_fake_tensors(tmp_path: Path) -> No
     assert not report.incomplete
 
 
+@pytest.mark.transformers
 def test_the_printed_8b_map_is_accelerates(tmp_path: Path) -> None:
     """The map ``placecheck audit llama_8b --device-map auto --gpus 4 --gpu-memory 24GiB`` prints (JSON)
     equals ``infer_auto_device_map`` for the same model and budget."""

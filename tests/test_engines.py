@@ -23,7 +23,7 @@ from placecheck.engine import (
 from placecheck.errors import UsageError
 from placecheck.tagged import SimulatedDeviceMismatchError, SimulatedTensor, tagged_cuda
 
-pytestmark = [pytest.mark.usefixtures("ungrouped"), pytest.mark.cpu_build]
+pytestmark = [pytest.mark.usefixtures("ungrouped"), pytest.mark.cpu_build, pytest.mark.compat]
 
 no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="a real GPU is present")
 

@@ -22,6 +22,8 @@ from placecheck.fix import FixRefused, fix, fix_run, write
 from placecheck.fix.edits import NotFixable, Request, Rewrite, rewrite
 from placecheck.options import AuditOptions
 
+pytestmark = pytest.mark.compat
+
 FIXTURES = TESTS / "fixtures" / "fix"
 CASES = [pytest.param(py, py.with_name(py.stem + ".fixed.py"), id=py.stem)
          for py in sorted(FIXTURES.glob("*.py")) if not py.name.endswith(".fixed.py")]

@@ -1,13 +1,12 @@
 """The forward-pass core's layers: a lower module never imports a higher one, not even inside a function.
 
-Bottom to top: sources (user lines) < classify (what an error means) < host_syncs (the calls that
-make the host wait) < cudaapi (the simulated torch.cuda API) < tagged (the real-valued engine) < shortcuts
-(ops made from metadata where torch's fake path is slow) < datadep (fake
-tensors' data-dependent ops) < reuse (identical module calls run once) <
-engine < provenance < events < hostcopies (non-blocking host copies) <
-forward_checks < trace. Each module may import
-only modules below it (and placecheck's torch-free basics); zoo imports no
-placecheck module, so inputs can import it.
+Bottom to top: compat (torch's private API) < sources (user lines) < classify (what an
+error means) < host_syncs (the calls that make the host wait) < cudaapi (the simulated
+torch.cuda API) < tagged (the real-valued engine) < shortcuts (ops made from metadata where
+torch's fake path is slow) < datadep (fake tensors' data-dependent ops) < reuse (identical
+module calls run once) < engine < provenance < events < hostcopies (non-blocking host copies)
+< forward_checks < trace. Each module may import only modules below it (and placecheck's
+torch-free basics); zoo imports no placecheck module, so inputs can import it.
 """
 
 from __future__ import annotations
@@ -20,8 +19,8 @@ import pytest
 pytestmark = pytest.mark.cpu_build  # runs on the CPU-only torch build too (Makefile: test-cpu-build)
 
 PACKAGE = Path(__file__).parents[1] / "placecheck"
-ORDER = ["sources", "classify", "host_syncs", "cudaapi", "tagged", "shortcuts", "datadep", "reuse", "engine",
-         "provenance", "events", "hostcopies", "forward_checks", "trace"]
+ORDER = ["compat", "sources", "classify", "host_syncs", "cudaapi", "tagged", "shortcuts", "datadep", "reuse",
+         "engine", "provenance", "events", "hostcopies", "forward_checks", "trace"]
 BASICS = {"errors", "finding", "rules", "devices", "walk", "options", "placement"}
 """Modules any layer may use: torch-free basics, the walk's result the tracer starts from, and
 ``placement`` (``--device keep``): each module's expected device (the walk's too) and the flows of a

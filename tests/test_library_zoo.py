@@ -79,6 +79,7 @@ def _transformers_models() -> dict[str, tuple[Callable[[], Any], list[str]]]:
 TRANSFORMERS = ["gpt2", "gptj", "llama", "mixtral", "qwen2_moe", "bert", "t5", "whisper", "clip"]
 
 
+@pytest.mark.transformers
 @pytest.mark.parametrize("name", TRANSFORMERS)
 def test_transformers_tiny_config_has_no_warning(name: str) -> None:
     factory, inputs = _transformers_models()[name]
@@ -86,6 +87,7 @@ def test_transformers_tiny_config_has_no_warning(name: str) -> None:
     _no_warning_or_error(report)
 
 
+@pytest.mark.transformers
 def test_gptj_scalar_attribute_is_reported_as_info() -> None:
     """GPT-J keeps ``scale_attn = torch.sqrt(torch.tensor(head_dim))`` as a plain attribute: .to()
     leaves it on the CPU, and its forward uses it only as a scalar, which is legal: info, not hidden."""

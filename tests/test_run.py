@@ -20,7 +20,8 @@ from placecheck.finding import Finding, Severity
 from placecheck.report import Report
 from placecheck.run import run
 
-pytestmark = pytest.mark.cpu_build  # runs on the CPU-only torch build too (Makefile: test-cpu-build)
+# runs on the CPU-only torch build too (Makefile: test-cpu-build)
+pytestmark = [pytest.mark.cpu_build, pytest.mark.compat]
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "run"
 EXAMPLES = Path(__file__).resolve().parent.parent / "placecheck" / "examples"
@@ -146,6 +147,7 @@ def test_formatting_a_device_scalar_works_and_is_a_sync_once() -> None:
     assert "a host sync, once" in finding.message
 
 
+@pytest.mark.transformers
 def test_a_sync_inside_installed_code_in_forward_is_info_naming_it() -> None:
     transformers = pytest.importorskip("transformers")
 

@@ -12,6 +12,8 @@ from typer.testing import CliRunner
 from placecheck.cli import app
 from placecheck.formats import OutputFormat
 
+pytestmark = [pytest.mark.compat, pytest.mark.cli]
+
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "run"
 BUGGY = os.path.relpath(FIXTURES / "batch_buggy.py")
 

@@ -24,7 +24,7 @@ import placecheck
 from placecheck.cli import app
 from placecheck.engine import SIMULATED_CUDA, SIMULATED_GPU_NAME, simulated_cuda
 
-pytestmark = [pytest.mark.usefixtures("ungrouped"), pytest.mark.cpu_build]
+pytestmark = [pytest.mark.usefixtures("ungrouped"), pytest.mark.cpu_build, pytest.mark.compat]
 
 FIXTURES = TESTS / "fixtures" / "simulation"
 CUDA_IN_INIT = FIXTURES / "cuda_in_init.py"

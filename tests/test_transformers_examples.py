@@ -19,6 +19,8 @@ from placecheck.config import ModelConfig, load
 from placecheck.examples import transformers_models
 from placecheck.load import resolve
 
+pytestmark = pytest.mark.transformers
+
 CONFIG = Path(__file__).parents[1] / "configs" / "transformers.toml"
 MODELS = load(CONFIG).models  # the project's own config loader validates every key
 

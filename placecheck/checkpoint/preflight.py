@@ -40,6 +40,7 @@ from placecheck.checkpoint.metadata import (
     top_level_keys,
 )
 from placecheck.checkpoint.pt2 import load_pt2_state_dict
+from placecheck.compat import torch_note
 from placecheck.devices import human_bytes, normalize_device
 from placecheck.errors import LoadError, PlacecheckError, UsageError, one_line
 from placecheck.finding import Finding
@@ -289,7 +290,7 @@ def _notes(meta: CheckpointMeta, sd_path: str | None, n_keys: int, model_name: s
     how = ("loaded with torch.load(weights_only=False) because --trust was given (its code ran); "
            "saved devices read from the index" if loaded_trusted else
            "read from the index only, no tensor data was loaded")
-    notes = [f"format: {meta.format}, {human_bytes(meta.size)}; {how}"]
+    notes = [f"format: {meta.format}, {human_bytes(meta.size)}; {how}", torch_note()]
     notes.append(device_table(device_usage(meta), meta.format))
     if sd_path is not None:
         where = f"under {sd_path!r}" if sd_path else "at the top level"
@@ -511,7 +512,7 @@ def load_into_model(model: Any, path: str, *, device: str, engine: Any, key: str
     if meta.needs_code_execution:
         if not trust:
             notes = [f"format: {meta.format}, {human_bytes(meta.size)}; refused: loading would run code "
-                     "from the file; rerun with --trust to allow it",
+                     "from the file; rerun with --trust to allow it", torch_note(),
                      device_table(device_usage(meta), meta.format)]
             report = Report.build(model_name, device, engine.name, [unsafe_finding(meta, trusted=False)],
                                   notes, _stats(meta))

@@ -91,12 +91,12 @@ def _as_int(value: Any, shown: str, member: str, fqn: str) -> int:
 
 
 def _dtype(code: Any, shown: str, member: str, fqn: str) -> tuple[str, int]:
-    from torch._export.serde.schema import ScalarType
+    from placecheck.compat import export_scalar_type
 
     try:
         if type(code) is not int:
             raise ValueError(code)
-        name = ScalarType(code).name
+        name = export_scalar_type(code)
     except ValueError:
         raise _bad(shown, member, f"gives {fqn!r} the unknown dtype {code!r}") from None
     if name not in _EXPORT_DTYPES:

@@ -22,13 +22,9 @@ def normalize_module(module: str) -> str:
 
 def allowed_globals() -> frozenset[str]:
     """The globals ``torch.load(weights_only=True)`` accepts here: torch's and the user's."""
-    from torch import _weights_only_unpickler as wou
+    from placecheck.compat import weights_only_allowed_globals
 
-    allowed = set(wou._get_allowed_globals())
-    user = getattr(wou, "_get_user_allowed_globals", None)
-    if user is not None:
-        allowed |= set(user())
-    return frozenset(allowed)
+    return weights_only_allowed_globals()
 
 
 def unsafe_globals(names: list[str]) -> list[str]:

@@ -30,14 +30,16 @@ app = typer.Typer(
 
 def _version(value: bool) -> None:
     if value:
-        typer.echo(f"placecheck {__version__}")
+        from placecheck.compat import torch_version  # torch is imported for --version only
+
+        typer.echo(f"placecheck {__version__}\ntorch {torch_version()}")
         raise typer.Exit()
 
 
 @app.callback()
 def main(
     version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
-                                          help="Show the version and exit.")] = False,
+                                          help="Show placecheck's and torch's versions and exit.")] = False,
 ) -> None:
     """Find PyTorch device-placement bugs before they cost a GPU job."""
 

@@ -364,7 +364,8 @@ def dispatch(model: nn.Module, device_map: MapPlan) -> nn.Module:
 def accelerate_on_fake_tensors() -> Iterator[None]:
     """While a device-mapped model is dispatched and run: the two shims the module docstring explains."""
     import accelerate.utils.modeling as modeling
-    from torch._subclasses.fake_tensor import FakeTensor
+
+    from placecheck.compat import FakeTensor
 
     def param_type(obj: Any) -> type:
         if isinstance(obj, FakeTensor) and getattr(obj, "_is_param", False):

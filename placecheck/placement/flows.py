@@ -153,7 +153,7 @@ class Flows:
 
     def mark_inputs(self, inputs: Any) -> None:
         """The forward's input tensors (nested), so that a message can name them as such."""
-        from torch.utils._pytree import tree_leaves
+        from placecheck.compat import tree_leaves
 
         for t in tree_leaves(inputs):
             if isinstance(t, torch.Tensor):

@@ -75,7 +75,8 @@ def input_device(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     computed on the CPU only), the inputs go to the model's first device.
     """
     from torch.nn.modules import module as module_mod
-    from torch.utils._pytree import tree_leaves
+
+    from placecheck.compat import tree_leaves
 
     def refuse(*_: Any) -> None:
         raise _Registered

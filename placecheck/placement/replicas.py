@@ -63,9 +63,9 @@ from unittest import mock
 import torch
 import torch.nn as nn
 from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_map_only
 
 from placecheck.classify import tensor_arguments
+from placecheck.compat import tree_map_only
 from placecheck.cudaapi import CPU_ONLY_BUILD, CurrentDeviceMoves, current_device
 from placecheck.errors import UsageError
 from placecheck.finding import Finding
@@ -314,7 +314,7 @@ def _describe(t: torch.Tensor) -> str:
 @contextlib.contextmanager
 def _fake_process_group(rank: int, world_size: int) -> Iterator[None]:
     """PyTorch's fake process group as the default group, for ``rank`` of ``world_size``: collectives
-    return at once without moving data (``torch.testing._internal.distributed.fake_pg``)."""
+    return at once without moving data (:func:`placecheck.compat.fake_store`)."""
     import torch.distributed as dist
 
     if not dist.is_available():
@@ -323,9 +323,9 @@ def _fake_process_group(rank: int, world_size: int) -> Iterator[None]:
     if dist.is_initialized():
         raise UsageError("a process group is already initialised in this process: audit replicated "
                          "models before init_process_group, or from the command line")
-    from torch.testing._internal.distributed.fake_pg import FakeStore
+    from placecheck.compat import fake_store
 
-    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+    dist.init_process_group("fake", store=fake_store(), rank=rank, world_size=world_size)
     try:
         yield
     finally:
@@ -341,9 +341,10 @@ def _fsdp_moves_fake_tensors() -> Iterator[None]:
     under the fake mode each is swapped for its moved self instead (``torch.utils.swap_tensors``, as
     FSDP2 itself does for tensor subclasses), which keeps every Parameter object, as on a GPU.
     """
-    try:
-        from torch.distributed.fsdp._fully_shard import _fsdp_init
-    except ImportError:  # no FSDP2 in this build: nothing to patch
+    from placecheck.compat import fsdp_init_module
+
+    _fsdp_init = fsdp_init_module()
+    if _fsdp_init is None:  # no FSDP2 in this build: nothing to patch
         yield
         return
     original = getattr(_fsdp_init, "_move_states_to_device", None)
@@ -352,8 +353,9 @@ def _fsdp_moves_fake_tensors() -> Iterator[None]:
         return
 
     def move_states(params: list[nn.Parameter], buffers: list[torch.Tensor], device: torch.device) -> None:
-        from torch._guards import active_fake_mode
         from torch.distributed.tensor import DTensor
+
+        from placecheck.compat import active_fake_mode
 
         mode = active_fake_mode()
         rest: list[torch.Tensor] = []
@@ -442,7 +444,7 @@ def merged_notes(replicas: Replicas, runs: Sequence[Sequence[str]]) -> list[str]
     return out
 
 
-_SAID_ONCE = ("engine: ", "init: ")
+_SAID_ONCE = ("engine: ", "torch: ", "init: ")
 
 
 def devices(replicas: Replicas) -> str:

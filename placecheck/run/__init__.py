@@ -20,6 +20,7 @@ import types
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from placecheck.compat import torch_note
 from placecheck.report import Report
 from placecheck.rules import selected
 from placecheck.run.script import Outcome, Program, execute
@@ -49,7 +50,8 @@ def run(target: str | Callable[[], Any], args: Sequence[str] = (), *, module: bo
     recorder = RunRecorder(gpus=gpus, steps=steps)
     notes = [f"engine: CUDA simulated with real CPU values ({gpus} GPU{'s' if gpus != 1 else ''}), the "
              "default for run: scripts read values (.item(), printed losses, data-driven branches) and "
-             "run backward, which fake tensors cannot; the script really runs and its side effects happen"]
+             "run backward, which fake tensors cannot; the script really runs and its side effects happen",
+             torch_note()]
     with tagged_cuda(gpus), recorder.recording():
         outcome = execute(program, timeout, notes)
     findings = recorder.findings()

@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 import torch.nn as nn
-from torch._C import DisableTorchFunctionSubclass
 
+from placecheck.compat import DisableTorchFunctionSubclass
 from placecheck.errors import PlacecheckError
 from placecheck.sources import here
 from placecheck.state import replace_tensors

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from placecheck.compat import parse_to
 from placecheck.sources import here
 from placecheck.walk import Snapshot, walk
 
@@ -31,7 +32,7 @@ def _cuda_destination(args: tuple[Any, ...], kwargs: dict[str, Any], cuda_call: 
         index = dev if isinstance(dev, int) else (torch.device(dev).index if dev is not None else None)
         return torch.device("cuda", index or 0)
     try:
-        device = torch._C._nn._parse_to(*args, **kwargs)[0]
+        device = parse_to(*args, **kwargs)[0]
     except (TypeError, RuntimeError):
         return None
     if device is None or device.type != "cuda":
