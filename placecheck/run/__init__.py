@@ -102,8 +102,8 @@ def _ending(outcome: Outcome, steps: int, lines: ScriptLines) -> str:
             return f"run: the script called sys.exit({outcome.exit_code!r}){at} after {done}"
         said = f"prints {outcome.exit_code!r} and " if not isinstance(outcome.exit_code, int) else ""
         return (f"run: the script called sys.exit({outcome.exit_code!r}){at} after {done}: python "
-                f"{said}exits with status {status} there: the script did not run through (exit code 2 unless a finding "
-                "fails the run)")
+                f"{said}exits with status {status} there: the script did not run through (exit code 2 unless "
+                "a finding fails the run)")
     if outcome.kind == "error":
         return f"run: the script raised an exception{at} after {done}"
     return f"run: the script ran to its end ({done})"

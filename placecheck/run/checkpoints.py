@@ -3,8 +3,9 @@
 A save writes plain host tensors (no placecheck class in the file), each storage tagged with the
 device it came from as a GPU run writes it (``cuda:1``: ``placecheck checkpoint`` or a later run on a
 machine without that GPU then shows PC301), and remembers those devices; a load puts each storage
-back where it was saved (or where ``map_location`` maps it), tagged as the engine's device tensor. A load of storages the simulated machine lacks, without
-``map_location``, is PC301 and then fails as it would there.
+back where it was saved (or where ``map_location`` maps it), tagged as the engine's device tensor.
+A load of storages the simulated machine lacks, without ``map_location``, is PC301 and then fails as
+it would there.
 """
 
 from __future__ import annotations
