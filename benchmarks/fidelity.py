@@ -1,7 +1,7 @@
 """Real-GPU fidelity: does the simulation find what a real GPU run finds?
 
 Every fixture model (``tests/fixtures/{forward,walk,seeds}``), every example
-(``placecheck/examples``) and the torchvision zoo (``configs/torchvision.toml``)
+model (``placecheck/examples``) and the torchvision zoo (``configs/torchvision.toml``)
 is audited twice for ``cuda``: once on the real GPU (``--engine real``, the
 reference) and once simulated with fake tensors (``--engine fake``); where
 fake tensors stop before the end of the forward, also with real values
@@ -10,6 +10,13 @@ simulated audit are compared with the reference's as ``(code, where,
 source)`` rows: equal sets agree; every disagreement is listed with the rows
 only one side has and its reason, from :data:`KNOWN_DIFFERENCES` (a limit of
 the simulation, documented there) or "unexplained" (a bug to fix).
+
+The training examples are scripts (``placecheck/examples/train_*.py``: their
+top level trains), never imported: each runs as ``python SCRIPT`` on the GPU
+(the reference) and through ``placecheck run SCRIPT`` (simulated, real values),
+and what is compared is where it crashes: the line of the real run's error
+against the lines of ``run``'s errors (PC201, PC207), as ``raises FILE:LINE``
+rows (none: it runs through).
 
 Scale, on the GPU too: the real-engine audit of resnet50 and of a
 1B-parameter Llama-shaped model (real weights on the GPU) beside the
@@ -30,6 +37,7 @@ holds a real GPU's results. Prints a markdown table for the README.
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import dataclasses
 import importlib
@@ -37,6 +45,8 @@ import io
 import json
 import os
 import platform
+import re
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -50,7 +60,7 @@ from placecheck.limits import fidelity_limits  # torch-free: the one table of kn
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 FIXTURE_DIRS = ("forward", "walk", "seeds")
-KINDS = ("fixtures", "examples", "zoo", "scale")
+KINDS = ("fixtures", "examples", "scripts", "zoo", "scale")
 ENGINES = ("real", "fake", "tagged")
 
 KNOWN_DIFFERENCES: dict[tuple[str, str], str] = fidelity_limits()
@@ -64,11 +74,13 @@ class Target:
     """One model to audit on every engine."""
 
     kind: str
-    """fixtures | examples | zoo"""
+    """fixtures | examples | scripts | zoo"""
     name: str
     factory: Callable[[], Any]
     options: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Keyword arguments of :func:`placecheck.audit` beyond the engine (inputs, init...)."""
+    script: Path | None = None
+    """A script to run (``python SCRIPT`` for real, ``placecheck run SCRIPT`` simulated), not a model."""
 
 
 # -- the targets -------------------------------------------------------------------------------
@@ -87,9 +99,22 @@ def fixture_targets(root: Path = ROOT) -> list[Target]:
     return targets
 
 
+EXAMPLES = ROOT / "placecheck" / "examples"
+
+
+def is_script(path: Path) -> bool:
+    """True when importing ``path`` would run a loop or a ``with`` block at its top level (a training
+    loop): a script, which is run, never imported. Read with ``ast``, not imported. Definitions,
+    imports, assignments, a call such as ``os.environ.setdefault(...)`` and an ``if __name__ ==
+    "__main__":`` block leave a module importable."""
+    loops = ast.For | ast.AsyncFor | ast.While | ast.With | ast.AsyncWith
+    return any(isinstance(node, loops) for node in ast.parse(path.read_text(encoding="utf-8")).body)
+
+
 def example_targets() -> list[Target]:
     """Every model class and function of ``placecheck.examples`` that needs no arguments (a block
-    taking its width is part of a model, not one); the transformers ones where it is installed."""
+    taking its width is part of a model, not one); the transformers ones where it is installed. The
+    training scripts are :func:`script_targets`, never imported here."""
     import inspect
     import pkgutil
 
@@ -99,7 +124,9 @@ def example_targets() -> list[Target]:
 
     targets = []
     for info in sorted(pkgutil.iter_modules(examples.__path__), key=lambda m: m.name):
-        with _quiet():  # the training examples are scripts: importing one trains a little and prints
+        if is_script(EXAMPLES / f"{info.name}.py"):
+            continue
+        with _quiet():
             module = importlib.import_module(f"placecheck.examples.{info.name}")
         for attr, value in sorted(vars(module).items()):
             if attr.startswith("_") or getattr(value, "__module__", "") != module.__name__:
@@ -112,6 +139,13 @@ def example_targets() -> list[Target]:
             if not required:
                 targets.append(Target("examples", f"{info.name}:{attr}", value))
     return targets
+
+
+def script_targets(root: Path = EXAMPLES) -> list[Target]:
+    """The training examples (:func:`is_script`), to run whole: ``python`` on the GPU, ``placecheck run``
+    simulated."""
+    return [Target("scripts", path.name, lambda: None, script=path)
+            for path in sorted(root.glob("*.py")) if is_script(path)]
 
 
 def zoo_targets(config: Path = ROOT / "configs" / "torchvision.toml") -> list[Target]:
@@ -143,6 +177,8 @@ def targets_of(kinds: tuple[str, ...]) -> list[Target]:
         found += fixture_targets()
     if "examples" in kinds:
         found += example_targets()
+    if "scripts" in kinds:
+        found += script_targets()
     if "zoo" in kinds:
         with contextlib.suppress(ImportError):
             import torchvision  # noqa: F401
@@ -182,6 +218,8 @@ def state_bytes(target: Target) -> int | None:
 
     from placecheck.construct import state_nbytes
 
+    if target.script is not None:
+        return None
     try:
         with torch.device("meta"), _quiet():
             return state_nbytes(target.factory())
@@ -211,6 +249,8 @@ def audit(target: Target, engine: str) -> Audit:
     """
     import placecheck
 
+    if target.script is not None:
+        return run_script(target.script, engine)
     room = room_for(engine)
     if room is not None:
         need = state_bytes(target)
@@ -228,6 +268,54 @@ def audit(target: Target, engine: str) -> Audit:
                      error=f"{type(exc).__name__}: {message[0] if message else ''}")
     return Audit(engine, [list(r) for r in rows(report)], time.perf_counter() - start,
                  incomplete=report.incomplete, engine_name=report.engine)
+
+
+SCRIPT_STEPS = 2
+"""Optimizer steps ``placecheck run`` takes of a training script (where a crash shows first)."""
+SCRIPT_TIMEOUT = 600.0
+
+
+def run_script(path: Path, engine: str) -> Audit:
+    """``path`` run whole: on ``real``, as ``python path`` on this machine (its GPU); on any simulated
+    engine, through ``placecheck run`` (real values: run's only engine). Its rows are where it crashes,
+    ``[["raises", "train.py:49"]]``, or none."""
+    start = time.perf_counter()
+    if engine == "real":
+        try:
+            done = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, cwd=ROOT,
+                                  timeout=SCRIPT_TIMEOUT, check=False)
+        except subprocess.TimeoutExpired:
+            return Audit(engine, [], time.perf_counter() - start, error=f"ran past {SCRIPT_TIMEOUT:.0f} s")
+        line = crash_line(done.stderr, path) if done.returncode else ""
+        rows = [["raises", line]] if done.returncode else []
+        return Audit(engine, rows, time.perf_counter() - start, engine_name="python")
+    import placecheck
+
+    try:
+        with _quiet():
+            report = placecheck.run(str(path), steps=SCRIPT_STEPS, timeout=SCRIPT_TIMEOUT)
+    except Exception as exc:
+        message = str(exc).strip().splitlines()
+        return Audit(engine, [], time.perf_counter() - start,
+                     error=f"{type(exc).__name__}: {message[0] if message else ''}")
+    crashes = sorted({_file_line(f.source) for f in report.findings if f.code in ("PC201", "PC207")})
+    return Audit(engine, [["raises", line] for line in crashes], time.perf_counter() - start,
+                 engine_name="placecheck run")
+
+
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+)', re.M)
+
+
+def crash_line(stderr: str, path: Path) -> str:
+    """``train.py:49``: the innermost frame of ``path`` in a Python traceback ("" when none is)."""
+    frames = [m for m in _FRAME.finditer(stderr) if Path(m["file"]).resolve() == path.resolve()]
+    return f"{path.name}:{frames[-1]['line']}" if frames else ""
+
+
+def _file_line(source: str) -> str:
+    """``placecheck/examples/train.py:49`` -> ``train.py:49`` (what :func:`crash_line` gives)."""
+    file, _, line = source.rpartition(":")
+    return f"{Path(file).name}:{line}"
 
 
 @contextlib.contextmanager
@@ -275,7 +363,7 @@ def run_targets(targets: list[Target], reference: str, engines: tuple[str, ...],
     for target in targets:
         ref = audit(target, reference)
         audits = {reference: ref}
-        for engine in engines:
+        for engine in ("run",) if target.script is not None else engines:  # a script has one simulation
             audits[engine] = audit(target, engine)
         fake = audits.get("fake")
         if fake is not None and fake.fake_stopped and "tagged" not in audits and reference != "tagged":

@@ -341,7 +341,7 @@ def _audit_on(model: ModelOrFactory, opts: AuditOptions, replica: Replica | None
 
         gpus = opts.gpus or DEFAULT_GPUS
         eng = choose_engine(f"cuda:{gpus - 1}", choice, gpus, train=opts.train and opts.forward)
-        eng = dataclasses.replace(eng, device="cuda:0")
+        eng = dataclasses.replace(eng, device="cuda:0", gpus_given=opts.gpus is not None)
     elif replica is not None:  # every replica on one engine: real only when the machine has the last GPU
         last = f"cuda:{replica.replicas.count - 1}"
         eng = dataclasses.replace(choose_engine(last, choice, opts.gpus, train=opts.train and opts.forward),
@@ -715,7 +715,8 @@ def _forward(model: nn.Module, eng: Engine, result: WalkResult, snapshot: Snapsh
         # code correct on a GPU that needs the real driver (an unsimulated torch.cuda API) is the
         # simulation's limit, not a PC207 against the user's code
         limit = classify.simulation_limit(exc) if eng.simulated and not why else ""
-        if not limit and not why and inferred and not tracer.is_mismatch(exc):
+        if not limit and not why and inferred and not tracer.is_mismatch(exc) \
+                and not classify.is_missing_device(exc):  # no input makes a missing GPU exist
             line = user_line(exc)
             limit = (f"forward: stopped{f' at {line}' if line else ''} with the inferred input "
                      f"({one_line(exc)}): pass --input (or --example-inputs) to check the rest")

@@ -132,10 +132,14 @@ _IN_PLACE_DUNDERS = frozenset({"__iadd__", "__isub__", "__imul__", "__itruediv__
                                "__irshift__",
                                "__imatmul__"})
 
-_HOST_ARGUMENTS: dict[str, frozenset[int]] = {
-    "_pack_padded_sequence": frozenset({1}),
-    "_pad_packed_sequence": frozenset({1}),
+_HOST_ARGUMENT_NAMES: dict[str, dict[int, str]] = {
+    "_pack_padded_sequence": {1: "lengths"},
+    "_pad_packed_sequence": {1: "batch_sizes"},
 }
+"""The names of :data:`_HOST_ARGUMENTS`, for a finding's message."""
+
+_HOST_ARGUMENTS: dict[str, frozenset[int]] = {op: frozenset(names)
+                                              for op, names in _HOST_ARGUMENT_NAMES.items()}
 """Ops whose argument at these positions must be a CPU tensor whatever the device of the rest
 (``pack_padded_sequence``'s ``lengths``): on CUDA a GPU raises; on the CPU it is correct."""
 
@@ -194,6 +198,11 @@ def host_arguments_on_device(func: Callable[..., Any],
     if not positions:
         return []
     return [(pos, t) for pos, t in tensors if pos in positions and t.device.type not in ("cpu", "meta")]
+
+
+def host_argument_name(func: Callable[..., Any], pos: int) -> str:
+    """The name of the argument at ``pos`` that ``func`` needs on the CPU (``lengths``), or ""."""
+    return _HOST_ARGUMENT_NAMES.get(_name(func), {}).get(pos, "")
 
 
 def host_outputs(func: Callable[..., Any]) -> frozenset[int]:
@@ -292,6 +301,31 @@ class DeviceMismatchError(RuntimeError):
     """An op mixed devices, decided from its tensor arguments (raised by placecheck's own engines)."""
 
 
+class ForkedCudaError(RuntimeError):
+    """CUDA used in a process forked after the parent initialised it (a DataLoader worker whose dataset
+    makes CUDA tensors, under the default fork start method): what CUDA raises there, raised by the
+    simulation. The model's bug, never the simulation's limit."""
+
+
+FORKED_CUDA = ("Cannot re-initialize CUDA in forked subprocess. To use CUDA with multiprocessing, you must "
+               "use the 'spawn' start method")
+"""PyTorch's own words for :class:`ForkedCudaError` (torch/cuda/__init__.py)."""
+
+
+def is_missing_device(exc: BaseException) -> bool:
+    """True when ``exc`` is (or was caused by) an :class:`InvalidDeviceError`: a GPU the machine lacks."""
+    return any(isinstance(e, InvalidDeviceError) for e in _chain(exc))
+
+
+class InvalidDeviceError(RuntimeError):
+    """A device index the simulated machine lacks (``x.to("cuda:3")`` with ``--gpus 2``): what CUDA
+    raises there, raised by placecheck's engines. The model's bug, never the simulation's limit."""
+
+    def __init__(self, device: str, gpus: int) -> None:
+        super().__init__(f"CUDA error: invalid device ordinal ({device} on a machine with {gpus} GPU"
+                         f"{'s' if gpus != 1 else ''}; --gpus sets how many)")
+
+
 # Fake tensors' limits that no exception type names, by the message PyTorch raises.
 _FAKE_LIMIT_TEXTS: tuple[tuple[str, str], ...] = (
     ("not linked with support for cuda",
@@ -376,6 +410,9 @@ def simulation_limit(exc: BaseException, phase: str = "forward") -> str:
     """
     from placecheck.sources import user_line  # a lower layer, imported here: it imports torch
 
+    if is_missing_device(exc) or any(isinstance(e, ForkedCudaError) or FORKED_CUDA in str(e)
+                                     for e in _chain(exc)):
+        return ""  # what a GPU with that many devices raises too: the model's bug
     for seen in _chain(exc):
         text = str(seen).lower()
         if any(needle in text for needle in _DRIVER_TEXTS):

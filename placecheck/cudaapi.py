@@ -16,6 +16,7 @@ Not reentrant: one simulated session at a time per process.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import sys
 import types
@@ -27,6 +28,7 @@ from unittest import mock
 import torch
 from torch.overrides import TorchFunctionMode
 
+from placecheck.classify import FORKED_CUDA, ForkedCudaError, InvalidDeviceError
 from placecheck.devices import device_index
 
 
@@ -93,6 +95,44 @@ class SimulatedEvent:
 _current = [0]
 """The simulated current CUDA device's index (``torch.cuda.current_device()``): one cell, set by
 ``torch.cuda.set_device`` / ``torch.cuda.device(i)`` in model code and by :func:`current_device`."""
+
+
+_gpus: list[int | None] = [None, None]
+"""How many GPUs the simulated session has: [0] when ``--gpus`` bounds them (a higher index does not
+exist), else None; [1] in any session, None outside one."""
+
+
+def missing_gpu(device: torch.device) -> InvalidDeviceError | None:
+    """What CUDA raises for ``device`` when the simulated machine lacks it (``cuda:3`` of 2 GPUs); None
+    when it has it, or outside a simulated session (a real GPU raises by itself)."""
+    gpus = _gpus[0]
+    if gpus is None or device.type != "cuda" or (device.index or 0) < gpus:
+        return None
+    return InvalidDeviceError(str(device), gpus)
+
+
+_initialised = [False]
+"""A simulated CUDA tensor was made in this session: CUDA is initialised, as on a GPU."""
+_bad_fork = [False]
+"""This process was forked from one whose simulated CUDA was initialised (torch's ``_is_in_bad_fork``)."""
+
+
+def cuda_initialised() -> None:
+    """A simulated CUDA tensor was made: a process forked from here may not use CUDA again."""
+    _initialised[0] = True
+
+
+def forked_cuda_error() -> ForkedCudaError | None:
+    """What CUDA raises on first use in a process forked after its parent initialised CUDA (a
+    ``DataLoader`` worker under the fork start method whose dataset makes CUDA tensors); None here."""
+    return ForkedCudaError(FORKED_CUDA) if _bad_fork[0] else None
+
+
+def _after_fork_in_child() -> None:
+    _bad_fork[0] = _bad_fork[0] or (_gpus[1] is not None and _initialised[0])
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def current_index() -> int:
@@ -224,8 +264,7 @@ def _cuda_query_patches(gpus: int) -> dict[str, Callable[..., Any]]:
         if index is None:
             return
         if index >= gpus:
-            raise RuntimeError(f"CUDA error: invalid device ordinal (cuda:{index}; {gpus} simulated "
-                               f"GPU{'s' if gpus != 1 else ''})")
+            raise InvalidDeviceError(f"cuda:{index}", gpus)
         _current[0] = index
 
     return {
@@ -275,6 +314,25 @@ def _cuda_query_patches(gpus: int) -> dict[str, Callable[..., Any]]:
     }
 
 
+def _accelerator_patches(gpus: int) -> dict[str, Callable[..., Any]]:
+    """``torch.accelerator`` (the device-generic API) answered for ``gpus`` simulated CUDA GPUs."""
+    cuda = _cuda_query_patches(gpus)
+
+    def _set_index(device: Any) -> None:
+        cuda["set_device"](device)
+
+    return {
+        "is_available": lambda *a, **k: True,
+        "device_count": lambda: gpus,
+        "current_accelerator": lambda *a, **k: torch.device("cuda"),
+        "current_device_index": current_index,
+        "current_device_idx": current_index,
+        "set_device_index": _set_index,
+        "set_device_idx": _set_index,
+        "synchronize": lambda *a, **k: None,
+    }
+
+
 # torch modules that ask torch.cuda on the user's behalf: torch.autocast("cuda") checks
 # availability (and bf16 support) before it enables itself; under simulation it must see the
 # simulated GPU, or it prints "CUDA is not available ... Disabling autocast" and runs in fp32.
@@ -288,6 +346,10 @@ _ASKING_FOR_USER_CODE = ("torch.cuda.amp.common", "torch.amp.autocast_mode")
 # torch.cuda.current_device() (the rank's GPU after set_device), DeviceMesh asks for the
 # GPUs; under simulation they must see the simulated ones (placecheck.placement.replicas).
 _DISTRIBUTED = "torch.distributed."
+# The DataLoader asks torch.accelerator whether to pin its batches (and, with workers, which device its
+# pinning thread serves): under simulation it must pin as on a GPU machine, so that pinning a batch
+# already on the device raises there as it does on one (Tensor.pin_memory is simulated below).
+_DATA_LOADING = ("torch.utils.data.dataloader", "torch.utils.data._utils.pin_memory")
 CPU_ONLY_BUILD = torch.version.cuda is None and torch.version.hip is None
 _AUTOCAST_DISABLED_WARNING = "CUDA is not available or torch_xla is imported. Disabling autocast"
 
@@ -295,7 +357,8 @@ _AUTOCAST_DISABLED_WARNING = "CUDA is not available or torch_xla is imported. Di
 def _called_from_torch(depth: int = 2) -> bool:
     """True when the caller of the patched function is torch itself."""
     name = sys._getframe(depth).f_globals.get("__name__", "")
-    for_user = (name in _ASKING_FOR_USER_CODE and not CPU_ONLY_BUILD) or name.startswith(_DISTRIBUTED)
+    for_user = (name in _ASKING_FOR_USER_CODE and not CPU_ONLY_BUILD) or name.startswith(_DISTRIBUTED) \
+        or name in _DATA_LOADING
     return bool(name == "torch" or name.startswith("torch.")) and not for_user
 
 
@@ -318,8 +381,12 @@ def _for_user_code(simulated: Callable[..., Any], real: Callable[..., Any]) -> C
 
 
 @contextlib.contextmanager
-def cuda_queries_simulated(gpus: int) -> Iterator[None]:
+def cuda_queries_simulated(gpus: int, strict: bool = False) -> Iterator[None]:
     """Make ``torch.cuda.is_available()`` and friends report ``gpus`` GPUs to model code.
+
+    ``strict`` (``--gpus`` given): the machine has no more GPUs; a tensor on a higher index raises
+    CUDA's "invalid device ordinal" (:func:`missing_gpu`). Otherwise ``gpus`` is only enough for the
+    target, and a model naming another GPU is audited as one that has it.
 
     cuDNN is switched off for the session: with it, ``nn.LSTM``/``GRU``/``RNN``
     take cuDNN's path on (simulated) CUDA tensors, whose ``flatten_parameters``
@@ -329,6 +396,7 @@ def cuda_queries_simulated(gpus: int) -> Iterator[None]:
     """
     with contextlib.ExitStack() as stack:
         stack.enter_context(current_device(_current[0]))  # what model code selects stays in the session
+        stack.enter_context(_gpu_count(gpus, strict))
         for name, fn in _cuda_query_patches(gpus).items():
             real = getattr(torch.cuda, name, None)
             if real is None:
@@ -337,6 +405,11 @@ def cuda_queries_simulated(gpus: int) -> Iterator[None]:
             # driver whoever calls them
             patched = fn if isinstance(fn, type) else _for_user_code(fn, real)
             stack.enter_context(mock.patch.object(torch.cuda, name, patched))
+        accelerator = getattr(torch, "accelerator", None)
+        for name, fn in _accelerator_patches(gpus).items():
+            real = getattr(accelerator, name, None)
+            if real is not None:
+                stack.enter_context(mock.patch.object(accelerator, name, _for_user_code(fn, real)))
         # page-locked host memory and the allocator's stream hint need a driver; neither changes
         # where a tensor is: pin_memory() is a CPU copy, record_stream() nothing
         stack.enter_context(mock.patch.object(torch.Tensor, "pin_memory", _pinned_copy))
@@ -346,6 +419,17 @@ def cuda_queries_simulated(gpus: int) -> Iterator[None]:
             stack.enter_context(warnings.catch_warnings())
             warnings.filterwarnings("ignore", message=re.escape(_AUTOCAST_DISABLED_WARNING))
         yield
+
+
+@contextlib.contextmanager
+def _gpu_count(gpus: int, strict: bool) -> Iterator[None]:
+    before = list(_gpus), _initialised[0]
+    _gpus[:] = [gpus if strict else None, gpus]
+    try:
+        yield
+    finally:
+        _gpus[:] = before[0]
+        _initialised[0] = before[1]
 
 
 def _pinned_copy(self: torch.Tensor, device: Any = None) -> torch.Tensor:

@@ -72,6 +72,9 @@ class Engine:
     """Why this engine was chosen, for the report's notes."""
     real_values: bool = False
     """A simulation with real CPU values (placecheck.tagged), not fake tensors."""
+    gpus_given: bool = False
+    """``gpus`` is the machine's count (``--gpus``): a higher device index raises, as CUDA does; else it
+    is only enough GPUs for the target, and a model may name others."""
 
     @property
     def fake(self) -> bool:
@@ -92,9 +95,9 @@ class Engine:
         built in one (its ``__init__`` made CUDA tensors) is moved in the next.
         """
         if self.real_values:
-            return tagged_cuda(self.gpus)
+            return tagged_cuda(self.gpus, self.gpus_given)
         if self.simulated:
-            return simulated_cuda(self.gpus, self.fake_mode)
+            return simulated_cuda(self.gpus, self.fake_mode, self.gpus_given)
         return contextlib.nullcontext()
 
 
@@ -149,25 +152,25 @@ def choose_engine(device: str, choice: EngineChoice = EngineChoice.AUTO, gpus: i
         why = ("requested with --engine tagged" if choice is EngineChoice.TAGGED else
                f"{why_not}; --train needs a backward, which fake tensors cannot run without a GPU")
         return Engine(name=SIMULATED_CUDA_VALUES, device=device, simulated=True, gpus=sim_gpus,
-                      real_values=True, reason=f"{why}; CUDA simulated with real CPU values "
-                                               f"({sim_gpus} GPU{plural})")
+                      gpus_given=gpus is not None, real_values=True,
+                      reason=f"{why}; CUDA simulated with real CPU values ({sim_gpus} GPU{plural})")
     reason = "requested with --engine fake" if choice is EngineChoice.FAKE else why_not
     return Engine(name=SIMULATED_CUDA, device=device, simulated=True, gpus=sim_gpus,
-                  reason=f"{reason}; CUDA simulated with fake tensors ({sim_gpus} GPU"
-                         f"{'s' if sim_gpus != 1 else ''})")
+                  gpus_given=gpus is not None,
+                  reason=f"{reason}; CUDA simulated with fake tensors ({sim_gpus} GPU{plural})")
 
 
 def fallback_engine(engine: Engine, why: str) -> Engine:
     """The real-valued engine that ``auto`` falls back to when fake tensors cannot run the forward."""
     plural = "s" if engine.gpus != 1 else ""
     return Engine(name=SIMULATED_CUDA_VALUES, device=engine.device, simulated=True, gpus=engine.gpus,
-                  real_values=True,
+                  gpus_given=engine.gpus_given, real_values=True,
                   reason=f"fell back from fake tensors, which cannot run this model's forward ({why}); "
                          f"CUDA simulated with real CPU values ({engine.gpus} GPU{plural})")
 
 
 @contextlib.contextmanager
-def simulated_cuda(gpus: int = 1, fake_mode: Any = None) -> Iterator[Any]:
+def simulated_cuda(gpus: int = 1, fake_mode: Any = None, strict: bool = False) -> Iterator[Any]:
     """Fake-tensor mode plus simulated ``torch.cuda`` queries; yields the fake mode.
 
     ``fake_mode`` (default: a new one) lets several sessions share one mode:
@@ -183,7 +186,7 @@ def simulated_cuda(gpus: int = 1, fake_mode: Any = None) -> Iterator[Any]:
     from placecheck.datadep import DataDependentMode  # runs nonzero, .item()... with stated assumptions
 
     datadep = DataDependentMode(mode)
-    with cuda_queries_simulated(gpus), _fake_parameters_swappable(datadep), mode, moves, datadep:
+    with cuda_queries_simulated(gpus, strict), _fake_parameters_swappable(datadep), mode, moves, datadep:
         yield mode
 
 

@@ -30,6 +30,10 @@ class Mismatch:
     stages: tuple[str, str] | None = None
     """``--device keep``: (the stage whose forward produced the offending tensor, the stage whose forward
     received it); ``"(input)"`` names the forward's inputs, ``""`` the root."""
+    refused: str = ""
+    """Not two tensors' devices but one argument a GPU refuses there: ``generator`` (a ``torch.Generator``
+    on ``device``, another device type than the op's ``expected``), or the name of an argument the op
+    needs on the CPU (``lengths``), which is on ``device``."""
 
 
 @dataclass
@@ -125,6 +129,19 @@ class Copy:
 
 
 @dataclass
+class StaleRead:
+    """A host read of a CPU tensor that a non-blocking device-to-host copy was still filling (PC210)."""
+
+    op: str
+    device: str
+    """The device the copy came from."""
+    site: Site
+    """Where the host read it."""
+    copied_at: Site
+    """Where the non-blocking copy was made."""
+
+
+@dataclass
 class GradOffDevice:
     """A parameter whose gradient the backward left off the target (PC201)."""
 
@@ -133,4 +150,4 @@ class GradOffDevice:
 
 
 Event = typing.Union[Creation, Mismatch, HostSync, ImplicitTransfer, Registration, OutputOffDevice,
-                     ForwardError, GradOffDevice, Copy]
+                     ForwardError, GradOffDevice, Copy, StaleRead]

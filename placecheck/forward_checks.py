@@ -1,4 +1,4 @@
-"""The forward-pass checks: the events one traced forward recorded, turned into findings PC201-PC207.
+"""The forward-pass checks: the events one traced forward recorded, turned into findings PC201-PC210.
 
 The tracer (:mod:`placecheck.trace`) records; this module decides what each
 event means (is it a finding, at which severity, what it links to) and takes
@@ -29,6 +29,7 @@ from placecheck.events import (
     Mismatch,
     OutputOffDevice,
     Registration,
+    StaleRead,
 )
 from placecheck.finding import Finding, Severity
 from placecheck.provenance import Creation, Provenance
@@ -164,6 +165,12 @@ def _finding(event: Event, target: str, lazy_lines: set[str],
         message, hint = rules.forward_error(event.phase, event.message)
         return _make("PC207", event.site, None, expected=target, message=message, hint=hint,
                      details=(("phase", event.phase),))
+    if isinstance(event, StaleRead):
+        message, hint = rules.unsynchronized_read(event.op, event.device, event.copied_at.source)
+        # the copy's direction in the device columns (cuda:0 -> cpu), as a returned host copy's PC204
+        return _make("PC210", event.site, None, device=event.device, expected="cpu",
+                     origin=event.copied_at.source, message=message, hint=hint,
+                     details=(("op", event.op), ("copied_at", event.copied_at.source)))
     if isinstance(event, GradOffDevice):
         message, hint = rules.gradient_off_device(event.path, event.device, target)
         return _make("PC201", NOWHERE, None, device=event.device, expected=target, module=event.path,
@@ -197,6 +204,16 @@ def _copy(event: Copy) -> Finding:
 
 def _mismatch(event: Mismatch, target: str) -> Finding:
     prov = event.provenance
+    if event.refused:
+        if event.refused == "generator":
+            message, hint = rules.generator_off_device(event.op, event.device, target)
+        else:
+            message, hint = rules.host_argument_on_device(event.op, event.refused,
+                                                          _tensor(event.dtype, event.shape), event.device)
+        return _make("PC201", event.site, None, device=event.device, expected=target, dtype=event.dtype,
+                     shape=event.shape, origin=prov.origin, message=message, hint=hint,
+                     details=(("op", event.op), ("devices", ", ".join(event.devices)),
+                              ("argument", event.refused)))
     from_stage, to_module = event.stages if event.stages is not None else ("", "")
     message, hint = rules.device_mismatch(
         event.op, event.devices, event.device, _tensor(event.dtype, event.shape), _came_from(prov),

@@ -425,6 +425,23 @@ def left_out_of_sharding(what: str, name: str, device: str, target: str) -> tupl
             "left over, or move the model to the rank's GPU before sharding it")
 
 
+def generator_off_device(op: str, generator_device: str, device: str) -> tuple[str, str]:
+    """PC201 of a ``torch.Generator`` on ``generator_device`` given to ``op``, which runs on ``device``."""
+    kind, gen_kind = device.split(":")[0], generator_device.split(":")[0]
+    return (f"{op} runs on {device} with a torch.Generator on {generator_device}: a GPU raises \"Expected a "
+            f"'{kind}' device type for generator but found '{gen_kind}'\"",
+            f"create the generator on the op's device (torch.Generator(device={device!r})"
+            ".manual_seed(seed)), or leave generator= out to draw from the device's default generator")
+
+
+def host_argument_on_device(op: str, argument: str, tensor: str, device: str) -> tuple[str, str]:
+    """PC201 of an ``argument`` (``lengths``) that ``op`` needs on the CPU, given on ``device``."""
+    return (f"{op} needs its {argument} argument ({tensor}) on the CPU, but it is on {device}: a GPU raises "
+            "here (the data may be on the device; this argument may not)",
+            f"keep {argument} on the CPU ({argument}.cpu(), or a list of ints): PyTorch reads it on the host "
+            "to lay out the packed batch")
+
+
 def device_mismatch_untraced(phase: str, error: str) -> tuple[str, str]:
     """PC201 for a mismatch an engine raised that no op's arguments showed."""
     return (f"the {phase} raised a device mismatch placecheck could not trace to an argument: {error}",
@@ -606,6 +623,39 @@ def forward_error(phase: str, error: str) -> tuple[str, str]:
     return (f"the {phase} raised {error}",
             "check the input (--input, --example-inputs); findings before this point are still reported")
 
+
+_rule("PC210", "unsynchronized-read", E, "forward",
+      "a non-blocking device-to-host copy read on the host before a synchronize", """
+x.to("cpu", non_blocking=True) and cpu_buffer.copy_(x, non_blocking=True)
+only queue the copy on the CUDA stream and return at once: the CPU tensor
+(pinned memory) is filled by the GPU later. Reading it on the host before
+the stream is synchronised (.item(), .tolist(), .numpy(), printing, bool(),
+an op on the CPU tensor) may see stale or half-written values, silently:
+nothing raises. PyTorch's guide "A guide on good usage of non_blocking and
+pin_memory()" warns of exactly this. Synchronise between the copy and the
+read (torch.cuda.synchronize(), torch.cuda.current_stream().synchronize(),
+or an event recorded after the copy and its synchronize()), or copy with
+non_blocking=False (.cpu(), .to("cpu")), which waits. Anything that waits
+for the stream in between (.item() of a device tensor, a blocking copy)
+synchronises it too. A copy that is never read on the host (sent back to the
+device, returned to the caller) needs no synchronize there.""", """
+loss_host = loss.detach().to("cpu", non_blocking=True)
+print(loss_host.item())              # the copy may not have finished
+""", """
+loss_host = loss.detach().to("cpu", non_blocking=True)
+torch.cuda.current_stream().synchronize()
+print(loss_host.item())
+""")
+
+
+def unsynchronized_read(op: str, device: str, copied_at: str) -> tuple[str, str]:
+    """PC210: ``op`` read on the host a CPU tensor that a non-blocking copy from ``device`` (at
+    ``copied_at``) was still filling: no synchronize came between the copy and the read."""
+    return (f"{op} reads on the host a tensor copied from {device} with non_blocking=True at {copied_at}, "
+            "before any synchronize: the copy may not have finished, so the values read may be stale",
+            "synchronise between the copy and the read (torch.cuda.current_stream().synchronize(), or an "
+            "event recorded after the copy and its synchronize()), or copy with non_blocking=False "
+            "(.cpu()), which waits for the data")
 
 _rule("PC301", "checkpoint-device", E, "checkpoint", "checkpoint saved on devices the target lacks", """
 torch.save records the device of every storage ("cuda:1"). torch.load without

@@ -49,7 +49,7 @@ from placecheck.classify import (
     refused_on_device,
     tensor_arguments,
 )
-from placecheck.cudaapi import cuda_queries_simulated, current_index
+from placecheck.cudaapi import cuda_initialised, cuda_queries_simulated, current_index, forked_cuda_error
 
 _CPU = torch.device("cpu")
 
@@ -132,7 +132,12 @@ class SimulatedTensor(torch.Tensor):
 
 def _result_device(func: Callable[..., Any], args: tuple[Any, ...],
                    kwargs: dict[str, Any]) -> torch.device | None:
-    """The simulated device of ``func``'s result; raises on an illegal mix of devices."""
+    """The simulated device of ``func``'s result; raises on an illegal mix of devices. None: a plain
+    tensor (``device="cpu"`` given, as in ``torch.empty_like(t, device="cpu")``, is the CPU whatever
+    ``t`` is on)."""
+    device = kwargs.get("device")
+    if device is not None and _cuda(device) is None:
+        return None
     simulated: torch.device | None = None
     plain: list[tuple[int, torch.Tensor]] = []
     mixed = False
@@ -237,9 +242,18 @@ def _move(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any
             return out
         if simulated and source._pc_device == dest and out is data:
             return source  # type: ignore[no-any-return]  # already there: .to() returns itself
+        _cuda_used()
         if out.data_ptr() == data.data_ptr():
             out = out.clone()  # a host-to-device copy never aliases the host tensor
     return SimulatedTensor.tag(out, dest)
+
+
+def _cuda_used() -> None:
+    """A new CUDA tensor: CUDA is initialised (or, in a process forked after that, raises as CUDA does)."""
+    error = forked_cuda_error()
+    if error is not None:
+        raise error
+    cuda_initialised()
 
 
 class _TaggingMode(TorchFunctionMode):
@@ -255,9 +269,13 @@ class _TaggingMode(TorchFunctionMode):
         if func is torch.Tensor.type_as and len(args) == 2 and isinstance(args[1], torch.Tensor):
             # x.type_as(other) is x.to(other.dtype) on other's device
             return _move(torch.Tensor.to, (args[0], args[1].dtype), {}, args[1].device)
+        if kwargs.get("pin_memory"):
+            # page-locked host memory needs a driver; it is CPU memory all the same
+            kwargs = {**kwargs, "pin_memory": False}
         device = kwargs.get("device")
         dest = _cuda(device) if device is not None else None
         if dest is not None:
+            _cuda_used()
             _check_generator(args, kwargs, dest)
             with DisableTorchFunctionSubclass():
                 out = func(*args, **{**kwargs, "device": "cpu"})
@@ -266,12 +284,12 @@ class _TaggingMode(TorchFunctionMode):
 
 
 @contextlib.contextmanager
-def tagged_cuda(gpus: int = 1) -> Iterator[None]:
+def tagged_cuda(gpus: int = 1, strict: bool = False) -> Iterator[None]:
     """The real-valued session: tagging mode, simulated ``torch.cuda`` queries, new params on ``.to()``."""
     overwrite = torch.__future__.get_overwrite_module_params_on_conversion()
     torch.__future__.set_overwrite_module_params_on_conversion(True)
     try:
-        with cuda_queries_simulated(gpus), _TaggingMode(), warnings.catch_warnings():
+        with cuda_queries_simulated(gpus, strict), _TaggingMode(), warnings.catch_warnings():
             # the data is on the CPU, where an LSTM with proj_size warns that oneDNN cannot run it;
             # on the GPU being simulated it would not
             warnings.filterwarnings("ignore", message="LSTM with projections is not supported with oneDNN")

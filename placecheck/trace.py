@@ -37,6 +37,7 @@ import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 
 from placecheck import classify
+from placecheck.cudaapi import missing_gpu
 from placecheck.errors import one_line
 from placecheck.events import (
     Event,
@@ -47,10 +48,12 @@ from placecheck.events import (
     Mismatch,
     OutputOffDevice,
     Registration,
+    StaleRead,
 )
 from placecheck.finding import Finding
 from placecheck.forward_checks import ForwardFindings, forward_findings
-from placecheck.host_syncs import host_sync
+from placecheck.host_syncs import HOST_SYNCS, host_sync
+from placecheck.hostcopies import PendingCopies, PendingCopy, nonblocking_host_copy
 from placecheck.placement.expected import Placement
 from placecheck.placement.flows import Flows
 from placecheck.provenance import Creation, Provenance, Provenances, StrayVerdict
@@ -164,6 +167,8 @@ class Tracer:
         self._mismatch_errors: list[BaseException] = []
         """Errors of ops whose arguments mixed devices that the tracer could not repair."""
         self._move = move or (lambda t: t.to(self.target))
+        self.pending = PendingCopies()
+        """Non-blocking device-to-host copies no synchronize has covered yet (PC210)."""
         self.activity = 0
         """Calls so far that met an off-target tensor (argument or result) or registered a module or
         parameter: a call that adds none did nothing placement-related (:mod:`placecheck.reuse`)."""
@@ -184,7 +189,8 @@ class Tracer:
         if self.flows is not None:
             handles += self.flows.hooks(self.module_paths)
         try:
-            with _RecordingMode(self), _attention_fast_path_kept(self.target), self._host_factories_seen():
+            with _RecordingMode(self), _attention_fast_path_kept(self.target), self._host_factories_seen(), \
+                    self.pending.synchronizations_seen():
                 yield self
         finally:
             for handle in handles:
@@ -282,6 +288,25 @@ class Tracer:
     # -- per call ---------------------------------------------------------------------------------
     def on_call(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """One torch call: run it, recording what it does across devices."""
+        pending = self.pending.pending_arguments(args, kwargs) if self.pending else []
+        try:
+            out = self._placed_call(func, args, kwargs)
+        except Exception:
+            if pending and self.pending.still_pending(pending):
+                # a read the engine cannot run (the fake engine's .numpy()): a read all the same
+                self._record_stale_read(func, pending[0][1])
+            raise
+        if pending:
+            copy = self.pending.after_call(func, pending, out)
+            if copy is not None:
+                self._record_stale_read(func, copy)
+        elif func is torch.Tensor.to or func is torch.Tensor.copy_:
+            copied = nonblocking_host_copy(func, args, kwargs, out)
+            if copied is not None:
+                self.pending.copied(copied[1], str(copied[0].device), self._site(sys._getframe()))
+        return out
+
+    def _placed_call(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         flows = self.flows
         if flows is None or _is_passthrough(func):
             return self._on_call(func, args, kwargs)
@@ -331,9 +356,12 @@ class Tracer:
             out = self._repair(func, args, kwargs, off, exc)
             off = []
         if isinstance(out, torch.Tensor) and out.device != target:
+            missing = missing_gpu(out.device)
+            if missing is not None:
+                raise missing  # CUDA's "invalid device ordinal", at this line
             if self.flows is not None and self.flows.between_devices(func, args, out):
                 return out  # a copy between devices: traffic (Flows), not a tensor created off the target
-            self._off_target_result(func, args, off, out)
+            self._off_target_result(func, args, off, out, kwargs)
         elif off and isinstance(out, torch.Tensor):
             self._copied_to_device(func, off, out)
         elif isinstance(out, tuple | list) and out and isinstance(out[0], torch.Tensor):
@@ -362,15 +390,17 @@ class Tracer:
         generator = classify.generator_off_device(args, kwargs, device)
         if generator is not None and device is not None:
             self._record_mismatch(func, "generator", str(generator.device), None,
-                                  (str(generator.device), str(device)))
+                                  (str(generator.device), str(device)), refused="generator",
+                                  expected=str(device))
             args = tuple(None if a is generator else a for a in args)
             kwargs = {k: (None if v is generator else v) for k, v in kwargs.items()}
         host = classify.host_arguments_on_device(func, tensors)
         if host:
             moved: dict[int, torch.Tensor] = {}
-            for _, t in host:
+            for pos, t in host:
+                name = classify.host_argument_name(func, pos) or "tensor"
                 self._record_mismatch(func, "tensor", str(t.device), t, (str(t.device), "cpu"),
-                                      expected="cpu")
+                                      expected="cpu", refused=name)
                 moved[id(t)] = t.cpu()
             args, kwargs = classify.replace_tensors(args, moved), classify.replace_tensors(kwargs, moved)
         return args, kwargs
@@ -384,8 +414,9 @@ class Tracer:
         return tensors[0][1].device if tensors else None
 
     def _record_mismatch(self, func: Callable[..., Any], what: str, device: str, t: torch.Tensor | None,
-                         devices: tuple[str, ...], expected: str = "") -> None:
-        """A PC201 at the current user line that no retry of :meth:`_repair` decides."""
+                         devices: tuple[str, ...], expected: str = "", refused: str = "") -> None:
+        """A PC201 at the current user line that no retry of :meth:`_repair` decides; ``refused`` names
+        what the GPU refuses (:attr:`~placecheck.events.Mismatch.refused`)."""
         site = self._site(sys._getframe())
         prov = self.provenance(t) if t is not None else Provenance()
         key = ("mismatch", site.source, prov.origin, what)
@@ -394,7 +425,7 @@ class Tracer:
         self._recorded.add(key)
         dtype, shape = (_dtype(t), _shape(t)) if t is not None else (what, None)
         self.events.append(Mismatch(op_name(func), tuple(sorted(set(devices))), device, site, prov, dtype,
-                                    shape, expected=expected or self.target_name))
+                                    shape, expected=expected or self.target_name, refused=refused))
 
     def _copied_to_device(self, func: Callable[..., Any], off: list[tuple[int, torch.Tensor]],
                           out: torch.Tensor) -> None:
@@ -446,12 +477,14 @@ class Tracer:
         raise exc
 
     def _off_target_result(self, func: Callable[..., Any], args: tuple[Any, ...],
-                           off: list[tuple[int, torch.Tensor]], out: torch.Tensor) -> None:
+                           off: list[tuple[int, torch.Tensor]], out: torch.Tensor,
+                           kwargs: dict[str, Any] | None = None) -> None:
         """An op returned a tensor off the target: derived from an off-target input, or created here."""
         self.activity += 1
         if func in (torch.Tensor.to, torch.Tensor.type_as) and args and isinstance(args[0], torch.Tensor) \
-                and args[0].device.type != "cpu" and out.device.type == "cpu":
-            self._record_host_sync(f".{func.__name__}()", args[0])  # a device-to-host copy waits
+                and args[0].device.type != "cpu" and out.device.type == "cpu" \
+                and nonblocking_host_copy(func, args, kwargs or {}, out) is None:
+            self._record_host_sync(f".{func.__name__}()", args[0])  # a blocking device-to-host copy waits
         if self.prov.knows(out):
             return
         provenances = [p for p in (self.provenance(t) for _, t in off) if p.path or p.creation is not None]
@@ -514,11 +547,24 @@ class Tracer:
         return self.prov.stray_verdicts(after, self.completed)
 
     def _record_host_sync(self, name: str, t: torch.Tensor) -> None:
+        self.pending.synchronized()  # the host waited for the stream: earlier non-blocking copies landed
         site = self._site(sys._getframe())
         key = ("sync", site.source, name)
         if key not in self._recorded:
             self._recorded.add(key)
             self.events.append(HostSync(name, str(t.device), site))
+
+    def _record_stale_read(self, func: Callable[..., Any], copy: PendingCopy) -> None:
+        """PC210: ``func`` read on the host a tensor that a non-blocking copy was still filling."""
+        site = self._site(sys._getframe())
+        copied_at: Site = copy.copied_at
+        key = ("stale", site.source, copied_at.source)
+        if key in self._recorded:
+            return
+        self._recorded.add(key)
+        known = HOST_SYNCS.get(func)
+        self.events.append(StaleRead(known[0] if known is not None else op_name(func), copy.device, site,
+                                     copied_at))
 
     # -- registrations (PC203) ----------------------------------------------------------------------
     def _on_module_registered(self, module: nn.Module, name: str, submodule: nn.Module | None) -> None:

@@ -136,3 +136,37 @@ def test_a_simulated_reference_needs_an_explicit_output_file(tmp_path: Path) -> 
                           "--out", str(out)]) == 0
     written = json.loads(out.read_text())
     assert written["reference"] == "tagged" and written["per_engine"]["fake"]["compared"] == 2
+
+
+def test_training_scripts_are_found_without_importing_them_and_are_no_model_targets() -> None:
+    for name in ("train_buggy", "train_fixed"):
+        sys.modules.pop(f"placecheck.examples.{name}", None)
+    scripts = {t.name: t for t in fidelity.script_targets()}
+    examples = {t.name for t in fidelity.example_targets()}
+    assert set(scripts) == {"train_buggy.py", "train_fixed.py"}
+    assert not any(name.startswith("train_") for name in examples)
+    assert "placecheck.examples.train_buggy" not in sys.modules  # importing it would train
+    assert "placecheck.examples.train_fixed" not in sys.modules
+    assert not fidelity.is_script(REPO / "placecheck" / "examples" / "buggy.py")
+
+
+def test_a_script_is_compared_by_the_line_where_it_crashes() -> None:
+    scripts = fidelity.script_targets()
+    payload = fidelity.run_targets(scripts, "tagged", ("fake",), progress=lambda line: None)
+    # a script has one simulation, placecheck run, whatever --engines says
+    assert payload["per_engine"] == {"run": {"compared": 2, "agree": 2, "disagree": 0, "skipped": 0}}
+    buggy = payload["results"]["train_buggy.py"]["run"]
+    source = (REPO / "placecheck" / "examples" / "train_buggy.py").read_text().splitlines()
+    loss_line = next(i + 1 for i, line in enumerate(source) if "loss = criterion(" in line)
+    assert buggy["rows"] == [["raises", f"train_buggy.py:{loss_line}"]]
+    assert payload["results"]["train_fixed.py"]["run"]["rows"] == []
+
+
+def test_a_real_script_run_gives_its_crash_line(tmp_path: Path) -> None:
+    script = tmp_path / "crashes.py"
+    script.write_text("import sys\n\nraise RuntimeError('Expected all tensors to be on the same device')\n")
+    result = fidelity.run_script(script, "real")
+    assert result.rows == [["raises", "crashes.py:3"]] and result.engine_name == "python"
+    fine = tmp_path / "fine.py"
+    fine.write_text("x = 1\n")
+    assert fidelity.run_script(fine, "real").rows == []

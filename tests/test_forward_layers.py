@@ -4,7 +4,8 @@ Bottom to top: sources (user lines) < classify (what an error means) < host_sync
 make the host wait) < cudaapi (the simulated torch.cuda API) < tagged (the real-valued engine) < shortcuts
 (ops made from metadata where torch's fake path is slow) < datadep (fake
 tensors' data-dependent ops) < reuse (identical module calls run once) <
-engine < provenance < events < forward_checks < trace. Each module may import
+engine < provenance < events < hostcopies (non-blocking host copies) <
+forward_checks < trace. Each module may import
 only modules below it (and placecheck's torch-free basics); zoo imports no
 placecheck module, so inputs can import it.
 """
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.cpu_build  # runs on the CPU-only torch build too (Make
 
 PACKAGE = Path(__file__).parents[1] / "placecheck"
 ORDER = ["sources", "classify", "host_syncs", "cudaapi", "tagged", "shortcuts", "datadep", "reuse", "engine",
-         "provenance", "events", "forward_checks", "trace"]
+         "provenance", "events", "hostcopies", "forward_checks", "trace"]
 BASICS = {"errors", "finding", "rules", "devices", "walk", "options", "placement"}
 """Modules any layer may use: torch-free basics, the walk's result the tracer starts from, and
 ``placement`` (``--device keep``): each module's expected device (the walk's too) and the flows of a

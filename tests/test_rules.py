@@ -27,6 +27,7 @@ CONTRACT = {
     "PC207": ("forward-error", "forward"),
     "PC208": ("cross-device-ping-pong", "forward"),
     "PC209": ("repeated-transfer", "run"),
+    "PC210": ("unsynchronized-read", "forward"),
     "PC301": ("checkpoint-device", "checkpoint"),
     "PC302": ("missing-key", "checkpoint"),
     "PC303": ("unexpected-key", "checkpoint"),
