@@ -402,14 +402,15 @@ def test_missing_script_syntax_error_and_missing_module_are_load_errors(tmp_path
 def test_sys_exit_is_reported_in_the_notes_not_raised() -> None:
     report = run(script("exits_3.py"))
     assert report.findings == ()
-    assert any(f"sys.exit(3) at {at('exits_3.py', 9)} after 0 optimizer steps: python exits with status 3" in n
-               for n in report.notes)
+    said = f"sys.exit(3) at {at('exits_3.py', 9)} after 0 optimizer steps: python exits with status 3"
+    assert any(said in n for n in report.notes)
 
 
 def test_a_non_zero_sys_exit_leaves_the_run_unfinished_exit_code_2_its_message_reported() -> None:
     from placecheck.report import exit_code
 
-    for name, called in (("exits_3.py", "sys.exit(3)"), ("exits_message.py", "sys.exit('config file missing')")):
+    for name, called in (("exits_3.py", "sys.exit(3)"),
+                         ("exits_message.py", "sys.exit('config file missing')")):
         report = run(script(name))
         assert report.findings == () and report.unfinished == f"{called} at {at(name, 9)}"
         assert "the script did not run through" in report.summary_line()
@@ -428,7 +429,7 @@ def test_a_limit_of_the_simulation_is_a_note_naming_it_never_the_scripts_pc207()
     buggy = run(script("limit_buggy.py"))
     assert [(f.code, f.source) for f in buggy.findings] == [("PC201", at("limit_buggy.py", 11))]
     [note] = [n for n in buggy.notes if n.startswith("run: stopped at")]
-    assert note.startswith(f"run: stopped at {at('limit_buggy.py', 12)}: the code there needs a real CUDA driver")
+    assert note.startswith(f"run: stopped at {at('limit_buggy.py', 12)}: the code there needs a real CUDA")
     assert buggy.unfinished == f"the simulation stopped at {at('limit_buggy.py', 12)}"
     assert exit_code([buggy]) == 1  # a finding was made before the stop
     fixed = run(script("limit_fixed.py"))
@@ -489,7 +490,7 @@ def test_a_stop_inside_a_function_names_the_unrun_functions_it_would_call(tmp_pa
         "main()\n")                                                            # 18
     report = run(str(train), steps=3)
     [note] = [n for n in report.notes if n.startswith("run: stopped")]
-    assert f"lines 15 (`print(epoch, evaluate(model))`); evaluate() (line 5); --steps 0 runs" in note
+    assert "lines 15 (`print(epoch, evaluate(model))`); evaluate() (line 5); --steps 0 runs" in note
     assert run(str(train), steps=0).findings[0].code == "PC204"  # evaluate's .item() ran
 
 
@@ -499,7 +500,8 @@ def test_sync_rates_come_from_the_counts_not_assumed_per_step() -> None:
     assert "2 times in 20 optimizer steps" in rates[at("syncs_every_n.py", 16)]
     assert "once after the last optimizer step" in rates[at("syncs_every_n.py", 17)]
     cut = run(script("syncs_every_n.py"), steps=5)  # step 0 only: once in the steps that ran
-    assert "once in 5 optimizer steps" in {f.source: f.message for f in cut.findings}[at("syncs_every_n.py", 16)]
+    cut_rates = {f.source: f.message for f in cut.findings}
+    assert "once in 5 optimizer steps" in cut_rates[at("syncs_every_n.py", 16)]
 
 
 def test_a_checkpoint_saved_from_a_second_gpu_carries_cuda_1_and_resuming_it_on_one_gpu_is_pc301(
