@@ -412,18 +412,62 @@ def simulation_limit(exc: BaseException, phase: str = "forward") -> str:
     the model's placement, so it belongs in the report's notes, not in a PC207
     that blames the user's code.
     """
+    from placecheck.sources import user_line  # a lower layer, imported here: it imports torch
+
     if is_missing_device(exc) or any(isinstance(e, ForkedCudaError) or FORKED_CUDA in str(e)
                                      for e in _chain(exc)):
         return ""  # what a GPU with that many devices raises too: the model's bug
     for seen in _chain(exc):
         text = str(seen).lower()
         if any(needle in text for needle in _DRIVER_TEXTS):
-            from placecheck.sources import user_line  # a lower layer, imported here: it imports torch
-
             line = user_line(exc)
             where = f" at {line}" if line else ""
             return (f"{phase}: stopped{where}: the code there needs a real CUDA driver, which the simulation "
                     f"does not provide ({one_line(seen)}); run on a GPU to check the rest")
+    failed = simulation_failure(exc)
+    if failed:
+        line = user_line(exc)
+        where = f" at {line}" if line else ""
+        return (f"{phase}: stopped{where}: the simulation could not run the code there ({failed}); a limit "
+                f"of placecheck's simulated GPU, not a bug of the code: run on a GPU to check the rest")
+    return ""
+
+
+# What a Python bug raises, never a torch operator given bad arguments (those raise RuntimeError,
+# IndexError or ValueError from inside the op, or TypeError at the user's call, before any mode runs).
+_BUG_TYPES = (AttributeError, KeyError, NameError, AssertionError, RecursionError, NotImplementedError,
+              TypeError)
+
+
+def simulation_failure(exc: BaseException) -> str:
+    """What failed, when ``exc`` is the simulation's own failure rather than the code's error; "" otherwise.
+
+    The evidence, in order: torch's compiler stack reporting its own internal failure (dynamo's
+    ``InternalTorchDynamoError``, a backend compiler that failed: torch.compile tracing the simulated
+    tensors); a Python bug raised inside placecheck's own code (its engines, its patches of
+    ``torch.cuda``), which no code on a real GPU runs. A device mismatch the engines raise on purpose
+    (:func:`is_engine_mismatch`) is never one.
+    """
+    import sys
+
+    from placecheck.sources import placecheck_file
+
+    if is_engine_mismatch(exc):
+        return ""
+    compiler: tuple[type[BaseException], ...] = ()
+    if "torch._dynamo" in sys.modules:
+        from torch._dynamo.exc import BackendCompilerFailed, InternalTorchDynamoError
+
+        compiler = (InternalTorchDynamoError, BackendCompilerFailed)
+    for seen in _chain(exc):
+        if compiler and isinstance(seen, compiler):
+            return f"torch.compile on simulated CUDA tensors failed: {one_line(seen)}"
+        tb = seen.__traceback__
+        while tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+        if tb is not None and isinstance(seen, _BUG_TYPES) \
+                and placecheck_file(tb.tb_frame.f_code.co_filename):
+            return f"placecheck's simulation raised {one_line(seen)}"
     return ""
 
 

@@ -196,12 +196,16 @@ class Report:
     device_map: DeviceMap | None = None
     """Where a model placed across devices keeps its state and what its forward copied between them
     (``--device keep``); None for an audit that moved the model to one device."""
+    unfinished: str = ""
+    """Why a script ``placecheck run`` ran did not run through (its own non-zero ``sys.exit``, a limit of
+    the simulation), "" when it did: the rest of the script is unchecked, and without a finding that
+    fails the run the exit code is 2 (:func:`exit_code`)."""
 
     @staticmethod
     def build(
         target: str, device: str, engine: str, findings: Iterable[Finding],
         notes: Iterable[str] = (), stats: dict[str, int] | None = None, incomplete: str = "",
-        group: bool = False, device_map: DeviceMap | None = None,
+        group: bool = False, device_map: DeviceMap | None = None, unfinished: str = "",
     ) -> Report:
         """Make a report with findings in their canonical order.
 
@@ -214,7 +218,7 @@ class Report:
             target=target, device=device, engine=engine,
             findings=tuple(ordered),
             notes=tuple(notes), stats=tuple((stats or {}).items()), incomplete=incomplete,
-            device_map=device_map,
+            device_map=device_map, unfinished=unfinished,
         )
 
     @property
@@ -266,6 +270,7 @@ class Report:
             **{f"{k}s" if k != "info" else k: v for k, v in self.counts().items()},
             "bytes_off_device": self.bytes_off_device(),
             "incomplete": self.incomplete,
+            "unfinished": self.unfinished,
             "line": self.summary_line(),
         }
 
@@ -289,6 +294,9 @@ class Report:
                     "the device of their module" if self.device in PLACED else self.device)
         if self.incomplete:
             line += "; the forward pass stopped before its end, the rest is unchecked (see the notes)"
+        if self.unfinished:
+            line += (f"; the script did not run through ({self.unfinished}): the rest is unchecked "
+                     "(see the notes)")
         branches = dict(self.stats).get(ASSUMED_BRANCHES, 0)
         if branches:
             line += (f"; the code branched on {plural(branches, 'value')} the simulation assumed, "
@@ -306,15 +314,19 @@ FAIL_ON_CHOICES = ("error", "warning", "info", "never")
 
 
 def exit_code(reports: Iterable[Report], fail_on: str = "warning", exit_zero: bool = False) -> int:
-    """0 when no finding is at or above ``fail_on``, 1 when one is.
+    """0 when no finding is at or above ``fail_on``, 1 when one is; 2 when none is but a script
+    ``placecheck run`` ran did not run through (:attr:`Report.unfinished`): nothing was found in
+    the part that ran, and the rest is unchecked.
 
-    ``exit_zero`` (or ``fail_on="never"``) forces 0 for findings. Usage and
-    load errors (exit 2) never reach a report.
+    ``exit_zero`` (or ``fail_on="never"``) forces 0 for findings, not for a script that did not run
+    through. Usage and load errors (exit 2) never reach a report.
     """
+    reports = list(reports)
+    unfinished = EXIT_USAGE if any(r.unfinished for r in reports) else EXIT_OK
     if exit_zero or fail_on == "never":
-        return EXIT_OK
+        return unfinished
     threshold = Severity(fail_on).rank
     for report in reports:
         if any(f.severity.rank >= threshold for f in report.findings):
             return EXIT_FINDINGS
-    return EXIT_OK
+    return unfinished

@@ -79,6 +79,12 @@ def _machinery_file(name: str) -> bool:
     return _machinery(name)
 
 
+def placecheck_file(name: str) -> bool:
+    """True for a file of placecheck's own machinery (its examples are user code)."""
+    absolute = os.path.abspath(name)
+    return absolute.startswith(_PLACECHECK_DIR) and not absolute.startswith(_EXAMPLES_DIR)
+
+
 def internal_file(name: str) -> bool:
     """True for a file of torch, of placecheck's own machinery, or of the standard library."""
     return _machinery(name) and name not in _USER_FILES and os.path.abspath(name) not in _USER_FILES

@@ -296,7 +296,7 @@ def test_state_dict_saved_by_the_script_is_plain_and_loads_back_where_it_was(tmp
     report = run(train)
     assert report.findings == ()
     assert seen == ["cuda:0"]
-    assert type(torch.load(saved)["weight"]) is torch.Tensor
+    assert type(torch.load(saved, map_location="cpu")["weight"]) is torch.Tensor
 
 
 # -- forward-pass performance anywhere in the run ---------------------------------------------------------
@@ -350,7 +350,7 @@ def test_whole_module_saved_and_loaded_by_the_script(tmp_path: Path) -> None:
     report = run(main)
     assert report.findings == ()
     assert seen == ["cuda:0", "cuda:0"]
-    plain = torch.load(saved, weights_only=False)  # the file names no placecheck class
+    plain = torch.load(saved, weights_only=False, map_location="cpu")  # the file names no placecheck class
     assert type(plain.weight) is nn.Parameter and plain.weight.device.type == "cpu"
 
 
@@ -404,8 +404,119 @@ def test_missing_script_syntax_error_and_missing_module_are_load_errors(tmp_path
 def test_sys_exit_is_reported_in_the_notes_not_raised() -> None:
     report = run(script("exits_3.py"))
     assert report.findings == ()
-    assert any("sys.exit(3)" in n and n.endswith(f"at {at('exits_3.py', 9)} after 0 optimizer steps")
-               for n in report.notes)
+    said = f"sys.exit(3) at {at('exits_3.py', 9)} after 0 optimizer steps: python exits with status 3"
+    assert any(said in n for n in report.notes)
+
+
+def test_a_non_zero_sys_exit_leaves_the_run_unfinished_exit_code_2_its_message_reported() -> None:
+    from placecheck.report import exit_code
+
+    for name, called in (("exits_3.py", "sys.exit(3)"),
+                         ("exits_message.py", "sys.exit('config file missing')")):
+        report = run(script(name))
+        assert report.findings == () and report.unfinished == f"{called} at {at(name, 9)}"
+        assert "the script did not run through" in report.summary_line()
+        assert exit_code([report]) == 2
+        assert exit_code([report], exit_zero=True) == 2  # not a finding: --exit-zero does not hide it
+    report = run(script("exits_message.py"))
+    assert any("python prints 'config file missing' and exits with status 1" in n for n in report.notes)
+    for args in ([], ["no-code"]):  # sys.exit(0), sys.exit()
+        fixed = run(script("exits_0.py"), args)
+        assert fixed.unfinished == "" and exit_code([fixed]) == 0
+
+
+def test_a_limit_of_the_simulation_is_a_note_naming_it_never_the_scripts_pc207() -> None:
+    from placecheck.report import exit_code
+
+    buggy = run(script("limit_buggy.py"))
+    assert [(f.code, f.source) for f in buggy.findings] == [("PC201", at("limit_buggy.py", 11))]
+    [note] = [n for n in buggy.notes if n.startswith("run: stopped at")]
+    assert note.startswith(f"run: stopped at {at('limit_buggy.py', 12)}: the code there needs a real CUDA")
+    assert buggy.unfinished == f"the simulation stopped at {at('limit_buggy.py', 12)}"
+    assert exit_code([buggy]) == 1  # a finding was made before the stop
+    fixed = run(script("limit_fixed.py"))
+    assert fixed.findings == () and fixed.unfinished
+    assert "no placement problems found" in fixed.summary_line()
+    assert "the script did not run through" in fixed.summary_line()
+    assert exit_code([fixed]) == 2  # nothing found, the rest unchecked
+
+
+def test_a_python_bug_inside_placecheck_during_the_run_is_the_simulations_limit(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from placecheck.run.recorder import RunRecorder
+
+    monkeypatch.setattr(RunRecorder, "step_done", None)  # the optimizer hook then fails inside placecheck
+    report = run(script("batch_fixed.py"))
+    assert "PC207" not in codes(report)
+    [note] = [n for n in report.notes if "the simulation could not run the code there" in n]
+    assert "placecheck's simulation raised TypeError: 'NoneType' object is not callable" in note
+    assert report.unfinished.startswith("the simulation stopped at " + script("batch_fixed.py"))
+
+
+def test_steps_stop_names_the_evaluation_and_save_it_left_unrun_and_steps_0_finds_the_accumulator() -> None:
+    report = run(script("eval_buggy.py"))
+    assert report.findings == () and report.unfinished == ""
+    [note] = [n for n in report.notes if n.startswith("run: stopped")]
+    assert f"after 2 optimizer steps (--steps 2) at {at('eval_buggy.py', 21)}" in note
+    assert (f"never ran, and is unchecked: {script('eval_buggy.py')} lines 23-24 (`model.eval()`), "
+            "25-28 (`with torch.no_grad():`), 30-31 (`with tempfile.TemporaryDirectory() as folder:`); "
+            "--steps 0 runs the script to its end") in note
+    whole = run(script("eval_buggy.py"), steps=0)
+    [finding] = whole.findings
+    assert (finding.code, finding.where, finding.source, finding.origin) == (
+        "PC201", "val_loss", at("eval_buggy.py", 28), at("eval_buggy.py", 24))
+    assert "created by torch.tensor at" in finding.message
+    assert run(script("eval_fixed.py"), steps=0).findings == ()
+
+
+def test_a_stop_inside_a_function_names_the_unrun_functions_it_would_call(tmp_path: Path) -> None:
+    train = tmp_path / "train.py"
+    train.write_text(
+        "import torch\n"                                                       # 1
+        "\n"                                                                   # 2
+        "\n"                                                                   # 3
+        "def evaluate(model):\n"                                               # 4
+        "    return model(torch.randn(2, 4, device='cuda')).sum().item()\n"    # 5
+        "\n"                                                                   # 6
+        "\n"                                                                   # 7
+        "def main():\n"                                                        # 8
+        "    model = torch.nn.Linear(4, 1).cuda()\n"                           # 9
+        "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"              # 10
+        "    for epoch in range(3):\n"                                         # 11
+        "        for _ in range(4):\n"                                         # 12
+        "            model(torch.randn(2, 4, device='cuda')).sum().backward()\n"  # 13
+        "            opt.step()\n"                                             # 14
+        "        print(epoch, evaluate(model))\n"                              # 15
+        "\n"                                                                   # 16
+        "\n"                                                                   # 17
+        "main()\n")                                                            # 18
+    report = run(str(train), steps=3)
+    [note] = [n for n in report.notes if n.startswith("run: stopped")]
+    assert "lines 15 (`print(epoch, evaluate(model))`); evaluate() (line 5); --steps 0 runs" in note
+    assert run(str(train), steps=0).findings[0].code == "PC204"  # evaluate's .item() ran
+
+
+def test_sync_rates_come_from_the_counts_not_assumed_per_step() -> None:
+    report = run(script("syncs_every_n.py"), steps=0)
+    rates = {f.source: f.message for f in report.findings}
+    assert "2 times in 20 optimizer steps" in rates[at("syncs_every_n.py", 16)]
+    assert "once after the last optimizer step" in rates[at("syncs_every_n.py", 17)]
+    cut = run(script("syncs_every_n.py"), steps=5)  # step 0 only: once in the steps that ran
+    cut_rates = {f.source: f.message for f in cut.findings}
+    assert "once in 5 optimizer steps" in cut_rates[at("syncs_every_n.py", 16)]
+
+
+def test_a_checkpoint_saved_from_a_second_gpu_carries_cuda_1_and_resuming_it_on_one_gpu_is_pc301(
+        tmp_path: Path) -> None:
+    from placecheck.checkpoint import read_checkpoint
+
+    saved = str(tmp_path / "ckpt.pt")
+    assert run(script("save_cuda1.py"), [saved], gpus=2).findings == ()
+    assert {s.location for s in read_checkpoint(saved).storages} == {"cuda:1"}
+    buggy = run(script("resume_cuda1_buggy.py"), [saved])
+    assert {(f.code, f.source) for f in buggy.findings} == {("PC301", at("resume_cuda1_buggy.py", 10))}
+    assert run(script("resume_cuda1_fixed.py"), [saved]).findings == ()
+    assert run(script("resume_cuda1_buggy.py"), [saved], gpus=2).findings == ()  # the machine has cuda:1
 
 
 def test_script_without_model_or_optimizer_gets_a_note() -> None:

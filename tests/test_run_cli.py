@@ -72,10 +72,14 @@ def test_script_output_goes_to_stderr_so_json_stays_parseable() -> None:
     assert any("built no optimizer" in n for n in json.loads(out)["notes"])
 
 
-def test_sys_exit_3_is_reported_not_an_error_of_placecheck() -> None:
+def test_sys_exit_3_is_reported_and_fails_the_run_with_exit_code_2() -> None:
     code, out, _ = invoke(os.path.relpath(FIXTURES / "exits_3.py"), "--format", "json")
+    assert code == 2  # the script did not run through: the rest is unchecked
+    report = json.loads(out)
+    assert any("sys.exit(3)" in n for n in report["notes"])
+    assert report["summary"]["unfinished"] == f"sys.exit(3) at {os.path.relpath(FIXTURES / 'exits_3.py')}:9"
+    code, _, _ = invoke(os.path.relpath(FIXTURES / "exits_0.py"), "--format", "json")
     assert code == 0
-    assert any("sys.exit(3)" in n for n in json.loads(out)["notes"])
 
 
 def test_select_ignore_and_exit_code() -> None:

@@ -46,8 +46,9 @@ syncs are counted, not timed).
 
 The script's own exit code and exceptions are reported in the notes and as
 PC207; exit status: 0 when no finding is at or above --fail-on, 1 when one
-is, 2 for a missing script or module or a syntax error, 3 for an internal
-error.
+is, 2 for a missing script or module or a syntax error, and 2 when no
+finding is but the script did not run through (its own non-zero sys.exit,
+code the simulation cannot run: a note says which); 3 for an internal error.
 """
 
 

@@ -51,6 +51,7 @@ def report_from_dict(data: dict[str, Any]) -> Report:
         notes=tuple(data.get("notes", ())),
         stats=tuple((str(k), int(v)) for k, v in data.get("stats", {}).items()),
         incomplete=str(data.get("summary", {}).get("incomplete", "")),
+        unfinished=str(data.get("summary", {}).get("unfinished", "")),
         device_map=DeviceMap.from_dict(data["device_map"], data.get("transfers"))
         if "device_map" in data else None,
     )

@@ -18,12 +18,15 @@ from __future__ import annotations
 import sys
 import types
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from placecheck.compat import torch_note
 from placecheck.report import Report
 from placecheck.rules import selected
-from placecheck.run.script import Outcome, Program, execute
+from placecheck.run.script import Outcome, Program, execute, exit_status
+
+if TYPE_CHECKING:
+    from placecheck.run.lines import ScriptLines
 
 DEFAULT_STEPS = 2
 
@@ -41,6 +44,7 @@ def run(target: str | Callable[[], Any], args: Sequence[str] = (), *, module: bo
     module or a syntax error; what the script raises is reported, not raised.
     """
     from placecheck.engine import SIMULATED_CUDA_VALUES
+    from placecheck.run.lines import ScriptLines
     from placecheck.run.recorder import RunRecorder
     from placecheck.tagged import tagged_cuda
 
@@ -48,18 +52,19 @@ def run(target: str | Callable[[], Any], args: Sequence[str] = (), *, module: bo
     program = Program(target, tuple(args), module)
     program.check()
     recorder = RunRecorder(gpus=gpus, steps=steps)
+    lines = ScriptLines(program.filename)
     notes = [f"engine: CUDA simulated with real CPU values ({gpus} GPU{'s' if gpus != 1 else ''}), the "
              "default for run: scripts read values (.item(), printed losses, data-driven branches) and "
              "run backward, which fake tensors cannot; the script really runs and its side effects happen",
              torch_note()]
-    with tagged_cuda(gpus), recorder.recording():
+    with tagged_cuda(gpus), recorder.recording(), lines.watching():
         outcome = execute(program, timeout, notes)
     findings = recorder.findings()
     if outcome.error is not None:
         finding = recorder.error_finding(outcome.error)
         if finding is not None:
             findings.append(finding)
-    notes.append(_ending(outcome, recorder.steps))
+    notes.append(recorder.limit or _ending(outcome, recorder.steps, lines))
     if not recorder.moves.moved_modules and not recorder.optimizers:
         notes.append("run: the script moved no module to the GPU and built no optimizer: nothing of a "
                      "training or inference loop was seen")
@@ -68,16 +73,39 @@ def run(target: str | Callable[[], Any], args: Sequence[str] = (), *, module: bo
     kept = [f for f in findings if f.code in codes]
     stats = {"optimizer_steps": recorder.steps, "modules_moved": len(recorder.moves.moved_modules),
              "optimizers": len(recorder.optimizers)}
-    return Report.build(program.name, recorder.target, SIMULATED_CUDA_VALUES, kept, notes, stats)
+    return Report.build(program.name, recorder.target, SIMULATED_CUDA_VALUES, kept, notes, stats,
+                        unfinished=_unfinished(outcome, recorder.limit))
 
 
-def _ending(outcome: Outcome, steps: int) -> str:
+def _unfinished(outcome: Outcome, limit: str) -> str:
+    """Why the script did not run through, for the summary line (exit code 2 without a failing finding):
+    the simulation's limit, or the script's own non-zero ``sys.exit``; "" otherwise."""
+    at = f" at {outcome.line}" if outcome.line else ""
+    if limit:
+        return f"the simulation stopped{at}"
+    if outcome.kind == "exit" and exit_status(outcome.exit_code) != 0:
+        return f"sys.exit({outcome.exit_code!r}){at}"
+    return ""
+
+
+def _ending(outcome: Outcome, steps: int, lines: ScriptLines) -> str:
     at = f" at {outcome.line}" if outcome.line else ""
     done = f"{steps} optimizer step{'s' if steps != 1 else ''}"
     if outcome.kind == "stopped":
+        again = "--steps 0 runs" if outcome.reason.startswith("after") else "a longer --timeout runs"
+        unrun = lines.unrun_after_stop(outcome.stack)
+        if unrun:
+            return (f"run: stopped {outcome.reason}{at}; stopping early is not an error, but the code "
+                    f"after it never ran, and is unchecked: {unrun}; {again} the script to its end")
         return f"run: stopped {outcome.reason}{at}; stopping early is not an error"
     if outcome.kind == "exit":
-        return f"run: the script called sys.exit({outcome.exit_code!r}){at} after {done}"
+        status = exit_status(outcome.exit_code)
+        if status == 0:
+            return f"run: the script called sys.exit({outcome.exit_code!r}){at} after {done}"
+        said = f"prints {outcome.exit_code!r} and " if not isinstance(outcome.exit_code, int) else ""
+        return (f"run: the script called sys.exit({outcome.exit_code!r}){at} after {done}: python "
+                f"{said}exits with status {status} there: the script did not run through (exit code 2 unless "
+                "a finding fails the run)")
     if outcome.kind == "error":
         return f"run: the script raised an exception{at} after {done}"
     return f"run: the script ran to its end ({done})"

@@ -1,17 +1,20 @@
 """What a script saves and loads with ``torch.save`` / ``torch.load``, as on the simulated machine.
 
-A save writes plain host tensors (no placecheck class in the file) and remembers the device each came
-from; a load puts each storage back where it was saved (or where ``map_location`` maps it), tagged
-as the engine's device tensor. A load of storages the simulated machine lacks, without
-``map_location``, is PC301 and then fails as it would there.
+A save writes plain host tensors (no placecheck class in the file), each storage tagged with the
+device it came from as a GPU run writes it (``cuda:1``: ``placecheck checkpoint`` or a later run on a
+machine without that GPU then shows PC301), and remembers those devices; a load puts each storage
+back where it was saved (or where ``map_location`` maps it), tagged as the engine's device tensor.
+A load of storages the simulated machine lacks, without ``map_location``, is PC301 and then fails as
+it would there.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -98,6 +101,26 @@ def _restore(undo: _Undo) -> None:
         replace_tensors(model, lambda t: undo[id(t)][1] if id(t) in undo else t)
 
 
+@contextlib.contextmanager
+def _location_tags(tags: dict[int, str]) -> Iterator[None]:
+    """``torch.save`` writes each storage in ``tags`` (by data pointer) with its simulated device as the
+    location a GPU run writes (``cuda:1``), not ``cpu``: a tagger of torch's serialization registry,
+    first in its order for the one save. Loading is never routed through it (its deserializer declines)."""
+    def tag(storage: Any) -> str | None:
+        return tags.get(storage.data_ptr()) if tags else None
+
+    def decline(storage: Any, location: str) -> None:
+        return None
+
+    registry = torch.serialization._package_registry
+    entry = (min((e[0] for e in registry), default=0) - 1, tag, decline)
+    registry.insert(0, entry)
+    try:
+        yield
+    finally:
+        registry.remove(entry)
+
+
 class Checkpoints:
     """The script's ``torch.save`` and ``torch.load`` calls."""
 
@@ -176,9 +199,14 @@ class Checkpoints:
         def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
             devices: list[str] = []
 
+            tags: dict[int, str] = {}
+
             def host(t: torch.Tensor) -> torch.Tensor:
                 devices.append(str(t.device))
-                return _plain(t)
+                plain = _plain(t)
+                if t.device.type == "cuda" and plain.untyped_storage().data_ptr():
+                    tags[plain.untyped_storage().data_ptr()] = str(t.device)
+                return plain
 
             undo: _Undo = {}
             with self.recorder.quiet():
@@ -188,7 +216,8 @@ class Checkpoints:
                         # the file holds host tensors (no placecheck class in it); a later torch.load of
                         # it in this run puts each back on the device it was saved from, as on a GPU
                         self.saved[os.path.abspath(f)] = devices
-                    return original(plain, f, *args, **kwargs)
+                    with _location_tags(tags):
+                        return original(plain, f, *args, **kwargs)
                 finally:
                     _restore(undo)  # a whole module saved: the script's module keeps its own tensors
         return save

@@ -147,6 +147,8 @@ class RunRecorder:
         """ids of exceptions raised to reproduce a failure already reported (a PC301 load)."""
         self._simulated_errors: set[int] = set()
         """ids of the errors the recorder raised as CUDA would (a device index beyond ``gpus``)."""
+        self.limit = ""
+        """The note when the script stopped at a limit of the simulation, not at an error of its own."""
 
     # -- the session ------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -480,12 +482,7 @@ class RunRecorder:
                 message, hint = rules.host_sync(call, device)  # as audit says it of the same forward
                 severity = r.severity
             else:
-                # per step in which the line ran: the run may stop mid-step, before a step's logging
-                # line; a line that ran once may be a per-step line the --steps stop cut short
-                cut_short = self.stopped_by_steps and max(steps) >= self.steps - 1
-                rate = ("once" if count == 1 and not cut_short else
-                        f"{count / len(steps):g} per optimizer step" if self.steps else f"{count} times")
-                message, hint = rules.loop_sync(call, device, rate, inside)
+                message, hint = rules.loop_sync(call, device, self._rate(count, steps), inside)
                 severity = Severity.INFO
             out.append(Finding(code=r.code, kind=r.kind, severity=severity, where=module, source=line,
                                device=device, expected=device, count=count, message=message, hint=hint,
@@ -503,10 +500,31 @@ class RunRecorder:
                 hint=hint, details=(("bytes per step", str(copies.nbytes)),)))
         return out
 
+    def _rate(self, count: int, ran_in: set[int]) -> str:
+        """How often a line's sync ran, from the counts: ``1 per optimizer step`` only when it ran in
+        every step, else ``2 times in 20 optimizer steps`` (a line under ``if step % 10 == 0``).
+
+        ``ran_in`` holds the optimizer steps completed when it ran: a line before ``optimizer.step()``
+        runs in steps 0 to N-1; a line after it in 1 to N, and a ``--steps`` stop (raised inside the
+        N-th ``step()``) cuts the last of those short.
+        """
+        n = self.steps
+        if n == 0 or not ran_in:
+            return "once" if count == 1 else f"{count} times"
+        before_step = set(range(n)) <= ran_in
+        after_step = (n >= 2 and set(range(1, n)) <= ran_in <= set(range(1, n + 1))
+                      and (self.stopped_by_steps or n in ran_in))
+        if before_step or after_step:
+            return f"{count / len(ran_in):g} per optimizer step"
+        if ran_in == {n} and not self.stopped_by_steps:  # after the loop
+            return "once after the last optimizer step" if count == 1 else \
+                f"{count} times after the last optimizer step"
+        return f"{'once' if count == 1 else f'{count} times'} in {n} optimizer step{'s' if n != 1 else ''}"
+
     def error_finding(self, exc: BaseException) -> Finding | None:
         """The script's own exception, as :mod:`placecheck.classify` decides for ``audit``: PC201 when it
-        mixed devices, a note when it met a limit of the simulation, PC207 otherwise; None when already
-        reported or noted."""
+        mixed devices, PC207 otherwise; None when already reported, or when it is a limit of the
+        simulation (then :attr:`limit` says what could not be simulated, and where)."""
         seen: BaseException | None = exc
         raised_here = False
         while seen is not None:
@@ -516,7 +534,7 @@ class RunRecorder:
             seen = seen.__cause__ or seen.__context__
         limit = "" if raised_here else classify.simulation_limit(exc, phase="run")
         if limit:
-            self.notes[limit] = None
+            self.limit = limit
             return None
         line = user_line(exc)
         mismatch = classify.is_engine_mismatch(exc)

@@ -19,7 +19,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from types import FrameType
+from types import CodeType, FrameType, TracebackType
 from typing import Any
 
 from placecheck.errors import LoadError
@@ -41,6 +41,24 @@ class Program:
         if callable(self.target):
             return getattr(self.target, "__qualname__", repr(self.target))
         return f"-m {self.target}" if self.module else self.target
+
+    @property
+    def filename(self) -> str | None:
+        """The file of the script's own code (a module's source for ``-m``); None for a callable."""
+        if callable(self.target):
+            return None
+        if not self.module:
+            return self.target
+        sys.path.insert(0, os.getcwd())
+        try:
+            spec = importlib.util.find_spec(self.target)
+        except (ImportError, ValueError):
+            return None
+        finally:
+            sys.path.remove(os.getcwd())
+        if spec is not None and spec.submodule_search_locations is not None:  # a package: its __main__
+            spec = importlib.util.find_spec(f"{self.target}.__main__")
+        return spec.origin if spec is not None and spec.has_location else None
 
     def check(self) -> None:
         """Refuse what cannot run, with one line: a missing script or module, a syntax error."""
@@ -77,8 +95,11 @@ class Outcome:
     line: str = ""
     """The user's line where it stopped or raised ("" when unknown)."""
     reason: str = ""
-    exit_code: int | str | None = None
+    exit_code: object = None
+    """What the script passed to ``sys.exit`` (None for ``sys.exit()``)."""
     error: BaseException | None = None
+    stack: tuple[tuple[CodeType, int], ...] = ()
+    """Where a stop found the program: each frame's code and line, outermost first."""
 
 
 @contextlib.contextmanager
@@ -133,15 +154,32 @@ def execute(program: Program, timeout: float | None = None, notes: list[str] | N
             else:
                 runpy.run_path(target, run_name="__main__")
         except StopRun as stop:
-            return Outcome("stopped", user_line(stop), stop.reason)
+            return Outcome("stopped", user_line(stop), stop.reason, stack=_stack(stop.__traceback__))
         except SystemExit as exc:
-            code = exc.code if exc.code is not None else 0
-            return Outcome("exit", user_line(exc), exit_code=code)
+            return Outcome("exit", user_line(exc), exit_code=exc.code)
         except BaseException as exc:  # the program's own failure is reported, not raised
             if isinstance(exc, KeyboardInterrupt):
                 raise
             return Outcome("error", user_line(exc), error=exc)
     return Outcome("end")
+
+
+def _stack(tb: TracebackType | None) -> tuple[tuple[CodeType, int], ...]:
+    out = []
+    while tb is not None:
+        out.append((tb.tb_frame.f_code, tb.tb_lineno))
+        tb = tb.tb_next
+    return tuple(out)
+
+
+def exit_status(code: object) -> int:
+    """The status ``python`` exits with after ``sys.exit(code)``: 0 for None, the integer, else 1 (the
+    message is printed)."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    return 1
 
 
 def script_args(args: Sequence[str]) -> tuple[str, ...]:
