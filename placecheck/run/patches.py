@@ -21,6 +21,16 @@ What none of them shows, and so is patched here, for the recorder's session only
   they were saved from, and a load the simulated machine cannot do is PC301.
 - ``torch.__future__.set_overwrite_module_params_on_conversion``: the engine needs
   its own setting in force while the script runs; the script's wish is remembered.
+- ``torch.compile`` (:func:`eager_compile`): TorchDynamo rewrites a compiled
+  function's bytecode into a graph before any mode sees a call, and traces into
+  the engine's tensor subclass and the recorder's mode itself (it dies there:
+  ``InternalTorchDynamoError: RecursionError``); the graph it would run hides every
+  call from the modes. So the script's ``torch.compile`` returns what it returns
+  on a GPU (an ``OptimizedModule`` with its ``_orig_mod``, a wrapped function)
+  while TorchDynamo is disabled for the session (its own ``config.disable``,
+  ``TORCH_COMPILE_DISABLE``): the eager code runs, and is what is checked, not
+  the compiled graph. Patched rather than set up front because importing
+  TorchDynamo costs seconds a script that never compiles should not pay.
 
 Each patch is the original wrapped, never a reimplementation; every original is
 restored when the session ends, however it ends. Not reentrant.
@@ -29,8 +39,13 @@ restored when the session ends, however it ends. Not reentrant.
 from __future__ import annotations
 
 import contextlib
+import re
+import sys
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
+
+import torch
 
 Patch = tuple[object, str, Callable[[Callable[..., Any]], Callable[..., Any]]]
 """``(owner, attribute name, make)``: the attribute becomes ``make(original)``."""
@@ -55,3 +70,37 @@ def patched(patches: Sequence[Patch]) -> Iterator[None]:
                 delattr(owner, name)
             else:
                 setattr(owner, name, own)
+
+
+_COMPILE_HOOKS_WARNING = "Using `torch.compile(module)` when there are global hooks"
+"""What ``torch.compile(module)`` warns when global module hooks exist: the recorder's own."""
+
+
+@contextlib.contextmanager
+def eager_compile(on_compile: Callable[[], None]) -> Iterator[None]:
+    """``torch.compile`` as the script calls it, with TorchDynamo disabled from its first call (or from the
+    start, when TorchDynamo is already imported: something may have been compiled before the session)
+    until the block ends; ``on_compile()`` is called at each ``torch.compile`` call."""
+    with contextlib.ExitStack() as stack:
+        disabled: list[bool] = []
+
+        def disable() -> None:
+            if not disabled:
+                import torch._dynamo
+
+                stack.enter_context(torch._dynamo.config.patch(disable=True))
+                disabled.append(True)
+
+        def make(original: Callable[..., Any]) -> Callable[..., Any]:
+            def compile(*args: Any, **kwargs: Any) -> Any:
+                disable()
+                on_compile()
+                return original(*args, **kwargs)
+            return compile
+
+        if "torch._dynamo" in sys.modules:
+            disable()
+        stack.enter_context(warnings.catch_warnings())
+        warnings.filterwarnings("ignore", message=re.escape(_COMPILE_HOOKS_WARNING))
+        stack.enter_context(patched([(torch, "compile", make)]))
+        yield

@@ -58,7 +58,7 @@ from placecheck.run.loaders import PIN_WARNING, Loaders
 from placecheck.run.moves import Moves
 from placecheck.run.optimizers import Optimizers
 from placecheck.run.origins import Origin, Origins
-from placecheck.run.patches import patched
+from placecheck.run.patches import eager_compile, patched
 from placecheck.run.sites import called_from_user, library_caller, names_of
 from placecheck.sources import here, user_line
 from placecheck.state import Registry
@@ -180,12 +180,18 @@ class RunRecorder:
                     (torch.__future__, "set_overwrite_module_params_on_conversion",
                      self.moves.overwrite_flag),
                 ]))
+                stack.enter_context(eager_compile(self._compiled))
                 stack.enter_context(_ScriptMode(self))
                 yield self
         finally:
             for handle in handles:
                 handle.remove()
             torch.__future__.set_swap_module_params_on_conversion(swap)
+
+    def _compiled(self) -> None:
+        """The script called ``torch.compile``: what runs is its eager code (:func:`eager_compile`)."""
+        self.notes["run: torch.compile ran eagerly (TorchDynamo is off under placecheck run): the eager code "
+                   "of the compiled model or function is what was checked, not the compiled graph"] = None
 
     @contextlib.contextmanager
     def quiet(self) -> Iterator[None]:
