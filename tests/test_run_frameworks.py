@@ -175,6 +175,32 @@ def test_lightning_fixed_twin_is_clean_the_trainer_is_not_module_state() -> None
     assert all(f.severity is Severity.INFO and "(lightning)" in f.message for f in report.findings)
 
 
+# -- launchers: copies of the script in other processes ------------------------------------------------
+
+def test_a_script_starting_copies_of_itself_is_stopped_there_with_a_note(tmp_path: Path) -> None:
+    marker = tmp_path / "rank1.txt"
+    report = run(script("launches_itself.py"), [str(marker)])
+    assert not marker.exists()  # no copy ran outside the simulation
+    assert report.findings == ()  # not the script's error
+    assert any(n.startswith("run: stopped where the script starts copies of itself in other processes")
+               for n in report.notes)
+
+
+def test_lightning_ddp_at_two_devices_is_stopped_before_its_launcher_starts_rank_1() -> None:
+    pytest.importorskip("lightning")
+
+    def main() -> None:
+        import sys
+
+        sys.argv = [script("lightning_fixed.py")]
+        source = (FIXTURES / "lightning_fixed.py").read_text().replace("devices=1", "devices=2")
+        exec(compile(source, script("lightning_fixed.py"), "exec"), {"__name__": "__main__"})
+
+    report = run(main, gpus=2)
+    assert report.findings == ()
+    assert any("starts copies of itself in other processes" in n for n in report.notes)
+
+
 # -- what is module state: evidence, not class names ---------------------------------------------------
 
 def _driver(model: nn.Module, back_reference: bool) -> object:

@@ -21,6 +21,11 @@ What none of them shows, and so is patched here, for the recorder's session only
   they were saved from, and a load the simulated machine cannot do is PC301.
 - ``torch.__future__.set_overwrite_module_params_on_conversion``: the engine needs
   its own setting in force while the script runs; the script's wish is remembered.
+- ``subprocess.Popen.__init__`` (:func:`no_copies_of_the_script`): a launcher that starts
+  the script again in other processes (Lightning's ``Trainer(devices=N)`` runs
+  ``python SCRIPT`` once per other rank) starts it outside the simulation, where it
+  really runs on the CPU or dies, and takes the run down with it; no hook sees a
+  process start, so the launch is refused with :class:`OutsideSimulation`.
 - ``torch.compile`` (:func:`eager_compile`): TorchDynamo rewrites a compiled
   function's bytecode into a graph before any mode sees a call, and traces into
   the engine's tensor subclass and the recorder's mode itself (it dies there:
@@ -39,7 +44,9 @@ restored when the session ends, however it ends. Not reentrant.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
+import subprocess
 import sys
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -104,3 +111,36 @@ def eager_compile(on_compile: Callable[[], None]) -> Iterator[None]:
         warnings.filterwarnings("ignore", message=re.escape(_COMPILE_HOOKS_WARNING))
         stack.enter_context(patched([(torch, "compile", make)]))
         yield
+
+
+class OutsideSimulation(RuntimeError):
+    """Raised into the script where it would leave the simulation (start copies of itself as other
+    processes): a limit of ``placecheck run``, reported as a note, never as the script's error."""
+
+
+def _runs_the_program(command: Any) -> bool:
+    """``command`` (``Popen``'s first argument) is this Python running the program again: its script
+    (``sys.argv[0]``) or its module (``-m``, ``__main__``'s spec)."""
+    if not isinstance(command, list | tuple) or len(command) < 2 \
+            or not all(isinstance(a, str) for a in command):
+        return False
+    if os.path.realpath(command[0]) != os.path.realpath(sys.executable):
+        return False
+    script = os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    module = getattr(spec, "name", "")
+    return (bool(script) and os.path.abspath(command[1]) == script) or \
+        (command[1] == "-m" and len(command) > 2 and command[2] == module)
+
+
+def no_copies_of_the_script(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``subprocess.Popen.__init__``: a launch of the program itself in another process is refused."""
+    def __init__(self: subprocess.Popen[Any], args: Any, *rest: Any, **kwargs: Any) -> None:
+        if _runs_the_program(args):
+            raise OutsideSimulation(
+                "run: stopped where the script starts copies of itself in other processes "
+                f"({' '.join(args)}): other ranks run outside the simulation, which placecheck run does not "
+                "simulate yet (a framework's multi-device launcher: Lightning's Trainer(devices=N) with its "
+                "ddp strategy); run it with one device to check the rest")
+        original(self, args, *rest, **kwargs)
+    return __init__
