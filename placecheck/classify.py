@@ -448,17 +448,14 @@ def simulation_failure(exc: BaseException) -> str:
     ``torch.cuda``), which no code on a real GPU runs. A device mismatch the engines raise on purpose
     (:func:`is_engine_mismatch`) is never one.
     """
-    import sys
 
     from placecheck.sources import placecheck_file
 
     if is_engine_mismatch(exc):
         return ""
-    compiler: tuple[type[BaseException], ...] = ()
-    if "torch._dynamo" in sys.modules:
-        from torch._dynamo.exc import BackendCompilerFailed, InternalTorchDynamoError
+    from placecheck.compat import compiler_errors
 
-        compiler = (InternalTorchDynamoError, BackendCompilerFailed)
+    compiler = compiler_errors()
     for seen in _chain(exc):
         if compiler and isinstance(seen, compiler):
             return f"torch.compile on simulated CUDA tensors failed: {one_line(seen)}"

@@ -311,3 +311,29 @@ def composable_state_keys() -> frozenset[str]:
         return frozenset()
     keys = (getattr(contract, "STATE_KEY", None), getattr(contract, "REGISTRY_KEY", None))
     return frozenset(k for k in keys if isinstance(k, str))
+
+
+def compiler_errors() -> tuple[type[BaseException], ...]:
+    """TorchDynamo's own failures (``InternalTorchDynamoError``, ``BackendCompilerFailed``), when
+    TorchDynamo is already imported (importing it costs seconds); else ``()``."""
+    if "torch._dynamo" not in sys.modules:
+        return ()
+    from torch._dynamo.exc import BackendCompilerFailed, InternalTorchDynamoError
+
+    return (InternalTorchDynamoError, BackendCompilerFailed)
+
+
+def dynamo_disabled() -> contextlib.AbstractContextManager[None]:
+    """TorchDynamo switched off (``torch._dynamo.config.patch(disable=True)``): ``torch.compile`` runs
+    the eager code."""
+    import torch._dynamo
+
+    return torch._dynamo.config.patch(disable=True)  # type: ignore[no-any-return]
+
+
+def storage_location_registry() -> list[Any]:
+    """``torch.serialization``'s list of (priority, tagger, deserializer) entries that name a storage's
+    saved location (``register_package`` appends to it; there is no public way to insert first)."""
+    import torch.serialization
+
+    return torch.serialization._package_registry  # type: ignore[no-any-return]

@@ -4,7 +4,9 @@ Model code that asks ``torch.cuda.is_available()`` or ``device_count()`` must
 see the simulated GPUs during a simulated audit, or it takes its CPU path;
 the rest of the common runtime API (streams, events, RNG, device properties,
 memory statistics, autocast's availability check) answers harmlessly (see
-:func:`_cuda_query_patches`). torch's own internals keep the real answers.
+:func:`_cuda_query_patches`), and so does the device-generic ``torch.accelerator``
+API of torch 2.6+ (:func:`_accelerator_patches`, feature-detected). torch's own
+internals keep the real answers.
 
 Both simulating engines (fake tensors in :mod:`placecheck.engine`, real values
 in :mod:`placecheck.tagged`) enter :func:`cuda_queries_simulated`; this module
@@ -315,22 +317,54 @@ def _cuda_query_patches(gpus: int) -> dict[str, Callable[..., Any]]:
     }
 
 
+class _SimulatedDeviceIndex:
+    """``torch.accelerator.device_index(i)``: ``cuda:i`` is the current device inside the block (``None``:
+    no switch)."""
+
+    def __init__(self, device: int | None, /) -> None:
+        self.idx = device
+        self._before = _current[0]
+
+    def __enter__(self) -> None:
+        self._before = _current[0]
+        if self.idx is not None and self.idx >= 0:
+            _current[0] = self.idx
+
+    def __exit__(self, *exc: Any) -> None:
+        _current[0] = self._before
+
+
 def _accelerator_patches(gpus: int) -> dict[str, Callable[..., Any]]:
-    """``torch.accelerator`` (the device-generic API) answered for ``gpus`` simulated CUDA GPUs."""
+    """``torch.accelerator`` (torch 2.6+), the device-generic runtime API, answered as ``torch.cuda`` is
+    (:func:`_cuda_query_patches`): CUDA is the accelerator, ``gpus`` of them, the simulated current device;
+    what it cannot simulate either (graphs, ``torch.Stream`` objects) is left as torch has it."""
     cuda = _cuda_query_patches(gpus)
 
-    def _set_index(device: Any) -> None:
-        cuda["set_device"](device)
+    def _current_accelerator(check_available: bool = False) -> torch.device:
+        return torch.device("cuda")  # the compile-time accelerator of a CUDA build, and available
+
+    def _capability(device: Any = None, /) -> dict[str, Any]:
+        return {"supported_dtypes": {t for t in vars(torch).values() if isinstance(t, torch.dtype)}}
 
     return {
-        "is_available": lambda *a, **k: True,
-        "device_count": lambda: gpus,
-        "current_accelerator": lambda *a, **k: torch.device("cuda"),
+        "is_available": cuda["is_available"],
+        "current_accelerator": _current_accelerator,
+        "device_count": cuda["device_count"],
         "current_device_index": current_index,
         "current_device_idx": current_index,
-        "set_device_index": _set_index,
-        "set_device_idx": _set_index,
-        "synchronize": lambda *a, **k: None,
+        "set_device_index": cuda["set_device"],
+        "set_device_idx": cuda["set_device"],
+        "device_index": _SimulatedDeviceIndex,
+        "get_device_capability": _capability,
+        "synchronize": cuda["synchronize"],
+        "current_stream": cuda["current_stream"],
+        "set_stream": cuda["set_stream"],
+        "empty_cache": cuda["empty_cache"],
+        "empty_host_cache": cuda["empty_cache"],
+        "get_memory_info": cuda["mem_get_info"],
+        **{name: cuda[name] for name in ("memory_allocated", "max_memory_allocated", "memory_reserved",
+                                         "max_memory_reserved", "memory_stats", "reset_peak_memory_stats",
+                                         "reset_accumulated_memory_stats")},
     }
 
 
@@ -383,7 +417,8 @@ def _for_user_code(simulated: Callable[..., Any], real: Callable[..., Any]) -> C
 
 @contextlib.contextmanager
 def cuda_queries_simulated(gpus: int, strict: bool = False) -> Iterator[None]:
-    """Make ``torch.cuda.is_available()`` and friends report ``gpus`` GPUs to model code.
+    """Make ``torch.cuda.is_available()`` and friends, and ``torch.accelerator``'s (torch 2.6+), report
+    ``gpus`` GPUs to model code.
 
     ``strict`` (``--gpus`` given): the machine has no more GPUs; a tensor on a higher index raises
     CUDA's "invalid device ordinal" (:func:`missing_gpu`). Otherwise ``gpus`` is only enough for the
@@ -406,11 +441,12 @@ def cuda_queries_simulated(gpus: int, strict: bool = False) -> Iterator[None]:
             # driver whoever calls them
             patched = fn if isinstance(fn, type) else _for_user_code(fn, real)
             stack.enter_context(mock.patch.object(torch.cuda, name, patched))
-        accelerator = getattr(torch, "accelerator", None)
-        for name, fn in _accelerator_patches(gpus).items():
+        accelerator = getattr(torch, "accelerator", None)  # torch 2.6+
+        for name, fn in _accelerator_patches(gpus).items() if accelerator is not None else ():
             real = getattr(accelerator, name, None)
             if real is not None:
-                stack.enter_context(mock.patch.object(accelerator, name, _for_user_code(fn, real)))
+                patched = fn if isinstance(fn, type) else _for_user_code(fn, real)
+                stack.enter_context(mock.patch.object(accelerator, name, patched))
         # page-locked host memory and the allocator's stream hint need a driver; neither changes
         # where a tensor is: pin_memory() is a CPU copy, record_stream() nothing
         stack.enter_context(mock.patch.object(torch.Tensor, "pin_memory", _pinned_copy))

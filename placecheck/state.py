@@ -12,6 +12,8 @@ behind), for copying a model, and for materialising a meta-built one:
   hooks and bookkeeping, never user state;
 - :func:`contents`: one level of a container or helper object, or ``None``
   for a leaf (:data:`ATOMS`, functions, classes, modules of code);
+- :func:`holds_module`: a framework's object attached to a module (a trainer and its loops and data)
+  is the module's owner, not its state;
 - :func:`held`: every tensor and module reachable from one attribute, with its
   path, its outermost and its immediate holder, not descending into either,
   cycles cut, at most :data:`MAX_DEPTH` holders deep;
@@ -25,6 +27,7 @@ import collections
 import dataclasses
 import functools
 import itertools
+import sys
 import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -32,6 +35,8 @@ from typing import Any
 
 import torch
 import torch.nn as nn
+
+from placecheck.sources import library_of_file
 
 MODULE_INTERNALS = frozenset(vars(nn.Module())) | {"_flat_weight_refs"}
 """Attributes every nn.Module has (hooks, registries, flags), and the RNN
@@ -261,6 +266,56 @@ def class_attributes(module: nn.Module) -> dict[str, Any]:
 def class_state(module: nn.Module) -> dict[str, Any]:
     """The :func:`class_attributes` that hold state (:data:`CLASS_STATE`), not code or constants."""
     return {name: value for name, value in class_attributes(module).items() if isinstance(value, CLASS_STATE)}
+
+
+OWNER_SEARCH = 4
+"""How many objects deep :func:`holds_module` looks for the module (a Lightning Trainer holds its
+LightningModule two deep: ``trainer.strategy._lightning_module``)."""
+
+_NOT_OBJECTS = (*ATOMS, *_CONTAINERS, torch.Tensor, nn.Module)
+_OWNER_ITEMS = 2_000
+"""Members :func:`holds_module` reads at most, in all: an owner holds its module near the top."""
+
+
+def holds_module(value: Any, modules: set[int]) -> str:
+    """The installed package of ``value`` when it is that package's object and holds one of ``modules``
+    (by id) within :data:`OWNER_SEARCH` objects; "" otherwise.
+
+    A framework attaches its own objects to the module it drives (Lightning's ``Trainer`` as
+    ``LightningModule._trainer``): those objects hold the module, with the loops, the data and the
+    loggers that drive it; the module does not hold them as its state. Decided from evidence, never from
+    a class's name: the object's class is defined in an installed package (not the user's code), and
+    the object refers back to the module it is attached to. A helper object of the user's own, or an
+    installed package's object that does not hold the module (a cache, a config), stays state.
+    """
+    if isinstance(value, _NOT_OBJECTS):
+        return ""
+    package = _package_of_module(type(value).__module__)
+    if not package or package == "torch":
+        return ""
+    budget = [_OWNER_ITEMS]
+    return package if _reaches(value, modules, OWNER_SEARCH, set(), budget) else ""
+
+
+def _reaches(value: Any, modules: set[int], depth: int, seen: set[int], budget: list[int]) -> bool:
+    if id(value) in seen or depth <= 0 or budget[0] <= 0:
+        return False
+    seen.add(id(value))
+    members = contents(value, limit=budget[0])
+    if members is None:
+        return False
+    budget[0] -= len(members)
+    if any(id(child) in modules for _, _, child in members):
+        return True
+    return any(_reaches(child, modules, depth - 1, seen, budget) for _, _, child in members
+               if not isinstance(child, (*ATOMS, torch.Tensor, nn.Module)))
+
+
+def _package_of_module(name: str) -> str:
+    """The installed package whose file is the Python module ``name`` ("lightning"), or "" (the user's,
+    or unknown; :func:`~placecheck.sources.library_of_file` caches per file)."""
+    filename = getattr(sys.modules.get(name), "__file__", None)
+    return library_of_file(filename) if isinstance(filename, str) else ""
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,17 @@ from placecheck.devices import human_bytes
 from placecheck.finding import Finding, Severity
 from placecheck.placement.expected import Placement
 from placecheck.rules import rule
-from placecheck.state import ATOMS, MAX_DEPTH, MODULE_INTERNALS, Held, Registry, attributes, class_state, held
+from placecheck.state import (
+    ATOMS,
+    MAX_DEPTH,
+    MODULE_INTERNALS,
+    Held,
+    Registry,
+    attributes,
+    class_state,
+    held,
+    holds_module,
+)
 from placecheck.state import reachable_tensors as reachable_tensors  # the API's copy uses it from here
 
 __all__ = ["MAX_DEPTH", "Snapshot", "WalkResult", "join", "reachable_tensors", "storage_key",
@@ -174,6 +184,11 @@ class _Walker:
         """Paths of class-level attributes, for the message."""
         self.too_deep: list[str] = []
         """Paths where the walk stopped at MAX_DEPTH."""
+        self.owners: dict[int, str] = {}
+        """id of each plain attribute value asked about -> the installed package whose object holding the
+        model it is ("": state)."""
+        self.owner_paths: dict[str, str] = {}
+        """path -> ``lightning Trainer``: the framework objects left out of the walk."""
 
     def expected(self, owner: str) -> str:
         """The device a tensor held by the module at ``owner`` should be on (a finding's ``expected``)."""
@@ -208,12 +223,23 @@ class _Walker:
                 continue
             skip = _hook_derived(module)
             for attr, value in attributes(module):
-                if attr not in skip and not isinstance(value, ATOMS):  # an atom holds nothing
+                if attr not in skip and not isinstance(value, ATOMS) \
+                        and not self.framework_owner(value, join(mpath, attr)):  # an atom holds nothing
                     self.visit(value, mpath, module, attr)
             for attr, value in class_state(module).items():
                 if attr not in skip and attr not in MODULE_INTERNALS:
                     self.class_paths.add(join(mpath, attr))
                     self.visit(value, mpath, module, attr)
+
+    def framework_owner(self, value: Any, path: str) -> bool:
+        """``value`` is an installed package's object that holds the model (a trainer the framework
+        attached to it, :func:`~placecheck.state.holds_module`): not walked, and a note says so."""
+        package = self.owners.get(id(value))
+        if package is None:
+            package = self.owners[id(value)] = holds_module(value, self.modules)
+        if package:
+            self.owner_paths.setdefault(path, f"{package} {type(value).__name__}")
+        return bool(package)
 
     def source(self, mpath: str, module: nn.Module, attr: str) -> str:
         """Where the user's code assigned ``module.<attr>``; for an attribute of a class that is not
@@ -376,4 +402,7 @@ def walk(model: nn.Module, target: str, snapshot: Snapshot | None = None,
         more = f" (and {len(walker.too_deep) - 1} more)" if len(walker.too_deep) > 1 else ""
         notes.append(f"walk: stopped {MAX_DEPTH} containers deep at {walker.too_deep[0]!r}{more}: "
                      "tensors nested deeper were not checked")
+    for path, what in walker.owner_paths.items():
+        notes.append(f"walk: {path!r} holds a {what} that holds the model itself: the framework's object "
+                     "driving the model, not the model's state; not walked")
     return WalkResult(walker.findings, walker.origins, walker.storages, stats, walker.by_origin, notes)

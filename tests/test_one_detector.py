@@ -68,13 +68,16 @@ def test_a_limit_of_the_simulation_is_a_note_in_run_as_in_audit() -> None:
 
 def test_run_leaves_torch_as_it_found_it() -> None:
     """run's few patches (placecheck/run/patches.py) are all undone, also when the script raises."""
+    import subprocess
+
     import torch.nn as nn
     from torch.utils.data import dataloader
 
     owners = [(nn.Module, "to"), (nn.Module, "cuda"), (torch.optim.Optimizer, "__init__"),
               (torch.optim.Optimizer, "load_state_dict"), (dataloader.DataLoader, "__iter__"),
               (dataloader._BaseDataLoaderIter, "__next__"), (torch, "load"), (torch, "save"),
-              (torch.__future__, "set_overwrite_module_params_on_conversion")]
+              (torch.__future__, "set_overwrite_module_params_on_conversion"), (torch, "compile"),
+              (subprocess.Popen, "__init__")]
     before = [vars(owner).get(name) for owner, name in owners]
 
     def raises() -> None:

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from placecheck.compat import DisableTorchFunctionSubclass
+from placecheck.compat import DisableTorchFunctionSubclass, storage_location_registry
 from placecheck.errors import PlacecheckError
 from placecheck.sources import here
 from placecheck.state import replace_tensors
@@ -112,7 +112,7 @@ def _location_tags(tags: dict[int, str]) -> Iterator[None]:
     def decline(storage: Any, location: str) -> None:
         return None
 
-    registry = torch.serialization._package_registry
+    registry = storage_location_registry()
     entry = (min((e[0] for e in registry), default=0) - 1, tag, decline)
     registry.insert(0, entry)
     try:

@@ -1,5 +1,6 @@
 """What a script's DataLoaders yield: each batch element tagged with its loader's line, and how the
-script then copies it to the device (``non_blocking`` against ``pin_memory``: a note)."""
+script then copies it to the device (``non_blocking`` against ``pin_memory``: a note; a framework's own
+blocking copy of pinned batches is none, the script cannot change it)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 
 from placecheck import classify
 from placecheck.run.origins import Origin
+from placecheck.run.sites import library_caller
 from placecheck.sources import here
 
 if typing.TYPE_CHECKING:
@@ -34,8 +36,9 @@ class Loaders:
         self.recorder = recorder
         self.iterators: dict[int, tuple[bool, str]] = {}
         """id of a loader's iterator -> (its loader pins memory, the line that iterated it)."""
-        self.batch_copies: dict[tuple[str, str, bool], dict[str, None]] = {}
-        """(copy line, loop line, pinned) -> batch paths copied with the other non_blocking than pinned."""
+        self.batch_copies: dict[tuple[str, str, bool, str], dict[str, None]] = {}
+        """(copy line, loop line, pinned, the installed code that copied or "") -> batch paths copied with
+        the other non_blocking than pinned."""
 
     def loader_iter(self, original: Callable[..., Any]) -> Callable[..., Any]:
         """``DataLoader.__iter__``: remember the iterator, its loop line and its ``pin_memory``."""
@@ -60,21 +63,26 @@ class Loaders:
     def copied(self, origin: Origin, line: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """A batch element copied to the device at ``line``: remembered when its ``non_blocking`` does not
         match its loader's ``pin_memory``."""
-        if non_blocking(args, kwargs) != origin.pinned:
-            self.batch_copies.setdefault((line, origin.line, origin.pinned), {})[origin.path] = None
+        if non_blocking(args, kwargs) == origin.pinned:
+            return
+        by = library_caller()
+        if by and origin.pinned:
+            return  # a framework's own blocking copy (HF Trainer's): nothing the script can change
+        self.batch_copies.setdefault((line, origin.line, origin.pinned, by), {})[origin.path] = None
 
     def copy_notes(self) -> list[str]:
         """Batches copied with ``non_blocking`` that does not match the loader's ``pin_memory``."""
         notes = []
-        for (line, loop, pinned), paths in self.batch_copies.items():
+        for (line, loop, pinned, by), paths in self.batch_copies.items():
             what = ", ".join(paths)
+            by = f" in {by}" if by else ""
             if pinned:
                 notes.append(f"{line}: {what} from pinned memory (a DataLoader with pin_memory=True, "
                              "iterated "
                              f"at {loop}) copied with a blocking .to(): non_blocking=True lets the copy "
                              "overlap with compute")
             else:
-                notes.append(f"{line}: .to(..., non_blocking=True) of {what} from a DataLoader without "
+                notes.append(f"{line}: .to(..., non_blocking=True){by} of {what} from a DataLoader without "
                              f"pin_memory=True (iterated at {loop}): from pageable memory the copy is "
                              "synchronous, the flag does nothing; pass pin_memory=True to the DataLoader")
         return notes

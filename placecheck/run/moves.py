@@ -18,6 +18,7 @@ import torch
 import torch.nn as nn
 
 from placecheck.compat import parse_to
+from placecheck.cudaapi import current_index
 from placecheck.sources import here
 from placecheck.walk import Snapshot, walk
 
@@ -30,14 +31,15 @@ def _cuda_destination(args: tuple[Any, ...], kwargs: dict[str, Any], cuda_call: 
     if cuda_call:
         dev = args[0] if args else kwargs.get("device")
         index = dev if isinstance(dev, int) else (torch.device(dev).index if dev is not None else None)
-        return torch.device("cuda", index or 0)
+        return torch.device("cuda", current_index() if index is None else index)
     try:
         device = parse_to(*args, **kwargs)[0]
     except (TypeError, RuntimeError):
         return None
     if device is None or device.type != "cuda":
         return None
-    return torch.device("cuda", device.index or 0)
+    # "cuda" without an index is the current device (torch.cuda.set_device, torch.accelerator's)
+    return torch.device("cuda", current_index() if device.index is None else device.index)
 
 
 class Moves:

@@ -21,6 +21,21 @@ What none of them shows, and so is patched here, for the recorder's session only
   they were saved from, and a load the simulated machine cannot do is PC301.
 - ``torch.__future__.set_overwrite_module_params_on_conversion``: the engine needs
   its own setting in force while the script runs; the script's wish is remembered.
+- ``subprocess.Popen.__init__`` (:func:`no_copies_of_the_script`): a launcher that starts
+  the script again in other processes (Lightning's ``Trainer(devices=N)`` runs
+  ``python SCRIPT`` once per other rank) starts it outside the simulation, where it
+  really runs on the CPU or dies, and takes the run down with it; no hook sees a
+  process start, so the launch is refused with :class:`OutsideSimulation`.
+- ``torch.compile`` (:func:`eager_compile`): TorchDynamo rewrites a compiled
+  function's bytecode into a graph before any mode sees a call, and traces into
+  the engine's tensor subclass and the recorder's mode itself (it dies there:
+  ``InternalTorchDynamoError: RecursionError``); the graph it would run hides every
+  call from the modes. So the script's ``torch.compile`` returns what it returns
+  on a GPU (an ``OptimizedModule`` with its ``_orig_mod``, a wrapped function)
+  while TorchDynamo is disabled for the session (its own ``config.disable``,
+  ``TORCH_COMPILE_DISABLE``): the eager code runs, and is what is checked, not
+  the compiled graph. Patched rather than set up front because importing
+  TorchDynamo costs seconds a script that never compiles should not pay.
 
 Each patch is the original wrapped, never a reimplementation; every original is
 restored when the session ends, however it ends. Not reentrant.
@@ -29,8 +44,17 @@ restored when the session ends, however it ends. Not reentrant.
 from __future__ import annotations
 
 import contextlib
+import os
+import re
+import subprocess
+import sys
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
+
+import torch
+
+from placecheck.compat import compiler_errors, dynamo_disabled
 
 Patch = tuple[object, str, Callable[[Callable[..., Any]], Callable[..., Any]]]
 """``(owner, attribute name, make)``: the attribute becomes ``make(original)``."""
@@ -55,3 +79,68 @@ def patched(patches: Sequence[Patch]) -> Iterator[None]:
                 delattr(owner, name)
             else:
                 setattr(owner, name, own)
+
+
+_COMPILE_HOOKS_WARNING = "Using `torch.compile(module)` when there are global hooks"
+"""What ``torch.compile(module)`` warns when global module hooks exist: the recorder's own."""
+
+
+@contextlib.contextmanager
+def eager_compile(on_compile: Callable[[], None]) -> Iterator[None]:
+    """``torch.compile`` as the script calls it, with TorchDynamo disabled from its first call (or from the
+    start, when TorchDynamo is already imported: something may have been compiled before the session)
+    until the block ends; ``on_compile()`` is called at each ``torch.compile`` call."""
+    with contextlib.ExitStack() as stack:
+        disabled: list[bool] = []
+
+        def disable() -> None:
+            if not disabled:
+                stack.enter_context(dynamo_disabled())
+                disabled.append(True)
+
+        def make(original: Callable[..., Any]) -> Callable[..., Any]:
+            def compile(*args: Any, **kwargs: Any) -> Any:
+                disable()
+                on_compile()
+                return original(*args, **kwargs)
+            return compile
+
+        if compiler_errors():  # TorchDynamo already imported: something may have been compiled
+            disable()
+        stack.enter_context(warnings.catch_warnings())
+        warnings.filterwarnings("ignore", message=re.escape(_COMPILE_HOOKS_WARNING))
+        stack.enter_context(patched([(torch, "compile", make)]))
+        yield
+
+
+class OutsideSimulation(RuntimeError):
+    """Raised into the script where it would leave the simulation (start copies of itself as other
+    processes): a limit of ``placecheck run``, reported as a note, never as the script's error."""
+
+
+def _runs_the_program(command: Any) -> bool:
+    """``command`` (``Popen``'s first argument) is this Python running the program again: its script
+    (``sys.argv[0]``) or its module (``-m``, ``__main__``'s spec)."""
+    if not isinstance(command, list | tuple) or len(command) < 2 \
+            or not all(isinstance(a, str) for a in command):
+        return False
+    if os.path.realpath(command[0]) != os.path.realpath(sys.executable):
+        return False
+    script = os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    module = getattr(spec, "name", "")
+    return (bool(script) and os.path.abspath(command[1]) == script) or \
+        (command[1] == "-m" and len(command) > 2 and command[2] == module)
+
+
+def no_copies_of_the_script(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``subprocess.Popen.__init__``: a launch of the program itself in another process is refused."""
+    def __init__(self: subprocess.Popen[Any], args: Any, *rest: Any, **kwargs: Any) -> None:
+        if _runs_the_program(args):
+            raise OutsideSimulation(
+                "run: stopped where the script starts copies of itself in other processes "
+                f"({' '.join(args)}): other ranks run outside the simulation, which placecheck run does not "
+                "simulate yet (a framework's multi-device launcher: Lightning's Trainer(devices=N) with its "
+                "ddp strategy); run it with one device to check the rest")
+        original(self, args, *rest, **kwargs)
+    return __init__

@@ -37,6 +37,7 @@ Not reentrant: one recorder at a time per process (the hooks are global).
 from __future__ import annotations
 
 import contextlib
+import subprocess
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
@@ -58,7 +59,7 @@ from placecheck.run.loaders import PIN_WARNING, Loaders
 from placecheck.run.moves import Moves
 from placecheck.run.optimizers import Optimizers
 from placecheck.run.origins import Origin, Origins
-from placecheck.run.patches import patched
+from placecheck.run.patches import OutsideSimulation, eager_compile, no_copies_of_the_script, patched
 from placecheck.run.sites import called_from_user, library_caller, names_of
 from placecheck.sources import here, user_line
 from placecheck.state import Registry
@@ -181,13 +182,20 @@ class RunRecorder:
                     (torch, "save", self.checkpoints.torch_save),
                     (torch.__future__, "set_overwrite_module_params_on_conversion",
                      self.moves.overwrite_flag),
+                    (subprocess.Popen, "__init__", no_copies_of_the_script),
                 ]))
+                stack.enter_context(eager_compile(self._compiled))
                 stack.enter_context(_ScriptMode(self))
                 yield self
         finally:
             for handle in handles:
                 handle.remove()
             torch.__future__.set_swap_module_params_on_conversion(swap)
+
+    def _compiled(self) -> None:
+        """The script called ``torch.compile``: what runs is its eager code (:func:`eager_compile`)."""
+        self.notes["run: torch.compile ran eagerly (TorchDynamo is off under placecheck run): the eager code "
+                   "of the compiled model or function is what was checked, not the compiled graph"] = None
 
     @contextlib.contextmanager
     def quiet(self) -> Iterator[None]:
@@ -529,6 +537,9 @@ class RunRecorder:
         raised_here = False
         while seen is not None:
             if id(seen) in self.reported_errors:
+                return None
+            if isinstance(seen, OutsideSimulation):  # a limit of the run, said in its own words
+                self.notes[str(seen)] = None
                 return None
             raised_here = raised_here or id(seen) in self._simulated_errors
             seen = seen.__cause__ or seen.__context__

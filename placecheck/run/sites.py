@@ -39,14 +39,29 @@ def called_from_user() -> str:
 
 
 def library_caller() -> str:
-    """The function (``GradScaler.step``) that made the torch call being handled, when it is not the
-    user's own code but torch's or a library's called from it; "" when the user made the call."""
+    """The function (``GradScaler.step (torch)``) that made the torch call being handled, when it is not
+    the user's own code but torch's or a library's called from it; "" when the user made the call. When
+    torch's function was itself called by another installed package, that package's function is named
+    too (``Module.cpu (torch) in Strategy.teardown (lightning)``): the framework made the call."""
     frame: FrameType | None = sys._getframe(2)
     while frame is not None and (_own(frame.f_code.co_filename)
                                  or os.path.abspath(frame.f_code.co_filename) in _DISPATCH_FILES):
         frame = frame.f_back
     if frame is None or is_users(frame.f_code):
         return ""
+    caller = _function(frame)
+    if library_of_file(frame.f_code.co_filename) == "torch":
+        scan = frame.f_back
+        while scan is not None and not is_users(scan.f_code):
+            package = library_of_file(scan.f_code.co_filename)
+            if package and package != "torch":
+                return f"{caller} in {_function(scan)}"
+            scan = scan.f_back
+    return caller
+
+
+def _function(frame: FrameType) -> str:
+    """``Strategy.teardown (lightning)``: a library frame's function and package."""
     name: str = getattr(frame.f_code, "co_qualname", frame.f_code.co_name)
     name = name.split(".<locals>", 1)[0]
     package = library_of_file(frame.f_code.co_filename)
