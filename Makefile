@@ -15,7 +15,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet $(TORCH) torch torchvision
-	$(PY) -m pip install --quiet $(TORCH) -e '.[dev,transformers,fix,zoo,accelerate,vision,safetensors]'
+	$(PY) -m pip install --quiet $(TORCH) -e '.[dev,transformers,fix,zoo,accelerate,vision,safetensors,frameworks]'
 	touch $(STAMP)
 
 demo: install

@@ -138,3 +138,51 @@ def fixture_cases(directory: Path) -> list[Any]:
         expected = py.with_suffix(".expected")
         cases.append(pytest.param(py, expected, id=py.stem))
     return cases
+
+
+# Known gaps on transformers 5 (make test-compat's transformers-5 leg), each a strict xfail there: the
+# test fails the leg as soon as the gap closes, so this list cannot go stale. Nothing here is skipped
+# on transformers 4.57, the pinned version.
+TRANSFORMERS_5_GAPS: dict[str, str] = {
+    "test_datadep.py::test_tiny_configs_run_on_the_fake_engine_with_the_real_valued_engines_findings[mixtral]":
+        "transformers 5 MoE experts call torch._grouped_mm, whose fake kernel refuses the tiny config's "
+        "dtypes ('Expected mat_a to be BFloat16'): a PC207 on correct code, fake engine only",
+    "test_datadep.py::test_tiny_configs_run_on_the_fake_engine_with_the_real_valued_engines_findings[qwen2_moe]":
+        "as mixtral: torch._grouped_mm in transformers 5's MoE experts under fake tensors",
+    "test_library_zoo.py::test_transformers_tiny_config_has_no_warning[mixtral]":
+        "as mixtral above: torch._grouped_mm under fake tensors",
+    "test_library_zoo.py::test_transformers_tiny_config_has_no_warning[qwen2_moe]":
+        "as mixtral above: torch._grouped_mm under fake tensors",
+    "test_library_zoo.py::test_gptj_scalar_attribute_is_reported_as_info":
+        "transformers 5's GPT-J no longer keeps the scalar attribute the test looks for",
+    "test_device_map.py::test_the_8b_map_equals_what_transformers_and_accelerate_compute":
+        "the test calls transformers' private _get_device_map with its 4.57 signature",
+    "test_device_map.py::test_other_computed_maps_equal_transformers[balanced_low_0]":
+        "the test calls transformers' private _get_device_map with its 4.57 signature",
+    "test_device_map.py::test_other_computed_maps_equal_transformers[sequential]":
+        "the test calls transformers' private _get_device_map with its 4.57 signature",
+    "test_device_map.py::test_the_printed_8b_map_is_accelerates":
+        "the test compares with transformers' private _get_device_map (4.57 signature)",
+    "test_transformers_examples.py::test_shared_embedding_of_t5_moves_under_simulation":
+        "transformers 5's T5 ties its shared embedding differently; the test's expectation is 4.57's",
+    "test_transformers_examples.py::test_bert_with_sdpa_attention_syncs_with_the_host_inside_transformers[False]":
+        "transformers 5 skips its value-reading mask checks under fake tensors (is_tracing): "
+        "docs/simulation-limits.md",
+    "test_transformers_examples.py::test_bert_with_sdpa_attention_syncs_with_the_host_inside_transformers[True]":
+        "as [False]: transformers 5's is_tracing() under fake tensors",
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    try:
+        import importlib.metadata
+
+        major = int(importlib.metadata.version("transformers").split(".")[0])
+    except (importlib.metadata.PackageNotFoundError, ValueError):
+        return
+    if major < 5:
+        return
+    for item in items:
+        reason = TRANSFORMERS_5_GAPS.get(item.nodeid.removeprefix("tests/"))
+        if reason is not None:
+            item.add_marker(pytest.mark.xfail(reason=f"transformers {major}: {reason}", strict=True))
