@@ -584,3 +584,18 @@ def test_select_and_ignore_filter_run_findings() -> None:
 def test_package_attribute_is_callable_as_the_function() -> None:
     assert callable(placecheck.run)
     assert placecheck.run(script("batch_fixed.py")).findings == ()
+
+
+# -- a non-blocking copy to the host read before a synchronize (PC210, as audit finds it) -----------
+
+def test_nonblocking_copy_read_before_a_synchronize_is_pc210_at_the_read() -> None:
+    report = run(script("nonblocking_read_buggy.py"), steps=0)
+    [finding] = only(report, "PC210")
+    assert finding.source == at("nonblocking_read_buggy.py", 15)  # the print that reads it
+    assert finding.origin == at("nonblocking_read_buggy.py", 14)  # the non-blocking copy
+    assert ".tolist()" in finding.message
+    assert codes(report) == ["PC210"]
+
+
+def test_nonblocking_copy_read_after_a_synchronize_is_clean() -> None:
+    assert run(script("nonblocking_read_fixed.py"), steps=0).findings == ()

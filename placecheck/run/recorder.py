@@ -52,7 +52,8 @@ from torch.overrides import TorchFunctionMode
 from placecheck import classify, rules
 from placecheck.errors import one_line
 from placecheck.finding import Finding, Severity
-from placecheck.host_syncs import host_sync
+from placecheck.host_syncs import HOST_SYNCS, host_sync
+from placecheck.hostcopies import PendingCopies, PendingCopy, nonblocking_host_copy
 from placecheck.rules import rule
 from placecheck.run.checkpoints import Checkpoints
 from placecheck.run.loaders import PIN_WARNING, Loaders
@@ -150,6 +151,8 @@ class RunRecorder:
         """ids of the errors the recorder raised as CUDA would (a device index beyond ``gpus``)."""
         self.limit = ""
         """The note when the script stopped at a limit of the simulation, not at an error of its own."""
+        self.pending = PendingCopies()
+        """Non-blocking device-to-host copies no synchronize has covered yet (PC210), as audit's tracer."""
 
     # -- the session ------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -185,6 +188,7 @@ class RunRecorder:
                     (subprocess.Popen, "__init__", no_copies_of_the_script),
                 ]))
                 stack.enter_context(eager_compile(self._compiled))
+                stack.enter_context(self.pending.synchronizations_seen())
                 stack.enter_context(_ScriptMode(self))
                 yield self
         finally:
@@ -236,8 +240,23 @@ class RunRecorder:
         """One torch call: run it, recording syncs, copies and mismatches."""
         if self._quiet:
             return func(*args, **kwargs)
+        pending = self.pending.pending_arguments(args, kwargs) if self.pending else []
+        out = self._recorded_call(func, args, kwargs, pending)
+        if pending:
+            copy = self.pending.after_call(func, pending, out)
+            if copy is not None:
+                self._stale_read(func, copy)
+        elif func is torch.Tensor.to or func is torch.Tensor.copy_:
+            copied = nonblocking_host_copy(func, args, kwargs, out)
+            if copied is not None:
+                self.pending.copied(copied[1], str(copied[0].device), here()[0])
+        return out
+
+    def _recorded_call(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+                       pending: list[tuple[torch.Tensor, PendingCopy]]) -> Any:
         sync = host_sync(func, args, kwargs)
         if sync is not None:
+            self.pending.synchronized()  # the host waited for the stream: earlier copies landed
             self._record_sync(*sync)
             if func is torch.Tensor.__format__ and args[0].dim() == 0 and len(args) > 1:
                 with self.quiet():
@@ -254,6 +273,8 @@ class RunRecorder:
         try:
             out = func(*args, **kwargs)
         except Exception as exc:
+            if pending and self.pending.still_pending(pending):
+                self._stale_read(func, pending[0][1])  # a read that raised is a read all the same
             out = self._repair(func, args, kwargs, exc)
         if isinstance(out, torch.Tensor) and out.device.type == "cuda" \
                 and (out.device.index or 0) >= self.gpus:
@@ -274,6 +295,20 @@ class RunRecorder:
                         self.origins.track(out, origin)
                         break
         return out
+
+    def _stale_read(self, func: Callable[..., Any], copy: PendingCopy) -> None:
+        """PC210: ``func`` read on the host a tensor a non-blocking copy was still filling."""
+        line, _ = here()
+        if not line:
+            return
+        known = HOST_SYNCS.get(func)
+        op = known[0] if known is not None else op_name(func)
+        r = rule("PC210")
+        copied_at = str(copy.copied_at)
+        message, hint = rules.unsynchronized_read(op, copy.device, copied_at)
+        self.add(Finding(code=r.code, kind=r.kind, severity=r.severity, where="", message=message, hint=hint,
+                         source=line, device=copy.device, expected="cpu", origin=copied_at,
+                         details=(("op", op), ("copied_at", copied_at))), key_extra=copied_at)
 
     def no_such_gpu(self, device: torch.device) -> RuntimeError:
         """What CUDA raises for a device index the machine lacks (--gpus sets how many it has): the
