@@ -165,11 +165,16 @@ bench: install
 	$(PY) -m pip install --quiet $(TORCH) -e '.[dev,transformers,bench,vision]'
 	@set -e; for bench in benchmarks/bench_*.py; do echo "== $$bench"; $(PY) $$bench; done
 
-# Real-GPU fidelity (benchmarks/fidelity.py): every fixture, example and torchvision zoo model audited
-# with --engine real on the GPU and with --engine fake (tagged where fake tensors stop), findings
-# compared; writes benchmarks/results/fidelity.json and prints the README's table. Without a CUDA GPU
-# it says so and exits 0, writing nothing.
+# Real-GPU fidelity: first the truth table (benchmarks/mix_table.py: PyTorch's verdict per op and CPU
+# argument, regenerated into tests/data/mix-table.json on a GPU, which the CPU tests replay; then
+# --replay prints the engines' agreement with it), then benchmarks/fidelity.py: every fixture,
+# example (training examples run as scripts) and torchvision zoo model audited with --engine real on
+# the GPU and with --engine fake (tagged where fake tensors stop), findings compared; writes
+# benchmarks/results/fidelity.json and prints docs/engines.md's table. Without a CUDA GPU each says
+# so and exits 0, writing nothing; the committed table stands.
 fidelity: install
+	$(PY) benchmarks/mix_table.py
+	$(PY) benchmarks/mix_table.py --replay
 	$(PY) benchmarks/fidelity.py
 
 # The wheel a user installs: built as a release is (python -m build), installed with its declared
