@@ -223,8 +223,8 @@ def refused_on_device(func: Callable[..., Any], args: tuple[Any, ...]) -> BaseEx
         return None
     name = _name(func)
     if name == "numpy":
-        return TypeError(f"can't convert {subject.device} device type tensor to numpy. Use Tensor.cpu() to "
-                         "copy the tensor to host memory first.")
+        return RefusedOnDeviceTypeError(f"can't convert {subject.device} device type tensor to numpy. Use "
+                                        "Tensor.cpu() to copy the tensor to host memory first.")
     if name == "pin_memory":
         return RuntimeError(f"cannot pin a tensor on {subject.device}: only dense CPU tensors can be pinned")
     return None
@@ -299,6 +299,11 @@ def is_engine_mismatch(exc: BaseException) -> bool:
     from placecheck.compat import is_fake_device_mismatch
 
     return any(isinstance(e, DeviceMismatchError) or is_fake_device_mismatch(e) for e in _chain(exc))
+
+
+class RefusedOnDeviceTypeError(TypeError):
+    """``.numpy()`` of a device tensor: the TypeError a GPU raises, raised by the simulation (so a
+    ``except TypeError`` of the model's catches it). The model's bug, never the simulation's failure."""
 
 
 class DeviceMismatchError(RuntimeError):
@@ -463,6 +468,7 @@ def simulation_failure(exc: BaseException) -> str:
         while tb is not None and tb.tb_next is not None:
             tb = tb.tb_next
         if tb is not None and isinstance(seen, _BUG_TYPES) \
+                and not isinstance(seen, RefusedOnDeviceTypeError) \
                 and placecheck_file(tb.tb_frame.f_code.co_filename):
             return f"placecheck's simulation raised {one_line(seen)}"
     return ""

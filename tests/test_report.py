@@ -48,7 +48,7 @@ def test_summary_dict() -> None:
     report = Report.build("Net", "cuda:0", "cuda", [make(nbytes=5), make(severity=Severity.WARNING,
                                                                          where="x", nbytes=7)])
     assert report.summary() == {"problems": 2, "instances": 2, "modules": 1, "errors": 1, "warnings": 1,
-                                "info": 0, "bytes_off_device": 12, "incomplete": "",
+                                "info": 0, "bytes_off_device": 12, "incomplete": "", "unfinished": "",
                                 "line": report.summary_line()}
 
 
