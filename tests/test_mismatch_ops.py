@@ -19,7 +19,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import placecheck
-from placecheck import compat
 
 # runs on the CPU-only torch build too (Makefile: test-cpu-build)
 pytestmark = [pytest.mark.cpu_build, pytest.mark.compat]
@@ -169,16 +168,10 @@ def _forward_findings(report: placecheck.Report) -> list[tuple[str, str]]:
 
 @pytest.mark.parametrize("engine", ["fake", "tagged"])
 @pytest.mark.parametrize("case, argument", CASES, ids=[c[1] for c in CASES])
-def test_every_device_mismatch_is_pc201(case: Case, argument: str, engine: str,
-                                        request: pytest.FixtureRequest) -> None:
+def test_every_device_mismatch_is_pc201(case: Case, argument: str, engine: str) -> None:
     if torch.version.cuda is None and engine == "fake" and argument == "Conv2d input":
         pytest.skip("the CPU-only torch build runs a fake-CUDA convolution on its meta stand-in, which "
                     "does not see the CPU input (known limit of that build; the tagged engine finds it)")
-    if engine == "fake" and argument == "Conv2d input" and not compat.torch_at_least("2.12"):
-        # strict: the day it passes there, this says so
-        request.applymarker(pytest.mark.xfail(strict=True, reason=(
-            "torch 2.11's fake convolution returns a CPU tensor for a CPU input and CUDA weight instead of "
-            "raising, so the fake engine sees no mismatch (the tagged engine finds it)")))
     report = placecheck.audit(lambda: _Host(case), "cuda", engine=engine, inputs=["float32[2,8]"])
     found = _forward_findings(report)
     assert ("PC201", _op_line(case)) in found, (argument, found, report.notes)
