@@ -7,7 +7,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner, Result
+from cli_runner import CliRunner
+from typer.testing import Result
 
 from placecheck import baseline
 from placecheck.cli import app

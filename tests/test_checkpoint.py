@@ -14,8 +14,8 @@ import pytest
 import torch
 import torch.nn as nn
 from checkpoint_writer import save_with_locations
+from cli_runner import CliRunner
 from safetensors.torch import save_file
-from typer.testing import CliRunner
 
 from placecheck.checkpoint import CheckpointFormat, check_checkpoint, read_checkpoint
 from placecheck.checkpoint.metadata import find_state_dict

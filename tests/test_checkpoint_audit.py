@@ -10,8 +10,8 @@ import pytest
 import torch
 import torch.nn as nn
 from checkpoint_writer import save_with_locations
+from cli_runner import CliRunner
 from safetensors.torch import save_file
-from typer.testing import CliRunner
 
 from placecheck import audit
 from placecheck.checkpoint import check_checkpoint, load_into_model, read_checkpoint

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from cli_runner import CliRunner
 from safetensors.torch import save_file
-from typer.testing import CliRunner
 
 from placecheck.cli import app
 

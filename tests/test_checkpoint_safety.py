@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from typer.testing import CliRunner
+from cli_runner import CliRunner
 
 from placecheck.checkpoint import CheckpointFormat, check_checkpoint, load_into_model, read_checkpoint
 from placecheck.checkpoint.safety import unsafe_globals

@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_runner import CliRunner, separate_stderr_capture
 from conftest import BUGGY, CLEAN, TESTS, assert_usage_error
-from typer.testing import CliRunner
 
 from placecheck.cli import app
 
@@ -337,6 +337,7 @@ SCRIPT_LIKE = TESTS / "fixtures" / "cli" / "script_like.py"
 CLI_FIXTURES = TESTS / "fixtures" / "cli"
 
 
+@separate_stderr_capture
 def test_what_the_model_prints_goes_to_stderr_and_json_stays_parseable(runner: CliRunner) -> None:
     code, out, err = run(runner, f"{SCRIPT_LIKE}:Chatty", "-f", "json", "-i", "float32[1,2]")
     assert code == 1, err
@@ -385,6 +386,7 @@ def test_file_target_inside_a_package_from_its_root(
     assert [f["where"] for f in json.loads(out)["findings"]] == ["layer.mask"]
 
 
+@separate_stderr_capture
 def test_a_file_target_runs_its_top_level_once(runner: CliRunner, tmp_path: Path) -> None:
     # --init auto builds on meta first, then on the CPU: two builds, one import
     source = tmp_path / "pc_prints_on_import.py"
@@ -460,6 +462,7 @@ def test_entrypoint_help_version_and_findings(monkeypatch: pytest.MonkeyPatch,
     assert code == 0 and "PC101" in out
 
 
+@separate_stderr_capture
 def test_checkpoint_model_that_prints_keeps_json_on_stdout(runner: CliRunner, tmp_path: Path) -> None:
     import torch
 
@@ -471,6 +474,7 @@ def test_checkpoint_model_that_prints_keeps_json_on_stdout(runner: CliRunner, tm
     assert "building Chatty" in result.stderr
 
 
+@separate_stderr_capture
 @pytest.mark.parametrize("flag", ["--output", "--write-baseline"])
 def test_an_unwritable_output_fails_before_the_model_is_built(runner: CliRunner, tmp_path: Path,
                                                               flag: str) -> None:
@@ -487,6 +491,7 @@ def test_an_unwritable_output_fails_before_the_model_is_built(runner: CliRunner,
     assert not marker.exists()  # the target was never imported
 
 
+@separate_stderr_capture
 def test_an_unwritable_output_fails_before_a_config_run(runner: CliRunner, tmp_path: Path) -> None:
     config = tmp_path / "c.toml"
     config.write_text('[[models]]\ntarget = "no.such.module:Net"\n')

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 import typer
+from cli_runner import CliRunner
 from conftest import REPO, assert_usage_error
-from typer.testing import CliRunner
 
 from placecheck.cli import app, common
 

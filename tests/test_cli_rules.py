@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from typer.testing import CliRunner
+from cli_runner import CliRunner
 
 from placecheck.cli import app
 from placecheck.rules import RULES

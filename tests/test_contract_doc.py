@@ -9,8 +9,8 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+from cli_runner import CliRunner
 from report_schema import SCHEMA
-from typer.testing import CliRunner
 
 from placecheck.cli import app
 from placecheck.finding import Finding, Severity

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_runner import CliRunner
 from conftest import TESTS, assert_usage_error, fixture_cases, load_file, read_expected_lines
 from forward_helpers import BranchesOnAWeight, ungrouped  # noqa: F401 (the fixture)
-from typer.testing import CliRunner
 
 from placecheck.cli import app
 from placecheck.devices import parse_size

@@ -136,7 +136,7 @@ def test_gpus_fewer_than_the_device_index_needs_is_a_usage_error() -> None:
 
 
 def test_gpus_fewer_than_the_device_index_needs_from_the_cli() -> None:
-    from typer.testing import CliRunner
+    from cli_runner import CliRunner
 
     from placecheck.cli import app
 

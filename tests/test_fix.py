@@ -12,8 +12,8 @@ import shutil
 from pathlib import Path
 
 import pytest
+from cli_runner import CliRunner
 from conftest import TESTS
-from typer.testing import CliRunner
 
 pytest.importorskip("libcst")  # the fix extra; the CPU-build venv installs only the dev extra
 

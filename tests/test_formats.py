@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 import torch
+from cli_runner import CliRunner
 from conftest import REPO, load_file
 from report_schema import validate_json
-from typer.testing import CliRunner
 
 import placecheck
 from placecheck.cli import app

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn as nn
-from typer.testing import CliRunner
+from cli_runner import CliRunner
 
 import placecheck.construct as construct
 from placecheck.api import audit

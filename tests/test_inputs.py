@@ -440,7 +440,7 @@ def two_inputs():
 
 
 def _cli(tmp_path: Path, *args: str) -> tuple[int, str, str]:
-    from typer.testing import CliRunner
+    from cli_runner import CliRunner
 
     from placecheck.cli import app
 

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from typer.testing import CliRunner
+from cli_runner import CliRunner
 
 from placecheck.cli import app
 from placecheck.config import tomllib  # tomli on Python 3.10

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn as nn
+from cli_runner import CliRunner
 from conftest import TESTS, fixture_cases, load_file, read_expected_lines
 from forward_helpers import ungrouped  # noqa: F401 (the fixture)
 from test_forward_fixtures import fixture_inputs, forward_rows
-from typer.testing import CliRunner
 
 import placecheck
 from placecheck.cli import app

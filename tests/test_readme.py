@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 import typer
-from typer.testing import CliRunner
+from cli_runner import CliRunner
 
 from placecheck.cli import app
 

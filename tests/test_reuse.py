@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import torch
 import torch.nn as nn
+from cli_runner import CliRunner
 from forward_helpers import marked_source
-from typer.testing import CliRunner
 
 import placecheck
 from placecheck.cli import app

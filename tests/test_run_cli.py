@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from cli_runner import CliRunner, separate_stderr_capture
 
 from placecheck.cli import app
 from placecheck.formats import OutputFormat
@@ -65,6 +65,7 @@ def test_script_arguments_after_double_dash_and_steps(tmp_path: Path) -> None:
     assert seen.read_text() == repr(["--lr", "0.1", str(seen)])
 
 
+@separate_stderr_capture
 def test_script_output_goes_to_stderr_so_json_stays_parseable() -> None:
     code, out, err = invoke(os.path.relpath(FIXTURES / "no_model.py"), "--format", "json")
     assert code == 0

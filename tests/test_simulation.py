@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 import torch
 import torch.nn as nn
+from cli_runner import CliRunner
 from conftest import TESTS, load_file
 from forward_helpers import ungrouped  # noqa: F401 (the fixture)
-from typer.testing import CliRunner
 
 import placecheck
 from placecheck.cli import app

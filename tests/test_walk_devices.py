@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import json
 
+from cli_runner import CliRunner
 from conftest import BUGGY
-from typer.testing import CliRunner
 
 from placecheck.cli import app
 

@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
+from cli_runner import CliRunner
 from conftest import EXAMPLES
-from typer.testing import CliRunner
 
 from placecheck.cli import app
 
