@@ -154,6 +154,31 @@ class PendingCopies:
                         return None
         return pending[0][1]
 
+    def watched(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+                call: Callable[[], Any], stale: Callable[[PendingCopy], None],
+                copied_at: Callable[[], Any]) -> Any:
+        """Run ``call()`` (the torch call ``func(*args, **kwargs)`` as its caller runs it) and follow it:
+        ``stale(copy)`` when it read a pending copy on the host (also when it raised: a read the engine
+        cannot run, the fake engine's ``.numpy()``, is a read all the same), and a new non-blocking
+        device-to-host copy it made is pending from ``copied_at()`` on. The one sequence both the
+        tracer (``audit``) and ``placecheck run``'s recorder follow."""
+        pending = self.pending_arguments(args, kwargs) if self._pending else []
+        try:
+            out = call()
+        except Exception:
+            if pending and self.still_pending(pending):
+                stale(pending[0][1])
+            raise
+        if pending:
+            copy = self.after_call(func, pending, out)
+            if copy is not None:
+                stale(copy)
+        elif func is torch.Tensor.to or func is torch.Tensor.copy_:
+            copied = nonblocking_host_copy(func, args, kwargs, out)
+            if copied is not None:
+                self.copied(copied[1], str(copied[0].device), copied_at())
+        return out
+
     @contextlib.contextmanager
     def synchronizations_seen(self) -> Iterator[None]:
         """Inside: ``torch.cuda.synchronize()``, ``torch.accelerator.synchronize()`` and the

@@ -289,23 +289,9 @@ class Tracer:
     # -- per call ---------------------------------------------------------------------------------
     def on_call(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """One torch call: run it, recording what it does across devices."""
-        pending = self.pending.pending_arguments(args, kwargs) if self.pending else []
-        try:
-            out = self._placed_call(func, args, kwargs)
-        except Exception:
-            if pending and self.pending.still_pending(pending):
-                # a read the engine cannot run (the fake engine's .numpy()): a read all the same
-                self._record_stale_read(func, pending[0][1])
-            raise
-        if pending:
-            copy = self.pending.after_call(func, pending, out)
-            if copy is not None:
-                self._record_stale_read(func, copy)
-        elif func is torch.Tensor.to or func is torch.Tensor.copy_:
-            copied = nonblocking_host_copy(func, args, kwargs, out)
-            if copied is not None:
-                self.pending.copied(copied[1], str(copied[0].device), self._site(sys._getframe()))
-        return out
+        return self.pending.watched(func, args, kwargs, lambda: self._placed_call(func, args, kwargs),
+                                    lambda copy: self._record_stale_read(func, copy),
+                                    lambda: self._site(sys._getframe()))
 
     def _placed_call(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         flows = self.flows

@@ -53,7 +53,7 @@ from placecheck import classify, rules
 from placecheck.errors import one_line
 from placecheck.finding import Finding, Severity
 from placecheck.host_syncs import HOST_SYNCS, host_sync
-from placecheck.hostcopies import PendingCopies, PendingCopy, nonblocking_host_copy
+from placecheck.hostcopies import PendingCopies, PendingCopy
 from placecheck.rules import rule
 from placecheck.run.checkpoints import Checkpoints
 from placecheck.run.loaders import PIN_WARNING, Loaders
@@ -240,20 +240,10 @@ class RunRecorder:
         """One torch call: run it, recording syncs, copies and mismatches."""
         if self._quiet:
             return func(*args, **kwargs)
-        pending = self.pending.pending_arguments(args, kwargs) if self.pending else []
-        out = self._recorded_call(func, args, kwargs, pending)
-        if pending:
-            copy = self.pending.after_call(func, pending, out)
-            if copy is not None:
-                self._stale_read(func, copy)
-        elif func is torch.Tensor.to or func is torch.Tensor.copy_:
-            copied = nonblocking_host_copy(func, args, kwargs, out)
-            if copied is not None:
-                self.pending.copied(copied[1], str(copied[0].device), here()[0])
-        return out
+        return self.pending.watched(func, args, kwargs, lambda: self._recorded_call(func, args, kwargs),
+                                    lambda copy: self._stale_read(func, copy), lambda: here()[0])
 
-    def _recorded_call(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
-                       pending: list[tuple[torch.Tensor, PendingCopy]]) -> Any:
+    def _recorded_call(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         sync = host_sync(func, args, kwargs)
         if sync is not None:
             self.pending.synchronized()  # the host waited for the stream: earlier copies landed
@@ -273,8 +263,6 @@ class RunRecorder:
         try:
             out = func(*args, **kwargs)
         except Exception as exc:
-            if pending and self.pending.still_pending(pending):
-                self._stale_read(func, pending[0][1])  # a read that raised is a read all the same
             out = self._repair(func, args, kwargs, exc)
         if isinstance(out, torch.Tensor) and out.device.type == "cuda" \
                 and (out.device.index or 0) >= self.gpus:
