@@ -33,7 +33,7 @@ from placecheck.engine import (
 )
 from placecheck.errors import LoadError, UsageError, one_line
 from placecheck.finding import Finding, Severity
-from placecheck.options import AuditOptions, ExampleInputs, WrapChoice, split_codes
+from placecheck.options import AuditOptions, ExampleInputs, WrapChoice
 from placecheck.placement.replicas import Replica, devices, merge, merged_notes, no_replicas, plan, unwrap
 from placecheck.quiet import quiet
 from placecheck.report import ASSUMED_BRANCHES, DeviceMap, Report
@@ -224,7 +224,8 @@ def audit(
     :class:`~placecheck.errors.LoadError` when the model cannot be built.
     """
     given = AuditOptions(
-        device=device, engine=engine, gpus=gpus, select=split_codes(select), ignore=split_codes(ignore),
+        device=device, engine=engine, gpus=gpus,
+        select=select, ignore=ignore,  # type: ignore[arg-type]  # lists and strings are split
         copy_model=copy_model, target=target, init=init, checkpoint=checkpoint,
         checkpoint_key=checkpoint_key, trust=trust,
         inputs=inputs,  # type: ignore[arg-type]  # specs or the objects; AuditOptions tells them apart
@@ -318,19 +319,11 @@ class _WrapperBuilt(Exception):
 
 def _audit_on(model: ModelOrFactory, opts: AuditOptions, replica: Replica | None = None) -> Report:
     """One audit on one target device (for ``replica``, when it is one of a replicated model's)."""
+    # the options were checked (AuditOptions.check) before the first attempt
     dev = normalize_device(opts.device, keep=True)
     keep = dev == KEEP
-    if keep:
-        opts.check_keep()
-    try:
-        choice = EngineChoice(opts.engine)
-    except ValueError:
-        raise UsageError(f"unknown engine {opts.engine!r}: use one of "
-                         f"{', '.join(c.value for c in EngineChoice)}") from None
-    try:
-        codes = selected(opts.select or None, opts.ignore or None)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
+    choice = EngineChoice(opts.engine)
+    codes = selected(opts.select or None, opts.ignore or None)
     init_choice = parse_init(opts.init)
     if replica is not None and replica.placed:
         if init_choice.value == "meta":

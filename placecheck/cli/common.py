@@ -23,7 +23,7 @@ from typer.core import TyperCommand
 
 from placecheck.devices import DEVICE_HELP
 from placecheck.formats import OutputFormat
-from placecheck.options import ENGINE_CHOICES, INIT_CHOICES
+from placecheck.options import DEFAULT_STEPS, ENGINE_CHOICES, INIT_CHOICES
 from placecheck.report import FAIL_ON_CHOICES
 
 FLAG = ""
@@ -117,8 +117,6 @@ ExampleInputs = Annotated[str | None, typer.Option(
     "--example-inputs", metavar="TARGET", rich_help_panel=PANEL_INPUTS,
     help="MODULE:ATTR or file.py:ATTR returning the forward's inputs: a tensor, a tuple "
          "(positional), a dict (keyword) or (args, kwargs).")]
-DEFAULT_STEPS = 2
-"""What ``--steps`` not given means (``placecheck.run.DEFAULT_STEPS``, which imports torch)."""
 Steps = Annotated[int | None, typer.Option(
     "--steps", metavar="N", min=0, rich_help_panel=PANEL_INPUTS,
     help=f"Stop the script after this many optimizer steps (0: run to the end; default: "
