@@ -208,6 +208,10 @@ class CommonOptions:
         set_(self, "select", split_codes(self.select))
         set_(self, "ignore", split_codes(self.ignore))
 
+    def configurable(self) -> frozenset[str]:
+        """The fields a config's table for this command may set (:func:`placecheck.config.command_values`)."""
+        return frozenset(f.name for f in fields(self))
+
     def check_values(self) -> None:
         """Run :func:`check_value` on every field (the first bad one raises)."""
         for f in fields(self):
@@ -459,6 +463,13 @@ class FixOptions(AuditOptions):
         if flags:
             raise UsageError(f"{', '.join(flags)} describe a model TARGET, not a script run with --run "
                              "(it runs on simulated GPUs; --gpus sets how many)")
+
+    def configurable(self) -> frozenset[str]:
+        """With ``run``: the script's options; without: the model's (a config's ``[fix]`` table may hold
+        both, each applied where it means something)."""
+        if self.run:
+            return self._SCRIPT_FIELDS
+        return super().configurable() - {"steps", "timeout"}
 
     def check(self) -> None:
         self.check_values()

@@ -27,6 +27,7 @@ from placecheck.cli.common import (
     PanelCommand,
     Select,
     Trust,
+    configured,
 )
 from placecheck.formats import OutputFormat
 from placecheck.options import CheckpointOptions
@@ -36,6 +37,7 @@ from placecheck.report import EXIT_USAGE
 
 @app.command(cls=PanelCommand)
 def checkpoint(
+    ctx: typer.Context,
     file: Annotated[str, typer.Argument(
         help="The checkpoint: a torch.save file (zip or legacy), a TorchScript archive, a .pt2 "
              "program or a .safetensors file.", show_default=False)],
@@ -75,6 +77,7 @@ def checkpoint(
         options = CheckpointOptions(device=device, engine=engine, gpus=gpus, checkpoint_key=key, trust=trust,
                                     select=select, ignore=ignore,  # type: ignore[arg-type]  # split here
                                     group=not no_group)
+        options = configured(ctx, options, {"key": "checkpoint_key", "no_group": "group"})
         options.check()  # a bad device or code fails before the model is imported
         constructor_kwargs = parse_kwargs(kwargs, arg or ())
         result = run_checkpoint(file, model, constructor_kwargs, options)

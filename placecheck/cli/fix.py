@@ -38,6 +38,7 @@ from placecheck.cli.common import (
     Select,
     Steps,
     Timeout,
+    configured,
 )
 from placecheck.errors import UsageError
 from placecheck.options import SCRIPT_ONLY, AuditOptions, FixOptions
@@ -54,6 +55,7 @@ class FixFormat(str, enum.Enum):
 
 @app.command(cls=PanelCommand, context_settings={"allow_interspersed_args": True})
 def fix(
+    ctx: typer.Context,
     target: Annotated[str, typer.Argument(
         metavar="TARGET", show_default=False,
         help="The model, as for audit: MODULE:ATTR or path/to/file.py:ATTR; with --run, the script.")],
@@ -113,6 +115,7 @@ def fix(
                 run=run_script, device=device, engine=engine, gpus=gpus, init=init,
                 inputs=tuple(input_specs or ()), example_inputs=example_inputs, steps=steps, timeout=timeout,
                 select=select, ignore=ignore, unsafe=unsafe)  # type: ignore[arg-type]  # lists are split
+            options = configured(ctx, options, {"run_script": "run", "input_specs": "inputs"})
             if run_script:
                 constructor = [flag for flag, given in (("--kwargs", kwargs is not None),
                                                         ("--arg", bool(arg))) if given]

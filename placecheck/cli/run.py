@@ -22,6 +22,7 @@ from placecheck.cli.common import (
     Select,
     Steps,
     Timeout,
+    configured,
 )
 from placecheck.formats import OutputFormat
 from placecheck.options import RunOptions
@@ -54,6 +55,7 @@ code the simulation cannot run: a note says which); 3 for an internal error.
 
 @app.command(cls=PanelCommand, help=RUN_HELP, context_settings={"allow_interspersed_args": True})
 def run(
+    ctx: typer.Context,
     script: Annotated[str | None, typer.Argument(
         help="The script to run (omit with -m).", show_default=False)] = None,
     script_args: Annotated[list[str] | None, typer.Argument(
@@ -92,6 +94,7 @@ def run(
         # None (not given) is the default; lists of comma-separated codes are split
         options = RunOptions(module=module is not None, gpus=gpus, timeout=timeout,
                              steps=steps, select=select, ignore=ignore)  # type: ignore[arg-type]
+        options = configured(ctx, options)  # ./pyproject.toml's [tool.placecheck.run] for what is not given
         options.check()  # a bad selector fails before the script runs (and before torch loads)
         from placecheck.run import run as run_program
 
