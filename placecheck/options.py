@@ -518,8 +518,9 @@ class CheckpointOptions(CommonOptions):
     def check(self) -> None:
         from placecheck.devices import normalize_device
 
+        if isinstance(self.device, str):  # first: keep is an audit's (a checkpoint loads onto one
+            normalize_device(self.device)  # device), so the error lists the devices without it
         self.check_values()
-        normalize_device(self.device)  # keep is an audit's: a checkpoint loads onto one device
 
 
 OPTION_NAMES = tuple(f.name for f in fields(AuditOptions))
