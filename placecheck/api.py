@@ -744,10 +744,7 @@ def _audit_device_map(model: ModelOrFactory, opts: AuditOptions) -> Report:
     if isinstance(model, nn.Module) and not opts.copy_model:
         raise UsageError("device_map with copy_model=False would empty the model's own weights (they go "
                          "to the meta device before the dispatch): pass copy_model=True, or a factory")
-    try:
-        codes = selected(opts.select or None, opts.ignore or None)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
+    codes = selected(opts.select or None, opts.ignore or None)  # checked by opts.check()
     gpus = opts.gpus or dispatch.gpus_named(spec) or 1
     eng = choose_engine("cuda:0", EngineChoice.FAKE, gpus)
     plural = "s" if gpus != 1 else ""
