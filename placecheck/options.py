@@ -97,6 +97,7 @@ def split_codes(values: Iterable[str] | str | None) -> tuple[str, ...]:
         values = (values,)
     return tuple(c.strip() for v in values for c in v.split(",") if c.strip())
 
+
 DEFAULT_STEPS = 2
 """What ``--steps`` not given means for ``placecheck run`` and ``fix --run``: stop after two
 optimizer steps."""
@@ -194,6 +195,9 @@ _Self = TypeVar("_Self", bound="CommonOptions")
 class CommonOptions:
     """The options every command shares, with the defaults every command has."""
 
+    COMMAND: ClassVar[str] = ""
+    """The command these options are for (``run``: its config table, its messages)."""
+
     gpus: int | None = None
     """Simulated GPUs, what ``torch.cuda.device_count()`` answers (``--gpus``); None: enough for the
     device's index, at least 1 (``audit --device keep``: 8)."""
@@ -209,7 +213,8 @@ class CommonOptions:
         set_(self, "ignore", split_codes(self.ignore))
 
     def configurable(self) -> frozenset[str]:
-        """The fields a config's table for this command may set (:func:`placecheck.config.command_values`)."""
+        """The fields a config's table for this command may set
+        (:func:`placecheck.config.command_values`)."""
         return frozenset(f.name for f in fields(self))
 
     def check_values(self) -> None:
@@ -242,13 +247,12 @@ class CommonOptions:
         """A copy with ``changes`` applied (``dataclasses.replace``)."""
         return dataclasses.replace(self, **changes)
 
-    COMMAND: ClassVar[str] = ""
-    """The command these options are for (in messages)."""
-
 
 @dataclass(frozen=True)
 class AuditOptions(CommonOptions):
     """How to audit one model. Every field has the default ``placecheck audit`` has."""
+
+    COMMAND: ClassVar[str] = "audit"
 
     device: str = "cuda"
     """Target device: ``cuda``, ``cuda:N``, ``cpu``, ``mps`` or ``meta`` (``--device``); or ``keep``: no
@@ -295,8 +299,6 @@ class AuditOptions(CommonOptions):
     only when the model is itself a DataParallel/DistributedDataParallel wrapper."""
     world_size: int | None = None
     """Replicas (DataParallel) or ranks (DDP, FSDP2) (``--world-size``); None: ``gpus``, else 2."""
-
-    COMMAND: ClassVar[str] = "audit"
 
     def __post_init__(self) -> None:
         # Python callers pass lists, a single spec string or the input objects themselves;

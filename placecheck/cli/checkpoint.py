@@ -71,13 +71,13 @@ def checkpoint(
     with errors_reported(debug):
         from placecheck.load import parse_kwargs
 
-        out = OutputOptions(format=fmt, output=output, fail_on=fail_on, exit_zero=exit_zero, debug=debug,
-                            group=not no_group, hints=hints)
-        out.check()
         options = CheckpointOptions(device=device, engine=engine, gpus=gpus, checkpoint_key=key, trust=trust,
                                     select=select, ignore=ignore,  # type: ignore[arg-type]  # split here
                                     group=not no_group)
         options = configured(ctx, options, {"key": "checkpoint_key", "no_group": "group"})
+        out = OutputOptions(format=fmt, output=output, fail_on=fail_on, exit_zero=exit_zero, debug=debug,
+                            group=options.group, hints=hints)
+        out.check()
         options.check()  # a bad device or code fails before the model is imported
         constructor_kwargs = parse_kwargs(kwargs, arg or ())
         result = run_checkpoint(file, model, constructor_kwargs, options)
@@ -93,11 +93,11 @@ def checkpoint(
 
 
 def run_checkpoint(file: str, model: str | None, kwargs: dict[str, Any], options: CheckpointOptions) -> Any:
-    """Resolve ``--model`` (if any) and check the checkpoint; raises PlacecheckError subclasses."""
+    """Resolve ``--model`` (if any) and check the checkpoint with checked ``options``; raises
+    PlacecheckError subclasses."""
     from placecheck.checkpoint import check_checkpoint
     from placecheck.load import build, resolve, split_target
 
-    options.check()
     factory = None
     with model_output_to_stderr():
         if model is not None:
