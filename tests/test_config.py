@@ -402,3 +402,17 @@ def test_allow_where_glob_still_applies() -> None:
 def test_example_config_allows_a_where_with_brackets() -> None:
     [buggy] = [m for m in load(REPO / "configs" / "example.toml").models if "buggy" in m.target]
     assert any(a.matches(_finding("PC101", "blocks.0.cache['k']")) for a in buggy.allow)
+
+
+def test_a_config_runs_overrides_are_audit_options_and_config_keys() -> None:
+    # the command-line options a --config run applies to every model are fields of AuditOptions and
+    # keys of a [[models]] entry, so the config and the override build the same object
+    import typer
+
+    from placecheck import ci
+    from placecheck.cli import app
+    from placecheck.options import OPTION_NAMES
+
+    assert set(ci.MODEL_OVERRIDES) <= set(OPTION_NAMES) & set(config.MODEL_KEYS)
+    params = {p.name for p in typer.main.get_command(app).commands["audit"].params}
+    assert set(ci.MODEL_OVERRIDES) | ci.RUN_OPTIONS | set(ci.CONFIG_ONLY) <= params
