@@ -2,8 +2,10 @@
 
 The public API is :func:`audit` (and :func:`run` for whole scripts), returning a :class:`Report` of
 :class:`Finding` objects; :class:`AuditOptions` holds every audit option in one object
-(``audit(model, options=...)``). Importing this package does not import torch;
-``audit`` does, when called.
+(``audit(model, options=...)``), :class:`RunOptions` every option of :func:`run`
+(``run(script, options=...)``), as :class:`FixOptions` and :class:`CheckpointOptions` do for
+:mod:`placecheck.fix` and :mod:`placecheck.checkpoint`. Importing this package does not import
+torch; ``audit`` does, when called.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from placecheck.finding import Finding, Severity
-from placecheck.options import AuditOptions
+from placecheck.options import AuditOptions, CheckpointOptions, FixOptions, RunOptions
 from placecheck.report import Report
 
 __version__ = "0.1.0"
@@ -33,4 +35,5 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'placecheck' has no attribute {name!r}")
 
 
-__all__ = ["AuditOptions", "Finding", "Report", "Severity", "__version__", "audit", "run"]
+__all__ = ["AuditOptions", "CheckpointOptions", "Finding", "FixOptions", "Report", "RunOptions", "Severity",
+           "__version__", "audit", "run"]

@@ -33,7 +33,7 @@ from placecheck.engine import (
 )
 from placecheck.errors import LoadError, UsageError, one_line
 from placecheck.finding import Finding, Severity
-from placecheck.options import AuditOptions, ExampleInputs, WrapChoice, split_codes
+from placecheck.options import AuditOptions, WrapChoice
 from placecheck.placement.replicas import Replica, devices, merge, merged_notes, no_replicas, plan, unwrap
 from placecheck.quiet import quiet
 from placecheck.report import ASSUMED_BRANCHES, DeviceMap, Report
@@ -224,7 +224,8 @@ def audit(
     :class:`~placecheck.errors.LoadError` when the model cannot be built.
     """
     given = AuditOptions(
-        device=device, engine=engine, gpus=gpus, select=split_codes(select), ignore=split_codes(ignore),
+        device=device, engine=engine, gpus=gpus,
+        select=select, ignore=ignore,  # type: ignore[arg-type]  # lists and strings are split
         copy_model=copy_model, target=target, init=init, checkpoint=checkpoint,
         checkpoint_key=checkpoint_key, trust=trust,
         inputs=inputs,  # type: ignore[arg-type]  # specs or the objects; AuditOptions tells them apart
@@ -318,19 +319,11 @@ class _WrapperBuilt(Exception):
 
 def _audit_on(model: ModelOrFactory, opts: AuditOptions, replica: Replica | None = None) -> Report:
     """One audit on one target device (for ``replica``, when it is one of a replicated model's)."""
+    # the options were checked (AuditOptions.check) before the first attempt
     dev = normalize_device(opts.device, keep=True)
     keep = dev == KEEP
-    if keep:
-        opts.check_keep()
-    try:
-        choice = EngineChoice(opts.engine)
-    except ValueError:
-        raise UsageError(f"unknown engine {opts.engine!r}: use one of "
-                         f"{', '.join(c.value for c in EngineChoice)}") from None
-    try:
-        codes = selected(opts.select or None, opts.ignore or None)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
+    choice = EngineChoice(opts.engine)
+    codes = selected(opts.select or None, opts.ignore or None)
     init_choice = parse_init(opts.init)
     if replica is not None and replica.placed:
         if init_choice.value == "meta":
@@ -356,10 +349,8 @@ def _audit_on(model: ModelOrFactory, opts: AuditOptions, replica: Replica | None
         raise UsageError("the real-valued engine (--engine tagged, or --train) needs the weights in "
                          "memory: use --init cpu")
     run_forward = opts.forward and any(rule(c).phase == "forward" for c in codes)
-    options = _Options(model, dev, _init_for(eng, init_choice, keep), opts.copy_model,
-                       opts.checkpoint, opts.checkpoint_key, opts.trust, str(name), opts.inputs,
-                       opts.example_inputs, run_forward, opts.train, opts.library_findings, gpus=opts.gpus,
-                       replica=replica, world_size=opts.world_size, reuse_calls=opts.reuse_calls)
+    options = _Options(opts, model, dev, _init_for(eng, init_choice, keep), str(name), run_forward,
+                       replica=replica)
     attempt = _replica_attempt(eng, options)
     if attempt.fallback and choice is EngineChoice.AUTO and attempt.fits_in_memory:
         eng = fallback_engine(eng, attempt.fallback)
@@ -385,29 +376,22 @@ def _init_for(eng: Engine, init: Any, keep: bool = False) -> Any:
 
 @dataclass(frozen=True)
 class _Options:
-    """What one attempt of the audit needs (an attempt runs on one engine)."""
+    """What one attempt of the audit needs (an attempt runs on one engine): the audit's options as
+    given, and what the audit resolved from them for this attempt."""
 
+    given: AuditOptions
+    """The options as given (checked); ``gpus`` None: not given."""
     model: ModelOrFactory
     device: str
+    """The target device, normalised (``cuda:1``, or ``keep``)."""
     init: Any
-    copy_model: bool
-    checkpoint: str | None
-    checkpoint_key: str | None
-    trust: bool
+    """The :class:`~placecheck.options.InitChoice` this attempt's engine builds with."""
     name: str
-    inputs: tuple[str, ...]
-    example_inputs: str | ExampleInputs | None
+    """The model's name in the report."""
     forward: bool
-    train: bool
-    library_findings: bool = False
-    gpus: int | None = None
-    """``--gpus`` as given (None: not given)."""
+    """Run the forward: the options' ``forward``, and a selected code is a forward one."""
     replica: Replica | None = None
     """The replica (or rank) of a replicated model this attempt audits; None: not replicated."""
-    world_size: int | None = None
-    """``--world-size``: given for a model that is not replicated, the factory must build a wrapper."""
-    reuse_calls: bool = True
-    """Identical module calls run once on fake tensors (:mod:`placecheck.reuse`)."""
 
     @property
     def keep(self) -> bool:
@@ -444,12 +428,12 @@ def _attempt(eng: Engine, opts: _Options) -> _Attempt:
     replica = opts.replica
     in_session = replica is not None and replica.placed
     construction = construct(opts.model, opts.init, dev,
-                             lambda m: _build(m, eng, opts.copy_model, in_session),
+                             lambda m: _build(m, eng, opts.given.copy_model, in_session),
                              values_needed=not eng.fake)
     wrapper = unwrap(construction.model)[1] if replica is None else None
     if wrapper is not None:
         raise _WrapperBuilt(wrapper)
-    if replica is None and opts.world_size:
+    if replica is None and opts.given.world_size:
         raise no_replicas()  # the factory built no DataParallel/DDP object after all
     if replica is not None:
         construction = dataclasses.replace(construction, model=replica.built(construction.model))
@@ -469,11 +453,12 @@ def _attempt(eng: Engine, opts: _Options) -> _Attempt:
     elif construction.note:
         attempt.notes.append(construction.note)
     checkpoint_findings: tuple[Finding, ...] = ()
-    if opts.checkpoint is not None:
+    given = opts.given
+    if given.checkpoint is not None:
         from placecheck.checkpoint import load_into_model
 
-        loaded = load_into_model(built, opts.checkpoint, device=dev, engine=eng, key=opts.checkpoint_key,
-                                 trust=opts.trust, on_meta=construction.on_meta, model_name=opts.name)
+        loaded = load_into_model(built, given.checkpoint, device=dev, engine=eng, key=given.checkpoint_key,
+                                 trust=given.trust, on_meta=construction.on_meta, model_name=opts.name)
         checkpoint_findings = loaded.findings
         attempt.notes.extend(loaded.notes)
     inputs: tuple[tuple[Any, ...], dict[str, Any], str] | None = None
@@ -482,9 +467,9 @@ def _attempt(eng: Engine, opts: _Options) -> _Attempt:
     elif opts.forward:
         from placecheck.inputs import resolve_inputs
 
-        inputs = resolve_inputs(built, opts.inputs, opts.example_inputs)
+        inputs = resolve_inputs(built, opts.given.inputs, opts.given.example_inputs)
         attempt.notes.append(f"forward: {inputs[2]}" + ("; training mode, then a backward of the summed "
-                                                         "floating outputs" if opts.train else ""))
+                                                         "floating outputs" if opts.given.train else ""))
         if _materialise_lazy(built, inputs, "meta" if construction.on_meta else "cpu"):
             attempt.notes.append("forward: nn.Lazy* parameters materialised by one forward before .to() "
                                  "(they follow .to() either way)")
@@ -507,9 +492,10 @@ def _attempt(eng: Engine, opts: _Options) -> _Attempt:
         if construction.on_meta:
             leftovers_to_default_device(moved, snapshot, default_device)
         target = placement.expected("").primary or "cpu" if placement is not None else dev
-        inferred = not opts.inputs and opts.example_inputs is None
+        inferred = not opts.given.inputs and opts.given.example_inputs is None
         checked = _walk_and_forward(moved, eng, target, snapshot, construction.assignments, placement,
-                                    inputs, opts.train, opts.library_findings, inferred, opts.reuse_calls,
+                                    inputs, opts.given.train, opts.given.library_findings, inferred,
+                                    opts.given.reuse_calls,
                                     around_forward=(lambda: replica.forward(moved)) if replica is not None
                                     else contextlib.nullcontext)
         attempt.notes.extend(checked.notes)
@@ -585,14 +571,15 @@ def _placement(model: nn.Module, eng: Engine, opts: _Options, attempt: _Attempt)
 
     used = devices_used(model)
     highest = highest_gpu(used)
-    if opts.gpus is not None and highest >= opts.gpus:
-        have = "1 GPU (cuda:0)" if opts.gpus == 1 else f"{opts.gpus} GPUs (cuda:0 to cuda:{opts.gpus - 1})"
-        raise UsageError(f"--device keep: the model places tensors on cuda:{highest}, but --gpus {opts.gpus} "
+    gpus = opts.given.gpus
+    if gpus is not None and highest >= gpus:
+        have = "1 GPU (cuda:0)" if gpus == 1 else f"{gpus} GPUs (cuda:0 to cuda:{gpus - 1})"
+        raise UsageError(f"--device keep: the model places tensors on cuda:{highest}, but --gpus {gpus} "
                          f"gives it {have}: use --gpus {highest + 1} (or more)")
     if not eng.simulated:
         count = "real GPUs"
-    elif opts.gpus is not None:
-        count = f"torch.cuda.device_count() answered {opts.gpus} (--gpus)"
+    elif opts.given.gpus is not None:
+        count = f"torch.cuda.device_count() answered {opts.given.gpus} (--gpus)"
     else:
         count = f"torch.cuda.device_count() answered {DEFAULT_GPUS} (no --gpus)"
     attempt.notes.append(f"placement: kept as the model's code placed it, no .to(): its tensors are on "
@@ -757,10 +744,7 @@ def _audit_device_map(model: ModelOrFactory, opts: AuditOptions) -> Report:
     if isinstance(model, nn.Module) and not opts.copy_model:
         raise UsageError("device_map with copy_model=False would empty the model's own weights (they go "
                          "to the meta device before the dispatch): pass copy_model=True, or a factory")
-    try:
-        codes = selected(opts.select or None, opts.ignore or None)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
+    codes = selected(opts.select or None, opts.ignore or None)  # checked by opts.check()
     gpus = opts.gpus or dispatch.gpus_named(spec) or 1
     eng = choose_engine("cuda:0", EngineChoice.FAKE, gpus)
     plural = "s" if gpus != 1 else ""

@@ -30,7 +30,7 @@ import typer
 
 from placecheck import baseline as baselines
 from placecheck.errors import PlacecheckError, UsageError, one_line
-from placecheck.options import AuditOptions
+from placecheck.options import AuditOptions, check_value, split_codes
 from placecheck.output import OutputOptions, check_writable, emit_reports, fail, grouped
 from placecheck.report import EXIT_OK, EXIT_USAGE, Report
 from placecheck.shards import combine, parse_shard, run_info, select
@@ -99,32 +99,15 @@ def audit_with_timeout(target: str, constructor_kwargs: dict[str, Any], options:
     raise UsageError(f"{target}: {stopped.message}; rerun without --timeout (with --debug) to see why")
 
 
-def _check_overrides(ctx: typer.Context, overrides: dict[str, Any]) -> None:
+def _check_overrides(overrides: dict[str, Any]) -> None:
     """Refuse a bad ``--device``/``--engine``/... once, before any model's process starts.
 
     The config's checks only see the file's values; an override is applied to
     every model after them, so a bad one would otherwise fail in each child and
     be blamed on the config's lines.
     """
-    from placecheck.config import MODEL_KEYS
-    from placecheck.devices import normalize_device
-    from placecheck.rules import expand
-
     for key, value in overrides.items():
-        if key == "device":
-            normalize_device(value, keep=True)  # its own one-line UsageError names the device and the choices
-        elif key in ("select", "ignore"):
-            try:
-                expand(value)
-            except ValueError as exc:
-                raise UsageError(str(exc)) from None
-        elif (problem := MODEL_KEYS[key][0](value)) is not None:
-            flag = _flag(ctx, key)
-            raise UsageError(f"{flag} {value!r}: expected {problem}")
-
-
-def _split(values: list[str] | None) -> list[str]:
-    return [c.strip() for v in values or () for c in v.split(",") if c.strip()]
+        check_value(key, value)  # the same one-line UsageError as for one TARGET
 
 
 def run_config_audit(ctx: typer.Context, target: str | None, config_path: str | None,
@@ -158,8 +141,8 @@ def run_config_audit(ctx: typer.Context, target: str | None, config_path: str | 
         for name in given:
             if name in MODEL_OVERRIDES:
                 value = params[name]
-                overrides[name] = tuple(_split(value)) if name in ("select", "ignore") else value
-        _check_overrides(ctx, overrides)
+                overrides[name] = split_codes(value) if name in ("select", "ignore") else value
+        _check_overrides(overrides)
         from placecheck.config import load
 
         config = load(config_path, overrides)

@@ -36,10 +36,17 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from placecheck.devices import DEVICE_MAP_HELP, SIZE_HELP, check_device_map_spec, normalize_device, parse_size
 from placecheck.errors import UsageError
 from placecheck.finding import Finding
-from placecheck.options import ENGINE_CHOICES, INIT_CHOICES, WRAP_CHOICES, AuditOptions
+from placecheck.options import (
+    AuditOptions,
+    CheckpointOptions,
+    CommonOptions,
+    FixOptions,
+    RunOptions,
+    check_value,
+    flag_of,
+)
 from placecheck.report import FAIL_ON_CHOICES
 from placecheck.rules import expand
 
@@ -174,47 +181,32 @@ def _one_of(choices: tuple[str, ...]) -> Check:
     return check
 
 
-def _is_device(v: Any) -> str | None:
-    if not isinstance(v, str):
-        return "a device string such as \"cuda\""
-    try:
-        normalize_device(v, keep=True)
-    except UsageError as exc:
-        return str(exc).removeprefix("unknown device ").split(": ", 1)[-1]
-    return None
-
-
-def _parsed_by(parse: Callable[[str], Any], expected: str, not_a_string: str = "") -> Check:
-    """A check that the value is a string ``parse`` accepts; ``expected`` says what it should be
-    (``not_a_string`` instead, when given, for a value that is no string at all)."""
+def _option(name: str, shape: Check | None = None) -> Check:
+    """The check of an options field's value: ``shape`` (the TOML type), then the options module's own
+    check of the value (:func:`placecheck.options.check_value`), whose one-line error the config
+    prefixes with the file, line and key."""
     def check(v: Any) -> str | None:
-        if not isinstance(v, str):
-            return not_a_string or expected
-        try:
-            parse(v)
-        except UsageError:
-            return expected
-        return None
+        problem = shape(v) if shape is not None else None
+        if problem is None:
+            check_value(name, v)
+        return problem
 
     return check
 
 
-_is_device_map = _parsed_by(check_device_map_spec, DEVICE_MAP_HELP, f"{DEVICE_MAP_HELP} as a string")
-_is_size = _parsed_by(parse_size, SIZE_HELP)
+def _is_device_string(v: Any) -> str | None:
+    return None if isinstance(v, str) else 'a device string such as "cuda"'
 
 
 def _is_selectors(v: Any) -> str | None:
-    if _is_str_list(v) is not None:
-        return 'a list of code prefixes, e.g. ["PC1", "PC204"]'
-    try:
-        expand(v)
-    except ValueError as exc:
-        return str(exc)
-    return None
+    return _is_str_list(v) and 'a list of code prefixes, e.g. ["PC1", "PC204"]'
 
 
 def _is_selector(v: Any) -> str | None:
-    return _is_selectors([v]) if isinstance(v, str) else 'a code or prefix, e.g. "PC204"'
+    if not isinstance(v, str):
+        return 'a code or prefix, e.g. "PC204"'
+    check_value("select", [v])
+    return None
 
 
 def _is_allow_list(v: Any) -> str | None:
@@ -231,21 +223,22 @@ MODEL_KEYS: dict[str, tuple[Check, str]] = {
     "example_inputs": (_is_str, "a target giving the forward inputs, as --example-inputs"),
     "train": (_is_bool, "also audit a training step, as --train"),
     "forward": (_is_bool, "false: skip the forward pass, audit only what .to() leaves behind"),
-    "device": (_is_device, "target device, as --device"),
-    "engine": (_one_of(ENGINE_CHOICES), "as --engine"),
-    "gpus": (_is_positive_int, "number of simulated GPUs, as --gpus"),
-    "wrap": (_one_of(WRAP_CHOICES), "audit each replica or rank: DataParallel, DDP or FSDP2, as --wrap"),
-    "world_size": (_is_positive_int, "replicas or ranks, as --world-size"),
-    "init": (_one_of(INIT_CHOICES), "as --init"),
-    "device_map": (_is_device_map, "auto, balanced, balanced_low_0, sequential or a JSON file, as "
+    "device": (_option("device", _is_device_string), "target device, as --device"),
+    "engine": (_option("engine", _is_str), "as --engine"),
+    "gpus": (_option("gpus"), "number of simulated GPUs, as --gpus"),
+    "wrap": (_option("wrap", _is_str), "audit each replica or rank: DataParallel, DDP or FSDP2, as --wrap"),
+    "world_size": (_option("world_size"), "replicas or ranks, as --world-size"),
+    "init": (_option("init", _is_str), "as --init"),
+    "device_map": (_option("device_map"), "auto, balanced, balanced_low_0, sequential or a JSON file, as "
                                    "--device-map"),
-    "gpu_memory": (_is_size, "memory of each GPU for the device map, as --gpu-memory"),
-    "cpu_memory": (_is_size, "host memory a computed device map may offload to, as --cpu-memory"),
+    "gpu_memory": (_option("gpu_memory"), "memory of each GPU for the device map, as --gpu-memory"),
+    "cpu_memory": (_option("cpu_memory"), "host memory a computed device map may offload to, as "
+                                          "--cpu-memory"),
     "checkpoint": (_is_str, "a checkpoint to load first, as --checkpoint"),
     "checkpoint_key": (_is_str, "where the state_dict is in the checkpoint, as --key"),
     "trust": (_is_bool, "allow a checkpoint that runs pickled code, as --trust"),
-    "select": (_is_selectors, "codes or prefixes to report, as --select"),
-    "ignore": (_is_selectors, "codes or prefixes not to report, as --ignore"),
+    "select": (_option("select", _is_selectors), "codes or prefixes to report, as --select"),
+    "ignore": (_option("ignore", _is_selectors), "codes or prefixes not to report, as --ignore"),
     "allow": (_is_allow_list, "accepted findings: [{ code, where, reason }]"),
     "timeout": (_is_positive_number, "seconds this model may take, overriding the run's"),
     "family": (_is_str, "a free-form label, unused by the audit"),
@@ -271,6 +264,14 @@ TOP_KEYS: dict[str, tuple[Check, str]] = {
 }
 """Every top-level key of a config."""
 
+PYPROJECT_KEYS: dict[str, tuple[Check, str]] = {
+    "run": (_is_table, "placecheck run's options where its command line does not give them"),
+    "fix": (_is_table, "placecheck fix's options where its command line does not give them"),
+    "checkpoint": (_is_table, "placecheck checkpoint's options where its command line does not give them"),
+}
+"""The tables ``[tool.placecheck]`` in pyproject.toml holds besides a config's keys:
+``[tool.placecheck.run]``, ``.fix`` and ``.checkpoint`` (:func:`pyproject_command_values`)."""
+
 ALLOW_KEYS: dict[str, tuple[Check, str]] = {
     "code": (_is_selector, "a code or prefix (required)"),
     "where": (_is_str, "a glob over the finding's where (default \"*\")"),
@@ -278,6 +279,34 @@ ALLOW_KEYS: dict[str, tuple[Check, str]] = {
                "why the finding is acceptable (required)"),
 }
 """Every key of an ``allow`` entry."""
+
+COMMAND_OPTIONS: dict[str, type[CommonOptions]] = {
+    "run": RunOptions, "fix": FixOptions, "checkpoint": CheckpointOptions}
+"""The commands a config's ``[run]``, ``[fix]`` and ``[checkpoint]`` tables (in pyproject.toml:
+``[tool.placecheck.run]``...) give defaults to, and their options objects."""
+
+_NOT_CONFIGURED = frozenset({"module", "run", "copy_model", "target"})
+"""Fields that say what one command line targets, not how: never a config's."""
+
+
+def command_keys(command: str) -> dict[str, tuple[Check, str]]:
+    """Every key of a command's table (``[run]``...): a field of its options object, checked by the
+    options module (the TOML type first), with its flag."""
+    keys: dict[str, tuple[Check, str]] = {}
+    for f in fields(COMMAND_OPTIONS[command]):
+        if f.name in _NOT_CONFIGURED:
+            continue
+        kind = str(f.type)
+        shape: Check | None = None
+        if kind == "bool":
+            shape = _is_bool
+        elif kind.startswith("tuple"):
+            shape = _is_str_list
+        elif kind.startswith("str") and f.name != "device":
+            shape = _is_str
+        keys[f.name] = (_option(f.name, shape), f"as {flag_of(f.name)}")
+    return keys
+
 
 _NOT_IN_DEFAULTS = ("target", "name")
 _MODEL_FIELDS = frozenset(f.name for f in fields(ModelConfig)) - {"options", "allow", "line"}
@@ -391,7 +420,10 @@ class _Reader:
             if key not in schema:
                 known = ", ".join(schema)
                 raise self.error(line_of(key), shown, f"unknown key; {label or 'the config'} takes: {known}")
-            problem = schema[key][0](value)
+            try:
+                problem = schema[key][0](value)
+            except UsageError as exc:  # an options value the options module refuses: its own words
+                raise self.error(line_of(key), shown, str(exc)) from None
             if problem is not None:
                 raise self.error(line_of(key), shown,
                                  f"expected {problem}, got {_describe(value)}")
@@ -423,6 +455,16 @@ class _Reader:
         values["timeout"] = float(values["timeout"]) if "timeout" in values else None
         return ModelConfig(**values, options=AuditOptions(**options), allow=tuple(allows),
                            line=self.index.line(table))
+
+    def command(self, command: str, raw: Mapping[str, Any]) -> dict[str, Any]:
+        """A ``[run]``, ``[fix]`` or ``[checkpoint]`` table: its values by field name, each checked."""
+        table = (command,)
+
+        def line_of(key: str) -> int:
+            return self.index.line(table, key)
+
+        self.check_table(raw, command_keys(command), table, command, line_of)
+        return {key: tuple(value) if isinstance(value, list) else value for key, value in raw.items()}
 
     def allows(self, raw: list[dict[str, Any]], table: tuple[Any, ...], label: str) -> list[Allow]:
         out = []
@@ -517,7 +559,9 @@ def parse(text: str, path: str = "<config>", prefix: tuple[str, ...] = (),
             or top_line
 
     _reject_datetimes(reader, data)
-    reader.check_table(data, TOP_KEYS, (), "", top_line_of)
+    reader.check_table(data, {**TOP_KEYS, **PYPROJECT_KEYS} if prefix else TOP_KEYS, (), "", top_line_of)
+    for command in COMMAND_OPTIONS:
+        reader.command(command, data.get(command, {}))
     defaults = data.get("defaults", {})
 
     def default_line_of(key: str) -> int:
@@ -566,6 +610,48 @@ def load(path: str | Path, overrides: Mapping[str, Any] | None = None) -> RunCon
     if prefix and "placecheck" not in tomllib.loads(text).get("tool", {}):
         raise UsageError(f"{path} has no [tool.placecheck] table: add one, or pass a placecheck config")
     return parse(text, str(path), prefix, overrides)
+
+
+def _document(text: str, path: str, prefix: tuple[str, ...]) -> tuple[_Reader, Any]:
+    try:
+        document = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"{path}: not valid TOML: {exc}") from None
+    data: Any = document
+    for part in prefix:
+        data = data.get(part, {}) if isinstance(data, dict) else {}
+    return _Reader(path, text, prefix), data
+
+
+def command_values(command: str, text: str, path: str = "<config>",
+                   prefix: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The ``[COMMAND]`` table of a config's text (``[tool.placecheck.COMMAND]`` with ``prefix``
+    ``("tool", "placecheck")``), each value checked as the command line's: field name -> value;
+    {} when the table is missing. The rest of the config is not read."""
+    reader, data = _document(text, path, prefix)
+    raw = data.get(command, {}) if isinstance(data, dict) else {}
+    if not isinstance(raw, dict):
+        raise reader.error(reader.index.line((), command), command, f"expected a table, got {_describe(raw)}")
+    _reject_datetimes(reader, raw)
+    return reader.command(command, raw)
+
+
+def command_options(command: str, text: str, path: str = "<config>",
+                    prefix: tuple[str, ...] = ()) -> CommonOptions:
+    """The options object (:class:`~placecheck.options.RunOptions`, ...) a config's ``[COMMAND]``
+    table builds, every other field at the command line's default."""
+    return COMMAND_OPTIONS[command].from_dict(command_values(command, text, path, prefix))
+
+
+def pyproject_command_values(command: str, directory: str | Path = ".") -> tuple[str, dict[str, Any]]:
+    """``[tool.placecheck.COMMAND]`` of ``directory``'s pyproject.toml, as :func:`command_values`, and
+    the file's path; ``("", {})`` when there is none. ``placecheck run``, ``fix`` and ``checkpoint``
+    take it for the options their command line does not give."""
+    found = find_pyproject(directory)
+    if found is None:
+        return "", {}
+    text = found.read_text(encoding="utf-8")
+    return str(found), command_values(command, text, str(found), ("tool", "placecheck"))
 
 
 def find_pyproject(directory: str | Path = ".") -> Path | None:

@@ -1,11 +1,21 @@
-"""Every option of one audit, in one frozen object: :class:`AuditOptions`.
+"""Every option of every command, in one frozen object per command.
 
-The command line (``placecheck audit``), a config entry (``[[models]]``), the
-child process of a ``--config`` run and Python callers (``audit(model,
-device="cuda", engine="fake")``, the pytest plugin) all build the same object,
-and :func:`placecheck.audit` reads it. The ``--engine`` and ``--init`` choices
-are defined here once (:class:`EngineChoice`, :class:`InitChoice`); the engine
-and the config checks use these.
+:class:`AuditOptions` (``placecheck audit``), :class:`RunOptions` (``placecheck
+run``), :class:`FixOptions` (``placecheck fix``) and :class:`CheckpointOptions`
+(``placecheck checkpoint``) share :class:`CommonOptions` (``--gpus``,
+``--select``, ``--ignore``). The command line, a config entry (``[[models]]``,
+or a ``[run]``, ``[fix]`` or ``[checkpoint]`` table, read by
+:func:`options_from_table`), the child process of a ``--config`` run and Python
+callers (``audit(model, device="cuda", engine="fake")``, ``run("train.py",
+steps=2)``, the pytest plugin) all build the same object, and the command's
+Python function reads it.
+
+Every value is validated here, once: :func:`check_value` is the one check of
+one option's value (the same one-line :class:`~placecheck.errors.UsageError`
+wherever the value came from; a config adds the file, line and key to it), and
+each object's ``check()`` runs those and the checks between options. The
+``--engine`` and ``--init`` choices are defined here once
+(:class:`EngineChoice`, :class:`InitChoice`); the engine uses these.
 
 An options object crosses to a child process as plain JSON
 (:meth:`AuditOptions.to_dict` / :meth:`AuditOptions.from_dict`). Inputs given
@@ -17,9 +27,9 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 from placecheck.devices import KEEP
 from placecheck.errors import UsageError
@@ -88,18 +98,167 @@ def split_codes(values: Iterable[str] | str | None) -> tuple[str, ...]:
     return tuple(c.strip() for v in values for c in v.split(",") if c.strip())
 
 
+DEFAULT_STEPS = 2
+"""What ``--steps`` not given means for ``placecheck run`` and ``fix --run``: stop after two
+optimizer steps."""
+
+
+def _check_int(flag: str, value: Any, least: int, why: str = "") -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise UsageError(f"{flag} {value!r}: expected an integer >= {least}{why}")
+
+
+def _check_choice(flag: str, choices: tuple[str, ...]) -> Callable[[Any], None]:
+    def check(value: Any) -> None:
+        if value not in choices:
+            raise UsageError(f"unknown {flag} {value!r}: use one of {', '.join(choices)}")
+
+    return check
+
+
+def _check_device(value: Any) -> None:
+    from placecheck.devices import normalize_device
+
+    if not isinstance(value, str):
+        raise UsageError(f"--device {value!r}: expected a device string such as cuda or cuda:1")
+    normalize_device(value, keep=True)
+
+
+def _check_codes(flag: str) -> Callable[[Any], None]:
+    def check(value: Any) -> None:
+        from placecheck.rules import expand
+
+        if isinstance(value, (str, bytes)) or not all(isinstance(v, str) for v in value):
+            raise UsageError(f"{flag} {value!r}: expected code prefixes such as PC1, PC204 or ALL")
+        try:
+            expand(value)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+
+    return check
+
+
+def _check_timeout(value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise UsageError(f"--timeout {value!r}: expected a number of seconds > 0")
+
+
+def _check_device_map(value: Any) -> None:
+    from placecheck.devices import DEVICE_MAP_HELP, check_device_map_spec
+
+    if not isinstance(value, str):
+        raise UsageError(f"--device-map {value!r}: use {DEVICE_MAP_HELP}")
+    check_device_map_spec(value)
+
+
+def _check_size(flag: str) -> Callable[[Any], None]:
+    def check(value: Any) -> None:
+        from placecheck.devices import SIZE_HELP, parse_size
+
+        if not isinstance(value, str):
+            raise UsageError(f"{flag} {value!r}: expected {SIZE_HELP}")
+        parse_size(value, flag)
+
+    return check
+
+
+_CHECKS: dict[str, Callable[[Any], None]] = {
+    "device": _check_device,
+    "engine": _check_choice("engine", ENGINE_CHOICES),
+    "gpus": lambda v: _check_int("--gpus", v, 1),
+    "init": _check_choice("--init", INIT_CHOICES),
+    "wrap": _check_choice("--wrap", WRAP_CHOICES),
+    "world_size": lambda v: _check_int("--world-size", v, 1),
+    "device_map": _check_device_map,
+    "gpu_memory": _check_size("--gpu-memory"),
+    "cpu_memory": _check_size("--cpu-memory"),
+    "select": _check_codes("--select"),
+    "ignore": _check_codes("--ignore"),
+    "steps": lambda v: _check_int("--steps", v, 0, " (0: run to the end)"),
+    "timeout": _check_timeout,
+}
+"""The one check of each option's value, by field name."""
+
+
+def check_value(name: str, value: Any) -> None:
+    """Raise the :class:`UsageError` a bad value of the option ``name`` (a field name) gets, the same
+    from the command line, a config or Python; None (not given) is always accepted."""
+    check = _CHECKS.get(name)
+    if check is not None and value is not None:
+        check(value)
+
+
+_Self = TypeVar("_Self", bound="CommonOptions")
+
+
 @dataclass(frozen=True)
-class AuditOptions:
+class CommonOptions:
+    """The options every command shares, with the defaults every command has."""
+
+    COMMAND: ClassVar[str] = ""
+    """The command these options are for (``run``: its config table, its messages)."""
+
+    gpus: int | None = None
+    """Simulated GPUs, what ``torch.cuda.device_count()`` answers (``--gpus``); None: enough for the
+    device's index, at least 1 (``audit --device keep``: 8)."""
+    select: tuple[str, ...] = ()
+    """Codes or prefixes to report (``--select``); empty: all. ``fix``: the codes it fixes."""
+    ignore: tuple[str, ...] = ()
+    """Codes or prefixes not to report (``--ignore``); ``fix``: not to fix."""
+
+    def __post_init__(self) -> None:
+        # Python callers pass lists or one comma-separated string; the object keeps tuples
+        set_ = object.__setattr__
+        set_(self, "select", split_codes(self.select))
+        set_(self, "ignore", split_codes(self.ignore))
+
+    def configurable(self) -> frozenset[str]:
+        """The fields a config's table for this command may set
+        (:func:`placecheck.config.command_values`)."""
+        return frozenset(f.name for f in fields(self))
+
+    def check_values(self) -> None:
+        """Run :func:`check_value` on every field (the first bad one raises)."""
+        for f in fields(self):
+            check_value(f.name, getattr(self, f.name))
+
+    def check(self) -> None:
+        """Raise a :class:`UsageError` for a value the command does not accept, before any work."""
+        self.check_values()
+
+    def to_dict(self) -> dict[str, Any]:
+        """The options as JSON-ready values (for a child process); :meth:`from_dict` reverses it."""
+        return {f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v
+                for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls: type[_Self], data: Mapping[str, Any]) -> _Self:
+        """Options from :meth:`to_dict`'s output (or any mapping of field names: a config table);
+        unknown keys fail."""
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise UsageError(f"unknown {cls.COMMAND} option {unknown[0]!r}: use one of "
+                             f"{', '.join(sorted(names))}")
+        values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
+        return cls(**values)
+
+    def replace(self: _Self, **changes: Any) -> _Self:
+        """A copy with ``changes`` applied (``dataclasses.replace``)."""
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class AuditOptions(CommonOptions):
     """How to audit one model. Every field has the default ``placecheck audit`` has."""
+
+    COMMAND: ClassVar[str] = "audit"
 
     device: str = "cuda"
     """Target device: ``cuda``, ``cuda:N``, ``cpu``, ``mps`` or ``meta`` (``--device``); or ``keep``: no
     ``.to()``, the model audited as its own code places it (:mod:`placecheck.placement`)."""
     engine: str = "auto"
     """One of :data:`ENGINE_CHOICES` (``--engine``)."""
-    gpus: int | None = None
-    """Simulated GPUs (``--gpus``); None: enough for the device's index (with ``keep``: 8, and the model
-    may use any of them)."""
     init: str = "auto"
     """Where a factory builds the model, one of :data:`INIT_CHOICES` (``--init``)."""
     device_map: str | None = None
@@ -111,10 +270,6 @@ class AuditOptions:
     cpu_memory: str | None = None
     """Host memory a computed device map may offload weights to (``--cpu-memory``); None: none, so
     what does not fit on the GPUs goes to disk."""
-    select: tuple[str, ...] = ()
-    """Codes or prefixes to report (``--select``); empty: all."""
-    ignore: tuple[str, ...] = ()
-    """Codes or prefixes not to report (``--ignore``)."""
     checkpoint: str | None = None
     """A checkpoint file loaded into the model before the move (``--checkpoint``)."""
     checkpoint_key: str | None = None
@@ -148,9 +303,8 @@ class AuditOptions:
     def __post_init__(self) -> None:
         # Python callers pass lists, a single spec string or the input objects themselves;
         # the object keeps one shape: tuples of strings, and objects wrapped in ExampleInputs
+        super().__post_init__()
         set_ = object.__setattr__
-        set_(self, "select", split_codes(self.select))
-        set_(self, "ignore", split_codes(self.ignore))
         inputs: Any = self.inputs
         if isinstance(inputs, str):
             inputs = (inputs,)
@@ -171,23 +325,11 @@ class AuditOptions:
     def check(self) -> None:
         """Raise a :class:`UsageError` for a value no audit accepts (before any model is built)."""
         from placecheck.devices import normalize_device
-        from placecheck.rules import expand
 
+        self.check_values()
         self._check_device_map()
         device = normalize_device(self.device, keep=True)
-        if self.engine not in ENGINE_CHOICES:
-            raise UsageError(f"unknown engine {self.engine!r}: use one of {', '.join(ENGINE_CHOICES)}")
-        if self.init not in INIT_CHOICES:
-            raise UsageError(f"unknown --init {self.init!r}: use one of {', '.join(INIT_CHOICES)}")
-        if self.gpus is not None and (isinstance(self.gpus, bool) or not isinstance(self.gpus, int)
-                                      or self.gpus < 1):
-            raise UsageError(f"gpus {self.gpus!r}: expected an integer >= 1")
         self._check_replicas()
-        for codes in (self.select, self.ignore):
-            try:
-                expand(codes)
-            except ValueError as exc:
-                raise UsageError(str(exc)) from None
         if self.inputs and self.example_inputs is not None:
             raise UsageError("--input and --example-inputs cannot be combined: pass one of them")
         if device == KEEP:
@@ -206,11 +348,7 @@ class AuditOptions:
     def _check_replicas(self) -> None:
         from placecheck.devices import normalize_device
 
-        if self.wrap is not None and self.wrap not in WRAP_CHOICES:
-            raise UsageError(f"unknown --wrap {self.wrap!r}: use one of {', '.join(WRAP_CHOICES)}")
         size = self.world_size
-        if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
-            raise UsageError(f"--world-size {size!r}: expected an integer >= 1")
         if size is not None and self.gpus is not None and size > self.gpus:
             raise UsageError(f"--world-size {size} needs {size} GPUs; --gpus {self.gpus} was given: "
                              f"use --gpus {size} or a smaller --world-size")
@@ -224,18 +362,12 @@ class AuditOptions:
 
     def _check_device_map(self) -> None:
         """``--device-map`` and its memory sizes: valid values, and no option that contradicts them."""
-        from placecheck.devices import check_device_map_spec, parse_size
-
         for option, size in (("--gpu-memory", self.gpu_memory), ("--cpu-memory", self.cpu_memory)):
-            if size is None:
-                continue
-            if self.device_map is None:
+            if size is not None and self.device_map is None:
                 raise UsageError(f"{option} sizes a device map: add --device-map auto (or balanced, "
                                  "sequential)")
-            parse_size(size, option)
         if self.device_map is None:
             return
-        check_device_map_spec(self.device_map)
         if self.device.strip().lower() == "keep":
             raise UsageError("--device keep and --device-map cannot be combined: the device map places "
                              "the model; drop --device keep")
@@ -258,22 +390,139 @@ class AuditOptions:
         if isinstance(self.example_inputs, ExampleInputs):
             raise UsageError("inputs given as Python objects cannot be sent to another process: name "
                              "them with a MODULE:ATTR target (example_inputs) or give --input specs")
-        return {f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v
-                for f in fields(self)}
+        return super().to_dict()
 
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> AuditOptions:
-        """Options from :meth:`to_dict`'s output (or any mapping of field names); unknown keys fail."""
-        names = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - names)
-        if unknown:
-            raise UsageError(f"unknown audit option {unknown[0]!r}")
-        values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
-        return cls(**values)
 
-    def replace(self, **changes: Any) -> AuditOptions:
-        """A copy with ``changes`` applied (``dataclasses.replace``)."""
-        return dataclasses.replace(self, **changes)
+def flag_of(name: str) -> str:
+    """The command-line flag of a field (``checkpoint_key`` -> ``--key``)."""
+    return _FLAGS.get(name, "--" + name.replace("_", "-"))
+
+
+_FLAGS = {"inputs": "--input", "checkpoint_key": "--key", "forward": "--no-forward",
+          "reuse_calls": "--no-reuse-calls", "group": "--no-group", "module": "--module"}
+
+
+@dataclass(frozen=True)
+class RunOptions(CommonOptions):
+    """How to run one script (``placecheck run``, :func:`placecheck.run`). Every field has the
+    default ``placecheck run`` has; ``gpus`` not given is 1."""
+
+    COMMAND: ClassVar[str] = "run"
+
+    module: bool = False
+    """The target is a module, run as ``python -m MODULE`` would (``-m``/``--module``), not a script."""
+    steps: int = DEFAULT_STEPS
+    """Stop after this many ``optimizer.step()`` calls (``--steps``); 0: run to the end."""
+    timeout: float | None = None
+    """Stop the script after this many seconds (``--timeout``), which is not an error; None: no limit."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        # not given (the command line's None) is the default, so that every way of building the
+        # object that means the same builds an equal one
+        if self.gpus is None:
+            object.__setattr__(self, "gpus", 1)
+        if self.steps is None:
+            object.__setattr__(self, "steps", DEFAULT_STEPS)
+
+    @property
+    def gpu_count(self) -> int:
+        """``gpus`` as an int (never None after construction)."""
+        return int(self.gpus or 1)
+
+
+@dataclass(frozen=True)
+class FixOptions(AuditOptions):
+    """How to fix one model or script (``placecheck fix``, :func:`placecheck.fix.fix`): the audit's
+    options (the model is audited, and the proof re-audits it, with them) and fix's own. Every field
+    has the default ``placecheck fix`` has."""
+
+    COMMAND: ClassVar[str] = "fix"
+
+    run: bool = False
+    """The target is a training or inference script, run as ``placecheck run`` runs it (``--run``);
+    then only ``gpus``, ``steps``, ``timeout``, ``select``, ``ignore`` and ``unsafe`` apply."""
+    steps: int | None = None
+    """With ``run``: stop after this many optimizer steps (``--steps``; None: 2, as ``placecheck run``)."""
+    timeout: float | None = None
+    """With ``run``: stop the script after this many seconds (``--timeout``)."""
+    unsafe: bool = False
+    """Register stray tensors as persistent buffers: ``state_dict()`` gains their keys (``--unsafe``)."""
+
+    _SCRIPT_FIELDS: ClassVar[frozenset[str]] = frozenset(
+        {"gpus", "select", "ignore", "run", "steps", "timeout", "unsafe", "copy_model", "target"})
+
+    def model_flags(self) -> list[str]:
+        """The flags given that describe a model TARGET (not a script run with ``--run``)."""
+        default = FixOptions()
+        return [flag_of(f.name) for f in fields(self)
+                if f.name not in self._SCRIPT_FIELDS and getattr(self, f.name) != getattr(default, f.name)]
+
+    @staticmethod
+    def refuse_model_flags(flags: Iterable[str]) -> None:
+        """Raise the error for model options given with ``--run`` (``flags``: their flags)."""
+        flags = list(flags)
+        if flags:
+            raise UsageError(f"{', '.join(flags)} describe a model TARGET, not a script run with --run "
+                             "(it runs on simulated GPUs; --gpus sets how many)")
+
+    def configurable(self) -> frozenset[str]:
+        """With ``run``: the script's options; without: the model's (a config's ``[fix]`` table may hold
+        both, each applied where it means something)."""
+        if self.run:
+            return self._SCRIPT_FIELDS
+        return super().configurable() - {"steps", "timeout"}
+
+    def check(self) -> None:
+        self.check_values()
+        if self.run:
+            self.refuse_model_flags(self.model_flags())
+            return
+        if self.steps is not None or self.timeout is not None:
+            raise UsageError(SCRIPT_ONLY)
+        super().check()
+
+    def audit_options(self) -> AuditOptions:
+        """The options of the audit of a model TARGET (fix's own fields dropped)."""
+        return AuditOptions(**{f.name: getattr(self, f.name) for f in fields(AuditOptions)})
+
+    def run_options(self) -> RunOptions:
+        """The options of the ``placecheck run`` of a script (with ``run``)."""
+        return RunOptions(gpus=self.gpus, steps=self.steps, timeout=self.timeout,  # type: ignore[arg-type]
+                          select=self.select, ignore=self.ignore)
+
+
+SCRIPT_ONLY = ("script arguments, --steps and --timeout go with --run (TARGET a script): "
+               "placecheck fix --run SCRIPT.py -- ARGS")
+"""The error for a script's options given to ``placecheck fix`` of a model TARGET."""
+
+
+@dataclass(frozen=True)
+class CheckpointOptions(CommonOptions):
+    """How to check one checkpoint file (``placecheck checkpoint``,
+    :func:`placecheck.checkpoint.check_checkpoint`). Every field has the default ``placecheck
+    checkpoint`` has."""
+
+    COMMAND: ClassVar[str] = "checkpoint"
+
+    device: str = "cuda"
+    """The device the job loads the checkpoint onto (``--device``; not ``keep``)."""
+    engine: str = "auto"
+    """One of :data:`ENGINE_CHOICES` (``--engine``): the real machine's GPUs, or simulated ones (fake and
+    tagged alike: no value is read)."""
+    checkpoint_key: str | None = None
+    """Where the state_dict is inside the checkpoint (``--key``); None: found automatically."""
+    trust: bool = False
+    """Allow loading a checkpoint whose pickle runs code (``--trust``)."""
+    group: bool = True
+    """Findings of one root cause are one problem; False lists each (``--no-group``)."""
+
+    def check(self) -> None:
+        from placecheck.devices import normalize_device
+
+        if isinstance(self.device, str):  # first: keep is an audit's (a checkpoint loads onto one
+            normalize_device(self.device)  # device), so the error lists the devices without it
+        self.check_values()
 
 
 OPTION_NAMES = tuple(f.name for f in fields(AuditOptions))

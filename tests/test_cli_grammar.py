@@ -13,6 +13,7 @@ command line once, and either fails here.
 from __future__ import annotations
 
 import enum
+import json
 import re
 import shlex
 import sys
@@ -302,3 +303,228 @@ def test_a_usage_error_is_one_line_and_exit_2(monkeypatch: pytest.MonkeyPatch,
 def test_an_option_missing_its_value_is_one_line_and_exit_2(monkeypatch: pytest.MonkeyPatch,
                                                             capsys: pytest.CaptureFixture[str]) -> None:
     assert_usage_error(*_entrypoint(monkeypatch, capsys, "audit", "m.py:Net", "--engine"), "--engine")
+
+
+# -- one options object per command: a shared option means the same in each ----------------------
+
+OPTION_COMMANDS = ("audit", "run", "fix", "checkpoint")
+"""The commands that parse their command line into an options object (placecheck.options)."""
+GOOD: dict[str, tuple[str, str, Any]] = {
+    # flag: (what is typed, the options field it sets, the field's value)
+    "--device": ("cuda:1", "device", "cuda:1"), "--engine": ("tagged", "engine", "tagged"),
+    "--gpus": ("3", "gpus", 3), "--select": ("PC2,PC301", "select", ("PC2", "PC301")),
+    "--ignore": ("PC204", "ignore", ("PC204",)), "--steps": ("0", "steps", 0),
+    "--timeout": ("2.5", "timeout", 2.5),
+}
+NOT_A_FIELD = {("audit", "--timeout"): "audit's --timeout bounds the child process the audit runs in "
+                                        "(placecheck.ci), not the audit"}
+"""A shared option a command has that is not a field of its options object, and why."""
+BAD = [("--device", "gpu"), ("--engine", "warp"), ("--gpus", "0"), ("--gpus", "two"), ("--select", "PC9999"),
+       ("--ignore", "XX1"), ("--steps", "-1"), ("--timeout", "0"), ("--fail-on", "bogus"),
+       ("--format", "nope")]
+"""A bad value of each shared option (the options object's checks and click's)."""
+BAD_DIFFERENT = {("checkpoint", "--device"): "a checkpoint loads onto one device: its list of devices "
+                                             "lacks audit's keep"}
+"""A bad value whose error differs in one command, and why."""
+SCRIPT = {"fix": ["--run"]}
+"""What a command's line needs for --steps and --timeout (fix: TARGET is a script)."""
+
+
+def _argv(command: str, flag: str, typed: str | None = None) -> list[str]:
+    """A complete line of ``command`` for ``flag`` (with ``typed``, the flag and its value)."""
+    script = SCRIPT.get(command, []) if flag in ("--steps", "--timeout") else []
+    return [command, *script, *POSITIONAL[command], *([flag, typed] if typed is not None else [])]
+
+
+def _built_options(monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> Any:
+    """The options object ``placecheck ARGV`` hands to its Python function (which is not run)."""
+    import placecheck.run
+    from placecheck.cli import audit, checkpoint
+    from placecheck.fix import fixer
+    from placecheck.options import CommonOptions
+
+    built: list[Any] = []
+
+    def record(*args: Any, **kwargs: Any) -> Any:
+        built.extend(a for a in (*args, *kwargs.values()) if isinstance(a, CommonOptions))
+        raise typer.Exit(0)
+
+    with monkeypatch.context() as patched:
+        for module, name in ((audit, "run_audit"), (checkpoint, "run_checkpoint"), (placecheck.run, "run"),
+                             (fixer, "fix"), (fixer, "fix_run")):
+            patched.setattr(module, name, record)
+        result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 0, (argv, result.output, result.stderr)
+    [options] = built
+    return options
+
+
+@pytest.mark.parametrize("command, flag", [(c, f) for f in GOOD for c in OPTION_COMMANDS if f in FLAGS[c]])
+def test_a_shared_option_sets_the_same_field_in_every_command(monkeypatch: pytest.MonkeyPatch,
+                                                                command: str, flag: str) -> None:
+    from placecheck.options import CommonOptions
+
+    typed, field, value = GOOD[flag]
+    if (command, flag) in NOT_A_FIELD:
+        assert not hasattr(_built_options(monkeypatch, [command, *POSITIONAL[command]]), field)
+        return
+    options = _built_options(monkeypatch, _argv(command, flag, typed))
+    assert isinstance(options, CommonOptions)
+    assert command == options.COMMAND
+    assert getattr(options, field) == value
+    # and only that field: every other one is the command's default, as in Python
+    default = _built_options(monkeypatch, _argv(command, flag))
+    assert options == default.replace(**{field: value})
+
+
+@pytest.mark.parametrize("flag, bad", BAD)
+def test_a_bad_shared_value_is_the_same_error_in_every_command(monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str],
+                                                                flag: str, bad: str) -> None:
+    having = [c for c in OPTION_COMMANDS if flag in FLAGS[c] and (c, flag) not in DIFFERENT]
+    assert len(having) >= 2, (flag, having)
+    errors = {}
+    for command in having:
+        code, out, err = _entrypoint(monkeypatch, capsys, *_argv(command, flag, bad))
+        assert_usage_error(code, out, err)
+        assert flag in err or repr(bad) in err, err  # click names the flag; the options' checks the value
+        errors[command] = err
+    same = {c: e for c, e in errors.items() if (c, flag) not in BAD_DIFFERENT}
+    assert len(set(same.values())) == 1, errors
+
+
+@pytest.mark.parametrize("flag, bad", [("--device", "gpu"), ("--engine", "warp"), ("--gpus", "0"),
+                                       ("--select", "PC9999"), ("--ignore", "XX1"), ("--steps", "-1"),
+                                       ("--timeout", "0")])
+def test_python_and_a_config_refuse_a_bad_value_in_the_command_lines_words(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], flag: str, bad: str) -> None:
+    # what the options object's check says is the command line's error, and a config's
+    from placecheck import config
+    from placecheck.errors import UsageError
+    from placecheck.options import check_value
+
+    field = GOOD[flag][1]
+    value: Any = {"--gpus": int, "--steps": int, "--timeout": float}.get(flag, str)(bad)
+    if field in ("select", "ignore"):
+        value = (bad,)
+    with pytest.raises(UsageError) as python:
+        check_value(field, value)
+    command = "run" if flag not in ("--device", "--engine") else "fix"
+    if flag in ("--gpus", "--steps", "--timeout"):  # click refuses these on the command line first
+        command_line = None
+    else:
+        _, _, err = _entrypoint(monkeypatch, capsys, *_argv(command, flag, bad))
+        command_line = err.strip().removeprefix("placecheck: error: ")
+    assert command_line in (None, str(python.value))
+    shown = json.dumps(list(value) if isinstance(value, tuple) else value)
+    toml = f"[{command}]\n{field} = {shown}\n"
+    with pytest.raises(UsageError) as configured:
+        config.command_values(command, toml, "pyproject.toml")
+    assert str(configured.value) == f"pyproject.toml:2: {command}.{field}: {python.value}"
+
+
+class _Built(Exception):
+    """Raised by a patched ``check()`` with the options object a Python call built."""
+
+
+def _python_built(monkeypatch: pytest.MonkeyPatch, cls: type, call: Any) -> Any:
+    """The options object ``call()`` (a Python API call) builds and checks (nothing runs after)."""
+    def record(self: Any) -> None:
+        raise _Built(self)
+
+    with monkeypatch.context() as patched, pytest.raises(_Built) as built:
+        patched.setattr(cls, "check", record)
+        call()
+    return built.value.args[0]
+
+
+def test_the_command_line_a_config_table_and_python_build_equal_options(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import placecheck
+    from placecheck import config
+    from placecheck.checkpoint import check_checkpoint
+    from placecheck.fix import fix, fix_run
+    from placecheck.options import AuditOptions, CheckpointOptions, FixOptions, RunOptions
+
+    run_line = _built_options(monkeypatch, ["run", "train.py", "--gpus", "2", "--steps", "3", "--timeout",
+                                            "5", "--select", "PC2", "--ignore", "PC204,PC205"])
+    run_table = config.command_options("run", '[run]\ngpus = 2\nsteps = 3\ntimeout = 5\nselect = ["PC2"]\n'
+                                              'ignore = ["PC204", "PC205"]\n')
+    run_python = _python_built(monkeypatch, RunOptions, lambda: placecheck.run(
+        "train.py", gpus=2, steps=3, timeout=5, select=["PC2"], ignore="PC204,PC205"))
+    assert run_line == run_table == run_python
+    assert run_line == RunOptions(gpus=2, steps=3, timeout=5.0, select=("PC2",), ignore=("PC204", "PC205"))
+
+    fix_line = _built_options(monkeypatch, ["fix", "m.py:Net", "--device", "cuda:1", "--engine", "tagged",
+                                            "--gpus", "2", "--init", "cpu", "-i", "float32[2,3]",
+                                            "--select", "PC1", "--unsafe"])
+    fix_table = config.command_options("fix", '[fix]\ndevice = "cuda:1"\nengine = "tagged"\ngpus = 2\n'
+                                              'init = "cpu"\ninputs = ["float32[2,3]"]\nselect = ["PC1"]\n'
+                                              'unsafe = true\n')
+    fix_python = _python_built(monkeypatch, FixOptions, lambda: fix(
+        "m.py:Net", AuditOptions(device="cuda:1", engine="tagged", gpus=2, init="cpu", inputs="float32[2,3]"),
+        select=["PC1"], unsafe=True))
+    assert fix_line == fix_table == fix_python and isinstance(fix_line, FixOptions)
+
+    script_line = _built_options(monkeypatch, ["fix", "--run", "train.py", "--gpus", "2", "--steps", "3",
+                                               "--timeout", "5", "--select", "PC2", "--unsafe"])
+    script_table = config.command_options("fix", '[fix]\ngpus = 2\nsteps = 3\ntimeout = 5\nselect = ["PC2"]\n'
+                                                 "unsafe = true\n")
+    script_python = _python_built(monkeypatch, FixOptions, lambda: fix_run(
+        "train.py", gpus=2, steps=3, timeout=5, select=["PC2"], unsafe=True))
+    assert script_line == script_table.replace(run=True) == script_python
+    assert script_line.run_options() == run_line.replace(ignore=())
+
+    checkpoint_line = _built_options(monkeypatch, ["checkpoint", "model.pt", "--device", "cuda:1", "--engine",
+                                                   "fake", "--gpus", "2", "--key", "model.ema", "--trust",
+                                                   "--select", "PC3", "--no-group"])
+    checkpoint_table = config.command_options(
+        "checkpoint", '[checkpoint]\ndevice = "cuda:1"\nengine = "fake"\ngpus = 2\n'
+                      'checkpoint_key = "model.ema"\ntrust = true\nselect = ["PC3"]\ngroup = false\n')
+    checkpoint_python = _python_built(monkeypatch, CheckpointOptions, lambda: check_checkpoint(
+        "model.pt", device="cuda:1", engine="fake", gpus=2, key="model.ema", trust=True, select=["PC3"],
+        group=False))
+    assert checkpoint_line == checkpoint_table == checkpoint_python
+
+
+@pytest.mark.parametrize("command, table, argv, expected", [
+    ("run", "steps = 5\ngpus = 2\nselect = [\"PC2\"]", ["--gpus", "3"],
+     {"steps": 5, "gpus": 3, "select": ("PC2",)}),
+    ("checkpoint", 'device = "cpu"\ntrust = true\ngroup = false', ["--device", "cuda"],
+     {"device": "cuda", "trust": True, "group": False}),
+    # [fix] holds a model's and a script's options: each applies where it means something
+    ("fix", 'device = "cpu"\nsteps = 7\nunsafe = true', [], {"device": "cpu", "steps": None, "unsafe": True}),
+    ("fix", 'device = "cpu"\nsteps = 7\nunsafe = true', ["--run"],
+     {"device": "cuda", "steps": 7, "unsafe": True}),
+])
+def test_pyproject_gives_the_options_the_command_line_does_not(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Any, command: str, table: str, argv: list[str],
+        expected: dict[str, Any]) -> None:
+    (tmp_path / "pyproject.toml").write_text(f"[tool.placecheck.{command}]\n{table}\n", encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    options = _built_options(monkeypatch, [command, *argv, *POSITIONAL[command]])
+    assert {name: getattr(options, name) for name in expected} == expected
+
+
+def test_a_bad_pyproject_table_is_one_line_naming_file_line_and_key(monkeypatch: pytest.MonkeyPatch,
+                                                                     capsys: pytest.CaptureFixture[str],
+                                                                     tmp_path: Any) -> None:
+    (tmp_path / "pyproject.toml").write_text('[tool.placecheck.run]\nsteps = 2\nselect = ["PC9999"]\n'
+                                             'module = true\n', encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    assert_usage_error(*_entrypoint(monkeypatch, capsys, "run", "train.py"),
+                       "pyproject.toml:3: run.select: invalid code selector 'PC9999'")
+    (tmp_path / "pyproject.toml").write_text("[tool.placecheck.run]\nmodule = true\n", encoding="utf-8")
+    assert_usage_error(*_entrypoint(monkeypatch, capsys, "run", "train.py"),
+                       "pyproject.toml:2: run.module: unknown key")
+
+
+@pytest.mark.parametrize("command", OPTION_COMMANDS)
+def test_the_command_lines_defaults_are_the_options_objects(monkeypatch: pytest.MonkeyPatch,
+                                                            command: str) -> None:
+    from placecheck.options import AuditOptions, CheckpointOptions, FixOptions, RunOptions
+
+    python = {"audit": AuditOptions(copy_model=False, target=POSITIONAL["audit"][0]),  # the CLI's own model
+              "run": RunOptions(), "fix": FixOptions(), "checkpoint": CheckpointOptions()}[command]
+    assert _built_options(monkeypatch, [command, *POSITIONAL[command]]) == python
+    assert _built_options(monkeypatch, ["fix", "--run", "train.py"]) == FixOptions(run=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -143,17 +144,17 @@ def test_unknown_keys_name_the_key_and_the_line(text: str, expected: str) -> Non
      [[models]]
      target = "a:b"
      engine = "gpu"
-     """, 'cfg.toml:4: models[0].engine: expected one of "auto", "real", "fake"'),
+     """, "cfg.toml:4: models[0].engine: unknown engine 'gpu': use one of auto, real, fake, tagged"),
     ("""
      [[models]]
      target = "a:b"
      device = "tpu"
-     """, "cfg.toml:4: models[0].device: expected use cuda, cuda:N, cpu, mps, meta or keep"),
+     """, "cfg.toml:4: models[0].device: unknown device 'tpu': use cuda, cuda:N, cpu, mps, meta or keep"),
     ("""
      [[models]]
      target = "a:b"
      select = ["PC9999"]
-     """, "cfg.toml:4: models[0].select: expected invalid code selector 'PC9999'"),
+     """, "cfg.toml:4: models[0].select: invalid code selector 'PC9999': use a code prefix such as PC2"),
     ("""
      [[models]]
      target = "a:b"
@@ -237,11 +238,17 @@ def test_unreadable_file() -> None:
 
 
 def test_engine_and_init_choices_have_one_source() -> None:
-    # the engine, the construction step and the config schema use the options module's enums
+    # the engine and the construction step use the options module's enums; the config schema checks an
+    # options value with the options module's own check, so a bad one reads as on the command line
     from placecheck import construct, engine, options
 
     assert engine.EngineChoice is options.EngineChoice and construct.InitChoice is options.InitChoice
-    assert config.ENGINE_CHOICES is options.ENGINE_CHOICES and config.INIT_CHOICES is options.INIT_CHOICES
+    for key, bad in (("engine", "gpu"), ("init", "disk"), ("gpus", 0), ("device", "tpu"), ("wrap", "tp"),
+                     ("world_size", 0), ("device_map", "everywhere"), ("select", ["PC9999"])):
+        with pytest.raises(UsageError) as own:
+            options.check_value(key, bad)
+        assert _error(f'[[models]]\ntarget = "a:b"\n{key} = {json.dumps(bad)}\n') == \
+            f"cfg.toml:3: models[0].{key}: {own.value}"
 
 
 def test_every_model_key_is_a_model_field_or_an_audit_option() -> None:
@@ -395,3 +402,17 @@ def test_allow_where_glob_still_applies() -> None:
 def test_example_config_allows_a_where_with_brackets() -> None:
     [buggy] = [m for m in load(REPO / "configs" / "example.toml").models if "buggy" in m.target]
     assert any(a.matches(_finding("PC101", "blocks.0.cache['k']")) for a in buggy.allow)
+
+
+def test_a_config_runs_overrides_are_audit_options_and_config_keys() -> None:
+    # the command-line options a --config run applies to every model are fields of AuditOptions and
+    # keys of a [[models]] entry, so the config and the override build the same object
+    import typer
+
+    from placecheck import ci
+    from placecheck.cli import app
+    from placecheck.options import OPTION_NAMES
+
+    assert set(ci.MODEL_OVERRIDES) <= set(OPTION_NAMES) & set(config.MODEL_KEYS)
+    params = {p.name for p in typer.main.get_command(app).commands["audit"].params}
+    assert set(ci.MODEL_OVERRIDES) | ci.RUN_OPTIONS | set(ci.CONFIG_ONLY) <= params

@@ -193,7 +193,7 @@ def test_bad_config_keys(tmp_path: Path) -> None:
     path = tmp_path / "placecheck.toml"
     head = f'[[models]]\ntarget = "{FIXTURES / "dp_clean.py"}:Model"\n'
     path.write_text(head + 'wrap = "tp"\n', encoding="utf-8")
-    with pytest.raises(UsageError, match=r'wrap.*one of "dp", "ddp", "fsdp"'):
+    with pytest.raises(UsageError, match=r"models\[0\]\.wrap: unknown --wrap 'tp': use one of dp, ddp, fsdp"):
         config.load(path)
     path.write_text(head + "world_size = 0\n", encoding="utf-8")
     with pytest.raises(UsageError, match=r"world_size.*an integer >= 1"):

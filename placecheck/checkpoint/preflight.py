@@ -44,6 +44,7 @@ from placecheck.compat import torch_note
 from placecheck.devices import human_bytes, normalize_device
 from placecheck.errors import LoadError, PlacecheckError, UsageError, one_line
 from placecheck.finding import Finding
+from placecheck.options import CheckpointOptions
 from placecheck.quiet import quiet
 from placecheck.report import Report
 from placecheck.rules import rule, selected
@@ -327,6 +328,7 @@ def check_checkpoint(
     path: str,
     *,
     model: Callable[[], Any] | Any | None = None,
+    options: CheckpointOptions | None = None,
     device: str = "cuda",
     engine: str = "auto",
     gpus: int | None = None,
@@ -341,19 +343,24 @@ def check_checkpoint(
 
     ``group``: findings of one root cause are one problem (every size mismatch of a checkpoint saved
     from a differently sized model is one PC304); ``False`` lists each (``--no-group``).
+    The keywords besides ``model`` and ``model_name`` are the fields of
+    :class:`~placecheck.options.CheckpointOptions` (``key`` is its ``checkpoint_key``);
+    ``options=`` passes a whole options object instead (then give none of them), as
+    ``placecheck checkpoint`` does.
     """
     from placecheck.engine import EngineChoice, choose_engine
 
-    dev = normalize_device(device)
-    try:
-        eng = choose_engine(dev, EngineChoice(engine), gpus)
-    except ValueError:
-        raise UsageError(f"unknown engine {engine!r}: use one of "
-                         f"{', '.join(c.value for c in EngineChoice)}") from None
-    try:
-        codes = selected(select, ignore)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
+    given = CheckpointOptions(device=device, engine=engine, gpus=gpus, checkpoint_key=key, trust=trust,
+                              select=select, ignore=ignore, group=group)  # type: ignore[arg-type]
+    if options is None:
+        options = given
+    elif given != CheckpointOptions():
+        raise UsageError("check_checkpoint(): pass options= or keyword arguments, not both")
+    options.check()
+    dev = normalize_device(options.device)
+    eng = choose_engine(dev, EngineChoice(options.engine), options.gpus)
+    codes = selected(options.select, options.ignore)
+    key, trust, group = options.checkpoint_key, options.trust, options.group
     meta = read_checkpoint(path)
     findings: list[Finding] = []
     refused = meta.needs_code_execution and not trust

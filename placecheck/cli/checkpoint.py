@@ -27,15 +27,17 @@ from placecheck.cli.common import (
     PanelCommand,
     Select,
     Trust,
+    configured,
 )
 from placecheck.formats import OutputFormat
-from placecheck.options import split_codes
+from placecheck.options import CheckpointOptions
 from placecheck.output import OutputOptions, emit, errors_reported, model_output_to_stderr
 from placecheck.report import EXIT_USAGE
 
 
 @app.command(cls=PanelCommand)
 def checkpoint(
+    ctx: typer.Context,
     file: Annotated[str, typer.Argument(
         help="The checkpoint: a torch.save file (zip or legacy), a TorchScript archive, a .pt2 "
              "program or a .safetensors file.", show_default=False)],
@@ -69,13 +71,16 @@ def checkpoint(
     with errors_reported(debug):
         from placecheck.load import parse_kwargs
 
+        options = CheckpointOptions(device=device, engine=engine, gpus=gpus, checkpoint_key=key, trust=trust,
+                                    select=select, ignore=ignore,  # type: ignore[arg-type]  # split here
+                                    group=not no_group)
+        options = configured(ctx, options, {"key": "checkpoint_key", "no_group": "group"})
         out = OutputOptions(format=fmt, output=output, fail_on=fail_on, exit_zero=exit_zero, debug=debug,
-                            group=not no_group, hints=hints)
+                            group=options.group, hints=hints)
         out.check()
+        options.check()  # a bad device or code fails before the model is imported
         constructor_kwargs = parse_kwargs(kwargs, arg or ())
-        result = run_checkpoint(file, model, constructor_kwargs, device=device, engine=engine, gpus=gpus,
-                                key=key, trust=trust, select=split_codes(select),
-                                ignore=split_codes(ignore), group=not no_group)
+        result = run_checkpoint(file, model, constructor_kwargs, options)
         code = emit(result.report, out)
         if result.refused:
             from placecheck.checkpoint.preflight import unsafe_globals_text
@@ -87,13 +92,12 @@ def checkpoint(
     raise typer.Exit(code)
 
 
-def run_checkpoint(file: str, model: str | None, kwargs: dict[str, Any], **options: Any) -> Any:
-    """Resolve ``--model`` (if any) and check the checkpoint; raises PlacecheckError subclasses."""
+def run_checkpoint(file: str, model: str | None, kwargs: dict[str, Any], options: CheckpointOptions) -> Any:
+    """Resolve ``--model`` (if any) and check the checkpoint with checked ``options``; raises
+    PlacecheckError subclasses."""
     from placecheck.checkpoint import check_checkpoint
-    from placecheck.devices import normalize_device
     from placecheck.load import build, resolve, split_target
 
-    normalize_device(options["device"])
     factory = None
     with model_output_to_stderr():
         if model is not None:
@@ -103,4 +107,4 @@ def run_checkpoint(file: str, model: str | None, kwargs: dict[str, Any], **optio
             def factory() -> Any:
                 return build(obj, attr, kwargs)
 
-        return check_checkpoint(file, model=factory, model_name=model, **options)
+        return check_checkpoint(file, model=factory, model_name=model, options=options)

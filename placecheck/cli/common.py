@@ -16,14 +16,15 @@ from the parameter's name: typer 0.27.0 to 0.27.3 derive it from the metavar ins
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from collections.abc import Mapping
+from typing import Annotated, Any, TypeVar
 
 import typer
 from typer.core import TyperCommand
 
 from placecheck.devices import DEVICE_HELP
 from placecheck.formats import OutputFormat
-from placecheck.options import ENGINE_CHOICES, INIT_CHOICES
+from placecheck.options import DEFAULT_STEPS, ENGINE_CHOICES, INIT_CHOICES, CommonOptions
 from placecheck.report import FAIL_ON_CHOICES
 
 FLAG = ""
@@ -65,6 +66,32 @@ class PanelCommand(TyperCommand):
         for panel in sorted(panels, key=lambda p: PANELS.index(p) if p in PANELS else len(PANELS)):
             with formatter.section(panel):
                 formatter.write_dl(panels[panel])
+
+
+_O = TypeVar("_O", bound=CommonOptions)
+
+
+def configured(ctx: typer.Context, options: _O, fields: Mapping[str, str] | None = None) -> _O:
+    """``options`` (built from the command line) with the values of ./pyproject.toml's
+    ``[tool.placecheck.COMMAND]`` table for the options the command line did not give.
+
+    ``fields`` maps a parameter of the command to the options field it sets where their names differ
+    (``key`` -> ``checkpoint_key``). The table's values are checked as the command line's are
+    (:func:`placecheck.config.command_values`); the result is checked by the caller.
+    """
+    from placecheck.config import pyproject_command_values
+
+    _, table = pyproject_command_values(options.COMMAND)
+    if not table:
+        return options
+    names = dict(fields or {})
+    given = set()
+    for param in ctx.params:
+        source = ctx.get_parameter_source(param)
+        if source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT"):
+            given.add(names.get(param, param))
+    return options.replace(**{name: value for name, value in table.items()
+                              if name not in given and name in options.configurable()})
 
 
 # -- device and engine ---------------------------------------------------------------------------
@@ -117,8 +144,6 @@ ExampleInputs = Annotated[str | None, typer.Option(
     "--example-inputs", metavar="TARGET", rich_help_panel=PANEL_INPUTS,
     help="MODULE:ATTR or file.py:ATTR returning the forward's inputs: a tensor, a tuple "
          "(positional), a dict (keyword) or (args, kwargs).")]
-DEFAULT_STEPS = 2
-"""What ``--steps`` not given means (``placecheck.run.DEFAULT_STEPS``, which imports torch)."""
 Steps = Annotated[int | None, typer.Option(
     "--steps", metavar="N", min=0, rich_help_panel=PANEL_INPUTS,
     help=f"Stop the script after this many optimizer steps (0: run to the end; default: "

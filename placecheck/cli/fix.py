@@ -1,7 +1,7 @@
 """``placecheck fix``: the audit's fixable findings as a proven patch (a diff, or the files written).
 
-A thin adapter over :func:`placecheck.fix.fix`: the audit options become an
-:class:`~placecheck.options.AuditOptions`; the result is printed as a unified
+A thin adapter over :func:`placecheck.fix.fix` and :func:`~placecheck.fix.fix_run`: the
+options become a :class:`~placecheck.options.FixOptions`; the result is printed as a unified
 diff and a summary (or JSON), and ``--write`` applies it. Exit 0 when no
 selected finding is left, 1 when some are, 2 for usage errors, a target that
 does not load, or a file changed since the audit (FixRefused: nothing written then),
@@ -38,9 +38,10 @@ from placecheck.cli.common import (
     Select,
     Steps,
     Timeout,
+    configured,
 )
 from placecheck.errors import UsageError
-from placecheck.options import AuditOptions, split_codes
+from placecheck.options import SCRIPT_ONLY, AuditOptions, FixOptions
 from placecheck.output import errors_reported, model_output_to_stderr
 from placecheck.report import Report
 
@@ -54,6 +55,7 @@ class FixFormat(str, enum.Enum):
 
 @app.command(cls=PanelCommand, context_settings={"allow_interspersed_args": True})
 def fix(
+    ctx: typer.Context,
     target: Annotated[str, typer.Argument(
         metavar="TARGET", show_default=False,
         help="The model, as for audit: MODULE:ATTR or path/to/file.py:ATTR; with --run, the script.")],
@@ -109,30 +111,25 @@ def fix(
             from placecheck.fix import fix_run, write
             from placecheck.load import parse_kwargs
 
-            options = AuditOptions(device=device, engine=engine, gpus=gpus, init=init,
-                                   inputs=tuple(input_specs or ()), example_inputs=example_inputs,
-                                   select=split_codes(select), ignore=split_codes(ignore))
+            options = FixOptions(
+                run=run_script, device=device, engine=engine, gpus=gpus, init=init,
+                inputs=tuple(input_specs or ()), example_inputs=example_inputs, steps=steps, timeout=timeout,
+                select=select, ignore=ignore, unsafe=unsafe)  # type: ignore[arg-type]  # lists are split
+            options = configured(ctx, options, {"run_script": "run", "input_specs": "inputs"})
             if run_script:
-                model_only = [flag for flag, given in (
-                    ("--device", device != DEFAULT_DEVICE), ("--engine", engine != "auto"),
-                    ("--init", init != "auto"), ("--kwargs", kwargs is not None), ("--arg", bool(arg)),
-                    ("--input", bool(input_specs)), ("--example-inputs", example_inputs is not None),
-                ) if given]
-                if model_only:
-                    raise UsageError(f"{', '.join(model_only)} describe a model TARGET, not a script run "
-                                     "with --run (it runs on one simulated GPU; --gpus sets how many)")
+                constructor = [flag for flag, given in (("--kwargs", kwargs is not None),
+                                                        ("--arg", bool(arg))) if given]
+                FixOptions.refuse_model_flags([*options.model_flags(), *constructor])
                 options.check()
                 with model_output_to_stderr():
-                    result = fix_run(target, script_args_of(script_args), steps=steps, gpus=gpus or 1,
-                                     timeout=timeout, select=options.select, ignore=options.ignore,
-                                     unsafe=unsafe)
+                    result = fix_run(target, script_args_of(script_args), options=options)
             else:
-                if script_args or steps is not None or timeout is not None:
-                    raise UsageError("script arguments, --steps and --timeout go with --run (TARGET a "
-                                     "script): placecheck fix --run SCRIPT.py -- ARGS")
+                if script_args:
+                    raise UsageError(SCRIPT_ONLY)
+                options.check()
                 constructor_kwargs = parse_kwargs(kwargs, arg or ())
                 with model_output_to_stderr():
-                    result = run_fix(target, options, kwargs=constructor_kwargs, unsafe=unsafe)
+                    result = run_fix(target, options, kwargs=constructor_kwargs)
             written = write(result) if write_files else []
         except ModuleNotFoundError as exc:
             if exc.name != "libcst":

@@ -22,9 +22,10 @@ from placecheck.cli.common import (
     Select,
     Steps,
     Timeout,
+    configured,
 )
 from placecheck.formats import OutputFormat
-from placecheck.options import split_codes
+from placecheck.options import RunOptions
 from placecheck.output import OutputOptions, emit, errors_reported, model_output_to_stderr
 
 RUN_HELP = """Run a training or inference script on a simulated GPU: every placement problem it meets.
@@ -54,6 +55,7 @@ code the simulation cannot run: a note says which); 3 for an internal error.
 
 @app.command(cls=PanelCommand, help=RUN_HELP, context_settings={"allow_interspersed_args": True})
 def run(
+    ctx: typer.Context,
     script: Annotated[str | None, typer.Argument(
         help="The script to run (omit with -m).", show_default=False)] = None,
     script_args: Annotated[list[str] | None, typer.Argument(
@@ -89,18 +91,13 @@ def run(
         out = OutputOptions(format=fmt, output=output, fail_on=fail_on, exit_zero=exit_zero, debug=debug,
                             group=not no_group, hints=hints)
         out.check()  # a bad --fail-on or --output fails before the script runs
-        codes = split_codes(select), split_codes(ignore)
-        from placecheck.rules import selected
-
-        try:
-            selected(*codes)  # a bad selector fails before the script runs
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
-        from placecheck.run import DEFAULT_STEPS
+        # None (not given) is the default; lists of comma-separated codes are split
+        options = RunOptions(module=module is not None, gpus=gpus, timeout=timeout,
+                             steps=steps, select=select, ignore=ignore)  # type: ignore[arg-type]
+        options = configured(ctx, options)  # ./pyproject.toml's [tool.placecheck.run] for what is not given
+        options.check()  # a bad selector fails before the script runs (and before torch loads)
         from placecheck.run import run as run_program
 
         with model_output_to_stderr():
-            report = run_program(target, args, module=module is not None,
-                                 steps=DEFAULT_STEPS if steps is None else steps, gpus=gpus or 1,
-                                 timeout=timeout, select=codes[0], ignore=codes[1])
+            report = run_program(target, args, options=options)
         raise typer.Exit(emit(report, out))

@@ -1,8 +1,8 @@
 """Fixing a target: audit, plan, prove, and write (re-exported by :mod:`placecheck.fix`).
 
     >>> from placecheck.fix import fix, write
-    >>> from placecheck.options import AuditOptions
-    >>> result = fix("placecheck/examples/buggy.py:BuggyNet", AuditOptions(device="cuda"))
+    >>> from placecheck.options import FixOptions
+    >>> result = fix("placecheck/examples/buggy.py:BuggyNet", FixOptions(device="cuda"))
     >>> print(result.diff())        # nothing is written until write(result)
 
 The audit runs once; :mod:`placecheck.fix.plan` turns the selected findings
@@ -22,7 +22,7 @@ import shutil
 import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from placecheck.errors import LoadError, PlacecheckError
@@ -31,7 +31,7 @@ from placecheck.fix.codes import AUTOFIX, NEVER, fixable_text
 from placecheck.fix.edits import lazy_equivalent
 from placecheck.fix.plan import Edit, Plan, Unfixed, make_plan, patched_texts, split_source
 from placecheck.fix.proof import Outcome, reaudit
-from placecheck.options import AuditOptions
+from placecheck.options import AuditOptions, FixOptions, RunOptions
 from placecheck.report import Report
 
 __all__ = ["AUTOFIX", "NEVER", "Edit", "FixRefused", "FixResult", "Unfixed", "fix", "fix_report", "fix_run",
@@ -308,14 +308,32 @@ class _ScriptRun:
 
     script: str
     args: tuple[str, ...]
-    steps: int
-    gpus: int
-    timeout: float | None
+    options: RunOptions
 
     def __call__(self) -> Report:
         from placecheck.run import run
 
-        return run(self.script, list(self.args), steps=self.steps, gpus=self.gpus, timeout=self.timeout)
+        return run(self.script, list(self.args), options=self.options.replace(select=(), ignore=()))
+
+
+def _fix_options(options: AuditOptions | None, select: Iterable[str] | None, ignore: Iterable[str] | None,
+                 unsafe: bool) -> FixOptions:
+    """The :class:`FixOptions` of a :func:`fix` call: ``options`` (an AuditOptions taken as a model
+    fix's), the keywords applied."""
+    if options is None:
+        opts = FixOptions()
+    elif isinstance(options, FixOptions):
+        opts = options
+    else:
+        opts = FixOptions(**{f.name: getattr(options, f.name) for f in fields(AuditOptions)})
+    changes: dict[str, Any] = {}
+    if select is not None:
+        changes["select"] = select
+    if ignore is not None:
+        changes["ignore"] = ignore
+    if unsafe:
+        changes["unsafe"] = True
+    return opts.replace(**changes) if changes else opts
 
 
 def fix(target: str, options: AuditOptions | None = None, *, kwargs: Mapping[str, Any] | None = None,
@@ -323,41 +341,57 @@ def fix(target: str, options: AuditOptions | None = None, *, kwargs: Mapping[str
         unsafe: bool = False) -> FixResult:
     """Audit ``target`` (``path/to/file.py:ATTR`` or ``MODULE:ATTR``) and offer proven edits.
 
-    ``options`` are the audit's (device, engine, inputs...); the proof uses
-    the same. Every code is audited; ``select``/``ignore`` (default: the
-    options') choose which are fixed. ``kwargs`` are the model's constructor
-    arguments. ``unsafe`` registers PC101 buffers as persistent
-    (``state_dict()`` keys change). Nothing is written: see :func:`write`.
+    ``options`` are a :class:`~placecheck.options.FixOptions` (or the audit's
+    :class:`~placecheck.options.AuditOptions`: device, engine, inputs...); the
+    proof uses the same. Every code is audited; the options' ``select``/``ignore``
+    (or these keywords) choose which are fixed. ``kwargs`` are the model's
+    constructor arguments. ``unsafe`` registers PC101 buffers as persistent
+    (``state_dict()`` keys change). With ``FixOptions(run=True)`` ``target`` is a
+    script: see :func:`fix_run`. Nothing is written: see :func:`write`.
     """
-    opts = options or AuditOptions()
-    every_code = opts.replace(select=(), ignore=(), copy_model=False, target=target)
+    opts = _fix_options(options, select, ignore, unsafe)
+    opts.check()
+    if opts.run:
+        return fix_run(target, options=opts)
+    every_code = opts.audit_options().replace(select=(), ignore=(), copy_model=False, target=target)
     audit_once = _ModelAudit(target, dict(kwargs or {}), every_code)
-    return fix_report(audit_once(), audit_once, select=select if select is not None else opts.select,
-                      ignore=ignore if ignore is not None else opts.ignore, unsafe=unsafe)
+    return fix_report(audit_once(), audit_once, select=opts.select, ignore=opts.ignore, unsafe=opts.unsafe)
 
 
-def fix_run(script: str, args: Sequence[str] = (), *, steps: int | None = None, gpus: int = 1,
-            timeout: float | None = None, select: Iterable[str] | None = None,
-            ignore: Iterable[str] | None = None, unsafe: bool = False) -> FixResult:
+def fix_run(script: str, args: Sequence[str] = (), *, options: FixOptions | None = None,
+            steps: int | None = None, gpus: int | None = None, timeout: float | None = None,
+            select: Iterable[str] | None = None, ignore: Iterable[str] | None = None,
+            unsafe: bool = False) -> FixResult:
     """``placecheck run`` ``script`` with ``args`` and offer proven edits of it and of your modules it uses.
 
     The proof runs the patched script again (in a forked child, with the same
     ``steps``, ``gpus`` and ``timeout``): the script's side effects happen
     twice. Besides the codes :func:`fix` rewrites, a DataLoader batch element
-    the loop does not move (PC201) is moved beside its siblings. Nothing is
-    written: see :func:`write`.
+    the loop does not move (PC201) is moved beside its siblings. The keywords
+    are fields of :class:`~placecheck.options.FixOptions`; ``options=`` passes
+    a whole object (``run=True``) instead. Nothing is written: see :func:`write`.
     """
-    from placecheck.run import DEFAULT_STEPS
+    from placecheck.errors import UsageError
     from placecheck.run.script import Program
 
+    given = FixOptions(run=True, steps=steps, gpus=gpus, timeout=timeout, select=select,  # type: ignore[arg-type]
+                       ignore=ignore, unsafe=unsafe)  # type: ignore[arg-type]
+    if options is None:
+        options = given
+    elif given != FixOptions(run=True):
+        raise UsageError("fix_run(): pass options= or keyword arguments, not both")
+    elif not options.run:
+        options = options.replace(run=True)
+    options.check()
     Program(script, tuple(args)).check()  # a missing script or a syntax error: LoadError, here
-    audit_once = _ScriptRun(script, tuple(args), DEFAULT_STEPS if steps is None else steps, gpus, timeout)
+    audit_once = _ScriptRun(script, tuple(args), options.run_options())
     # the first run in a child as well: a backward on simulated CUDA here would start autograd's device
     # threads, and PyTorch refuses a backward in every child forked after that (the proofs)
     first = reaudit(audit_once, {})
     if first.report is None:
         raise LoadError(f"placecheck run of {script} failed: {first.error}")
-    return fix_report(first.report, audit_once, select=select, ignore=ignore, unsafe=unsafe, script=script)
+    return fix_report(first.report, audit_once, select=options.select, ignore=options.ignore,
+                      unsafe=options.unsafe, script=script)
 
 
 def write(result: FixResult) -> list[str]:

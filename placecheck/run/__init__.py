@@ -4,6 +4,8 @@
     >>> report = placecheck.run("train.py", ["--epochs", "1"], steps=2)
     >>> [f.code for f in report.findings]
     ['PC201']
+    >>> from placecheck.options import RunOptions
+    >>> report = placecheck.run("train.py", options=RunOptions(steps=2, select=("PC2",)))
 
 The script really runs (its side effects happen: files it writes are
 written); ``steps`` bounds the work. CUDA is simulated with real CPU values
@@ -21,6 +23,8 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from placecheck.compat import torch_note
+from placecheck.errors import UsageError
+from placecheck.options import DEFAULT_STEPS, RunOptions
 from placecheck.report import Report
 from placecheck.rules import selected
 from placecheck.run.script import Outcome, Program, execute, exit_status
@@ -28,19 +32,21 @@ from placecheck.run.script import Outcome, Program, execute, exit_status
 if TYPE_CHECKING:
     from placecheck.run.lines import ScriptLines
 
-DEFAULT_STEPS = 2
 
-
-def run(target: str | Callable[[], Any], args: Sequence[str] = (), *, module: bool = False,
-        steps: int = DEFAULT_STEPS, gpus: int = 1, timeout: float | None = None,
-        select: Iterable[str] | None = None, ignore: Iterable[str] | None = None) -> Report:
+def run(target: str | Callable[[], Any], args: Sequence[str] = (), *, options: RunOptions | None = None,
+        module: bool = False, steps: int = DEFAULT_STEPS, gpus: int | None = None,
+        timeout: float | None = None, select: Iterable[str] | None = None,
+        ignore: Iterable[str] | None = None) -> Report:
     """Run a script (path), a module (``module=True``: ``python -m target``) or a callable on a
     simulated GPU and report every placement problem the program meets.
 
     ``steps``: stop after that many ``optimizer.step()`` calls (0: run to the end).
-    ``gpus``: what ``torch.cuda.device_count()`` answers. ``timeout``: stop after
+    ``gpus``: what ``torch.cuda.device_count()`` answers (default 1). ``timeout``: stop after
     that many seconds. Stopping early is not an error; a note says where it stopped.
-    Raises :class:`~placecheck.errors.LoadError` for a missing script or
+    The keywords are the fields of :class:`~placecheck.options.RunOptions`; ``options=``
+    passes a whole options object instead (then give no other keyword), as ``placecheck run``
+    does. Raises :class:`~placecheck.errors.UsageError` for bad options and
+    :class:`~placecheck.errors.LoadError` for a missing script or
     module or a syntax error; what the script raises is reported, not raised.
     """
     from placecheck.engine import SIMULATED_CUDA_VALUES
@@ -48,7 +54,15 @@ def run(target: str | Callable[[], Any], args: Sequence[str] = (), *, module: bo
     from placecheck.run.recorder import RunRecorder
     from placecheck.tagged import tagged_cuda
 
-    codes = selected(select, ignore)
+    given = RunOptions(module=module, steps=steps, gpus=gpus, timeout=timeout,
+                       select=select, ignore=ignore)  # type: ignore[arg-type]  # lists and strings too
+    if options is None:
+        options = given
+    elif given != RunOptions():
+        raise UsageError("run(): pass options= or keyword arguments, not both")
+    options.check()
+    gpus, steps, timeout, module = options.gpu_count, options.steps, options.timeout, options.module
+    codes = selected(options.select, options.ignore)
     program = Program(target, tuple(args), module)
     program.check()
     recorder = RunRecorder(gpus=gpus, steps=steps)
