@@ -20,7 +20,8 @@ import types
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from placecheck.compat import torch_note
+from placecheck.compat import FAKE_TENSOR_LOGGER, torch_note
+from placecheck.quiet import quiet
 from placecheck.report import Report
 from placecheck.rules import selected
 from placecheck.run.script import Outcome, Program, execute, exit_status
@@ -33,7 +34,8 @@ DEFAULT_STEPS = 2
 
 def run(target: str | Callable[[], Any], args: Sequence[str] = (), *, module: bool = False,
         steps: int = DEFAULT_STEPS, gpus: int = 1, timeout: float | None = None,
-        select: Iterable[str] | None = None, ignore: Iterable[str] | None = None) -> Report:
+        select: Iterable[str] | None = None, ignore: Iterable[str] | None = None,
+        engine: str = "auto") -> Report:
     """Run a script (path), a module (``module=True``: ``python -m target``) or a callable on a
     simulated GPU and report every placement problem the program meets.
 
@@ -43,22 +45,47 @@ def run(target: str | Callable[[], Any], args: Sequence[str] = (), *, module: bo
     Raises :class:`~placecheck.errors.LoadError` for a missing script or
     module or a syntax error; what the script raises is reported, not raised.
     """
-    from placecheck.engine import SIMULATED_CUDA_VALUES
+    import torch
+
+    from placecheck.engine import SIMULATED_CUDA, SIMULATED_CUDA_VALUES
     from placecheck.run.lines import ScriptLines
     from placecheck.run.recorder import RunRecorder
     from placecheck.tagged import tagged_cuda
 
     codes = selected(select, ignore)
+    choice = run_engine(engine)
     program = Program(target, tuple(args), module)
     program.check()
     recorder = RunRecorder(gpus=gpus, steps=steps)
     lines = ScriptLines(program.filename)
-    notes = [f"engine: CUDA simulated with real CPU values ({gpus} GPU{'s' if gpus != 1 else ''}), the "
-             "default for run: scripts read values (.item(), printed losses, data-driven branches) and "
-             "run backward, which fake tensors cannot; the script really runs and its side effects happen",
-             torch_note()]
-    with tagged_cuda(gpus), recorder.recording(), lines.watching():
-        outcome = execute(program, timeout, notes)
+    plural = "s" if gpus != 1 else ""
+    notes: list[str] = []
+    if choice == "fake":
+        from placecheck.run.fake import fake_cuda
+
+        notes.append(f"engine: CUDA simulated with fake tensors ({gpus} GPU{plural}), requested with "
+                     "--engine fake: the model's parameters, activations and optimizer state hold no "
+                     "data; values the script reads on the host are known ones or assumed (a note each); "
+                     "the script really runs and its side effects happen")
+        notes.append(torch_note())
+        from placecheck.compat import FakeTensor
+
+        recorder.host_types = (torch.Tensor, FakeTensor)
+        recorder.loaders_in_process = True
+        with quiet(FAKE_TENSOR_LOGGER), fake_cuda(gpus) as datadep, recorder.recording(), lines.watching():
+            outcome = execute(program, timeout, notes)
+        assumed = datadep.notes(phase="run")
+        device_name = SIMULATED_CUDA
+    else:
+        notes.append(f"engine: CUDA simulated with real CPU values ({gpus} GPU{plural}), the "
+                     "default for run: scripts read values (.item(), printed losses, data-driven branches) "
+                     "and run backward, which fake tensors cannot; the script really runs and its side "
+                     "effects happen")
+        notes.append(torch_note())
+        with tagged_cuda(gpus), recorder.recording(), lines.watching():
+            outcome = execute(program, timeout, notes)
+        assumed = []
+        device_name = SIMULATED_CUDA_VALUES
     findings = recorder.findings()
     if outcome.error is not None:
         finding = recorder.error_finding(outcome.error)
@@ -70,11 +97,27 @@ def run(target: str | Callable[[], Any], args: Sequence[str] = (), *, module: bo
                      "training or inference loop was seen")
     notes.extend(recorder.notes)
     notes.extend(recorder.copy_notes())
+    notes.extend(assumed)
     kept = [f for f in findings if f.code in codes]
     stats = {"optimizer_steps": recorder.steps, "modules_moved": len(recorder.moves.moved_modules),
              "optimizers": len(recorder.optimizers)}
-    return Report.build(program.name, recorder.target, SIMULATED_CUDA_VALUES, kept, notes, stats,
+    return Report.build(program.name, recorder.target, device_name, kept, notes, stats,
                         unfinished=_unfinished(outcome, recorder.limit))
+
+
+ENGINES = ("auto", "tagged", "fake")
+"""``placecheck run --engine``: auto picks fake tensors when a real-valued step would not fit."""
+
+
+def run_engine(engine: str) -> str:
+    """``engine`` checked (one of :data:`ENGINES`); a bad one is the user's error (exit 2)."""
+    from placecheck.errors import UsageError
+
+    value = str(getattr(engine, "value", engine)).strip().lower()
+    if value not in ENGINES:
+        raise UsageError(f"--engine {engine!r} is not one of {'|'.join(ENGINES)}: use auto (the default), "
+                         "tagged (real values on the CPU) or fake (fake tensors, at the size of the job)")
+    return value
 
 
 def _unfinished(outcome: Outcome, limit: str) -> str:
@@ -121,4 +164,4 @@ class _CallableModule(types.ModuleType):
 
 sys.modules[__name__].__class__ = _CallableModule
 
-__all__ = ["DEFAULT_STEPS", "run"]
+__all__ = ["DEFAULT_STEPS", "ENGINES", "run"]

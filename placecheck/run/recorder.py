@@ -151,6 +151,12 @@ class RunRecorder:
         """ids of the errors the recorder raised as CUDA would (a device index beyond ``gpus``)."""
         self.limit = ""
         """The note when the script stopped at a limit of the simulation, not at an error of its own."""
+        self.host_types: tuple[type, ...] = (torch.Tensor,)
+        """The classes of the engine's host tensors (its device tensors are another class, or fake tensors
+        on a CUDA device): plain tensors; under the fake engine, fake tensors on the CPU too."""
+        self.loaders_in_process = False
+        """DataLoader workers run in the script's process (the fake engine: fake tensors cannot cross
+        into worker processes); a note says so."""
         self.pending = PendingCopies()
         """Non-blocking device-to-host copies no synchronize has covered yet (PC210), as audit's tracer."""
 
@@ -226,6 +232,10 @@ class RunRecorder:
             raise StopRun(f"after {self.steps} optimizer step{'s' if self.steps != 1 else ''} (--steps "
                           f"{self.max_steps})")
 
+    def is_host_tensor(self, t: torch.Tensor) -> bool:
+        """``t`` is one of the engine's host tensors, not a device tensor nor a parameter."""
+        return type(t) in self.host_types and t.device.type == "cpu"
+
     def copy_notes(self) -> list[str]:
         """Batches copied with ``non_blocking`` that does not match the loader's ``pin_memory``."""
         return self.loaders.copy_notes()
@@ -269,7 +279,7 @@ class RunRecorder:
             raise self.no_such_gpu(out.device)
         if func in _MOVES and isinstance(out, torch.Tensor) and args and isinstance(args[0], torch.Tensor):
             self._record_move(func, args, kwargs, args[0], out)
-        elif isinstance(out, torch.Tensor) and type(out) is torch.Tensor:
+        elif isinstance(out, torch.Tensor) and self.is_host_tensor(out):
             if func in _FACTORIES:
                 line = called_from_user()
                 if line:
