@@ -8,6 +8,7 @@ import typer
 
 from placecheck.cli.app import app
 from placecheck.cli.common import (
+    PANEL_DEVICE,
     PANEL_TARGET,
     Debug,
     ExitZero,
@@ -51,6 +52,13 @@ finding is but the script did not run through (its own non-zero sys.exit,
 code the simulation cannot run: a note says which); 3 for an internal error.
 """
 
+RunEngine = Annotated[str, typer.Option(
+    "--engine", metavar="ENGINE", rich_help_panel=PANEL_DEVICE,
+    help="auto|tagged|fake. tagged: CUDA simulated with real CPU values (exact losses and branches; the "
+         "model, its gradients and optimizer state in memory); fake: fake tensors (no memory for their "
+         "data: a job of any size; values read on the host are assumed, a note each); auto (default): "
+         "fake when a real-valued step would not fit in memory, else tagged.")]
+
 
 @app.command(cls=PanelCommand, help=RUN_HELP, context_settings={"allow_interspersed_args": True})
 def run(
@@ -62,6 +70,7 @@ def run(
         "--module", "-m", metavar="MODULE", rich_help_panel=PANEL_TARGET,
         help="Run a module as `python -m MODULE` would, instead of a script.")] = None,
     gpus: Gpus = None,
+    engine: RunEngine = "auto",
     steps: Steps = None,
     timeout: Timeout = None,
     select: Select = None,
@@ -89,6 +98,9 @@ def run(
         out = OutputOptions(format=fmt, output=output, fail_on=fail_on, exit_zero=exit_zero, debug=debug,
                             group=not no_group, hints=hints)
         out.check()  # a bad --fail-on or --output fails before the script runs
+        from placecheck.run import run_engine
+
+        run_engine(engine)  # a bad --engine too
         codes = split_codes(select), split_codes(ignore)
         from placecheck.rules import selected
 
@@ -102,5 +114,5 @@ def run(
         with model_output_to_stderr():
             report = run_program(target, args, module=module is not None,
                                  steps=DEFAULT_STEPS if steps is None else steps, gpus=gpus or 1,
-                                 timeout=timeout, select=codes[0], ignore=codes[1])
+                                 timeout=timeout, select=codes[0], ignore=codes[1], engine=engine)
         raise typer.Exit(emit(report, out))

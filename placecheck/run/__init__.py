@@ -15,6 +15,8 @@ the default here. What the run finds is described in
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import sys
 import types
 from collections.abc import Callable, Iterable, Sequence
@@ -28,6 +30,7 @@ from placecheck.run.script import Outcome, Program, execute, exit_status
 
 if TYPE_CHECKING:
     from placecheck.run.lines import ScriptLines
+    from placecheck.run.recorder import RunRecorder
 
 DEFAULT_STEPS = 2
 
@@ -35,57 +38,70 @@ DEFAULT_STEPS = 2
 def run(target: str | Callable[[], Any], args: Sequence[str] = (), *, module: bool = False,
         steps: int = DEFAULT_STEPS, gpus: int = 1, timeout: float | None = None,
         select: Iterable[str] | None = None, ignore: Iterable[str] | None = None,
-        engine: str = "auto") -> Report:
+        engine: str = "auto", memory: int | str | None = None) -> Report:
     """Run a script (path), a module (``module=True``: ``python -m target``) or a callable on a
     simulated GPU and report every placement problem the program meets.
 
     ``steps``: stop after that many ``optimizer.step()`` calls (0: run to the end).
     ``gpus``: what ``torch.cuda.device_count()`` answers. ``timeout``: stop after
     that many seconds. Stopping early is not an error; a note says where it stopped.
+    ``engine``: ``tagged`` (real values on the CPU), ``fake`` (fake tensors: a job of any size) or
+    ``auto``: fake when a real-valued step would hold more than ``memory`` bytes (default: 2 GiB or
+    half the memory available; ``PLACECHECK_RUN_MEMORY``), see :mod:`placecheck.run.auto`.
     Raises :class:`~placecheck.errors.LoadError` for a missing script or
     module or a syntax error; what the script raises is reported, not raised.
     """
-    import torch
-
     from placecheck.engine import SIMULATED_CUDA, SIMULATED_CUDA_VALUES
     from placecheck.run.lines import ScriptLines
     from placecheck.run.recorder import RunRecorder
-    from placecheck.tagged import tagged_cuda
 
     codes = selected(select, ignore)
     choice = run_engine(engine)
     program = Program(target, tuple(args), module)
     program.check()
-    recorder = RunRecorder(gpus=gpus, steps=steps)
-    lines = ScriptLines(program.filename)
     plural = "s" if gpus != 1 else ""
     notes: list[str] = []
+    probe = None
+    assumed: list[str] = []
+    recorder = RunRecorder(gpus=gpus, steps=steps)
+    lines = ScriptLines(program.filename)
+    if choice in ("tagged", "auto"):
+        from placecheck.tagged import tagged_cuda
+
+        notes.append(f"engine: CUDA simulated with real CPU values ({gpus} GPU{plural}), "
+                     f"{'requested with --engine tagged' if choice == 'tagged' else 'for --engine auto'}: the "
+                     "losses, .item() and data-driven branches the script reads are its real values, the "
+                     "model, its gradients and optimizer state take memory; the script really runs and its "
+                     "side effects happen")
+        with contextlib.ExitStack() as stack:
+            if choice == "auto":
+                from placecheck.run.auto import Probe, memory_budget, random_state_kept
+
+                probe = recorder.probe = Probe(*memory_budget(memory))
+                stack.enter_context(random_state_kept())
+                stack.enter_context(probe.capturing())
+            with tagged_cuda(gpus), recorder.recording(), lines.watching():
+                outcome = execute(program, timeout, notes)
+            if probe is not None and probe.decided != "fake":
+                probe.done()
+                notes.append(probe.note())
+                choice = "tagged"
+        if probe is not None and probe.decided == "fake":
+            del outcome
+            notes = [probe.note()]
+            recorder = RunRecorder(gpus=gpus, steps=steps)
+            lines = ScriptLines(program.filename)
+            gc.collect()  # the abandoned attempt's tensors
+            choice = "fake"
     if choice == "fake":
-        from placecheck.run.fake import fake_cuda
-
-        notes.append(f"engine: CUDA simulated with fake tensors ({gpus} GPU{plural}), requested with "
-                     "--engine fake: the model's parameters, activations and optimizer state hold no "
-                     "data; values the script reads on the host are known ones or assumed (a note each); "
-                     "the script really runs and its side effects happen")
-        notes.append(torch_note())
-        from placecheck.compat import FakeTensor
-
-        recorder.host_types = (torch.Tensor, FakeTensor)
-        recorder.loaders_in_process = True
-        with quiet(FAKE_TENSOR_LOGGER), fake_cuda(gpus) as datadep, recorder.recording(), lines.watching():
-            outcome = execute(program, timeout, notes)
-        assumed = datadep.notes(phase="run")
-        device_name = SIMULATED_CUDA
-    else:
-        notes.append(f"engine: CUDA simulated with real CPU values ({gpus} GPU{plural}), the "
-                     "default for run: scripts read values (.item(), printed losses, data-driven branches) "
-                     "and run backward, which fake tensors cannot; the script really runs and its side "
-                     "effects happen")
-        notes.append(torch_note())
-        with tagged_cuda(gpus), recorder.recording(), lines.watching():
-            outcome = execute(program, timeout, notes)
-        assumed = []
-        device_name = SIMULATED_CUDA_VALUES
+        notes.append(f"engine: CUDA simulated with fake tensors ({gpus} GPU{plural}), "
+                     f"{'requested with --engine fake' if probe is None else 'chosen by --engine auto'}: the "
+                     "model's parameters, activations and optimizer state hold no data; values the script "
+                     "reads on the host are known ones or assumed (a note each); the script really runs and "
+                     "its side effects happen")
+        outcome, assumed = _run_fake(program, recorder, lines, gpus, timeout, notes)
+    notes.insert(1, torch_note())
+    device_name = SIMULATED_CUDA_VALUES if choice == "tagged" else SIMULATED_CUDA
     findings = recorder.findings()
     if outcome.error is not None:
         finding = recorder.error_finding(outcome.error)
@@ -118,6 +134,23 @@ def run_engine(engine: str) -> str:
         raise UsageError(f"--engine {engine!r} is not one of {'|'.join(ENGINES)}: use auto (the default), "
                          "tagged (real values on the CPU) or fake (fake tensors, at the size of the job)")
     return value
+
+
+def _run_fake(program: Program, recorder: RunRecorder, lines: ScriptLines, gpus: int,
+              timeout: float | None, notes: list[str]) -> tuple[Outcome, list[str]]:
+    """The program under the fake engine (:mod:`placecheck.run.fake`); its outcome and assumptions."""
+    import torch
+
+    from placecheck.compat import FakeTensor
+    from placecheck.datadep import on_host
+    from placecheck.run.fake import fake_cuda
+
+    recorder.host_types = (torch.Tensor, FakeTensor)
+    recorder.loaders_in_process = True
+    recorder.host_data = on_host
+    with quiet(FAKE_TENSOR_LOGGER), fake_cuda(gpus) as datadep, recorder.recording(), lines.watching():
+        outcome = execute(program, timeout, notes)
+    return outcome, datadep.notes(phase="run")
 
 
 def _unfinished(outcome: Outcome, limit: str) -> str:

@@ -51,7 +51,8 @@ class Loaders:
                     "workers' work in the script's process (fake tensors cannot cross into worker "
                     "processes); its batches are CPU tensors, as from workers"] = None
                 loader.num_workers = 0
-            iterator = original(loader)
+            with self.recorder.host_data():  # the sampler's shuffle and seed: real values
+                iterator = original(loader)
             self.iterators[id(iterator)] = (bool(getattr(loader, "pin_memory", False)), here()[0])
             return iterator
         return __iter__
@@ -59,7 +60,8 @@ class Loaders:
     def loader_next(self, original: Callable[..., Any]) -> Callable[..., Any]:
         """``_BaseDataLoaderIter.__next__``: tag every plain tensor of the batch with where it came from."""
         def __next__(iterator: Any) -> Any:
-            batch = original(iterator)
+            with self.recorder.host_data():
+                batch = original(iterator)
             pinned, _ = self.iterators.get(id(iterator), (False, ""))
             line = here()[0]
             for path, t in classify.tensors_with_paths(batch, "batch"):

@@ -43,7 +43,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn as nn
@@ -65,6 +65,9 @@ from placecheck.run.sites import called_from_user, library_caller, names_of
 from placecheck.sources import here, user_line
 from placecheck.state import Registry
 from placecheck.trace import op_name
+
+if TYPE_CHECKING:
+    from placecheck.run.auto import Probe
 
 _MOVES = frozenset({torch.Tensor.to, torch.Tensor.cuda})
 _FACTORIES = frozenset(getattr(torch, name) for name in (
@@ -151,9 +154,14 @@ class RunRecorder:
         """ids of the errors the recorder raised as CUDA would (a device index beyond ``gpus``)."""
         self.limit = ""
         """The note when the script stopped at a limit of the simulation, not at an error of its own."""
+        self.probe: Probe | None = None
+        """``--engine auto``'s first look under fake tensors (:mod:`placecheck.run.auto`), until it decides."""
         self.host_types: tuple[type, ...] = (torch.Tensor,)
         """The classes of the engine's host tensors (its device tensors are another class, or fake tensors
         on a CUDA device): plain tensors; under the fake engine, fake tensors on the CPU too."""
+        self.host_data: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
+        """Where a DataLoader makes its batches: under the fake engine, real CPU values (a dataset reads
+        files, numpy and PIL images, which fake tensors cannot give), as on a GPU machine's host."""
         self.loaders_in_process = False
         """DataLoader workers run in the script's process (the fake engine: fake tensors cannot cross
         into worker processes); a note says so."""
@@ -177,6 +185,14 @@ class RunRecorder:
             module_mod.register_module_forward_hook(self._forward_exit, always_call=True),
             module_mod.register_module_module_registration_hook(self._module_registered),
         ]
+        if self.probe is not None:
+            probe = self.probe
+            handles += [
+                module_mod.register_module_parameter_registration_hook(
+                    lambda module, name, t: probe.registered(t, buffer=False)),
+                module_mod.register_module_buffer_registration_hook(
+                    lambda module, name, t: probe.registered(t, buffer=True)),
+            ]
         try:
             with contextlib.ExitStack() as stack:
                 stack.enter_context(warnings.catch_warnings())
@@ -224,6 +240,8 @@ class RunRecorder:
     def step_done(self) -> None:
         """One more optimizer step: the run stops here once ``steps`` are done (:class:`StopRun`)."""
         self.steps += 1
+        if self.probe is not None:
+            self.probe.done(here()[0])
         self.roots.clear()
         self._prune()
         self.step_line = here()[0]
@@ -274,6 +292,8 @@ class RunRecorder:
             out = func(*args, **kwargs)
         except Exception as exc:
             out = self._repair(func, args, kwargs, exc)
+        if self.probe is not None and self._forward_stack and not self.probe.decided:
+            self.probe.made(out)
         if isinstance(out, torch.Tensor) and out.device.type == "cuda" \
                 and (out.device.index or 0) >= self.gpus:
             raise self.no_such_gpu(out.device)
@@ -506,6 +526,8 @@ class RunRecorder:
     def _forward_exit(self, module: nn.Module, args: Any, output: Any) -> None:
         if self._forward_stack and self._forward_stack[-1] is module:
             self._forward_stack.pop()
+        if not self._forward_stack and self.probe is not None and not self.probe.decided:
+            self.probe.done(here()[0])
 
     # -- results ---------------------------------------------------------------------------------------------
     def findings(self) -> list[Finding]:
