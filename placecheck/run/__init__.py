@@ -68,8 +68,8 @@ def run(target: str | Callable[[], Any], args: Sequence[str] = (), *, module: bo
     if choice in ("tagged", "auto"):
         from placecheck.tagged import tagged_cuda
 
-        notes.append(f"engine: CUDA simulated with real CPU values ({gpus} GPU{plural}), "
-                     f"{'requested with --engine tagged' if choice == 'tagged' else 'for --engine auto'}: the "
+        asked = "requested with --engine tagged" if choice == "tagged" else "for --engine auto"
+        notes.append(f"engine: CUDA simulated with real CPU values ({gpus} GPU{plural}), {asked}: the "
                      "losses, .item() and data-driven branches the script reads are its real values, the "
                      "model, its gradients and optimizer state take memory; the script really runs and its "
                      "side effects happen")

@@ -8,8 +8,6 @@ import typing
 from collections.abc import Callable
 from typing import Any
 
-import torch
-
 from placecheck import classify
 from placecheck.run.origins import Origin
 from placecheck.run.sites import library_caller

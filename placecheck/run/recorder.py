@@ -155,7 +155,7 @@ class RunRecorder:
         self.limit = ""
         """The note when the script stopped at a limit of the simulation, not at an error of its own."""
         self.probe: Probe | None = None
-        """``--engine auto``'s first look under fake tensors (:mod:`placecheck.run.auto`), until it decides."""
+        """``--engine auto``'s watch of the real-valued attempt (:mod:`placecheck.run.auto`)."""
         self.host_types: tuple[type, ...] = (torch.Tensor,)
         """The classes of the engine's host tensors (its device tensors are another class, or fake tensors
         on a CUDA device): plain tensors; under the fake engine, fake tensors on the CPU too."""
