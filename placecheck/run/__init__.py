@@ -68,11 +68,10 @@ def run(target: str | Callable[[], Any], args: Sequence[str] = (), *, module: bo
     if choice in ("tagged", "auto"):
         from placecheck.tagged import tagged_cuda
 
-        asked = "requested with --engine tagged" if choice == "tagged" else "for --engine auto"
-        notes.append(f"engine: CUDA simulated with real CPU values ({gpus} GPU{plural}), {asked}: the "
-                     "losses, .item() and data-driven branches the script reads are its real values, the "
-                     "model, its gradients and optimizer state take memory; the script really runs and its "
-                     "side effects happen")
+        if choice == "tagged":
+            notes.append(f"engine: CUDA simulated with real CPU values ({gpus} GPU{plural}), requested with "
+                         "--engine tagged: the losses, .item() and data-driven branches the script reads are "
+                         "its real values; the script really runs and its side effects happen")
         with contextlib.ExitStack() as stack:
             if choice == "auto":
                 from placecheck.run.auto import Probe, memory_budget, random_state_kept
@@ -84,7 +83,7 @@ def run(target: str | Callable[[], Any], args: Sequence[str] = (), *, module: bo
                 outcome = execute(program, timeout, notes)
             if probe is not None and probe.decided != "fake":
                 probe.done()
-                notes.append(probe.note())
+                notes.insert(0, probe.note(f"{gpus} GPU{plural}"))
                 choice = "tagged"
         if probe is not None and probe.decided == "fake":
             del outcome

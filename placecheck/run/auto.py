@@ -46,6 +46,7 @@ DEFAULT_BUDGET = 2 << 30
 step on the CPU takes tens of seconds (a resnet50 step at batch 32, 4.7 GB, took 69 s here)."""
 
 ENV = "PLACECHECK_RUN_MEMORY"
+DEFAULT_SOURCE = "placecheck's default, or half the memory available when that is less"
 
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
@@ -80,8 +81,8 @@ def memory_budget(memory: int | str | None = None) -> tuple[int, str]:
         return parse_bytes(env), f"{ENV}={env}"
     available = available_memory()
     if available is not None and available // 2 < DEFAULT_BUDGET:
-        return available // 2, "half of the memory available"
-    return DEFAULT_BUDGET, "placecheck's default"
+        return available // 2, DEFAULT_SOURCE
+    return DEFAULT_BUDGET, DEFAULT_SOURCE
 
 
 def gib(n: int) -> str:
@@ -178,7 +179,7 @@ class Probe:
         out.write(self._captured.getvalue())
         out.flush()
 
-    def note(self) -> str:
+    def note(self, gpus: str = "1 GPU") -> str:
         where = f" at {self.at}" if self.at else ""
         sizes = (f"{gib(self.params)} of parameters x 4 (weights, gradients, two optimizer moments) + "
                  f"{gib(self.buffers)} of buffers + {gib(self.activations)} made by the first forward x 2")
@@ -187,8 +188,13 @@ class Probe:
                     f"{gib(self.estimate)} ({sizes}, when the script reached{where}), over the budget of "
                     f"{gib(self.budget)} ({self.source}); the script ran again from its start "
                     "with fake tensors, so what it did before that point happened twice")
-        return (f"engine: auto kept real values: a real-valued step holds about {gib(self.estimate)} "
-                f"({sizes}), within the budget of {gib(self.budget)} ({self.source}; {ENV} sets another)")
+        budget = (f"the budget of {gib(self.budget)} ({self.source})" if self.source != DEFAULT_SOURCE else
+                  f"placecheck's budget ({gib(DEFAULT_BUDGET)}, or half the memory available when that is "
+                  f"less; {ENV} sets another)")
+        return (f"engine: CUDA simulated with real CPU values ({gpus}), chosen by --engine auto: a "
+                f"real-valued step holds about {gib(self.estimate)} ({sizes}), within {budget}; the losses, .item() and "
+                "branches the script reads are its real values; the script really runs and its side effects "
+                "happen")
 
 
 @contextlib.contextmanager
