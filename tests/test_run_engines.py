@@ -127,7 +127,8 @@ def test_auto_keeps_real_values_for_a_small_script_and_runs_it_once(
     assert report.engine == SIMULATED_CUDA_VALUES
     assert len(calls) == 1 and calls[0] != 1.0
     assert capsys.readouterr().out.count("loss is real") == 1
-    assert any(n.startswith("engine: auto kept real values") for n in report.notes)
+    assert any(n.startswith("engine: CUDA simulated with real CPU values (1 GPU), chosen by --engine auto")
+               for n in report.notes)
 
 
 def test_auto_over_a_small_budget_runs_again_with_fake_tensors_and_drops_the_first_output(

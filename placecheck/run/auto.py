@@ -192,9 +192,9 @@ class Probe:
                   f"placecheck's budget ({gib(DEFAULT_BUDGET)}, or half the memory available when that is "
                   f"less; {ENV} sets another)")
         return (f"engine: CUDA simulated with real CPU values ({gpus}), chosen by --engine auto: a "
-                f"real-valued step holds about {gib(self.estimate)} ({sizes}), within {budget}; the losses, .item() and "
-                "branches the script reads are its real values; the script really runs and its side effects "
-                "happen")
+                f"real-valued step holds about {gib(self.estimate)} ({sizes}), within {budget}; the losses, "
+                ".item() and branches the script reads are its real values; the script really runs and its "
+                "side effects happen")
 
 
 @contextlib.contextmanager
