@@ -38,7 +38,9 @@ stopping early is not an error.
 
 Simulated: torch.cuda.is_available() is True and device_count() is --gpus;
 CUDA tensors hold real values on the CPU and report their CUDA device, so
-.item(), printed losses, data-driven branches and backward all run; an op
+.item(), printed losses, data-driven branches and backward all run (with
+--engine fake, or auto when a real-valued step would not fit: fake tensors,
+no memory for data, host reads assumed with a note each); an op
 mixing devices is reported (with the batch element or the module buffer at
 fault, and its line) and the run goes on. DataLoader workers run on the CPU,
 as on a GPU machine. Not simulated: GPU speed and memory, CUDA kernels,
