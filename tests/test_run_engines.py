@@ -105,7 +105,7 @@ def test_auto_switches_to_fake_tensors_when_the_model_would_not_fit() -> None:
     report = run(WIDE_BUGGY)
     assert report.engine == SIMULATED_CUDA
     [chose] = [n for n in report.notes if n.startswith("engine: auto chose fake tensors")]
-    assert f"at {WIDE_BUGGY}:7" in chose  # where the 4 GB embedding was built
+    assert f"when the script reached {WIDE_BUGGY}:7" in chose  # where the 4 GB embedding was built
     found = [(f.code, f.source) for f in report.findings if f.code == "PC201"]
     assert found == [("PC201", f"{WIDE_BUGGY}:14")]
 

@@ -180,21 +180,19 @@ class Probe:
         out.flush()
 
     def note(self, gpus: str = "1 GPU") -> str:
-        where = f" at {self.at}" if self.at else ""
+        where = f", when the script reached {self.at}" if self.at else ""
         sizes = (f"{gib(self.params)} of parameters x 4 (weights, gradients, two optimizer moments) + "
                  f"{gib(self.buffers)} of buffers + {gib(self.activations)} made by the first forward x 2")
         if self.decided == "fake":
             return (f"engine: auto chose fake tensors: a real-valued step would hold more than "
-                    f"{gib(self.estimate)} ({sizes}, when the script reached{where}), over the budget of "
+                    f"{gib(self.estimate)} ({sizes}{where}), over the budget of "
                     f"{gib(self.budget)} ({self.source}); the script ran again from its start "
                     "with fake tensors, so what it did before that point happened twice")
-        budget = (f"the budget of {gib(self.budget)} ({self.source})" if self.source != DEFAULT_SOURCE else
-                  f"placecheck's budget ({gib(DEFAULT_BUDGET)}, or half the memory available when that is "
-                  f"less; {ENV} sets another)")
+        budget = (f"{gib(self.budget)}, {self.source}" if self.source != DEFAULT_SOURCE else
+                  f"{gib(DEFAULT_BUDGET)} or half the memory available; {ENV} sets it")
         return (f"engine: CUDA simulated with real CPU values ({gpus}), chosen by --engine auto: a "
-                f"real-valued step holds about {gib(self.estimate)} ({sizes}), within {budget}; the losses, "
-                ".item() and branches the script reads are its real values; the script really runs and its "
-                "side effects happen")
+                f"real-valued step holds about {gib(self.estimate)}, within the budget ({budget}); losses, "
+                ".item() and branches are real values; the script really runs and its side effects happen")
 
 
 @contextlib.contextmanager
