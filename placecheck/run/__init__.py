@@ -146,6 +146,7 @@ def _run_fake(program: Program, recorder: RunRecorder, lines: ScriptLines, gpus:
 
     recorder.host_types = (torch.Tensor, FakeTensor)
     recorder.loaders_in_process = True
+    recorder.fake_engine = True
     recorder.host_data = on_host
     with quiet(FAKE_TENSOR_LOGGER), fake_cuda(gpus) as datadep, recorder.recording(), lines.watching():
         outcome = execute(program, timeout, notes)

@@ -21,6 +21,8 @@ said in the docs (docs/engines.md):
   backward would give; the backward kernels are not run (a device mismatch
   in a custom ``autograd.Function``'s backward is not seen).
 - printing a fake tensor: its known values, or the assumed ones (a note).
+- ``copy.deepcopy`` of a fake tensor (Lightning copies logged values): a fake copy; torch's own copy
+  would give it the storage of a real copy of data it does not have.
 
 The recorder (:mod:`placecheck.run.recorder`) and its report are the same as
 under the real-valued engine: one detector.
@@ -98,6 +100,18 @@ def _grad(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[torch.Tensor |
     return tuple(_fake_grad(t) for t in inputs)
 
 
+def _deepcopy(t: torch.Tensor, memo: dict[int, Any]) -> torch.Tensor:
+    """``copy.deepcopy`` of a fake tensor: a fake copy (``Tensor.__deepcopy__`` would give it the storage
+    of a real CPU copy of its data, which it has none of, and fail)."""
+    if id(t) in memo:
+        return memo[id(t)]  # type: ignore[no-any-return]
+    with torch.no_grad():
+        copied = t.clone()
+    copied.requires_grad_(t.requires_grad)
+    memo[id(t)] = copied
+    return copied
+
+
 class _FakeOnlyCalls(TorchFunctionMode):
     """Backward and printing of fake tensors, which the fake mode alone cannot do without a GPU."""
 
@@ -120,6 +134,8 @@ class _FakeOnlyCalls(TorchFunctionMode):
             return _grad(args, kwargs)
         if func is torch.Tensor.__repr__ and args and isinstance(args[0], self._fake):
             return self._printed(args[0])
+        if func is torch.Tensor.__deepcopy__ and args and type(args[0]) is self._fake:
+            return _deepcopy(args[0], args[1] if len(args) > 1 else kwargs.get("memo", {}))
         return func(*args, **kwargs)
 
     def _printed(self, t: torch.Tensor) -> str:

@@ -57,7 +57,7 @@ from placecheck.hostcopies import PendingCopies, PendingCopy
 from placecheck.rules import rule
 from placecheck.run.checkpoints import Checkpoints
 from placecheck.run.loaders import PIN_WARNING, Loaders
-from placecheck.run.moves import Moves
+from placecheck.run.moves import Moves, raised_by_swap
 from placecheck.run.optimizers import Optimizers
 from placecheck.run.origins import Origin, Origins
 from placecheck.run.patches import OutsideSimulation, eager_compile, no_copies_of_the_script, patched
@@ -162,6 +162,8 @@ class RunRecorder:
         self.host_data: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
         """Where a DataLoader makes its batches: under the fake engine, real CPU values (a dataset reads
         files, numpy and PIL images, which fake tensors cannot give), as on a GPU machine's host."""
+        self.fake_engine = False
+        """The script runs under the fake engine (:mod:`placecheck.run.fake`)."""
         self.loaders_in_process = False
         """DataLoader workers run in the script's process (the fake engine: fake tensors cannot cross
         into worker processes); a note says so."""
@@ -598,6 +600,15 @@ class RunRecorder:
                 return None
             raised_here = raised_here or id(seen) in self._simulated_errors
             seen = seen.__cause__ or seen.__context__
+        if self.fake_engine and raised_by_swap(exc):  # a module move the fake engine could not make
+            if self.stopped_by_steps:  # the script's own clean-up while the --steps stop unwound it
+                self.notes[f"run: after the --steps stop, the script's clean-up at {user_line(exc)} moved a "
+                           "module, which the fake engine could not (the graph of the backward it simulated "
+                           "still holds the parameters; a real backward frees it): that clean-up is unchecked"
+                           ] = None
+            else:
+                self.moves.unswappable(user_line(exc))
+            return None
         limit = "" if raised_here else classify.simulation_limit(exc, phase="run")
         if limit:
             self.limit = limit
