@@ -121,10 +121,10 @@ class Moves:
     def unswappable(self, line: str) -> None:
         """The fake engine could not swap a parameter for its moved copy: a limit of the simulation."""
         self.recorder.limit = (
-            f"run: stopped at {line or 'a module move'}: the fake engine could not move the module there (its "
-            "parameters are still held by the graph of a backward it simulated, which a real backward would "
-            "have freed); a limit of the simulation, not a bug of the code: run with --engine tagged to check "
-            "the rest")
+            f"run: stopped at {line or 'a module move'}: the fake engine could not move the module there "
+            "(its parameters are still held by the graph of a backward it simulated, which a real backward "
+            "would have freed); a limit of the simulation, not a bug of the code: run with --engine tagged "
+            "to check the rest")
 
     def overwrite_flag(self, original: Callable[..., Any]) -> Callable[..., Any]:
         """``torch.__future__.set_overwrite_module_params_on_conversion``: the script's wish, remembered."""
