@@ -174,6 +174,20 @@ def test_a_bad_engine_is_one_line_and_exit_2() -> None:
         run(script(FIXTURES / "batch_fixed.py"), engine="real")
 
 
+@pytest.mark.cpu_build
+def test_a_cpu_only_build_of_torch_keeps_real_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    # fake CUDA tensors cannot record autograd there: fake is refused, auto keeps real values
+    import placecheck.cudaapi
+
+    monkeypatch.setattr(placecheck.cudaapi, "CPU_ONLY_BUILD", True)
+    with pytest.raises(UsageError, match="--engine fake needs torch built with CUDA support"):
+        run(script(FIXTURES / "batch_fixed.py"), engine="fake")
+    report = run(script(FIXTURES / "batch_buggy.py"), memory="1k")
+    assert report.engine == SIMULATED_CUDA_VALUES
+    assert any("keeps real values on a CPU-only build" in n for n in report.notes)
+    assert codes_and_lines(report) == [("PC201", f"{script(FIXTURES / 'batch_buggy.py')}:16")]
+
+
 # -- one detector: the same findings at the same lines under both engines --------------------------
 
 SKIPPED = {

@@ -51,12 +51,19 @@ def run(target: str | Callable[[], Any], args: Sequence[str] = (), *, module: bo
     Raises :class:`~placecheck.errors.LoadError` for a missing script or
     module or a syntax error; what the script raises is reported, not raised.
     """
+    from placecheck import cudaapi
     from placecheck.engine import SIMULATED_CUDA, SIMULATED_CUDA_VALUES
     from placecheck.run.lines import ScriptLines
     from placecheck.run.recorder import RunRecorder
 
     codes = selected(select, ignore)
     choice = run_engine(engine)
+    cpu_only = cudaapi.CPU_ONLY_BUILD
+    if choice == "fake" and cpu_only:
+        from placecheck.errors import UsageError
+
+        raise UsageError("--engine fake needs torch built with CUDA support (autograd on fake CUDA tensors); "
+                         "this torch is a CPU-only build: use --engine tagged")
     program = Program(target, tuple(args), module)
     program.check()
     plural = "s" if gpus != 1 else ""
@@ -73,7 +80,11 @@ def run(target: str | Callable[[], Any], args: Sequence[str] = (), *, module: bo
                          "--engine tagged: the losses, .item() and data-driven branches the script reads are "
                          "its real values; the script really runs and its side effects happen")
         with contextlib.ExitStack() as stack:
-            if choice == "auto":
+            if choice == "auto" and cpu_only:
+                notes.append(f"engine: CUDA simulated with real CPU values ({gpus} GPU{plural}): --engine "
+                             "auto keeps real values on a CPU-only build of torch (the fake engine of run "
+                             "needs CUDA support); the script really runs and its side effects happen")
+            elif choice == "auto":
                 from placecheck.run.auto import Probe, memory_budget, random_state_kept
 
                 probe = recorder.probe = Probe(*memory_budget(memory))
@@ -84,6 +95,7 @@ def run(target: str | Callable[[], Any], args: Sequence[str] = (), *, module: bo
             if probe is not None and probe.decided != "fake":
                 probe.done()
                 notes.insert(0, probe.note(f"{gpus} GPU{plural}"))
+            if probe is None or probe.decided != "fake":
                 choice = "tagged"
         if probe is not None and probe.decided == "fake":
             del outcome
