@@ -8,7 +8,8 @@ are estimated as it goes, from that evidence alone:
 
     4 x parameter bytes (weights, gradients, two optimizer moments as Adam keeps)
     + buffer bytes + 2 x the bytes the first forward made so far
-      (activations kept for backward, and their gradients)
+      (activations kept for backward, and their gradients; an upper bound: views
+      and in-place results count too)
 
 and compared with the budget: :data:`DEFAULT_BUDGET` (2 GiB), less when less
 memory is available (half of ``MemAvailable``), or ``PLACECHECK_RUN_MEMORY``

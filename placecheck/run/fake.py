@@ -144,15 +144,11 @@ class _FakeOnlyCalls(TorchFunctionMode):
         if real is None:
             self.datadep.assume(f"the value {REPRESENTATIVE} in every element", "printing a tensor")
             with on_host():
-                real = torch.ones((), dtype=t.dtype).expand(t.shape) if t.dtype != torch.bool \
-                    else torch.ones((), dtype=torch.bool).expand(t.shape)
+                real = torch.ones((), dtype=t.dtype).expand(t.shape)  # no memory for the elements
         with on_host():
             text = repr(real)
-        device = t.device
-        if device.type == "cuda" and text.endswith(")"):
-            grad = ", grad_fn=" if ", grad_fn=" in text else ""
-            if not grad:
-                text = f"{text[:-1]}, device='{device}')"
+        if t.device.type == "cuda" and text.endswith(")"):
+            text = f"{text[:-1]}, device='{t.device}')"  # as a GPU tensor prints
         return text
 
 
