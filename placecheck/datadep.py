@@ -72,11 +72,11 @@ class Assumption:
     branch: bool = False
     """The code branched on the assumed value: the other path was not checked."""
 
-    def note(self, count: int = 1) -> str:
+    def note(self, count: int = 1, phase: str = "forward") -> str:
         """The report's note for this assumption, made ``count`` times at its line."""
         where = f" at {self.line}" if self.line else ""
         times = f" ({count} times)" if count > 1 else ""
-        text = (f"forward: {self.op}{where}{times} ran on an assumption (fake tensors hold no values): "
+        text = (f"{phase}: {self.op}{where}{times} ran on an assumption (fake tensors hold no values): "
                 f"{self.what}")
         if self.branch:
             text += "; the code branches on that value there: a path another value takes was not checked"
@@ -158,9 +158,14 @@ class DataDependentMode(TorchDispatchMode):  # type: ignore[no-untyped-call]  # 
         self._fake_type: type[torch.Tensor] = _fake_tensor_type()
 
     # -- what the report gets -------------------------------------------------------------------
-    def notes(self) -> list[str]:
+    def notes(self, phase: str = "forward") -> list[str]:
         """One note per assumption and line, in the order they were first made."""
-        return [a.note(n) for a, n in self.assumptions.items()]
+        return [a.note(n, phase) for a, n in self.assumptions.items()]
+
+    def assume(self, what: str, op: str) -> Assumption:
+        """Record that ``op`` (a host read outside the ops handled here: printing a tensor) ran on the
+        assumption ``what``, at the caller's user line."""
+        return self._assume(what, None, op=op)
 
     def branched(self) -> list[Assumption]:
         """The assumptions the code branched on (a path depending on another value was not checked)."""

@@ -76,6 +76,8 @@ class WrapChoice(str, enum.Enum):
 ENGINE_CHOICES = tuple(c.value for c in EngineChoice)
 INIT_CHOICES = tuple(c.value for c in InitChoice)
 WRAP_CHOICES = tuple(c.value for c in WrapChoice)
+RUN_ENGINE_CHOICES = ("auto", "tagged", "fake")
+"""``placecheck run --engine``: ``real`` is audit's alone (a script's GPU is always simulated)."""
 
 
 @dataclass(frozen=True)
@@ -415,9 +417,27 @@ class RunOptions(CommonOptions):
     """Stop after this many ``optimizer.step()`` calls (``--steps``); 0: run to the end."""
     timeout: float | None = None
     """Stop the script after this many seconds (``--timeout``), which is not an error; None: no limit."""
+    engine: str = "auto"
+    """One of :data:`RUN_ENGINE_CHOICES` (``--engine``): ``tagged`` real values on the CPU, ``fake`` fake
+    tensors (a job of any size), ``auto`` fake when a real-valued step would not fit in ``memory``."""
+    memory: int | str | None = None
+    """auto's budget of a real-valued step, bytes or a size (``"8GiB"``); None: 2 GiB or half the
+    available memory, or ``PLACECHECK_RUN_MEMORY`` (:mod:`placecheck.run.auto`)."""
+
+    def check(self) -> None:
+        # run's own engine choices first: audit's check of the field would offer "real"
+        if self.engine not in RUN_ENGINE_CHOICES:
+            choices = "|".join(RUN_ENGINE_CHOICES)
+            raise UsageError(f"--engine {self.engine!r} is not one of {choices}: use auto "
+                             "(the default), tagged (real values on the CPU) or fake (fake tensors, at the "
+                             "size of the job)")
+        self.check_values()
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if isinstance(self.engine, str):  # the CLI's enum and " Fake " alike
+            engine = str(getattr(self.engine, "value", self.engine))
+            object.__setattr__(self, "engine", engine.strip().lower())
         # not given (the command line's None) is the default, so that every way of building the
         # object that means the same builds an equal one
         if self.gpus is None:

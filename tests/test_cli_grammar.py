@@ -46,8 +46,8 @@ FLAGS: dict[str, set[str]] = {
         "--fail-on", "--exit-zero",
     },
     "run": {
-        "-m", "--module", "--gpus", "--steps", "--timeout", "--select", "--ignore", "-f", "--format",
-        "-o", "--output", "--no-group", "--hints", "--debug", "--fail-on", "--exit-zero",
+        "-m", "--module", "--gpus", "--engine", "--steps", "--timeout", "--select", "--ignore", "-f",
+        "--format", "-o", "--output", "--no-group", "--hints", "--debug", "--fail-on", "--exit-zero",
     },
     "fix": {
         "--run", "--kwargs", "--arg", "-d", "--device", "--engine", "--gpus", "--init", "-i", "--input",
@@ -95,6 +95,8 @@ SHARED = ("--device", "--gpus", "--engine", "--select", "--ignore", "--format", 
 DIFFERENT = {
     ("fix", "--format"): "fix prints a patch, not a report: text (the diff and summary) or json",
     ("merge", "--fail-on"): "merge's default is the shards' own --fail-on",
+    ("run", "--engine"): "run has no real-device engine (the script's own torch.cuda is what is simulated): "
+                         "tagged or fake, auto picking fake when a real-valued step would not fit",
 }
 """The only options that differ from another command's option of the same name, and why."""
 

@@ -8,6 +8,7 @@ import typer
 
 from placecheck.cli.app import app
 from placecheck.cli.common import (
+    PANEL_DEVICE,
     PANEL_TARGET,
     Debug,
     ExitZero,
@@ -38,7 +39,9 @@ stopping early is not an error.
 
 Simulated: torch.cuda.is_available() is True and device_count() is --gpus;
 CUDA tensors hold real values on the CPU and report their CUDA device, so
-.item(), printed losses, data-driven branches and backward all run; an op
+.item(), printed losses, data-driven branches and backward all run (with
+--engine fake, or auto when a real-valued step would not fit: fake tensors,
+no memory for data, host reads assumed with a note each); an op
 mixing devices is reported (with the batch element or the module buffer at
 fault, and its line) and the run goes on. DataLoader workers run on the CPU,
 as on a GPU machine. Not simulated: GPU speed and memory, CUDA kernels,
@@ -52,6 +55,13 @@ finding is but the script did not run through (its own non-zero sys.exit,
 code the simulation cannot run: a note says which); 3 for an internal error.
 """
 
+RunEngine = Annotated[str, typer.Option(
+    "--engine", metavar="ENGINE", rich_help_panel=PANEL_DEVICE,
+    help="auto|tagged|fake. tagged: CUDA simulated with real CPU values (exact losses and branches; the "
+         "model, its gradients and optimizer state in memory); fake: fake tensors (no memory for their "
+         "data: a job of any size; values read on the host are assumed, a note each); auto (default): "
+         "fake when a real-valued step would not fit in memory, else tagged.")]
+
 
 @app.command(cls=PanelCommand, help=RUN_HELP, context_settings={"allow_interspersed_args": True})
 def run(
@@ -64,6 +74,7 @@ def run(
         "--module", "-m", metavar="MODULE", rich_help_panel=PANEL_TARGET,
         help="Run a module as `python -m MODULE` would, instead of a script.")] = None,
     gpus: Gpus = None,
+    engine: RunEngine = "auto",
     steps: Steps = None,
     timeout: Timeout = None,
     select: Select = None,
@@ -93,7 +104,7 @@ def run(
         out.check()  # a bad --fail-on or --output fails before the script runs
         # None (not given) is the default; lists of comma-separated codes are split
         options = RunOptions(module=module is not None, gpus=gpus, timeout=timeout,
-                             steps=steps, select=select, ignore=ignore)  # type: ignore[arg-type]
+                             steps=steps, select=select, ignore=ignore, engine=engine)  # type: ignore[arg-type]
         options = configured(ctx, options)  # ./pyproject.toml's [tool.placecheck.run] for what is not given
         options.check()  # a bad selector fails before the script runs (and before torch loads)
         from placecheck.run import run as run_program

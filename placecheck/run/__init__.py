@@ -17,45 +17,53 @@ the default here. What the run finds is described in
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import sys
 import types
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from placecheck.compat import torch_note
+from placecheck.compat import FAKE_TENSOR_LOGGER, torch_note
 from placecheck.errors import UsageError
-from placecheck.options import DEFAULT_STEPS, RunOptions
+from placecheck.options import DEFAULT_STEPS, RUN_ENGINE_CHOICES, RunOptions
+from placecheck.quiet import quiet
 from placecheck.report import Report
 from placecheck.rules import selected
 from placecheck.run.script import Outcome, Program, execute, exit_status
 
 if TYPE_CHECKING:
     from placecheck.run.lines import ScriptLines
+    from placecheck.run.recorder import RunRecorder
 
 
 def run(target: str | Callable[[], Any], args: Sequence[str] = (), *, options: RunOptions | None = None,
         module: bool = False, steps: int = DEFAULT_STEPS, gpus: int | None = None,
         timeout: float | None = None, select: Iterable[str] | None = None,
-        ignore: Iterable[str] | None = None) -> Report:
+        ignore: Iterable[str] | None = None, engine: str = "auto",
+        memory: int | str | None = None) -> Report:
     """Run a script (path), a module (``module=True``: ``python -m target``) or a callable on a
     simulated GPU and report every placement problem the program meets.
 
     ``steps``: stop after that many ``optimizer.step()`` calls (0: run to the end).
     ``gpus``: what ``torch.cuda.device_count()`` answers (default 1). ``timeout``: stop after
     that many seconds. Stopping early is not an error; a note says where it stopped.
+    ``engine``: ``tagged`` (real values on the CPU), ``fake`` (fake tensors: a job of any size) or
+    ``auto``: fake when a real-valued step would hold more than ``memory`` bytes (default: 2 GiB or
+    half the memory available; ``PLACECHECK_RUN_MEMORY``), see :mod:`placecheck.run.auto`.
     The keywords are the fields of :class:`~placecheck.options.RunOptions`; ``options=``
     passes a whole options object instead (then give no other keyword), as ``placecheck run``
     does. Raises :class:`~placecheck.errors.UsageError` for bad options and
     :class:`~placecheck.errors.LoadError` for a missing script or
     module or a syntax error; what the script raises is reported, not raised.
     """
-    from placecheck.engine import SIMULATED_CUDA_VALUES
+    from placecheck import cudaapi
+    from placecheck.engine import SIMULATED_CUDA, SIMULATED_CUDA_VALUES
     from placecheck.run.lines import ScriptLines
     from placecheck.run.recorder import RunRecorder
-    from placecheck.tagged import tagged_cuda
 
-    given = RunOptions(module=module, steps=steps, gpus=gpus, timeout=timeout,
-                       select=select, ignore=ignore)  # type: ignore[arg-type]  # lists and strings too
+    given = RunOptions(module=module, steps=steps, gpus=gpus, timeout=timeout,  # lists and strings too
+                       select=select, ignore=ignore, engine=engine, memory=memory)  # type: ignore[arg-type]
     if options is None:
         options = given
     elif given != RunOptions():
@@ -63,16 +71,60 @@ def run(target: str | Callable[[], Any], args: Sequence[str] = (), *, options: R
     options.check()
     gpus, steps, timeout, module = options.gpu_count, options.steps, options.timeout, options.module
     codes = selected(options.select, options.ignore)
+    choice, memory = options.engine, options.memory
+    cpu_only = cudaapi.CPU_ONLY_BUILD
+    if choice == "fake" and cpu_only:
+        raise UsageError("--engine fake needs torch built with CUDA support (autograd on fake CUDA tensors); "
+                         "this torch is a CPU-only build: use --engine tagged")
     program = Program(target, tuple(args), module)
     program.check()
+    plural = "s" if gpus != 1 else ""
+    notes: list[str] = []
+    probe = None
+    assumed: list[str] = []
     recorder = RunRecorder(gpus=gpus, steps=steps)
     lines = ScriptLines(program.filename)
-    notes = [f"engine: CUDA simulated with real CPU values ({gpus} GPU{'s' if gpus != 1 else ''}), the "
-             "default for run: scripts read values (.item(), printed losses, data-driven branches) and "
-             "run backward, which fake tensors cannot; the script really runs and its side effects happen",
-             torch_note()]
-    with tagged_cuda(gpus), recorder.recording(), lines.watching():
-        outcome = execute(program, timeout, notes)
+    if choice in ("tagged", "auto"):
+        from placecheck.tagged import tagged_cuda
+
+        if choice == "tagged":
+            notes.append(f"engine: CUDA simulated with real CPU values ({gpus} GPU{plural}), requested with "
+                         "--engine tagged: the losses, .item() and data-driven branches the script reads are "
+                         "its real values; the script really runs and its side effects happen")
+        with contextlib.ExitStack() as stack:
+            if choice == "auto" and cpu_only:
+                notes.append(f"engine: CUDA simulated with real CPU values ({gpus} GPU{plural}): --engine "
+                             "auto keeps real values on a CPU-only build of torch (the fake engine of run "
+                             "needs CUDA support); the script really runs and its side effects happen")
+            elif choice == "auto":
+                from placecheck.run.auto import Probe, memory_budget, random_state_kept
+
+                probe = recorder.probe = Probe(*memory_budget(memory))
+                stack.enter_context(random_state_kept())
+                stack.enter_context(probe.capturing())
+            with tagged_cuda(gpus), recorder.recording(), lines.watching():
+                outcome = execute(program, timeout, notes)
+            if probe is not None and probe.decided != "fake":
+                probe.done()
+                notes.insert(0, probe.note(f"{gpus} GPU{plural}"))
+            if probe is None or probe.decided != "fake":
+                choice = "tagged"
+        if probe is not None and probe.decided == "fake":
+            del outcome
+            notes = [probe.note()]
+            recorder = RunRecorder(gpus=gpus, steps=steps)
+            lines = ScriptLines(program.filename)
+            gc.collect()  # the abandoned attempt's tensors
+            choice = "fake"
+    if choice == "fake":
+        notes.append(f"engine: CUDA simulated with fake tensors ({gpus} GPU{plural}), "
+                     f"{'requested with --engine fake' if probe is None else 'chosen by --engine auto'}: the "
+                     "model's parameters, activations and optimizer state hold no data; values the script "
+                     "reads on the host are known ones or assumed (a note each); the script really runs and "
+                     "its side effects happen")
+        outcome, assumed = _run_fake(program, recorder, lines, gpus, timeout, notes)
+    notes.insert(1, torch_note())
+    device_name = SIMULATED_CUDA_VALUES if choice == "tagged" else SIMULATED_CUDA
     findings = recorder.findings()
     if outcome.error is not None:
         finding = recorder.error_finding(outcome.error)
@@ -84,11 +136,34 @@ def run(target: str | Callable[[], Any], args: Sequence[str] = (), *, options: R
                      "training or inference loop was seen")
     notes.extend(recorder.notes)
     notes.extend(recorder.copy_notes())
+    notes.extend(assumed)
     kept = [f for f in findings if f.code in codes]
     stats = {"optimizer_steps": recorder.steps, "modules_moved": len(recorder.moves.moved_modules),
              "optimizers": len(recorder.optimizers)}
-    return Report.build(program.name, recorder.target, SIMULATED_CUDA_VALUES, kept, notes, stats,
+    return Report.build(program.name, recorder.target, device_name, kept, notes, stats,
                         unfinished=_unfinished(outcome, recorder.limit))
+
+
+ENGINES = RUN_ENGINE_CHOICES
+"""``placecheck run --engine``: auto picks fake tensors when a real-valued step would not fit."""
+
+
+def _run_fake(program: Program, recorder: RunRecorder, lines: ScriptLines, gpus: int,
+              timeout: float | None, notes: list[str]) -> tuple[Outcome, list[str]]:
+    """The program under the fake engine (:mod:`placecheck.run.fake`); its outcome and assumptions."""
+    import torch
+
+    from placecheck.compat import FakeTensor
+    from placecheck.datadep import on_host
+    from placecheck.run.fake import fake_cuda
+
+    recorder.host_types = (torch.Tensor, FakeTensor)
+    recorder.loaders_in_process = True
+    recorder.fake_engine = True
+    recorder.host_data = on_host
+    with quiet(FAKE_TENSOR_LOGGER), fake_cuda(gpus) as datadep, recorder.recording(), lines.watching():
+        outcome = execute(program, timeout, notes)
+    return outcome, datadep.notes(phase="run")
 
 
 def _unfinished(outcome: Outcome, limit: str) -> str:
@@ -135,4 +210,4 @@ class _CallableModule(types.ModuleType):
 
 sys.modules[__name__].__class__ = _CallableModule
 
-__all__ = ["DEFAULT_STEPS", "run"]
+__all__ = ["DEFAULT_STEPS", "ENGINES", "run"]

@@ -8,8 +8,6 @@ import typing
 from collections.abc import Callable
 from typing import Any
 
-import torch
-
 from placecheck import classify
 from placecheck.run.origins import Origin
 from placecheck.run.sites import library_caller
@@ -43,7 +41,16 @@ class Loaders:
     def loader_iter(self, original: Callable[..., Any]) -> Callable[..., Any]:
         """``DataLoader.__iter__``: remember the iterator, its loop line and its ``pin_memory``."""
         def __iter__(loader: Any) -> Any:
-            iterator = original(loader)
+            if self.recorder.loaders_in_process and getattr(loader, "num_workers", 0) > 0:
+                # fake tensors cannot cross into worker processes; a worker's batch is a CPU tensor
+                # all the same
+                self.recorder.notes[
+                    f"run: the DataLoader at {here()[0] or 'an unknown line'} ran its {loader.num_workers} "
+                    "workers' work in the script's process (fake tensors cannot cross into worker "
+                    "processes); its batches are CPU tensors, as from workers"] = None
+                loader.num_workers = 0
+            with self.recorder.host_data():  # the sampler's shuffle and seed: real values
+                iterator = original(loader)
             self.iterators[id(iterator)] = (bool(getattr(loader, "pin_memory", False)), here()[0])
             return iterator
         return __iter__
@@ -51,11 +58,12 @@ class Loaders:
     def loader_next(self, original: Callable[..., Any]) -> Callable[..., Any]:
         """``_BaseDataLoaderIter.__next__``: tag every plain tensor of the batch with where it came from."""
         def __next__(iterator: Any) -> Any:
-            batch = original(iterator)
+            with self.recorder.host_data():
+                batch = original(iterator)
             pinned, _ = self.iterators.get(id(iterator), (False, ""))
             line = here()[0]
             for path, t in classify.tensors_with_paths(batch, "batch"):
-                if type(t) is torch.Tensor:
+                if self.recorder.is_host_tensor(t):
                     self.recorder.origins.track(t, Origin("batch", path, line, pinned))
             return batch
         return __next__

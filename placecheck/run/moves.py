@@ -42,6 +42,22 @@ def _cuda_destination(args: tuple[Any, ...], kwargs: dict[str, Any], cuda_call: 
     return torch.device("cuda", current_index() if device.index is None else device.index)
 
 
+def raised_by_swap(exc: BaseException) -> bool:
+    """``exc`` (or its cause) was raised inside ``torch.utils.swap_tensors``: ``Module._apply`` could not
+    swap a parameter for its moved copy. Decided from where it was raised, not from its text."""
+    swap = getattr(torch.utils.swap_tensors, "__wrapped__", torch.utils.swap_tensors)
+    codes = {getattr(swap, "__code__", None)}
+    seen: BaseException | None = exc
+    while seen is not None:
+        tb = seen.__traceback__
+        while tb is not None:
+            if tb.tb_frame.f_code in codes or tb.tb_frame.f_code.co_name == "swap_tensors":
+                return True
+            tb = tb.tb_next
+        seen = seen.__cause__
+    return False
+
+
 class Moves:
     """The modules the script moved, and the walks of those moves."""
 
@@ -101,6 +117,14 @@ class Moves:
         for note in result.notes:
             self.recorder.notes[note] = None
         return moved
+
+    def unswappable(self, line: str) -> None:
+        """The fake engine could not swap a parameter for its moved copy: a limit of the simulation."""
+        self.recorder.limit = (
+            f"run: stopped at {line or 'a module move'}: the fake engine could not move the module there "
+            "(its parameters are still held by the graph of a backward it simulated, which a real backward "
+            "would have freed); a limit of the simulation, not a bug of the code: run with --engine tagged "
+            "to check the rest")
 
     def overwrite_flag(self, original: Callable[..., Any]) -> Callable[..., Any]:
         """``torch.__future__.set_overwrite_module_params_on_conversion``: the script's wish, remembered."""

@@ -43,7 +43,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn as nn
@@ -57,7 +57,7 @@ from placecheck.hostcopies import PendingCopies, PendingCopy
 from placecheck.rules import rule
 from placecheck.run.checkpoints import Checkpoints
 from placecheck.run.loaders import PIN_WARNING, Loaders
-from placecheck.run.moves import Moves
+from placecheck.run.moves import Moves, raised_by_swap
 from placecheck.run.optimizers import Optimizers
 from placecheck.run.origins import Origin, Origins
 from placecheck.run.patches import OutsideSimulation, eager_compile, no_copies_of_the_script, patched
@@ -65,6 +65,9 @@ from placecheck.run.sites import called_from_user, library_caller, names_of
 from placecheck.sources import here, user_line
 from placecheck.state import Registry
 from placecheck.trace import op_name
+
+if TYPE_CHECKING:
+    from placecheck.run.auto import Probe
 
 _MOVES = frozenset({torch.Tensor.to, torch.Tensor.cuda})
 _FACTORIES = frozenset(getattr(torch, name) for name in (
@@ -151,6 +154,19 @@ class RunRecorder:
         """ids of the errors the recorder raised as CUDA would (a device index beyond ``gpus``)."""
         self.limit = ""
         """The note when the script stopped at a limit of the simulation, not at an error of its own."""
+        self.probe: Probe | None = None
+        """``--engine auto``'s watch of the real-valued attempt (:mod:`placecheck.run.auto`)."""
+        self.host_types: tuple[type, ...] = (torch.Tensor,)
+        """The classes of the engine's host tensors (its device tensors are another class, or fake tensors
+        on a CUDA device): plain tensors; under the fake engine, fake tensors on the CPU too."""
+        self.host_data: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
+        """Where a DataLoader makes its batches: under the fake engine, real CPU values (a dataset reads
+        files, numpy and PIL images, which fake tensors cannot give), as on a GPU machine's host."""
+        self.fake_engine = False
+        """The script runs under the fake engine (:mod:`placecheck.run.fake`)."""
+        self.loaders_in_process = False
+        """DataLoader workers run in the script's process (the fake engine: fake tensors cannot cross
+        into worker processes); a note says so."""
         self.pending = PendingCopies()
         """Non-blocking device-to-host copies no synchronize has covered yet (PC210), as audit's tracer."""
 
@@ -171,6 +187,14 @@ class RunRecorder:
             module_mod.register_module_forward_hook(self._forward_exit, always_call=True),
             module_mod.register_module_module_registration_hook(self._module_registered),
         ]
+        if self.probe is not None:
+            probe = self.probe
+            handles += [
+                module_mod.register_module_parameter_registration_hook(
+                    lambda module, name, t: probe.registered(t, buffer=False)),
+                module_mod.register_module_buffer_registration_hook(
+                    lambda module, name, t: probe.registered(t, buffer=True)),
+            ]
         try:
             with contextlib.ExitStack() as stack:
                 stack.enter_context(warnings.catch_warnings())
@@ -218,6 +242,8 @@ class RunRecorder:
     def step_done(self) -> None:
         """One more optimizer step: the run stops here once ``steps`` are done (:class:`StopRun`)."""
         self.steps += 1
+        if self.probe is not None:
+            self.probe.done(here()[0])
         self.roots.clear()
         self._prune()
         self.step_line = here()[0]
@@ -225,6 +251,10 @@ class RunRecorder:
             self.stopped_by_steps = True
             raise StopRun(f"after {self.steps} optimizer step{'s' if self.steps != 1 else ''} (--steps "
                           f"{self.max_steps})")
+
+    def is_host_tensor(self, t: torch.Tensor) -> bool:
+        """``t`` is one of the engine's host tensors, not a device tensor nor a parameter."""
+        return type(t) in self.host_types and t.device.type == "cpu"
 
     def copy_notes(self) -> list[str]:
         """Batches copied with ``non_blocking`` that does not match the loader's ``pin_memory``."""
@@ -264,12 +294,14 @@ class RunRecorder:
             out = func(*args, **kwargs)
         except Exception as exc:
             out = self._repair(func, args, kwargs, exc)
+        if self.probe is not None and self._forward_stack and not self.probe.decided:
+            self.probe.made(out)
         if isinstance(out, torch.Tensor) and out.device.type == "cuda" \
                 and (out.device.index or 0) >= self.gpus:
             raise self.no_such_gpu(out.device)
         if func in _MOVES and isinstance(out, torch.Tensor) and args and isinstance(args[0], torch.Tensor):
             self._record_move(func, args, kwargs, args[0], out)
-        elif isinstance(out, torch.Tensor) and type(out) is torch.Tensor:
+        elif isinstance(out, torch.Tensor) and self.is_host_tensor(out):
             if func in _FACTORIES:
                 line = called_from_user()
                 if line:
@@ -496,6 +528,8 @@ class RunRecorder:
     def _forward_exit(self, module: nn.Module, args: Any, output: Any) -> None:
         if self._forward_stack and self._forward_stack[-1] is module:
             self._forward_stack.pop()
+        if not self._forward_stack and self.probe is not None and not self.probe.decided:
+            self.probe.done(here()[0])
 
     # -- results ---------------------------------------------------------------------------------------------
     def findings(self) -> list[Finding]:
@@ -566,6 +600,15 @@ class RunRecorder:
                 return None
             raised_here = raised_here or id(seen) in self._simulated_errors
             seen = seen.__cause__ or seen.__context__
+        if self.fake_engine and raised_by_swap(exc):  # a module move the fake engine could not make
+            if self.stopped_by_steps:  # the script's own clean-up while the --steps stop unwound it
+                self.notes[f"run: after the --steps stop, the script's clean-up at {user_line(exc)} moved a "
+                           "module, which the fake engine could not (the graph of the backward it simulated "
+                           "still holds the parameters; a real backward frees it): that clean-up is unchecked"
+                           ] = None
+            else:
+                self.moves.unswappable(user_line(exc))
+            return None
         limit = "" if raised_here else classify.simulation_limit(exc, phase="run")
         if limit:
             self.limit = limit

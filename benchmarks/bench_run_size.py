@@ -1,0 +1,127 @@
+"""``placecheck run`` at the size of the job: resnet50 and Llama fine-tunes against their own imports.
+
+The scripts are in ``benchmarks/size/``: a torchvision resnet50 training script
+(batch 32 of 224x224 FakeData images, SGD) and a transformers Llama fine-tune
+from a config (AdamW, batch 4 x 512 tokens) in Llama-3.2-1B's and Llama-3-8B's
+shapes. Measured in the same run, each in its own subprocess (wall time, and
+the child's peak resident memory from ``os.wait4``):
+
+- ``import``: ``python -c 'import <the script's imports>'``, the baseline;
+- ``run``: ``placecheck run SCRIPT --steps 2`` with the default engine
+  (``auto``: it starts with real values and switches to fake tensors when a
+  real-valued step would not fit), and for resnet50 also ``--engine fake``.
+
+Targets (issue 25): resnet50 under 3x its import time; both Llama fine-tunes to
+the end of 2 steps within 4 GiB resident and under 60 s.
+
+    python benchmarks/bench_run_size.py [--repeat 1] [--only resnet50]
+
+Prints a table and writes ``benchmarks/results/run_size.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+RESULTS = HERE / "results"
+SIZE = HERE / "size"
+GIB = 1 << 30
+
+CASES: list[dict[str, Any]] = [
+    {"name": "resnet50", "script": [str(SIZE / "resnet50_train.py")],
+     "imports": "import torch, torch.nn, torchvision", "engines": ["auto", "fake"],
+     "target": {"ratio": 3.0}},
+    {"name": "llama-3.2-1b", "script": [str(SIZE / "llama_finetune.py"), "--", "--size", "1b"],
+     "imports": "import torch; from transformers import LlamaConfig, LlamaForCausalLM", "engines": ["auto"],
+     "target": {"seconds": 60.0, "rss": 4 * GIB}},
+    {"name": "llama-3-8b", "script": [str(SIZE / "llama_finetune.py"), "--", "--size", "8b"],
+     "imports": "import torch; from transformers import LlamaConfig, LlamaForCausalLM", "engines": ["auto"],
+     "target": {"seconds": 60.0, "rss": 4 * GIB}},
+]
+
+
+def measure(command: list[str]) -> dict[str, Any]:
+    """Wall seconds, peak RSS (bytes) and exit status of ``command`` in a child process."""
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": path}
+    started = time.perf_counter()
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, cwd=ROOT)
+    assert child.stdout is not None
+    out = child.stdout.read()
+    _, status, usage = os.wait4(child.pid, 0)
+    wall = time.perf_counter() - started
+    child.returncode = os.waitstatus_to_exitcode(status)
+    return {"seconds": wall, "rss": usage.ru_maxrss * 1024, "exit": child.returncode, "stdout": out.decode()}
+
+
+def engine_of(stdout: str) -> str:
+    """Which engine ran, from the JSON report's notes."""
+    try:
+        notes = json.loads(stdout)["notes"]
+    except (ValueError, KeyError):
+        return "?"
+    for note in notes:
+        if note.startswith("engine: CUDA simulated with fake tensors"):
+            return "fake"
+        if note.startswith("engine: CUDA simulated with real CPU values"):
+            return "tagged"
+    return "?"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--only", action="append", default=[])
+    options = parser.parse_args()
+    rows = []
+    for case in CASES:
+        if options.only and case["name"] not in options.only:
+            continue
+        for engine in case["engines"]:
+            best: dict[str, Any] | None = None
+            base: dict[str, Any] | None = None
+            for _ in range(options.repeat):  # alternated, so that load on the machine hits both alike
+                imp = measure([sys.executable, "-c", case["imports"]])
+                ran = measure([sys.executable, "-m", "placecheck", "run", "--format", "json", "--steps", "2",
+                               "--engine", engine, *case["script"]])
+                base = imp if base is None or imp["seconds"] < base["seconds"] else base
+                best = ran if best is None or ran["seconds"] < best["seconds"] else best
+            assert best is not None and base is not None
+            target = case["target"]
+            ratio = best["seconds"] / base["seconds"]
+            met = (ratio < target["ratio"]) if "ratio" in target else \
+                (best["seconds"] < target["seconds"] and best["rss"] <= target["rss"])
+            rows.append({"script": case["name"], "engine": engine, "ran": engine_of(best["stdout"]),
+                         "exit": best["exit"], "import_s": round(base["seconds"], 2),
+                         "run_s": round(best["seconds"], 2), "ratio": round(ratio, 2),
+                         "run_rss_gib": round(best["rss"] / GIB, 2),
+                         "import_rss_gib": round(base["rss"] / GIB, 2),
+                         "target": f"< {target['ratio']:g}x import" if "ratio" in target else
+                         f"< {target['seconds']:g} s, <= {target['rss'] / GIB:g} GiB", "met": met})
+            print(json.dumps(rows[-1]), flush=True)
+    print()
+    print("| script | --engine (ran) | import s | run s | run / import | peak RSS | target | met |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['script']} | {r['engine']} ({r['ran']}) | {r['import_s']} | {r['run_s']} | "
+              f"{r['ratio']}x | {r['run_rss_gib']} GiB | {r['target']} | {'yes' if r['met'] else 'no'} |")
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "run_size.json").write_text(json.dumps({
+        "machine": {"python": platform.python_version(), "platform": platform.platform(),
+                    "cpus": os.cpu_count()},
+        "rows": rows}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

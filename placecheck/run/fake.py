@@ -1,0 +1,172 @@
+"""``placecheck run --engine fake``: a whole script at the size of the job, with fake tensors.
+
+The session is the audit's fake engine (:func:`placecheck.engine.simulated_cuda`):
+one ``FakeTensorMode`` for the whole script, so every tensor the script makes
+(the model's parameters built on the CPU, the batches, the activations, the
+optimizer's state) is a fake tensor with a shape, a dtype and a device and no
+memory for its data, and ``model.to("cuda")`` makes fake CUDA tensors. An 8B
+model costs what its metadata costs. The data-dependent layer
+(:mod:`placecheck.datadep`) keeps the real values of small tensors that do not
+depend on the weights and answers the script's host reads (``.item()``,
+``bool()``, printing, an ``if`` on a tensor) with them, or with a stated
+assumption (the value 1) noted at its line.
+
+What fake tensors cannot do without a GPU, this session does instead, each
+said in the docs (docs/engines.md):
+
+- backward: autograd's engine needs a CUDA device for the fake CUDA tensors
+  of the graph. ``Tensor.backward``, ``torch.autograd.backward`` and
+  ``torch.autograd.grad`` give each leaf the graph reaches (or each of
+  ``inputs``) a fake gradient of its shape on its own device, what a GPU's
+  backward would give; the backward kernels are not run (a device mismatch
+  in a custom ``autograd.Function``'s backward is not seen).
+- printing a fake tensor: its known values, or the assumed ones (a note).
+- ``copy.deepcopy`` of a fake tensor (Lightning copies logged values): a fake copy; torch's own copy
+  would give it the storage of a real copy of data it does not have.
+
+The recorder (:mod:`placecheck.run.recorder`) and its report are the same as
+under the real-valued engine: one detector.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from placecheck.datadep import REPRESENTATIVE, DataDependentMode, on_host
+
+_BACKWARDS = frozenset({torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad})
+
+
+def _as_list(value: Any) -> list[Any]:
+    if value is None:
+        return []
+    if isinstance(value, torch.Tensor):
+        return [value]
+    return list(value) if isinstance(value, Sequence) else [value]
+
+
+def _leaves(roots: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The leaf tensors (parameters, inputs with ``requires_grad``) the graphs of ``roots`` reach, in
+    the order first reached: each ``AccumulateGrad`` node's variable."""
+    seen: set[int] = set()
+    found: dict[int, torch.Tensor] = {}
+    stack = [r.grad_fn for r in roots if r.grad_fn is not None]
+    for r in roots:
+        if r.grad_fn is None and r.requires_grad:
+            found[id(r)] = r
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        variable = getattr(node, "variable", None)
+        if isinstance(variable, torch.Tensor):
+            found.setdefault(id(variable), variable)
+        stack.extend(child for child, _ in getattr(node, "next_functions", ()))
+    return list(found.values())
+
+
+def _fake_grad(leaf: torch.Tensor) -> torch.Tensor:
+    """A gradient for ``leaf``: its shape, dtype and device (a fake tensor in the session's mode)."""
+    with torch.no_grad():
+        return torch.zeros_like(leaf, memory_format=torch.preserve_format)
+
+
+def _backward(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """``loss.backward()`` / ``torch.autograd.backward(...)``: every leaf reached gets its gradient."""
+    roots = _as_list(args[0] if args else kwargs.get("tensors"))
+    inputs = _as_list(kwargs.get("inputs"))
+    if len(roots) == 1 and roots[0].requires_grad is False:
+        raise RuntimeError("element 0 of tensors does not require grad and does not have a grad_fn")
+    for leaf in inputs or _leaves(roots):
+        if not leaf.requires_grad:
+            continue
+        grad = _fake_grad(leaf)
+        if leaf.grad is None:
+            leaf.grad = grad
+        else:
+            with torch.no_grad():
+                leaf.grad.add_(grad)
+
+
+def _grad(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[torch.Tensor | None, ...]:
+    """``torch.autograd.grad(outputs, inputs)``: a gradient per input."""
+    inputs = _as_list(args[1] if len(args) > 1 else kwargs.get("inputs"))
+    return tuple(_fake_grad(t) for t in inputs)
+
+
+def _deepcopy(t: torch.Tensor, memo: dict[int, Any]) -> torch.Tensor:
+    """``copy.deepcopy`` of a fake tensor: a fake copy (``Tensor.__deepcopy__`` would give it the storage
+    of a real CPU copy of its data, which it has none of, and fail)."""
+    if id(t) in memo:
+        return memo[id(t)]  # type: ignore[no-any-return]
+    with torch.no_grad():
+        copied = t.clone()
+    copied.requires_grad_(t.requires_grad)
+    memo[id(t)] = copied
+    return copied
+
+
+class _FakeOnlyCalls(TorchFunctionMode):
+    """Backward and printing of fake tensors, which the fake mode alone cannot do without a GPU."""
+
+    def __init__(self, datadep: DataDependentMode) -> None:
+        super().__init__()
+        self.datadep = datadep
+        from placecheck.compat import FakeTensor
+
+        self._fake: type[torch.Tensor] = FakeTensor
+
+    def __torch_function__(self, func: Callable[..., Any], types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func in (torch.Tensor.backward, torch.autograd.backward):
+            if func is torch.Tensor.backward and len(args) > 1:
+                kwargs = {"grad_tensors": args[1], **kwargs}
+                args = args[:1]
+            return _backward(args, kwargs)
+        if func is torch.autograd.grad:
+            return _grad(args, kwargs)
+        if func is torch.Tensor.__repr__ and args and isinstance(args[0], self._fake):
+            return self._printed(args[0])
+        if func is torch.Tensor.__deepcopy__ and args and type(args[0]) is self._fake:
+            return _deepcopy(args[0], args[1] if len(args) > 1 else kwargs.get("memo", {}))
+        return func(*args, **kwargs)
+
+    def _printed(self, t: torch.Tensor) -> str:
+        """What printing ``t`` shows: its values when known, else the assumed ones (noted)."""
+        real, _ = self.datadep.value(t)
+        if real is None:
+            self.datadep.assume(f"the value {REPRESENTATIVE} in every element", "printing a tensor")
+            with on_host():
+                real = torch.ones((), dtype=t.dtype).expand(t.shape)  # no memory for the elements
+        with on_host():
+            text = repr(real)
+        if t.device.type == "cuda" and text.endswith(")"):
+            text = f"{text[:-1]}, device='{t.device}')"  # as a GPU tensor prints
+        return text
+
+
+@contextlib.contextmanager
+def fake_cuda(gpus: int = 1) -> Iterator[DataDependentMode]:
+    """The fake engine's session for a whole script; yields the data-dependent mode (its assumptions)."""
+    from placecheck.compat import FakeTensorMode
+    from placecheck.datadep import active
+    from placecheck.engine import simulated_cuda
+
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    overwrite = torch.__future__.get_overwrite_module_params_on_conversion()
+    torch.__future__.set_overwrite_module_params_on_conversion(True)
+    try:
+        with simulated_cuda(gpus, fake_mode):
+            datadep = active()
+            assert datadep is not None  # simulated_cuda enters one
+            with _FakeOnlyCalls(datadep):
+                yield datadep
+    finally:
+        torch.__future__.set_overwrite_module_params_on_conversion(overwrite)
