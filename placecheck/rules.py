@@ -754,6 +754,46 @@ model = Net().to(device)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 """)
 
+_rule("PC401", "rank-device", E, "run", "a rank's tensors or module on a GPU other than its own", """
+torchrun starts one process per GPU and tells each its GPU in LOCAL_RANK;
+nothing else does: torch.cuda.current_device() is 0 in every process until the
+script calls torch.cuda.set_device(local_rank). A rank that moves its model or
+creates its tensors with device="cuda" before set_device, a hard-coded
+"cuda:0", or a torch.load whose map_location (or saved location) is cuda:0,
+puts its work on GPU 0. Then every rank computes on one GPU (N copies of the
+model and optimizer state: out of memory), and NCCL refuses two ranks on one
+GPU at DistributedDataParallel(...) or the first collective ("Duplicate GPU
+detected: rank 1 and rank 0 both on CUDA device"). Call
+torch.cuda.set_device(local_rank) first and use torch.device("cuda",
+local_rank); load checkpoints with map_location=f"cuda:{local_rank}" (or
+"cpu").""", """
+dist.init_process_group("nccl")
+model = DDP(Net().to("cuda"))                 # cuda:0 on every rank
+state = torch.load("ckpt.pt", map_location="cuda:0")
+""", """
+dist.init_process_group("nccl")
+local_rank = int(os.environ["LOCAL_RANK"])
+torch.cuda.set_device(local_rank)
+model = DDP(Net().to(local_rank), device_ids=[local_rank])
+state = torch.load("ckpt.pt", map_location=f"cuda:{local_rank}")
+""")
+
+_rule("PC402", "collective-off-device", E, "run", "a CPU tensor in an NCCL collective", """
+NCCL moves data between GPUs only: with init_process_group("nccl") a
+collective (all_reduce, broadcast, all_gather, reduce_scatter, ...) given a
+CPU tensor raises ("No backend type associated with device type cpu") at that
+line, on every rank that reaches it; a DistributedDataParallel of a model left
+on the CPU fails the same way at its construction. Put the tensor on the
+rank's GPU before the collective (a loss accumulated on the host, a metric
+built with torch.tensor(...) without device=), or initialise the process group
+for both ("cuda:nccl,cpu:gloo", the default when no backend is given).""", """
+total = torch.tensor([correct, seen])
+dist.all_reduce(total)                        # CPU tensor, NCCL group
+""", """
+total = torch.tensor([correct, seen], device=device)
+dist.all_reduce(total)
+""")
+
 _rule("PC901", "audit-incomplete", E, "run", "the audit of this model did not finish", """
 The model's audit ran in its own process (placecheck audit --config) and did
 not finish: the interpreter crashed (a segfault in an extension), it ran past

@@ -36,6 +36,8 @@ CONTRACT = {
     "PC306": ("unsafe-checkpoint", "checkpoint"),
     "PC307": ("optimizer-state-off-device", "run"),
     "PC308": ("optimizer-stale-params", "run"),
+    "PC401": ("rank-device", "run"),
+    "PC402": ("collective-off-device", "run"),
 }
 
 

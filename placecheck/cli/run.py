@@ -62,6 +62,10 @@ def run(
         "--module", "-m", metavar="MODULE", rich_help_panel=PANEL_TARGET,
         help="Run a module as `python -m MODULE` would, instead of a script.")] = None,
     gpus: Gpus = None,
+    nproc_per_node: Annotated[str | None, typer.Option(
+        "--nproc-per-node", "--nproc_per_node", metavar="N", rich_help_panel=PANEL_TARGET,
+        help="Run the script as torchrun --nproc-per-node N does: each of N ranks in a process of its "
+             "own with torchrun's environment, on N simulated GPUs, with NCCL's rules.")] = None,
     steps: Steps = None,
     timeout: Timeout = None,
     select: Select = None,
@@ -98,9 +102,12 @@ def run(
             raise UsageError(str(exc)) from None
         from placecheck.run import DEFAULT_STEPS
         from placecheck.run import run as run_program
+        from placecheck.run.ranks import nproc_value
+
+        nproc = None if nproc_per_node is None else nproc_value(nproc_per_node)
 
         with model_output_to_stderr():
             report = run_program(target, args, module=module is not None,
-                                 steps=DEFAULT_STEPS if steps is None else steps, gpus=gpus or 1,
-                                 timeout=timeout, select=codes[0], ignore=codes[1])
+                                 steps=DEFAULT_STEPS if steps is None else steps, gpus=gpus,
+                                 timeout=timeout, select=codes[0], ignore=codes[1], nproc_per_node=nproc)
         raise typer.Exit(emit(report, out))

@@ -32,26 +32,55 @@ DEFAULT_STEPS = 2
 
 
 def run(target: str | Callable[[], Any], args: Sequence[str] = (), *, module: bool = False,
-        steps: int = DEFAULT_STEPS, gpus: int = 1, timeout: float | None = None,
-        select: Iterable[str] | None = None, ignore: Iterable[str] | None = None) -> Report:
+        steps: int = DEFAULT_STEPS, gpus: int | None = None, timeout: float | None = None,
+        select: Iterable[str] | None = None, ignore: Iterable[str] | None = None,
+        nproc_per_node: int | None = None) -> Report:
     """Run a script (path), a module (``module=True``: ``python -m target``) or a callable on a
     simulated GPU and report every placement problem the program meets.
 
     ``steps``: stop after that many ``optimizer.step()`` calls (0: run to the end).
-    ``gpus``: what ``torch.cuda.device_count()`` answers. ``timeout``: stop after
-    that many seconds. Stopping early is not an error; a note says where it stopped.
+    ``gpus``: what ``torch.cuda.device_count()`` answers (default 1, or ``nproc_per_node``).
+    ``timeout``: stop after that many seconds. Stopping early is not an error; a note says where it
+    stopped. ``nproc_per_node``: run the script as torchrun does, once per rank in a process of its own
+    (:mod:`placecheck.run.ranks`); ``run("torch.distributed.run", ["--nproc-per-node", "2",
+    "train.py"], module=True)`` is the same.
     Raises :class:`~placecheck.errors.LoadError` for a missing script or
     module or a syntax error; what the script raises is reported, not raised.
     """
+    from placecheck.run.ranks import TORCHRUN_MODULE, nproc_value, run_ranks, torchrun_command
+
+    codes = selected(select, ignore)
+    if nproc_per_node is not None:
+        nproc_per_node = nproc_value(str(nproc_per_node))
+    if module and target == TORCHRUN_MODULE:
+        target, args, module, nproc_per_node = torchrun_command(args, nproc_per_node)
+    program = Program(target, tuple(args), module)
+    program.check()
+    if nproc_per_node is not None:
+        if callable(target):
+            from placecheck.errors import UsageError
+
+            raise UsageError("nproc_per_node runs a script or a module in a process per rank: give its path "
+                             "or module name, not a callable")
+        return run_ranks(program, nproc_per_node, steps=steps, gpus=gpus or nproc_per_node, timeout=timeout,
+                         codes=codes)
+    return _simulate(program, steps=steps, gpus=gpus or 1, timeout=timeout, codes=codes)[0]
+
+
+def _simulate(program: Program, *, steps: int, gpus: int, timeout: float | None, codes: frozenset[str],
+              rank: tuple[int, int, int] | None = None) -> tuple[Report, list[tuple[str, str, str]]]:
+    """The run in this process; ``rank``: ``(rank, world size, local rank)`` when it is one rank of a
+    torchrun launch (:mod:`placecheck.run.ranks`), whose collectives and DDP GPUs are returned too."""
     from placecheck.engine import SIMULATED_CUDA_VALUES
     from placecheck.run.lines import ScriptLines
+    from placecheck.run.ranks import RankChecks
     from placecheck.run.recorder import RunRecorder
     from placecheck.tagged import tagged_cuda
 
-    codes = selected(select, ignore)
-    program = Program(target, tuple(args), module)
-    program.check()
     recorder = RunRecorder(gpus=gpus, steps=steps)
+    if rank is not None:
+        recorder.ranks = RankChecks(recorder, *rank)
+        recorder.target = str(recorder.ranks.own)
     lines = ScriptLines(program.filename)
     notes = [f"engine: CUDA simulated with real CPU values ({gpus} GPU{'s' if gpus != 1 else ''}), the "
              "default for run: scripts read values (.item(), printed losses, data-driven branches) and "
@@ -73,8 +102,9 @@ def run(target: str | Callable[[], Any], args: Sequence[str] = (), *, module: bo
     kept = [f for f in findings if f.code in codes]
     stats = {"optimizer_steps": recorder.steps, "modules_moved": len(recorder.moves.moved_modules),
              "optimizers": len(recorder.optimizers)}
-    return Report.build(program.name, recorder.target, SIMULATED_CUDA_VALUES, kept, notes, stats,
-                        unfinished=_unfinished(outcome, recorder.limit))
+    report = Report.build(program.name, recorder.target, SIMULATED_CUDA_VALUES, kept, notes, stats,
+                          unfinished=_unfinished(outcome, recorder.limit))
+    return report, list(recorder.ranks.uses) if recorder.ranks is not None else []
 
 
 def _unfinished(outcome: Outcome, limit: str) -> str:

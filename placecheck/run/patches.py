@@ -37,6 +37,22 @@ What none of them shows, and so is patched here, for the recorder's session only
   the compiled graph. Patched rather than set up front because importing
   TorchDynamo costs seconds a script that never compiles should not pay.
 
+- For ``--nproc-per-node N`` (:mod:`placecheck.run.ranks`), in each rank's process:
+  ``torch.distributed.init_process_group`` (:func:`fake_process_group`): NCCL
+  needs GPUs, so the group the script asks for is PyTorch's fake process group
+  (collectives return at once), with the rank and world size torchrun's
+  environment gives; the backend asked for is remembered (NCCL's rules apply
+  to an NCCL group). The collectives (``all_reduce``, ``broadcast``, ...:
+  :func:`watched_collective`) are Python functions of ``torch.distributed``,
+  which no torch function mode sees, and the engine's tensors reach the
+  process group as CPU tensors (no dispatch mode can tell their device): the
+  wrapper sees the tensors with their simulated devices first.
+  ``DistributedDataParallel.__init__`` (:func:`ddp_construction`): where NCCL
+  checks that no two ranks share a GPU; no hook sees a wrapper built; after it,
+  DDP's gradient hook is replaced by torch's own no-op comm hook, because the
+  fake group's all-reduce returns a future without a value, which DDP's reducer
+  refuses.
+
 Each patch is the original wrapped, never a reimplementation; every original is
 restored when the session ends, however it ends. Not reentrant.
 """
@@ -44,6 +60,7 @@ restored when the session ends, however it ends. Not reentrant.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import subprocess
@@ -144,3 +161,46 @@ def no_copies_of_the_script(original: Callable[..., Any]) -> Callable[..., Any]:
                 "ddp strategy); run it with one device to check the rest")
         original(self, args, *rest, **kwargs)
     return __init__
+
+
+def fake_process_group(on_init: Callable[[Any, int, int], tuple[int, int]]) -> Callable[..., Any]:
+    """``init_process_group``: the script's group becomes PyTorch's fake process group; ``on_init(backend,
+    rank, world_size)`` (the script's arguments, -1 when not given) says which rank and world size."""
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def init_process_group(backend: Any = None, init_method: Any = None, timeout: Any = None,
+                               world_size: int = -1, rank: int = -1, store: Any = None,
+                               *args: Any, **kwargs: Any) -> Any:
+            from placecheck.compat import fake_store
+
+            rank, world_size = on_init(backend, rank, world_size)
+            more = {"timeout": timeout} if timeout is not None else {}
+            return original("fake", store=fake_store(), rank=rank, world_size=world_size, **more)
+        return init_process_group
+    return make
+
+
+def watched_collective(name: str, check: Callable[[str, tuple[Any, ...], dict[str, Any]], None]
+                       ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A ``torch.distributed`` collective: ``check(name, args, kwargs)`` sees its arguments first."""
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def collective(*args: Any, **kwargs: Any) -> Any:
+            check(name, args, kwargs)
+            return original(*args, **kwargs)
+        return collective
+    return make
+
+
+def ddp_construction(before: Callable[[Any], None], after: Callable[[Any], None]
+                     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``DistributedDataParallel.__init__``: ``before(module)`` sees the module it wraps, ``after(ddp)``
+    the built wrapper."""
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def __init__(self: Any, module: Any, *args: Any, **kwargs: Any) -> None:
+            before(module)
+            original(self, module, *args, **kwargs)
+            after(self)
+        return __init__
+    return make

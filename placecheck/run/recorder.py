@@ -43,7 +43,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn as nn
@@ -65,6 +65,9 @@ from placecheck.run.sites import called_from_user, library_caller, names_of
 from placecheck.sources import here, user_line
 from placecheck.state import Registry
 from placecheck.trace import op_name
+
+if TYPE_CHECKING:
+    from placecheck.run.ranks import RankChecks
 
 _MOVES = frozenset({torch.Tensor.to, torch.Tensor.cuda})
 _FACTORIES = frozenset(getattr(torch, name) for name in (
@@ -151,6 +154,8 @@ class RunRecorder:
         """ids of the errors the recorder raised as CUDA would (a device index beyond ``gpus``)."""
         self.limit = ""
         """The note when the script stopped at a limit of the simulation, not at an error of its own."""
+        self.ranks: RankChecks | None = None
+        """One rank of a torchrun launch (``--nproc-per-node``): its NCCL rules (:mod:`placecheck.run.ranks`)."""
         self.pending = PendingCopies()
         """Non-blocking device-to-host copies no synchronize has covered yet (PC210), as audit's tracer."""
 
@@ -188,6 +193,8 @@ class RunRecorder:
                     (subprocess.Popen, "__init__", no_copies_of_the_script),
                 ]))
                 stack.enter_context(eager_compile(self._compiled))
+                if self.ranks is not None:
+                    stack.enter_context(self.ranks.session())
                 stack.enter_context(self.pending.synchronizations_seen())
                 stack.enter_context(_ScriptMode(self))
                 yield self
@@ -267,6 +274,8 @@ class RunRecorder:
         if isinstance(out, torch.Tensor) and out.device.type == "cuda" \
                 and (out.device.index or 0) >= self.gpus:
             raise self.no_such_gpu(out.device)
+        if self.ranks is not None and isinstance(out, torch.Tensor) and (func in _MOVES or func in _FACTORIES):
+            self.ranks.placed(func, out)
         if func in _MOVES and isinstance(out, torch.Tensor) and args and isinstance(args[0], torch.Tensor):
             self._record_move(func, args, kwargs, args[0], out)
         elif isinstance(out, torch.Tensor) and type(out) is torch.Tensor:
@@ -501,6 +510,8 @@ class RunRecorder:
     def findings(self) -> list[Finding]:
         """Everything recorded, host syncs and repeated copies summarised per line."""
         out = list(self.found.values())
+        if self.ranks is not None:
+            out += self.ranks.findings()
         r = rule("PC204")
         for (line, call), (count, module, device, steps) in self.syncs.items():
             inside = call.split(" in ", 1)[1] if " in " in call else ""

@@ -1,0 +1,448 @@
+"""``placecheck run --nproc-per-node N``: a torchrun script run as each of its N ranks.
+
+torchrun starts the script once per GPU with its environment (``RANK``,
+``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ...). So does this: each rank is
+a child process of its own (a fresh interpreter: module globals, the current
+CUDA device, ``dist.get_rank()`` are the rank's own) that runs the script as
+``placecheck run`` does, on ``N`` simulated GPUs, with:
+
+- ``init_process_group`` (nccl, gloo or the default) landing on PyTorch's fake
+  process group (collectives return at once and move no data, so the ranks need
+  not run together), the backend asked for remembered;
+- NCCL's rules checked where a GPU job breaks (:class:`RankChecks`): a CPU tensor
+  in a collective of an NCCL group (PC402); a module, a tensor, a loaded
+  checkpoint or a collective on a GPU other than the rank's own
+  (``cuda:LOCAL_RANK``: a missing ``set_device``, a hard-coded ``cuda:0``, a
+  ``map_location`` to GPU 0) (PC401);
+- each collective and each ``DistributedDataParallel`` construction recorded with
+  the GPU it ran on, so that the parent sees two ranks on one GPU, which NCCL
+  refuses ("Duplicate GPU detected") (PC401).
+
+The parent (:func:`run_ranks`) merges the ranks' reports into one: a finding
+that several ranks have (the same code, place and line, their own GPU aside) is
+reported once, naming them (``on ranks 0-1, ...``; ``details["ranks"]``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from placecheck.errors import UsageError
+from placecheck.finding import Finding
+from placecheck.rules import rule
+from placecheck.sources import here
+
+if TYPE_CHECKING:
+    from placecheck.report import Report
+    from placecheck.run.recorder import RunRecorder
+    from placecheck.run.script import Program
+
+TORCHRUN_MODULE = "torch.distributed.run"
+"""``python -m torch.distributed.run`` is ``torchrun``."""
+
+COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
+               "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "gather", "scatter", "send", "recv",
+               "isend", "irecv")
+"""The tensor collectives and point-to-point calls of ``torch.distributed`` whose tensors are checked."""
+
+_TORCHRUN_FLAGS = frozenset({"standalone", "no-python", "module", "m"})
+_TORCHRUN_VALUED = frozenset({
+    "nproc-per-node", "nnodes", "node-rank", "master-addr", "master-port", "rdzv-backend", "rdzv-endpoint",
+    "rdzv-id", "rdzv-conf", "max-restarts", "monitor-interval", "start-method", "role", "redirects", "tee",
+    "log-dir", "local-ranks-filter", "run-path", "local-addr", "logs-specs", "rdzv-timeout"})
+_PORT = "29500"
+
+
+def nproc_value(text: str) -> int:
+    """``--nproc-per-node``'s value: an integer >= 1 (a :class:`UsageError` otherwise)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise UsageError(f"--nproc-per-node {text!r}: give the number of ranks (processes) on the node, an "
+                         "integer >= 1, e.g. --nproc-per-node 2")
+    return value
+
+
+def torchrun_command(args: Sequence[str], nproc: int | None) -> tuple[str, list[str], bool, int]:
+    """``-m torch.distributed.run ARGS`` read as torchrun reads ARGS: ``(target, args, module, nproc)``
+    of the script (or ``-m`` module) it launches. ``nproc``: ``--nproc-per-node`` given to placecheck."""
+    rest = list(args)
+    module = False
+    while rest and rest[0].startswith("-") and rest[0] != "--":
+        option = rest.pop(0)
+        name, has_value, value = option.lstrip("-").partition("=")
+        name = name.replace("_", "-")
+        if name in _TORCHRUN_FLAGS:
+            module = module or name in ("module", "m")
+            continue
+        if name not in _TORCHRUN_VALUED:
+            raise UsageError(f"-m {TORCHRUN_MODULE}: unknown torchrun option {option!r}: give torchrun's "
+                             "options, then the script and its arguments")
+        if not has_value:
+            if not rest:
+                raise UsageError(f"-m {TORCHRUN_MODULE}: {option} needs a value")
+            value = rest.pop(0)
+        if name == "nproc-per-node":
+            nproc = nproc_value(value)
+        elif name == "nnodes" and value.strip() not in ("1", "1:1"):
+            raise UsageError(f"--nnodes {value}: placecheck run simulates one node; give --nnodes 1 (or none) "
+                             "and --nproc-per-node for its ranks")
+    if rest and rest[0] == "--":
+        rest.pop(0)
+    if not rest:
+        raise UsageError(f"-m {TORCHRUN_MODULE}: give the script to launch (placecheck run -m "
+                         f"{TORCHRUN_MODULE} --nproc-per-node 2 train.py)")
+    return rest[0], rest[1:], module, nproc or 1
+
+
+def rank_environment(rank: int, nproc: int) -> dict[str, str]:
+    """What torchrun sets for local rank ``rank`` of ``nproc`` on one node (``--standalone``)."""
+    return {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc),
+            "LOCAL_WORLD_SIZE": str(nproc), "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1", "ROLE_RANK": str(rank),
+            "ROLE_WORLD_SIZE": str(nproc), "ROLE_NAME": "default", "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": _PORT, "TORCHELASTIC_RUN_ID": "none", "TORCHELASTIC_RESTART_COUNT": "0",
+            "TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_USE_AGENT_STORE": "False",
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+            "PLACECHECK_RANK_OF": str(nproc)}
+
+
+# -- in a rank's process ------------------------------------------------------------------------------------
+
+def _tensors(value: Any, depth: int = 0) -> Iterator[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, list | tuple) and depth < 3:
+        for item in value:
+            yield from _tensors(item, depth + 1)
+    elif isinstance(value, dict) and depth < 8:
+        for item in value.values():
+            yield from _tensors(item, depth + 1)
+
+
+def _describe(t: torch.Tensor) -> str:
+    return f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}"
+
+
+class RankChecks:
+    """One rank's NCCL rules, in its own process: what it placed where, what its collectives got."""
+
+    def __init__(self, recorder: RunRecorder, rank: int, world_size: int, local_rank: int) -> None:
+        self.recorder = recorder
+        self.rank = rank
+        self.world_size = world_size
+        self.own = torch.device("cuda", local_rank)
+        self.backend: str | None = None
+        """The backend the script asked ``init_process_group`` for (None: not called, or the default)."""
+        self.initialised = False
+        self.uses: list[tuple[str, str, str]] = []
+        """(line, call, device) of every collective and DDP construction on a GPU."""
+        self.misplaced: dict[str, list[str]] = {}
+        """A GPU other than the rank's own -> the lines that put tensors there, in order."""
+        self.first: dict[str, str] = {}
+        """That GPU -> what the first of those lines did."""
+
+    @property
+    def nccl(self) -> bool:
+        """The group is NCCL's only: CPU tensors have no backend (the default group has gloo for them)."""
+        return self.backend is not None and all(
+            part.strip().split(":")[-1] == "nccl" for part in self.backend.lower().split(","))
+
+    @contextlib.contextmanager
+    def session(self) -> Iterator[None]:
+        """The process group, the collectives and DDP's construction patched for the rank's run."""
+        import torch.distributed as dist
+        from torch.distributed import distributed_c10d
+        from torch.nn.parallel import DistributedDataParallel
+
+        from placecheck.run.patches import Patch, ddp_construction, fake_process_group, patched, watched_collective
+
+        patches: list[Patch] = [(owner, "init_process_group", fake_process_group(self._init))
+                                for owner in (dist, distributed_c10d)]
+        for name in COLLECTIVES:
+            patches += [(owner, name, watched_collective(name, self._collective))
+                        for owner in (dist, distributed_c10d) if hasattr(owner, name)]
+        patches.append((DistributedDataParallel, "__init__", ddp_construction(self._ddp_module, self._ddp_built)))
+        with patched(patches):
+            try:
+                yield
+            finally:
+                if dist.is_initialized():
+                    dist.destroy_process_group()
+
+    def _init(self, backend: Any, rank: int, world_size: int) -> tuple[int, int]:
+        self.backend = str(backend) if backend is not None else None
+        self.initialised = True
+        return (self.rank if rank < 0 else rank), (self.world_size if world_size < 0 else world_size)
+
+    def _collective(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        line = here()[0]
+        if not line:
+            return
+        tensors = [t for t in _tensors((args, kwargs)) if t.device.type != "meta"]
+        host = [t for t in tensors if t.device.type == "cpu"]
+        if host and self.nccl:
+            self._cpu_in_nccl(f"dist.{name}", _describe(host[0]), line)
+        for device in sorted({str(t.device) for t in tensors if t.device.type == "cuda"}):
+            self.uses.append((line, f"dist.{name}", device))
+
+    def _ddp_module(self, module: Any) -> None:
+        line = here()[0]
+        if not line or not isinstance(module, torch.nn.Module):
+            return
+        devices = sorted({str(t.device) for t in [*module.parameters(), *module.buffers()]})
+        if "cpu" in devices and self.nccl:
+            self._cpu_in_nccl("DistributedDataParallel(...)", "its parameters", line)
+        for device in devices:
+            if device.startswith("cuda"):
+                self.uses.append((line, "DistributedDataParallel(...)", device))
+
+    def _ddp_built(self, ddp: Any) -> None:
+        from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
+
+        with contextlib.suppress(RuntimeError):  # a hook registered already: DDP keeps that one
+            ddp.register_comm_hook(None, noop_hook)
+
+    def _cpu_in_nccl(self, call: str, what: str, line: str) -> None:
+        r = rule("PC402")
+        message = (f"{call} got a CPU tensor ({what}) in a process group initialised for NCCL "
+                   f"('{self.backend}'): NCCL moves data between GPUs only; on a GPU machine this raises 'No "
+                   "backend type associated with device type cpu' here")
+        hint = ("put the tensor on the rank's GPU before the collective (device=torch.device('cuda', "
+                "local_rank)), or init_process_group('cuda:nccl,cpu:gloo') for CPU tensors too")
+        self.recorder.add(Finding(code=r.code, kind=r.kind, severity=r.severity, where="", source=line,
+                                  device="cpu", expected=str(self.own), message=message, hint=hint,
+                                  details=(("call", call),)), key_extra=call)
+
+    def placed(self, func: Any, out: torch.Tensor) -> None:
+        """A tensor created or moved by the script: on a GPU other than the rank's own, remembered."""
+        if out.device.type != "cuda" or out.device == self.own:
+            return
+        line = here()[0]
+        if not line:
+            return
+        device = str(out.device)
+        lines = self.misplaced.setdefault(device, [])
+        if line not in lines:
+            lines.append(line)
+            self.first.setdefault(device, f"{getattr(func, '__name__', 'a call')} made {_describe(out)}")
+
+    def loaded(self, obj: Any, line: str) -> None:
+        """``torch.load``'s result: state on a GPU other than the rank's own (``map_location`` to GPU 0)."""
+        devices = sorted({str(t.device) for t in _tensors(obj) if t.device.type == "cuda" and t.device != self.own})
+        if not devices or not line:
+            return
+        r = rule("PC401")
+        message = (f"torch.load puts the checkpoint's tensors on {', '.join(devices)}, not on the rank's own GPU "
+                   f"({self.own}, LOCAL_RANK): every rank loads its copy onto that GPU (a map_location of "
+                   "cuda:0, or the GPU it was saved from), N copies on one GPU while the rank's own stays idle")
+        hint = "load with map_location=f'cuda:{local_rank}' (or 'cpu', then move the model)"
+        self.recorder.add(Finding(code=r.code, kind=r.kind, severity=r.severity, where="", source=line,
+                                  device=", ".join(devices), expected=str(self.own), message=message,
+                                  hint=hint, details=(("call", "torch.load"),)), key_extra="torch.load")
+
+    def findings(self) -> list[Finding]:
+        """PC401 for each GPU other than its own the rank put tensors on, at the first line that did."""
+        r = rule("PC401")
+        out = []
+        for device, lines in self.misplaced.items():
+            later = f"; also at {', '.join(lines[1:4])}{' and more' if len(lines) > 4 else ''}" \
+                if len(lines) > 1 else ""
+            message = (f"{self.first[device]} on {device}, not on the rank's own GPU ({self.own}, LOCAL_RANK){later}: "
+                       "'cuda' means the current device, which is cuda:0 in every process until "
+                       "torch.cuda.set_device(local_rank), and a hard-coded 'cuda:0' is GPU 0 on every rank: "
+                       "the ranks share one GPU (N copies of the model there; NCCL refuses two ranks on one "
+                       "GPU at DDP or the first collective)")
+            hint = ("call torch.cuda.set_device(local_rank) (local_rank = int(os.environ['LOCAL_RANK'])) before "
+                    "placing anything, and use torch.device('cuda', local_rank)")
+            out.append(Finding(code=r.code, kind=r.kind, severity=r.severity, where="", source=lines[0],
+                               device=device, expected=str(self.own), count=len(lines), message=message,
+                               hint=hint, details=(("lines", ", ".join(lines)),)))
+        return out
+
+
+# -- the parent: one process per rank, one report --------------------------------------------------------
+
+def run_ranks(program: Program, nproc: int, *, steps: int, gpus: int, timeout: float | None,
+              codes: frozenset[str]) -> Report:
+    """Run ``program`` as ``nproc`` ranks, each in a process of its own, and merge their reports."""
+    from placecheck.formats.json import report_from_dict
+    from placecheck.report import Report
+
+    config = {"target": program.target, "args": list(program.args), "module": program.module, "steps": steps,
+              "gpus": gpus, "timeout": timeout, "codes": sorted(codes)}
+    with tempfile.TemporaryDirectory(prefix="placecheck-ranks-") as tmp:
+        config_path = os.path.join(tmp, "config.json")
+        with open(config_path, "w", encoding="utf-8") as handle:
+            json.dump(config, handle)
+        children = []
+        for rank in range(nproc):
+            out_path = os.path.join(tmp, f"rank{rank}.json")
+            log = open(os.path.join(tmp, f"rank{rank}.log"), "w+", encoding="utf-8")  # noqa: SIM115
+            env = {**os.environ, **rank_environment(rank, nproc)}
+            proc = subprocess.Popen([sys.executable, "-m", "placecheck.run.ranks", config_path, out_path],
+                                    env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            children.append((rank, proc, out_path, log))
+        results: list[tuple[Report, list[tuple[str, str, str]]]] = []
+        crashed: list[str] = []
+        for rank, proc, out_path, log in children:
+            try:
+                rc = proc.wait(timeout=None if timeout is None else timeout + 120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                rc = proc.wait()
+            log.seek(0)
+            printed = log.read()
+            log.close()
+            for text in printed.splitlines():  # the script's output, as torchrun prefixes it
+                print(f"[rank{rank}]: {text}")
+            if not os.path.exists(out_path):
+                tail = printed.strip().splitlines()[-1:] or [f"exit status {rc}"]
+                crashed.append(f"rank {rank}: the simulation of this rank ended without a report "
+                               f"(exit status {rc}): {tail[0]}")
+                continue
+            with open(out_path, encoding="utf-8") as handle:
+                data = json.load(handle)
+            results.append((report_from_dict(data["report"]), [tuple(u) for u in data["uses"]]))
+    if crashed:
+        raise RuntimeError("; ".join(crashed))
+    reports = [r for r, _ in results]
+    findings = _merge(reports) + _shared_gpus([u for _, u in results])
+    findings = [f for f in findings if f.code in codes]
+    notes = [_describe_ranks(nproc, gpus), *_merge_notes([r.notes for r in reports])]
+    stats = {**dict(reports[0].stats), "ranks": nproc}
+    unfinished = _merge_unfinished([r.unfinished for r in reports])
+    return Report.build(program.name, ", ".join(f"cuda:{k}" for k in range(nproc)), reports[0].engine,
+                        findings, notes, stats, unfinished=unfinished)
+
+
+def ranks_label(ranks: Sequence[int]) -> str:
+    """``rank 1``, ``ranks 0-3``, ``ranks 0, 2``."""
+    ranks = sorted(ranks)
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    if ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"ranks {ranks[0]}-{ranks[-1]}"
+    return "ranks " + ", ".join(str(r) for r in ranks)
+
+
+def _neutral(text: str, rank: int) -> str:
+    """``text`` with the rank's own GPU named generically: what is the same on every rank compares equal."""
+    return re.sub(rf"\bcuda:{rank}\b", "cuda:LOCAL_RANK", text)
+
+
+def _merge(reports: Sequence[Report]) -> list[Finding]:
+    """The ranks' findings, each once, naming the ranks that have it (the first of them shown)."""
+    groups: dict[tuple[str, ...], list[tuple[int, Finding]]] = {}
+    for rank, report in enumerate(reports):
+        for f in report.findings:
+            key = (f.code, f.kind, f.where, f.source, _neutral(f.message, rank), _neutral(f.device, rank),
+                   _neutral(f.expected, rank))
+            groups.setdefault(key, []).append((rank, f))
+    merged = []
+    for members in groups.values():
+        first = members[0][1]
+        label = ranks_label([rank for rank, _ in members])
+        merged.append(dataclasses.replace(
+            first, message=f"on {label}, {first.message}",
+            details=(*first.details, ("ranks", label.split(" ", 1)[1]))))
+    return merged
+
+
+def _shared_gpus(uses: Sequence[Sequence[tuple[str, str, str]]]) -> list[Finding]:
+    """PC401 where two or more ranks ran DDP's construction or a collective on one GPU: NCCL's
+    "Duplicate GPU detected"."""
+    by_site: dict[tuple[str, str], dict[str, set[int]]] = {}
+    for rank, rank_uses in enumerate(uses):
+        for line, call, device in rank_uses:
+            by_site.setdefault((line, call), {}).setdefault(device, set()).add(rank)
+    r = rule("PC401")
+    shared = [(line, call, device, sorted(ranks)) for (line, call), devices in by_site.items()
+              for device, ranks in sorted(devices.items()) if len(ranks) >= 2]
+    if not shared:
+        return []
+    # a GPU job stops at the first of them: that one is the finding, the later ones are counted
+    line, call, device, ranks = shared[0]
+    label = ranks_label(ranks)
+    off = [k for k in ranks if device != f"cuda:{k}"]
+    later = f"; {len(shared) - 1} later call{'s' if len(shared) > 2 else ''} share a GPU too" \
+        if len(shared) > 1 else ""
+    message = (f"on {label}, {call} runs on {device} on each of them: NCCL refuses two ranks on one GPU; on a "
+               f"GPU machine this raises 'Duplicate GPU detected : rank {off[0] if off else ranks[1]} and rank "
+               f"{ranks[0]} both on CUDA device {device.partition(':')[2]}' here; each rank's own GPU is "
+               f"cuda:LOCAL_RANK ({', '.join(f'rank {k}: cuda:{k}' for k in off)}){later}")
+    hint = ("call torch.cuda.set_device(local_rank) first and put the model and tensors on "
+            "torch.device('cuda', local_rank); DistributedDataParallel(model, device_ids=[local_rank])")
+    return [Finding(code=r.code, kind=r.kind, severity=r.severity, where="", source=line, device=device,
+                    expected=", ".join(f"cuda:{k}" for k in off), count=len(ranks), message=message, hint=hint,
+                    details=(("call", call), ("ranks", label.split(" ", 1)[1])))]
+
+
+def _describe_ranks(nproc: int, gpus: int) -> str:
+    return (f"ranks: {nproc} (torchrun --nproc-per-node {nproc} simulated: each rank a process of its own with "
+            f"torchrun's environment, RANK = LOCAL_RANK = k, on a node of {gpus} simulated GPU"
+            f"{'s' if gpus != 1 else ''}; init_process_group's group is PyTorch's fake process group "
+            "(collectives return at once and move no data), with NCCL's rules when the script asks for nccl); "
+            "each finding names the ranks that have it")
+
+
+def _merge_notes(notes: Sequence[Sequence[str]]) -> list[str]:
+    order: list[str] = []
+    where: dict[str, list[int]] = {}
+    shown: dict[str, str] = {}
+    for rank, rank_notes in enumerate(notes):
+        for note in rank_notes:
+            key = _neutral(note, rank)
+            if key not in where:
+                order.append(key)
+                shown[key] = note
+            where.setdefault(key, []).append(rank)
+    out = []
+    for key in order:
+        ranks = where[key]
+        if len(ranks) == len(notes) and (key.startswith(("engine: ", "torch: ")) or key == shown[key]):
+            out.append(shown[key])
+        else:
+            out.append(f"{ranks_label(ranks)}: {shown[key]}")
+    return out
+
+
+def _merge_unfinished(unfinished: Sequence[str]) -> str:
+    said: dict[str, list[int]] = {}
+    for rank, text in enumerate(unfinished):
+        if text:
+            said.setdefault(_neutral(text, rank), []).append(rank)
+    return "; ".join(f"{ranks_label(ranks)}: {text}" for text, ranks in said.items())
+
+
+def _child(config_path: str, out_path: str) -> None:
+    """A rank's process: run the script as this rank (torchrun's environment is set), write the report."""
+    from placecheck.formats.json import report_to_dict
+    from placecheck.run import _simulate
+    from placecheck.run.script import Program
+
+    with open(config_path, encoding="utf-8") as handle:
+        config = json.load(handle)
+    program = Program(config["target"], tuple(config["args"]), bool(config["module"]))
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    report, uses = _simulate(program, steps=int(config["steps"]), gpus=int(config["gpus"]),
+                             timeout=config["timeout"], codes=frozenset(config["codes"]),
+                             rank=(rank, world, int(os.environ["LOCAL_RANK"])))
+    with open(out_path, "w", encoding="utf-8") as handle:
+        json.dump({"report": report_to_dict(report), "uses": uses}, handle)
+
+
+if __name__ == "__main__":
+    _child(sys.argv[1], sys.argv[2])
