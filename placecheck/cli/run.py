@@ -66,6 +66,9 @@ def run(
         "--nproc-per-node", "--nproc_per_node", metavar="N", rich_help_panel=PANEL_TARGET,
         help="Run the script as torchrun --nproc-per-node N does: each of N ranks in a process of its "
              "own with torchrun's environment, on N simulated GPUs, with NCCL's rules.")] = None,
+    standalone: Annotated[bool, typer.Option(
+        "--standalone", hidden=True, help="torchrun's --standalone (one node): accepted, as it changes "
+                                          "nothing in the simulation.")] = False,
     steps: Steps = None,
     timeout: Timeout = None,
     select: Select = None,

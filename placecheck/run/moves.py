@@ -87,6 +87,10 @@ class Moves:
             self._moving -= 1
         if dest is None:
             return moved
+        if self.recorder.ranks is not None:  # one rank of a torchrun launch: its own GPU?
+            placed = next(iter([*module.parameters(), *module.buffers()]), None)
+            if placed is not None:
+                self.recorder.ranks.placed_at(placed.device, f"{type(module).__name__}.to put the model", line)
         self.moved_modules.append(weakref.ref(module))
         key = (id(module), str(dest))
         if key in self._walked:

@@ -25,7 +25,8 @@ What none of them shows, and so is patched here, for the recorder's session only
   the script again in other processes (Lightning's ``Trainer(devices=N)`` runs
   ``python SCRIPT`` once per other rank) starts it outside the simulation, where it
   really runs on the CPU or dies, and takes the run down with it; no hook sees a
-  process start, so the launch is refused with :class:`OutsideSimulation`.
+  process start, so the launch is refused with :class:`OutsideSimulation`, whose
+  note says to run it with ``--nproc-per-node N`` (:mod:`placecheck.run.ranks`).
 - ``torch.compile`` (:func:`eager_compile`): TorchDynamo rewrites a compiled
   function's bytecode into a graph before any mode sees a call, and traces into
   the engine's tensor subclass and the recorder's mode itself (it dies there:
@@ -51,9 +52,15 @@ What none of them shows, and so is patched here, for the recorder's session only
   checks that no two ranks share a GPU; no hook sees a wrapper built; after it,
   DDP's gradient hook is replaced by torch's own no-op comm hook, because the
   fake group's all-reduce returns a future without a value, which DDP's reducer
-  refuses.
+  refuses. The object collectives (``broadcast_object_list``, ``all_gather_object``,
+  ``gather_object``, ``scatter_object_list``: :func:`own_objects`) are the one
+  exception to wrapping: the fake group moves no data, so a rank receiving a
+  pickled object would unpickle garbage; each rank keeps its own object instead
+  (what every rank computed alike: a seed, a log directory, a metric), and their
+  internal tensors (which torch puts where the fake group says) are not the
+  script's collectives.
 
-Each patch is the original wrapped, never a reimplementation; every original is
+Each patch is the original wrapped, never a reimplementation (but for the object collectives); every original is
 restored when the session ends, however it ends. Not reentrant.
 """
 
@@ -154,11 +161,14 @@ def no_copies_of_the_script(original: Callable[..., Any]) -> Callable[..., Any]:
     """``subprocess.Popen.__init__``: a launch of the program itself in another process is refused."""
     def __init__(self: subprocess.Popen[Any], args: Any, *rest: Any, **kwargs: Any) -> None:
         if _runs_the_program(args):
+            env = kwargs.get("env") or {}
+            n = env.get("WORLD_SIZE", "N") if isinstance(env, dict) else "N"
             raise OutsideSimulation(
                 "run: stopped where the script starts copies of itself in other processes "
-                f"({' '.join(args)}): other ranks run outside the simulation, which placecheck run does not "
-                "simulate yet (a framework's multi-device launcher: Lightning's Trainer(devices=N) with its "
-                "ddp strategy); run it with one device to check the rest")
+                f"({' '.join(args)}): a launcher's other ranks would run outside the simulation (a framework's "
+                "multi-device launcher: Lightning's Trainer(devices=N) with its ddp strategy); run the script "
+                f"as torchrun would instead, each rank simulated: placecheck run --nproc-per-node {n} SCRIPT "
+                "(the framework then sees torchrun's environment and starts no process)")
         original(self, args, *rest, **kwargs)
     return __init__
 
@@ -203,4 +213,30 @@ def ddp_construction(before: Callable[[Any], None], after: Callable[[Any], None]
             original(self, module, *args, **kwargs)
             after(self)
         return __init__
+    return make
+
+
+def own_objects(name: str, rank: Callable[[], int], world_size: Callable[[], int]
+                ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """An object collective on the fake group: each rank's own object stands for every rank's."""
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def collective(*args: Any, **kwargs: Any) -> None:
+            if name == "all_gather_object":
+                output, obj = (list(args) + [kwargs.get("object_list"), kwargs.get("obj")])[:2] \
+                    if len(args) >= 2 else (kwargs.get("object_list", args[0] if args else None), kwargs.get("obj"))
+                if isinstance(output, list):
+                    output[:] = [obj] * world_size()
+            elif name == "gather_object":
+                obj = args[0] if args else kwargs.get("obj")
+                output = args[1] if len(args) > 1 else kwargs.get("object_gather_list")
+                if isinstance(output, list):
+                    output[:] = [obj] * world_size()
+            elif name == "scatter_object_list":
+                output = args[0] if args else kwargs.get("scatter_object_output_list")
+                inputs = args[1] if len(args) > 1 else kwargs.get("scatter_object_input_list")
+                if isinstance(output, list) and isinstance(inputs, list | tuple) and len(inputs) > rank():
+                    output[:1] = [inputs[rank()]]
+            # broadcast_object_list: each rank keeps what its list holds
+        return collective
     return make

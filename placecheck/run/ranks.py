@@ -56,6 +56,9 @@ COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_in
                "isend", "irecv")
 """The tensor collectives and point-to-point calls of ``torch.distributed`` whose tensors are checked."""
 
+OBJECT_COLLECTIVES = ("broadcast_object_list", "all_gather_object", "gather_object", "scatter_object_list")
+"""The collectives of picklable objects: each rank keeps its own (:func:`placecheck.run.patches.own_objects`)."""
+
 _TORCHRUN_FLAGS = frozenset({"standalone", "no-python", "module", "m"})
 _TORCHRUN_VALUED = frozenset({
     "nproc-per-node", "nnodes", "node-rank", "master-addr", "master-port", "rdzv-backend", "rdzv-endpoint",
@@ -167,12 +170,22 @@ class RankChecks:
         from torch.distributed import distributed_c10d
         from torch.nn.parallel import DistributedDataParallel
 
-        from placecheck.run.patches import Patch, ddp_construction, fake_process_group, patched, watched_collective
+        from placecheck.run.patches import (
+            Patch,
+            ddp_construction,
+            fake_process_group,
+            own_objects,
+            patched,
+            watched_collective,
+        )
 
         patches: list[Patch] = [(owner, "init_process_group", fake_process_group(self._init))
                                 for owner in (dist, distributed_c10d)]
         for name in COLLECTIVES:
             patches += [(owner, name, watched_collective(name, self._collective))
+                        for owner in (dist, distributed_c10d) if hasattr(owner, name)]
+        for name in OBJECT_COLLECTIVES:
+            patches += [(owner, name, own_objects(name, lambda: self.rank, lambda: self.world_size))
                         for owner in (dist, distributed_c10d) if hasattr(owner, name)]
         patches.append((DistributedDataParallel, "__init__", ddp_construction(self._ddp_module, self._ddp_built)))
         with patched(patches):
@@ -228,16 +241,17 @@ class RankChecks:
 
     def placed(self, func: Any, out: torch.Tensor) -> None:
         """A tensor created or moved by the script: on a GPU other than the rank's own, remembered."""
-        if out.device.type != "cuda" or out.device == self.own:
+        if out.device.type == "cuda" and out.device != self.own:
+            self.placed_at(out.device, f"{getattr(func, '__name__', 'a call')} made {_describe(out)}", here()[0])
+
+    def placed_at(self, device: torch.device, what: str, line: str) -> None:
+        """``what`` (a module's move, a tensor made) put state on ``device`` at ``line``."""
+        if device.type != "cuda" or device == self.own or not line:
             return
-        line = here()[0]
-        if not line:
-            return
-        device = str(out.device)
-        lines = self.misplaced.setdefault(device, [])
+        lines = self.misplaced.setdefault(str(device), [])
         if line not in lines:
             lines.append(line)
-            self.first.setdefault(device, f"{getattr(func, '__name__', 'a call')} made {_describe(out)}")
+            self.first.setdefault(str(device), what)
 
     def loaded(self, obj: Any, line: str) -> None:
         """``torch.load``'s result: state on a GPU other than the rank's own (``map_location`` to GPU 0)."""
