@@ -119,7 +119,9 @@ def rank_environment(rank: int, nproc: int) -> dict[str, str]:
             "MASTER_PORT": _PORT, "TORCHELASTIC_RUN_ID": "none", "TORCHELASTIC_RESTART_COUNT": "0",
             "TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_USE_AGENT_STORE": "False",
             "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-            "PLACECHECK_RANK_OF": str(nproc)}
+            # DDP copies an input that is not on its device on a side stream, which needs a driver; on the
+            # current stream the copy (and where it goes) is the same
+            "PYTORCH_DDP_USE_SIDE_STREAM": "0"}
 
 
 # -- in a rank's process ------------------------------------------------------------------------------------
