@@ -950,3 +950,50 @@ def selected(select: Iterable[str] | None, ignore: Iterable[str] | None) -> froz
     """The codes left after ``--select`` (default ``ALL``) minus ``--ignore``."""
     chosen = expand(select) if select else set(RULES)
     return frozenset(chosen - expand(ignore or ()))
+
+
+# -- message builders of the ranks of a torchrun launch (placecheck run --nproc-per-node) -----------------
+
+_SET_DEVICE = ("call torch.cuda.set_device(local_rank) (local_rank = int(os.environ['LOCAL_RANK'])) "
+               "before placing anything, and use torch.device('cuda', local_rank)")
+
+
+def rank_off_device(what: str, device: str, own: str, later: Sequence[str]) -> tuple[str, str]:
+    """PC401: ``what`` (``Linear.to put the model``, ``randn made float32[16, 8]``) on ``device``, not on
+    the rank's own GPU ``own``; ``later``: the other lines that put tensors there."""
+    also = f"; also at {', '.join(later[:3])}{' and more' if len(later) > 3 else ''}" if later else ""
+    return (f"{what} on {device}, not on the rank's own GPU ({own}, LOCAL_RANK){also}: 'cuda' means "
+            "the current device, which is cuda:0 in every process until torch.cuda.set_device(local_rank), "
+            "and a hard-coded 'cuda:0' is GPU 0 on every rank: the ranks share one GPU (N copies of the "
+            "model there; NCCL refuses two ranks on one GPU at DDP or the first collective)", _SET_DEVICE)
+
+
+def rank_loaded_off_device(devices: str, own: str) -> tuple[str, str]:
+    """PC401: ``torch.load`` put a rank's state on ``devices``, not on its own GPU ``own``."""
+    return (f"torch.load puts the checkpoint's tensors on {devices}, not on the rank's own GPU ({own}, "
+            "LOCAL_RANK): every rank loads its copy onto that GPU (a map_location of cuda:0, or the GPU it "
+            "was saved from), N copies on one GPU while the rank's own stays idle",
+            "load with map_location=f'cuda:{local_rank}' (or 'cpu', then move the model)")
+
+
+def ranks_share_gpu(label: str, call: str, device: str, ranks: Sequence[int], later: int) -> tuple[str, str]:
+    """PC401: the ranks ``ranks`` (``label``: ``ranks 0-1``) ran ``call`` (a collective, DDP's construction)
+    on one GPU, ``device``; ``later`` more calls shared a GPU after it."""
+    off = [k for k in ranks if device != f"cuda:{k}"]
+    first, other = ranks[0], off[0] if off else ranks[1]
+    more = f"; {later} later call{'s' if later > 1 else ''} share a GPU too" if later else ""
+    own = ", ".join(f"rank {k}: cuda:{k}" for k in off)
+    return (f"on {label}, {call} runs on {device} on each of them: NCCL refuses two ranks on one GPU; on "
+            f"a GPU machine this raises 'Duplicate GPU detected : rank {other} and rank {first} both on CUDA "
+            f"device {device.partition(':')[2]}' here; each rank's own GPU is cuda:LOCAL_RANK ({own}){more}",
+            "call torch.cuda.set_device(local_rank) first and put the model and tensors on "
+            "torch.device('cuda', local_rank); DistributedDataParallel(model, device_ids=[local_rank])")
+
+
+def collective_on_host(call: str, what: str, backend: str) -> tuple[str, str]:
+    """PC402: ``call`` got a CPU tensor (``what``) in a process group of ``backend`` (NCCL)."""
+    return (f"{call} got a CPU tensor ({what}) in a process group initialised for NCCL ('{backend}'): NCCL "
+            "moves data between GPUs only; on a GPU machine this raises 'No backend type associated with "
+            "device type cpu' here",
+            "put the tensor on the rank's GPU before the collective (device=torch.device('cuda', "
+            "local_rank)), or init_process_group('cuda:nccl,cpu:gloo') for CPU tensors too")

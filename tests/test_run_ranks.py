@@ -126,8 +126,8 @@ def test_map_location_cuda_0_loads_every_ranks_state_onto_gpu_0(tmp_path: Path) 
 # -- torchrun's command line ---------------------------------------------------------------------------------
 
 def test_python_m_torch_distributed_run_is_read_as_torchrun() -> None:
-    report = run("torch.distributed.run", ["--standalone", "--nproc_per_node=2", script("allreduce_cpu_buggy.py")],
-                 module=True)
+    args = ["--standalone", "--nproc_per_node=2", script("allreduce_cpu_buggy.py")]
+    report = run("torch.distributed.run", args, module=True)
     assert failing(report) == [("PC402", at("allreduce_cpu_buggy.py", 20), "0-1")]
     assert report.target == script("allreduce_cpu_buggy.py")
 

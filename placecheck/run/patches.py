@@ -60,7 +60,8 @@ What none of them shows, and so is patched here, for the recorder's session only
   internal tensors (which torch puts where the fake group says) are not the
   script's collectives.
 
-Each patch is the original wrapped, never a reimplementation (but for the object collectives); every original is
+Each patch is the original wrapped, never a reimplementation (but for the object collectives); every
+original is
 restored when the session ends, however it ends. Not reentrant.
 """
 
@@ -68,6 +69,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import os
 import re
 import subprocess
@@ -165,8 +167,9 @@ def no_copies_of_the_script(original: Callable[..., Any]) -> Callable[..., Any]:
             n = env.get("WORLD_SIZE", "N") if isinstance(env, dict) else "N"
             raise OutsideSimulation(
                 "run: stopped where the script starts copies of itself in other processes "
-                f"({' '.join(args)}): a launcher's other ranks would run outside the simulation (a framework's "
-                "multi-device launcher: Lightning's Trainer(devices=N) with its ddp strategy); run the script "
+                f"({' '.join(args)}): a launcher's other ranks would run outside the simulation (a "
+                "framework's multi-device launcher: Lightning's Trainer(devices=N) with its ddp strategy); "
+                "run the script "
                 f"as torchrun would instead, each rank simulated: placecheck run --nproc-per-node {n} SCRIPT "
                 "(the framework then sees torchrun's environment and starts no process)")
         original(self, args, *rest, **kwargs)
@@ -220,23 +223,24 @@ def own_objects(name: str, rank: Callable[[], int], world_size: Callable[[], int
                 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """An object collective on the fake group: each rank's own object stands for every rank's."""
     def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        signature = inspect.signature(original)
+
         @functools.wraps(original)
         def collective(*args: Any, **kwargs: Any) -> None:
+            given = signature.bind_partial(*args, **kwargs).arguments
             if name == "all_gather_object":
-                output, obj = (list(args) + [kwargs.get("object_list"), kwargs.get("obj")])[:2] \
-                    if len(args) >= 2 else (kwargs.get("object_list", args[0] if args else None), kwargs.get("obj"))
-                if isinstance(output, list):
-                    output[:] = [obj] * world_size()
+                output, obj = given.get("object_list"), given.get("obj")
             elif name == "gather_object":
-                obj = args[0] if args else kwargs.get("obj")
-                output = args[1] if len(args) > 1 else kwargs.get("object_gather_list")
-                if isinstance(output, list):
-                    output[:] = [obj] * world_size()
+                output, obj = given.get("object_gather_list"), given.get("obj")
             elif name == "scatter_object_list":
-                output = args[0] if args else kwargs.get("scatter_object_output_list")
-                inputs = args[1] if len(args) > 1 else kwargs.get("scatter_object_input_list")
+                output = given.get("scatter_object_output_list")
+                inputs = given.get("scatter_object_input_list")
                 if isinstance(output, list) and isinstance(inputs, list | tuple) and len(inputs) > rank():
                     output[:1] = [inputs[rank()]]
-            # broadcast_object_list: each rank keeps what its list holds
+                return
+            else:  # broadcast_object_list: each rank keeps what its list holds
+                return
+            if isinstance(output, list):
+                output[:] = [obj] * world_size()
         return collective
     return make

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from placecheck import rules
 from placecheck.errors import UsageError
 from placecheck.finding import Finding
 from placecheck.rules import rule
@@ -51,13 +52,14 @@ if TYPE_CHECKING:
 TORCHRUN_MODULE = "torch.distributed.run"
 """``python -m torch.distributed.run`` is ``torchrun``."""
 
-COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
-               "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "gather", "scatter", "send", "recv",
-               "isend", "irecv")
+COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
+               "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "gather",
+               "scatter", "send", "recv", "isend", "irecv")
 """The tensor collectives and point-to-point calls of ``torch.distributed`` whose tensors are checked."""
 
 OBJECT_COLLECTIVES = ("broadcast_object_list", "all_gather_object", "gather_object", "scatter_object_list")
-"""The collectives of picklable objects: each rank keeps its own (:func:`placecheck.run.patches.own_objects`)."""
+"""The collectives of picklable objects: each rank keeps its own
+(:func:`placecheck.run.patches.own_objects`)."""
 
 _TORCHRUN_FLAGS = frozenset({"standalone", "no-python", "module", "m"})
 _TORCHRUN_VALUED = frozenset({
@@ -101,8 +103,8 @@ def torchrun_command(args: Sequence[str], nproc: int | None) -> tuple[str, list[
         if name == "nproc-per-node":
             nproc = nproc_value(value)
         elif name == "nnodes" and value.strip() not in ("1", "1:1"):
-            raise UsageError(f"--nnodes {value}: placecheck run simulates one node; give --nnodes 1 (or none) "
-                             "and --nproc-per-node for its ranks")
+            raise UsageError(f"--nnodes {value}: placecheck run simulates one node; give --nnodes 1 (or "
+                             "none) and --nproc-per-node for its ranks")
     if rest and rest[0] == "--":
         rest.pop(0)
     if not rest:
@@ -114,9 +116,10 @@ def torchrun_command(args: Sequence[str], nproc: int | None) -> tuple[str, list[
 def rank_environment(rank: int, nproc: int) -> dict[str, str]:
     """What torchrun sets for local rank ``rank`` of ``nproc`` on one node (``--standalone``)."""
     return {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc),
-            "LOCAL_WORLD_SIZE": str(nproc), "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1", "ROLE_RANK": str(rank),
-            "ROLE_WORLD_SIZE": str(nproc), "ROLE_NAME": "default", "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": _PORT, "TORCHELASTIC_RUN_ID": "none", "TORCHELASTIC_RESTART_COUNT": "0",
+            "LOCAL_WORLD_SIZE": str(nproc), "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1",
+            "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(nproc), "ROLE_NAME": "default",
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": _PORT, "TORCHELASTIC_RUN_ID": "none",
+            "TORCHELASTIC_RESTART_COUNT": "0",
             "TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_USE_AGENT_STORE": "False",
             "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
             # DDP copies an input that is not on its device on a side stream, which needs a driver; on the
@@ -189,7 +192,8 @@ class RankChecks:
         for name in OBJECT_COLLECTIVES:
             patches += [(owner, name, own_objects(name, lambda: self.rank, lambda: self.world_size))
                         for owner in (dist, distributed_c10d) if hasattr(owner, name)]
-        patches.append((DistributedDataParallel, "__init__", ddp_construction(self._ddp_module, self._ddp_built)))
+        patches.append((DistributedDataParallel, "__init__",
+                        ddp_construction(self._ddp_module, self._ddp_built)))
         with patched(patches):
             try:
                 yield
@@ -232,11 +236,7 @@ class RankChecks:
 
     def _cpu_in_nccl(self, call: str, what: str, line: str) -> None:
         r = rule("PC402")
-        message = (f"{call} got a CPU tensor ({what}) in a process group initialised for NCCL "
-                   f"('{self.backend}'): NCCL moves data between GPUs only; on a GPU machine this raises 'No "
-                   "backend type associated with device type cpu' here")
-        hint = ("put the tensor on the rank's GPU before the collective (device=torch.device('cuda', "
-                "local_rank)), or init_process_group('cuda:nccl,cpu:gloo') for CPU tensors too")
+        message, hint = rules.collective_on_host(call, what, str(self.backend))
         self.recorder.add(Finding(code=r.code, kind=r.kind, severity=r.severity, where="", source=line,
                                   device="cpu", expected=str(self.own), message=message, hint=hint,
                                   details=(("call", call),)), key_extra=call)
@@ -244,7 +244,8 @@ class RankChecks:
     def placed(self, func: Any, out: torch.Tensor) -> None:
         """A tensor created or moved by the script: on a GPU other than the rank's own, remembered."""
         if out.device.type == "cuda" and out.device != self.own:
-            self.placed_at(out.device, f"{getattr(func, '__name__', 'a call')} made {_describe(out)}", here()[0])
+            what = f"{getattr(func, '__name__', 'a call')} made {_describe(out)}"
+            self.placed_at(out.device, what, here()[0])
 
     def placed_at(self, device: torch.device, what: str, line: str) -> None:
         """``what`` (a module's move, a tensor made) put state on ``device`` at ``line``."""
@@ -257,14 +258,12 @@ class RankChecks:
 
     def loaded(self, obj: Any, line: str) -> None:
         """``torch.load``'s result: state on a GPU other than the rank's own (``map_location`` to GPU 0)."""
-        devices = sorted({str(t.device) for t in _tensors(obj) if t.device.type == "cuda" and t.device != self.own})
+        devices = sorted({str(t.device) for t in _tensors(obj)
+                          if t.device.type == "cuda" and t.device != self.own})
         if not devices or not line:
             return
         r = rule("PC401")
-        message = (f"torch.load puts the checkpoint's tensors on {', '.join(devices)}, not on the rank's own GPU "
-                   f"({self.own}, LOCAL_RANK): every rank loads its copy onto that GPU (a map_location of "
-                   "cuda:0, or the GPU it was saved from), N copies on one GPU while the rank's own stays idle")
-        hint = "load with map_location=f'cuda:{local_rank}' (or 'cpu', then move the model)"
+        message, hint = rules.rank_loaded_off_device(", ".join(devices), str(self.own))
         self.recorder.add(Finding(code=r.code, kind=r.kind, severity=r.severity, where="", source=line,
                                   device=", ".join(devices), expected=str(self.own), message=message,
                                   hint=hint, details=(("call", "torch.load"),)), key_extra="torch.load")
@@ -274,15 +273,7 @@ class RankChecks:
         r = rule("PC401")
         out = []
         for device, lines in self.misplaced.items():
-            later = f"; also at {', '.join(lines[1:4])}{' and more' if len(lines) > 4 else ''}" \
-                if len(lines) > 1 else ""
-            message = (f"{self.first[device]} on {device}, not on the rank's own GPU ({self.own}, LOCAL_RANK){later}: "
-                       "'cuda' means the current device, which is cuda:0 in every process until "
-                       "torch.cuda.set_device(local_rank), and a hard-coded 'cuda:0' is GPU 0 on every rank: "
-                       "the ranks share one GPU (N copies of the model there; NCCL refuses two ranks on one "
-                       "GPU at DDP or the first collective)")
-            hint = ("call torch.cuda.set_device(local_rank) (local_rank = int(os.environ['LOCAL_RANK'])) before "
-                    "placing anything, and use torch.device('cuda', local_rank)")
+            message, hint = rules.rank_off_device(self.first[device], device, str(self.own), lines[1:])
             out.append(Finding(code=r.code, kind=r.kind, severity=r.severity, where="", source=lines[0],
                                device=device, expected=str(self.own), count=len(lines), message=message,
                                hint=hint, details=(("lines", ", ".join(lines)),)))
@@ -308,7 +299,7 @@ def run_ranks(program: Program, nproc: int, *, steps: int, gpus: int, timeout: f
             out_path = os.path.join(tmp, f"rank{rank}.json")
             log = open(os.path.join(tmp, f"rank{rank}.log"), "w+", encoding="utf-8")  # noqa: SIM115
             env = {**os.environ, **rank_environment(rank, nproc)}
-            proc = subprocess.Popen([sys.executable, "-m", "placecheck.run.ranks", config_path, out_path],
+            proc = subprocess.Popen([sys.executable, "-m", "placecheck.run.rank", config_path, out_path],
                                     env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
             children.append((rank, proc, out_path, log))
         results: list[tuple[Report, list[tuple[str, str, str]]]] = []
@@ -392,26 +383,19 @@ def _shared_gpus(uses: Sequence[Sequence[tuple[str, str, str]]]) -> list[Finding
     # a GPU job stops at the first of them: that one is the finding, the later ones are counted
     line, call, device, ranks = shared[0]
     label = ranks_label(ranks)
+    message, hint = rules.ranks_share_gpu(label, call, device, ranks, len(shared) - 1)
     off = [k for k in ranks if device != f"cuda:{k}"]
-    later = f"; {len(shared) - 1} later call{'s' if len(shared) > 2 else ''} share a GPU too" \
-        if len(shared) > 1 else ""
-    message = (f"on {label}, {call} runs on {device} on each of them: NCCL refuses two ranks on one GPU; on a "
-               f"GPU machine this raises 'Duplicate GPU detected : rank {off[0] if off else ranks[1]} and rank "
-               f"{ranks[0]} both on CUDA device {device.partition(':')[2]}' here; each rank's own GPU is "
-               f"cuda:LOCAL_RANK ({', '.join(f'rank {k}: cuda:{k}' for k in off)}){later}")
-    hint = ("call torch.cuda.set_device(local_rank) first and put the model and tensors on "
-            "torch.device('cuda', local_rank); DistributedDataParallel(model, device_ids=[local_rank])")
     return [Finding(code=r.code, kind=r.kind, severity=r.severity, where="", source=line, device=device,
-                    expected=", ".join(f"cuda:{k}" for k in off), count=len(ranks), message=message, hint=hint,
-                    details=(("call", call), ("ranks", label.split(" ", 1)[1])))]
+                    expected=", ".join(f"cuda:{k}" for k in off), count=len(ranks), message=message,
+                    hint=hint, details=(("call", call), ("ranks", label.split(" ", 1)[1])))]
 
 
 def _describe_ranks(nproc: int, gpus: int) -> str:
-    return (f"ranks: {nproc} (torchrun --nproc-per-node {nproc} simulated: each rank a process of its own with "
-            f"torchrun's environment, RANK = LOCAL_RANK = k, on a node of {gpus} simulated GPU"
+    return (f"ranks: {nproc} (torchrun --nproc-per-node {nproc} simulated: each rank a process of its own "
+            f"with torchrun's environment, RANK = LOCAL_RANK = k, on a node of {gpus} simulated GPU"
             f"{'s' if gpus != 1 else ''}; init_process_group's group is PyTorch's fake process group "
-            "(collectives return at once and move no data), with NCCL's rules when the script asks for nccl); "
-            "each finding names the ranks that have it")
+            "(collectives return at once and move no data), with NCCL's rules when the script asks for "
+            "nccl); each finding names the ranks that have it")
 
 
 def _merge_notes(notes: Sequence[Sequence[str]]) -> list[str]:
@@ -441,24 +425,3 @@ def _merge_unfinished(unfinished: Sequence[str]) -> str:
         if text:
             said.setdefault(_neutral(text, rank), []).append(rank)
     return "; ".join(f"{ranks_label(ranks)}: {text}" for text, ranks in said.items())
-
-
-def _child(config_path: str, out_path: str) -> None:
-    """A rank's process: run the script as this rank (torchrun's environment is set), write the report."""
-    from placecheck.formats.json import report_to_dict
-    from placecheck.run import _simulate
-    from placecheck.run.script import Program
-
-    with open(config_path, encoding="utf-8") as handle:
-        config = json.load(handle)
-    program = Program(config["target"], tuple(config["args"]), bool(config["module"]))
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    report, uses = _simulate(program, steps=int(config["steps"]), gpus=int(config["gpus"]),
-                             timeout=config["timeout"], codes=frozenset(config["codes"]),
-                             rank=(rank, world, int(os.environ["LOCAL_RANK"])))
-    with open(out_path, "w", encoding="utf-8") as handle:
-        json.dump({"report": report_to_dict(report), "uses": uses}, handle)
-
-
-if __name__ == "__main__":
-    _child(sys.argv[1], sys.argv[2])

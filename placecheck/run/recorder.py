@@ -155,7 +155,8 @@ class RunRecorder:
         self.limit = ""
         """The note when the script stopped at a limit of the simulation, not at an error of its own."""
         self.ranks: RankChecks | None = None
-        """One rank of a torchrun launch (``--nproc-per-node``): its NCCL rules (:mod:`placecheck.run.ranks`)."""
+        """One rank of a torchrun launch (``--nproc-per-node``): its NCCL rules
+        (:mod:`placecheck.run.ranks`)."""
         self.pending = PendingCopies()
         """Non-blocking device-to-host copies no synchronize has covered yet (PC210), as audit's tracer."""
 
@@ -274,7 +275,8 @@ class RunRecorder:
         if isinstance(out, torch.Tensor) and out.device.type == "cuda" \
                 and (out.device.index or 0) >= self.gpus:
             raise self.no_such_gpu(out.device)
-        if self.ranks is not None and isinstance(out, torch.Tensor) and (func in _MOVES or func in _FACTORIES):
+        if self.ranks is not None and isinstance(out, torch.Tensor) \
+                and (func in _MOVES or func in _FACTORIES):
             self.ranks.placed(func, out)
         if func in _MOVES and isinstance(out, torch.Tensor) and args and isinstance(args[0], torch.Tensor):
             self._record_move(func, args, kwargs, args[0], out)
