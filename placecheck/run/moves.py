@@ -90,8 +90,8 @@ class Moves:
         if self.recorder.ranks is not None:  # one rank of a torchrun launch: its own GPU?
             placed = next(iter([*module.parameters(), *module.buffers()]), None)
             if placed is not None:
-                what = f"{type(module).__name__}.to put the model"
-                self.recorder.ranks.placed_at(placed.device, what, line)
+                name = type(module).__name__
+                self.recorder.ranks.placed_at(placed.device, f"{name}.to put the model", line, name)
         self.moved_modules.append(weakref.ref(module))
         key = (id(module), str(dest))
         if key in self._walked:

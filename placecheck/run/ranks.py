@@ -161,6 +161,8 @@ class RankChecks:
         """A GPU other than the rank's own -> the lines that put tensors there, in order."""
         self.first: dict[str, str] = {}
         """That GPU -> what the first of those lines did."""
+        self.where: dict[str, str] = {}
+        """That GPU -> the module moved there first, or the call that made the first tensor there."""
 
     @property
     def nccl(self) -> bool:
@@ -237,24 +239,26 @@ class RankChecks:
     def _cpu_in_nccl(self, call: str, what: str, line: str) -> None:
         r = rule("PC402")
         message, hint = rules.collective_on_host(call, what, str(self.backend))
-        self.recorder.add(Finding(code=r.code, kind=r.kind, severity=r.severity, where="", source=line,
+        self.recorder.add(Finding(code=r.code, kind=r.kind, severity=r.severity, where=call, source=line,
                                   device="cpu", expected=str(self.own), message=message, hint=hint,
                                   details=(("call", call),)), key_extra=call)
 
     def placed(self, func: Any, out: torch.Tensor) -> None:
         """A tensor created or moved by the script: on a GPU other than the rank's own, remembered."""
         if out.device.type == "cuda" and out.device != self.own:
-            what = f"{getattr(func, '__name__', 'a call')} made {_describe(out)}"
-            self.placed_at(out.device, what, here()[0])
+            name = getattr(func, "__name__", "a call")
+            self.placed_at(out.device, f"{name} made {_describe(out)}", here()[0], name)
 
-    def placed_at(self, device: torch.device, what: str, line: str) -> None:
-        """``what`` (a module's move, a tensor made) put state on ``device`` at ``line``."""
+    def placed_at(self, device: torch.device, what: str, line: str, where: str) -> None:
+        """``what`` (a module's move, a tensor made) put state on ``device`` at ``line``; ``where``: the
+        module moved, or the call that made the tensor."""
         if device.type != "cuda" or device == self.own or not line:
             return
         lines = self.misplaced.setdefault(str(device), [])
         if line not in lines:
             lines.append(line)
             self.first.setdefault(str(device), what)
+            self.where.setdefault(str(device), where)
 
     def loaded(self, obj: Any, line: str) -> None:
         """``torch.load``'s result: state on a GPU other than the rank's own (``map_location`` to GPU 0)."""
@@ -264,9 +268,10 @@ class RankChecks:
             return
         r = rule("PC401")
         message, hint = rules.rank_loaded_off_device(", ".join(devices), str(self.own))
-        self.recorder.add(Finding(code=r.code, kind=r.kind, severity=r.severity, where="", source=line,
-                                  device=", ".join(devices), expected=str(self.own), message=message,
-                                  hint=hint, details=(("call", "torch.load"),)), key_extra="torch.load")
+        self.recorder.add(Finding(code=r.code, kind=r.kind, severity=r.severity, where="torch.load",
+                                  source=line, device=", ".join(devices), expected=str(self.own),
+                                  message=message, hint=hint, details=(("call", "torch.load"),)),
+                          key_extra="torch.load")
 
     def findings(self) -> list[Finding]:
         """PC401 for each GPU other than its own the rank put tensors on, at the first line that did."""
@@ -274,7 +279,8 @@ class RankChecks:
         out = []
         for device, lines in self.misplaced.items():
             message, hint = rules.rank_off_device(self.first[device], device, str(self.own), lines[1:])
-            out.append(Finding(code=r.code, kind=r.kind, severity=r.severity, where="", source=lines[0],
+            out.append(Finding(code=r.code, kind=r.kind, severity=r.severity, where=self.where[device],
+                               source=lines[0],
                                device=device, expected=str(self.own), count=len(lines), message=message,
                                hint=hint, details=(("lines", ", ".join(lines)),)))
         return out
@@ -385,7 +391,8 @@ def _shared_gpus(uses: Sequence[Sequence[tuple[str, str, str]]]) -> list[Finding
     label = ranks_label(ranks)
     message, hint = rules.ranks_share_gpu(label, call, device, ranks, len(shared) - 1)
     off = [k for k in ranks if device != f"cuda:{k}"]
-    return [Finding(code=r.code, kind=r.kind, severity=r.severity, where="", source=line, device=device,
+    where = "DDP" if call.startswith("DistributedDataParallel") else call
+    return [Finding(code=r.code, kind=r.kind, severity=r.severity, where=where, source=line, device=device,
                     expected=", ".join(f"cuda:{k}" for k in off), count=len(ranks), message=message,
                     hint=hint, details=(("call", call), ("ranks", label.split(" ", 1)[1])))]
 
