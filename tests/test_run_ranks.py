@@ -123,6 +123,17 @@ def test_map_location_cuda_0_loads_every_ranks_state_onto_gpu_0(tmp_path: Path) 
     assert fixed.findings == () and exit_code([fixed]) == 0
 
 
+# -- what is not simulated: said, never a finding ---------------------------------------------------------
+
+def test_fsdp_stops_with_a_note_at_its_line_and_the_run_is_unfinished() -> None:
+    report = run(script("fsdp2_unsimulated.py"), nproc_per_node=2)
+    assert report.findings == ()
+    assert any(n.startswith(f"run: stopped at {at('fsdp2_unsimulated.py', 15)}, where the script shards its "
+                            "model with FSDP: FSDP is not simulated") for n in report.notes)
+    assert report.unfinished.startswith("ranks 0-1: the simulation stopped at")
+    assert exit_code([report]) == 2
+
+
 # -- torchrun's command line ---------------------------------------------------------------------------------
 
 def test_python_m_torch_distributed_run_is_read_as_torchrun() -> None:

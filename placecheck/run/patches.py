@@ -58,7 +58,9 @@ What none of them shows, and so is patched here, for the recorder's session only
   pickled object would unpickle garbage; each rank keeps its own object instead
   (what every rank computed alike: a seed, a log directory, a metric), and their
   internal tensors (which torch puts where the fake group says) are not the
-  script's collectives.
+  script's collectives. FSDP (``fully_shard``, ``FullyShardedDataParallel``:
+  :func:`not_simulated`) is refused where the script calls it, with a note: its
+  sharded parameters are all-gathered from data the fake group does not move.
 
 Each patch is the original wrapped, never a reimplementation (but for the object collectives); every
 original is
@@ -243,4 +245,15 @@ def own_objects(name: str, rank: Callable[[], int], world_size: Callable[[], int
             if isinstance(output, list):
                 output[:] = [obj] * world_size()
         return collective
+    return make
+
+
+def not_simulated(refuse: Callable[[], OutsideSimulation]
+                  ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A call the simulation cannot run: ``refuse()`` is raised where the script makes it."""
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def refused(*args: Any, **kwargs: Any) -> Any:
+            raise refuse()
+        return refused
     return make

@@ -42,6 +42,7 @@ from placecheck import rules
 from placecheck.errors import UsageError
 from placecheck.finding import Finding
 from placecheck.rules import rule
+from placecheck.run.patches import OutsideSimulation
 from placecheck.sources import here
 
 if TYPE_CHECKING:
@@ -181,6 +182,7 @@ class RankChecks:
             Patch,
             ddp_construction,
             fake_process_group,
+            not_simulated,
             own_objects,
             patched,
             watched_collective,
@@ -196,6 +198,8 @@ class RankChecks:
                         for owner in (dist, distributed_c10d) if hasattr(owner, name)]
         patches.append((DistributedDataParallel, "__init__",
                         ddp_construction(self._ddp_module, self._ddp_built)))
+        fsdp = _fsdp_entry_points()
+        patches += [(owner, name, not_simulated(self._fsdp)) for owner, name in fsdp]
         with patched(patches):
             try:
                 yield
@@ -229,6 +233,16 @@ class RankChecks:
         for device in devices:
             if device.startswith("cuda"):
                 self.uses.append((line, "DistributedDataParallel(...)", device))
+
+    def _fsdp(self) -> OutsideSimulation:
+        line = here()[0]
+        at = f" at {line}" if line else ""
+        self.recorder.limit = (
+            f"run: stopped{at}, where the script shards its model with FSDP: FSDP is not simulated under "
+            "--nproc-per-node yet (each rank all-gathers its parameters from data the fake process group "
+            "does not move); the code before it was checked; audit the model's ranks with `placecheck "
+            "audit MODEL --wrap fsdp`")
+        return OutsideSimulation(self.recorder.limit)
 
     def _ddp_built(self, ddp: Any) -> None:
         from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
@@ -284,6 +298,17 @@ class RankChecks:
                                device=device, expected=str(self.own), count=len(lines), message=message,
                                hint=hint, details=(("lines", ", ".join(lines)),)))
         return out
+
+
+def _fsdp_entry_points() -> list[tuple[object, str]]:
+    """Where a script shards a model with FSDP: FSDP2's ``fully_shard`` and FSDP1's wrapper."""
+    try:
+        from torch.distributed import fsdp
+    except ImportError:
+        return []
+    found: list[tuple[object, str]] = [(fsdp, "fully_shard")] if hasattr(fsdp, "fully_shard") else []
+    wrapper = getattr(fsdp, "FullyShardedDataParallel", None)
+    return [*found, (wrapper, "__init__")] if wrapper is not None else found
 
 
 # -- the parent: one process per rank, one report --------------------------------------------------------

@@ -575,7 +575,8 @@ class RunRecorder:
             if id(seen) in self.reported_errors:
                 return None
             if isinstance(seen, OutsideSimulation):  # a limit of the run, said in its own words
-                self.notes[str(seen)] = None
+                if str(seen) != self.limit:  # (the limit itself is the run's ending note)
+                    self.notes[str(seen)] = None
                 return None
             raised_here = raised_here or id(seen) in self._simulated_errors
             seen = seen.__cause__ or seen.__context__
