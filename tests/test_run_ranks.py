@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn as nn
-from cli_runner import CliRunner
+from cli_runner import CliRunner, separate_stderr_capture
+from report_schema import validate_json
 
 from placecheck.cli import app
 from placecheck.errors import UsageError
@@ -178,6 +179,21 @@ def test_the_command_line_flag_and_the_module_form() -> None:
 
 
 @pytest.mark.cli
+@separate_stderr_capture
+def test_json_of_the_ranks_follows_the_schema_and_the_script_output_goes_to_stderr() -> None:
+    result = CliRunner().invoke(app, ["run", "--nproc_per_node", "2", "--format", "json",
+                                      script("rank0_buggy.py")])
+    assert result.exit_code == 1, result.stderr
+    data = validate_json(result.stdout)
+    [finding] = [f for f in data["findings"] if f["code"] == "PC201"]
+    assert finding["details"]["ranks"] == "0" and finding["source"] == at("rank0_buggy.py", 18)
+    assert data["device"] == "cuda:0, cuda:1" and data["stats"]["ranks"] == 2
+    # what rank 0 printed, with torchrun's prefix, on stderr (stdout stays parseable)
+    assert any(line.startswith("[rank0]: ") for line in result.stderr.splitlines())
+
+
+@pytest.mark.cli
+@separate_stderr_capture
 @pytest.mark.parametrize("value", ["0", "-1", "two"])
 def test_a_bad_nproc_per_node_is_one_line_and_exit_2(value: str) -> None:
     result = CliRunner().invoke(app, ["run", "--nproc-per-node", value, script("ddp_fixed.py")])
