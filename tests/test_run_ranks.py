@@ -124,6 +124,14 @@ def test_map_location_cuda_0_loads_every_ranks_state_onto_gpu_0(tmp_path: Path) 
     assert fixed.findings == () and exit_code([fixed]) == 0
 
 
+@pytest.mark.parametrize("name", ["ddp_fixed.py", "lightning_ddp_fixed.py"])
+def test_a_plain_run_of_a_torchrun_script_says_to_use_nproc_per_node(name: str) -> None:
+    if name.startswith("lightning"):
+        pytest.importorskip("lightning")
+    report = run(script(name), gpus=2)
+    assert any("placecheck run --nproc-per-node" in n for n in report.notes), report.notes
+
+
 # -- what is not simulated: said, never a finding ---------------------------------------------------------
 
 def test_fsdp_stops_with_a_note_at_its_line_and_the_run_is_unfinished() -> None:

@@ -73,7 +73,7 @@ def _simulate(program: Program, *, steps: int, gpus: int, timeout: float | None,
     torchrun launch (:mod:`placecheck.run.ranks`), whose collectives and DDP GPUs are returned too."""
     from placecheck.engine import SIMULATED_CUDA_VALUES
     from placecheck.run.lines import ScriptLines
-    from placecheck.run.ranks import RankChecks
+    from placecheck.run.ranks import RankChecks, launcher_note
     from placecheck.run.recorder import RunRecorder
     from placecheck.tagged import tagged_cuda
 
@@ -94,6 +94,8 @@ def _simulate(program: Program, *, steps: int, gpus: int, timeout: float | None,
         if finding is not None:
             findings.append(finding)
     notes.append(recorder.limit or _ending(outcome, recorder.steps, lines))
+    if rank is None and launcher_note(outcome.error):
+        notes.append(launcher_note(outcome.error))
     if not recorder.moves.moved_modules and not recorder.optimizers:
         notes.append("run: the script moved no module to the GPU and built no optimizer: nothing of a "
                      "training or inference loop was seen")

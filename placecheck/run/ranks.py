@@ -114,6 +114,29 @@ def torchrun_command(args: Sequence[str], nproc: int | None) -> tuple[str, list[
     return rest[0], rest[1:], module, nproc or 1
 
 
+TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def launcher_note(error: BaseException | None) -> str:
+    """For a plain run (no ``--nproc-per-node``) that failed for want of torchrun: the script read one of
+    torchrun's variables that is not set (``KeyError: 'LOCAL_RANK'``), or its ``init_process_group`` raised
+    without them; "" otherwise."""
+    if error is None or any(name in os.environ for name in ("RANK", "LOCAL_RANK")):
+        return ""
+    from placecheck.sources import frames_of
+
+    missing = isinstance(error, KeyError) and bool(error.args) and error.args[0] in TORCHRUN_VARIABLES
+    in_init = any(f.f_code.co_name == "init_process_group"
+                  and f.f_globals.get("__name__", "").startswith("torch.distributed")
+                  for f in frames_of(error.__traceback__))
+    if not (missing or in_init):
+        return ""
+    what = f"reads {error.args[0]} from the environment" if missing else \
+        "calls init_process_group without RANK, WORLD_SIZE and MASTER_ADDR in the environment"
+    return (f"run: the script {what}: torchrun sets them for each rank; run it as torchrun would, "
+            "placecheck run --nproc-per-node N SCRIPT (each rank simulated, with NCCL's rules)")
+
+
 def rank_environment(rank: int, nproc: int) -> dict[str, str]:
     """What torchrun sets for local rank ``rank`` of ``nproc`` on one node (``--standalone``)."""
     return {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc),
