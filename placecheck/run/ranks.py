@@ -178,9 +178,8 @@ class RankChecks:
         self.own = torch.device("cuda", local_rank)
         self.backend: str | None = None
         """The backend the script asked ``init_process_group`` for (None: not called, or the default)."""
-        self.initialised = False
-        self.uses: list[tuple[str, str, str]] = []
-        """(line, call, device) of every collective and DDP construction on a GPU."""
+        self.uses: dict[tuple[str, str, str], None] = {}
+        """(line, call, device) of every collective and DDP construction on a GPU, in order, once each."""
         self.misplaced: dict[str, list[str]] = {}
         """A GPU other than the rank's own -> the lines that put tensors there, in order."""
         self.first: dict[str, str] = {}
@@ -232,7 +231,6 @@ class RankChecks:
 
     def _init(self, backend: Any, rank: int, world_size: int) -> tuple[int, int]:
         self.backend = str(backend) if backend is not None else None
-        self.initialised = True
         return (self.rank if rank < 0 else rank), (self.world_size if world_size < 0 else world_size)
 
     def _collective(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -244,7 +242,7 @@ class RankChecks:
         if host and self.nccl:
             self._cpu_in_nccl(f"dist.{name}", _describe(host[0]), line)
         for device in sorted({str(t.device) for t in tensors if t.device.type == "cuda"}):
-            self.uses.append((line, f"dist.{name}", device))
+            self.uses[(line, f"dist.{name}", device)] = None
 
     def _ddp_module(self, module: Any) -> None:
         line = here()[0]
@@ -255,7 +253,7 @@ class RankChecks:
             self._cpu_in_nccl("DistributedDataParallel(...)", "its parameters", line)
         for device in devices:
             if device.startswith("cuda"):
-                self.uses.append((line, "DistributedDataParallel(...)", device))
+                self.uses[(line, "DistributedDataParallel(...)", device)] = None
 
     def _fsdp(self) -> OutsideSimulation:
         line = here()[0]
