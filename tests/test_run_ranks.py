@@ -132,6 +132,17 @@ def test_a_plain_run_of_a_torchrun_script_says_to_use_nproc_per_node(name: str) 
     assert any("placecheck run --nproc-per-node" in n for n in report.notes), report.notes
 
 
+def test_what_a_script_sets_in_the_environment_does_not_outlive_its_run(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # Lightning's launcher sets WORLD_SIZE and MASTER_ADDR; left behind, the next run's HF Trainer took
+    # them for a distributed launch and waited for its peers
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    sets = tmp_path / "sets.py"
+    sets.write_text("import os\nos.environ['MASTER_ADDR'] = '10.0.0.1'\n")
+    run(str(sets))
+    assert "MASTER_ADDR" not in os.environ
+
+
 # -- what is not simulated: said, never a finding ---------------------------------------------------------
 
 def test_fsdp_stops_with_a_note_at_its_line_and_the_run_is_unfinished() -> None:

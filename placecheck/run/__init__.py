@@ -15,9 +15,11 @@ the default here. What the run finds is described in
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 import types
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from placecheck.compat import torch_note
@@ -86,7 +88,7 @@ def _simulate(program: Program, *, steps: int, gpus: int, timeout: float | None,
              "default for run: scripts read values (.item(), printed losses, data-driven branches) and "
              "run backward, which fake tensors cannot; the script really runs and its side effects happen",
              torch_note()]
-    with tagged_cuda(gpus), recorder.recording(), lines.watching():
+    with _environment_kept(), tagged_cuda(gpus), recorder.recording(), lines.watching():
         outcome = execute(program, timeout, notes)
     findings = recorder.findings()
     if outcome.error is not None:
@@ -107,6 +109,20 @@ def _simulate(program: Program, *, steps: int, gpus: int, timeout: float | None,
     report = Report.build(program.name, recorder.target, SIMULATED_CUDA_VALUES, kept, notes, stats,
                           unfinished=_unfinished(outcome, recorder.limit))
     return report, list(recorder.ranks.uses) if recorder.ranks is not None else []
+
+
+@contextlib.contextmanager
+def _environment_kept() -> Iterator[None]:
+    """``os.environ`` as it was before the script: what a script (or a launcher in it: Lightning sets
+    ``WORLD_SIZE`` and ``MASTER_ADDR``) sets would end with its process, not leak into the next run in
+    this one (where another framework would read it as a distributed launch and wait for its peers)."""
+    saved = dict(os.environ)
+    try:
+        yield
+    finally:
+        if dict(os.environ) != saved:
+            os.environ.clear()
+            os.environ.update(saved)
 
 
 def _unfinished(outcome: Outcome, limit: str) -> str:
