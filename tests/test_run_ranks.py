@@ -132,8 +132,8 @@ def test_a_plain_run_of_a_torchrun_script_says_to_use_nproc_per_node(name: str) 
     assert any("placecheck run --nproc-per-node" in n for n in report.notes), report.notes
 
 
-def test_what_a_script_sets_in_the_environment_does_not_outlive_its_run(tmp_path: Path,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_what_a_script_sets_in_the_environment_does_not_outlive_its_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Lightning's launcher sets WORLD_SIZE and MASTER_ADDR; left behind, the next run's HF Trainer took
     # them for a distributed launch and waited for its peers
     monkeypatch.delenv("MASTER_ADDR", raising=False)
