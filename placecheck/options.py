@@ -164,6 +164,18 @@ def _check_size(flag: str) -> Callable[[Any], None]:
     return check
 
 
+def nproc_value(text: str) -> int:
+    """``--nproc-per-node``'s value: an integer >= 1 (a :class:`UsageError` otherwise)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise UsageError(f"--nproc-per-node {text!r}: give the number of ranks (processes) on the node, an "
+                         "integer >= 1, e.g. --nproc-per-node 2")
+    return value
+
+
 _CHECKS: dict[str, Callable[[Any], None]] = {
     "device": _check_device,
     "engine": _check_choice("engine", ENGINE_CHOICES),
@@ -178,6 +190,7 @@ _CHECKS: dict[str, Callable[[Any], None]] = {
     "ignore": _check_codes("--ignore"),
     "steps": lambda v: _check_int("--steps", v, 0, " (0: run to the end)"),
     "timeout": _check_timeout,
+    "nproc_per_node": lambda v: _check_int("--nproc-per-node", v, 1, " (the ranks on the node)"),
 }
 """The one check of each option's value, by field name."""
 
@@ -420,6 +433,9 @@ class RunOptions(CommonOptions):
     engine: str = "auto"
     """One of :data:`RUN_ENGINE_CHOICES` (``--engine``): ``tagged`` real values on the CPU, ``fake`` fake
     tensors (a job of any size), ``auto`` fake when a real-valued step would not fit in ``memory``."""
+    nproc_per_node: int | None = None
+    """Run the script as torchrun does (``--nproc-per-node``): each of this many ranks in a process of its
+    own with torchrun's environment (:mod:`placecheck.run.ranks`); ``gpus`` not given is this many."""
     memory: int | str | None = None
     """auto's budget of a real-valued step, bytes or a size (``"8GiB"``); None: 2 GiB or half the
     available memory, or ``PLACECHECK_RUN_MEMORY`` (:mod:`placecheck.run.auto`)."""
@@ -441,7 +457,7 @@ class RunOptions(CommonOptions):
         # not given (the command line's None) is the default, so that every way of building the
         # object that means the same builds an equal one
         if self.gpus is None:
-            object.__setattr__(self, "gpus", 1)
+            object.__setattr__(self, "gpus", self.nproc_per_node or 1)
         if self.steps is None:
             object.__setattr__(self, "steps", DEFAULT_STEPS)
 

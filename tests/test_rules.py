@@ -36,6 +36,8 @@ CONTRACT = {
     "PC306": ("unsafe-checkpoint", "checkpoint"),
     "PC307": ("optimizer-state-off-device", "run"),
     "PC308": ("optimizer-stale-params", "run"),
+    "PC401": ("rank-device", "run"),
+    "PC402": ("collective-off-device", "run"),
 }
 
 
@@ -94,7 +96,7 @@ def test_expand_prefixes() -> None:
     assert expand(["", " "]) == set()
 
 
-@pytest.mark.parametrize("bad, message", [("PC999", "matches no rule"), ("PC4", "matches no rule"),
+@pytest.mark.parametrize("bad, message", [("PC999", "matches no rule"), ("PC5", "matches no rule"),
                                           ("XYZ", "invalid code selector"), ("PC1234", "invalid")])
 def test_expand_rejects_unknown(bad: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):

@@ -198,7 +198,8 @@ def test_lightning_ddp_at_two_devices_is_stopped_before_its_launcher_starts_rank
 
     report = run(main, gpus=2)
     assert report.findings == ()
-    assert any("starts copies of itself in other processes" in n for n in report.notes)
+    assert any("starts copies of itself in other processes" in n
+               and "placecheck run --nproc-per-node 2 SCRIPT" in n for n in report.notes)
 
 
 # -- what is module state: evidence, not class names ---------------------------------------------------

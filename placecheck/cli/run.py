@@ -26,7 +26,7 @@ from placecheck.cli.common import (
     configured,
 )
 from placecheck.formats import OutputFormat
-from placecheck.options import RunOptions
+from placecheck.options import RunOptions, nproc_value
 from placecheck.output import OutputOptions, emit, errors_reported, model_output_to_stderr
 
 RUN_HELP = """Run a training or inference script on a simulated GPU: every placement problem it meets.
@@ -75,6 +75,13 @@ def run(
         help="Run a module as `python -m MODULE` would, instead of a script.")] = None,
     gpus: Gpus = None,
     engine: RunEngine = "auto",
+    nproc_per_node: Annotated[str | None, typer.Option(
+        "--nproc-per-node", "--nproc_per_node", metavar="N", rich_help_panel=PANEL_TARGET,
+        help="Run the script as torchrun --nproc-per-node N does: each of N ranks in a process of its "
+             "own with torchrun's environment, on N simulated GPUs, with NCCL's rules.")] = None,
+    standalone: Annotated[bool, typer.Option(
+        "--standalone", hidden=True, help="torchrun's --standalone (one node): accepted, as it changes "
+                                          "nothing in the simulation.")] = False,
     steps: Steps = None,
     timeout: Timeout = None,
     select: Select = None,
@@ -103,8 +110,9 @@ def run(
                             group=not no_group, hints=hints)
         out.check()  # a bad --fail-on or --output fails before the script runs
         # None (not given) is the default; lists of comma-separated codes are split
-        options = RunOptions(module=module is not None, gpus=gpus, timeout=timeout,
-                             steps=steps, select=select, ignore=ignore, engine=engine)  # type: ignore[arg-type]
+        options = RunOptions(module=module is not None, gpus=gpus, timeout=timeout, engine=engine,
+                             steps=steps, select=select, ignore=ignore,  # type: ignore[arg-type]
+                             nproc_per_node=None if nproc_per_node is None else nproc_value(nproc_per_node))
         options = configured(ctx, options)  # ./pyproject.toml's [tool.placecheck.run] for what is not given
         options.check()  # a bad selector fails before the script runs (and before torch loads)
         from placecheck.run import run as run_program

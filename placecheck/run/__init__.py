@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import sys
 import types
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from placecheck.compat import FAKE_TENSOR_LOGGER, torch_note
@@ -41,16 +42,19 @@ def run(target: str | Callable[[], Any], args: Sequence[str] = (), *, options: R
         module: bool = False, steps: int = DEFAULT_STEPS, gpus: int | None = None,
         timeout: float | None = None, select: Iterable[str] | None = None,
         ignore: Iterable[str] | None = None, engine: str = "auto",
-        memory: int | str | None = None) -> Report:
+        memory: int | str | None = None, nproc_per_node: int | None = None) -> Report:
     """Run a script (path), a module (``module=True``: ``python -m target``) or a callable on a
     simulated GPU and report every placement problem the program meets.
 
     ``steps``: stop after that many ``optimizer.step()`` calls (0: run to the end).
-    ``gpus``: what ``torch.cuda.device_count()`` answers (default 1). ``timeout``: stop after
-    that many seconds. Stopping early is not an error; a note says where it stopped.
-    ``engine``: ``tagged`` (real values on the CPU), ``fake`` (fake tensors: a job of any size) or
-    ``auto``: fake when a real-valued step would hold more than ``memory`` bytes (default: 2 GiB or
-    half the memory available; ``PLACECHECK_RUN_MEMORY``), see :mod:`placecheck.run.auto`.
+    ``gpus``: what ``torch.cuda.device_count()`` answers (default 1, or ``nproc_per_node``).
+    ``timeout``: stop after that many seconds. Stopping early is not an error; a note says where it
+    stopped. ``engine``: ``tagged`` (real values on the CPU), ``fake`` (fake tensors: a job of any
+    size) or ``auto``: fake when a real-valued step would hold more than ``memory`` bytes (default:
+    2 GiB or half the memory available; ``PLACECHECK_RUN_MEMORY``), see :mod:`placecheck.run.auto`.
+    ``nproc_per_node``: run the script as torchrun does, once per rank in a process of its own
+    (:mod:`placecheck.run.ranks`); ``run("torch.distributed.run", ["--nproc-per-node", "2",
+    "train.py"], module=True)`` is the same.
     The keywords are the fields of :class:`~placecheck.options.RunOptions`; ``options=``
     passes a whole options object instead (then give no other keyword), as ``placecheck run``
     does. Raises :class:`~placecheck.errors.UsageError` for bad options and
@@ -58,31 +62,60 @@ def run(target: str | Callable[[], Any], args: Sequence[str] = (), *, options: R
     module or a syntax error; what the script raises is reported, not raised.
     """
     from placecheck import cudaapi
-    from placecheck.engine import SIMULATED_CUDA, SIMULATED_CUDA_VALUES
-    from placecheck.run.lines import ScriptLines
-    from placecheck.run.recorder import RunRecorder
+    from placecheck.run.ranks import TORCHRUN_MODULE, run_ranks, torchrun_command
 
     given = RunOptions(module=module, steps=steps, gpus=gpus, timeout=timeout,  # lists and strings too
-                       select=select, ignore=ignore, engine=engine, memory=memory)  # type: ignore[arg-type]
+                       select=select, ignore=ignore, engine=engine,  # type: ignore[arg-type]
+                       memory=memory, nproc_per_node=nproc_per_node)
     if options is None:
         options = given
     elif given != RunOptions():
         raise UsageError("run(): pass options= or keyword arguments, not both")
     options.check()
-    gpus, steps, timeout, module = options.gpu_count, options.steps, options.timeout, options.module
     codes = selected(options.select, options.ignore)
-    choice, memory = options.engine, options.memory
-    cpu_only = cudaapi.CPU_ONLY_BUILD
-    if choice == "fake" and cpu_only:
+    if options.module and target == TORCHRUN_MODULE:
+        target, args, module, nproc = torchrun_command(args, options.nproc_per_node)
+        options = options.replace(module=module, nproc_per_node=nproc,
+                                  gpus=options.gpus if gpus is not None else nproc)
+    if options.engine == "fake" and cudaapi.CPU_ONLY_BUILD:
         raise UsageError("--engine fake needs torch built with CUDA support (autograd on fake CUDA tensors); "
                          "this torch is a CPU-only build: use --engine tagged")
-    program = Program(target, tuple(args), module)
+    program = Program(target, tuple(args), options.module)
     program.check()
+    if options.nproc_per_node is not None:
+        if callable(target):
+            raise UsageError("nproc_per_node runs a script or a module in a process per rank: give its path "
+                             "or module name, not a callable")
+        return run_ranks(program, options, codes)
+    return _simulate(program, options, codes)[0]
+
+
+def _simulate(program: Program, options: RunOptions, codes: frozenset[str],
+              rank: tuple[int, int, int] | None = None) -> tuple[Report, list[tuple[str, str, str]]]:
+    """The run in this process; ``rank``: ``(rank, world size, local rank)`` when it is one rank of a
+    torchrun launch (:mod:`placecheck.run.ranks`), whose collectives and DDP GPUs are returned too."""
+    from placecheck import cudaapi
+    from placecheck.engine import SIMULATED_CUDA, SIMULATED_CUDA_VALUES
+    from placecheck.run.lines import ScriptLines
+    from placecheck.run.ranks import RankChecks, launcher_note
+    from placecheck.run.recorder import RunRecorder
+
+    gpus, steps, timeout = options.gpu_count, options.steps, options.timeout
+    choice, memory = options.engine, options.memory
+    cpu_only = cudaapi.CPU_ONLY_BUILD
     plural = "s" if gpus != 1 else ""
     notes: list[str] = []
     probe = None
     assumed: list[str] = []
-    recorder = RunRecorder(gpus=gpus, steps=steps)
+
+    def new_recorder() -> RunRecorder:
+        recorder = RunRecorder(gpus=gpus, steps=steps)
+        if rank is not None:
+            recorder.ranks = RankChecks(recorder, *rank)
+            recorder.target = str(recorder.ranks.own)
+        return recorder
+
+    recorder = new_recorder()
     lines = ScriptLines(program.filename)
     if choice in ("tagged", "auto"):
         from placecheck.tagged import tagged_cuda
@@ -102,7 +135,7 @@ def run(target: str | Callable[[], Any], args: Sequence[str] = (), *, options: R
                 probe = recorder.probe = Probe(*memory_budget(memory))
                 stack.enter_context(random_state_kept())
                 stack.enter_context(probe.capturing())
-            with tagged_cuda(gpus), recorder.recording(), lines.watching():
+            with _environment_kept(), tagged_cuda(gpus), recorder.recording(), lines.watching():
                 outcome = execute(program, timeout, notes)
             if probe is not None and probe.decided != "fake":
                 probe.done()
@@ -112,7 +145,7 @@ def run(target: str | Callable[[], Any], args: Sequence[str] = (), *, options: R
         if probe is not None and probe.decided == "fake":
             del outcome
             notes = [probe.note()]
-            recorder = RunRecorder(gpus=gpus, steps=steps)
+            recorder = new_recorder()
             lines = ScriptLines(program.filename)
             gc.collect()  # the abandoned attempt's tensors
             choice = "fake"
@@ -131,6 +164,8 @@ def run(target: str | Callable[[], Any], args: Sequence[str] = (), *, options: R
         if finding is not None:
             findings.append(finding)
     notes.append(recorder.limit or _ending(outcome, recorder.steps, lines))
+    if rank is None and launcher_note(outcome.error):
+        notes.append(launcher_note(outcome.error))
     if not recorder.moves.moved_modules and not recorder.optimizers:
         notes.append("run: the script moved no module to the GPU and built no optimizer: nothing of a "
                      "training or inference loop was seen")
@@ -140,8 +175,23 @@ def run(target: str | Callable[[], Any], args: Sequence[str] = (), *, options: R
     kept = [f for f in findings if f.code in codes]
     stats = {"optimizer_steps": recorder.steps, "modules_moved": len(recorder.moves.moved_modules),
              "optimizers": len(recorder.optimizers)}
-    return Report.build(program.name, recorder.target, device_name, kept, notes, stats,
-                        unfinished=_unfinished(outcome, recorder.limit))
+    report = Report.build(program.name, recorder.target, device_name, kept, notes, stats,
+                          unfinished=_unfinished(outcome, recorder.limit))
+    return report, list(recorder.ranks.uses) if recorder.ranks is not None else []
+
+
+@contextlib.contextmanager
+def _environment_kept() -> Iterator[None]:
+    """``os.environ`` as it was before the script: what a script (or a launcher in it: Lightning sets
+    ``WORLD_SIZE`` and ``MASTER_ADDR``) sets would end with its process, not leak into the next run in
+    this one (where another framework would read it as a distributed launch and wait for its peers)."""
+    saved = dict(os.environ)
+    try:
+        yield
+    finally:
+        if dict(os.environ) != saved:
+            os.environ.clear()
+            os.environ.update(saved)
 
 
 ENGINES = RUN_ENGINE_CHOICES
@@ -161,7 +211,8 @@ def _run_fake(program: Program, recorder: RunRecorder, lines: ScriptLines, gpus:
     recorder.loaders_in_process = True
     recorder.fake_engine = True
     recorder.host_data = on_host
-    with quiet(FAKE_TENSOR_LOGGER), fake_cuda(gpus) as datadep, recorder.recording(), lines.watching():
+    with _environment_kept(), quiet(FAKE_TENSOR_LOGGER), fake_cuda(gpus) as datadep, recorder.recording(), \
+            lines.watching():
         outcome = execute(program, timeout, notes)
     return outcome, datadep.notes(phase="run")
 

@@ -21,6 +21,7 @@ import torch
 import torch.nn as nn
 
 from placecheck.compat import DisableTorchFunctionSubclass, storage_location_registry
+from placecheck.cudaapi import current_index
 from placecheck.errors import PlacecheckError
 from placecheck.sources import here
 from placecheck.state import replace_tensors
@@ -133,7 +134,10 @@ class Checkpoints:
         """``torch.load`` as on the simulated machine (:meth:`_load`)."""
         def load(f: Any, map_location: Any = None, *args: Any, **kwargs: Any) -> Any:
             with self.recorder.quiet():
-                return self._load(original, f, map_location, args, kwargs)
+                loaded = self._load(original, f, map_location, args, kwargs)
+                if self.recorder.ranks is not None:  # one rank of a torchrun launch: on its own GPU?
+                    self.recorder.ranks.loaded(loaded, here()[0])
+                return loaded
         return load
 
     def _load(self, original: Callable[..., Any], f: Any, map_location: Any, args: tuple[Any, ...],
@@ -191,7 +195,9 @@ class Checkpoints:
         else:
             target = "cpu"  # a callable map_location: its storages are its business
         device = torch.device(target)
-        return torch.device("cuda", device.index or 0) if device.type == "cuda" else device
+        if device.type != "cuda":
+            return device
+        return device if device.index is not None else torch.device("cuda", current_index())
 
     def torch_save(self, original: Callable[..., Any]) -> Callable[..., Any]:
         """``torch.save`` of plain host tensors, remembering where each was (a later load in the run puts

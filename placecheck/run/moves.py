@@ -103,6 +103,11 @@ class Moves:
             self._moving -= 1
         if dest is None:
             return moved
+        if self.recorder.ranks is not None:  # one rank of a torchrun launch: its own GPU?
+            placed = next(iter([*module.parameters(), *module.buffers()]), None)
+            if placed is not None:
+                name = type(module).__name__
+                self.recorder.ranks.placed_at(placed.device, f"{name}.to put the model", line, name)
         self.moved_modules.append(weakref.ref(module))
         key = (id(module), str(dest))
         if key in self._walked:

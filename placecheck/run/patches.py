@@ -25,7 +25,8 @@ What none of them shows, and so is patched here, for the recorder's session only
   the script again in other processes (Lightning's ``Trainer(devices=N)`` runs
   ``python SCRIPT`` once per other rank) starts it outside the simulation, where it
   really runs on the CPU or dies, and takes the run down with it; no hook sees a
-  process start, so the launch is refused with :class:`OutsideSimulation`.
+  process start, so the launch is refused with :class:`OutsideSimulation`, whose
+  note says to run it with ``--nproc-per-node N`` (:mod:`placecheck.run.ranks`).
 - ``torch.compile`` (:func:`eager_compile`): TorchDynamo rewrites a compiled
   function's bytecode into a graph before any mode sees a call, and traces into
   the engine's tensor subclass and the recorder's mode itself (it dies there:
@@ -37,13 +38,40 @@ What none of them shows, and so is patched here, for the recorder's session only
   the compiled graph. Patched rather than set up front because importing
   TorchDynamo costs seconds a script that never compiles should not pay.
 
-Each patch is the original wrapped, never a reimplementation; every original is
+- For ``--nproc-per-node N`` (:mod:`placecheck.run.ranks`), in each rank's process:
+  ``torch.distributed.init_process_group`` (:func:`fake_process_group`): NCCL
+  needs GPUs, so the group the script asks for is PyTorch's fake process group
+  (collectives return at once), with the rank and world size torchrun's
+  environment gives; the backend asked for is remembered (NCCL's rules apply
+  to an NCCL group). The collectives (``all_reduce``, ``broadcast``, ...:
+  :func:`watched_collective`) are Python functions of ``torch.distributed``,
+  which no torch function mode sees, and the engine's tensors reach the
+  process group as CPU tensors (no dispatch mode can tell their device): the
+  wrapper sees the tensors with their simulated devices first.
+  ``DistributedDataParallel.__init__`` (:func:`ddp_construction`): where NCCL
+  checks that no two ranks share a GPU; no hook sees a wrapper built; after it,
+  DDP's gradient hook is replaced by torch's own no-op comm hook, because the
+  fake group's all-reduce returns a future without a value, which DDP's reducer
+  refuses. The object collectives (``broadcast_object_list``, ``all_gather_object``,
+  ``gather_object``, ``scatter_object_list``: :func:`own_objects`) are the one
+  exception to wrapping: the fake group moves no data, so a rank receiving a
+  pickled object would unpickle garbage; each rank keeps its own object instead
+  (what every rank computed alike: a seed, a log directory, a metric), and their
+  internal tensors (which torch puts where the fake group says) are not the
+  script's collectives. FSDP (``fully_shard``, ``FullyShardedDataParallel``:
+  :func:`not_simulated`) is refused where the script calls it, with a note: its
+  sharded parameters are all-gathered from data the fake group does not move.
+
+Each patch is the original wrapped, never a reimplementation (but for the object collectives); every
+original is
 restored when the session ends, however it ends. Not reentrant.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import os
 import re
 import subprocess
@@ -137,10 +165,95 @@ def no_copies_of_the_script(original: Callable[..., Any]) -> Callable[..., Any]:
     """``subprocess.Popen.__init__``: a launch of the program itself in another process is refused."""
     def __init__(self: subprocess.Popen[Any], args: Any, *rest: Any, **kwargs: Any) -> None:
         if _runs_the_program(args):
+            env = kwargs.get("env") or {}
+            n = env.get("WORLD_SIZE", "N") if isinstance(env, dict) else "N"
             raise OutsideSimulation(
                 "run: stopped where the script starts copies of itself in other processes "
-                f"({' '.join(args)}): other ranks run outside the simulation, which placecheck run does not "
-                "simulate yet (a framework's multi-device launcher: Lightning's Trainer(devices=N) with its "
-                "ddp strategy); run it with one device to check the rest")
+                f"({' '.join(args)}): a launcher's other ranks would run outside the simulation (a "
+                "framework's multi-device launcher: Lightning's Trainer(devices=N) with its ddp strategy); "
+                "run the script "
+                f"as torchrun would instead, each rank simulated: placecheck run --nproc-per-node {n} SCRIPT "
+                "(the framework then sees torchrun's environment and starts no process)")
         original(self, args, *rest, **kwargs)
     return __init__
+
+
+def fake_process_group(on_init: Callable[[Any, int, int], tuple[int, int]]) -> Callable[..., Any]:
+    """``init_process_group``: the script's group becomes PyTorch's fake process group; ``on_init(backend,
+    rank, world_size)`` (the script's arguments, -1 when not given) says which rank and world size."""
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def init_process_group(backend: Any = None, init_method: Any = None, timeout: Any = None,
+                               world_size: int = -1, rank: int = -1, store: Any = None,
+                               *args: Any, **kwargs: Any) -> Any:
+            from placecheck.compat import fake_store
+
+            rank, world_size = on_init(backend, rank, world_size)
+            more = {"timeout": timeout} if timeout is not None else {}
+            return original("fake", store=fake_store(), rank=rank, world_size=world_size, **more)
+        return init_process_group
+    return make
+
+
+def watched_collective(name: str, check: Callable[[str, tuple[Any, ...], dict[str, Any]], None]
+                       ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A ``torch.distributed`` collective: ``check(name, args, kwargs)`` sees its arguments first."""
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def collective(*args: Any, **kwargs: Any) -> Any:
+            check(name, args, kwargs)
+            return original(*args, **kwargs)
+        return collective
+    return make
+
+
+def ddp_construction(before: Callable[[Any], None], after: Callable[[Any], None]
+                     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``DistributedDataParallel.__init__``: ``before(module)`` sees the module it wraps, ``after(ddp)``
+    the built wrapper."""
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def __init__(self: Any, module: Any, *args: Any, **kwargs: Any) -> None:
+            before(module)
+            original(self, module, *args, **kwargs)
+            after(self)
+        return __init__
+    return make
+
+
+def own_objects(name: str, rank: Callable[[], int], world_size: Callable[[], int]
+                ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """An object collective on the fake group: each rank's own object stands for every rank's."""
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        signature = inspect.signature(original)
+
+        @functools.wraps(original)
+        def collective(*args: Any, **kwargs: Any) -> None:
+            given = signature.bind_partial(*args, **kwargs).arguments
+            if name == "all_gather_object":
+                output, obj = given.get("object_list"), given.get("obj")
+            elif name == "gather_object":
+                output, obj = given.get("object_gather_list"), given.get("obj")
+            elif name == "scatter_object_list":
+                output = given.get("scatter_object_output_list")
+                inputs = given.get("scatter_object_input_list")
+                if isinstance(output, list) and isinstance(inputs, list | tuple) and len(inputs) > rank():
+                    output[:1] = [inputs[rank()]]
+                return
+            else:  # broadcast_object_list: each rank keeps what its list holds
+                return
+            if isinstance(output, list):
+                output[:] = [obj] * world_size()
+        return collective
+    return make
+
+
+def not_simulated(refuse: Callable[[], OutsideSimulation]
+                  ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A call the simulation cannot run: ``refuse()`` is raised where the script makes it."""
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def refused(*args: Any, **kwargs: Any) -> Any:
+            raise refuse()
+        return refused
+    return make

@@ -68,6 +68,7 @@ from placecheck.trace import op_name
 
 if TYPE_CHECKING:
     from placecheck.run.auto import Probe
+    from placecheck.run.ranks import RankChecks
 
 _MOVES = frozenset({torch.Tensor.to, torch.Tensor.cuda})
 _FACTORIES = frozenset(getattr(torch, name) for name in (
@@ -167,6 +168,9 @@ class RunRecorder:
         self.loaders_in_process = False
         """DataLoader workers run in the script's process (the fake engine: fake tensors cannot cross
         into worker processes); a note says so."""
+        self.ranks: RankChecks | None = None
+        """One rank of a torchrun launch (``--nproc-per-node``): its NCCL rules
+        (:mod:`placecheck.run.ranks`)."""
         self.pending = PendingCopies()
         """Non-blocking device-to-host copies no synchronize has covered yet (PC210), as audit's tracer."""
 
@@ -212,6 +216,8 @@ class RunRecorder:
                     (subprocess.Popen, "__init__", no_copies_of_the_script),
                 ]))
                 stack.enter_context(eager_compile(self._compiled))
+                if self.ranks is not None:
+                    stack.enter_context(self.ranks.session())
                 stack.enter_context(self.pending.synchronizations_seen())
                 stack.enter_context(_ScriptMode(self))
                 yield self
@@ -299,6 +305,9 @@ class RunRecorder:
         if isinstance(out, torch.Tensor) and out.device.type == "cuda" \
                 and (out.device.index or 0) >= self.gpus:
             raise self.no_such_gpu(out.device)
+        if self.ranks is not None and isinstance(out, torch.Tensor) \
+                and (func in _MOVES or func in _FACTORIES):
+            self.ranks.placed(func, out)
         if func in _MOVES and isinstance(out, torch.Tensor) and args and isinstance(args[0], torch.Tensor):
             self._record_move(func, args, kwargs, args[0], out)
         elif isinstance(out, torch.Tensor) and self.is_host_tensor(out):
@@ -535,6 +544,8 @@ class RunRecorder:
     def findings(self) -> list[Finding]:
         """Everything recorded, host syncs and repeated copies summarised per line."""
         out = list(self.found.values())
+        if self.ranks is not None:
+            out += self.ranks.findings()
         r = rule("PC204")
         for (line, call), (count, module, device, steps) in self.syncs.items():
             inside = call.split(" in ", 1)[1] if " in " in call else ""
@@ -596,7 +607,8 @@ class RunRecorder:
             if id(seen) in self.reported_errors:
                 return None
             if isinstance(seen, OutsideSimulation):  # a limit of the run, said in its own words
-                self.notes[str(seen)] = None
+                if str(seen) != self.limit:  # (the limit itself is the run's ending note)
+                    self.notes[str(seen)] = None
                 return None
             raised_here = raised_here or id(seen) in self._simulated_errors
             seen = seen.__cause__ or seen.__context__

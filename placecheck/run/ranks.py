@@ -1,0 +1,471 @@
+"""``placecheck run --nproc-per-node N``: a torchrun script run as each of its N ranks.
+
+torchrun starts the script once per GPU with its environment (``RANK``,
+``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ...). So does this: each rank is
+a child process of its own (a fresh interpreter: module globals, the current
+CUDA device, ``dist.get_rank()`` are the rank's own) that runs the script as
+``placecheck run`` does, on ``N`` simulated GPUs, with:
+
+- ``init_process_group`` (nccl, gloo or the default) landing on PyTorch's fake
+  process group (collectives return at once and move no data, so the ranks need
+  not run together), the backend asked for remembered;
+- NCCL's rules checked where a GPU job breaks (:class:`RankChecks`): a CPU tensor
+  in a collective of an NCCL group (PC402); a module, a tensor, a loaded
+  checkpoint or a collective on a GPU other than the rank's own
+  (``cuda:LOCAL_RANK``: a missing ``set_device``, a hard-coded ``cuda:0``, a
+  ``map_location`` to GPU 0) (PC401);
+- each collective and each ``DistributedDataParallel`` construction recorded with
+  the GPU it ran on, so that the parent sees two ranks on one GPU, which NCCL
+  refuses ("Duplicate GPU detected") (PC401).
+
+The parent (:func:`run_ranks`) merges the ranks' reports into one: a finding
+that several ranks have (the same code, place and line, their own GPU aside) is
+reported once, naming them (``on ranks 0-1, ...``; ``details["ranks"]``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from placecheck import rules
+from placecheck.errors import UsageError
+from placecheck.finding import Finding
+from placecheck.options import nproc_value
+from placecheck.rules import rule
+from placecheck.run.patches import OutsideSimulation
+from placecheck.sources import here
+
+if TYPE_CHECKING:
+    from placecheck.options import RunOptions
+    from placecheck.report import Report
+    from placecheck.run.recorder import RunRecorder
+    from placecheck.run.script import Program
+
+TORCHRUN_MODULE = "torch.distributed.run"
+"""``python -m torch.distributed.run`` is ``torchrun``."""
+
+COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
+               "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "gather",
+               "scatter", "send", "recv", "isend", "irecv")
+"""The tensor collectives and point-to-point calls of ``torch.distributed`` whose tensors are checked."""
+
+OBJECT_COLLECTIVES = ("broadcast_object_list", "all_gather_object", "gather_object", "scatter_object_list")
+"""The collectives of picklable objects: each rank keeps its own
+(:func:`placecheck.run.patches.own_objects`)."""
+
+_TORCHRUN_FLAGS = frozenset({"standalone", "no-python", "module", "m"})
+_TORCHRUN_VALUED = frozenset({
+    "nproc-per-node", "nnodes", "node-rank", "master-addr", "master-port", "rdzv-backend", "rdzv-endpoint",
+    "rdzv-id", "rdzv-conf", "max-restarts", "monitor-interval", "start-method", "role", "redirects", "tee",
+    "log-dir", "local-ranks-filter", "run-path", "local-addr", "logs-specs", "rdzv-timeout"})
+_PORT = "29500"
+
+
+def torchrun_command(args: Sequence[str], nproc: int | None) -> tuple[str, list[str], bool, int]:
+    """``-m torch.distributed.run ARGS`` read as torchrun reads ARGS: ``(target, args, module, nproc)``
+    of the script (or ``-m`` module) it launches. ``nproc``: ``--nproc-per-node`` given to placecheck."""
+    rest = list(args)
+    module = False
+    while rest and rest[0].startswith("-") and rest[0] != "--":
+        option = rest.pop(0)
+        name, has_value, value = option.lstrip("-").partition("=")
+        name = name.replace("_", "-")
+        if name in _TORCHRUN_FLAGS:
+            module = module or name in ("module", "m")
+            continue
+        if name not in _TORCHRUN_VALUED:
+            raise UsageError(f"-m {TORCHRUN_MODULE}: unknown torchrun option {option!r}: give torchrun's "
+                             "options, then the script and its arguments")
+        if not has_value:
+            if not rest:
+                raise UsageError(f"-m {TORCHRUN_MODULE}: {option} needs a value")
+            value = rest.pop(0)
+        if name == "nproc-per-node":
+            nproc = nproc_value(value)
+        elif name == "nnodes" and value.strip() not in ("1", "1:1"):
+            raise UsageError(f"--nnodes {value}: placecheck run simulates one node; give --nnodes 1 (or "
+                             "none) and --nproc-per-node for its ranks")
+    if rest and rest[0] == "--":
+        rest.pop(0)
+    if not rest:
+        raise UsageError(f"-m {TORCHRUN_MODULE}: give the script to launch (placecheck run -m "
+                         f"{TORCHRUN_MODULE} --nproc-per-node 2 train.py)")
+    return rest[0], rest[1:], module, nproc or 1
+
+
+TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def launcher_note(error: BaseException | None) -> str:
+    """For a plain run (no ``--nproc-per-node``) that failed for want of torchrun: the script read one of
+    torchrun's variables that is not set (``KeyError: 'LOCAL_RANK'``), or its ``init_process_group`` raised
+    without them; "" otherwise."""
+    if error is None or any(name in os.environ for name in ("RANK", "LOCAL_RANK")):
+        return ""
+    from placecheck.sources import frames_of
+
+    missing = isinstance(error, KeyError) and bool(error.args) and error.args[0] in TORCHRUN_VARIABLES
+    in_init = any(f.f_code.co_name == "init_process_group"
+                  and f.f_globals.get("__name__", "").startswith("torch.distributed")
+                  for f in frames_of(error.__traceback__))
+    if not (missing or in_init):
+        return ""
+    what = f"reads {error.args[0]} from the environment" if missing else \
+        "calls init_process_group without RANK, WORLD_SIZE and MASTER_ADDR in the environment"
+    return (f"run: the script {what}: torchrun sets them for each rank; run it as torchrun would, "
+            "placecheck run --nproc-per-node N SCRIPT (each rank simulated, with NCCL's rules)")
+
+
+def rank_environment(rank: int, nproc: int) -> dict[str, str]:
+    """What torchrun sets for local rank ``rank`` of ``nproc`` on one node (``--standalone``)."""
+    return {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc),
+            "LOCAL_WORLD_SIZE": str(nproc), "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1",
+            "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(nproc), "ROLE_NAME": "default",
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": _PORT, "TORCHELASTIC_RUN_ID": "none",
+            "TORCHELASTIC_RESTART_COUNT": "0",
+            "TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_USE_AGENT_STORE": "False",
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+            # DDP copies an input that is not on its device on a side stream, which needs a driver; on the
+            # current stream the copy (and where it goes) is the same
+            "PYTORCH_DDP_USE_SIDE_STREAM": "0"}
+
+
+# -- in a rank's process ------------------------------------------------------------------------------------
+
+def _tensors(value: Any, depth: int = 0) -> Iterator[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, list | tuple) and depth < 3:
+        for item in value:
+            yield from _tensors(item, depth + 1)
+    elif isinstance(value, dict) and depth < 8:
+        for item in value.values():
+            yield from _tensors(item, depth + 1)
+
+
+def _describe(t: torch.Tensor) -> str:
+    return f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}"
+
+
+class RankChecks:
+    """One rank's NCCL rules, in its own process: what it placed where, what its collectives got."""
+
+    def __init__(self, recorder: RunRecorder, rank: int, world_size: int, local_rank: int) -> None:
+        self.recorder = recorder
+        self.rank = rank
+        self.world_size = world_size
+        self.own = torch.device("cuda", local_rank)
+        self.backend: str | None = None
+        """The backend the script asked ``init_process_group`` for (None: not called, or the default)."""
+        self.uses: dict[tuple[str, str, str], None] = {}
+        """(line, call, device) of every collective and DDP construction on a GPU, in order, once each."""
+        self.misplaced: dict[str, list[str]] = {}
+        """A GPU other than the rank's own -> the lines that put tensors there, in order."""
+        self.first: dict[str, str] = {}
+        """That GPU -> what the first of those lines did."""
+        self.where: dict[str, str] = {}
+        """That GPU -> the module moved there first, or the call that made the first tensor there."""
+
+    @property
+    def nccl(self) -> bool:
+        """The group is NCCL's only: CPU tensors have no backend (the default group has gloo for them)."""
+        return self.backend is not None and all(
+            part.strip().split(":")[-1] == "nccl" for part in self.backend.lower().split(","))
+
+    @contextlib.contextmanager
+    def session(self) -> Iterator[None]:
+        """The process group, the collectives and DDP's construction patched for the rank's run."""
+        import torch.distributed as dist
+        from torch.distributed import distributed_c10d
+        from torch.nn.parallel import DistributedDataParallel
+
+        from placecheck.run.patches import (
+            Patch,
+            ddp_construction,
+            fake_process_group,
+            not_simulated,
+            own_objects,
+            patched,
+            watched_collective,
+        )
+
+        patches: list[Patch] = [(owner, "init_process_group", fake_process_group(self._init))
+                                for owner in (dist, distributed_c10d)]
+        for name in COLLECTIVES:
+            patches += [(owner, name, watched_collective(name, self._collective))
+                        for owner in (dist, distributed_c10d) if hasattr(owner, name)]
+        for name in OBJECT_COLLECTIVES:
+            patches += [(owner, name, own_objects(name, lambda: self.rank, lambda: self.world_size))
+                        for owner in (dist, distributed_c10d) if hasattr(owner, name)]
+        patches.append((DistributedDataParallel, "__init__",
+                        ddp_construction(self._ddp_module, self._ddp_built)))
+        fsdp = _fsdp_entry_points()
+        patches += [(owner, name, not_simulated(self._fsdp)) for owner, name in fsdp]
+        with patched(patches):
+            try:
+                yield
+            finally:
+                if dist.is_initialized():
+                    dist.destroy_process_group()
+
+    def _init(self, backend: Any, rank: int, world_size: int) -> tuple[int, int]:
+        self.backend = str(backend) if backend is not None else None
+        return (self.rank if rank < 0 else rank), (self.world_size if world_size < 0 else world_size)
+
+    def _collective(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        line = here()[0]
+        if not line:
+            return
+        tensors = [t for t in _tensors((args, kwargs)) if t.device.type != "meta"]
+        host = [t for t in tensors if t.device.type == "cpu"]
+        if host and self.nccl:
+            self._cpu_in_nccl(f"dist.{name}", _describe(host[0]), line)
+        for device in sorted({str(t.device) for t in tensors if t.device.type == "cuda"}):
+            self.uses[(line, f"dist.{name}", device)] = None
+
+    def _ddp_module(self, module: Any) -> None:
+        line = here()[0]
+        if not line or not isinstance(module, torch.nn.Module):
+            return
+        devices = sorted({str(t.device) for t in [*module.parameters(), *module.buffers()]})
+        if "cpu" in devices and self.nccl:
+            self._cpu_in_nccl("DistributedDataParallel(...)", "its parameters", line)
+        for device in devices:
+            if device.startswith("cuda"):
+                self.uses[(line, "DistributedDataParallel(...)", device)] = None
+
+    def _fsdp(self) -> OutsideSimulation:
+        line = here()[0]
+        at = f" at {line}" if line else ""
+        self.recorder.limit = (
+            f"run: stopped{at}, where the script shards its model with FSDP: FSDP is not simulated under "
+            "--nproc-per-node yet (each rank all-gathers its parameters from data the fake process group "
+            "does not move); the code before it was checked; audit the model's ranks with `placecheck "
+            "audit MODEL --wrap fsdp`")
+        return OutsideSimulation(self.recorder.limit)
+
+    def _ddp_built(self, ddp: Any) -> None:
+        from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
+
+        with contextlib.suppress(RuntimeError):  # a hook registered already: DDP keeps that one
+            ddp.register_comm_hook(None, noop_hook)
+
+    def _cpu_in_nccl(self, call: str, what: str, line: str) -> None:
+        r = rule("PC402")
+        message, hint = rules.collective_on_host(call, what, str(self.backend))
+        self.recorder.add(Finding(code=r.code, kind=r.kind, severity=r.severity, where=call, source=line,
+                                  device="cpu", expected=str(self.own), message=message, hint=hint,
+                                  details=(("call", call),)), key_extra=call)
+
+    def placed(self, func: Any, out: torch.Tensor) -> None:
+        """A tensor created or moved by the script: on a GPU other than the rank's own, remembered."""
+        if out.device.type == "cuda" and out.device != self.own:
+            name = getattr(func, "__name__", "a call")
+            self.placed_at(out.device, f"{name} made {_describe(out)}", here()[0], name)
+
+    def placed_at(self, device: torch.device, what: str, line: str, where: str) -> None:
+        """``what`` (a module's move, a tensor made) put state on ``device`` at ``line``; ``where``: the
+        module moved, or the call that made the tensor."""
+        if device.type != "cuda" or device == self.own or not line:
+            return
+        lines = self.misplaced.setdefault(str(device), [])
+        if line not in lines:
+            lines.append(line)
+            self.first.setdefault(str(device), what)
+            self.where.setdefault(str(device), where)
+
+    def loaded(self, obj: Any, line: str) -> None:
+        """``torch.load``'s result: state on a GPU other than the rank's own (``map_location`` to GPU 0)."""
+        devices = sorted({str(t.device) for t in _tensors(obj)
+                          if t.device.type == "cuda" and t.device != self.own})
+        if not devices or not line:
+            return
+        r = rule("PC401")
+        message, hint = rules.rank_loaded_off_device(", ".join(devices), str(self.own))
+        self.recorder.add(Finding(code=r.code, kind=r.kind, severity=r.severity, where="torch.load",
+                                  source=line, device=", ".join(devices), expected=str(self.own),
+                                  message=message, hint=hint, details=(("call", "torch.load"),)),
+                          key_extra="torch.load")
+
+    def findings(self) -> list[Finding]:
+        """PC401 for each GPU other than its own the rank put tensors on, at the first line that did."""
+        r = rule("PC401")
+        out = []
+        for device, lines in self.misplaced.items():
+            message, hint = rules.rank_off_device(self.first[device], device, str(self.own), lines[1:])
+            out.append(Finding(code=r.code, kind=r.kind, severity=r.severity, where=self.where[device],
+                               source=lines[0],
+                               device=device, expected=str(self.own), count=len(lines), message=message,
+                               hint=hint, details=(("lines", ", ".join(lines)),)))
+        return out
+
+
+def _fsdp_entry_points() -> list[tuple[object, str]]:
+    """Where a script shards a model with FSDP: FSDP2's ``fully_shard`` and FSDP1's wrapper."""
+    try:
+        from torch.distributed import fsdp
+    except ImportError:
+        return []
+    found: list[tuple[object, str]] = [(fsdp, "fully_shard")] if hasattr(fsdp, "fully_shard") else []
+    wrapper = getattr(fsdp, "FullyShardedDataParallel", None)
+    return [*found, (wrapper, "__init__")] if wrapper is not None else found
+
+
+# -- the parent: one process per rank, one report --------------------------------------------------------
+
+def run_ranks(program: Program, options: RunOptions, codes: frozenset[str]) -> Report:
+    """Run ``program`` as ``options.nproc_per_node`` ranks, each in a process of its own, and merge their
+    reports."""
+    from placecheck.formats.json import report_from_dict
+    from placecheck.report import Report
+
+    nproc, gpus, timeout = options.nproc_per_node or 1, options.gpu_count, options.timeout
+    config = {"target": program.target, "args": list(program.args), "options": options.to_dict(),
+              "codes": sorted(codes)}
+    with tempfile.TemporaryDirectory(prefix="placecheck-ranks-") as tmp:
+        config_path = os.path.join(tmp, "config.json")
+        with open(config_path, "w", encoding="utf-8") as handle:
+            json.dump(config, handle)
+        children = []
+        for rank in range(nproc):
+            out_path = os.path.join(tmp, f"rank{rank}.json")
+            log = open(os.path.join(tmp, f"rank{rank}.log"), "w+", encoding="utf-8")  # noqa: SIM115
+            env = {**os.environ, **rank_environment(rank, nproc)}
+            proc = subprocess.Popen([sys.executable, "-m", "placecheck.run.rank", config_path, out_path],
+                                    env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            children.append((rank, proc, out_path, log))
+        results: list[tuple[Report, list[tuple[str, str, str]]]] = []
+        crashed: list[str] = []
+        for rank, proc, out_path, log in children:
+            try:
+                rc = proc.wait(timeout=None if timeout is None else timeout + 120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                rc = proc.wait()
+            log.seek(0)
+            printed = log.read()
+            log.close()
+            for text in printed.splitlines():  # the script's output, as torchrun prefixes it
+                print(f"[rank{rank}]: {text}")
+            if not os.path.exists(out_path):
+                tail = printed.strip().splitlines()[-1:] or [f"exit status {rc}"]
+                crashed.append(f"rank {rank}: the simulation of this rank ended without a report "
+                               f"(exit status {rc}): {tail[0]}")
+                continue
+            with open(out_path, encoding="utf-8") as handle:
+                data = json.load(handle)
+            results.append((report_from_dict(data["report"]), [tuple(u) for u in data["uses"]]))
+    if crashed:
+        raise RuntimeError("; ".join(crashed))
+    reports = [r for r, _ in results]
+    findings = _merge(reports) + _shared_gpus([u for _, u in results])
+    findings = [f for f in findings if f.code in codes]
+    notes = [_describe_ranks(nproc, gpus), *_merge_notes([r.notes for r in reports])]
+    stats = {**dict(reports[0].stats), "ranks": nproc}
+    unfinished = _merge_unfinished([r.unfinished for r in reports])
+    return Report.build(program.name, ", ".join(f"cuda:{k}" for k in range(nproc)), reports[0].engine,
+                        findings, notes, stats, unfinished=unfinished)
+
+
+def ranks_label(ranks: Sequence[int]) -> str:
+    """``rank 1``, ``ranks 0-3``, ``ranks 0, 2``."""
+    ranks = sorted(ranks)
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    if ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"ranks {ranks[0]}-{ranks[-1]}"
+    return "ranks " + ", ".join(str(r) for r in ranks)
+
+
+def _neutral(text: str, rank: int) -> str:
+    """``text`` with the rank's own GPU named generically: what is the same on every rank compares equal."""
+    return re.sub(rf"\bcuda:{rank}\b", "cuda:LOCAL_RANK", text)
+
+
+def _merge(reports: Sequence[Report]) -> list[Finding]:
+    """The ranks' findings, each once, naming the ranks that have it (the first of them shown)."""
+    groups: dict[tuple[str, ...], list[tuple[int, Finding]]] = {}
+    for rank, report in enumerate(reports):
+        for f in report.findings:
+            key = (f.code, f.kind, f.where, f.source, _neutral(f.message, rank), _neutral(f.device, rank),
+                   _neutral(f.expected, rank))
+            groups.setdefault(key, []).append((rank, f))
+    merged = []
+    for members in groups.values():
+        first = members[0][1]
+        label = ranks_label([rank for rank, _ in members])
+        merged.append(dataclasses.replace(
+            first, message=f"on {label}, {first.message}",
+            details=(*first.details, ("ranks", label.split(" ", 1)[1]))))
+    return merged
+
+
+def _shared_gpus(uses: Sequence[Sequence[tuple[str, str, str]]]) -> list[Finding]:
+    """PC401 where two or more ranks ran DDP's construction or a collective on one GPU: NCCL's
+    "Duplicate GPU detected"."""
+    by_site: dict[tuple[str, str], dict[str, set[int]]] = {}
+    for rank, rank_uses in enumerate(uses):
+        for line, call, device in rank_uses:
+            by_site.setdefault((line, call), {}).setdefault(device, set()).add(rank)
+    r = rule("PC401")
+    shared = [(line, call, device, sorted(ranks)) for (line, call), devices in by_site.items()
+              for device, ranks in sorted(devices.items()) if len(ranks) >= 2]
+    if not shared:
+        return []
+    # a GPU job stops at the first of them: that one is the finding, the later ones are counted
+    line, call, device, ranks = shared[0]
+    label = ranks_label(ranks)
+    message, hint = rules.ranks_share_gpu(label, call, device, ranks, len(shared) - 1)
+    off = [k for k in ranks if device != f"cuda:{k}"]
+    where = "DDP" if call.startswith("DistributedDataParallel") else call
+    return [Finding(code=r.code, kind=r.kind, severity=r.severity, where=where, source=line, device=device,
+                    expected=", ".join(f"cuda:{k}" for k in off), count=len(ranks), message=message,
+                    hint=hint, details=(("call", call), ("ranks", label.split(" ", 1)[1])))]
+
+
+def _describe_ranks(nproc: int, gpus: int) -> str:
+    return (f"ranks: {nproc} (torchrun --nproc-per-node {nproc} simulated: each rank a process of its own "
+            f"with torchrun's environment, RANK = LOCAL_RANK = k, on a node of {gpus} simulated GPU"
+            f"{'s' if gpus != 1 else ''}; init_process_group's group is PyTorch's fake process group "
+            "(collectives return at once and move no data), with NCCL's rules when the script asks for "
+            "nccl); each finding names the ranks that have it")
+
+
+def _merge_notes(notes: Sequence[Sequence[str]]) -> list[str]:
+    order: list[str] = []
+    where: dict[str, list[int]] = {}
+    shown: dict[str, str] = {}
+    for rank, rank_notes in enumerate(notes):
+        for note in rank_notes:
+            key = _neutral(note, rank)
+            if key not in where:
+                order.append(key)
+                shown[key] = note
+            where.setdefault(key, []).append(rank)
+    out = []
+    for key in order:
+        ranks = where[key]
+        if len(ranks) == len(notes) and (key.startswith(("engine: ", "torch: ")) or key == shown[key]):
+            out.append(shown[key])
+        else:
+            out.append(f"{ranks_label(ranks)}: {shown[key]}")
+    return out
+
+
+def _merge_unfinished(unfinished: Sequence[str]) -> str:
+    said: dict[str, list[int]] = {}
+    for rank, text in enumerate(unfinished):
+        if text:
+            said.setdefault(_neutral(text, rank), []).append(rank)
+    return "; ".join(f"{ranks_label(ranks)}: {text}" for text, ranks in said.items())

@@ -1,0 +1,233 @@
+"""``placecheck run --nproc-per-node N``: a torchrun script run as each of its ranks, with NCCL's rules.
+
+Each buggy script in ``tests/fixtures/run/ranks/`` has its bug at a known line and a fixed twin that
+exits 0. Every rank is a child process of its own (torchrun's environment, N simulated GPUs, PyTorch's
+fake process group), so each run here starts N interpreters: the tests run each script once.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+from cli_runner import CliRunner, separate_stderr_capture
+from report_schema import validate_json
+
+from placecheck.cli import app
+from placecheck.errors import UsageError
+from placecheck.finding import Finding, Severity
+from placecheck.report import Report, exit_code
+from placecheck.run import run
+from placecheck.run.ranks import ranks_label, torchrun_command
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "run" / "ranks"
+
+
+def script(name: str) -> str:
+    return os.path.relpath(FIXTURES / name)
+
+
+def at(name: str, line: int) -> str:
+    return f"{script(name)}:{line}"
+
+
+def failing(report: Report) -> list[tuple[str, str, str]]:
+    """``(code, source, ranks)`` of every finding at warning or above."""
+    return sorted((f.code, f.source, dict(f.details).get("ranks", "")) for f in report.findings
+                  if f.severity is not Severity.INFO)
+
+
+def ranks_of(finding: Finding) -> str:
+    return dict(finding.details)["ranks"]
+
+
+# -- the launch itself -----------------------------------------------------------------------------------
+
+def test_a_correct_ddp_script_runs_clean_on_every_rank_and_the_rank_0_guard_runs_on_rank_0_only() -> None:
+    report = run(script("ddp_fixed.py"), nproc_per_node=2)
+    assert failing(report) == [] and exit_code([report]) == 0
+    assert report.device == "cuda:0, cuda:1"
+    assert dict(report.stats)["ranks"] == 2
+    assert any(n.startswith("ranks: 2 (torchrun --nproc-per-node 2 simulated") for n in report.notes)
+    # the .item() under `if dist.get_rank() == 0:` ran on rank 0 only
+    [sync] = [f for f in report.findings if f.code == "PC204"]
+    assert sync.source == at("ddp_fixed.py", 24) and ranks_of(sync) == "0"
+    assert sync.message.startswith("on rank 0, ")
+    assert any("stopped after 2 optimizer steps" in n for n in report.notes)
+
+
+def test_only_rank_0_takes_its_guarded_branch_and_only_rank_0_has_its_bug() -> None:
+    report = run(script("rank0_buggy.py"), nproc_per_node=2)
+    assert failing(report) == [("PC201", at("rank0_buggy.py", 18), "0")]
+    fixed = run(script("rank0_fixed.py"), nproc_per_node=2)
+    assert failing(fixed) == [] and exit_code([fixed]) == 0
+
+
+# -- a rank off its own GPU, two ranks on one GPU ------------------------------------------------------------
+
+def test_missing_set_device_puts_rank_1_on_cuda_0_and_ddp_on_one_gpu_for_both() -> None:
+    report = run(script("set_device_buggy.py"), nproc_per_node=2)
+    assert failing(report) == [("PC401", at("set_device_buggy.py", 10), "1"),
+                               ("PC401", at("set_device_buggy.py", 11), "0-1")]
+    moved, shared = sorted((f for f in report.findings if f.code == "PC401"), key=lambda f: f.source)
+    assert (moved.device, moved.expected) == ("cuda:0", "cuda:1")
+    assert at("set_device_buggy.py", 14) in dict(moved.details)["lines"]  # the batch too, counted there
+    assert dict(shared.details)["call"] == "DistributedDataParallel(...)"
+    assert "Duplicate GPU detected" in shared.message and shared.device == "cuda:0"
+    assert exit_code([report]) == 1
+
+
+def test_set_device_first_makes_cuda_the_ranks_own_gpu() -> None:
+    report = run(script("set_device_fixed.py"), nproc_per_node=2)
+    assert report.findings == () and exit_code([report]) == 0
+
+
+def test_a_hard_coded_cuda_0_is_found_at_its_line_and_where_ddp_feeds_rank_1s_gpu() -> None:
+    report = run(script("hardcoded_buggy.py"), nproc_per_node=2)
+    assert failing(report) == [("PC201", at("hardcoded_buggy.py", 18), "1"),
+                               ("PC401", at("hardcoded_buggy.py", 13), "1"),
+                               ("PC401", at("hardcoded_buggy.py", 14), "0-1")]
+    assert not any("NoneType" in f.message for f in report.findings)  # DDP's input copy is simulated
+
+
+# -- collectives --------------------------------------------------------------------------------------------
+
+def test_a_cpu_tensor_in_an_nccl_all_reduce_is_found_on_every_rank() -> None:
+    report = run(script("allreduce_cpu_buggy.py"), nproc_per_node=2)
+    assert failing(report) == [("PC402", at("allreduce_cpu_buggy.py", 20), "0-1")]
+    [finding] = [f for f in report.findings if f.code == "PC402"]
+    assert finding.message.startswith("on ranks 0-1, dist.all_reduce got a CPU tensor (int64[2])")
+    fixed = run(script("allreduce_cpu_fixed.py"), nproc_per_node=2)
+    assert failing(fixed) == [] and exit_code([fixed]) == 0
+
+
+def test_a_cpu_tensor_is_legal_in_a_gloo_group(tmp_path: Path) -> None:
+    gloo = tmp_path / "gloo.py"
+    gloo.write_text((FIXTURES / "allreduce_cpu_buggy.py").read_text().replace('"nccl"', '"gloo"'))
+    report = run(str(gloo), nproc_per_node=2)
+    assert failing(report) == []
+
+
+# -- resume --------------------------------------------------------------------------------------------------
+
+def test_map_location_cuda_0_loads_every_ranks_state_onto_gpu_0(tmp_path: Path) -> None:
+    checkpoint = tmp_path / "ckpt.pt"
+    torch.save(nn.Linear(8, 4).state_dict(), checkpoint)
+    report = run(script("resume_buggy.py"), [str(checkpoint)], nproc_per_node=2)
+    assert failing(report) == [("PC401", at("resume_buggy.py", 15), "1")]
+    [finding] = report.findings
+    assert finding.message.startswith("on rank 1, torch.load puts the checkpoint's tensors on cuda:0")
+    fixed = run(script("resume_fixed.py"), [str(checkpoint)], nproc_per_node=2)
+    assert fixed.findings == () and exit_code([fixed]) == 0
+
+
+@pytest.mark.parametrize("name", ["ddp_fixed.py", "lightning_ddp_fixed.py"])
+def test_a_plain_run_of_a_torchrun_script_says_to_use_nproc_per_node(name: str) -> None:
+    if name.startswith("lightning"):
+        pytest.importorskip("lightning")
+    report = run(script(name), gpus=2)
+    assert any("placecheck run --nproc-per-node" in n for n in report.notes), report.notes
+
+
+def test_what_a_script_sets_in_the_environment_does_not_outlive_its_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Lightning's launcher sets WORLD_SIZE and MASTER_ADDR; left behind, the next run's HF Trainer took
+    # them for a distributed launch and waited for its peers
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    sets = tmp_path / "sets.py"
+    sets.write_text("import os\nos.environ['MASTER_ADDR'] = '10.0.0.1'\n")
+    run(str(sets))
+    assert "MASTER_ADDR" not in os.environ
+
+
+# -- what is not simulated: said, never a finding ---------------------------------------------------------
+
+def test_fsdp_stops_with_a_note_at_its_line_and_the_run_is_unfinished() -> None:
+    report = run(script("fsdp2_unsimulated.py"), nproc_per_node=2)
+    assert report.findings == ()
+    assert any(n.startswith(f"run: stopped at {at('fsdp2_unsimulated.py', 15)}, where the script shards its "
+                            "model with FSDP: FSDP is not simulated") for n in report.notes)
+    assert report.unfinished.startswith("ranks 0-1: the simulation stopped at")
+    assert exit_code([report]) == 2
+
+
+# -- torchrun's command line ---------------------------------------------------------------------------------
+
+def test_python_m_torch_distributed_run_is_read_as_torchrun() -> None:
+    args = ["--standalone", "--nproc_per_node=2", script("allreduce_cpu_buggy.py")]
+    report = run("torch.distributed.run", args, module=True)
+    assert failing(report) == [("PC402", at("allreduce_cpu_buggy.py", 20), "0-1")]
+    assert report.target == script("allreduce_cpu_buggy.py")
+
+
+@pytest.mark.parametrize(("args", "nproc", "expected"), [
+    (["--nproc-per-node", "4", "train.py", "--lr", "1"], None, ("train.py", ["--lr", "1"], False, 4)),
+    (["--nproc_per_node=2", "--nnodes=1", "train.py"], None, ("train.py", [], False, 2)),
+    (["--standalone", "train.py"], 3, ("train.py", [], False, 3)),
+    (["-m", "pkg.train", "x"], None, ("pkg.train", ["x"], True, 1)),
+])
+def test_torchrun_arguments(args: list[str], nproc: int | None, expected: tuple[object, ...]) -> None:
+    assert torchrun_command(args, nproc) == expected
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--nnodes", "2", "train.py"], "simulates one node"),
+    (["--frobnicate", "train.py"], "unknown torchrun option"),
+    (["--nproc-per-node", "0", "train.py"], "integer >= 1"),
+    (["--nproc-per-node", "2"], "give the script"),
+])
+def test_torchrun_arguments_refused_with_one_line(args: list[str], needle: str) -> None:
+    with pytest.raises(UsageError, match=needle):
+        torchrun_command(args, None)
+
+
+def test_rank_labels() -> None:
+    assert [ranks_label(r) for r in ([1], [0, 1, 2, 3], [0, 2])] == ["rank 1", "ranks 0-3", "ranks 0, 2"]
+
+
+@pytest.mark.cli
+def test_the_command_line_flag_and_the_module_form() -> None:
+    result = CliRunner().invoke(app, ["run", "-m", "torch.distributed.run", "--standalone",
+                                      "--nproc-per-node", "2", script("allreduce_cpu_buggy.py")])
+    assert result.exit_code == 1, result.stderr
+    assert "PC402" in result.stdout and at("allreduce_cpu_buggy.py", 20) in result.stdout
+    assert "on ranks 0-1, dist.all_reduce" in " ".join(result.stdout.split())
+
+
+@pytest.mark.cli
+@separate_stderr_capture
+def test_json_of_the_ranks_follows_the_schema_and_the_script_output_goes_to_stderr() -> None:
+    result = CliRunner().invoke(app, ["run", "--nproc_per_node", "2", "--format", "json",
+                                      script("rank0_buggy.py")])
+    assert result.exit_code == 1, result.stderr
+    data = validate_json(result.stdout)
+    [finding] = [f for f in data["findings"] if f["code"] == "PC201"]
+    assert finding["details"]["ranks"] == "0" and finding["source"] == at("rank0_buggy.py", 18)
+    assert data["device"] == "cuda:0, cuda:1" and data["stats"]["ranks"] == 2
+    # what rank 0 printed, with torchrun's prefix, on stderr (stdout stays parseable)
+    assert any(line.startswith("[rank0]: ") for line in result.stderr.splitlines())
+
+
+@pytest.mark.cli
+@separate_stderr_capture
+@pytest.mark.parametrize("value", ["0", "-1", "two"])
+def test_a_bad_nproc_per_node_is_one_line_and_exit_2(value: str) -> None:
+    result = CliRunner().invoke(app, ["run", "--nproc-per-node", value, script("ddp_fixed.py")])
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("placecheck: error: --nproc-per-node"), result.stderr
+
+
+# -- Lightning: Trainer(devices=2, strategy="ddp") under torchrun -------------------------------------------
+
+def test_lightning_ddp_at_two_devices_runs_as_two_ranks_and_finds_the_bug_on_both() -> None:
+    pytest.importorskip("lightning")
+    report = run(script("lightning_ddp_buggy.py"), nproc_per_node=2)
+    assert failing(report) == [("PC201", at("lightning_ddp_buggy.py", 17), "0-1")]
+    fixed = run(script("lightning_ddp_fixed.py"), nproc_per_node=2)
+    assert failing(fixed) == [] and exit_code([fixed]) == 0
+    assert any("stopped after 2 optimizer steps" in n for n in fixed.notes)
+    assert not any("copies of itself" in n for n in fixed.notes)  # torchrun's env: Lightning spawns nothing
