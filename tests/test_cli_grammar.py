@@ -48,6 +48,7 @@ FLAGS: dict[str, set[str]] = {
     "run": {
         "-m", "--module", "--gpus", "--engine", "--steps", "--timeout", "--select", "--ignore", "-f",
         "--format", "-o", "--output", "--no-group", "--hints", "--debug", "--fail-on", "--exit-zero",
+        "--nproc-per-node", "--nproc_per_node", "--standalone",
     },
     "fix": {
         "--run", "--kwargs", "--arg", "-d", "--device", "--engine", "--gpus", "--init", "-i", "--input",
@@ -84,6 +85,7 @@ VALUES: dict[str, tuple[str | None, Any]] = {
     "--no-group": (None, True), "--hints": (None, True), "--debug": (None, True),
     "--fail-on": ("error", "error"), "--exit-zero": (None, True), "--config": ("c.toml", "c.toml"),
     "--jobs": ("2", 2), "--isolation": ("spawn", "spawn"), "--progress": ("lines", "lines"),
+    "--nproc-per-node": ("2", "2"), "--standalone": (None, True),
     "--shard": ("1/2", "1/2"), "--baseline": ("b.json", "b.json"), "--write-baseline": ("b.json", "b.json"),
 }
 FORMAT_VALUES = {"fix": ("json", "json")}
@@ -148,7 +150,7 @@ def _help_flags(command: str) -> set[str]:
 @pytest.mark.parametrize("command", sorted(FLAGS))
 def test_help_documents_exactly_the_flags_of_the_table(command: str) -> None:
     assert set(_root().commands) == set(FLAGS)
-    assert _help_flags(command) == FLAGS[command]
+    assert _help_flags(command) == FLAGS[command] - HIDDEN
     assert set(_options(command)) == FLAGS[command]
 
 
@@ -163,12 +165,20 @@ def test_every_flag_parses(command: str, flag: str) -> None:
     assert params[option.name] != _plain(option.default)  # the flag, not the default, set it
 
 
+HIDDEN = {"--standalone"}
+"""Accepted, not shown: torchrun's ``--standalone`` (one node), which changes nothing in the simulation."""
+
+TORCHRUN_SPELLINGS = {"--nproc_per_node"}
+"""torchrun's own spelling, accepted beside the kebab-case flag so that a torchrun command line pastes."""
+
+
 @pytest.mark.parametrize("command", sorted(FLAGS))
 def test_every_option_is_spelled_in_its_declaration(command: str) -> None:
     # a derived name (typer 0.27: from the metavar, --ENGINE) is never lower-case kebab
     for option in {id(o): o for o in _options(command).values()}.values():
         longs = [f for f in option.opts if f.startswith("--")]
-        assert longs and all(re.fullmatch(r"--[a-z][a-z0-9-]*", f) for f in longs), option.opts
+        assert longs and all(re.fullmatch(r"--[a-z][a-z0-9-]*", f) or f in TORCHRUN_SPELLINGS
+                             for f in longs), option.opts
         assert all(re.fullmatch(r"-[a-z]", f) for f in option.opts if not f.startswith("--")), option.opts
 
 
@@ -227,7 +237,8 @@ def test_help_is_grouped_into_panels_in_one_order() -> None:
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 FOREIGN = {"--index-url": "pip", "--extra-index-url": "pip", "--no-deps": "pip", "--upgrade": "pip",
            "--update-golden": "pytest (tests/conftest.py)", "--no-index": "pip",
-           "--reference": "benchmarks/fidelity.py", "--only": "benchmarks/fidelity.py"}
+           "--reference": "benchmarks/fidelity.py", "--only": "benchmarks/fidelity.py",
+           "--nnodes": "torchrun (placecheck run -m torch.distributed.run refuses more than one node)"}
 """Flags the docs show for other tools."""
 
 
@@ -268,7 +279,7 @@ def test_every_complete_command_line_the_docs_show_parses() -> None:
 def test_every_flag_the_docs_mention_exists() -> None:
     every = set().union(*FLAGS.values()) | {"-h", "--help", "--version"}
     for path in DOCS:
-        mentioned = set(re.findall(r"`(--[a-z][a-z0-9-]*)", path.read_text(encoding="utf-8")))
+        mentioned = set(re.findall(r"`(--[a-z][a-z0-9_-]*)", path.read_text(encoding="utf-8")))
         unknown = mentioned - every - set(FOREIGN)
         assert not unknown, f"{path.name} mentions flags no placecheck command has: {sorted(unknown)}"
 
