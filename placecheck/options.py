@@ -448,6 +448,10 @@ class RunOptions(CommonOptions):
                              "(the default), tagged (real values on the CPU) or fake (fake tensors, at the "
                              "size of the job)")
         self.check_values()
+        if self.engine == "fake" and self.nproc_per_node is not None:
+            raise UsageError("--engine fake and --nproc-per-node cannot be combined yet: "
+                             "DistributedDataParallel reads its parameters' data when it is built; use "
+                             "--engine tagged (or auto)")
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -231,3 +231,14 @@ def test_lightning_ddp_at_two_devices_runs_as_two_ranks_and_finds_the_bug_on_bot
     assert failing(fixed) == [] and exit_code([fixed]) == 0
     assert any("stopped after 2 optimizer steps" in n for n in fixed.notes)
     assert not any("copies of itself" in n for n in fixed.notes)  # torchrun's env: Lightning spawns nothing
+
+
+def test_the_ranks_keep_real_values_under_auto_and_refuse_the_fake_engine() -> None:
+    # DDP reads its parameters' data when it is built: under fake tensors that raised inside the
+    # simulation and read as the script's PC207 at the DDP line, so ranks run on real values
+    report = run(script("set_device_buggy.py"), nproc_per_node=2, engine="auto", memory=1)
+    assert failing(report) == [("PC401", at("set_device_buggy.py", 10), "1"),
+                               ("PC401", at("set_device_buggy.py", 11), "0-1")]
+    assert any("the ranks run with real values" in n for n in report.notes)
+    with pytest.raises(UsageError, match="--engine fake and --nproc-per-node cannot be combined"):
+        run(script("set_device_buggy.py"), nproc_per_node=2, engine="fake")

@@ -86,7 +86,9 @@ def run(target: str | Callable[[], Any], args: Sequence[str] = (), *, options: R
         if callable(target):
             raise UsageError("nproc_per_node runs a script or a module in a process per rank: give its path "
                              "or module name, not a callable")
-        return run_ranks(program, options, codes)
+        # each rank keeps real values: DDP reads its parameters' data when it is built, which the fake
+        # engine has not (auto would switch a large model to fake tensors and fail there)
+        return run_ranks(program, options.replace(engine="tagged"), codes)
     return _simulate(program, options, codes)[0]
 
 

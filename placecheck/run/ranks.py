@@ -439,7 +439,8 @@ def _describe_ranks(nproc: int, gpus: int) -> str:
             f"with torchrun's environment, RANK = LOCAL_RANK = k, on a node of {gpus} simulated GPU"
             f"{'s' if gpus != 1 else ''}; init_process_group's group is PyTorch's fake process group "
             "(collectives return at once and move no data), with NCCL's rules when the script asks for "
-            "nccl); each finding names the ranks that have it")
+            "nccl); each finding names the ranks that have it; the ranks run with real values (--engine "
+            "tagged: the fake engine cannot build DistributedDataParallel yet)")
 
 
 def _merge_notes(notes: Sequence[Sequence[str]]) -> list[str]:
