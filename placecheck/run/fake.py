@@ -53,7 +53,9 @@ def _as_list(value: Any) -> list[Any]:
 def _leaves(roots: list[torch.Tensor]) -> list[torch.Tensor]:
     """The leaf tensors (parameters, inputs with ``requires_grad``) the graphs of ``roots`` reach, in
     the order first reached: each ``AccumulateGrad`` node's variable."""
-    seen: set[int] = set()
+    # the nodes seen are kept alive, not just their ids: torch before 2.15 makes a new Python object for
+    # a node at each access of next_functions, and a freed one's id is reused by the next
+    seen: dict[int, Any] = {}
     found: dict[int, torch.Tensor] = {}
     stack = [r.grad_fn for r in roots if r.grad_fn is not None]
     for r in roots:
@@ -63,7 +65,7 @@ def _leaves(roots: list[torch.Tensor]) -> list[torch.Tensor]:
         node = stack.pop()
         if node is None or id(node) in seen:
             continue
-        seen.add(id(node))
+        seen[id(node)] = node
         variable = getattr(node, "variable", None)
         if isinstance(variable, torch.Tensor):
             found.setdefault(id(variable), variable)
