@@ -541,14 +541,7 @@ def parse(text: str, path: str = "<config>", prefix: tuple[str, ...] = (),
 
     ``overrides`` (model keys given on the command line) win over every model's values.
     """
-    try:
-        document = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise UsageError(f"{path}: not valid TOML: {exc}") from None
-    data: Any = document
-    for part in prefix:
-        data = data.get(part, {}) if isinstance(data, dict) else {}
-    reader = _Reader(path, text, prefix)
+    reader, data = _document(text, path, prefix)
     top_line = reader.index.line(())
     if prefix:
         top_line = next((n for n, line in enumerate(reader.index.lines, 1)

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from placecheck.compat import FAKE_TENSOR_LOGGER, torch_note
 from placecheck.errors import UsageError
-from placecheck.options import DEFAULT_STEPS, RUN_ENGINE_CHOICES, RunOptions
+from placecheck.options import DEFAULT_STEPS, RunOptions
 from placecheck.quiet import quiet
 from placecheck.report import Report
 from placecheck.rules import selected
@@ -196,9 +196,6 @@ def _environment_kept() -> Iterator[None]:
             os.environ.update(saved)
 
 
-ENGINES = RUN_ENGINE_CHOICES
-"""``placecheck run --engine``: auto picks fake tensors when a real-valued step would not fit."""
-
 
 def _run_fake(program: Program, recorder: RunRecorder, lines: ScriptLines, gpus: int,
               timeout: float | None, notes: list[str]) -> tuple[Outcome, list[str]]:
@@ -263,4 +260,4 @@ class _CallableModule(types.ModuleType):
 
 sys.modules[__name__].__class__ = _CallableModule
 
-__all__ = ["DEFAULT_STEPS", "ENGINES", "run"]
+__all__ = ["DEFAULT_STEPS", "run"]
