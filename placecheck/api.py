@@ -32,13 +32,14 @@ from placecheck.engine import (
     move_model,
 )
 from placecheck.errors import LoadError, UsageError, one_line
-from placecheck.finding import Finding, Severity
+from placecheck.finding import Finding
 from placecheck.options import AuditOptions, WrapChoice
 from placecheck.placement.replicas import Replica, devices, merge, merged_notes, no_replicas, plan, unwrap
+from placecheck.provenance import stray_owner, stray_verdict
 from placecheck.quiet import quiet
 from placecheck.report import ASSUMED_BRANCHES, DeviceMap, Report
-from placecheck.rules import in_library, rule, selected, stray_handled_by_forward
-from placecheck.sources import library_of_class, treat_as_user_code, user_line
+from placecheck.rules import rule, selected
+from placecheck.sources import treat_as_user_code, user_line
 from placecheck.walk import Snapshot, WalkResult, reachable_tensors, walk
 
 if TYPE_CHECKING:
@@ -541,8 +542,9 @@ def _walk_and_forward(
     with around_forward():
         traced = _forward(model, eng, result, snapshot, inputs, train, library_findings, inferred, placement,
                           reuse_calls=reuse_calls)
-    walk_findings = [_handled_by_forward(f, traced.handled.get(f.where), f.expected or target, model)
-                     if f.code == "PC101" else f for f in result.findings]
+    walk_findings = [
+        stray_verdict(f, traced.handled.get(f.where), f.expected or target, stray_owner(f, model))
+        if f.code == "PC101" else f for f in result.findings]
     stats = result.stats
     if traced.assumed_branches:  # the summary then says that paths other values take did not run
         stats = {**stats, ASSUMED_BRANCHES: traced.assumed_branches}
@@ -585,31 +587,6 @@ def _placement(model: nn.Module, eng: Engine, opts: _Options, attempt: _Attempt)
     attempt.notes.append(f"placement: kept as the model's code placed it, no .to(): its tensors are on "
                          f"{', '.join(used) or 'no device'}; {count}")
     return Placement(model)
-
-
-def _handled_by_forward(finding: Finding, how: str | None, target: str, model: nn.Module) -> Finding:
-    """A stray (PC101) the forward handles: an ``info`` finding saying how, decided from what the
-    forward did (never from the library or attribute names): .to() still leaves it behind.
-
-    A stray the forward never used stays as it is, unless it is state of a module whose class an
-    installed package defines (transformers' rotary embedding keeps a stale alias of a buffer that
-    only some configurations read): then it is ``info`` naming the package, as library findings are.
-    """
-    if how is None:
-        return finding
-    why = stray_handled_by_forward(how, target)
-    message = f"{finding.message}; {why}"
-    if how == "unused":
-        try:
-            owner = model.get_submodule(finding.module) if finding.module else model
-        except AttributeError:
-            return finding
-        package = library_of_class(type(owner))
-        if not package:
-            return finding
-        message = in_library(package, message)
-    return dataclasses.replace(finding, severity=Severity.INFO, message=message,
-                               details=(*finding.details, ("forward", how)))
 
 
 def _materialise_lazy(model: nn.Module, inputs: tuple[tuple[Any, ...], dict[str, Any], str],

@@ -15,9 +15,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn as nn
 
-from placecheck.finding import Finding
-from placecheck.sources import NOWHERE, Site
+from placecheck.finding import Finding, Severity
+from placecheck.rules import in_library, stray_handled_by_forward
+from placecheck.sources import NOWHERE, Site, library_of_class
 from placecheck.walk import WalkResult, storage_key
 
 
@@ -219,3 +221,33 @@ class Provenances:
                     how = "moved-copies" if path in self.stray_moved else "cpu-only"
                 verdicts.append(StrayVerdict(path, how))
         return verdicts
+
+
+def stray_verdict(finding: Finding, how: str | None, target: str, owner: type | None) -> Finding:
+    """A stray (PC101) the forward handles: an ``info`` finding saying how, decided from what the
+    forward (``audit``) or the whole script (``run``, ``how`` ``unused-run``) did with it, never from
+    the library or attribute names: .to() still leaves it behind.
+
+    A stray never used stays as it is, unless ``owner``, the class of the module holding it
+    (:func:`stray_owner`), is one an installed package defines (transformers' rotary embedding keeps a
+    stale alias of a buffer that only some configurations read): then it is ``info`` naming the
+    package, as library findings are.
+    """
+    if how is None:
+        return finding
+    message = f"{finding.message}; {stray_handled_by_forward(how, target)}"
+    if how in ("unused", "unused-run"):
+        package = library_of_class(owner) if owner is not None else ""
+        if not package:
+            return finding
+        message = in_library(package, message)
+    return dataclasses.replace(finding, severity=Severity.INFO, message=message,
+                               details=(*finding.details, ("forward", how)))
+
+
+def stray_owner(finding: Finding, model: nn.Module) -> type | None:
+    """The class of the module of ``model`` that holds the stray of ``finding`` (None: not found)."""
+    try:
+        return type(model.get_submodule(finding.module) if finding.module else model)
+    except AttributeError:
+        return None

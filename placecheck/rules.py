@@ -290,8 +290,8 @@ def on_replicas(labels: Sequence[str], message: str) -> str:
 
 def stray_handled_by_forward(how: str, target: str) -> str:
     """What the forward did with a stray tensor (PC101) that it never let meet a device tensor, for the
-    finding's message; ``how`` is ``replaced``, ``removed``, ``moved-copies``, ``cpu-only``, ``scalar`` or
-    ``unused``."""
+    finding's message; ``how`` is ``replaced``, ``removed``, ``moved-copies``, ``cpu-only``, ``scalar``,
+    ``unused`` or ``unused-run`` (never used in the whole ``run``)."""
     return {
         "replaced": "moved lazily by forward: .to() leaves it behind; the first forward copies it",
         "removed": "removed by forward before use: .to() leaves it behind until then",
@@ -302,6 +302,7 @@ def stray_handled_by_forward(how: str, target: str) -> str:
         "scalar": "forward uses it only as a 0-dim scalar, which PyTorch reads on the host: legal and cheap, "
                   "while it stays a scalar",
         "unused": "the forward never uses it",
+        "unused-run": "the script never used it in the run",
     }[how]
 
 

@@ -335,6 +335,81 @@ def test_layer_built_in_forward_is_pc203_at_its_line() -> None:
     assert "self.proj = nn.Linear" in Path(__file__).read_text().splitlines()[int(line) - 1]
 
 
+def test_a_slice_of_a_modulelist_in_forward_builds_no_layer_but_a_new_one_still_is_pc203() -> None:
+    # self.layers[:n] makes a new ModuleList holding the existing layers (transformers' Llama does so in
+    # every forward): the layers were the model's before the forward, nothing is built there
+    def main() -> None:
+        class Net(nn.Module):
+            def __init__(self, built_late: bool) -> None:
+                super().__init__()
+                self.layers = nn.ModuleList(nn.Linear(4, 4) for _ in range(3))
+                self.built_late = built_late
+
+            def forward(self, x: torch.Tensor) -> torch.Tensor:
+                for layer in self.layers[:2]:
+                    x = layer(x)
+                if self.built_late and len(self.layers) == 3:
+                    self.layers.append(nn.Linear(4, 4, device=x.device))
+                return x
+
+        for built_late in (False, True):
+            net = Net(built_late).to("cuda")
+            optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+            net(torch.randn(2, 4, device="cuda")).sum().backward()
+            optimizer.step()
+
+    found = [(f.code, f.where, f.severity) for f in run(main, steps=0).findings]
+    assert found == [("PC203", "ModuleList.3", Severity.WARNING)]
+
+
+def _stray_run(rotary: type[nn.Module], used: bool) -> Finding:
+    """The PC101 of a run whose model is a ``rotary`` embedding holding a stale alias of its buffer
+    (``original_inv_freq``), which the script reads (``used``) or never does."""
+    def main() -> None:
+        model = rotary().to("cuda")
+        positions = torch.arange(4, device="cuda")[None]
+        out = model(torch.randn(1, 4, 8, device="cuda"), positions)[0]
+        if used:
+            out = out + model.original_inv_freq.to(out.device).sum()
+        out.sum()
+
+    (found,) = [f for f in run(main).findings if f.code == "PC101"]
+    assert found.where == "original_inv_freq"
+    return found
+
+
+@pytest.mark.parametrize("used", [True, False])
+def test_a_stray_the_script_never_uses_in_an_installed_class_is_info_naming_the_package(used: bool) -> None:
+    # transformers' rotary embedding keeps original_inv_freq, a plain-attribute alias of its buffer, which
+    # only dynamic RoPE reads: as audit says it of a forward that never used it, from what the run did
+    # with it and where the class lives, not from the names
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    config = transformers.LlamaConfig(hidden_size=32, num_attention_heads=4, max_position_embeddings=16)
+    found = _stray_run(lambda: LlamaRotaryEmbedding(config), used)
+    if used:
+        assert found.severity is Severity.ERROR and "never used" not in found.message
+    else:
+        assert found.severity is Severity.INFO
+        assert found.message.startswith("in transformers, not your code: ")
+        assert found.message.endswith("the script never used it in the run")
+
+
+def test_a_stray_the_script_never_uses_in_its_own_class_stays_an_error() -> None:
+    class Rotary(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("inv_freq", torch.ones(4), persistent=False)
+            self.original_inv_freq = self.inv_freq
+
+        def forward(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor]:
+            return (x * self.inv_freq.sum(),)
+
+    found = _stray_run(Rotary, used=False)
+    assert found.severity is Severity.ERROR and "never used" not in found.message
+
+
 def test_whole_module_saved_and_loaded_by_the_script(tmp_path: Path) -> None:
     saved = tmp_path / "whole.pt"
     seen = []
@@ -360,9 +435,11 @@ def test_example_training_loop_with_labels_forgotten() -> None:
     pytest.importorskip("torchvision")  # the example loads FakeData; no torchvision beside the CPU-only build
     buggy = run(os.path.relpath(EXAMPLES / "train_buggy.py"))
     assert [f.where for f in buggy.findings if f.code == "PC201"] == ["labels"]
-    # the logging line after optimizer.step() ran once before the --steps stop: still per step
+    # the logging line after optimizer.step() ran once before the --steps stop: too few steps to say
+    # whether every step or every N steps
     [logging] = [f for f in buggy.findings if f.code == "PC204"]
-    assert "1 per optimizer step" in logging.message
+    assert "once in the one optimizer step it could run in (too few to tell every step from every N " \
+           "steps; --steps 3 tells them apart)" in logging.message
     fixed = run(os.path.relpath(EXAMPLES / "train_fixed.py"))
     assert fixed.ok and "PC201" not in codes(fixed)
 
@@ -504,6 +581,13 @@ def test_sync_rates_come_from_the_counts_not_assumed_per_step() -> None:
     cut = run(script("syncs_every_n.py"), steps=5)  # step 0 only: once in the steps that ran
     cut_rates = {f.source: f.message for f in cut.findings}
     assert "once in 5 optimizer steps" in cut_rates[at("syncs_every_n.py", 16)]
+    # --steps 2 stops inside the second step(): the line after step() ran after step 0 only, the one step
+    # that could show it; every step or every 10 cannot be told from one; with 3 steps they can
+    short = {f.source: f.message for f in run(script("syncs_every_n.py"), steps=2).findings}
+    assert "once in the one optimizer step it could run in" in short[at("syncs_every_n.py", 16)]
+    assert "per optimizer step" not in short[at("syncs_every_n.py", 16)]
+    three = {f.source: f.message for f in run(script("syncs_every_n.py"), steps=3).findings}
+    assert "once in 3 optimizer steps" in three[at("syncs_every_n.py", 16)]
 
 
 def test_a_checkpoint_saved_from_a_second_gpu_carries_cuda_1_and_resuming_it_on_one_gpu_is_pc301(

@@ -250,3 +250,17 @@ def test_lightning_runs_its_steps_under_the_fake_engine_and_its_teardown_is_a_no
     assert "PC207" not in [f.code for f in fixed.findings] and dict(fixed.stats)["optimizer_steps"] == 2
     assert any(n.startswith("run: after the --steps stop, the script's clean-up at") for n in fixed.notes)
     assert fixed.unfinished == ""
+
+
+@pytest.mark.parametrize("engine", ["tagged", "fake"])
+def test_a_transformers_llama_fine_tune_runs_clean_with_no_finding_of_transformers_making(engine: str) -> None:
+    # benchmarks/size/llama_finetune.py at a tiny shape: its ModuleList slice (self.layers[:n]) builds
+    # no layer, and its rotary embedding's unused alias of a buffer is transformers' own (info)
+    pytest.importorskip("transformers")
+    path = script(Path(__file__).resolve().parent.parent / "benchmarks" / "size" / "llama_finetune.py")
+    report = run(path, args=["--size", "tiny", "--seq-len", "16"], engine=engine)
+    assert dict(report.stats)["optimizer_steps"] == 2
+    assert [(f.code, f.severity.value) for f in report.findings if f.severity.value != "info"] == []
+    [stray] = [f for f in report.findings if f.code == "PC101"]
+    assert stray.where == "model.rotary_emb.original_inv_freq"
+    assert stray.message.startswith("in transformers, not your code: ")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import typing
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -19,6 +19,8 @@ import torch.nn as nn
 
 from placecheck.compat import parse_to
 from placecheck.cudaapi import current_index
+from placecheck.finding import Finding
+from placecheck.provenance import stray_owner, stray_verdict
 from placecheck.sources import here
 from placecheck.walk import Snapshot, walk
 
@@ -68,6 +70,12 @@ class Moves:
         self._moving = 0
         self.user_overwrite = False
         """The script asked for new Parameter objects on ``.to()`` (``torch.__future__``)."""
+        self.strays: dict[int, tuple[str, str, str]] = {}
+        """``id()`` of each stray tensor (PC101) a move left behind -> its finding's key; a torch call of
+        the script that receives one marks that finding used (:meth:`touched`)."""
+        self.used: set[tuple[str, str, str]] = set()
+        self._owners: dict[tuple[str, str, str], type | None] = {}
+        """Each stray's finding key -> the class of the module holding the stray."""
 
     def module_to(self, original: Callable[..., Any]) -> Callable[..., Any]:
         """``nn.Module.to``: the move, then its walk."""
@@ -116,12 +124,31 @@ class Moves:
         with self.recorder.quiet():
             result = walk(module, str(dest), snapshot)
         for f in result.findings:
-            self.recorder.add(dataclasses.replace(f, source=f.source or line,
-                                          details=(*f.details, ("moved at", line),
-                                                   ("model", type(module).__name__))))
+            found = dataclasses.replace(f, source=f.source or line, details=(
+                *f.details, ("moved at", line), ("model", type(module).__name__)))
+            self.recorder.add(found)
+            if f.code == "PC101":
+                stray = (found.code, found.source, found.where)
+                self._owners[stray] = stray_owner(f, module)
+                self.strays.update({tid: stray for tid, path in result.origins.items() if path == f.where})
         for note in result.notes:
             self.recorder.notes[note] = None
         return moved
+
+    def touched(self, tensors: Iterable[torch.Tensor]) -> None:
+        """A torch call of the script received ``tensors``: the strays among them are used."""
+        for t in tensors:
+            key = self.strays.get(id(t))
+            if key is not None:
+                self.used.add(key)
+
+    def verdict(self, key: tuple[str, str, str], finding: Finding) -> Finding:
+        """A stray's finding (PC101) as the whole run shows it: one the script never used, held by a
+        module an installed package defines, is ``info`` naming the package (as ``audit`` says it of
+        a forward that never used it, :func:`placecheck.provenance.stray_verdict`)."""
+        if key not in self._owners or key in self.used:
+            return finding
+        return stray_verdict(finding, "unused-run", finding.expected, self._owners[key])
 
     def unswappable(self, line: str) -> None:
         """The fake engine could not swap a parameter for its moved copy: a limit of the simulation."""

@@ -146,6 +146,8 @@ class RunRecorder:
         self.loaders = Loaders(self)
         self.checkpoints = Checkpoints(self)
         self._forward_stack: list[nn.Module] = []
+        self._held: set[int] = set()
+        """ids of the modules the outermost module running held when its forward began."""
         self.roots: dict[int, nn.Module] = {}
         """Top-level modules called since the last optimizer step."""
         self._quiet = 0
@@ -293,6 +295,8 @@ class RunRecorder:
             # load_state_dict under the swap flag: a copy into the parameter, legal across devices
             # on a GPU as copy_ is (the tagged engine does not list module_load as a copy)
             return args[0].copy_(args[1]).detach()
+        if self.moves.strays:
+            self.moves.touched(t for _, t in classify.tensor_arguments(args, kwargs))
         if func in classify.index_ops() and args and isinstance(args[0], torch.Tensor) \
                 and args[0].device.type == "cuda":
             self._implicit_index(func, args)
@@ -512,8 +516,10 @@ class RunRecorder:
     def _module_registered(self, owner: nn.Module, name: str, submodule: nn.Module | None) -> None:
         """PC203: a layer with parameters built during a forward (an optimizer built before misses it)."""
         if not self._forward_stack or submodule is None \
-                or isinstance(submodule, nn.modules.lazy.LazyModuleMixin):
-            return  # nn.Lazy* follow .to() correctly
+                or isinstance(submodule, nn.modules.lazy.LazyModuleMixin) or id(submodule) in self._held:
+            # nn.Lazy* follow .to() correctly; a layer the model held before this forward is not built
+            # here (slicing a ModuleList, self.layers[:n], registers the existing layers in a new one)
+            return
         devices = sorted({str(t.device) for t in [*submodule.parameters(), *submodule.buffers()]})
         if not devices:
             return  # nothing to place or to train (nn.ReLU built in forward)
@@ -532,6 +538,7 @@ class RunRecorder:
     def _forward_enter(self, module: nn.Module, args: Any) -> None:
         if not self._forward_stack:
             self.roots[id(module)] = module
+            self._held = {id(m) for m in module.modules()}
         self._forward_stack.append(module)
 
     def _forward_exit(self, module: nn.Module, args: Any, output: Any) -> None:
@@ -543,7 +550,7 @@ class RunRecorder:
     # -- results ---------------------------------------------------------------------------------------------
     def findings(self) -> list[Finding]:
         """Everything recorded, host syncs and repeated copies summarised per line."""
-        out = list(self.found.values())
+        out = [self.moves.verdict(key, f) if key[0] == "PC101" else f for key, f in self.found.items()]
         if self.ranks is not None:
             out += self.ranks.findings()
         r = rule("PC204")
@@ -582,7 +589,9 @@ class RunRecorder:
 
         ``ran_in`` holds the optimizer steps completed when it ran: a line before ``optimizer.step()``
         runs in steps 0 to N-1; a line after it in 1 to N, and a ``--steps`` stop (raised inside the
-        N-th ``step()``) cuts the last of those short.
+        N-th ``step()``) cuts the last of those short. One step that could show it is too few to tell a
+        line run every step from one under ``if step % 10 == 0`` (``--steps 2``, a line after ``step()``):
+        the rate says so.
         """
         n = self.steps
         if n == 0 or not ran_in:
@@ -591,7 +600,12 @@ class RunRecorder:
         after_step = (n >= 2 and set(range(1, n)) <= ran_in <= set(range(1, n + 1))
                       and (self.stopped_by_steps or n in ran_in))
         if before_step or after_step:
-            return f"{count / len(ran_in):g} per optimizer step"
+            seen = n if before_step else len(ran_in)  # the steps in which it could show its rate
+            if seen >= 2:
+                return f"{count / len(ran_in):g} per optimizer step"
+            more = f"; --steps {self.max_steps + 1} tells them apart" if self.stopped_by_steps else ""
+            return (f"{'once' if count == 1 else f'{count} times'} in the one optimizer step it could run in "
+                    f"(too few to tell every step from every N steps{more})")
         if ran_in == {n} and not self.stopped_by_steps:  # after the loop
             return "once after the last optimizer step" if count == 1 else \
                 f"{count} times after the last optimizer step"
