@@ -104,6 +104,46 @@ def test_a_cpu_tensor_in_an_nccl_all_reduce_is_found_on_every_rank() -> None:
     assert failing(fixed) == [] and exit_code([fixed]) == 0
 
 
+def test_a_comm_hook_of_the_script_runs_and_its_collective_on_the_host_is_found() -> None:
+    # the hook all-reduces the gradient bucket after .cpu(): NCCL refuses it at the first backward
+    report = run(script("comm_hook_buggy.py"), nproc_per_node=2)
+    assert failing(report) == [("PC402", at("comm_hook_buggy.py", 13), "0-1")]
+    fixed = run(script("comm_hook_fixed.py"), nproc_per_node=2)
+    assert failing(fixed) == [] and exit_code([fixed]) == 0
+    assert dict(fixed.stats)["optimizer_steps"] == 2
+
+
+def test_a_built_in_comm_hook_runs_to_the_end_of_its_steps(tmp_path: Path) -> None:
+    builtin = tmp_path / "builtin_hook.py"
+    builtin.write_text((FIXTURES / "comm_hook_fixed.py").read_text().replace(
+        "model.register_comm_hook(None, default_hooks.fp16_compress_hook)",
+        "model._register_builtin_comm_hook(dist.BuiltinCommHookType.FP16_COMPRESS)"))
+    report = run(os.path.relpath(builtin), nproc_per_node=2)
+    assert failing(report) == [] and dict(report.stats)["optimizer_steps"] == 2
+
+
+def test_what_a_rank_prints_is_shown_while_it_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    import threading
+    import time
+
+    go = tmp_path / "go"
+    monkeypatch.setenv("GO_FILE", str(go))
+    reports: list[Report] = []
+    runner = threading.Thread(target=lambda: reports.append(run(script("waits_for_go.py"), nproc_per_node=2)))
+    runner.start()
+    seen = ""
+    deadline = time.monotonic() + 120
+    while "[rank1]: ready" not in seen or "[rank0]: ready" not in seen:
+        assert time.monotonic() < deadline, f"the ranks' lines were not shown while they ran: {seen!r}"
+        time.sleep(0.2)
+        seen += capsys.readouterr().out
+    go.touch()  # only now may the ranks end
+    runner.join(timeout=120)
+    seen += capsys.readouterr().out
+    assert "[rank0]: went" in seen and "[rank1]: went" in seen and len(reports) == 1
+
+
 def test_a_cpu_tensor_is_legal_in_a_gloo_group(tmp_path: Path) -> None:
     gloo = tmp_path / "gloo.py"
     gloo.write_text((FIXTURES / "allreduce_cpu_buggy.py").read_text().replace('"nccl"', '"gloo"'))

@@ -123,9 +123,12 @@ def _simulate(program: Program, options: RunOptions, codes: frozenset[str],
         from placecheck.tagged import tagged_cuda
 
         if choice == "tagged":
-            notes.append(f"engine: CUDA simulated with real CPU values ({gpus} GPU{plural}), requested with "
-                         "--engine tagged: the losses, .item() and data-driven branches the script reads are "
-                         "its real values; the script really runs and its side effects happen")
+            # a rank of --nproc-per-node runs so whatever --engine said (run_ranks: DDP reads its data)
+            why = "requested with --engine tagged" if rank is None else \
+                "as every rank of --nproc-per-node runs"
+            notes.append(f"engine: CUDA simulated with real CPU values ({gpus} GPU{plural}), {why}: the "
+                         "losses, .item() and data-driven branches the script reads are its real values; the "
+                         "script really runs and its side effects happen")
         with contextlib.ExitStack() as stack:
             if choice == "auto" and cpu_only:
                 notes.append(f"engine: CUDA simulated with real CPU values ({gpus} GPU{plural}): --engine "

@@ -49,10 +49,12 @@ What none of them shows, and so is patched here, for the recorder's session only
   process group as CPU tensors (no dispatch mode can tell their device): the
   wrapper sees the tensors with their simulated devices first.
   ``DistributedDataParallel.__init__`` (:func:`ddp_construction`): where NCCL
-  checks that no two ranks share a GPU; no hook sees a wrapper built; after it,
-  DDP's gradient hook is replaced by torch's own no-op comm hook, because the
-  fake group's all-reduce returns a future without a value, which DDP's reducer
-  refuses. The object collectives (``broadcast_object_list``, ``all_gather_object``,
+  checks that no two ranks share a GPU; no hook sees a wrapper built. DDP's
+  comm hooks (:func:`ddp_comm_hooks`): each gradient bucket ends with torch's own
+  no-op comm hook, because the fake group's all-reduce returns a future without a
+  value, which DDP's reducer refuses; a hook the script registers runs first, on
+  the bucket as the GPU would hold it, so that its collectives are checked. The
+  object collectives (``broadcast_object_list``, ``all_gather_object``,
   ``gather_object``, ``scatter_object_list``: :func:`own_objects`) are the one
   exception to wrapping: the fake group moves no data, so a rank receiving a
   pickled object would unpickle garbage; each rank keeps its own object instead
@@ -207,18 +209,86 @@ def watched_collective(name: str, check: Callable[[str, tuple[Any, ...], dict[st
     return make
 
 
-def ddp_construction(before: Callable[[Any], None], after: Callable[[Any], None]
-                     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """``DistributedDataParallel.__init__``: ``before(module)`` sees the module it wraps, ``after(ddp)``
-    the built wrapper."""
+def ddp_construction(before: Callable[[Any], None]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``DistributedDataParallel.__init__``: ``before(module)`` sees the module it wraps."""
     def make(original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
         def __init__(self: Any, module: Any, *args: Any, **kwargs: Any) -> None:
             before(module)
             original(self, module, *args, **kwargs)
-            after(self)
         return __init__
     return make
+
+
+def ddp_comm_hooks() -> dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]]:
+    """``DistributedDataParallel``'s comm hooks on the fake group, whose all-reduce returns a future
+    without a value, which DDP's reducer refuses: each bucket ends with torch's own no-op hook (the
+    gradients are the rank's own). A hook the script registers (``register_comm_hook``) still runs
+    first, so its collectives are checked like the script's others; a built-in one (C++) is replaced
+    by the no-op. Without either, the no-op is registered at the wrapper's first ``forward``, after any
+    the script registers. The patches, per method name."""
+    from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
+
+    def register(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def register_comm_hook(self: Any, state: object, hook: Callable[..., Any]) -> None:
+            modes = torch.overrides._get_current_function_mode_stack()  # type: ignore[no-untyped-call]
+
+            @functools.wraps(hook)
+            def checked(state: object, bucket: Any) -> Any:
+                # the reducer calls it inside the backward, where the engine's modes are off: the hook's
+                # torch calls run under them again, as the script's others do
+                with contextlib.ExitStack() as stack:
+                    stack.enter_context(torch._C._EnableTorchFunction())
+                    if not torch.overrides._get_current_function_mode_stack():  # type: ignore[no-untyped-call]
+                        for mode in modes:
+                            stack.enter_context(mode)
+                    hook(state, _OnDevice(bucket))  # its collectives checked; their futures never complete
+                return noop_hook(None, bucket)
+            original(self, state, checked)
+        return register_comm_hook
+
+    def builtin(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def _register_builtin_comm_hook(self: Any, comm_hook_type: Any) -> None:
+            self.register_comm_hook(None, noop_hook)
+        return _register_builtin_comm_hook
+
+    def forward(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def ddp_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if not self._comm_hooks:  # DDP's list of the Python hooks registered
+                self.register_comm_hook(None, noop_hook)
+            return original(self, *args, **kwargs)
+        return ddp_forward
+
+    return {"register_comm_hook": register, "_register_builtin_comm_hook": builtin, "forward": forward}
+
+
+class _OnDevice:
+    """A ``dist.GradBucket`` as a hook sees it on a GPU: its buffer and gradients on the device of its
+    parameters (DDP's reducer, C++, makes them as plain CPU tensors under the real-valued engine)."""
+
+    def __init__(self, bucket: Any) -> None:
+        self._bucket = bucket
+        params = bucket.parameters()
+        self._device: torch.device | None = params[0].device if params else None
+
+    def _placed(self, t: torch.Tensor) -> torch.Tensor:
+        from placecheck.tagged import SimulatedTensor
+
+        if self._device is None or self._device.type != "cuda" or t.device == self._device:
+            return t
+        return SimulatedTensor.tag(t, self._device)  # the same data, as the GPU would hold it
+
+    def buffer(self) -> torch.Tensor:
+        return self._placed(self._bucket.buffer())
+
+    def gradients(self) -> list[torch.Tensor]:
+        return [self._placed(g) for g in self._bucket.gradients()]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._bucket, name)
 
 
 def own_objects(name: str, rank: Callable[[], int], world_size: Callable[[], int]

@@ -33,6 +33,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -192,6 +193,7 @@ class RankChecks:
 
         from placecheck.run.patches import (
             Patch,
+            ddp_comm_hooks,
             ddp_construction,
             fake_process_group,
             not_simulated,
@@ -208,8 +210,9 @@ class RankChecks:
         for name in OBJECT_COLLECTIVES:
             patches += [(owner, name, own_objects(name, lambda: self.rank, lambda: self.world_size))
                         for owner in (dist, distributed_c10d) if hasattr(owner, name)]
-        patches.append((DistributedDataParallel, "__init__",
-                        ddp_construction(self._ddp_module, self._ddp_built)))
+        patches.append((DistributedDataParallel, "__init__", ddp_construction(self._ddp_module)))
+        patches += [(DistributedDataParallel, name, make)
+                    for name, make in ddp_comm_hooks().items()]
         fsdp = _fsdp_entry_points()
         patches += [(owner, name, not_simulated(self._fsdp)) for owner, name in fsdp]
         with patched(patches):
@@ -254,12 +257,6 @@ class RankChecks:
             "does not move); the code before it was checked; audit the model's ranks with `placecheck "
             "audit MODEL --wrap fsdp`")
         return OutsideSimulation(self.recorder.limit)
-
-    def _ddp_built(self, ddp: Any) -> None:
-        from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
-
-        with contextlib.suppress(RuntimeError):  # a hook registered already: DDP keeps that one
-            ddp.register_comm_hook(None, noop_hook)
 
     def _cpu_in_nccl(self, call: str, what: str, line: str) -> None:
         r = rule("PC402")
@@ -338,28 +335,29 @@ def run_ranks(program: Program, options: RunOptions, codes: frozenset[str]) -> R
         with open(config_path, "w", encoding="utf-8") as handle:
             json.dump(config, handle)
         children = []
+        lock = threading.Lock()
         for rank in range(nproc):
             out_path = os.path.join(tmp, f"rank{rank}.json")
-            log = open(os.path.join(tmp, f"rank{rank}.log"), "w+", encoding="utf-8")  # noqa: SIM115
-            env = {**os.environ, **rank_environment(rank, nproc)}
+            # unbuffered: the script's lines reach the terminal as the rank prints them
+            env = {**os.environ, **rank_environment(rank, nproc), "PYTHONUNBUFFERED": "1"}
             proc = subprocess.Popen([sys.executable, "-m", "placecheck.run.rank", config_path, out_path],
-                                    env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-            children.append((rank, proc, out_path, log))
+                                    env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, text=True, encoding="utf-8", errors="replace")
+            printed: list[str] = []
+            relay = threading.Thread(target=_relay, args=(rank, proc, printed, lock), daemon=True)
+            relay.start()
+            children.append((rank, proc, out_path, printed, relay))
         results: list[tuple[Report, list[tuple[str, str, str]]]] = []
         crashed: list[str] = []
-        for rank, proc, out_path, log in children:
+        for rank, proc, out_path, printed, relay in children:
             try:
                 rc = proc.wait(timeout=None if timeout is None else timeout + 120)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 rc = proc.wait()
-            log.seek(0)
-            printed = log.read()
-            log.close()
-            for text in printed.splitlines():  # the script's output, as torchrun prefixes it
-                print(f"[rank{rank}]: {text}")
+            relay.join(timeout=10)  # a process the rank left behind may hold the pipe open
             if not os.path.exists(out_path):
-                tail = printed.strip().splitlines()[-1:] or [f"exit status {rc}"]
+                tail = [text for text in printed if text.strip()][-1:] or [f"exit status {rc}"]
                 crashed.append(f"rank {rank}: the simulation of this rank ended without a report "
                                f"(exit status {rc}): {tail[0]}")
                 continue
@@ -376,6 +374,17 @@ def run_ranks(program: Program, options: RunOptions, codes: frozenset[str]) -> R
     unfinished = _merge_unfinished([r.unfinished for r in reports])
     return Report.build(program.name, ", ".join(f"cuda:{k}" for k in range(nproc)), reports[0].engine,
                         findings, notes, stats, unfinished=unfinished)
+
+
+def _relay(rank: int, proc: subprocess.Popen[str], printed: list[str], lock: threading.Lock) -> None:
+    """A rank's output, line by line as it prints it, prefixed as torchrun does (``[rank1]: ...``)."""
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        text = line.rstrip("\n")
+        printed.append(text)
+        with lock:
+            print(f"[rank{rank}]: {text}", flush=True)
+    proc.stdout.close()
 
 
 def ranks_label(ranks: Sequence[int]) -> str:
