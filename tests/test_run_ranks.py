@@ -282,3 +282,21 @@ def test_the_ranks_keep_real_values_under_auto_and_refuse_the_fake_engine() -> N
     assert any("the ranks run with real values" in n for n in report.notes)
     with pytest.raises(UsageError, match="--engine fake and --nproc-per-node cannot be combined"):
         run(script("set_device_buggy.py"), nproc_per_node=2, engine="fake")
+
+
+@pytest.mark.parametrize(("package", "name", "bugs"), [
+    ("accelerate", "accelerate", [("PC201", 16)]),
+    ("transformers", "hf_trainer", [("PC101", 27), ("PC201", 31)]),
+])
+def test_accelerate_and_hf_trainer_scripts_under_torchrun_find_their_bugs_on_every_rank(
+        package: str, name: str, bugs: list[tuple[str, int]]) -> None:
+    # launched by torchrun, accelerate's Accelerator and HF Trainer wrap the model in DDP on the rank's GPU;
+    # the bugs are those a plain run finds (tests/test_run_frameworks.py), now on both ranks
+    pytest.importorskip(package)
+    frameworks = FIXTURES.parent / "frameworks"
+    buggy_path = os.path.relpath(frameworks / f"{name}_buggy.py")
+    buggy = run(buggy_path, nproc_per_node=2)
+    assert failing(buggy) == [(code, f"{buggy_path}:{line}", "0-1") for code, line in bugs]
+    fixed = run(os.path.relpath(frameworks / f"{name}_fixed.py"), nproc_per_node=2)
+    assert failing(fixed) == [] and exit_code([fixed]) == 0
+    assert dict(fixed.stats)["optimizer_steps"] == 2
