@@ -29,6 +29,7 @@ Not reentrant: one session at a time per process.
 from __future__ import annotations
 
 import contextlib
+import functools
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -36,6 +37,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
+from placecheck.callbacks import called_back, in_callbacks
 from placecheck.classify import (
     DeviceMismatchError,
     copies_between_devices,
@@ -108,6 +110,9 @@ class SimulatedTensor(torch.Tensor):
     def __torch_function__(cls, func: Callable[..., Any], types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
+        if func is torch.Tensor.register_hook and len(args) == 2 and isinstance(args[0], SimulatedTensor) \
+                and not torchs_own(args[1]):
+            args = (args[0], _gradient_hook(args[1], args[0]._pc_device))
         if func is torch.Tensor.get_device:
             return args[0]._pc_device.index if isinstance(args[0], SimulatedTensor) else -1
         if func is torch.Tensor.__repr__ and isinstance(args[0], SimulatedTensor):
@@ -282,13 +287,110 @@ class _TaggingMode(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+def torchs_own(fn: Any) -> bool:
+    """``fn`` is torch's (or placecheck's) own code, by where it is defined: torch's hooks and Functions
+    run as torch wrote them for the engine; the script's and its libraries' are simulated."""
+    from placecheck.sources import is_internal
+
+    fn = getattr(fn, "func", fn)  # functools.partial
+    code = getattr(fn, "__code__", None) or getattr(type(fn).__call__, "__code__", None)
+    return code is not None and is_internal(code)
+
+
+def _gradient_hook(hook: Callable[..., Any], device: torch.device) -> Callable[..., Any]:
+    """``hook`` registered on a simulated tensor (``param.register_hook(lambda g: g * mask)``): it gets the
+    gradient on the tensor's device, as on a GPU (autograd hands it over as a plain CPU tensor), and runs
+    as the script's code (:func:`called_back`): a CPU ``mask`` there mixes devices as it would."""
+    @functools.wraps(hook)
+    def on_device(grad: Any) -> Any:
+        if isinstance(grad, torch.Tensor) and not isinstance(grad, SimulatedTensor):
+            grad = SimulatedTensor.tag(grad, device)
+        with called_back():
+            return hook(grad)
+    return on_device
+
+
+class _NodeDevices:
+    """What a custom ``autograd.Function`` of the script ran on, kept on its backward node: the
+    simulated devices of its forward's outputs (its gradients arrive on those) and of its tensor inputs
+    (the gradients its backward returns must be there: autograd's own check on a GPU)."""
+
+    __slots__ = ("inputs", "outputs")
+
+    def __init__(self, inputs: list[torch.device | None], outputs: list[torch.device | None]) -> None:
+        self.inputs, self.outputs = inputs, outputs
+
+
+def _devices_of(values: Any) -> list[torch.device | None]:
+    items = values if isinstance(values, tuple | list) else (values,)
+    return [v.device if isinstance(v, torch.Tensor) else None for v in items]
+
+
+def _function_apply(original: Any) -> Any:
+    """``autograd.Function.apply``: a Function the script (or a library) defines runs as on a GPU; its
+    backward node remembers its devices (:class:`_NodeDevices`). torch's own Functions are left as they
+    are (decided by where the class is defined)."""
+    def apply(cls: type, *args: Any, **kwargs: Any) -> Any:
+        out = original.__get__(None, cls)(*args, **kwargs)  # a classmethod, in Python or C
+        if torchs_own(getattr(cls, "forward", None)):
+            return out
+        outputs = _devices_of(out)
+        node = next((o.grad_fn for o in (out if isinstance(out, tuple | list) else (out,))
+                     if isinstance(o, torch.Tensor) and o.grad_fn is not None), None)
+        if node is not None and any(d is not None and d.type == "cuda" for d in outputs):
+            node._pc_devices = _NodeDevices(_devices_of(args), outputs)  # type: ignore[attr-defined]
+        return out
+    return classmethod(apply)
+
+
+def _backward_apply(original: Callable[..., Any]) -> Callable[..., Any]:
+    """A custom Function's backward (``BackwardCFunction.apply``): it gets its gradients on the devices of
+    the forward's outputs and runs as the script's code (:func:`called_back`); a gradient it returns on
+    another device than its input's raises autograd's own error, as on a GPU."""
+    @functools.wraps(original)
+    def apply(node: Any, *grads: Any) -> Any:
+        devices: _NodeDevices | None = getattr(node, "_pc_devices", None)
+        if devices is None:
+            return original(node, *grads)
+        grads = tuple(SimulatedTensor.tag(g, d) if isinstance(g, torch.Tensor) and d is not None
+                      and d.type == "cuda" and not isinstance(g, SimulatedTensor) else g
+                      for g, d in zip(grads, [*devices.outputs, *[None] * len(grads)], strict=False))
+        with called_back():
+            result = original(node, *grads)
+        returned = result if isinstance(result, tuple) else (result,)
+        for index, (g, expected) in enumerate(zip(returned, devices.inputs, strict=False)):
+            if isinstance(g, torch.Tensor) and expected is not None and g.device != expected:
+                raise SimulatedDeviceMismatchError(
+                    f"Function {type(node).__name__} returned an invalid gradient at index {index} - "
+                    f"expected device {expected} but got {g.device}")
+        return result
+    return apply
+
+
+@contextlib.contextmanager
+def _custom_functions() -> Iterator[None]:
+    """Custom ``autograd.Function``s simulated in their backward too (:func:`_function_apply`)."""
+    from torch.autograd import function
+
+    apply, backward = function.Function.__dict__["apply"], function.BackwardCFunction.apply
+    function.Function.apply = _function_apply(apply)  # type: ignore[method-assign,assignment]
+    function.BackwardCFunction.apply = _backward_apply(backward)  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        function.Function.apply = apply  # type: ignore[method-assign]
+        function.BackwardCFunction.apply = backward  # type: ignore[method-assign]
+
+
 @contextlib.contextmanager
 def tagged_cuda(gpus: int = 1, strict: bool = False) -> Iterator[None]:
     """The real-valued session: tagging mode, simulated ``torch.cuda`` queries, new params on ``.to()``."""
     overwrite = torch.__future__.get_overwrite_module_params_on_conversion()
     torch.__future__.set_overwrite_module_params_on_conversion(True)
     try:
-        with cuda_queries_simulated(gpus, strict), _TaggingMode(), warnings.catch_warnings():
+        mode = _TaggingMode()
+        with cuda_queries_simulated(gpus, strict), mode, in_callbacks(mode), _custom_functions(), \
+                warnings.catch_warnings():
             # the data is on the CPU, where an LSTM with proj_size warns that oneDNN cannot run it;
             # on the GPU being simulated it would not
             warnings.filterwarnings("ignore", message="LSTM with projections is not supported with oneDNN")

@@ -410,6 +410,50 @@ def test_a_stray_the_script_never_uses_in_its_own_class_stays_an_error() -> None
     assert found.severity is Severity.ERROR and "never used" not in found.message
 
 
+# -- the script's code that autograd calls during a backward ------------------------------------------
+
+def test_a_cpu_mask_in_a_gradient_hook_is_found_at_the_hook() -> None:
+    # autograd calls the hook inside loss.backward(): it runs simulated, with the gradient on its device
+    buggy = run(script("grad_hook_buggy.py"))
+    [found] = [f for f in buggy.findings if f.severity is not Severity.INFO]
+    assert (found.code, found.where, found.source) == ("PC201", "mask", at("grad_hook_buggy.py", 10))
+    assert run(script("grad_hook_fixed.py")).findings == ()
+
+
+def test_a_custom_functions_backward_runs_simulated_and_its_cpu_tensor_is_found_there() -> None:
+    buggy = run(script("custom_backward_buggy.py"), engine="tagged")
+    [found] = [f for f in buggy.findings if f.severity is not Severity.INFO]
+    assert (found.code, found.source) == ("PC201", at("custom_backward_buggy.py", 17))
+    assert run(script("custom_backward_fixed.py"), engine="tagged").findings == ()
+
+
+def test_the_fake_engine_says_a_custom_functions_backward_did_not_run() -> None:
+    report = run(script("custom_backward_buggy.py"), engine="fake")
+    assert [f for f in report.findings if f.severity is not Severity.INFO] == []
+    assert any(n.startswith(f"run: the backward of ScaleGrad ({at('custom_backward_buggy.py', 15)}), a "
+                            "custom autograd.Function, did not run") for n in report.notes), report.notes
+
+
+def test_a_gradient_a_custom_backward_returns_on_the_cpu_is_autograds_own_error() -> None:
+    class Detached(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: object, x: torch.Tensor) -> torch.Tensor:
+            return x * 2
+
+        @staticmethod
+        def backward(ctx: object, grad: torch.Tensor) -> torch.Tensor:
+            return torch.ones(grad.shape)  # a gradient on the CPU for a cuda:0 input
+
+    def main() -> None:
+        x = torch.randn(3, device="cuda", requires_grad=True)
+        Detached.apply(x).sum().backward()
+
+    [found] = run(main, engine="tagged").findings
+    assert found.code == "PC201"
+    assert "Function DetachedBackward returned an invalid gradient at index 0 - expected device cuda:0 but " \
+           "got cpu" in found.message
+
+
 def test_whole_module_saved_and_loaded_by_the_script(tmp_path: Path) -> None:
     saved = tmp_path / "whole.pt"
     seen = []

@@ -195,6 +195,8 @@ SKIPPED = {
     "frameworks/lightning_buggy.py": "Lightning's clean-up after the --steps stop moves the module back, "
                                      "which the fake engine cannot (a note; the test above)",
     "frameworks/lightning_fixed.py": "the same",
+    "custom_backward_buggy.py": "the fake engine runs no backward code (a custom autograd.Function's "
+                                "mistake there is the real-valued engine's to find; a note says so)",
 }
 """Fixtures not compared, and why. No other fixture's findings differ between the engines."""
 

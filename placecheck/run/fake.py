@@ -18,8 +18,10 @@ said in the docs (docs/engines.md):
   of the graph. ``Tensor.backward``, ``torch.autograd.backward`` and
   ``torch.autograd.grad`` give each leaf the graph reaches (or each of
   ``inputs``) a fake gradient of its shape on its own device, what a GPU's
-  backward would give; the backward kernels are not run (a device mismatch
-  in a custom ``autograd.Function``'s backward is not seen).
+  backward would give, through the leaf's own gradient hooks
+  (``param.register_hook``, the script's code: run as it is); the backward
+  kernels are not run (a device mismatch in a custom ``autograd.Function``'s
+  backward is not seen: the real-valued engine runs it).
 - printing a fake tensor: its known values, or the assumed ones (a note).
 - ``copy.deepcopy`` of a fake tensor (Lightning copies logged values): a fake copy; torch's own copy
   would give it the storage of a real copy of data it does not have.
@@ -37,6 +39,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
+from placecheck.callbacks import called_back
 from placecheck.datadep import REPRESENTATIVE, DataDependentMode, on_host
 
 _BACKWARDS = frozenset({torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad})
@@ -73,6 +76,26 @@ def _leaves(roots: list[torch.Tensor]) -> list[torch.Tensor]:
     return list(found.values())
 
 
+def custom_backwards(roots: list[torch.Tensor]) -> list[type]:
+    """The custom ``autograd.Function`` classes (the script's or a library's, not torch's) whose backward
+    the graphs of ``roots`` hold: their backward code does not run under the fake engine."""
+    from placecheck.tagged import torchs_own
+
+    found: dict[type, None] = {}
+    seen: dict[int, Any] = {}
+    stack = [r.grad_fn for r in roots if r.grad_fn is not None]
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen[id(node)] = node  # kept alive: see _leaves
+        forward_cls = getattr(node, "_forward_cls", None)
+        if isinstance(forward_cls, type) and not torchs_own(getattr(forward_cls, "backward", None)):
+            found[forward_cls] = None
+        stack.extend(child for child, _ in getattr(node, "next_functions", ()))
+    return list(found)
+
+
 def _fake_grad(leaf: torch.Tensor) -> torch.Tensor:
     """A gradient for ``leaf``: its shape, dtype and device (a fake tensor in the session's mode)."""
     with torch.no_grad():
@@ -89,6 +112,10 @@ def _backward(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if not leaf.requires_grad:
             continue
         grad = _fake_grad(leaf)
+        for hook in list((getattr(leaf, "_backward_hooks", None) or {}).values()):
+            with called_back():  # the script's gradient hook, as autograd calls it (a mask, a clip)
+                changed = hook(grad)
+            grad = grad if changed is None else changed
         if leaf.grad is None:
             leaf.grad = grad
         else:

@@ -229,20 +229,15 @@ def ddp_comm_hooks() -> dict[str, Callable[[Callable[..., Any]], Callable[..., A
     the script registers. The patches, per method name."""
     from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
 
+    from placecheck.callbacks import called_back
+
     def register(original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
         def register_comm_hook(self: Any, state: object, hook: Callable[..., Any]) -> None:
-            modes = torch.overrides._get_current_function_mode_stack()  # type: ignore[no-untyped-call]
-
             @functools.wraps(hook)
             def checked(state: object, bucket: Any) -> Any:
-                # the reducer calls it inside the backward, where the engine's modes are off: the hook's
-                # torch calls run under them again, as the script's others do
-                with contextlib.ExitStack() as stack:
-                    stack.enter_context(torch._C._EnableTorchFunction())
-                    if not torch.overrides._get_current_function_mode_stack():  # type: ignore[no-untyped-call]
-                        for mode in modes:
-                            stack.enter_context(mode)
+                # the reducer calls it inside the backward: the script's code, simulated as the rest
+                with called_back():
                     hook(state, _OnDevice(bucket))  # its collectives checked; their futures never complete
                 return noop_hook(None, bucket)
             original(self, state, checked)

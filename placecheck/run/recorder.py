@@ -50,6 +50,7 @@ import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 
 from placecheck import classify, rules
+from placecheck.callbacks import in_callbacks
 from placecheck.errors import one_line
 from placecheck.finding import Finding, Severity
 from placecheck.host_syncs import HOST_SYNCS, host_sync
@@ -71,6 +72,7 @@ if TYPE_CHECKING:
     from placecheck.run.ranks import RankChecks
 
 _MOVES = frozenset({torch.Tensor.to, torch.Tensor.cuda})
+_BACKWARDS = frozenset({torch.Tensor.backward, torch.autograd.backward})
 _FACTORIES = frozenset(getattr(torch, name) for name in (
     "zeros", "ones", "empty", "full", "tensor", "as_tensor", "arange", "linspace", "rand", "randn",
     "randint", "randperm", "eye", "zeros_like", "ones_like", "empty_like", "full_like", "rand_like",
@@ -147,6 +149,7 @@ class RunRecorder:
         self.checkpoints = Checkpoints(self)
         self._forward_stack: list[nn.Module] = []
         self._held: set[int] = set()
+        self._backwards_seen = 0
         """ids of the modules the outermost module running held when its forward began."""
         self.roots: dict[int, nn.Module] = {}
         """Top-level modules called since the last optimizer step."""
@@ -221,7 +224,8 @@ class RunRecorder:
                 if self.ranks is not None:
                     stack.enter_context(self.ranks.session())
                 stack.enter_context(self.pending.synchronizations_seen())
-                stack.enter_context(_ScriptMode(self))
+                mode = stack.enter_context(_ScriptMode(self))
+                stack.enter_context(in_callbacks(mode))  # a gradient hook's calls are the script's too
                 yield self
         finally:
             for handle in handles:
@@ -297,6 +301,8 @@ class RunRecorder:
             return args[0].copy_(args[1]).detach()
         if self.moves.strays:
             self.moves.touched(t for _, t in classify.tensor_arguments(args, kwargs))
+        if self.fake_engine and func in _BACKWARDS and self._backwards_seen < 2:
+            self._unrun_backwards(args, kwargs)
         if func in classify.index_ops() and args and isinstance(args[0], torch.Tensor) \
                 and args[0].device.type == "cuda":
             self._implicit_index(func, args)
@@ -328,6 +334,23 @@ class RunRecorder:
                         self.origins.track(out, origin)
                         break
         return out
+
+    def _unrun_backwards(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Under the fake engine, a backward through a custom ``autograd.Function``: a note that its
+        backward code did not run (the first two backward calls are looked at)."""
+        from placecheck.run.fake import custom_backwards
+        from placecheck.sources import display_path
+
+        self._backwards_seen += 1
+        first = args[0] if args else kwargs.get("tensors", kwargs.get("outputs"))
+        roots = [first] if isinstance(first, torch.Tensor) else [t for t in first or () if
+                                                                    isinstance(t, torch.Tensor)]
+        for cls in custom_backwards(roots):
+            code = getattr(getattr(cls, "backward", None), "__code__", None)
+            where = f" ({display_path(code.co_filename)}:{code.co_firstlineno})" if code is not None else ""
+            self.notes[f"run: the backward of {cls.__name__}{where}, a custom "
+                       "autograd.Function, did not run: the fake engine gives gradients without running "
+                       "backward code; --engine tagged runs it"] = None
 
     def _stale_read(self, func: Callable[..., Any], copy: PendingCopy) -> None:
         """PC210: ``func`` read on the host a tensor a non-blocking copy was still filling."""
