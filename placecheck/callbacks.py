@@ -13,8 +13,9 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-import torch
 from torch.overrides import TorchFunctionMode
+
+from placecheck.compat import _EnableTorchFunction, _get_current_function_mode_stack
 
 _CALLBACK_MODES: list[TorchFunctionMode] = []
 """The session's modes, in the order they were entered (the tagging mode, then ``run``'s recorder):
@@ -39,8 +40,8 @@ def called_back() -> Iterator[None]:
     is active; this code runs under the session's modes again, as the script's other code does, so that
     its calls are simulated and checked alike."""
     with contextlib.ExitStack() as stack:
-        stack.enter_context(torch._C._EnableTorchFunction())
-        active = torch.overrides._get_current_function_mode_stack()  # type: ignore[no-untyped-call]
+        stack.enter_context(_EnableTorchFunction())
+        active = _get_current_function_mode_stack()  # type: ignore[no-untyped-call]
         for mode in _CALLBACK_MODES:
             if not any(mode is other for other in active):
                 stack.enter_context(mode)

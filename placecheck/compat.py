@@ -52,6 +52,7 @@ from placecheck.errors import UsageError
 if TYPE_CHECKING:
     from torch._C import DisableTorchFunction as DisableTorchFunction
     from torch._C import DisableTorchFunctionSubclass as DisableTorchFunctionSubclass
+    from torch._C import _EnableTorchFunction as _EnableTorchFunction
     from torch._guards import active_fake_mode as active_fake_mode
     from torch._subclasses.fake_tensor import DataDependentOutputException as DataDependentOutputException
     from torch._subclasses.fake_tensor import DynamicOutputShapeException as DynamicOutputShapeException
@@ -63,6 +64,7 @@ if TYPE_CHECKING:
     from torch.fx.experimental.symbolic_shapes import (
         GuardOnDataDependentSymNode as GuardOnDataDependentSymNode,
     )
+    from torch.overrides import _get_current_function_mode_stack as _get_current_function_mode_stack
     from torch.utils._python_dispatch import TorchDispatchMode as TorchDispatchMode
     from torch.utils._python_dispatch import _disable_current_modes as _disable_current_modes
     from torch.utils._python_dispatch import (
@@ -94,6 +96,8 @@ _LAZY: dict[str, str] = {
     "active_fake_mode": "torch._guards",
     "DisableTorchFunction": "torch._C",
     "DisableTorchFunctionSubclass": "torch._C",
+    "_EnableTorchFunction": "torch._C",
+    "_get_current_function_mode_stack": "torch.overrides",
     "GuardOnDataDependentSymNode": "torch.fx.experimental.symbolic_shapes",
 }
 """Names importable from this module, each from the torch module that holds it (imported on first use)."""
