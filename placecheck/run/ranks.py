@@ -48,6 +48,7 @@ from placecheck.sources import here
 
 if TYPE_CHECKING:
     from placecheck.options import RunOptions
+    from placecheck.run.fsdp import ShardedPlacement
     from placecheck.report import Report
     from placecheck.run.recorder import RunRecorder
     from placecheck.run.script import Program
@@ -176,6 +177,8 @@ class RankChecks:
         """That GPU -> what the first of those lines did."""
         self.where: dict[str, str] = {}
         """That GPU -> the module moved there first, or the call that made the first tensor there."""
+        self._sharded: ShardedPlacement | None = None
+        """FSDP's placement on this rank (:mod:`placecheck.run.fsdp`), once the script shards a module."""
 
     @property
     def nccl(self) -> bool:
@@ -190,6 +193,7 @@ class RankChecks:
         from torch.distributed import distributed_c10d
         from torch.nn.parallel import DistributedDataParallel
 
+        from placecheck.run.fsdp import fsdp1_wrapper, fully_shard_homes, sharding_placed
         from placecheck.run.patches import (
             Patch,
             ddp_construction,
@@ -210,8 +214,10 @@ class RankChecks:
                         for owner in (dist, distributed_c10d) if hasattr(owner, name)]
         patches.append((DistributedDataParallel, "__init__",
                         ddp_construction(self._ddp_module, self._ddp_built)))
-        fsdp = _fsdp_entry_points()
-        patches += [(owner, name, not_simulated(self._fsdp)) for owner, name in fsdp]
+        patches += [(owner, name, sharding_placed(self._fully_shard)) for owner, name in fully_shard_homes()]
+        wrapper = fsdp1_wrapper()
+        if wrapper is not None:
+            patches.append((wrapper, "__init__", not_simulated(self._fsdp)))
         with patched(patches):
             try:
                 yield
@@ -244,6 +250,28 @@ class RankChecks:
         for device in devices:
             if device.startswith("cuda"):
                 self.uses[(line, "DistributedDataParallel(...)", device)] = None
+
+    def _fully_shard(self, module: Any, mesh: Any) -> None:
+        """FSDP2's ``fully_shard(module, mesh=mesh)``: the module placed as FSDP places it."""
+        from placecheck.run.fsdp import ShardedPlacement, fsdp_device
+
+        if not isinstance(module, torch.nn.Module):
+            return
+        if self._sharded is None:
+            self._sharded = ShardedPlacement(self._sharded_forward)
+        device = fsdp_device(mesh)
+        if any(t.device != device and t.device.type != "meta" for t in [*module.parameters(), *module.buffers()]):
+            name = type(module).__name__
+            self.placed_at(device, f"fully_shard put {name}'s parameters", here()[0], f"fully_shard({name})")
+        self._sharded.place(module, device)
+
+    def _sharded_forward(self, device: torch.device) -> None:
+        """The outermost sharded module's forward: its all-gather runs on ``device``."""
+        from placecheck.run.fsdp import ALL_GATHER
+
+        line = here()[0]
+        if line and device.type == "cuda":
+            self.uses[(line, ALL_GATHER, str(device))] = None
 
     def _fsdp(self) -> OutsideSimulation:
         line = here()[0]
@@ -309,17 +337,6 @@ class RankChecks:
                                device=device, expected=str(self.own), count=len(lines), message=message,
                                hint=hint, details=(("lines", ", ".join(lines)),)))
         return out
-
-
-def _fsdp_entry_points() -> list[tuple[object, str]]:
-    """Where a script shards a model with FSDP: FSDP2's ``fully_shard`` and FSDP1's wrapper."""
-    try:
-        from torch.distributed import fsdp
-    except ImportError:
-        return []
-    found: list[tuple[object, str]] = [(fsdp, "fully_shard")] if hasattr(fsdp, "fully_shard") else []
-    wrapper = getattr(fsdp, "FullyShardedDataParallel", None)
-    return [*found, (wrapper, "__init__")] if wrapper is not None else found
 
 
 # -- the parent: one process per rank, one report --------------------------------------------------------
