@@ -1,38 +1,46 @@
-"""FSDP under ``placecheck run --nproc-per-node N``: what each rank's ``fully_shard`` places, and where.
+"""FSDP under ``placecheck run --nproc-per-node N``: what each rank's FSDP places, and where.
 
-FSDP's own sharding cannot run on the real-valued engine: its sharded parameters are
-``DTensor``s, whose device is the real one of their storage (the CPU: a ``DTensor`` is a
-wrapper that the engine's :class:`~placecheck.tagged.SimulatedTensor` tag cannot reach), and
-each op inside them runs below the engine's ``__torch_function__`` (the tag of every local shard
-is lost at the first one: ``nn.Parameter(dtensor)`` detaches it). Run as is, a correct FSDP2
-script got a PC201 inside FSDP's ``all_gather_copy_in`` (a shard that lost its tag, met with the
-all-gather buffer on ``cuda:k``) and a PC207 (``fully_shard`` asked ``torch._C._get_accelerator()``,
-which answers ``cpu`` on a machine without a GPU, and then found the model on ``cuda:k``).
-FSDP1's flat parameters lose the tag the same way.
+FSDP's own sharding cannot run on the real-valued engine (:mod:`placecheck.tagged`): its sharded
+parameters are ``DTensor``s, wrappers whose device is the real one of their storage (the CPU; the
+engine's :class:`~placecheck.tagged.SimulatedTensor` tag does not reach them), and each op on them runs
+below the engine's ``__torch_function__``, so the tag of every local shard is lost at the first one
+(``nn.Parameter(dtensor)`` detaches it). Run as is, a correct FSDP2 script got a PC207
+(``fully_shard`` asks ``torch._C._get_accelerator()``, which answers ``cpu`` without a GPU, builds a
+CPU mesh and asserts the model it finds on ``cuda:k`` was not moved there) and, past that, a PC201
+inside FSDP's ``all_gather_copy_in`` (a shard that lost its tag met the all-gather buffer on
+``cuda:k``). FSDP1's flat parameters lose the tag the same way.
 
-So each rank runs FSDP as its placement: what ``fully_shard`` (or FSDP1's
-``FullyShardedDataParallel``) does to where tensors are, and nothing of its sharding:
+So each rank runs FSDP as its placement, what FSDP does to where tensors are, and none of its
+sharding (:class:`ShardedPlacement`):
 
-- the module's registered parameters and buffers move to FSDP's device, the rank's current GPU
-  (``torch.cuda.current_device()``: ``cuda:0`` on every rank without ``set_device``; FSDP1's
-  ``device_id`` when given), with the script's own ``Module.to`` (so the walk after a move and the
-  rank's own-GPU check see it, at the ``fully_shard`` line); tensors on ``meta`` stay there (for
-  ``to_empty``); what ``.to()`` does not see (a plain tensor attribute) stays where it was;
-- the outermost sharded module's forward moves its inputs to that device first, as FSDP2's root
-  and FSDP1 do (``_to_kwargs``, "same as DDP"): a batch on the CPU reaches it as it would DDP;
-- its all-gather is recorded, with its GPU, at the line of that forward: two ranks on one GPU are
-  NCCL's "Duplicate GPU detected" there (:func:`placecheck.run.ranks._shared_gpus`).
+- FSDP2's ``fully_shard(module)`` moves the module's registered parameters and buffers to FSDP's
+  device, the rank's current GPU (``torch.cuda.current_device()``: ``cuda:0`` on every rank without
+  ``set_device``; the CPU for a CPU mesh), with the script's own ``Module.to`` (recorded and walked as
+  a move at the ``fully_shard`` line); what is on ``meta`` stays there (for ``to_empty``), and what
+  ``.to()`` does not see (a plain tensor attribute) stays where it was, as with FSDP. The module
+  becomes an ``FSDPModule`` (``FSDP<Class>``) whose FSDP methods (``reshard``, ``unshard``, ``set_*``)
+  do nothing: there is nothing to reshard or synchronise. Every module that holds ``fully_shard``
+  is patched (:func:`fully_shard_homes`): the public path and the private
+  ``torch.distributed._composable.fsdp``.
+- FSDP1's ``FullyShardedDataParallel(module, device_id=...)`` builds a subclass of itself
+  (:func:`whole_wrapper`) that holds the module whole as ``_fsdp_wrapped_module``, moves what is on
+  the CPU to ``device_id`` (nothing without one, as FSDP1), and marks the module's parameters as
+  FSDP-managed (``_fsdp_flattened``, which Lightning asks of the optimizer's).
+- The outermost sharded module's forward moves its inputs to FSDP's device first
+  (``torch.distributed.utils._to_kwargs``, as FSDP2's root, FSDP1 and DDP do), and its all-gather is
+  reported, with its GPU, at that line: two ranks on one GPU are NCCL's "Duplicate GPU detected" there.
 
-Each rank keeps whole parameters (plain tensors on its GPU, not ``DTensor`` shards): a script's
-loss, ``.item()`` and branches read real, finite values, and its optimizer steps as on one GPU.
-What needs FSDP's own state is not simulated: ``FSDPModule``'s methods (``reshard``,
-``set_requires_gradient_sync``...), sharded state dicts and ``DTensor`` parameters.
+Each rank keeps whole parameters, plain tensors on its GPU: its losses, ``.item()`` and branches read
+real, finite values (no all-gather reads memory the fake process group never wrote), and its
+optimizer steps as on one GPU. Not simulated: ``DTensor`` parameters and sharded state dicts, FSDP1's
+``auto_wrap_policy`` (the module is placed whole), mixed precision and CPU offload.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -41,16 +49,24 @@ import torch.nn as nn
 _FSDP2_HOMES = ("torch.distributed.fsdp", "torch.distributed.fsdp._fully_shard",
                 "torch.distributed.fsdp._fully_shard._fully_shard", "torch.distributed._composable.fsdp",
                 "torch.distributed._composable.fsdp.fully_shard")
-"""The modules a script imports ``fully_shard`` from: the public path and the private ones (torch 2.4-2.5
-had it only at ``torch.distributed._composable.fsdp``; libraries still import it from there)."""
+"""The modules a script imports ``fully_shard`` from: the public path and the private ones (the only
+one before torch 2.6, which libraries still import from)."""
 
 ALL_GATHER = "FSDP's all-gather"
-"""The collective a sharded module's forward runs first (recorded for two ranks on one GPU)."""
+"""The collective a sharded module's forward runs first (the ``call`` of a shared-GPU PC401)."""
+
+NOTE = ("fsdp: each rank runs FSDP as its placement (fully_shard and FullyShardedDataParallel move the "
+        "module's parameters and buffers to the rank's FSDP device and its inputs there, as FSDP does), "
+        "with whole parameters: its sharding (DTensor shards, all-gather, reduce-scatter) is not simulated")
+"""Said once per run that shards a module."""
+
+Placed = Callable[[torch.device, str, str, str], None]
+"""``placed_at(device, what, line, where)`` of :class:`placecheck.run.ranks.RankChecks`."""
 
 
 def fully_shard_homes() -> list[tuple[object, str]]:
     """Every ``(module, "fully_shard")`` that holds FSDP2's ``fully_shard`` in this build: whichever of
-    them the script imports from, it calls the patched one."""
+    them the script imports it from, it calls the patched one."""
     try:
         from torch.distributed.fsdp import fully_shard
     except ImportError:
@@ -75,34 +91,91 @@ def fsdp1_wrapper() -> type[nn.Module] | None:
     return FullyShardedDataParallel  # type: ignore[no-any-return]
 
 
+def _states(module: nn.Module) -> list[torch.Tensor]:
+    return [*module.parameters(), *module.buffers()]
+
+
 class ShardedPlacement:
-    """A rank's FSDP: ``placed(module, device, line)`` moves a module as FSDP would, ``forward(device)``
-    is told each outermost sharded forward (its line, its GPU)."""
+    """A rank's FSDP, as its placement (see the module's docstring). ``placed_at`` is told what FSDP put
+    on a GPU, ``on_forward(device)`` each outermost sharded forward, ``note(text)`` what to say once."""
 
-    def __init__(self, forward: Callable[[torch.device], None]) -> None:
-        self.on_forward = forward
+    def __init__(self, placed_at: Placed, on_forward: Callable[[torch.device], None],
+                 note: Callable[[str], None]) -> None:
+        self.placed_at = placed_at
+        self.on_forward = on_forward
+        self.note = note
         self._depth = 0
-        self.sharded: set[int] = set()
+        self._sharded: set[int] = set()
 
-    def place(self, module: nn.Module, device: torch.device) -> None:
-        """``module``'s parameters and buffers moved to ``device`` as FSDP moves them, and its forward
-        made a sharded one."""
-        tensors = [*module.parameters(), *module.buffers()]
-        if any(t.device.type == "meta" for t in tensors):
-            # deferred initialisation: what is on meta stays there (the script's to_empty places it)
-            module._apply(lambda t: t if t.device.type == "meta" else t.to(device))
-        elif any(t.device != device for t in tensors):
-            module.to(device)  # the script's own Module.to: recorded and walked at the fully_shard line
-        if id(module) not in self.sharded:
-            self.sharded.add(id(module))
-            module.register_forward_pre_hook(self._pre_forward(device), with_kwargs=True, prepend=True)
-            module.register_forward_hook(self._post_forward, always_call=True)
+    def patches(self) -> list[tuple[object, str, Callable[[Callable[..., Any]], Callable[..., Any]]]]:
+        """The session's patches: every ``fully_shard`` and FSDP1's ``__new__``."""
+        out: list[tuple[object, str, Callable[[Callable[..., Any]], Callable[..., Any]]]] = [
+            (owner, name, self._fully_shard) for owner, name in fully_shard_homes()]
+        wrapper = fsdp1_wrapper()
+        if wrapper is not None:
+            standin = whole_wrapper(wrapper, self.fsdp1)
+            out.append((wrapper, "__new__", lambda original: _builds(wrapper, standin, original)))
+        return out
+
+    def _fully_shard(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        def fully_shard(module: Any, *args: Any, mesh: Any = None, **kwargs: Any) -> Any:
+            for each in module if isinstance(module, list | tuple) else [module]:
+                if isinstance(each, nn.Module):
+                    self.fsdp2(each, mesh)
+            return module
+        fully_shard.__name__ = getattr(original, "__name__", "fully_shard")
+        fully_shard.__doc__ = getattr(original, "__doc__", None)
+        return fully_shard
+
+    def fsdp2(self, module: nn.Module, mesh: Any) -> None:
+        """``fully_shard(module, mesh=mesh)``: its states moved to FSDP2's device, a sharded forward."""
+        from placecheck.sources import here
+
+        device = fsdp_device(mesh)
+        states = _states(module)
+        if any(t.device != device and t.device.type != "meta" for t in states):
+            name = type(module).__name__
+            self.placed_at(device, f"fully_shard put {name}'s parameters", here()[0], f"fully_shard({name})")
+            if any(t.device.type == "meta" for t in states):  # deferred init: meta stays for to_empty
+                def place(t: torch.Tensor) -> torch.Tensor:
+                    return t if t.device.type == "meta" else t.to(device)
+                nn.Module._apply(module, place)  # type: ignore[no-untyped-call]
+            else:
+                module.to(device)  # the script's own Module.to: recorded and walked at this line
+        as_fsdp_module(module)
+        self._sharded_forward(module, device)
+
+    def fsdp1(self, wrapper: nn.Module, device_id: Any) -> None:
+        """``FullyShardedDataParallel(module, device_id=device_id)`` (``wrapper``, holding the module):
+        what is on the CPU moved to ``device_id`` (left there without one), a sharded forward."""
+        from placecheck.sources import here
+
+        module = wrapper._fsdp_wrapped_module
+        assert isinstance(module, nn.Module)
+        target = fsdp1_device(device_id)
+        if target is not None and any(t.device.type == "cpu" for t in _states(module)):
+            name = type(module).__name__
+            self.placed_at(target, f"FullyShardedDataParallel put {name}'s parameters", here()[0],
+                           f"FullyShardedDataParallel({name})")
+            module.to(target)
+        param = next(iter(module.parameters()), None)  # FSDP1's compute device: the module's GPU, or
+        on_gpu = param is not None and param.device.type == "cuda"  # else the current one
+        self._sharded_forward(wrapper, param.device if on_gpu and param is not None else
+                              torch.device("cuda", torch.cuda.current_device()))
+
+    def _sharded_forward(self, module: nn.Module, device: torch.device) -> None:
+        self.note(NOTE)
+        if id(module) in self._sharded:
+            return
+        self._sharded.add(id(module))
+        module.register_forward_pre_hook(self._pre_forward(device), with_kwargs=True, prepend=True)
+        module.register_forward_hook(self._post_forward, always_call=True)
 
     def _pre_forward(self, device: torch.device) -> Callable[..., Any]:
         def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
                  ) -> tuple[tuple[Any, ...], dict[str, Any]]:
             self._depth += 1
-            if self._depth > 1:  # inside the root's forward: its inputs are placed already
+            if self._depth > 1:  # inside the root's forward: placed already
                 return args, kwargs
             self.on_forward(device)
             from torch.distributed.utils import _to_kwargs
@@ -115,29 +188,102 @@ class ShardedPlacement:
         self._depth = max(0, self._depth - 1)
 
 
-def fsdp_device(mesh: Any, device_id: Any = None) -> torch.device:
-    """The device FSDP puts a rank's shards on: FSDP1's ``device_id``; a CPU mesh's CPU; else the rank's
-    current GPU (what ``torch.cuda.current_device()`` answers the script)."""
-    if device_id is not None:
-        if isinstance(device_id, torch.device):
-            return device_id if device_id.index is not None or device_id.type != "cuda" else \
-                torch.device("cuda", torch.cuda.current_device())
-        return torch.device("cuda", int(device_id))
+def fsdp_device(mesh: Any) -> torch.device:
+    """FSDP2's device: a CPU mesh's CPU, else the rank's current GPU (what the script's
+    ``torch.cuda.current_device()`` answers)."""
     if mesh is not None and getattr(mesh, "device_type", "cuda") == "cpu":
         return torch.device("cpu")
     return torch.device("cuda", torch.cuda.current_device())
 
 
-def sharding_placed(place: Callable[[nn.Module, Any], None]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """FSDP2's ``fully_shard``: ``place(module, mesh)`` for the module (or each of a list), which is
-    returned as ``fully_shard`` returns it; its sharding is not run (see the module's docstring)."""
-    def make(original: Callable[..., Any]) -> Callable[..., Any]:
-        def fully_shard(module: Any, *args: Any, mesh: Any = None, **kwargs: Any) -> Any:
-            for each in module if isinstance(module, list | tuple) else [module]:
-                place(each, mesh)
-            return module
-        fully_shard.__name__ = getattr(original, "__name__", "fully_shard")
-        fully_shard.__doc__ = getattr(original, "__doc__", None)
-        fully_shard.__wrapped__ = original  # type: ignore[attr-defined]
-        return fully_shard
-    return make
+def fsdp1_device(device_id: Any) -> torch.device | None:
+    """FSDP1's ``device_id`` as a device (``cuda`` without an index: the current GPU); None without one."""
+    if device_id is None:
+        return None
+    device = device_id if isinstance(device_id, torch.device) else torch.device(device_id)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+_FSDP_CLASSES: dict[type, type] = {}
+
+
+def _no_op(name: str) -> Callable[..., None]:
+    def method(self: Any, *args: Any, **kwargs: Any) -> None:
+        return None
+    method.__name__ = name
+    method.__doc__ = f"``FSDPModule.{name}``: nothing to do for a rank that holds whole parameters."
+    return method
+
+
+def as_fsdp_module(module: nn.Module) -> None:
+    """``module``'s class becomes ``FSDP<Class>``, an ``FSDPModule`` as ``fully_shard`` makes it (code that
+    asks ``isinstance(m, FSDPModule)`` finds it), whose FSDP methods do nothing."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:
+        return
+    cls = type(module)
+    if issubclass(cls, FSDPModule):
+        return
+    if cls not in _FSDP_CLASSES:
+        names = [n for n in vars(FSDPModule)
+                 if n.startswith(("set_", "_set_")) or n in ("reshard", "unshard", "reset_iter_state")]
+        body: dict[str, Any] = {n: _no_op(n) for n in names}
+
+        def _apply(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+            # no shards to reset
+            return nn.Module._apply(self, *args, **kwargs)  # type: ignore[no-untyped-call]
+        body["_apply"] = _apply
+        body["__module__"] = cls.__module__
+        _FSDP_CLASSES[cls] = type(f"FSDP{cls.__name__}", (FSDPModule, cls), body)
+    module.__class__ = _FSDP_CLASSES[cls]
+
+
+def whole_wrapper(wrapper: type[nn.Module], place: Callable[[nn.Module, Any], None]) -> type[nn.Module]:
+    """A subclass of FSDP1's ``FullyShardedDataParallel`` built instead of it (``isinstance`` holds): it
+    holds the module whole as ``_fsdp_wrapped_module`` (where FSDP1 keeps it), ``place(self, device_id)``
+    places it, its forward is the module's, and its FSDP methods are ``nn.Module``'s (there are no flat
+    parameters to summon or gradients to hold back: ``no_sync`` and ``summon_full_params`` do nothing)."""
+
+    @contextlib.contextmanager
+    def nothing(*args: Any, **kwargs: Any) -> Iterator[None]:
+        yield
+
+    class FullyShardedDataParallel(wrapper):  # type: ignore[misc,valid-type]
+        def __init__(self, module: nn.Module, *args: Any, device_id: Any = None, **kwargs: Any) -> None:
+            nn.Module.__init__(self)
+            self._fsdp_wrapped_module = module
+            place(self, device_id)
+            for param in module.parameters():  # managed by FSDP (Lightning asks the optimizer's)
+                param._fsdp_flattened = True  # type: ignore[attr-defined]
+
+        def forward(self, *args: Any, **kwargs: Any) -> Any:
+            return self._fsdp_wrapped_module(*args, **kwargs)
+
+        def check_is_root(self) -> bool:
+            return True
+
+        def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+            return nn.utils.clip_grad_norm_(self.parameters(), max_norm, norm_type)
+
+        no_sync = nothing
+        summon_full_params = staticmethod(nothing)
+        _apply = nn.Module._apply
+        apply = nn.Module.apply
+        named_parameters = nn.Module.named_parameters
+        named_buffers = nn.Module.named_buffers
+
+    FullyShardedDataParallel.__module__ = wrapper.__module__
+    FullyShardedDataParallel.__qualname__ = wrapper.__qualname__
+    return FullyShardedDataParallel
+
+
+def _builds(wrapper: type, standin: type, original: Callable[..., Any]) -> Callable[..., Any]:
+    """``wrapper.__new__``: ``wrapper(...)`` builds a ``standin`` (whose ``__init__`` Python then runs)."""
+    def __new__(cls: type, *args: Any, **kwargs: Any) -> Any:
+        if cls is wrapper:
+            return nn.Module.__new__(standin)
+        return original(cls) if original is object.__new__ else original(cls, *args, **kwargs)
+    return __new__

@@ -247,13 +247,3 @@ def own_objects(name: str, rank: Callable[[], int], world_size: Callable[[], int
         return collective
     return make
 
-
-def not_simulated(refuse: Callable[[], OutsideSimulation]
-                  ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """A call the simulation cannot run: ``refuse()`` is raised where the script makes it."""
-    def make(original: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(original)
-        def refused(*args: Any, **kwargs: Any) -> Any:
-            raise refuse()
-        return refused
-    return make

@@ -43,12 +43,10 @@ from placecheck.errors import UsageError
 from placecheck.finding import Finding
 from placecheck.options import nproc_value
 from placecheck.rules import rule
-from placecheck.run.patches import OutsideSimulation
 from placecheck.sources import here
 
 if TYPE_CHECKING:
     from placecheck.options import RunOptions
-    from placecheck.run.fsdp import ShardedPlacement
     from placecheck.report import Report
     from placecheck.run.recorder import RunRecorder
     from placecheck.run.script import Program
@@ -177,8 +175,6 @@ class RankChecks:
         """That GPU -> what the first of those lines did."""
         self.where: dict[str, str] = {}
         """That GPU -> the module moved there first, or the call that made the first tensor there."""
-        self._sharded: ShardedPlacement | None = None
-        """FSDP's placement on this rank (:mod:`placecheck.run.fsdp`), once the script shards a module."""
 
     @property
     def nccl(self) -> bool:
@@ -193,12 +189,11 @@ class RankChecks:
         from torch.distributed import distributed_c10d
         from torch.nn.parallel import DistributedDataParallel
 
-        from placecheck.run.fsdp import fsdp1_wrapper, fully_shard_homes, sharding_placed
+        from placecheck.run.fsdp import ShardedPlacement
         from placecheck.run.patches import (
             Patch,
             ddp_construction,
             fake_process_group,
-            not_simulated,
             own_objects,
             patched,
             watched_collective,
@@ -214,10 +209,8 @@ class RankChecks:
                         for owner in (dist, distributed_c10d) if hasattr(owner, name)]
         patches.append((DistributedDataParallel, "__init__",
                         ddp_construction(self._ddp_module, self._ddp_built)))
-        patches += [(owner, name, sharding_placed(self._fully_shard)) for owner, name in fully_shard_homes()]
-        wrapper = fsdp1_wrapper()
-        if wrapper is not None:
-            patches.append((wrapper, "__init__", not_simulated(self._fsdp)))
+        patches += ShardedPlacement(self.placed_at, self._sharded_forward,
+                                    lambda text: self.recorder.notes.setdefault(text, None)).patches()
         with patched(patches):
             try:
                 yield
@@ -251,20 +244,6 @@ class RankChecks:
             if device.startswith("cuda"):
                 self.uses[(line, "DistributedDataParallel(...)", device)] = None
 
-    def _fully_shard(self, module: Any, mesh: Any) -> None:
-        """FSDP2's ``fully_shard(module, mesh=mesh)``: the module placed as FSDP places it."""
-        from placecheck.run.fsdp import ShardedPlacement, fsdp_device
-
-        if not isinstance(module, torch.nn.Module):
-            return
-        if self._sharded is None:
-            self._sharded = ShardedPlacement(self._sharded_forward)
-        device = fsdp_device(mesh)
-        if any(t.device != device and t.device.type != "meta" for t in [*module.parameters(), *module.buffers()]):
-            name = type(module).__name__
-            self.placed_at(device, f"fully_shard put {name}'s parameters", here()[0], f"fully_shard({name})")
-        self._sharded.place(module, device)
-
     def _sharded_forward(self, device: torch.device) -> None:
         """The outermost sharded module's forward: its all-gather runs on ``device``."""
         from placecheck.run.fsdp import ALL_GATHER
@@ -272,16 +251,6 @@ class RankChecks:
         line = here()[0]
         if line and device.type == "cuda":
             self.uses[(line, ALL_GATHER, str(device))] = None
-
-    def _fsdp(self) -> OutsideSimulation:
-        line = here()[0]
-        at = f" at {line}" if line else ""
-        self.recorder.limit = (
-            f"run: stopped{at}, where the script shards its model with FSDP: FSDP is not simulated under "
-            "--nproc-per-node yet (each rank all-gathers its parameters from data the fake process group "
-            "does not move); the code before it was checked; audit the model's ranks with `placecheck "
-            "audit MODEL --wrap fsdp`")
-        return OutsideSimulation(self.recorder.limit)
 
     def _ddp_built(self, ddp: Any) -> None:
         from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
