@@ -121,3 +121,14 @@ def test_lightning_fsdp_at_two_devices_runs_as_two_ranks_and_finds_the_bug_on_bo
     fixed = run(script("lightning_fsdp_fixed.py"), nproc_per_node=2)
     assert clean(fixed), (failing(fixed), fixed.notes)
     assert not any("copies of itself" in n for n in fixed.notes)
+
+
+# -- the fake process group's outputs ------------------------------------------------------------------------
+
+def test_gathered_and_scattered_outputs_hold_the_ranks_own_values(capsys: pytest.CaptureFixture[str]) -> None:
+    # the fake group moves no data: without the rank's own values the outputs (torch.empty) would be
+    # uninitialised memory, and the script's own asserts on them would fail (PC207)
+    report = run(script("collective_values.py"), nproc_per_node=2)
+    assert failing(report) == [] and exit_code([report]) == 0
+    printed = dict(re.findall(r"\[rank(\d)\]: collectives ok: (\S+)", capsys.readouterr().out))
+    assert printed == {"0": "12.0", "1": "92.0"}  # each rank's arange(4) + 10 * rank, gathered twice

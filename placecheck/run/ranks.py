@@ -17,6 +17,10 @@ CUDA device, ``dist.get_rank()`` are the rank's own) that runs the script as
 - each collective and each ``DistributedDataParallel`` construction recorded with
   the GPU it ran on, so that the parent sees two ranks on one GPU, which NCCL
   refuses ("Duplicate GPU detected") (PC401).
+- FSDP (FSDP2's ``fully_shard``, FSDP1's ``FullyShardedDataParallel``, Lightning's
+  ``fsdp`` strategy) run as its placement, each rank with whole parameters on its
+  FSDP device, the first forward's all-gather recorded with its GPU
+  (:mod:`placecheck.run.fsdp`).
 
 The parent (:func:`run_ranks`) merges the ranks' reports into one: a finding
 that several ranks have (the same code, place and line, their own GPU aside) is
@@ -55,8 +59,8 @@ TORCHRUN_MODULE = "torch.distributed.run"
 """``python -m torch.distributed.run`` is ``torchrun``."""
 
 COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
-               "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "gather",
-               "scatter", "send", "recv", "isend", "irecv")
+               "all_gather_single", "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single",
+               "all_to_all", "all_to_all_single", "gather", "scatter", "send", "recv", "isend", "irecv")
 """The tensor collectives and point-to-point calls of ``torch.distributed`` whose tensors are checked."""
 
 OBJECT_COLLECTIVES = ("broadcast_object_list", "all_gather_object", "gather_object", "scatter_object_list")
@@ -202,7 +206,7 @@ class RankChecks:
         patches: list[Patch] = [(owner, "init_process_group", fake_process_group(self._init))
                                 for owner in (dist, distributed_c10d)]
         for name in COLLECTIVES:
-            patches += [(owner, name, watched_collective(name, self._collective))
+            patches += [(owner, name, watched_collective(name, self._collective, self._received))
                         for owner in (dist, distributed_c10d) if hasattr(owner, name)]
         for name in OBJECT_COLLECTIVES:
             patches += [(owner, name, own_objects(name, lambda: self.rank, lambda: self.world_size))
@@ -243,6 +247,14 @@ class RankChecks:
         for device in devices:
             if device.startswith("cuda"):
                 self.uses[(line, "DistributedDataParallel(...)", device)] = None
+
+    def _received(self, name: str, given: dict[str, Any]) -> None:
+        """A collective's outputs, given the rank's own values (:func:`~placecheck.run.patches.own_values`),
+        out of the script's sight."""
+        from placecheck.run.patches import own_values
+
+        with self.recorder.quiet(), torch.no_grad():
+            own_values(name, given, self.rank, self.world_size)
 
     def _sharded_forward(self, device: torch.device) -> None:
         """The outermost sharded module's forward: its all-gather runs on ``device``."""
