@@ -27,7 +27,7 @@ sharding (:class:`ShardedPlacement`):
   the CPU to ``device_id`` (nothing without one, as FSDP1), and marks the module's parameters as
   FSDP-managed (``_fsdp_flattened``, which Lightning asks of the optimizer's).
 - The outermost sharded module's forward moves its inputs to FSDP's device first
-  (``torch.distributed.utils._to_kwargs``, as FSDP2's root, FSDP1 and DDP do), and its all-gather is
+  (as FSDP2's root, FSDP1 and DDP do), and its all-gather is
   reported, with its GPU, at that line: two ranks on one GPU are NCCL's "Duplicate GPU detected" there.
 
 Each rank keeps whole parameters, plain tensors on its GPU: its losses, ``.item()`` and branches read
@@ -45,12 +45,6 @@ from typing import Any
 
 import torch
 import torch.nn as nn
-
-_FSDP2_HOMES = ("torch.distributed.fsdp", "torch.distributed.fsdp._fully_shard",
-                "torch.distributed.fsdp._fully_shard._fully_shard", "torch.distributed._composable.fsdp",
-                "torch.distributed._composable.fsdp.fully_shard")
-"""The modules a script imports ``fully_shard`` from: the public path and the private ones (the only
-one before torch 2.6, which libraries still import from)."""
 
 ALL_GATHER = "FSDP's all-gather"
 """The collective a sharded module's forward runs first (the ``call`` of a shared-GPU PC401)."""
@@ -72,7 +66,9 @@ def fully_shard_homes() -> list[tuple[object, str]]:
     except ImportError:
         return []
     homes: list[tuple[object, str]] = []
-    for name in _FSDP2_HOMES:
+    from placecheck.compat import FULLY_SHARD_MODULES
+
+    for name in FULLY_SHARD_MODULES:
         try:
             module = importlib.import_module(name)
         except ImportError:
@@ -178,10 +174,9 @@ class ShardedPlacement:
             if self._depth > 1:  # inside the root's forward: placed already
                 return args, kwargs
             self.on_forward(device)
-            from torch.distributed.utils import _to_kwargs
+            from placecheck.compat import inputs_to_device
 
-            moved_args, moved_kwargs = _to_kwargs(args, kwargs, device, False)  # as FSDP2's root, DDP
-            return moved_args[0], moved_kwargs[0]
+            return inputs_to_device(args, kwargs, device)  # as FSDP2's root, FSDP1 and DDP do
         return hook
 
     def _post_forward(self, module: nn.Module, args: Any, output: Any) -> None:
