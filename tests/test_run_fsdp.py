@@ -52,7 +52,7 @@ def test_a_correct_fsdp2_script_trains_on_every_rank_with_finite_losses(capsys: 
     assert report.device == "cuda:0, cuda:1"
     # the .item() under `if dist.get_rank() == 0` ran on rank 0 only, and read a real, finite loss
     [sync] = [f for f in report.findings if f.code == "PC204"]
-    assert sync.source == at("fsdp2_fixed.py", 37) and dict(sync.details)["ranks"] == "0"
+    assert sync.source == at("fsdp2_fixed.py", 38) and dict(sync.details)["ranks"] == "0"
     printed = re.findall(r"\[rank(\d)\]: step 0: loss (\S+)", capsys.readouterr().out)
     assert [rank for rank, _ in printed] == ["0"] and math.isfinite(float(printed[0][1]))
     assert not any("FSDP is not simulated" in n for n in report.notes)
