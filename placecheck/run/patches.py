@@ -47,7 +47,11 @@ What none of them shows, and so is patched here, for the recorder's session only
   :func:`watched_collective`) are Python functions of ``torch.distributed``,
   which no torch function mode sees, and the engine's tensors reach the
   process group as CPU tensors (no dispatch mode can tell their device): the
-  wrapper sees the tensors with their simulated devices first.
+  wrapper sees the tensors with their simulated devices first. The fake group
+  writes nothing into their outputs, so after it the wrapper gives them the rank's
+  own values (:func:`own_values`: an all-gather's every slot the rank's input, a
+  reduce-scatter's output its own slice), finite and deterministic where they would
+  hold uninitialised memory.
   ``DistributedDataParallel.__init__`` (:func:`ddp_construction`): where NCCL
   checks that no two ranks share a GPU; no hook sees a wrapper built; after it,
   DDP's gradient hook is replaced by torch's own no-op comm hook, because the
