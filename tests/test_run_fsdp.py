@@ -66,7 +66,7 @@ def test_missing_set_device_shards_every_rank_onto_cuda_0() -> None:
     assert (moved.device, moved.expected) == ("cuda:0", "cuda:1")
     assert "fully_shard put Linear's parameters on cuda:0" in moved.message
     assert dict(shared.details)["call"] == ALL_GATHER and shared.device == "cuda:0"
-    assert "Duplicate GPU detected" in shared.message
+    assert "Duplicate GPU detected" in shared.message and "DistributedDataParallel" not in shared.hint
     assert exit_code([report]) == 1
     fixed = run(script("fsdp2_set_device_fixed.py"), nproc_per_node=2)
     assert clean(fixed) and fixed.findings == ()
