@@ -94,6 +94,28 @@ def test_a_tensor_attribute_left_out_of_fully_shard_stays_on_the_cpu() -> None:
     assert clean(fixed), failing(fixed)
 
 
+def on_the_cpu(name: str, tmp_path: Path) -> str:
+    """The stray fixture ``name`` with its model built on the CPU instead of meta (lines unchanged)."""
+    text = (FIXTURES / name).read_text()
+    text = text.replace('with torch.device("meta"):', "if True:")
+    text = text.replace("model.to_empty(device=device)", "pass")
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_fully_shard_of_a_cpu_built_model_leaves_a_tensor_attribute_behind(tmp_path: Path) -> None:
+    buggy = on_the_cpu("fsdp2_stray_buggy.py", tmp_path)
+    report = run(buggy, nproc_per_node=2)
+    # fully_shard moved each block (line 29), then the root (line 30): what .to() cannot see stayed on
+    # the CPU, found by the walk of each move
+    assert set(failing(report)) == {("PC101", f"{buggy}:16", "0-1"), ("PC201", f"{buggy}:19", "0-1")}
+    strays = {(f.where, dict(f.details)["moved at"]) for f in report.findings if f.code == "PC101"}
+    assert ("scale", f"{buggy}:29") in strays and ("1.scale", f"{buggy}:30") in strays
+    fixed = run(on_the_cpu("fsdp2_stray_fixed.py", tmp_path), nproc_per_node=2)
+    assert clean(fixed), failing(fixed)
+
+
 def test_every_module_that_holds_fully_shard_is_patched() -> None:
     import torch.distributed._composable.fsdp as private
     import torch.distributed.fsdp as public
