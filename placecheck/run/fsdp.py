@@ -114,27 +114,30 @@ class ShardedPlacement:
         return out
 
     def _fully_shard(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        def fully_shard(module: Any, *args: Any, mesh: Any = None, **kwargs: Any) -> Any:
+        def fully_shard(module: Any, *args: Any, mesh: Any = None, ignored_params: Any = None,
+                        **kwargs: Any) -> Any:
             for each in module if isinstance(module, list | tuple) else [module]:
                 if isinstance(each, nn.Module):
-                    self.fsdp2(each, mesh)
+                    self.fsdp2(each, mesh, {id(p) for p in ignored_params or ()})
             return module
         fully_shard.__name__ = getattr(original, "__name__", "fully_shard")
         fully_shard.__doc__ = getattr(original, "__doc__", None)
         return fully_shard
 
-    def fsdp2(self, module: nn.Module, mesh: Any) -> None:
-        """``fully_shard(module, mesh=mesh)``: its states moved to FSDP2's device, a sharded forward."""
+    def fsdp2(self, module: nn.Module, mesh: Any, ignored: set[int] | None = None) -> None:
+        """``fully_shard(module, mesh=mesh, ignored_params=...)`` (``ignored``: their ids): its other states
+        moved to FSDP2's device, a sharded forward."""
         from placecheck.sources import here
 
         device = fsdp_device(mesh)
-        states = _states(module)
+        ignored = ignored or set()
+        states = [t for t in _states(module) if id(t) not in ignored]
         if any(t.device != device and t.device.type != "meta" for t in states):
             name = type(module).__name__
             self.placed_at(device, f"fully_shard put {name}'s parameters", here()[0], f"fully_shard({name})")
-            if any(t.device.type == "meta" for t in states):  # deferred init: meta stays for to_empty
+            if ignored or any(t.device.type == "meta" for t in states):  # meta stays for to_empty
                 def place(t: torch.Tensor) -> torch.Tensor:
-                    return t if t.device.type == "meta" else t.to(device)
+                    return t if t.device.type == "meta" or id(t) in ignored else t.to(device)
                 nn.Module._apply(module, place)  # type: ignore[no-untyped-call]
             else:
                 module.to(device)  # the script's own Module.to: recorded and walked at this line
