@@ -341,3 +341,20 @@ def storage_location_registry() -> list[Any]:
     import torch.serialization
 
     return torch.serialization._package_registry  # type: ignore[no-any-return]
+
+
+FULLY_SHARD_MODULES = ("torch.distributed.fsdp", "torch.distributed.fsdp._fully_shard",
+                       "torch.distributed.fsdp._fully_shard._fully_shard",
+                       "torch.distributed._composable.fsdp", "torch.distributed._composable.fsdp.fully_shard")
+"""The modules that hold FSDP2's ``fully_shard``: the public path and the private ones (the only one
+before torch 2.6, which libraries still import it from)."""
+
+
+def inputs_to_device(args: tuple[Any, ...], kwargs: dict[str, Any], device: Any
+                     ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """A forward's inputs moved to ``device`` as DDP and FSDP move them (``torch.distributed.utils.
+    _to_kwargs``, on the current stream)."""
+    from torch.distributed.utils import _to_kwargs
+
+    moved_args, moved_kwargs = _to_kwargs(args, kwargs, device, False)
+    return moved_args[0], moved_kwargs[0]

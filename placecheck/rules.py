@@ -978,17 +978,19 @@ def rank_loaded_off_device(devices: str, own: str) -> tuple[str, str]:
 
 
 def ranks_share_gpu(label: str, call: str, device: str, ranks: Sequence[int], later: int) -> tuple[str, str]:
-    """PC401: the ranks ``ranks`` (``label``: ``ranks 0-1``) ran ``call`` (a collective, DDP's construction)
-    on one GPU, ``device``; ``later`` more calls shared a GPU after it."""
+    """PC401: the ranks ``ranks`` (``label``: ``ranks 0-1``) ran ``call`` (a collective, DDP's construction,
+    FSDP's all-gather) on one GPU, ``device``; ``later`` more calls shared a GPU after it."""
     off = [k for k in ranks if device != f"cuda:{k}"]
     first, other = ranks[0], off[0] if off else ranks[1]
     more = f"; {later} later call{'s' if later > 1 else ''} share a GPU too" if later else ""
     own = ", ".join(f"rank {k}: cuda:{k}" for k in off)
+    # FSDP places the model on the current GPU itself: set_device is the whole fix there
+    ddp = "" if call.startswith("FSDP") else "; DistributedDataParallel(model, device_ids=[local_rank])"
     return (f"on {label}, {call} runs on {device} on each of them: NCCL refuses two ranks on one GPU; on "
             f"a GPU machine this raises 'Duplicate GPU detected : rank {other} and rank {first} both on CUDA "
             f"device {device.partition(':')[2]}' here; each rank's own GPU is cuda:LOCAL_RANK ({own}){more}",
             "call torch.cuda.set_device(local_rank) first and put the model and tensors on "
-            "torch.device('cuda', local_rank); DistributedDataParallel(model, device_ids=[local_rank])")
+            f"torch.device('cuda', local_rank){ddp}")
 
 
 def collective_on_host(call: str, what: str, backend: str) -> tuple[str, str]:

@@ -183,17 +183,6 @@ def test_what_a_script_sets_in_the_environment_does_not_outlive_its_run(
     assert "MASTER_ADDR" not in os.environ
 
 
-# -- what is not simulated: said, never a finding ---------------------------------------------------------
-
-def test_fsdp_stops_with_a_note_at_its_line_and_the_run_is_unfinished() -> None:
-    report = run(script("fsdp2_unsimulated.py"), nproc_per_node=2)
-    assert report.findings == ()
-    assert any(n.startswith(f"run: stopped at {at('fsdp2_unsimulated.py', 15)}, where the script shards its "
-                            "model with FSDP: FSDP is not simulated") for n in report.notes)
-    assert report.unfinished.startswith("ranks 0-1: the simulation stopped at")
-    assert exit_code([report]) == 2
-
-
 # -- torchrun's command line ---------------------------------------------------------------------------------
 
 def test_python_m_torch_distributed_run_is_read_as_torchrun() -> None:

@@ -47,7 +47,11 @@ What none of them shows, and so is patched here, for the recorder's session only
   :func:`watched_collective`) are Python functions of ``torch.distributed``,
   which no torch function mode sees, and the engine's tensors reach the
   process group as CPU tensors (no dispatch mode can tell their device): the
-  wrapper sees the tensors with their simulated devices first.
+  wrapper sees the tensors with their simulated devices first. The fake group
+  writes nothing into their outputs, so after it the wrapper gives them the rank's
+  own values (:func:`own_values`: an all-gather's every slot the rank's input, a
+  reduce-scatter's output its own slice), finite and deterministic where they would
+  hold uninitialised memory.
   ``DistributedDataParallel.__init__`` (:func:`ddp_construction`): where NCCL
   checks that no two ranks share a GPU; no hook sees a wrapper built. DDP's
   comm hooks (:func:`ddp_comm_hooks`): each gradient bucket ends with torch's own
@@ -60,13 +64,14 @@ What none of them shows, and so is patched here, for the recorder's session only
   pickled object would unpickle garbage; each rank keeps its own object instead
   (what every rank computed alike: a seed, a log directory, a metric), and their
   internal tensors (which torch puts where the fake group says) are not the
-  script's collectives. FSDP (``fully_shard``, ``FullyShardedDataParallel``:
-  :func:`not_simulated`) is refused where the script calls it, with a note: its
-  sharded parameters are all-gathered from data the fake group does not move.
+  script's collectives. FSDP (every module's ``fully_shard``, FSDP1's
+  ``FullyShardedDataParallel.__new__``: :mod:`placecheck.run.fsdp`) is the other
+  exception: its sharding cannot run on the real-valued engine (a ``DTensor``
+  reports the real device of its storage), so each rank runs it as its placement,
+  whole parameters moved to the rank's FSDP device, inputs moved as FSDP moves them.
 
-Each patch is the original wrapped, never a reimplementation (but for the object collectives); every
-original is
-restored when the session ends, however it ends. Not reentrant.
+Each patch is the original wrapped, never a reimplementation (but for the object collectives and FSDP's
+placement); every original is restored when the session ends, however it ends. Not reentrant.
 """
 
 from __future__ import annotations
@@ -197,16 +202,73 @@ def fake_process_group(on_init: Callable[[Any, int, int], tuple[int, int]]) -> C
     return make
 
 
-def watched_collective(name: str, check: Callable[[str, tuple[Any, ...], dict[str, Any]], None]
+def watched_collective(name: str, check: Callable[[str, tuple[Any, ...], dict[str, Any]], None],
+                       received: Callable[[str, dict[str, Any]], None] | None = None
                        ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """A ``torch.distributed`` collective: ``check(name, args, kwargs)`` sees its arguments first."""
+    """A ``torch.distributed`` collective: ``check(name, args, kwargs)`` sees its arguments first;
+    ``received(name, arguments)`` (by parameter name) after it, to give its outputs values."""
     def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        try:
+            signature: inspect.Signature | None = inspect.signature(original)
+        except (TypeError, ValueError):
+            signature = None
+
         @functools.wraps(original)
         def collective(*args: Any, **kwargs: Any) -> Any:
             check(name, args, kwargs)
-            return original(*args, **kwargs)
+            out = original(*args, **kwargs)
+            if received is not None and signature is not None:
+                with contextlib.suppress(TypeError):
+                    received(name, dict(signature.bind(*args, **kwargs).arguments))
+            return out
         return collective
     return make
+
+
+def own_values(name: str, given: dict[str, Any], rank: int, world_size: int) -> None:
+    """The outputs of a collective on the fake group (which moves no data: they would keep uninitialised
+    memory) filled from the rank's own input, standing in for every rank's, as the object collectives
+    keep each rank's own object: an all-gather's every slot is the rank's input, a reduce-scatter's
+    output its own slice, a scatter's its own entry. Finite, deterministic values, never another rank's."""
+    def copy(out: Any, value: Any) -> None:
+        if isinstance(out, torch.Tensor) and isinstance(value, torch.Tensor) and out.numel() == value.numel():
+            out.copy_(value.reshape(out.shape))
+
+    def rows(t: Any) -> Any:  # (world_size, -1) view of a flat or stacked tensor, or None
+        if isinstance(t, torch.Tensor) and t.numel() % world_size == 0 and t.is_contiguous():
+            return t.view(world_size, -1)
+        return None
+
+    if name == "all_gather":
+        for out in given.get("tensor_list") or ():
+            copy(out, given.get("tensor"))
+    elif name in ("all_gather_into_tensor", "all_gather_single"):
+        out, value = rows(given.get("output_tensor")), given.get("input_tensor")
+        if out is not None and isinstance(value, torch.Tensor):
+            for slot in out:
+                copy(slot, value)
+    elif name == "reduce_scatter":
+        inputs = given.get("input_list") or ()
+        if len(inputs) > rank:
+            copy(given.get("output"), inputs[rank])
+    elif name in ("reduce_scatter_tensor", "reduce_scatter_single"):
+        value = rows(given.get("input"))
+        if value is not None:
+            copy(given.get("output"), value[rank])
+    elif name == "all_to_all":
+        for out, value in zip(given.get("output_tensor_list") or (), given.get("input_tensor_list") or (),
+                              strict=False):
+            copy(out, value)
+    elif name == "all_to_all_single" and given.get("output_split_sizes") is None \
+            and given.get("input_split_sizes") is None:
+        copy(given.get("output"), given.get("input"))
+    elif name == "gather":
+        for out in given.get("gather_list") or ():
+            copy(out, given.get("tensor"))
+    elif name == "scatter":
+        inputs = given.get("scatter_list") or ()
+        if len(inputs) > rank:
+            copy(given.get("tensor"), inputs[rank])
 
 
 def ddp_construction(before: Callable[[Any], None]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -312,13 +374,3 @@ def own_objects(name: str, rank: Callable[[], int], world_size: Callable[[], int
         return collective
     return make
 
-
-def not_simulated(refuse: Callable[[], OutsideSimulation]
-                  ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """A call the simulation cannot run: ``refuse()`` is raised where the script makes it."""
-    def make(original: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(original)
-        def refused(*args: Any, **kwargs: Any) -> Any:
-            raise refuse()
-        return refused
-    return make

@@ -17,6 +17,10 @@ CUDA device, ``dist.get_rank()`` are the rank's own) that runs the script as
 - each collective and each ``DistributedDataParallel`` construction recorded with
   the GPU it ran on, so that the parent sees two ranks on one GPU, which NCCL
   refuses ("Duplicate GPU detected") (PC401).
+- FSDP (FSDP2's ``fully_shard``, FSDP1's ``FullyShardedDataParallel``, Lightning's
+  ``fsdp`` strategy) run as its placement, each rank with whole parameters on its
+  FSDP device, the first forward's all-gather recorded with its GPU
+  (:mod:`placecheck.run.fsdp`).
 
 The parent (:func:`run_ranks`) merges the ranks' reports into one: a finding
 that several ranks have (the same code, place and line, their own GPU aside) is
@@ -44,7 +48,6 @@ from placecheck.errors import UsageError
 from placecheck.finding import Finding
 from placecheck.options import nproc_value
 from placecheck.rules import rule
-from placecheck.run.patches import OutsideSimulation
 from placecheck.sources import here
 
 if TYPE_CHECKING:
@@ -57,8 +60,8 @@ TORCHRUN_MODULE = "torch.distributed.run"
 """``python -m torch.distributed.run`` is ``torchrun``."""
 
 COLLECTIVES = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
-               "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "gather",
-               "scatter", "send", "recv", "isend", "irecv")
+               "all_gather_single", "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single",
+               "all_to_all", "all_to_all_single", "gather", "scatter", "send", "recv", "isend", "irecv")
 """The tensor collectives and point-to-point calls of ``torch.distributed`` whose tensors are checked."""
 
 OBJECT_COLLECTIVES = ("broadcast_object_list", "all_gather_object", "gather_object", "scatter_object_list")
@@ -191,12 +194,12 @@ class RankChecks:
         from torch.distributed import distributed_c10d
         from torch.nn.parallel import DistributedDataParallel
 
+        from placecheck.run.fsdp import ShardedPlacement
         from placecheck.run.patches import (
             Patch,
             ddp_comm_hooks,
             ddp_construction,
             fake_process_group,
-            not_simulated,
             own_objects,
             patched,
             watched_collective,
@@ -205,7 +208,7 @@ class RankChecks:
         patches: list[Patch] = [(owner, "init_process_group", fake_process_group(self._init))
                                 for owner in (dist, distributed_c10d)]
         for name in COLLECTIVES:
-            patches += [(owner, name, watched_collective(name, self._collective))
+            patches += [(owner, name, watched_collective(name, self._collective, self._received))
                         for owner in (dist, distributed_c10d) if hasattr(owner, name)]
         for name in OBJECT_COLLECTIVES:
             patches += [(owner, name, own_objects(name, lambda: self.rank, lambda: self.world_size))
@@ -213,8 +216,8 @@ class RankChecks:
         patches.append((DistributedDataParallel, "__init__", ddp_construction(self._ddp_module)))
         patches += [(DistributedDataParallel, name, make)
                     for name, make in ddp_comm_hooks().items()]
-        fsdp = _fsdp_entry_points()
-        patches += [(owner, name, not_simulated(self._fsdp)) for owner, name in fsdp]
+        patches += ShardedPlacement(self.placed_at, self._sharded_forward,
+                                    lambda text: self.recorder.notes.setdefault(text, None)).patches()
         with patched(patches):
             try:
                 yield
@@ -248,15 +251,21 @@ class RankChecks:
             if device.startswith("cuda"):
                 self.uses[(line, "DistributedDataParallel(...)", device)] = None
 
-    def _fsdp(self) -> OutsideSimulation:
+    def _received(self, name: str, given: dict[str, Any]) -> None:
+        """A collective's outputs, given the rank's own values (:func:`~placecheck.run.patches.own_values`),
+        out of the script's sight."""
+        from placecheck.run.patches import own_values
+
+        with self.recorder.quiet(), torch.no_grad():
+            own_values(name, given, self.rank, self.world_size)
+
+    def _sharded_forward(self, device: torch.device) -> None:
+        """The outermost sharded module's forward: its all-gather runs on ``device``."""
+        from placecheck.run.fsdp import ALL_GATHER
+
         line = here()[0]
-        at = f" at {line}" if line else ""
-        self.recorder.limit = (
-            f"run: stopped{at}, where the script shards its model with FSDP: FSDP is not simulated under "
-            "--nproc-per-node yet (each rank all-gathers its parameters from data the fake process group "
-            "does not move); the code before it was checked; audit the model's ranks with `placecheck "
-            "audit MODEL --wrap fsdp`")
-        return OutsideSimulation(self.recorder.limit)
+        if line and device.type == "cuda":
+            self.uses[(line, ALL_GATHER, str(device))] = None
 
     def _cpu_in_nccl(self, call: str, what: str, line: str) -> None:
         r = rule("PC402")
@@ -306,17 +315,6 @@ class RankChecks:
                                device=device, expected=str(self.own), count=len(lines), message=message,
                                hint=hint, details=(("lines", ", ".join(lines)),)))
         return out
-
-
-def _fsdp_entry_points() -> list[tuple[object, str]]:
-    """Where a script shards a model with FSDP: FSDP2's ``fully_shard`` and FSDP1's wrapper."""
-    try:
-        from torch.distributed import fsdp
-    except ImportError:
-        return []
-    found: list[tuple[object, str]] = [(fsdp, "fully_shard")] if hasattr(fsdp, "fully_shard") else []
-    wrapper = getattr(fsdp, "FullyShardedDataParallel", None)
-    return [*found, (wrapper, "__init__")] if wrapper is not None else found
 
 
 # -- the parent: one process per rank, one report --------------------------------------------------------

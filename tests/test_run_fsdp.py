@@ -1,0 +1,156 @@
+"""``placecheck run --nproc-per-node N`` of FSDP scripts: FSDP2's ``fully_shard`` (public and private
+import paths), FSDP1's ``FullyShardedDataParallel`` and Lightning's ``fsdp`` strategy, run as each rank's
+placement (:mod:`placecheck.run.fsdp`).
+
+Each buggy script in ``tests/fixtures/run/ranks/`` has its bug at a known line and a fixed twin that
+exits 0; each run starts one interpreter per rank, so each script runs once per test.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from placecheck.finding import Severity
+from placecheck.report import Report, exit_code
+from placecheck.run import run
+from placecheck.run.fsdp import ALL_GATHER, fully_shard_homes
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "run" / "ranks"
+
+
+def script(name: str) -> str:
+    return os.path.relpath(FIXTURES / name)
+
+
+def at(name: str, line: int) -> str:
+    return f"{script(name)}:{line}"
+
+
+def failing(report: Report) -> list[tuple[str, str, str]]:
+    """``(code, source, ranks)`` of every finding at warning or above."""
+    return sorted((f.code, f.source, dict(f.details).get("ranks", "")) for f in report.findings
+                  if f.severity is not Severity.INFO)
+
+
+def clean(report: Report) -> bool:
+    """No finding above info, exit 0, and the run went on to its --steps."""
+    return failing(report) == [] and exit_code([report]) == 0 and \
+        any("stopped after 2 optimizer steps" in n for n in report.notes) and not report.unfinished
+
+
+# -- FSDP2 ---------------------------------------------------------------------------------------------------
+
+def test_a_correct_fsdp2_script_trains_on_every_rank_with_finite_losses(capsys: pytest.CaptureFixture[str]
+                                                                       ) -> None:
+    report = run(script("fsdp2_fixed.py"), nproc_per_node=2)
+    assert clean(report), (failing(report), report.notes)
+    assert report.device == "cuda:0, cuda:1"
+    # the .item() under `if dist.get_rank() == 0` ran on rank 0 only, and read a real, finite loss
+    [sync] = [f for f in report.findings if f.code == "PC204"]
+    assert sync.source == at("fsdp2_fixed.py", 38) and dict(sync.details)["ranks"] == "0"
+    printed = re.findall(r"\[rank(\d)\]: step 0: loss (\S+)", capsys.readouterr().out)
+    assert [rank for rank, _ in printed] == ["0"] and math.isfinite(float(printed[0][1]))
+    assert not any("FSDP is not simulated" in n for n in report.notes)
+
+
+def test_missing_set_device_shards_every_rank_onto_cuda_0() -> None:
+    report = run(script("fsdp2_set_device_buggy.py"), nproc_per_node=2)
+    assert failing(report) == [("PC401", at("fsdp2_set_device_buggy.py", 11), "1"),
+                               ("PC401", at("fsdp2_set_device_buggy.py", 16), "0-1")]
+    moved, shared = sorted((f for f in report.findings if f.code == "PC401"), key=lambda f: f.source)
+    assert (moved.device, moved.expected) == ("cuda:0", "cuda:1")
+    assert "fully_shard put Linear's parameters on cuda:0" in moved.message
+    assert dict(shared.details)["call"] == ALL_GATHER and shared.device == "cuda:0"
+    assert "Duplicate GPU detected" in shared.message and "DistributedDataParallel" not in shared.hint
+    assert exit_code([report]) == 1
+    fixed = run(script("fsdp2_set_device_fixed.py"), nproc_per_node=2)
+    assert clean(fixed) and fixed.findings == ()
+
+
+def test_fully_shard_from_the_private_path_runs_and_a_target_left_on_the_cpu_is_found() -> None:
+    # the script imports fully_shard from torch.distributed._composable.fsdp: that name is patched too
+    assert "from torch.distributed._composable.fsdp import fully_shard" in \
+        (FIXTURES / "fsdp2_batch_buggy.py").read_text()
+    report = run(script("fsdp2_batch_buggy.py"), nproc_per_node=2)
+    # the sharded model moved its CPU input to the rank's GPU (as FSDP2's root does); the target it
+    # meets in the loss was not moved
+    assert failing(report) == [("PC201", at("fsdp2_batch_buggy.py", 22), "0-1")]
+    [finding] = [f for f in report.findings if f.code == "PC201"]
+    assert finding.where == "y" and "from the DataLoader" in finding.message
+    fixed = run(script("fsdp2_batch_fixed.py"), nproc_per_node=2)
+    assert clean(fixed), failing(fixed)
+
+
+def test_a_tensor_attribute_left_out_of_fully_shard_stays_on_the_cpu() -> None:
+    # built on the meta device, sharded, then to_empty: the plain attribute was never FSDP's to place
+    report = run(script("fsdp2_stray_buggy.py"), nproc_per_node=2)
+    assert failing(report) == [("PC201", at("fsdp2_stray_buggy.py", 19), "0-1")]
+    fixed = run(script("fsdp2_stray_fixed.py"), nproc_per_node=2)
+    assert clean(fixed), failing(fixed)
+
+
+def on_the_cpu(name: str, tmp_path: Path) -> str:
+    """The stray fixture ``name`` with its model built on the CPU instead of meta (lines unchanged)."""
+    text = (FIXTURES / name).read_text()
+    text = text.replace('with torch.device("meta"):', "if True:")
+    text = text.replace("model.to_empty(device=device)", "pass")
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_fully_shard_of_a_cpu_built_model_leaves_a_tensor_attribute_behind(tmp_path: Path) -> None:
+    buggy = on_the_cpu("fsdp2_stray_buggy.py", tmp_path)
+    report = run(buggy, nproc_per_node=2)
+    # fully_shard moved each block (line 29), then the root (line 30): what .to() cannot see stayed on
+    # the CPU, found by the walk of each move
+    assert set(failing(report)) == {("PC101", f"{buggy}:16", "0-1"), ("PC201", f"{buggy}:19", "0-1")}
+    strays = {(f.where, dict(f.details)["moved at"]) for f in report.findings if f.code == "PC101"}
+    assert ("scale", f"{buggy}:29") in strays and ("1.scale", f"{buggy}:30") in strays
+    fixed = run(on_the_cpu("fsdp2_stray_fixed.py", tmp_path), nproc_per_node=2)
+    assert clean(fixed), failing(fixed)
+
+
+def test_every_module_that_holds_fully_shard_is_patched() -> None:
+    import torch.distributed._composable.fsdp as private
+    import torch.distributed.fsdp as public
+
+    homes = [owner for owner, _ in fully_shard_homes()]
+    assert public in homes and private in homes
+
+
+# -- FSDP1 and Lightning -------------------------------------------------------------------------------------
+
+def test_fsdp1_without_device_id_leaves_the_model_on_the_cpu() -> None:
+    report = run(script("fsdp1_buggy.py"), nproc_per_node=2)
+    found = failing(report)
+    assert {code for code, _, _ in found} == {"PC201"}
+    assert {(source, ranks) for _, source, ranks in found} == {(at("fsdp1_buggy.py", 16), "0-1")}
+    assert all("is on cpu" in f.message for f in report.findings if f.code == "PC201")
+    fixed = run(script("fsdp1_fixed.py"), nproc_per_node=2)
+    assert clean(fixed), failing(fixed)
+
+
+def test_lightning_fsdp_at_two_devices_runs_as_two_ranks_and_finds_the_bug_on_both() -> None:
+    pytest.importorskip("lightning")
+    report = run(script("lightning_fsdp_buggy.py"), nproc_per_node=2)
+    assert failing(report) == [("PC201", at("lightning_fsdp_buggy.py", 17), "0-1")]
+    fixed = run(script("lightning_fsdp_fixed.py"), nproc_per_node=2)
+    assert clean(fixed), (failing(fixed), fixed.notes)
+    assert not any("copies of itself" in n for n in fixed.notes)
+
+
+# -- the fake process group's outputs ------------------------------------------------------------------------
+
+def test_gathered_and_scattered_outputs_hold_the_ranks_own_values(capsys: pytest.CaptureFixture[str]) -> None:
+    # the fake group moves no data: without the rank's own values the outputs (torch.empty) would be
+    # uninitialised memory, and the script's own asserts on them would fail (PC207)
+    report = run(script("collective_values.py"), nproc_per_node=2)
+    assert failing(report) == [] and exit_code([report]) == 0
+    printed = dict(re.findall(r"\[rank(\d)\]: collectives ok: (\S+)", capsys.readouterr().out))
+    assert printed == {"0": "12.0", "1": "92.0"}  # each rank's arange(4) + 10 * rank, gathered twice
