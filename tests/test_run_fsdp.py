@@ -154,3 +154,19 @@ def test_gathered_and_scattered_outputs_hold_the_ranks_own_values(capsys: pytest
     assert failing(report) == [] and exit_code([report]) == 0
     printed = dict(re.findall(r"\[rank(\d)\]: collectives ok: (\S+)", capsys.readouterr().out))
     assert printed == {"0": "12.0", "1": "92.0"}  # each rank's arange(4) + 10 * rank, gathered twice
+
+
+def test_dtensors_api_on_a_whole_parameter_is_a_limit_of_the_simulation_not_the_scripts_error(
+        tmp_path: Path) -> None:
+    # FSDP2's usual full-state-dict save asks each sharded parameter for .full_tensor(): the placement keeps
+    # whole parameters, so that is the simulation's limit (a note, exit 2), never the script's PC207
+    saving = tmp_path / "fsdp2_save.py"
+    saving.write_text((FIXTURES / "fsdp2_fixed.py").read_text().replace(
+        "dist.destroy_process_group()",
+        "full = {k: v.full_tensor().cpu() for k, v in model.state_dict().items()}\n"
+        "dist.destroy_process_group()"))
+    report = run(os.path.relpath(saving), nproc_per_node=2, steps=0)
+    assert failing(report) == [] and exit_code([report]) == 2
+    [note] = [n for n in report.notes if "DTensor's 'full_tensor'" in n]
+    assert note.startswith(f"run: stopped at {os.path.relpath(saving)}:39: the script asks")
+    assert "limit of the simulation" in note

@@ -285,3 +285,24 @@ def _builds(wrapper: type, standin: type, original: Callable[..., Any]) -> Calla
             return nn.Module.__new__(standin)
         return original(cls) if original is object.__new__ else original(cls, *args, **kwargs)
     return __new__
+
+
+def dtensor_api_missing(exc: BaseException, sharded: bool) -> str:
+    """The note when ``exc`` is a script's call of ``DTensor``'s API (``param.full_tensor()``,
+    ``.to_local()``, ``.placements``) on a tensor FSDP's placement left whole, in a run that sharded a
+    module: a limit of the simulation, not the script's error (decided from the exception's object and
+    the attribute ``DTensor`` has); "" otherwise."""
+    if not sharded or not isinstance(exc, AttributeError) or not isinstance(exc.obj, torch.Tensor):
+        return ""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:
+        return ""
+    if not exc.name or not hasattr(DTensor, exc.name) or hasattr(torch.Tensor, exc.name):
+        return ""
+    from placecheck.sources import user_line
+
+    line = user_line(exc)
+    return (f"run: stopped at {line or 'a DTensor call'}: the script asks a sharded parameter for DTensor's "
+            f"{exc.name!r}, and FSDP runs here as its placement, with whole parameters (no DTensor); a "
+            "limit of the simulation, not a bug of the code: the code before it was checked")

@@ -178,6 +178,8 @@ class RankChecks:
         """A GPU other than the rank's own -> the lines that put tensors there, in order."""
         self.first: dict[str, str] = {}
         """That GPU -> what the first of those lines did."""
+        self.sharded = False
+        """The script sharded a module with FSDP (run as its placement, :mod:`placecheck.run.fsdp`)."""
         self.where: dict[str, str] = {}
         """That GPU -> the module moved there first, or the call that made the first tensor there."""
 
@@ -263,9 +265,18 @@ class RankChecks:
         """The outermost sharded module's forward: its all-gather runs on ``device``."""
         from placecheck.run.fsdp import ALL_GATHER
 
+        self.sharded = True
         line = here()[0]
         if line and device.type == "cuda":
             self.uses[(line, ALL_GATHER, str(device))] = None
+
+    def limit_of(self, exc: BaseException) -> str:
+        """The note for ``exc`` when it is a limit of this rank's simulation, not the script's error ("" if
+        not): FSDP's ``DTensor`` API asked of a parameter FSDP's placement left whole
+        (:func:`placecheck.run.fsdp.dtensor_api_missing`)."""
+        from placecheck.run.fsdp import dtensor_api_missing
+
+        return dtensor_api_missing(exc, self.sharded)
 
     def _cpu_in_nccl(self, call: str, what: str, line: str) -> None:
         r = rule("PC402")

@@ -660,6 +660,8 @@ class RunRecorder:
                 self.moves.unswappable(user_line(exc))
             return None
         limit = "" if raised_here else classify.simulation_limit(exc, phase="run")
+        if not limit and self.ranks is not None:
+            limit = self.ranks.limit_of(exc)
         if limit:
             self.limit = limit
             return None
