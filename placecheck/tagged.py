@@ -23,6 +23,16 @@ A plain CPU tensor (one ``.to()`` never moved, or one created in forward
 without ``device=``) stays an ordinary tensor, so it is on ``cpu`` and the
 first op mixing it with a tagged one raises, as on a GPU.
 
+A backward runs inside the dispatch of ``loss.backward()``, where autograd
+hands the script's code plain CPU gradients with no mode active. A gradient
+hook registered on a tagged tensor (:func:`_gradient_hook`) and a custom
+``autograd.Function``'s backward (:func:`_custom_functions`: its ``apply`` and
+``BackwardCFunction.apply`` wrapped for the session, torch's own Functions
+left as they are) get their gradients tagged with the device a GPU would
+give them and run under the session's modes (:mod:`placecheck.callbacks`);
+a gradient a custom backward returns on another device than its input's
+raises autograd's own error.
+
 Not reentrant: one session at a time per process.
 """
 
@@ -297,16 +307,23 @@ def torchs_own(fn: Any) -> bool:
     return code is not None and is_internal(code)
 
 
+def as_on(t: Any, device: torch.device | None) -> Any:
+    """``t`` as a GPU would hand it over: a plain tensor (autograd's, DDP's reducer's: their data on the
+    CPU) tagged with ``device`` when that is a CUDA device; anything else as it is."""
+    if isinstance(t, torch.Tensor) and not isinstance(t, SimulatedTensor) and device is not None \
+            and device.type == "cuda":
+        return SimulatedTensor.tag(t, device)
+    return t
+
+
 def _gradient_hook(hook: Callable[..., Any], device: torch.device) -> Callable[..., Any]:
     """``hook`` registered on a simulated tensor (``param.register_hook(lambda g: g * mask)``): it gets the
     gradient on the tensor's device, as on a GPU (autograd hands it over as a plain CPU tensor), and runs
     as the script's code (:func:`called_back`): a CPU ``mask`` there mixes devices as it would."""
     @functools.wraps(hook)
     def on_device(grad: Any) -> Any:
-        if isinstance(grad, torch.Tensor) and not isinstance(grad, SimulatedTensor):
-            grad = SimulatedTensor.tag(grad, device)
         with called_back():
-            return hook(grad)
+            return hook(as_on(grad, device))
     return on_device
 
 
@@ -352,9 +369,8 @@ def _backward_apply(original: Callable[..., Any]) -> Callable[..., Any]:
         devices: _NodeDevices | None = getattr(node, "_pc_devices", None)
         if devices is None:
             return original(node, *grads)
-        grads = tuple(SimulatedTensor.tag(g, d) if isinstance(g, torch.Tensor) and d is not None
-                      and d.type == "cuda" and not isinstance(g, SimulatedTensor) else g
-                      for g, d in zip(grads, [*devices.outputs, *[None] * len(grads)], strict=False))
+        outputs = devices.outputs
+        grads = tuple(as_on(g, outputs[i] if i < len(outputs) else None) for i, g in enumerate(grads))
         with called_back():
             result = original(node, *grads)
         returned = result if isinstance(result, tuple) else (result,)

@@ -250,6 +250,36 @@ def test_train_runs_backward_and_checks_gradients() -> None:
     assert clean.findings == ()
 
 
+class _HalveGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: object, x: torch.Tensor) -> torch.Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: object, grad: torch.Tensor) -> torch.Tensor:
+        return grad * torch.full(grad.shape, 0.5)  # made on the CPU: a GPU raises here, in the backward
+
+
+class _HalvesGrad(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _HalveGrad.apply(self.fc(x))
+
+
+def test_train_runs_a_custom_functions_backward_on_the_device_and_finds_its_cpu_tensor() -> None:
+    report = placecheck.audit(_HalvesGrad, "cuda", inputs=["float32[8,4]"], train=True)
+    [found] = report.findings
+    assert found.code == "PC201" and found.source.endswith(f"test_trace.py:{_HALVE_LINE}")
+    assert placecheck.audit(nn.Linear(4, 4), "cuda", train=True).findings == ()
+
+
+_HALVE_LINE = next(i for i, line in enumerate(Path(__file__).read_text().splitlines(), 1)
+                   if "made on the CPU: a GPU raises here" in line)
+
+
 def test_forward_never_changes_the_callers_model_or_its_mode() -> None:
     model = TrainsBadly().train()
     before = {k: v.clone() for k, v in model.state_dict().items()}

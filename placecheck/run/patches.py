@@ -331,18 +331,15 @@ class _OnDevice:
         params = bucket.parameters()
         self._device: torch.device | None = params[0].device if params else None
 
-    def _placed(self, t: torch.Tensor) -> torch.Tensor:
-        from placecheck.tagged import SimulatedTensor
-
-        if self._device is None or self._device.type != "cuda" or t.device == self._device:
-            return t
-        return SimulatedTensor.tag(t, self._device)  # the same data, as the GPU would hold it
-
     def buffer(self) -> torch.Tensor:
-        return self._placed(self._bucket.buffer())
+        from placecheck.tagged import as_on
+
+        return as_on(self._bucket.buffer(), self._device)  # type: ignore[no-any-return]
 
     def gradients(self) -> list[torch.Tensor]:
-        return [self._placed(g) for g in self._bucket.gradients()]
+        from placecheck.tagged import as_on
+
+        return [as_on(g, self._device) for g in self._bucket.gradients()]
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._bucket, name)
