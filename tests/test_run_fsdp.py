@@ -14,27 +14,11 @@ import re
 from pathlib import Path
 
 import pytest
+from rank_scripts import FIXTURES, at, failing, script
 
-from placecheck.finding import Severity
 from placecheck.report import Report, exit_code
 from placecheck.run import run
 from placecheck.run.fsdp import ALL_GATHER, fully_shard_homes
-
-FIXTURES = Path(__file__).resolve().parent / "fixtures" / "run" / "ranks"
-
-
-def script(name: str) -> str:
-    return os.path.relpath(FIXTURES / name)
-
-
-def at(name: str, line: int) -> str:
-    return f"{script(name)}:{line}"
-
-
-def failing(report: Report) -> list[tuple[str, str, str]]:
-    """``(code, source, ranks)`` of every finding at warning or above."""
-    return sorted((f.code, f.source, dict(f.details).get("ranks", "")) for f in report.findings
-                  if f.severity is not Severity.INFO)
 
 
 def clean(report: Report) -> bool:

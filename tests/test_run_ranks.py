@@ -14,30 +14,15 @@ import pytest
 import torch
 import torch.nn as nn
 from cli_runner import CliRunner, separate_stderr_capture
+from rank_scripts import FIXTURES, at, failing, script
 from report_schema import validate_json
 
 from placecheck.cli import app
 from placecheck.errors import UsageError
-from placecheck.finding import Finding, Severity
+from placecheck.finding import Finding
 from placecheck.report import Report, exit_code
 from placecheck.run import run
 from placecheck.run.ranks import ranks_label, torchrun_command
-
-FIXTURES = Path(__file__).resolve().parent / "fixtures" / "run" / "ranks"
-
-
-def script(name: str) -> str:
-    return os.path.relpath(FIXTURES / name)
-
-
-def at(name: str, line: int) -> str:
-    return f"{script(name)}:{line}"
-
-
-def failing(report: Report) -> list[tuple[str, str, str]]:
-    """``(code, source, ranks)`` of every finding at warning or above."""
-    return sorted((f.code, f.source, dict(f.details).get("ranks", "")) for f in report.findings
-                  if f.severity is not Severity.INFO)
 
 
 def ranks_of(finding: Finding) -> str:
