@@ -288,6 +288,11 @@ def on_replicas(labels: Sequence[str], message: str) -> str:
     return f"on {', '.join(labels)}, {message}"
 
 
+def library_state_hint(package: str) -> str:
+    """The hint of a stray an installed ``package``'s class keeps and nothing used."""
+    return f"state of {package}, unused here: nothing to change in your code"
+
+
 def stray_handled_by_forward(how: str, target: str) -> str:
     """What the forward did with a stray tensor (PC101) that it never let meet a device tensor, for the
     finding's message; ``how`` is ``replaced``, ``removed``, ``moved-copies``, ``cpu-only``, ``scalar``,

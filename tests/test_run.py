@@ -394,6 +394,7 @@ def test_a_stray_the_script_never_uses_in_an_installed_class_is_info_naming_the_
         assert found.severity is Severity.INFO
         assert found.message.startswith("in transformers, not your code: ")
         assert found.message.endswith("the script never used it in the run")
+        assert found.hint == "state of transformers, unused here: nothing to change in your code"
 
 
 def test_a_stray_the_script_never_uses_in_its_own_class_stays_an_error() -> None:
