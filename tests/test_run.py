@@ -428,6 +428,7 @@ def test_a_custom_functions_backward_runs_simulated_and_its_cpu_tensor_is_found_
     assert run(script("custom_backward_fixed.py"), engine="tagged").findings == ()
 
 
+@pytest.mark.skipif(torch.version.cuda is None, reason="--engine fake needs a CUDA build of torch (no GPU)")
 def test_the_fake_engine_says_a_custom_functions_backward_did_not_run() -> None:
     report = run(script("custom_backward_buggy.py"), engine="fake")
     assert [f for f in report.findings if f.severity is not Severity.INFO] == []
