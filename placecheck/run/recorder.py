@@ -149,8 +149,9 @@ class RunRecorder:
         self.checkpoints = Checkpoints(self)
         self._forward_stack: list[nn.Module] = []
         self._held: set[int] = set()
-        self._backwards_seen = 0
         """ids of the modules the outermost module running held when its forward began."""
+        self._backwards_seen = 0
+        """Backward calls looked at for custom Functions the fake engine cannot run (the first two)."""
         self.roots: dict[int, nn.Module] = {}
         """Top-level modules called since the last optimizer step."""
         self._quiet = 0
