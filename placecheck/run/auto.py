@@ -39,6 +39,8 @@ from typing import Any, TextIO
 
 import torch
 
+from placecheck.construct import available_memory
+from placecheck.devices import human_bytes
 from placecheck.errors import UsageError
 from placecheck.run.recorder import StopRun
 
@@ -60,18 +62,6 @@ def parse_bytes(text: str, what: str = ENV) -> int:
     return int(float(match.group(1)) * _UNITS[match.group(2)])
 
 
-def available_memory() -> int | None:
-    """``MemAvailable`` of ``/proc/meminfo`` in bytes (None where there is none)."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as handle:
-            for line in handle:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
 def memory_budget(memory: int | str | None = None) -> tuple[int, str]:
     """The budget of a real-valued step, and where it comes from (for the note)."""
     if memory is not None:
@@ -80,18 +70,10 @@ def memory_budget(memory: int | str | None = None) -> tuple[int, str]:
     env = os.environ.get(ENV)
     if env:
         return parse_bytes(env), f"{ENV}={env}"
-    available = available_memory()
-    if available is not None and available // 2 < DEFAULT_BUDGET:
+    available = available_memory()  # 0: unknown
+    if available and available // 2 < DEFAULT_BUDGET:
         return available // 2, DEFAULT_SOURCE
     return DEFAULT_BUDGET, DEFAULT_SOURCE
-
-
-def gib(n: int) -> str:
-    """``n`` bytes in words: ``1.5 GiB``, ``12.0 MiB``, ``640 B``."""
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} B"
 
 
 class Switch(StopRun):
@@ -182,18 +164,20 @@ class Probe:
 
     def note(self, gpus: str = "1 GPU") -> str:
         where = f", when the script reached {self.at}" if self.at else ""
-        sizes = (f"{gib(self.params)} of parameters x 4 (weights, gradients, two optimizer moments) + "
-                 f"{gib(self.buffers)} of buffers + {gib(self.activations)} made by the first forward x 2")
+        sizes = (f"{human_bytes(self.params)} of parameters x 4 (weights, gradients, two optimizer "
+                 f"moments) + {human_bytes(self.buffers)} of buffers + {human_bytes(self.activations)} made "
+                 "by the first forward x 2")
         if self.decided == "fake":
             return (f"engine: auto chose fake tensors: a real-valued step would hold more than "
-                    f"{gib(self.estimate)} ({sizes}{where}), over the budget of "
-                    f"{gib(self.budget)} ({self.source}); the script ran again from its start "
+                    f"{human_bytes(self.estimate)} ({sizes}{where}), over the budget of "
+                    f"{human_bytes(self.budget)} ({self.source}); the script ran again from its start "
                     "with fake tensors, so what it did before that point happened twice")
-        budget = (f"{gib(self.budget)}, {self.source}" if self.source != DEFAULT_SOURCE else
-                  f"{gib(DEFAULT_BUDGET)} or half the memory available; {ENV} sets it")
+        budget = (f"{human_bytes(self.budget)}, {self.source}" if self.source != DEFAULT_SOURCE else
+                  f"{human_bytes(DEFAULT_BUDGET)} or half the memory available; {ENV} sets it")
         return (f"engine: CUDA simulated with real CPU values ({gpus}), chosen by --engine auto: a "
-                f"real-valued step holds about {gib(self.estimate)}, within the budget ({budget}); losses, "
-                ".item() and branches are real values; the script really runs and its side effects happen")
+                f"real-valued step holds about {human_bytes(self.estimate)}, within the budget ({budget}); "
+                "losses, .item() and branches are real values; the script really runs and its side effects "
+                "happen")
 
 
 @contextlib.contextmanager
