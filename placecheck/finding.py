@@ -11,6 +11,8 @@ import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from placecheck.values import Site
+
 
 class Severity(str, enum.Enum):
     """How bad a finding is. Ordered: ``ERROR > WARNING > INFO``."""
@@ -64,8 +66,9 @@ class Evidence:
         written ``line 33``.
         """
         effect = _EFFECT.get(self.code, self.kind)
-        path, _, line = self.source.rpartition(":")
-        shown = f"line {line}" if same_file and path == same_file and line.isdigit() else self.source
+        site = Site.parse(self.source)
+        shown = f"line {site.line}" if same_file and site.path == same_file and site.line is not None \
+            else self.source
         place = f" at {shown}" if self.source else ""
         headline = self.message.partition(": ")[0] if ": " in self.message else self.message
         return f"{effect}{place} in {self.where or '<root>'}: {headline}"

@@ -141,7 +141,7 @@ def test_auto_over_a_small_budget_runs_again_with_fake_tensors_and_drops_the_fir
         model = nn.Linear(64, 64).to("cuda")
         model(torch.ones(2, 64, device="cuda")).sum().backward()
 
-    report = run(main, memory="1k")
+    report = run(main, memory="1KiB")
     assert calls == ["started", "started"]  # what ran before the switch runs twice (the note says so)
     assert capsys.readouterr().out.count("hello once") == 1
     assert report.engine == SIMULATED_CUDA
@@ -159,9 +159,11 @@ def test_auto_reads_its_budget_from_the_environment(monkeypatch: pytest.MonkeyPa
 
 def test_a_bad_budget_is_the_users_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PLACECHECK_RUN_MEMORY", "lots")
-    with pytest.raises(UsageError, match="PLACECHECK_RUN_MEMORY='lots' is not a size"):
+    with pytest.raises(UsageError, match="PLACECHECK_RUN_MEMORY 'lots': expected a size with its unit"):
         run(script(FIXTURES / "batch_fixed.py"))
-    assert parse_bytes("512M") == 512 << 20 and parse_bytes("8g") == 8 << 30 and parse_bytes("100") == 100
+    assert parse_bytes("512MiB") == 512 << 20 and parse_bytes("8g") == 8 * 10**9 and parse_bytes("100B") == 100
+    with pytest.raises(UsageError, match="expected a size with its unit"):
+        parse_bytes("100")  # the one grammar (placecheck.values.Size): the unit is required
 
 
 def test_a_bad_engine_is_one_line_and_exit_2() -> None:

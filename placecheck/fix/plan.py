@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 
 from placecheck.finding import Finding
 from placecheck.fix.edits import NotFixable, Request, Rewrite, rewrite
+from placecheck.values import Site
 
 _GENERATED_MARKERS = ("@generated", "do not edit", "automatically generated", "auto-generated")
 
@@ -69,11 +70,10 @@ class Plan:
 
 
 def split_source(source: str) -> tuple[str, int] | None:
-    """``"net.py:12"`` -> ``("net.py", 12)``; None when there is no line."""
-    path, sep, line = source.rpartition(":")
-    if not sep or not path or not line.isdigit():
-        return None
-    return path, int(line)
+    """``"net.py:12"`` -> ``("net.py", 12)`` (:meth:`Site.parse <placecheck.values.Site.parse>`); None
+    when there is no line, which an edit needs."""
+    site = Site.parse(source)
+    return None if site.line is None else (site.path, site.line)
 
 
 def _installed_dirs() -> tuple[str, ...]:

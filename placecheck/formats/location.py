@@ -11,15 +11,16 @@ import os
 import re
 from pathlib import Path, PurePosixPath
 
+from placecheck.values import Site
+
 _SITE = re.compile(r"^.*[/\\](?:site|dist)-packages[/\\]")
 
 
 def split_source(source: str) -> tuple[str, int | None]:
-    """``"pkg/net.py:42"`` -> ``("pkg/net.py", 42)``; no line -> ``(source, None)``."""
-    path, sep, line = source.rpartition(":")
-    if sep and line.isdigit() and path:
-        return path, int(line)
-    return source, None
+    """``"pkg/net.py:42"`` -> ``("pkg/net.py", 42)``; no line -> ``(source, None)``
+    (:meth:`Site.parse <placecheck.values.Site.parse>`)."""
+    site = Site.parse(source)
+    return site.path, site.line
 
 
 def repo_path(path: str, root: str | None = None) -> str:

@@ -13,7 +13,8 @@ are estimated as it goes, from that evidence alone:
 
 and compared with the budget: :data:`DEFAULT_BUDGET` (2 GiB), less when less
 memory is available (half of ``MemAvailable``), or ``PLACECHECK_RUN_MEMORY``
-(``512M``, ``8G``, bytes) / ``run(memory=...)``.
+(``512MiB``, ``8GiB``: :class:`~placecheck.values.Size`'s grammar) / ``run(memory=...)`` (bytes, or a
+size as a string).
 
 The moment the estimate passes the budget (an 8B model's embedding, 2 GB,
 passes it while it is built), the real-valued attempt is abandoned: what the
@@ -32,7 +33,6 @@ import contextlib
 import io
 import os
 import random
-import re
 import sys
 from collections.abc import Iterator
 from typing import Any, TextIO
@@ -41,8 +41,8 @@ import torch
 
 from placecheck.construct import available_memory
 from placecheck.devices import human_bytes
-from placecheck.errors import UsageError
 from placecheck.run.recorder import StopRun
+from placecheck.values import Size
 
 DEFAULT_BUDGET = 2 << 30
 """The most bytes a real-valued step may hold (lowered to half the memory available): past a few GiB a
@@ -51,15 +51,9 @@ step on the CPU takes tens of seconds (a resnet50 step at batch 32, 4.7 GB, took
 ENV = "PLACECHECK_RUN_MEMORY"
 DEFAULT_SOURCE = "placecheck's default, or half the memory available when that is less"
 
-_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-
-
 def parse_bytes(text: str, what: str = ENV) -> int:
-    """``512M``, ``8G``, ``1.5g``, ``1000000`` as bytes; anything else is the user's error."""
-    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgt]?)i?b?\s*", text.lower())
-    if match is None or float(match.group(1)) <= 0:
-        raise UsageError(f"{what}={text!r} is not a size: give bytes or a size such as 512M or 8G")
-    return int(float(match.group(1)) * _UNITS[match.group(2)])
+    """A size in :class:`~placecheck.values.Size`'s grammar (``512MiB``, ``8GB``), as bytes."""
+    return Size.parse(text, what).bytes
 
 
 def memory_budget(memory: int | str | None = None) -> tuple[int, str]:
