@@ -34,6 +34,7 @@ from placecheck.engine import (
 from placecheck.errors import LoadError, UsageError, one_line
 from placecheck.finding import Finding
 from placecheck.options import AuditOptions, WrapChoice
+from placecheck.patching import patch
 from placecheck.placement.replicas import Replica, devices, merge, merged_notes, no_replicas, plan, unwrap
 from placecheck.provenance import stray_owner, stray_verdict
 from placecheck.quiet import quiet
@@ -90,11 +91,10 @@ def _module_classes_are_user_code() -> Iterator[None]:
         treat_as_user_code(type(self))
         original(self, *args, **kwargs)
 
-    nn.Module.__init__ = init  # type: ignore[method-assign]
-    try:
+    with patch(nn.Module, "__init__", init, "a model class defined in placecheck's own package (the "
+               "examples) is the user's code: its lines are sources; no hook sees a module's "
+               "construction begin"):
         yield
-    finally:
-        nn.Module.__init__ = original  # type: ignore[method-assign]
 
 
 def _copy(model: nn.Module) -> nn.Module:

@@ -26,6 +26,7 @@ Not reentrant: one recording at a time per process (the wrapped methods are glob
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import inspect
 import os
@@ -38,6 +39,7 @@ from typing import Any, TypeVar
 
 import torch.nn as nn
 
+from placecheck.patching import patch
 from placecheck.sources import LIBRARY, USER, display_path, frame_kind, internal_file, library_of_file
 
 BuiltT = TypeVar("BuiltT")
@@ -88,14 +90,12 @@ def build_recorded(build: Callable[[], BuiltT]) -> tuple[BuiltT, Assignments]:
     caller, not the model's construction.
     """
     assignments = Assignments()
-    originals = {name: getattr(nn.Module, name) for name in _ASSIGNING}
-    for name, original in originals.items():
-        setattr(nn.Module, name, _recording(original, assignments))
-    try:
+    with contextlib.ExitStack() as stack:
+        for name in _ASSIGNING:
+            stack.enter_context(patch(nn.Module, name, _recording(getattr(nn.Module, name), assignments),
+                                      "an attribute assigned to a module is no torch call: its line is "
+                                      "the source a walk finding names"))
         return build(), assignments
-    finally:
-        for name, original in originals.items():
-            setattr(nn.Module, name, original)
 
 
 def _recording(method: Callable[..., Any], assignments: Assignments) -> Callable[..., Any]:

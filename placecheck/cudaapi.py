@@ -9,8 +9,8 @@ API of torch 2.6+ (:func:`_accelerator_patches`, feature-detected). torch's own
 internals keep the real answers.
 
 Both simulating engines (fake tensors in :mod:`placecheck.engine`, real values
-in :mod:`placecheck.tagged`) enter :func:`cuda_queries_simulated`; this module
-imports no other placecheck module but :mod:`placecheck.devices` and :mod:`placecheck.compat`.
+in :mod:`placecheck.tagged`) enter :func:`cuda_queries_simulated`. Every replacement goes through
+:func:`placecheck.patching.patch`, with its reason.
 
 Not reentrant: one simulated session at a time per process.
 """
@@ -25,7 +25,6 @@ import types
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
-from unittest import mock
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -33,6 +32,12 @@ from torch.overrides import TorchFunctionMode
 from placecheck.classify import FORKED_CUDA, ForkedCudaError, InvalidDeviceError
 from placecheck.compat import cudnn_disabled
 from placecheck.devices import device_index
+from placecheck.patching import patch
+
+_WHY_QUERIES = ("model code asks torch.cuda / torch.accelerator how many GPUs there are and which is "
+                "current; without a driver the real functions say none, and the code would take its CPU path")
+_WHY_DRIVER = ("page-locked memory and the allocator's stream hint need a driver; neither changes where a "
+               "tensor is")
 
 
 class SimulatedStream:
@@ -440,17 +445,17 @@ def cuda_queries_simulated(gpus: int, strict: bool = False) -> Iterator[None]:
             # classes stay classes (isinstance(s, torch.cuda.Stream) must work); the real ones need a
             # driver whoever calls them
             patched = fn if isinstance(fn, type) else _for_user_code(fn, real)
-            stack.enter_context(mock.patch.object(torch.cuda, name, patched))
+            stack.enter_context(patch(torch.cuda, name, patched, _WHY_QUERIES))
         accelerator = getattr(torch, "accelerator", None)  # torch 2.6+
         for name, fn in _accelerator_patches(gpus).items() if accelerator is not None else ():
             real = getattr(accelerator, name, None)
             if real is not None:
                 patched = fn if isinstance(fn, type) else _for_user_code(fn, real)
-                stack.enter_context(mock.patch.object(accelerator, name, patched))
+                stack.enter_context(patch(accelerator, name, patched, _WHY_QUERIES))
         # page-locked host memory and the allocator's stream hint need a driver; neither changes
         # where a tensor is: pin_memory() is a CPU copy, record_stream() nothing
-        stack.enter_context(mock.patch.object(torch.Tensor, "pin_memory", _pinned_copy))
-        stack.enter_context(mock.patch.object(torch.Tensor, "record_stream", _record_stream))
+        stack.enter_context(patch(torch.Tensor, "pin_memory", _pinned_copy, _WHY_DRIVER))
+        stack.enter_context(patch(torch.Tensor, "record_stream", _record_stream, _WHY_DRIVER))
         stack.enter_context(cudnn_disabled())
         if CPU_ONLY_BUILD:
             stack.enter_context(warnings.catch_warnings())

@@ -5,8 +5,9 @@ from __future__ import annotations
 from placecheck.errors import UsageError
 from placecheck.values import DEVICE_HELP, SIZE_HELP, Device, Size
 
-__all__ = ["AUDIT_DEVICE_HELP", "DEVICE_HELP", "DEVICE_MAP_CHOICES", "DEVICE_MAP_HELP", "KEEP", "SIZE_HELP",
-           "check_device_map_spec", "device_index", "human_bytes", "normalize_device", "parse_size"]
+__all__ = ["AUDIT_DEVICE_HELP", "DEVICE_HELP", "DEVICE_MAP_CHOICES", "DEVICE_MAP_HELP", "KEEP",
+           "SIZE_HELP", "check_device_map_spec", "device_index", "human_bytes", "normalize_device",
+           "parse_size"]
 
 KEEP = "keep"
 """``--device keep``: no ``.to()``; the model is audited as its own code places it (many GPUs included)."""
@@ -26,7 +27,8 @@ def normalize_device(spec: str, keep: bool = False) -> str:
     try:
         return str(Device.parse(spec))
     except UsageError:
-        raise UsageError(f"unknown device {spec!r}: use {AUDIT_DEVICE_HELP if keep else DEVICE_HELP}") from None
+        helped = AUDIT_DEVICE_HELP if keep else DEVICE_HELP
+        raise UsageError(f"unknown device {spec!r}: use {helped}") from None
 
 
 def device_index(device: str) -> int:

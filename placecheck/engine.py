@@ -32,7 +32,6 @@ import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
-from unittest import mock
 
 import torch
 import torch.nn as nn
@@ -48,6 +47,7 @@ from placecheck.cudaapi import (
 from placecheck.devices import device_index
 from placecheck.errors import UsageError
 from placecheck.options import EngineChoice
+from placecheck.patching import patch
 from placecheck.shortcuts import fake_tensor
 from placecheck.tagged import move_destination, tagged_cuda, to_options
 
@@ -234,7 +234,9 @@ def _fake_parameters_swappable(known: Any = None) -> Iterator[None]:
             if value is not None:
                 known.give(t, value)
 
-    with mock.patch.object(torch.utils, "swap_tensors", swap):
+    with patch(torch.utils, "swap_tensors", swap,
+               "a swap of fake tensors must carry the values the fake engine knows for them; swap_tensors "
+               "is no torch function a mode sees"):
         yield
 
 
@@ -311,11 +313,12 @@ class _FakeCudaMoves(TorchFunctionMode):
                 return data
             return original(cls, data, requires_grad)
 
-        nn.Parameter.__new__ = staticmethod(new)  # type: ignore[assignment,method-assign]
         try:
-            yield
+            with patch(nn.Parameter, "__new__", staticmethod(new),
+                       "Module._apply re-wraps each moved tensor in a new Parameter; the fake engine's move "
+                       "must stay the Parameter, as on a GPU"):
+                yield
         finally:
-            nn.Parameter.__new__ = original  # type: ignore[method-assign]
             fresh.clear()
 
     def _shortcut(self, source: torch.Tensor, kwargs: dict[str, Any]) -> bool:
@@ -403,7 +406,9 @@ def _each_module_applied_once() -> Iterator[None]:
         moved: nn.Module = base_apply(self, fn, recurse)  # type: ignore[no-untyped-call]
         return moved
 
-    with mock.patch.object(nn.Module, "_apply", apply_once):
+    with patch(nn.Module, "_apply", apply_once,
+               "a module shared by two parents is moved once, as on a GPU; there is no hook on "
+               "Module._apply"):
         yield
 
 

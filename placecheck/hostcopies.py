@@ -34,11 +34,11 @@ import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
-from unittest import mock
 
 import torch
 
 from placecheck.classify import in_place, tensor_arguments
+from placecheck.patching import patch
 
 _METADATA = frozenset({torch.Tensor.dim, torch.Tensor.size, torch.Tensor.numel, torch.Tensor.stride,
                        torch.Tensor.is_contiguous, torch.Tensor.__len__, torch.Tensor.__hash__,
@@ -197,7 +197,9 @@ class PendingCopies:
                 targets.append((owner, "synchronize"))
         with contextlib.ExitStack() as stack:
             for owner, name in targets:
-                stack.enter_context(mock.patch.object(owner, name, self._waiting(getattr(owner, name))))
+                stack.enter_context(patch(owner, name, self._waiting(getattr(owner, name)),
+                                          "a synchronize is no torch function a mode sees; it ends the "
+                                          "wait of the non-blocking copies before it (PC210)"))
             yield
 
     def _waiting(self, original: Callable[..., Any]) -> Callable[..., Any]:

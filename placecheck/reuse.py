@@ -61,6 +61,7 @@ from placecheck.compat import (
     unset_fake_temporarily,
 )
 from placecheck.datadep import on_host
+from placecheck.patching import patch
 
 if typing.TYPE_CHECKING:
     from placecheck.datadep import DataDependentMode
@@ -330,11 +331,9 @@ class CallReuse:
         def call_impl(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
             return reuse._call(module, original, args, kwargs)
 
-        nn.Module._call_impl = call_impl  # type: ignore[method-assign,assignment]
-        try:
+        with patch(nn.Module, "_call_impl", call_impl,
+                   "a module call whose result is already known is not run again; no hook can skip a call"):
             yield self
-        finally:
-            nn.Module._call_impl = original  # type: ignore[method-assign]
 
     def notes(self) -> list[str]:
         """The report's note: how many module calls did not run, and an example."""

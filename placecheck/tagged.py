@@ -61,6 +61,7 @@ from placecheck.classify import (
 )
 from placecheck.compat import DisableTorchFunctionSubclass, tree_map_only
 from placecheck.cudaapi import cuda_initialised, cuda_queries_simulated, current_index, forked_cuda_error
+from placecheck.patching import patch
 
 _CPU = torch.device("cpu")
 
@@ -388,14 +389,12 @@ def _custom_functions() -> Iterator[None]:
     """Custom ``autograd.Function``s simulated in their backward too (:func:`_function_apply`)."""
     from torch.autograd import function
 
+    why = ("a custom autograd.Function's backward runs in autograd's engine, outside every mode: its node "
+           "must remember the simulated devices of its inputs and outputs")
     apply, backward = function.Function.__dict__["apply"], function.BackwardCFunction.apply
-    function.Function.apply = _function_apply(apply)  # type: ignore[method-assign,assignment]
-    function.BackwardCFunction.apply = _backward_apply(backward)  # type: ignore[method-assign]
-    try:
+    with patch(function.Function, "apply", _function_apply(apply), why), \
+            patch(function.BackwardCFunction, "apply", _backward_apply(backward), why):
         yield
-    finally:
-        function.Function.apply = apply  # type: ignore[method-assign]
-        function.BackwardCFunction.apply = backward  # type: ignore[method-assign]
 
 
 @contextlib.contextmanager

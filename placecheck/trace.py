@@ -55,6 +55,7 @@ from placecheck.finding import Finding
 from placecheck.forward_checks import ForwardFindings, forward_findings
 from placecheck.host_syncs import HOST_SYNCS, host_sync
 from placecheck.hostcopies import PendingCopies, PendingCopy, nonblocking_host_copy
+from placecheck.patching import patch
 from placecheck.placement.expected import Placement
 from placecheck.placement.flows import Flows
 from placecheck.provenance import Creation, Provenance, Provenances, StrayVerdict
@@ -213,13 +214,10 @@ class Tracer:
                 return out
             return factory
 
-        for name, original in originals.items():
-            setattr(torch, name, wrapped(original))
-        try:
-            yield
-        finally:
+        with contextlib.ExitStack() as stack:
             for name, original in originals.items():
-                setattr(torch, name, original)
+                stack.enter_context(patch(torch, name, wrapped(original), _WHY_CONVERSIONS))
+            yield
 
     def run(self, args: tuple[Any, ...], kwargs: dict[str, Any], train: bool = False,
             reuse: CallReuse | None = None) -> Any:
@@ -625,6 +623,10 @@ class Tracer:
         return self._checked.notes() if self._checked is not None else []
 
 
+_WHY_CONVERSIONS = ("torch.from_numpy and torch.frombuffer never reach a torch function mode: their tensors "
+                    "are creations in forward (PC202) all the same")
+
+
 @contextlib.contextmanager
 def _attention_fast_path_kept(target: torch.device) -> Iterator[None]:
     """Let ``nn.MultiheadAttention`` keep its inference fast path under the recording mode.
@@ -650,11 +652,10 @@ def _attention_fast_path_kept(target: torch.device) -> Iterator[None]:
         with DisableTorchFunction():
             return original(self, *args, **kwargs)
 
-    nn.MultiheadAttention.forward = forward  # type: ignore[method-assign]
-    try:
+    with patch(nn.MultiheadAttention, "forward", forward,
+               "MultiheadAttention's inference fast path is decided inside forward, before any mode sees a "
+               "call: it must be taken as on a GPU"):
         yield
-    finally:
-        nn.MultiheadAttention.forward = original  # type: ignore[method-assign]
 
 
 _RUN_CODE = Tracer.run.__code__

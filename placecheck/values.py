@@ -21,11 +21,11 @@ from placecheck.errors import UsageError
 
 # ---- sizes ---------------------------------------------------------------------------------------
 
-_SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)(b?)$", re.IGNORECASE)
+_SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)(i?)(B?)$")
 _POWERS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
 
-SIZE_HELP = ("a size with its unit, such as 80GiB, 24GB or 512M (K, M, G, T are powers of 1000 and Ki, "
-             "Mi, Gi, Ti powers of 1024; a trailing B is optional; B alone is bytes)")
+SIZE_HELP = ("a size such as 80GiB, 24GB or 512M (the unit is required: K, M, G, T are powers of 1000, "
+             "Ki, Mi, Gi, Ti powers of 1024, a trailing B is optional, B alone is bytes)")
 """The grammar of :meth:`Size.parse`, as the errors and ``--help`` state it."""
 
 
@@ -33,10 +33,11 @@ SIZE_HELP = ("a size with its unit, such as 80GiB, 24GB or 512M (K, M, G, T are 
 class Size:
     """A number of bytes.
 
-    The one grammar (:meth:`parse`): a number and a unit, case-insensitive: ``K``/``M``/``G``/``T``
-    (``KB``...) are powers of 1000, ``Ki``/``Mi``/``Gi``/``Ti`` (``KiB``...) powers of 1024, as IEC
-    80000-13, Kubernetes and ``df -H``/``-h`` read them; ``B`` alone is bytes. The unit is required:
-    a bare ``80`` is refused, so a forgotten unit never becomes a budget a billion times off.
+    The one grammar (:meth:`parse`): a number and a unit: ``K``/``M``/``G``/``T`` (``KB``..., the
+    prefix in either case) are powers of 1000, ``Ki``/``Mi``/``Gi``/``Ti`` (``KiB``...) powers of 1024,
+    as IEC 80000-13 and Kubernetes read them; ``B`` alone is bytes. The unit is required, a bare
+    ``80`` is refused, so a forgotten unit never becomes a budget a billion times off; a lower-case
+    ``b`` (``24Gb``, gigabits) is refused too.
     """
 
     bytes: int

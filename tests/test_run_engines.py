@@ -159,10 +159,11 @@ def test_auto_reads_its_budget_from_the_environment(monkeypatch: pytest.MonkeyPa
 
 def test_a_bad_budget_is_the_users_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PLACECHECK_RUN_MEMORY", "lots")
-    with pytest.raises(UsageError, match="PLACECHECK_RUN_MEMORY 'lots': expected a size with its unit"):
+    with pytest.raises(UsageError, match="PLACECHECK_RUN_MEMORY 'lots': expected a size such as"):
         run(script(FIXTURES / "batch_fixed.py"))
-    assert parse_bytes("512MiB") == 512 << 20 and parse_bytes("8g") == 8 * 10**9 and parse_bytes("100B") == 100
-    with pytest.raises(UsageError, match="expected a size with its unit"):
+    assert parse_bytes("512MiB") == 512 << 20 and parse_bytes("8g") == 8 * 10**9
+    assert parse_bytes("100B") == 100
+    with pytest.raises(UsageError, match="the unit is required"):
         parse_bytes("100")  # the one grammar (placecheck.values.Size): the unit is required
 
 

@@ -34,7 +34,6 @@ import logging
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from unittest import mock
 
 import torch
 import torch.nn as nn
@@ -44,6 +43,7 @@ from placecheck.devices import DEVICE_MAP_CHOICES, human_bytes, parse_size
 from placecheck.errors import UsageError, one_line
 from placecheck.events import Copy
 from placecheck.finding import Finding
+from placecheck.patching import patch
 from placecheck.placement.expected import Expected, Placement
 from placecheck.quiet import quiet
 from placecheck.report import DeviceMap, StageRow
@@ -55,6 +55,10 @@ DEFAULT_GPU_MEMORY = 80 * 2**30
 ``torch.cuda.mem_get_info`` reports."""
 
 OFFLOADED = ("cpu", "disk")
+
+_WHY_ACCELERATE = ("accelerate rebuilds a parameter from its class (type(param)(value)) and tells tensors "
+                   "apart by data_ptr(); a fake parameter's class and a fake tensor's pointer must read as "
+                   "a real one's")
 
 
 def accelerate_module() -> Any:
@@ -375,8 +379,8 @@ def accelerate_on_fake_tensors() -> Iterator[None]:
     def data_ptr(self: torch.Tensor) -> int:
         return int(self.untyped_storage()._cdata) + int(self.storage_offset()) * self.element_size()
 
-    with mock.patch.object(modeling, "type", param_type, create=True), \
-            mock.patch.object(FakeTensor, "data_ptr", data_ptr):
+    with patch(modeling, "type", param_type, _WHY_ACCELERATE, create=True), \
+            patch(FakeTensor, "data_ptr", data_ptr, _WHY_ACCELERATE):
         yield
 
 

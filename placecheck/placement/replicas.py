@@ -58,7 +58,6 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
-from unittest import mock
 
 import torch
 import torch.nn as nn
@@ -70,6 +69,7 @@ from placecheck.cudaapi import CPU_ONLY_BUILD, CurrentDeviceMoves, current_devic
 from placecheck.errors import UsageError
 from placecheck.finding import Finding
 from placecheck.options import AuditOptions, WrapChoice
+from placecheck.patching import patch
 from placecheck.rules import dtensor_mixed, left_out_of_sharding, on_replicas, rule
 from placecheck.sources import Attribution, Site
 from placecheck.trace import op_name
@@ -372,7 +372,9 @@ def _fsdp_moves_fake_tensors() -> Iterator[None]:
         original([t for t in rest if isinstance(t, nn.Parameter)],
                  [t for t in rest if not isinstance(t, nn.Parameter)], device)
 
-    with mock.patch.object(_fsdp_init, "_move_states_to_device", move_states):
+    with patch(_fsdp_init, "_move_states_to_device", move_states,
+               "FSDP1 moves its states with plain .to() calls inside its constructor, which the fake "
+               "engine must turn into moves to the rank's simulated GPU"):
         yield
 
 

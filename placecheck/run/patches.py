@@ -90,30 +90,18 @@ from typing import Any
 import torch
 
 from placecheck.compat import compiler_errors, dynamo_disabled
+from placecheck.patching import Patch as Patch
+from placecheck.patching import patched as patched_with_reason
 
-Patch = tuple[object, str, Callable[[Callable[..., Any]], Callable[..., Any]]]
-"""``(owner, attribute name, make)``: the attribute becomes ``make(original)``."""
-
-_MISSING = object()
+_WHY = "placecheck run's recorder: what no mode or hook shows (placecheck.run.patches says why for each)"
 
 
 @contextlib.contextmanager
 def patched(patches: Sequence[Patch]) -> Iterator[None]:
-    """Each ``owner.name`` replaced by ``make(original)`` for the block, then put back as it was (an
-    attribute the owner only inherited is removed again), in reverse order, even when the block raises."""
-    saved: list[tuple[object, str, Any]] = []
-    try:
-        for owner, name, make in patches:
-            original = getattr(owner, name)
-            saved.append((owner, name, vars(owner).get(name, _MISSING)))
-            setattr(owner, name, make(original))
+    """Each ``owner.name`` replaced by ``make(original)`` for the block, then put back as it was
+    (:func:`placecheck.patching.patched`)."""
+    with patched_with_reason(patches, _WHY):
         yield
-    finally:
-        for owner, name, own in reversed(saved):
-            if own is _MISSING:
-                delattr(owner, name)
-            else:
-                setattr(owner, name, own)
 
 
 _COMPILE_HOOKS_WARNING = "Using `torch.compile(module)` when there are global hooks"
