@@ -116,8 +116,8 @@ def test_no_import_cycles() -> None:
 
 # ---- layers, bottom to top ------------------------------------------------------------------------
 
-TORCH_FREE = ("errors", "values", "patching", "devices", "finding", "problems", "rules", "report", "formats", "options",
-              "config", "output", "baseline", "shards")
+TORCH_FREE = ("errors", "values", "patching", "devices", "finding", "problems", "rules", "report", "formats",
+              "options", "config", "output", "baseline", "shards")
 """What the CLI's --help, `rules`, a config check and a report rendering use: never imports torch."""
 TOP = {"api": 1, "fix": 2, "runner": 2, "worker": 2, "ci": 3, "pytest_plugin": 3, "cli": 4, "__main__": 5}
 """The layers above the engine's (which is 0, the torch-free layer below it -1)."""
