@@ -110,11 +110,14 @@ def _simulate(program: Program, options: RunOptions, codes: frozenset[str],
     probe = None
     assumed: list[str] = []
 
+    checks: list[RankChecks] = []  # the rank's checks of the newest recorder
+
     def new_recorder() -> RunRecorder:
         recorder = RunRecorder(gpus=gpus, steps=steps)
         if rank is not None:
-            recorder.ranks = RankChecks(recorder, *rank)
-            recorder.target = str(recorder.ranks.own)
+            checks[:] = [RankChecks(recorder, *rank)]
+            recorder.ranks = checks[0]
+            recorder.target = str(checks[0].own)
         return recorder
 
     recorder = new_recorder()
@@ -182,7 +185,7 @@ def _simulate(program: Program, options: RunOptions, codes: frozenset[str],
              "optimizers": len(recorder.optimizers)}
     report = Report.build(program.name, recorder.target, device_name, kept, notes, stats,
                           unfinished=_unfinished(outcome, recorder.limit))
-    return report, list(recorder.ranks.uses) if recorder.ranks is not None else []
+    return report, list(checks[0].uses) if checks else []
 
 
 @contextlib.contextmanager

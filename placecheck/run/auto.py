@@ -41,7 +41,7 @@ import torch
 
 from placecheck.construct import available_memory
 from placecheck.devices import human_bytes
-from placecheck.run.recorder import StopRun
+from placecheck.run.session import StopRun
 from placecheck.values import Size
 
 DEFAULT_BUDGET = 2 << 30

@@ -28,7 +28,7 @@ from placecheck.state import replace_tensors
 from placecheck.tagged import SimulatedTensor
 
 if typing.TYPE_CHECKING:
-    from placecheck.run.recorder import RunRecorder
+    from placecheck.run.session import Recording
 
 
 def _plain(t: torch.Tensor) -> torch.Tensor:
@@ -125,7 +125,7 @@ def _location_tags(tags: dict[int, str]) -> Iterator[None]:
 class Checkpoints:
     """The script's ``torch.save`` and ``torch.load`` calls."""
 
-    def __init__(self, recorder: RunRecorder) -> None:
+    def __init__(self, recorder: Recording) -> None:
         self.recorder = recorder
         self.saved: dict[str, list[str]] = {}
         """Files this run saved with torch.save -> the device of each tensor, in order."""

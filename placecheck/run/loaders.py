@@ -14,7 +14,7 @@ from placecheck.run.sites import library_caller
 from placecheck.sources import here
 
 if typing.TYPE_CHECKING:
-    from placecheck.run.recorder import RunRecorder
+    from placecheck.run.session import Recording
 
 PIN_WARNING = "'pin_memory' argument is set as true but no accelerator is found"
 """What a DataLoader(pin_memory=True) warns on a machine without CUDA: the simulation has no pinned memory."""
@@ -30,7 +30,7 @@ def non_blocking(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
 class Loaders:
     """The script's DataLoader iterators and the batches they yield."""
 
-    def __init__(self, recorder: RunRecorder) -> None:
+    def __init__(self, recorder: Recording) -> None:
         self.recorder = recorder
         self.iterators: dict[int, tuple[bool, str]] = {}
         """id of a loader's iterator -> (its loader pins memory, the line that iterated it)."""

@@ -25,7 +25,7 @@ from placecheck.sources import here
 from placecheck.walk import Snapshot, walk
 
 if typing.TYPE_CHECKING:
-    from placecheck.run.recorder import RunRecorder
+    from placecheck.run.session import Recording
 
 
 def _cuda_destination(args: tuple[Any, ...], kwargs: dict[str, Any], cuda_call: bool) -> torch.device | None:
@@ -63,7 +63,7 @@ def raised_by_swap(exc: BaseException) -> bool:
 class Moves:
     """The modules the script moved, and the walks of those moves."""
 
-    def __init__(self, recorder: RunRecorder) -> None:
+    def __init__(self, recorder: Recording) -> None:
         self.recorder = recorder
         self.moved_modules: list[weakref.ref[nn.Module]] = []
         self._walked: set[tuple[int, str]] = set()

@@ -20,13 +20,13 @@ from placecheck.rules import rule
 from placecheck.sources import here
 
 if typing.TYPE_CHECKING:
-    from placecheck.run.recorder import RunRecorder
+    from placecheck.run.session import Recording
 
 
 class Optimizers:
     """Every optimizer the script builds, and the checks run before each of its steps."""
 
-    def __init__(self, recorder: RunRecorder) -> None:
+    def __init__(self, recorder: Recording) -> None:
         self.recorder = recorder
         self.built: weakref.WeakKeyDictionary[torch.optim.Optimizer, str] = weakref.WeakKeyDictionary()
         """Each optimizer -> the line that built it."""

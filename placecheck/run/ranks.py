@@ -53,8 +53,8 @@ from placecheck.sources import here
 if TYPE_CHECKING:
     from placecheck.options import RunOptions
     from placecheck.report import Report
-    from placecheck.run.recorder import RunRecorder
     from placecheck.run.script import Program
+    from placecheck.run.session import Recording
 
 TORCHRUN_MODULE = "torch.distributed.run"
 """``python -m torch.distributed.run`` is ``torchrun``."""
@@ -165,7 +165,7 @@ def _describe(t: torch.Tensor) -> str:
 class RankChecks:
     """One rank's NCCL rules, in its own process: what it placed where, what its collectives got."""
 
-    def __init__(self, recorder: RunRecorder, rank: int, world_size: int, local_rank: int) -> None:
+    def __init__(self, recorder: Recording, rank: int, world_size: int, local_rank: int) -> None:
         self.recorder = recorder
         self.rank = rank
         self.world_size = world_size

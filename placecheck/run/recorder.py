@@ -43,7 +43,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -62,14 +62,11 @@ from placecheck.run.moves import Moves, raised_by_swap
 from placecheck.run.optimizers import Optimizers
 from placecheck.run.origins import Origin, Origins
 from placecheck.run.patches import OutsideSimulation, eager_compile, no_copies_of_the_script, patched
+from placecheck.run.session import EngineProbe, RankPlacement, StopRun
 from placecheck.run.sites import called_from_user, library_caller, names_of
 from placecheck.sources import here, user_line
 from placecheck.state import Registry
 from placecheck.trace import op_name
-
-if TYPE_CHECKING:
-    from placecheck.run.auto import Probe
-    from placecheck.run.ranks import RankChecks
 
 _MOVES = frozenset({torch.Tensor.to, torch.Tensor.cuda})
 _BACKWARDS = frozenset({torch.Tensor.backward, torch.autograd.backward})
@@ -78,17 +75,6 @@ _FACTORIES = frozenset(getattr(torch, name) for name in (
     "randint", "randperm", "eye", "zeros_like", "ones_like", "empty_like", "full_like", "rand_like",
     "randn_like"))
 _MAX_RETRIES = 4
-
-
-class StopRun(BaseException):
-    """Raised into the script to end the run early (``--steps`` reached, ``--timeout``).
-
-    A ``BaseException``, so the script's own ``except Exception`` does not swallow it.
-    """
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
 
 
 @dataclass
@@ -161,7 +147,7 @@ class RunRecorder:
         """ids of the errors the recorder raised as CUDA would (a device index beyond ``gpus``)."""
         self.limit = ""
         """The note when the script stopped at a limit of the simulation, not at an error of its own."""
-        self.probe: Probe | None = None
+        self.probe: EngineProbe | None = None
         """``--engine auto``'s watch of the real-valued attempt (:mod:`placecheck.run.auto`)."""
         self.host_types: tuple[type, ...] = (torch.Tensor,)
         """The classes of the engine's host tensors (its device tensors are another class, or fake tensors
@@ -174,7 +160,7 @@ class RunRecorder:
         self.loaders_in_process = False
         """DataLoader workers run in the script's process (the fake engine: fake tensors cannot cross
         into worker processes); a note says so."""
-        self.ranks: RankChecks | None = None
+        self.ranks: RankPlacement | None = None
         """One rank of a torchrun launch (``--nproc-per-node``): its NCCL rules
         (:mod:`placecheck.run.ranks`)."""
         self.pending = PendingCopies()

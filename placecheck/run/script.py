@@ -4,7 +4,7 @@ The script runs as ``__main__`` through :mod:`runpy`: ``sys.argv`` is
 ``[script, *args]``, the script's directory (the working directory for
 ``-m``) is first on ``sys.path``, the working directory is left as it is.
 What ends it: its own end, ``sys.exit``, an exception, or a
-:class:`~placecheck.run.recorder.StopRun` raised into it (enough optimizer
+:class:`~placecheck.run.session.StopRun` raised into it (enough optimizer
 steps, or ``--timeout`` by ``SIGALRM``). Everything is restored afterwards.
 """
 
@@ -23,7 +23,7 @@ from types import CodeType, FrameType, TracebackType
 from typing import Any
 
 from placecheck.errors import LoadError
-from placecheck.run.recorder import StopRun
+from placecheck.run.session import StopRun
 from placecheck.sources import user_line
 
 
