@@ -30,8 +30,10 @@ import torch
 import torch.nn as nn
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
-_PLACECHECK_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-_EXAMPLES_DIR = _PLACECHECK_DIR + "examples" + os.sep
+_PACKAGE = sys.modules[__name__.partition(".")[0]]  # the package root, imported before any module of it
+PLACECHECK_DIR = os.path.dirname(os.path.abspath(str(_PACKAGE.__file__))) + os.sep
+"""placecheck's own package: its files are placecheck's machinery (but its examples, which are user code)."""
+_EXAMPLES_DIR = PLACECHECK_DIR + "examples" + os.sep
 """placecheck's examples are user code: the README runs them, and an audit of one reports its lines."""
 _STDLIB_DIR = os.path.dirname(os.path.abspath(os.__file__)) + os.sep
 """The standard library (contextlib's, functools' and unittest.mock's call wrappers among it)."""
@@ -52,7 +54,7 @@ def treat_as_user_code(*classes: type) -> None:
             filename = inspect.getsourcefile(cls) or ""
         except (OSError, TypeError):
             continue
-        if os.path.abspath(filename).startswith(_PLACECHECK_DIR):
+        if os.path.abspath(filename).startswith(PLACECHECK_DIR):
             _USER_FILES.update((filename, os.path.abspath(filename)))
 
 
@@ -82,7 +84,7 @@ def _machinery_file(name: str) -> bool:
 def placecheck_file(name: str) -> bool:
     """True for a file of placecheck's own machinery (its examples are user code)."""
     absolute = os.path.abspath(name)
-    return absolute.startswith(_PLACECHECK_DIR) and not absolute.startswith(_EXAMPLES_DIR)
+    return absolute.startswith(PLACECHECK_DIR) and not absolute.startswith(_EXAMPLES_DIR)
 
 
 def internal_file(name: str) -> bool:
@@ -96,7 +98,7 @@ def _machinery(name: str) -> bool:
     absolute = os.path.abspath(name)
     if absolute.startswith(_EXAMPLES_DIR):
         return False
-    if absolute.startswith((_TORCH_DIR, _PLACECHECK_DIR)):
+    if absolute.startswith((_TORCH_DIR, PLACECHECK_DIR)):
         return True
     # site-packages may live inside the standard library's directory (a Python without a virtualenv)
     return absolute.startswith(_STDLIB_DIR) and not absolute.startswith(_SITE_DIRS)

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.cpu_build  # runs on the CPU-only torch build too (Make
 PACKAGE = Path(__file__).parents[1] / "placecheck"
 ORDER = ["compat", "callbacks", "sources", "classify", "host_syncs", "cudaapi", "tagged", "shortcuts",
          "datadep", "reuse", "engine", "provenance", "events", "hostcopies", "forward_checks", "trace"]
-BASICS = {"errors", "finding", "rules", "devices", "walk", "options", "placement"}
+BASICS = {"errors", "values", "patching", "finding", "rules", "devices", "walk", "options", "placement"}
 """Modules any layer may use: torch-free basics, the walk's result the tracer starts from, and
 ``placement`` (``--device keep``): each module's expected device (the walk's too) and the flows of a
 forward across devices, whose copies are events."""

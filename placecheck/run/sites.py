@@ -13,18 +13,17 @@ from types import FrameType
 
 import torch
 
-from placecheck.sources import internal_file, is_users, library_of_file, where_is
+from placecheck.sources import PLACECHECK_DIR, internal_file, is_users, library_of_file, where_is
 
 # torch's own dispatch of a Tensor method to a torch function mode (Tensor.__format__ -> overrides):
 # the call is still the caller's
 _DISPATCH_FILES = frozenset(os.path.join(os.path.dirname(torch.__file__), name)
                             for name in ("overrides.py", "_tensor.py"))
-_PLACECHECK_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
 def _own(filename: str) -> bool:
     """placecheck's own machinery (its examples are user code)."""
-    return os.path.abspath(filename).startswith(_PLACECHECK_DIR) and internal_file(filename)
+    return os.path.abspath(filename).startswith(PLACECHECK_DIR) and internal_file(filename)
 
 
 def called_from_user() -> str:
