@@ -20,6 +20,8 @@ EXIT_USAGE = 2
 EXIT_INTERNAL = 3
 """An unexpected error inside placecheck (a bug, or something it did not foresee): never 1, so a CI
 step does not read a crash as placement findings, nor 2, which says the user's input is wrong."""
+EXIT_INTERRUPTED = 130
+"""Ctrl-C (KeyboardInterrupt): 128 + SIGINT, what a shell reports for a command it interrupted."""
 
 
 ASSUMED_BRANCHES = "assumed_branches"

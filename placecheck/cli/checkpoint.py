@@ -39,6 +39,7 @@ from placecheck.report import EXIT_USAGE
 def checkpoint(
     ctx: typer.Context,
     file: Annotated[str, typer.Argument(
+        metavar="FILE",
         help="The checkpoint: a torch.save file (zip or legacy), a TorchScript archive, a .pt2 "
              "program or a .safetensors file.", show_default=False)],
     model: Annotated[str | None, typer.Option(

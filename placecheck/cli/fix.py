@@ -41,7 +41,7 @@ from placecheck.cli.common import (
     configured,
 )
 from placecheck.errors import UsageError
-from placecheck.options import SCRIPT_ONLY, AuditOptions, FixOptions
+from placecheck.options import SCRIPT_ONLY, AuditOptions, FixOptions, unknown_choice
 from placecheck.output import errors_reported, model_output_to_stderr
 from placecheck.report import Report
 
@@ -60,7 +60,7 @@ def fix(
         metavar="TARGET", show_default=False,
         help="The model, as for audit: MODULE:ATTR or path/to/file.py:ATTR; with --run, the script.")],
     script_args: Annotated[list[str] | None, typer.Argument(
-        metavar="[-- ARGS]...", show_default=False,
+        metavar="ARGS", show_default=False,
         help="With --run: the script's arguments, after --.")] = None,
     run_script: Annotated[bool, typer.Option(
         "--run", metavar=FLAG, rich_help_panel=PANEL_TARGET,
@@ -90,9 +90,9 @@ def fix(
              "checkpoints saved before lack them.")] = False,
     select: Select = None,
     ignore: Ignore = None,
-    fmt: Annotated[FixFormat, typer.Option(
+    fmt: Annotated[str, typer.Option(
         "--format", "-f", metavar="FORMAT", rich_help_panel=PANEL_REPORTING,
-        help="text (the diff and a summary) or json.")] = FixFormat.TEXT,
+        help="text (the diff and a summary) or json.")] = FixFormat.TEXT.value,
     debug: Debug = False,
 ) -> None:
     """Turn each fixable finding into an edit of your code, proven by a second audit.
@@ -103,6 +103,8 @@ def fix(
     internal error.
     """
     with errors_reported(debug):
+        if fmt not in {f.value for f in FixFormat}:
+            raise unknown_choice("--format", fmt, (f.value for f in FixFormat))
         try:
             if show_diff and write_files:
                 raise UsageError("--diff and --write cannot be combined: --diff prints the patch, --write "
@@ -135,7 +137,7 @@ def fix(
             if exc.name != "libcst":
                 raise
             raise UsageError("placecheck fix needs libcst: pip install 'placecheck[fix]'") from None
-        if fmt is FixFormat.JSON:
+        if fmt == FixFormat.JSON.value:
             data = result.to_dict()
             data["written"] = written
             typer.echo(json.dumps(data, indent=2))

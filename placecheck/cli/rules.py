@@ -31,7 +31,7 @@ def rules_text() -> str:
 
 @app.command(cls=PanelCommand)
 def explain(
-    code: Annotated[str, typer.Argument(help="A finding code (PC101) or its kind (stray-tensor).",
+    code: Annotated[str, typer.Argument(metavar="CODE", help="A finding code (PC101) or its kind (stray-tensor).",
                                         show_default=False)],
     debug: Debug = False,
 ) -> None:

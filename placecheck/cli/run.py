@@ -67,9 +67,9 @@ RunEngine = Annotated[str, typer.Option(
 def run(
     ctx: typer.Context,
     script: Annotated[str | None, typer.Argument(
-        help="The script to run (omit with -m).", show_default=False)] = None,
+        metavar="SCRIPT", help="The script to run (omit with -m).", show_default=False)] = None,
     script_args: Annotated[list[str] | None, typer.Argument(
-        help="Arguments for the script, after --.", show_default=False)] = None,
+        metavar="ARGS", help="Arguments for the script, after --.", show_default=False)] = None,
     module: Annotated[str | None, typer.Option(
         "--module", "-m", metavar="MODULE", rich_help_panel=PANEL_TARGET,
         help="Run a module as `python -m MODULE` would, instead of a script.")] = None,
