@@ -439,7 +439,7 @@ def _entrypoint(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[s
 
 
 @pytest.mark.parametrize("argv, needle", [
-    (["audit", "x:y", "--format", "bogus"], "'bogus' is not one of 'table', 'json'"),
+    (["audit", "x:y", "--format", "bogus"], "unknown --format 'bogus': use one of table, json"),
     (["audit", "x:y", "--gpus", "0"], "--gpus"),
     (["audit", "x:y", "--gpus", "two"], "--gpus"),
     (["bogus"], "No such command 'bogus'"),

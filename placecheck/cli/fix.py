@@ -111,7 +111,7 @@ def fix(
                                  "applies it")
             from placecheck.fix import fix as run_fix
             from placecheck.fix import fix_run, write
-            from placecheck.load import parse_kwargs
+            from placecheck.load import parse_kwargs, split_target
 
             options = FixOptions(
                 run=run_script, device=device, engine=engine, gpus=gpus, init=init,
@@ -128,6 +128,7 @@ def fix(
             else:
                 if script_args:
                     raise UsageError(SCRIPT_ONLY)
+                split_target(target, "fix")  # a script given without --run: say so before any work
                 options.check()
                 constructor_kwargs = parse_kwargs(kwargs, arg or ())
                 with model_output_to_stderr():
