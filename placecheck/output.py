@@ -83,6 +83,16 @@ def check_writable(path: str | None, flag: str) -> None:
         raise UsageError(f"cannot write {flag} {path!r}: {os.strerror(errno.EACCES)}")
 
 
+DEFAULT_WIDTH = 80
+MIN_WIDTH = 40
+
+
+def terminal_width() -> int:
+    """The width every command's text fits: ``$COLUMNS`` when set, else the terminal's, else 80 (a
+    pipe, a file, a CI log), never under 40."""
+    return max(MIN_WIDTH, shutil.get_terminal_size((DEFAULT_WIDTH, 24)).columns)
+
+
 def fail(message: str, debug: bool = False) -> typer.Exit:
     """Print ``placecheck: error: ...`` (and the traceback under --debug); return the exit-2 exception."""
     if debug:

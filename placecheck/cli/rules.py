@@ -1,41 +1,87 @@
-"""``placecheck rules`` and ``placecheck explain``: the finding codes and what they mean."""
+"""``placecheck rules`` and ``placecheck explain``: the finding codes, their severities and what they mean.
+
+Both fit the terminal's width (``$COLUMNS``, else the terminal's, else 80): the table wraps its
+titles, and explain re-wraps its prose; the code examples are printed as written.
+"""
 
 from __future__ import annotations
 
+import textwrap
+from collections.abc import Iterable
 from typing import Annotated, Any
 
 import typer
 
 from placecheck.cli.app import app
 from placecheck.cli.common import Debug, PanelCommand
-from placecheck.output import errors_reported, fail
+from placecheck.output import errors_reported, fail, terminal_width
 
 
 @app.command("rules", cls=PanelCommand)
 def rules_command(debug: Debug = False) -> None:
-    """List every finding code with its severity and title."""
+    """List every finding code with its severity, when that severity changes, and its title."""
     with errors_reported(debug):
-        typer.echo(rules_text())
+        typer.echo(rules_text(terminal_width()))
 
 
-def rules_text() -> str:
-    """The table ``placecheck rules`` prints."""
-    from tabulate import tabulate
+def _wrap(text: str, width: int, first: str = "", rest: str = "") -> list[str]:
+    return textwrap.wrap(text, width=width, initial_indent=first, subsequent_indent=rest,
+                         break_on_hyphens=False) or [first.rstrip()]
 
-    from placecheck.rules import RULES
 
-    rows = [(r.code, r.kind, r.severity.value, r.phase, r.title) for r in RULES.values()]
-    return (tabulate(rows, headers=("code", "kind", "severity", "found by", "title"), tablefmt="simple")
-            + "\n\nplacecheck explain CODE shows what a code means, why it matters and how to fix it.")
+def _codes_text(codes: Iterable[str]) -> str:
+    """``PC101-PC105, PC209``: runs of consecutive codes collapsed."""
+    runs: list[list[int]] = []
+    for number in sorted(int(c[2:]) for c in codes):
+        if runs and number == runs[-1][-1] + 1:
+            runs[-1].append(number)
+        else:
+            runs.append([number])
+    return ", ".join(f"PC{r[0]}" if len(r) == 1 else f"PC{r[0]}-PC{r[-1]}" for r in runs)
+
+
+def rules_text(width: int = 80) -> str:
+    """The table ``placecheck rules`` prints, ``width`` columns at most: each code's default severity,
+    under it each declared change (:data:`placecheck.rules.SEVERITY_CHANGES`), then the policy every
+    code shares and which phase finds which codes."""
+    from placecheck.rules import RAISED_BY_EVIDENCE, RULES, severity_changes
+
+    kind_w = max(len(r.kind) for r in RULES.values())
+    sev_w = len("severity")
+    lead = 5 + 2 + sev_w + 2  # the code and severity columns
+    title_at = lead + kind_w + 2
+    stacked = width - title_at < 24  # too narrow for the title beside the kind: under it
+    lines = [f"{'code':<7}{'severity':<{sev_w + 2}}kind" + ("" if stacked else
+                                                            " " * (kind_w - 2) + "title")]
+    for r in RULES.values():
+        head = f"{r.code:<7}{r.severity.value:<{sev_w + 2}}"
+        if stacked:
+            lines.append(head + r.kind)
+            lines += _wrap(r.title, width, " " * lead, " " * lead)
+        else:
+            lines += _wrap(r.title, width, f"{head}{r.kind:<{kind_w + 2}}", " " * title_at)
+        for change in severity_changes(r.code):
+            lines += _wrap(f"when {change.when}", width, f"{'':<7}{change.severity.value:<{sev_w + 2}}",
+                           " " * lead)
+    phases: dict[str, list[str]] = {}
+    for r in RULES.values():
+        phases.setdefault(r.phase, []).append(r.code)
+    found = "; ".join(f"{phase} {_codes_text(codes)}" for phase, codes in phases.items())
+    return "\n".join([
+        *lines, "",
+        *_wrap(f"Every code: {RAISED_BY_EVIDENCE}.", width, "", "  "),
+        *_wrap(f"Found by: {found}.", width, "", "  "),
+        *_wrap("placecheck explain CODE shows what a code means, why it matters and how to fix it.", width),
+    ])
 
 
 @app.command(cls=PanelCommand)
 def explain(
-    code: Annotated[str, typer.Argument(metavar="CODE", help="A finding code (PC101) or its kind (stray-tensor).",
-                                        show_default=False)],
+    code: Annotated[str, typer.Argument(
+        metavar="CODE", help="A finding code (PC101) or its kind (stray-tensor).", show_default=False)],
     debug: Debug = False,
 ) -> None:
-    """Explain a finding code: what it means, why it matters, a wrong and a right example."""
+    """Explain a finding code: what it means, its severity, why it matters, a wrong and a right example."""
     with errors_reported(debug):
         from placecheck.rules import RULES, Rule
 
@@ -44,16 +90,35 @@ def explain(
             (r for r in RULES.values() if r.kind == wanted.lower()), None)
         if found is None:
             raise fail(f"unknown code {code!r}: `placecheck rules` lists them (PC101 ... {list(RULES)[-1]})")
-        typer.echo(explain_text(found))
+        width = terminal_width()
+        typer.echo(explain_text(found, width))
         from placecheck.fix.codes import fixable_text
 
-        typer.echo(f"\nplacecheck fix: {fixable_text(found.code)}")
+        typer.echo("\n" + "\n".join(_wrap(f"placecheck fix: {fixable_text(found.code)}", width, "", "  ")))
 
 
-def explain_text(r: Any) -> str:
-    """The text ``placecheck explain`` prints for one rule."""
+def severity_text(r: Any) -> str:
+    """``error by default; warning when ...``: a rule's severity policy in one sentence."""
+    from placecheck.rules import severity_changes
+
+    changes = "".join(f"; {c.severity.value} when {c.when}" for c in severity_changes(r.code))
+    return (f"{r.severity.value} by default{changes}; a problem is raised to the worst severity of the "
+            "findings it caused")
+
+
+def explain_text(r: Any, width: int = 80) -> str:
+    """The text ``placecheck explain`` prints for one rule, its prose within ``width`` columns."""
     def indent(text: str) -> str:
+        # code is printed as written (a wrapped line of code would not be code)
         return "\n".join(f"    {line}" if line else "" for line in text.splitlines())
 
+    def prose(text: str) -> str:
+        if all(len(line) <= width for line in text.splitlines()):
+            return text
+        paragraphs = text.split("\n\n")
+        return "\n\n".join("\n".join(_wrap(" ".join(p.split()), width)) for p in paragraphs)
+
     return (f"{r.code} {r.kind} ({r.severity.value}, found by the {r.phase} phase)\n"
-            f"{r.title}\n\n{r.explanation}\n\nWrong:\n{indent(r.wrong)}\n\nRight:\n{indent(r.right)}")
+            f"{prose(r.title)}\n\n{prose(r.explanation)}\n\n"
+            + "\n".join(_wrap(f"Severity: {severity_text(r)}.", width, "", "  "))
+            + f"\n\nWrong:\n{indent(r.wrong)}\n\nRight:\n{indent(r.right)}")
