@@ -42,7 +42,7 @@ from placecheck.cli.common import (
 )
 from placecheck.errors import UsageError
 from placecheck.options import SCRIPT_ONLY, AuditOptions, FixOptions, unknown_choice
-from placecheck.output import errors_reported, model_output_to_stderr
+from placecheck.output import errors_reported, model_output_to_stderr, terminal_width
 from placecheck.report import Report
 
 
@@ -97,7 +97,8 @@ def fix(
 ) -> None:
     """Turn each fixable finding into an edit of your code, proven by a second audit.
 
-    Prints a unified diff and a summary (fixed N, not fixable M, failed proof K);
+    Prints a unified diff and a summary in the audit's words (would fix N of M
+    instances, P of Q problems, with K edits; what is not fixed, and why);
     --write applies it. Exit status: 0 when nothing selected is left, 1 when
     findings remain, 2 for usage errors and targets that do not load, 3 for an
     internal error.
@@ -147,7 +148,7 @@ def fix(
                 typer.echo("".join(f"wrote {path}\n" for path in written), nl=False)
             else:
                 typer.echo(result.diff(), nl=False)
-            typer.echo(result.summary(), nl=False)
+            typer.echo(result.summary(written=write_files, width=terminal_width()), nl=False)
         raise typer.Exit(result.exit_code)
 
 
@@ -166,7 +167,7 @@ def fix_and_write(target: str, constructor_kwargs: dict[str, Any], options: Audi
             raise
         raise UsageError("--fix needs libcst: pip install 'placecheck[fix]'") from None
     written = write(result)
-    summary = result.summary().splitlines()
+    summary = result.summary(written=True).splitlines()
     notes = [f"--fix: {summary[0]}", *(f"--fix: wrote {path}" for path in written),
              *(f"--fix: failed proof: {e.code} {e.file}:{e.start}: {reason}" for e, reason in result.failed)]
     remains: Report = replace(result.report, findings=tuple(result.remaining),

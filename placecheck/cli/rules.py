@@ -118,7 +118,8 @@ def explain_text(r: Any, width: int = 80) -> str:
         paragraphs = text.split("\n\n")
         return "\n\n".join("\n".join(_wrap(" ".join(p.split()), width)) for p in paragraphs)
 
-    return (f"{r.code} {r.kind} ({r.severity.value}, found by the {r.phase} phase)\n"
-            f"{prose(r.title)}\n\n{prose(r.explanation)}\n\n"
+    return ("\n".join(_wrap(f"{r.code} {r.kind} ({r.severity.value}, found by the {r.phase} phase)", width,
+                           "", "  "))
+            + f"\n{prose(r.title)}\n\n{prose(r.explanation)}\n\n"
             + "\n".join(_wrap(f"Severity: {severity_text(r)}.", width, "", "  "))
             + f"\n\nWrong:\n{indent(r.wrong)}\n\nRight:\n{indent(r.right)}")

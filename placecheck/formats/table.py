@@ -6,8 +6,8 @@ findings it caused follow on ``->`` lines. The fix hints come once under the
 table (one line per distinct hint, labelled with its rule), or under every
 problem with ``hints=True``; ``placecheck explain CODE`` has the long text.
 
-Every line but the first (which names the TARGET) is wrapped at word
-boundaries to the width: the terminal's when writing to one, else
+Every line is wrapped at word boundaries to the width (the TARGET in the
+first line is never broken): the terminal's when writing to one, else
 ``$COLUMNS`` when set, else 80, so that a file, a pipe or a CI log looks the
 same wherever it is produced. A multi-line note (a checkpoint's device table)
 keeps its lines.
@@ -105,8 +105,9 @@ class TableFormatter(Formatter):
 
     def format(self, report: Report) -> str:
         width = self.width
-        # the first line is not wrapped: a long TARGET path cannot be broken usefully, and tools grep it
-        lines = [f"placecheck: {report.target} on {report.device_label} ({report.engine})"]
+        # the TARGET is never broken (a path cannot be broken usefully, and tools grep the first line for it)
+        lines = textwrap.wrap(f"placecheck: {report.target} on {report.run_on}", width=width,
+                              subsequent_indent="  ", break_long_words=False, break_on_hyphens=False)
         for note in report.notes:
             lines += _wrap_lines(note, width, "note: ", "      ")
         if report.findings:

@@ -627,10 +627,10 @@ class RunRecorder:
             seen = n if before_step else len(ran_in)  # the steps in which it could show its rate
             if seen >= 2:
                 return f"{count / len(ran_in):g} per optimizer step"
-            more = f" (--steps {self.max_steps + 1} tells every step from every N)" if self.stopped_by_steps \
-                else ""
+            more = f": run with --steps {self.max_steps + 1}" if self.stopped_by_steps else ""
             times = "once" if count == 1 else f"{count} times"
-            return f"{times} in the one optimizer step it could run in{more}"
+            return (f"{times} in 1 optimizer step (too few to tell a per-step sync from an every-N-steps "
+                    f"one{more})")
         if ran_in == {n} and not self.stopped_by_steps:  # after the loop
             return "once after the last optimizer step" if count == 1 else \
                 f"{count} times after the last optimizer step"
