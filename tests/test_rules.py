@@ -207,3 +207,22 @@ def test_rules_and_explain_print_every_declared_change() -> None:
             assert f"{change.severity.value} when {change.when}" in table
             assert f"{change.severity.value} when {change.when}" in text
     assert "Severity: error by default; a problem is raised" in " ".join(explain_text(RULES["PC201"]).split())
+
+
+def test_docs_audit_shows_the_declared_policy(update_golden: bool) -> None:
+    # docs/audit.md's table is the declaration itself (pytest --update-golden rewrites it)
+    from pathlib import Path
+
+    from placecheck.rules import SEVERITY_CHANGES
+
+    page = Path(__file__).resolve().parents[1] / "docs" / "audit.md"
+    text = page.read_text(encoding="utf-8")
+    start, end = "<!-- severity-policy:start -->\n", "<!-- severity-policy:end -->"
+    rows = ["| code | default | changed to | when |", "| --- | --- | --- | --- |",
+            *(f"| {code} | {RULES[code].severity.value} | {c.severity.value} | {c.when} |"
+              for code, changes in SEVERITY_CHANGES.items() for c in changes)]
+    at, stop = text.index(start) + len(start), text.index(end)
+    if update_golden:
+        page.write_text(text[:at] + "\n".join(rows) + "\n" + text[stop:], encoding="utf-8")
+        return
+    assert text[at:stop] == "\n".join(rows) + "\n"
