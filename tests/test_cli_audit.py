@@ -200,7 +200,7 @@ def test_torchvision_resnet18_out_of_the_box(runner: CliRunner) -> None:
     pytest.importorskip("torchvision")  # absent on the CPU-only torch build
     code, out, _ = run(runner, "torchvision.models:resnet18", "--kwargs", '{"num_classes": 10}')
     assert code == 0, out
-    assert "placecheck: torchvision.models:resnet18 on cuda:0, simulated (fake tensors, no data)" in out
+    assert "placecheck: torchvision.models:resnet18 on cuda:0, simulated (fake tensors, no\n  data)" in out
 
 
 def test_dotted_attribute_from_a_package_in_the_current_directory(

@@ -7,7 +7,6 @@ titles, and explain re-wraps its prose; the code examples are printed as written
 from __future__ import annotations
 
 import textwrap
-from collections.abc import Iterable
 from typing import Annotated, Any
 
 import typer
@@ -29,48 +28,35 @@ def _wrap(text: str, width: int, first: str = "", rest: str = "") -> list[str]:
                          break_on_hyphens=False) or [first.rstrip()]
 
 
-def _codes_text(codes: Iterable[str]) -> str:
-    """``PC101-PC105, PC209``: runs of consecutive codes collapsed."""
-    runs: list[list[int]] = []
-    for number in sorted(int(c[2:]) for c in codes):
-        if runs and number == runs[-1][-1] + 1:
-            runs[-1].append(number)
-        else:
-            runs.append([number])
-    return ", ".join(f"PC{r[0]}" if len(r) == 1 else f"PC{r[0]}-PC{r[-1]}" for r in runs)
-
-
 def rules_text(width: int = 80) -> str:
-    """The table ``placecheck rules`` prints, ``width`` columns at most: each code's default severity,
-    under it each declared change (:data:`placecheck.rules.SEVERITY_CHANGES`), then the policy every
-    code shares and which phase finds which codes."""
+    """The table ``placecheck rules`` prints, ``width`` columns at most: each code's kind, default
+    severity and the phase that finds it (the columns of docs/contract.md's table), its title (beside,
+    when the terminal is wide enough, else under it), under it each declared severity change
+    (:data:`placecheck.rules.SEVERITY_CHANGES`), then the policy every code shares."""
     from placecheck.rules import RAISED_BY_EVIDENCE, RULES, severity_changes
 
-    kind_w = max(len(r.kind) for r in RULES.values())
-    sev_w = len("severity")
-    lead = 5 + 2 + sev_w + 2  # the code and severity columns
-    title_at = lead + kind_w + 2
-    stacked = width - title_at < 24  # too narrow for the title beside the kind: under it
-    lines = [f"{'code':<7}{'severity':<{sev_w + 2}}kind" + ("" if stacked else
-                                                            " " * (kind_w - 2) + "title")]
+    widths = (5, max(len(r.kind) for r in RULES.values()), len("severity"), len("checkpoint"))
+    title_at = sum(w + 2 for w in widths)
+    beside = width - title_at >= 30  # else the title goes under its row
+    under = " " * 7
+
+    def row(*cells: str) -> str:
+        return "".join(f"{cell:<{w + 2}}" for cell, w in zip(cells, widths, strict=True))
+
+    lines = [(row("code", "kind", "severity", "found by") + ("title" if beside else "")).rstrip()]
     for r in RULES.values():
-        head = f"{r.code:<7}{r.severity.value:<{sev_w + 2}}"
-        if stacked:
-            lines.append(head + r.kind)
-            lines += _wrap(r.title, width, " " * lead, " " * lead)
+        head = row(r.code, r.kind, r.severity.value, r.phase)
+        if beside:
+            lines += _wrap(r.title, width, head, " " * title_at)
         else:
-            lines += _wrap(r.title, width, f"{head}{r.kind:<{kind_w + 2}}", " " * title_at)
+            lines += [head.rstrip(), *_wrap(r.title, width, under, under)]
         for change in severity_changes(r.code):
-            lines += _wrap(f"when {change.when}", width, f"{'':<7}{change.severity.value:<{sev_w + 2}}",
-                           " " * lead)
-    phases: dict[str, list[str]] = {}
-    for r in RULES.values():
-        phases.setdefault(r.phase, []).append(r.code)
-    found = "; ".join(f"{phase} {_codes_text(codes)}" for phase, codes in phases.items())
+            lines += _wrap(f"{change.severity.value} when {change.when}", width, under + "-> ",
+                           under + "   ")
     return "\n".join([
         *lines, "",
-        *_wrap(f"Every code: {RAISED_BY_EVIDENCE}.", width, "", "  "),
-        *_wrap(f"Found by: {found}.", width, "", "  "),
+        *_wrap(f"Severity: each code's default above, changed only as its -> lines say; and for every "
+               f"code, {RAISED_BY_EVIDENCE}.", width, "", "  "), "",
         *_wrap("placecheck explain CODE shows what a code means, why it matters and how to fix it.", width),
     ])
 

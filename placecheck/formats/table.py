@@ -54,6 +54,15 @@ def _wrap_lines(text: str, width: int, first: str, rest: str) -> list[str]:
     return out
 
 
+def _header_lines(report: Report, width: int) -> list[str]:
+    """``placecheck: TARGET on DEVICE, ENGINE``: the TARGET whole on the first line, however long (a path
+    cannot be broken usefully, and tools grep the first line for it), the rest wrapped after it."""
+    first, rest = f"placecheck: {report.target}", f"on {report.run_on}".split()
+    while rest and len(first) + 1 + len(rest[0]) <= width:
+        first += " " + rest.pop(0)
+    return [first, *(_wrap(" ".join(rest), width, "  ", "  ") if rest else [])]
+
+
 def _header(f: Finding) -> str:
     parts = [f"{f.severity.value:<7} {f.code} {where_label(f)}"]
     if f.source:
@@ -105,9 +114,7 @@ class TableFormatter(Formatter):
 
     def format(self, report: Report) -> str:
         width = self.width
-        # the TARGET is never broken (a path cannot be broken usefully, and tools grep the first line for it)
-        lines = textwrap.wrap(f"placecheck: {report.target} on {report.run_on}", width=width,
-                              subsequent_indent="  ", break_long_words=False, break_on_hyphens=False)
+        lines = _header_lines(report, width)
         for note in report.notes:
             lines += _wrap_lines(note, width, "note: ", "      ")
         if report.findings:
