@@ -146,3 +146,11 @@ def test_checkpoint_table_fits(width: int, tmp_path: Path, monkeypatch: pytest.M
     status, out = _invoke(width, monkeypatch, "checkpoint", "w.pt", "--model", "net.py:Net")
     assert status == 1 and "PC303" in out, out
     assert _too_wide(out, width) == []
+
+
+def test_example_config_fits_80_columns(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a file to save (placecheck example-config > placecheck.toml), printed as written: its comments
+    # are wrapped at 80 columns, the width a terminal has when nothing says otherwise
+    status, out = _invoke(80, monkeypatch, "example-config")
+    assert status == 0 and "[[models]]" in out
+    assert _too_wide(out, 80) == []
