@@ -94,7 +94,7 @@ def forward_findings(events: list[Event], target: str, library_findings: bool = 
             counted[package] = counted.get(package, 0) + 1
             finding = dataclasses.replace(
                 finding, message=rules.in_library(package, finding.message),
-                severity=finding.severity if library_findings else Severity.INFO,
+                severity=finding.severity if library_findings else rules.severity(finding.code, "library"),
                 details=(*finding.details, ("library", package)))
         kept.append(finding)
     return ForwardFindings(kept, counted)
@@ -141,7 +141,8 @@ def _finding(event: Event, target: str, lazy_lines: set[str],
             return None
         message, hint = rules.implicit_transfer(event.op, event.scalar, _tensor(event.dtype, event.shape),
                                                 target, _came_from(event.provenance))
-        return _make("PC205", event.site, Severity.INFO if event.scalar else None, device="cpu",
+        return _make("PC205", event.site, rules.severity("PC205", "scalar") if event.scalar else None,
+                     device="cpu",
                      expected=target, dtype=event.dtype, shape=event.shape, origin=event.provenance.origin,
                      message=message, hint=hint, details=(("op", event.op),))
     if isinstance(event, Registration):
@@ -149,7 +150,8 @@ def _finding(event: Event, target: str, lazy_lines: set[str],
                                                  event.on_target)
         # on the target it cannot crash the job: only the optimizer misses it
         # where: the created module or parameter, as a walk finding's; source: the line that created it
-        return _make("PC203", event.site, Severity.WARNING if event.on_target else None, where=event.path,
+        return _make("PC203", event.site, rules.severity("PC203", "on-target") if event.on_target else None,
+                     where=event.path,
                      device=event.device, expected=target, module=event.path, message=message, hint=hint)
     if isinstance(event, OutputOffDevice):
         prov = event.provenance

@@ -75,12 +75,68 @@ def parse_kwargs(kwargs_json: str | None, args: Iterable[str] = ()) -> dict[str,
     return out
 
 
-def split_target(spec: str) -> tuple[str, str]:
-    """``"a.b:C.d"`` -> ``("a.b", "C.d")``; the split is on the last colon."""
+SCRIPT_COMMANDS = {"audit": "checked with `placecheck run {file}`",
+                   "fix": "fixed with `placecheck fix --run {file}`"}
+"""What to run instead when a command that takes a model is given a script (a file with no class)."""
+
+
+def split_target(spec: str, command: str = "audit") -> tuple[str, str]:
+    """``"a.b:C.d"`` -> ``("a.b", "C.d")``; the split is on the last colon.
+
+    A target that is not of that form gets an error about what was typed: pytest's ``file.py::Net``
+    (use one colon), a file with no ``:ATTR`` (the classes it defines, read with :mod:`ast`, or, for a
+    script, the ``command`` that takes scripts).
+    """
+    if "::" in spec:
+        left, _, right = spec.partition("::")
+        raise UsageError(f"target {spec!r} has '::' (pytest's form): placecheck's is one colon, "
+                         f"{left}:{right}")
     module, sep, attr = spec.rpartition(":")
     if not sep or not module or not attr:
-        raise UsageError(f"target {spec!r} is not {TARGET_HELP}")
+        raise UsageError(_no_attr_message(spec.rstrip(":") if sep and not attr else spec, command))
     return module, attr
+
+
+def _no_attr_message(path: str, command: str) -> str:
+    """Why ``path`` (no ``:ATTR``) is not a target, and the form that would work."""
+    file = Path(path)
+    if not file.is_file():
+        return f"target {path!r} is not {TARGET_HELP}"
+    if file.suffix != ".py":
+        return _not_python(path)
+    classes = defined_classes(file)
+    if classes:
+        shown = ", ".join(classes[:12]) + (", ..." if len(classes) > 12 else "")
+        return (f"target {path!r} names a file but no model in it: add :CLASS, e.g. {path}:{classes[0]} "
+                f"(classes in it: {shown})")
+    instead = SCRIPT_COMMANDS.get(command, SCRIPT_COMMANDS["audit"]).format(file=path)
+    return (f"{path!r} defines no class: `placecheck {command}` takes a model, {path}:ATTR with ATTR a "
+            f"module class or a function returning one; a script is {instead}")
+
+
+def _not_python(path: str) -> str:
+    return f"{path!r} is not a Python file: a target is {TARGET_HELP}"
+
+
+def defined_classes(file: Path) -> list[str]:
+    """The classes ``file`` defines at its top level that could be models, read with :mod:`ast` (the
+    file is not imported): those deriving from an ``nn.Module``-looking base (``nn.X``, ``torch.nn.X``,
+    ``Module``, a class of the file that is one), else every class; [] when it does not parse."""
+    import ast
+
+    try:
+        tree = ast.parse(file.read_bytes(), str(file))
+    except (SyntaxError, ValueError, OSError):
+        return []
+    classes = [node for node in tree.body if isinstance(node, ast.ClassDef)]
+    models: list[str] = []
+    for node in classes:
+        for base in node.bases:
+            text = ast.unparse(base)
+            if text in models or text.startswith(("nn.", "torch.nn.")) or text.split(".")[-1] == "Module":
+                models.append(node.name)
+                break
+    return models or [node.name for node in classes]
 
 
 _GUARD = "guard script code with `if __name__ == '__main__':`"
@@ -258,9 +314,11 @@ def _candidates(module: Any) -> list[str]:
     return sorted(names)
 
 
-def resolve(spec: str) -> Any:
+def resolve(spec: str, command: str = "audit") -> Any:
     """Import the module part of ``spec`` and return the named attribute."""
-    module_part, attr = split_target(spec)
+    module_part, attr = split_target(spec, command)
+    if Path(module_part).is_file() and not module_part.endswith(".py"):
+        raise LoadError(_not_python(module_part))  # notes.md:Net is a file, not the module notes.md
     if module_part.endswith(".py") or os.sep in module_part or "/" in module_part:
         obj = _import_file(module_part)
     else:

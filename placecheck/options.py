@@ -110,10 +110,22 @@ def _check_int(flag: str, value: Any, least: int, why: str = "") -> None:
         raise UsageError(f"{flag} {value!r}: expected an integer >= {least}{why}")
 
 
+def unknown_choice(flag: str, value: Any, choices: Iterable[str]) -> UsageError:
+    """The error of a value that is not one of ``choices``: every choice listed, and the close one
+    when there is one (``unknown --format 'jsn': use one of table, json, ...; did you mean json?``), as
+    ruff and pip-audit list the possible values."""
+    import difflib
+
+    names = list(choices)
+    close = difflib.get_close_matches(str(value), names, n=1)
+    guess = f"; did you mean {close[0]}?" if close else ""
+    return UsageError(f"unknown {flag} {value!r}: use one of {', '.join(names)}{guess}")
+
+
 def _check_choice(flag: str, choices: tuple[str, ...]) -> Callable[[Any], None]:
     def check(value: Any) -> None:
         if value not in choices:
-            raise UsageError(f"unknown {flag} {value!r}: use one of {', '.join(choices)}")
+            raise unknown_choice(flag, value, choices)
 
     return check
 

@@ -25,7 +25,8 @@ import typer
 
 from placecheck.errors import PlacecheckError, UsageError, one_line
 from placecheck.formats import OutputFormat, formatter_for
-from placecheck.report import EXIT_INTERNAL, EXIT_USAGE, FAIL_ON_CHOICES, Report, exit_code
+from placecheck.options import unknown_choice
+from placecheck.report import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE, FAIL_ON_CHOICES, Report, exit_code
 
 
 @dataclass(frozen=True)
@@ -46,12 +47,25 @@ class OutputOptions:
     hints: bool = False
     """The fix hint on every row instead of once per rule (``--hints``, config key ``hints``)."""
 
+    def __post_init__(self) -> None:
+        # the command line gives --format as typed: checked here, with placecheck's message (click's
+        # enum check words it differently on each typer, "Value error, ..." on some)
+        object.__setattr__(self, "format", output_format(self.format))
+
     def check(self) -> None:
         """Raise a :class:`UsageError` for a bad ``--fail-on`` or an ``--output`` that cannot be
         written, before any audit runs."""
         if self.fail_on not in FAIL_ON_CHOICES:
-            raise UsageError(f"--fail-on {self.fail_on!r} is not one of {', '.join(FAIL_ON_CHOICES)}")
+            raise unknown_choice("--fail-on", self.fail_on, FAIL_ON_CHOICES)
         check_writable(self.output, "--output")
+
+
+def output_format(value: str) -> OutputFormat:
+    """``--format``'s value as an :class:`OutputFormat`; a :class:`UsageError` listing the choices."""
+    try:
+        return OutputFormat(value)
+    except ValueError:
+        raise unknown_choice("--format", value, (f.value for f in OutputFormat)) from None
 
 
 def check_writable(path: str | None, flag: str) -> None:
@@ -69,6 +83,16 @@ def check_writable(path: str | None, flag: str) -> None:
         raise UsageError(f"cannot write {flag} {path!r}: {os.strerror(errno.EACCES)}")
 
 
+DEFAULT_WIDTH = 80
+MIN_WIDTH = 40
+
+
+def terminal_width() -> int:
+    """The width every command's text fits: ``$COLUMNS`` when set, else the terminal's, else 80 (a
+    pipe, a file, a CI log), never under 40."""
+    return max(MIN_WIDTH, shutil.get_terminal_size((DEFAULT_WIDTH, 24)).columns)
+
+
 def fail(message: str, debug: bool = False) -> typer.Exit:
     """Print ``placecheck: error: ...`` (and the traceback under --debug); return the exit-2 exception."""
     if debug:
@@ -76,6 +100,13 @@ def fail(message: str, debug: bool = False) -> typer.Exit:
         message = message.replace(" (--debug shows the traceback)", "")  # it just did
     typer.echo(f"placecheck: error: {message}", err=True)
     return typer.Exit(EXIT_USAGE)
+
+
+def interrupted() -> typer.Exit:
+    """Ctrl-C: print ``placecheck: interrupted``; return the exit-130 exception (128 + SIGINT, the status
+    a shell gives a command it interrupted, as ruff and pip exit)."""
+    typer.echo("placecheck: interrupted", err=True)
+    return typer.Exit(EXIT_INTERRUPTED)
 
 
 def click_errors() -> tuple[type[Exception], ...]:
@@ -129,6 +160,7 @@ def internal_error(exc: BaseException, debug: bool = False) -> typer.Exit:
 def errors_reported(debug: bool = False) -> Iterator[None]:
     """Around a command's work: placecheck's own errors (bad input, a target that does not load) end
     in one line and exit 2, anything unexpected in one line and exit 3; a traceback only with --debug.
+    Ctrl-C ends in ``placecheck: interrupted`` and exit 130.
 
     The exits a command raises itself, and click's usage errors, pass through.
     """
@@ -136,6 +168,8 @@ def errors_reported(debug: bool = False) -> Iterator[None]:
         yield
     except (typer.Exit, typer.Abort):
         raise
+    except KeyboardInterrupt:
+        raise interrupted() from None
     except PlacecheckError as exc:
         raise fail(str(exc), debug) from None
     except Exception as exc:

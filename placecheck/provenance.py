@@ -17,8 +17,8 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from placecheck.finding import Finding, Severity
-from placecheck.rules import in_library, library_state_hint, stray_handled_by_forward
+from placecheck.finding import Finding
+from placecheck.rules import in_library, library_state_hint, severity, stray_handled_by_forward
 from placecheck.sources import NOWHERE, Site, library_of_class
 from placecheck.walk import WalkResult, storage_key
 
@@ -241,10 +241,10 @@ def stray_verdict(finding: Finding, how: str | None, target: str, owner: type | 
         if not package:
             return finding
         message = in_library(package, message)
-        return dataclasses.replace(finding, severity=Severity.INFO, message=message,
-                                   hint=library_state_hint(package),
+        return dataclasses.replace(finding, severity=severity(finding.code, "library-unused"),
+                                   message=message, hint=library_state_hint(package),
                                    details=(*finding.details, ("forward", how)))
-    return dataclasses.replace(finding, severity=Severity.INFO, message=message,
+    return dataclasses.replace(finding, severity=severity(finding.code, "handled"), message=message,
                                details=(*finding.details, ("forward", how)))
 
 

@@ -20,11 +20,18 @@ EXIT_USAGE = 2
 EXIT_INTERNAL = 3
 """An unexpected error inside placecheck (a bug, or something it did not foresee): never 1, so a CI
 step does not read a crash as placement findings, nor 2, which says the user's input is wrong."""
+EXIT_INTERRUPTED = 130
+"""Ctrl-C (KeyboardInterrupt): 128 + SIGINT, what a shell reports for a command it interrupted."""
 
 
 ASSUMED_BRANCHES = "assumed_branches"
 """The stat counting lines where the forward branched on a value the fake engine assumed
 (:mod:`placecheck.datadep`): the summary then says the other paths are unchecked."""
+
+ENGINE_WORDS = {"simulated cuda": "simulated (fake tensors, no data)",
+                "simulated cuda (real values)": "simulated (real values on the CPU)"}
+"""How a reader is told the engine beside the device (a report's ``engine`` is the machine's name of it,
+``simulated cuda (real values)``, kept as is in JSON)."""
 
 PLACED = {"keep": "as placed", "device-map": "as mapped"}
 """A report's ``device`` when no single target was audited: ``keep`` (the model's own placement) and
@@ -231,6 +238,17 @@ class Report:
         devices = list(self.device_map.bytes_per_device()) if self.device_map is not None else []
         return f"{', '.join(devices)}, {PLACED[self.device]}" if devices else "its own placement"
 
+    @property
+    def run_on(self) -> str:
+        """Where and how the model ran, for a reader: ``cuda:0, simulated (real values on the CPU)``,
+        ``cuda:0, simulated (fake tensors, no data)``; the device alone on a real one."""
+        words = ENGINE_WORDS.get(self.engine)
+        if words is not None:
+            return f"{self.device_label}, {words}"
+        if not self.engine or self.engine == self.device.split(":")[0]:  # a real device: no more to say
+            return self.device_label
+        return f"{self.device_label} ({self.engine})"
+
     def grouped(self) -> Report:
         """This report with its findings grouped into problems (the same report when they already are)."""
         return replace(self, findings=tuple(problems.group(self.findings)))
@@ -281,7 +299,7 @@ class Report:
         """
         n = len(self.findings)
         if n == 0:
-            line = f"no placement problems found on {self.device_label} ({self.engine})"
+            line = f"no placement problems found on {self.run_on}"
         else:
             mods = len(self.modules())
             parts = [plural(v, k) for k, v in self.counts().items() if v]

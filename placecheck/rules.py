@@ -65,7 +65,8 @@ class Net(nn.Module):
 class Net(nn.Module):
     def __init__(self):
         super().__init__()
-        self.register_buffer("mask", torch.tril(torch.ones(8, 8)), persistent=False)
+        mask = torch.tril(torch.ones(8, 8))
+        self.register_buffer("mask", mask, persistent=False)
 """)
 
 # -- message builders of the walk rules: plain data in, (message, hint) out ------------------------
@@ -157,7 +158,8 @@ plain list or dict is not: .to() does not move it, state_dict() does not save
 it and the optimizer never sees it. Use nn.ParameterList / nn.ParameterDict.""", """
 self.scales = [nn.Parameter(torch.ones(64)) for _ in range(4)]
 """, """
-self.scales = nn.ParameterList([nn.Parameter(torch.ones(64)) for _ in range(4)])
+self.scales = nn.ParameterList(
+    [nn.Parameter(torch.ones(64)) for _ in range(4)])
 """)
 
 
@@ -230,7 +232,7 @@ _rule("PC105", "buffer-off-device", E, "walk", "registered buffer still off the 
 _apply()/to() skipped it or code re-assigned it after the move (for example a
 cache rebuilt on the CPU).""", """
 model.to("cuda")
-model.pos.cache = torch.zeros(16)     # re-assigned on the CPU after the move
+model.pos.cache = torch.zeros(16)  # re-assigned on the CPU after the move
 """, """
 model.pos.cache = torch.zeros(16, device=model.pos.cache.device)
 """)
@@ -254,7 +256,7 @@ when it can, where the offending tensor came from. On an FSDP2 rank
 operand on the rank's device, the other sharded over the mesh; the ranks
 raise "got mixed torch.Tensor and DTensor".""", """
 def forward(self, x):
-    return x + self.bias_table            # plain attribute left on the CPU
+    return x + self.bias_table     # plain attribute left on the CPU
 """, """
 self.register_buffer("bias_table", table, persistent=False)
 """)
@@ -368,7 +370,7 @@ input's device at the end, are not ping-pongs. Under --device-map, an entry
 the map offloads to the CPU or disk is one PC208: accelerate's hooks copy its
 weights to the GPU on every forward (more GPU memory, or more GPUs, keeps them
 there).""", """
-class Block(nn.Module):      # the stage on cuda:1; its norm was left on cuda:0
+class Block(nn.Module):  # the stage on cuda:1; its norm left on cuda:0
     def forward(self, x):
         h = self.norm(self.fc(x).to("cuda:0")).to("cuda:1")
         return self.out(h)
@@ -469,12 +471,13 @@ torch.set_default_device says otherwise), not on the input's device. Pass
 device=x.device, or use x.new_zeros / torch.zeros_like. Created on the CPU
 and then copied with .to(x.device)/.cuda()/.type_as(x), it is correct but
 allocates on the host and pays a blocking copy on every call (PyTorch's
-performance tuning guide: create tensors on the target directly). Always a
-warning: when the tensor then feeds a device mismatch, that crash is reported
-as PC201, an error, which the report groups under this problem.""", """
+performance tuning guide: create tensors on the target directly). A warning
+on its own; when the tensor then feeds a device mismatch, that crash (PC201,
+an error) is grouped under this problem, which is then an error.""", """
 noise = torch.randn(x.shape)
 """, """
-noise = torch.randn(x.shape, device=x.device, dtype=x.dtype)  # or torch.randn_like(x)
+# or torch.randn_like(x)
+noise = torch.randn(x.shape, device=x.device, dtype=x.dtype)
 """)
 
 
@@ -618,7 +621,7 @@ The sample forward pass raised something other than a device mismatch (a
 shape error, an unsupported op, a bug in the model). placecheck reports it
 with its line and keeps every other finding; check the input spec
 (--input) first.""", """
-placecheck audit net:Net --input float32[1,3,32,32]   # model expects 224x224
+placecheck audit net:Net --input float32[1,3,32,32]  # expects 224x224
 """, """
 placecheck audit net:Net --input float32[1,3,224,224]
 """)
@@ -687,7 +690,8 @@ load_state_dict(strict=True) fails on keys the checkpoint has and the model
 lacks; with strict=False they are silently dropped.""", """
 model.load_state_dict(state)   # state has "classifier.1.weight"
 """, """
-Drop or rename the extra keys, or build the model that matches the checkpoint.
+Drop or rename the extra keys, or build the model that matches the
+checkpoint.
 """)
 
 _rule("PC304", "shape-mismatch", E, "checkpoint", "same key, different shape", """
@@ -695,7 +699,8 @@ load_state_dict raises "size mismatch" for a key whose shape differs between
 checkpoint and model, even with strict=False.""", """
 resnet18(num_classes=10).load_state_dict(imagenet_state)
 """, """
-Build the model with the checkpoint's shapes, or drop the key and re-initialise it.
+Build the model with the checkpoint's shapes, or drop the key and
+re-initialise it.
 """)
 
 _rule("PC305", "dtype-mismatch", W, "checkpoint", "same key, different dtype", """
@@ -712,7 +717,7 @@ torch.load(weights_only=True), the default since torch 2.6, refuses pickles
 that name arbitrary globals; loading such a file with weights_only=False runs
 whatever code the file names. placecheck never does so unless asked with
 --trust. Save a state_dict (or safetensors) instead of a pickled module.""", """
-torch.save(model, "model.pt")          # pickles the class and its code path
+torch.save(model, "model.pt")  # pickles the class and its code path
 """, """
 torch.save(model.state_dict(), "model.pt")
 """)
@@ -754,7 +759,7 @@ uses new Parameter objects: the loss goes down nowhere, nothing crashes.
 Build the optimizer from the model the script actually trains, after it is
 created, loaded and moved.""", """
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-model = Net().to(device)              # a new model: the optimizer holds the old one
+model = Net().to(device)  # a new model: the optimizer holds the old one
 """, """
 model = Net().to(device)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -919,6 +924,57 @@ def script_error(error: str, *, mismatch: bool = False) -> tuple[str, str]:
     return f"the script raised {error}", "fix the error at this line; the findings before it stand"
 
 
+# -- the severity policy: each rule's default above, and every change a report may make -------------
+#
+# A finding takes its rule's severity unless one of the changes below applies; the checks ask
+# severity(code, change) for it, so a change not declared here cannot be made (tests/test_rules.py
+# also scans the package for a severity written anywhere else). `placecheck rules`, `placecheck
+# explain` and docs/audit.md ("Severity") print these declarations.
+
+
+@dataclass(frozen=True)
+class SeverityChange:
+    """One declared exception to a rule's default severity."""
+
+    name: str
+    """What the checks pass to :func:`severity` (``scalar``, ``library``)."""
+    severity: Severity
+    when: str
+    """The condition, as ``placecheck rules`` and ``explain`` print it after "when"."""
+
+
+RAISED_BY_EVIDENCE = ("a problem takes the worst severity of its instances and of the findings it "
+                      "caused (its evidence): a cause whose tensor crashed an op (PC201) is an error")
+"""The one change every rule shares (:func:`placecheck.problems.group` makes it)."""
+
+_LIBRARY = SeverityChange("library", I, "raised entirely inside an installed package (named; "
+                                        "--library-findings keeps the default)")
+
+SEVERITY_CHANGES: dict[str, tuple[SeverityChange, ...]] = {
+    "PC101": (
+        SeverityChange("scalar", W, "it is a 0-dim CPU tensor (used as a scalar beside device tensors, it "
+                                    "does not raise)"),
+        SeverityChange("handled", I, "the forward never lets it meet a device tensor (it replaces it with "
+                                     "a moved copy, or uses it only on the CPU or as a scalar)"),
+        SeverityChange("library-unused", I, "it is never used and a class an installed package defines "
+                                            "holds it (named)"),
+    ),
+    "PC202": (_LIBRARY,),
+    "PC203": (SeverityChange("on-target", W, "created on the target device (it cannot crash; only an "
+                                             "optimizer built before misses it)"),),
+    "PC204": (
+        _LIBRARY,
+        SeverityChange("loop", I, "placecheck run finds it in the script's own code outside any forward "
+                                  "(a loss read for logging), with its rate per optimizer step"),
+    ),
+    "PC205": (
+        _LIBRARY,
+        SeverityChange("scalar", I, "it is a 0-dim CPU tensor stored on the model and used as a scalar "
+                                    "(read on the host, no copy)"),
+    ),
+}
+"""Every exception to a rule's default severity, by code (:func:`severity` hands them out)."""
+
 del E, W, I
 
 RULES: dict[str, Rule] = dict(sorted(_RULES.items()))
@@ -928,6 +984,25 @@ RULES: dict[str, Rule] = dict(sorted(_RULES.items()))
 def rule(code: str) -> Rule:
     """The rule for ``code`` (case-insensitive); ``KeyError`` if unknown."""
     return RULES[code.upper()]
+
+
+def severity(code: str, change: str | None = None) -> Severity:
+    """The severity of a ``code`` finding: its rule's default, or that of the declared ``change``.
+
+    Raises ``KeyError`` for a change :data:`SEVERITY_CHANGES` does not declare for ``code``: a check
+    cannot give a finding a severity the rule table does not show.
+    """
+    if change is None:
+        return rule(code).severity
+    for declared in SEVERITY_CHANGES.get(code.upper(), ()):
+        if declared.name == change:
+            return declared.severity
+    raise KeyError(f"{code} declares no severity change {change!r} (rules.SEVERITY_CHANGES)")
+
+
+def severity_changes(code: str) -> tuple[SeverityChange, ...]:
+    """The declared exceptions to ``code``'s default severity (none for most rules)."""
+    return SEVERITY_CHANGES.get(code.upper(), ())
 
 
 _SELECTOR = re.compile(r"^(ALL|PC\d{0,3})$")

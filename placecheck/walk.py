@@ -302,7 +302,7 @@ class _Walker:
                 container=container, helper=helper,
                 module=owner if self.placement is not None else None)
             code = "PC101"
-            severity = Severity.WARNING if scalar else None
+            severity = rules.severity(code, "scalar") if scalar else None
         finding = self._finding(code, path, owner, t, message, hint, source(), severity)
         self.findings.append(finding)
         self.by_origin[path] = finding

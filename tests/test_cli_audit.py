@@ -41,8 +41,8 @@ def run(runner: CliRunner, *args: str) -> tuple[int, str, str]:
 def test_clean_model_exits_0(runner: CliRunner) -> None:
     code, out, _ = run(runner, CLEAN)
     assert code == 0
-    # "(simulated cuda (real values))" on the CPU-only torch build, where auto falls back
-    assert "no placement problems found on cuda:0 (simulated cuda" in out
+    # "simulated (real values on the CPU)" on the CPU-only torch build, where auto falls back
+    assert "no placement problems found on cuda:0, simulated (" in out
 
 
 def test_buggy_model_exits_1(runner: CliRunner) -> None:
@@ -200,7 +200,7 @@ def test_torchvision_resnet18_out_of_the_box(runner: CliRunner) -> None:
     pytest.importorskip("torchvision")  # absent on the CPU-only torch build
     code, out, _ = run(runner, "torchvision.models:resnet18", "--kwargs", '{"num_classes": 10}')
     assert code == 0, out
-    assert "placecheck: torchvision.models:resnet18 on cuda:0 (simulated cuda)" in out
+    assert "placecheck: torchvision.models:resnet18 on cuda:0, simulated (fake tensors, no\n  data)" in out
 
 
 def test_dotted_attribute_from_a_package_in_the_current_directory(
@@ -439,7 +439,7 @@ def _entrypoint(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[s
 
 
 @pytest.mark.parametrize("argv, needle", [
-    (["audit", "x:y", "--format", "bogus"], "'bogus' is not one of 'table', 'json'"),
+    (["audit", "x:y", "--format", "bogus"], "unknown --format 'bogus': use one of table, json"),
     (["audit", "x:y", "--gpus", "0"], "--gpus"),
     (["audit", "x:y", "--gpus", "two"], "--gpus"),
     (["bogus"], "No such command 'bogus'"),

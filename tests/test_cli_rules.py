@@ -16,7 +16,15 @@ pytestmark = pytest.mark.cli
 runner = CliRunner()
 
 
-def test_rules_lists_every_code_with_severity_and_title() -> None:
+@pytest.fixture(autouse=True)
+def _columns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test here at 80 columns, whatever the terminal the suite runs in (tests/test_terminal_width.py
+    checks the other widths)."""
+    monkeypatch.setenv("COLUMNS", "80")
+
+
+def test_rules_lists_every_code_with_severity_and_title(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "200")  # wide enough for every title on its code's line
     result = runner.invoke(app, ["rules"])
     assert result.exit_code == 0
     lines = result.output.splitlines()

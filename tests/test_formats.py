@@ -110,7 +110,7 @@ def test_table_shows_problem_fix_and_summary() -> None:
                       expected="cuda:0", nbytes=2048, count=3, module="")
     text = formatter_for(OutputFormat.TABLE).format(Report.build("Net", "cuda:0", "cuda", [finding]))
     lines = text.splitlines()
-    assert lines[0] == "placecheck: Net on cuda:0 (cuda)"
+    assert lines[0] == "placecheck: Net on cuda:0"  # a real device: the engine says nothing more
     assert lines[2:4] == ["error   PC102 heads[0]", "              m"]
     assert "  PC102 unregistered-module: use nn.ModuleList" in lines
     assert lines[-1] == "1 problem in 1 module: 1 error; 2.0 KiB not on cuda:0"

@@ -120,7 +120,7 @@ def test_the_json_report_has_the_device_map_and_the_transfers() -> None:
 
 def test_the_table_shows_the_device_map_after_the_findings() -> None:
     text = formatter_for(OutputFormat.TABLE, width=100).format(_audit(FIXTURES / "clean_pipeline.py"))
-    assert "on cuda:0, cuda:1, as placed (simulated cuda)" in text.splitlines()[0]
+    assert "on cuda:0, cuda:1, as placed, simulated (fake tensors, no data)" in text.splitlines()[0]
     section = text[text.index("device map"):]
     assert "cuda:0 -> cuda:1" in section and "s1 -> s2" in section
 
@@ -281,7 +281,7 @@ def test_a_third_stage_back_on_the_first_gpu_is_a_pipeline_not_a_ping_pong() -> 
 
 def test_the_markdown_comment_folds_the_device_map() -> None:
     text = formatter_for(OutputFormat.MARKDOWN).format(_audit(FIXTURES / "clean_pipeline.py"))
-    assert "on cuda:0, cuda:1, as placed (simulated cuda)" in text
+    assert "on cuda:0, cuda:1, as placed, simulated (fake tensors, no data)" in text
     folded = text[text.index("<details>"):text.index("</details>")]
     assert "cuda:0 -> cuda:1" in folded and "s1 -> s2" in folded
 

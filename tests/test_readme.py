@@ -47,10 +47,14 @@ def _demo_block(text: str) -> tuple[int, int]:
     return start, text.index(END, start)
 
 
+# What an example script prints of its own: the loss of a model initialised at random.
+_LOSS = re.compile(r"(?<=\bloss )\d+\.\d+")
+
+
 def _normalise(text: str) -> str:
     # the table wraps notes at 80 columns, so where the free-memory figure breaks the line depends on
     # its width: compare the words (the layout is pinned by tests/golden/buggy.table.txt)
-    return _VOLATILE.sub("N GiB of memory available", " ".join(text.split()))
+    return _LOSS.sub("L", _VOLATILE.sub("N GiB of memory available", " ".join(text.split())))
 
 
 @pytest.mark.skipif(torch.version.cuda is None,
@@ -91,6 +95,12 @@ def _run_blocks(text: str) -> list[tuple[int, int, str]]:
     return blocks
 
 
+def _terminal(command: str, out: str, err: str) -> str:
+    """What a terminal shows: for ``placecheck run``, what the script itself printed (placecheck sends it
+    to stderr, keeping stdout for the report) comes first, as it is printed while the script runs."""
+    return err + out if command.startswith("placecheck run ") else out
+
+
 def _page_blocks() -> list[tuple[Path, int]]:
     """(page, index) of every run-output block of every page."""
     return [(page, i) for page in PAGES for i in range(len(_run_blocks(page.read_text(encoding="utf-8"))))]
@@ -121,7 +131,7 @@ def test_run_output_is_a_real_run(page: Path, index: int, update_golden: bool,
         monkeypatch.delenv(name, raising=False)
     run = CliRunner().invoke(app, shlex.split(command)[1:])
     assert run.exit_code in (0, 1), (run.stderr, run.exception)
-    shown = f"```text\n$ {command}\n{run.stdout}```\n"
+    shown = f"```text\n$ {command}\n{_terminal(command, run.stdout, run.stderr)}```\n"
     if update_golden:
         page.write_text(text[:start] + shown + text[end:], encoding="utf-8")
         return
@@ -189,3 +199,32 @@ def test_links_between_pages_lead_somewhere() -> None:
                 assert anchor in {_anchor(h) for h in headings}, f"{page.name}: no heading for {target}"
             checked += 1
     assert checked >= 20
+
+
+def test_the_pre_commit_snippet_works_as_written() -> None:
+    # no placeholder to replace: a local hook running the shipped hook's command in the project's own
+    # environment (the audit imports the project's models and its torch)
+    import yaml
+
+    text = README.read_text(encoding="utf-8")
+    assert "OWNER" not in text
+    [shipped] = yaml.safe_load((REPO / ".pre-commit-hooks.yaml").read_text(encoding="utf-8"))
+    configs = [yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", text, re.S)]
+    [config] = [c for c in configs if isinstance(c, dict) and "repos" in c]
+    [repo] = config["repos"]
+    assert repo["repo"] == "local" and "rev" not in repo
+    [hook] = repo["hooks"]
+    assert hook["language"] == "system"  # needs no package index: the placecheck beside the torch
+    for key in ("id", "entry", "pass_filenames", "types", "require_serial"):
+        assert hook[key] == shipped[key], key
+
+
+def test_readme_says_how_long_make_test_takes_and_shows_fix_run() -> None:
+    text = README.read_text(encoding="utf-8")
+    blocks = [block for block in re.findall(r"```console\n(.*?)```", text, re.S)
+              if re.search(r"^make test +#", block, re.M)]
+    assert len(blocks) == 2  # the fresh-clone setup and the development commands
+    for block in blocks:
+        said = block[block.index("make test "):].split("\nmake ", 1)[0]  # its comment, continued
+        assert re.search(r"\d+-\d+ minutes", said), said
+    assert "placecheck fix --run" in text

@@ -40,7 +40,7 @@ def test_summary_line_singular_info_and_no_bytes() -> None:
 
 def test_summary_line_clean() -> None:
     report = Report.build("Net", "cuda:0", "simulated cuda", [])
-    assert report.summary_line() == "no placement problems found on cuda:0 (simulated cuda)"
+    assert report.summary_line() == "no placement problems found on cuda:0, simulated (fake tensors, no data)"
     assert report.summary()["problems"] == 0 and report.ok
 
 
@@ -54,8 +54,9 @@ def test_summary_dict() -> None:
 
 def test_an_incomplete_audit_says_so_in_its_summary() -> None:
     clean = Report.build("Net", "cuda:0", "simulated cuda", [], incomplete="fake tensors stopped (.item())")
-    assert clean.summary_line() == ("no placement problems found on cuda:0 (simulated cuda); the forward "
-                                    "pass stopped before its end, the rest is unchecked (see the notes)")
+    assert clean.summary_line() == ("no placement problems found on cuda:0, simulated (fake tensors, no "
+                                    "data); the forward pass stopped before its end, the rest is unchecked "
+                                    "(see the notes)")
     found = Report.build("Net", "cuda:0", "cuda", [make(nbytes=5)], incomplete="stopped")
     assert found.summary_line().startswith("1 problem in 1 module: 1 error; 5 B not on cuda:0; the forward")
     assert found.summary()["incomplete"] == "stopped"

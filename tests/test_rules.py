@@ -124,3 +124,105 @@ def test_cli_help_imports_no_torch() -> None:
             "print('torch' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert proc.stdout.strip() == "False"
+
+
+# -- the severity policy: declared once, followed everywhere ------------------------------------------
+
+def test_severity_is_the_default_or_a_declared_change() -> None:
+    from placecheck.rules import SEVERITY_CHANGES, severity
+
+    for code, r in RULES.items():
+        assert severity(code) is r.severity
+    for code, changes in SEVERITY_CHANGES.items():
+        assert code in RULES
+        assert len({c.name for c in changes}) == len(changes)
+        for change in changes:
+            assert severity(code, change.name) is change.severity
+            assert change.severity is not RULES[code].severity  # a change changes something
+    with pytest.raises(KeyError, match="PC201 declares no severity change 'scalar'"):
+        severity("PC201", "scalar")
+    with pytest.raises(KeyError):
+        severity("PC101", "library")  # PC101's library case is only the unused one
+
+
+def _severity_literals_outside_rules() -> list[str]:
+    """Every ``Severity.ERROR|WARNING|INFO`` in the package that gives a finding a severity: anything but
+    a rank comparison (``.rank``), an identity test or a format's mapping key, outside rules.py and
+    finding.py."""
+    import ast
+    from pathlib import Path
+
+    import placecheck
+
+    root = Path(placecheck.__file__).parent
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if path.name in ("rules.py", "finding.py") and path.parent == root:
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                    and node.value.id == "Severity" and node.attr in ("ERROR", "WARNING", "INFO")):
+                continue
+            parent = parents.get(node)
+            if isinstance(parent, ast.Attribute) and parent.attr == "rank":
+                continue
+            if isinstance(parent, ast.Compare):
+                continue
+            if isinstance(parent, ast.Dict) and node in parent.keys:
+                continue
+            found.append(f"{path.relative_to(root)}:{node.lineno}")
+    return found
+
+
+def test_no_severity_is_decided_outside_the_rule_table() -> None:
+    # a check that wrote severity=Severity.INFO itself would make a report the rules table does not show
+    assert _severity_literals_outside_rules() == []
+
+
+def test_the_scan_finds_a_severity_written_outside(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    import placecheck
+
+    fake = __import__("pathlib").Path(str(tmp_path)) / "placecheck"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("")
+    (fake / "check.py").write_text("from placecheck.finding import Severity\n"
+                                   "ok = f.severity.rank >= Severity.WARNING.rank\n"
+                                   "bad = dict(severity=Severity.INFO)\n")
+    monkeypatch.setattr(placecheck, "__file__", str(fake / "__init__.py"))
+    assert _severity_literals_outside_rules() == ["check.py:3"]
+
+
+def test_rules_and_explain_print_every_declared_change() -> None:
+    from placecheck.cli.rules import explain_text, rules_text
+    from placecheck.rules import RAISED_BY_EVIDENCE, SEVERITY_CHANGES
+
+    table = " ".join(rules_text(200).split())
+    assert " ".join(RAISED_BY_EVIDENCE.split()) in table
+    for code, changes in SEVERITY_CHANGES.items():
+        text = " ".join(explain_text(RULES[code], 200).split())
+        assert f"Severity: {RULES[code].severity.value} by default" in text
+        for change in changes:
+            assert f"{change.severity.value} when {change.when}" in table
+            assert f"{change.severity.value} when {change.when}" in text
+    assert "Severity: error by default; a problem is raised" in " ".join(explain_text(RULES["PC201"]).split())
+
+
+def test_docs_audit_shows_the_declared_policy(update_golden: bool) -> None:
+    # docs/audit.md's table is the declaration itself (pytest --update-golden rewrites it)
+    from pathlib import Path
+
+    from placecheck.rules import SEVERITY_CHANGES
+
+    page = Path(__file__).resolve().parents[1] / "docs" / "audit.md"
+    text = page.read_text(encoding="utf-8")
+    start, end = "<!-- severity-policy:start -->\n", "<!-- severity-policy:end -->"
+    rows = ["| code | default | changed to | when |", "| --- | --- | --- | --- |",
+            *(f"| {code} | {RULES[code].severity.value} | {c.severity.value} | {c.when} |"
+              for code, changes in SEVERITY_CHANGES.items() for c in changes)]
+    at, stop = text.index(start) + len(start), text.index(end)
+    if update_golden:
+        page.write_text(text[:at] + "\n".join(rows) + "\n" + text[stop:], encoding="utf-8")
+        return
+    assert text[at:stop] == "\n".join(rows) + "\n"

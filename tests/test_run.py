@@ -484,8 +484,8 @@ def test_example_training_loop_with_labels_forgotten() -> None:
     # the logging line after optimizer.step() ran once before the --steps stop: too few steps to say
     # whether every step or every N steps
     [logging] = [f for f in buggy.findings if f.code == "PC204"]
-    assert "once in the one optimizer step it could run in (--steps 3 tells every step from every N)" \
-           in logging.message
+    assert ("once in 1 optimizer step (too few to tell a per-step sync from an every-N-steps one: run with "
+            "--steps 3)") in logging.message
     fixed = run(os.path.relpath(EXAMPLES / "train_fixed.py"))
     assert fixed.ok and "PC201" not in codes(fixed)
 
@@ -630,7 +630,7 @@ def test_sync_rates_come_from_the_counts_not_assumed_per_step() -> None:
     # --steps 2 stops inside the second step(): the line after step() ran after step 0 only, the one step
     # that could show it; every step or every 10 cannot be told from one; with 3 steps they can
     short = {f.source: f.message for f in run(script("syncs_every_n.py"), steps=2).findings}
-    assert "once in the one optimizer step it could run in" in short[at("syncs_every_n.py", 16)]
+    assert "once in 1 optimizer step (too few to tell" in short[at("syncs_every_n.py", 16)]
     assert "per optimizer step" not in short[at("syncs_every_n.py", 16)]
     three = {f.source: f.message for f in run(script("syncs_every_n.py"), steps=3).findings}
     assert "once in 3 optimizer steps" in three[at("syncs_every_n.py", 16)]

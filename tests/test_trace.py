@@ -694,8 +694,8 @@ def test_a_forward_stopped_by_the_simulation_is_not_called_clean(tmp_path: Path)
                                           "(see the notes)")
     assert report.summary()["incomplete"] == report.incomplete
     clean = placecheck.audit(load_file(source)(), device="cuda", forward=False)
-    assert clean.incomplete == "" and clean.summary_line() == "no placement problems found on cuda:0 " \
-        "(simulated cuda)"
+    assert clean.incomplete == "" and clean.summary_line() == "no placement problems found on cuda:0, " \
+        "simulated (fake tensors, no data)"
 
 
 class _Head(nn.Module):

@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 
 from placecheck import __version__
-from placecheck.output import click_errors, internal_error
+from placecheck.output import click_errors, internal_error, interrupted
 from placecheck.report import EXIT_USAGE
 
 app = typer.Typer(
@@ -56,6 +56,8 @@ def entrypoint() -> None:
         return
     try:
         code = app(standalone_mode=False)
+    except KeyboardInterrupt:  # raised outside click's own guard (while a command's imports ran)
+        sys.exit(interrupted().exit_code)
     except click_errors() as exc:  # click's ClickException, UsageError, BadParameter, ...
         if type(exc).__name__ == "NoArgsIsHelpError":
             exc.show()  # type: ignore[attr-defined]  # a subcommand's help screen, not an error
@@ -63,7 +65,10 @@ def entrypoint() -> None:
         message = " ".join(getattr(exc, "format_message", exc.__str__)().split())
         typer.echo(f"placecheck: error: {message}", err=True)
         sys.exit(getattr(exc, "exit_code", EXIT_USAGE))
-    except typer.Abort:
+    except typer.Abort as exc:
+        # click turns Ctrl-C (KeyboardInterrupt) into Abort, after ending the ^C line
+        if isinstance(exc.__cause__ or exc.__context__, KeyboardInterrupt):
+            sys.exit(interrupted().exit_code)
         typer.echo("Aborted!", err=True)
         sys.exit(1)
     except Exception as exc:  # escaped a command's own guard (output.errors_reported): never exit 1

@@ -52,7 +52,14 @@ from placecheck.devices import DEVICE_MAP_HELP
 from placecheck.errors import PlacecheckError
 from placecheck.formats import OutputFormat
 from placecheck.options import WRAP_CHOICES, AuditOptions, split_codes
-from placecheck.output import OutputOptions, emit, errors_reported, fail, model_output_to_stderr
+from placecheck.output import (
+    OutputOptions,
+    emit,
+    errors_reported,
+    fail,
+    model_output_to_stderr,
+    output_format,
+)
 from placecheck.report import Report
 
 
@@ -167,8 +174,8 @@ def audit(
     2 for usage errors and models that do not load, 3 for an internal error.
     """
     with errors_reported(debug):
-        out = OutputOptions(format=fmt, output=output, fail_on=fail_on, exit_zero=exit_zero, debug=debug,
-                            group=not no_group, hints=hints)
+        out = OutputOptions(format=output_format(fmt), output=output, fail_on=fail_on, exit_zero=exit_zero,
+                            debug=debug, group=not no_group, hints=hints)
         if fix_files and (target is None or config is not None or timeout is not None
                           or baseline is not None or write_baseline is not None):
             raise fail("--fix fixes one TARGET: it does not go with --config, --timeout, --baseline or "

@@ -31,7 +31,7 @@ from placecheck.cli.common import (
 )
 from placecheck.formats import OutputFormat
 from placecheck.options import CheckpointOptions
-from placecheck.output import OutputOptions, emit, errors_reported, model_output_to_stderr
+from placecheck.output import OutputOptions, emit, errors_reported, model_output_to_stderr, output_format
 from placecheck.report import EXIT_USAGE
 
 
@@ -39,6 +39,7 @@ from placecheck.report import EXIT_USAGE
 def checkpoint(
     ctx: typer.Context,
     file: Annotated[str, typer.Argument(
+        metavar="FILE",
         help="The checkpoint: a torch.save file (zip or legacy), a TorchScript archive, a .pt2 "
              "program or a .safetensors file.", show_default=False)],
     model: Annotated[str | None, typer.Option(
@@ -75,8 +76,8 @@ def checkpoint(
                                     select=select, ignore=ignore,  # type: ignore[arg-type]  # split here
                                     group=not no_group)
         options = configured(ctx, options, {"key": "checkpoint_key", "no_group": "group"})
-        out = OutputOptions(format=fmt, output=output, fail_on=fail_on, exit_zero=exit_zero, debug=debug,
-                            group=options.group, hints=hints)
+        out = OutputOptions(format=output_format(fmt), output=output, fail_on=fail_on, exit_zero=exit_zero,
+                            debug=debug, group=options.group, hints=hints)
         out.check()
         options.check()  # a bad device or code fails before the model is imported
         constructor_kwargs = parse_kwargs(kwargs, arg or ())

@@ -164,7 +164,9 @@ Select = Annotated[list[str] | None, typer.Option(
 Ignore = Annotated[list[str] | None, typer.Option(
     "--ignore", metavar="CODES", rich_help_panel=PANEL_REPORTING,
     help="Not these codes or prefixes: neither reported nor fixed; comma-separated or repeated.")]
-Format = Annotated[OutputFormat, typer.Option(
+# a plain string: OutputOptions checks it with placecheck's message (click's enum check words it
+# differently on each typer, "Value error, ..." on some)
+Format = Annotated[str, typer.Option(
     "--format", "-f", metavar="FORMAT", rich_help_panel=PANEL_REPORTING,
     help=f"Output format: {', '.join(f.value for f in OutputFormat)}.")]
 Output = Annotated[str, typer.Option(

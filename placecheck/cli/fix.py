@@ -41,8 +41,8 @@ from placecheck.cli.common import (
     configured,
 )
 from placecheck.errors import UsageError
-from placecheck.options import SCRIPT_ONLY, AuditOptions, FixOptions
-from placecheck.output import errors_reported, model_output_to_stderr
+from placecheck.options import SCRIPT_ONLY, AuditOptions, FixOptions, unknown_choice
+from placecheck.output import errors_reported, model_output_to_stderr, terminal_width
 from placecheck.report import Report
 
 
@@ -60,7 +60,7 @@ def fix(
         metavar="TARGET", show_default=False,
         help="The model, as for audit: MODULE:ATTR or path/to/file.py:ATTR; with --run, the script.")],
     script_args: Annotated[list[str] | None, typer.Argument(
-        metavar="[-- ARGS]...", show_default=False,
+        metavar="ARGS", show_default=False,
         help="With --run: the script's arguments, after --.")] = None,
     run_script: Annotated[bool, typer.Option(
         "--run", metavar=FLAG, rich_help_panel=PANEL_TARGET,
@@ -90,26 +90,29 @@ def fix(
              "checkpoints saved before lack them.")] = False,
     select: Select = None,
     ignore: Ignore = None,
-    fmt: Annotated[FixFormat, typer.Option(
+    fmt: Annotated[str, typer.Option(
         "--format", "-f", metavar="FORMAT", rich_help_panel=PANEL_REPORTING,
-        help="text (the diff and a summary) or json.")] = FixFormat.TEXT,
+        help="text (the diff and a summary) or json.")] = FixFormat.TEXT.value,
     debug: Debug = False,
 ) -> None:
     """Turn each fixable finding into an edit of your code, proven by a second audit.
 
-    Prints a unified diff and a summary (fixed N, not fixable M, failed proof K);
+    Prints a unified diff and a summary in the audit's words (would fix N of M
+    instances, P of Q problems, with K edits; what is not fixed, and why);
     --write applies it. Exit status: 0 when nothing selected is left, 1 when
     findings remain, 2 for usage errors and targets that do not load, 3 for an
     internal error.
     """
     with errors_reported(debug):
+        if fmt not in {f.value for f in FixFormat}:
+            raise unknown_choice("--format", fmt, (f.value for f in FixFormat))
         try:
             if show_diff and write_files:
                 raise UsageError("--diff and --write cannot be combined: --diff prints the patch, --write "
                                  "applies it")
             from placecheck.fix import fix as run_fix
             from placecheck.fix import fix_run, write
-            from placecheck.load import parse_kwargs
+            from placecheck.load import parse_kwargs, split_target
 
             options = FixOptions(
                 run=run_script, device=device, engine=engine, gpus=gpus, init=init,
@@ -126,6 +129,7 @@ def fix(
             else:
                 if script_args:
                     raise UsageError(SCRIPT_ONLY)
+                split_target(target, "fix")  # a script given without --run: say so before any work
                 options.check()
                 constructor_kwargs = parse_kwargs(kwargs, arg or ())
                 with model_output_to_stderr():
@@ -135,7 +139,7 @@ def fix(
             if exc.name != "libcst":
                 raise
             raise UsageError("placecheck fix needs libcst: pip install 'placecheck[fix]'") from None
-        if fmt is FixFormat.JSON:
+        if fmt == FixFormat.JSON.value:
             data = result.to_dict()
             data["written"] = written
             typer.echo(json.dumps(data, indent=2))
@@ -144,7 +148,7 @@ def fix(
                 typer.echo("".join(f"wrote {path}\n" for path in written), nl=False)
             else:
                 typer.echo(result.diff(), nl=False)
-            typer.echo(result.summary(), nl=False)
+            typer.echo(result.summary(written=write_files, width=terminal_width()), nl=False)
         raise typer.Exit(result.exit_code)
 
 
@@ -163,7 +167,7 @@ def fix_and_write(target: str, constructor_kwargs: dict[str, Any], options: Audi
             raise
         raise UsageError("--fix needs libcst: pip install 'placecheck[fix]'") from None
     written = write(result)
-    summary = result.summary().splitlines()
+    summary = result.summary(written=True).splitlines()
     notes = [f"--fix: {summary[0]}", *(f"--fix: wrote {path}" for path in written),
              *(f"--fix: failed proof: {e.code} {e.file}:{e.start}: {reason}" for e, reason in result.failed)]
     remains: Report = replace(result.report, findings=tuple(result.remaining),

@@ -18,7 +18,7 @@ from placecheck.cli.common import (
     WriteBaseline,
 )
 from placecheck.formats import OutputFormat
-from placecheck.output import OutputOptions, errors_reported
+from placecheck.output import OutputOptions, errors_reported, output_format
 from placecheck.report import FAIL_ON_CHOICES
 
 MERGE_HELP = """Combine the JSON reports of a config's shards into one run's report.
@@ -56,5 +56,5 @@ def merge(
     with errors_reported(debug):
         from placecheck.ci import merge_reports
 
-        out = OutputOptions(format=fmt, output=output, exit_zero=exit_zero, debug=debug)
+        out = OutputOptions(format=output_format(fmt), output=output, exit_zero=exit_zero, debug=debug)
         raise typer.Exit(merge_reports(reports, out, fail_on, baseline, write_baseline))

@@ -27,7 +27,7 @@ from placecheck.cli.common import (
 )
 from placecheck.formats import OutputFormat
 from placecheck.options import RunOptions, nproc_value
-from placecheck.output import OutputOptions, emit, errors_reported, model_output_to_stderr
+from placecheck.output import OutputOptions, emit, errors_reported, model_output_to_stderr, output_format
 
 RUN_HELP = """Run a training or inference script on a simulated GPU: every placement problem it meets.
 
@@ -67,9 +67,9 @@ RunEngine = Annotated[str, typer.Option(
 def run(
     ctx: typer.Context,
     script: Annotated[str | None, typer.Argument(
-        help="The script to run (omit with -m).", show_default=False)] = None,
+        metavar="SCRIPT", help="The script to run (omit with -m).", show_default=False)] = None,
     script_args: Annotated[list[str] | None, typer.Argument(
-        help="Arguments for the script, after --.", show_default=False)] = None,
+        metavar="ARGS", help="Arguments for the script, after --.", show_default=False)] = None,
     module: Annotated[str | None, typer.Option(
         "--module", "-m", metavar="MODULE", rich_help_panel=PANEL_TARGET,
         help="Run a module as `python -m MODULE` would, instead of a script.")] = None,
@@ -106,8 +106,8 @@ def run(
             raise UsageError("give a script to run (placecheck run SCRIPT.py) or a module (-m MODULE)")
         else:
             target = script
-        out = OutputOptions(format=fmt, output=output, fail_on=fail_on, exit_zero=exit_zero, debug=debug,
-                            group=not no_group, hints=hints)
+        out = OutputOptions(format=output_format(fmt), output=output, fail_on=fail_on, exit_zero=exit_zero,
+                            debug=debug, group=not no_group, hints=hints)
         out.check()  # a bad --fail-on or --output fails before the script runs
         # None (not given) is the default; lists of comma-separated codes are split
         options = RunOptions(module=module is not None, gpus=gpus, timeout=timeout, engine=engine,

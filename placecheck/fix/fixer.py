@@ -110,18 +110,43 @@ class FixResult:
                                   for line in lines))
         return "".join(chunks)
 
-    def summary(self) -> str:
-        """``fixed N, not fixable M (by code), failed proof K`` and what the edits change besides."""
-        by_code = Counter(u.finding.code for u in self.not_fixable)
+    def summary(self, written: bool = False, width: int | None = None) -> str:
+        """What the edits fix, in the audit's words (problems and their instances), one line per selected
+        finding under it, and, when nothing was ``written``, that ``--write`` applies the edits.
+
+        ``would fix 16 of 18 instances (6 of 7 problems) with 6 edits; 2 not fixed (PC201 1, PC203 1)``;
+        ``fixed ...`` once ``written``. ``width``: lines wrapped to it (the terminal's, from the CLI).
+        """
+        from placecheck.problems import group
+        from placecheck.report import plural
+
+        verdicts = self.verdicts()
+        left = [f for f, fixed, _ in verdicts if not fixed]
+        problems = len(group(self.chosen))
+        fixed_problems = problems - len(group(left))
+        by_code = Counter(f.code for f in left)
         codes = ", ".join(f"{code} {count}" for code, count in sorted(by_code.items()))
-        line = (f"fixed {self.fixed_findings} finding{'s' if self.fixed_findings != 1 else ''} with "
-                f"{len(self.edits)} edit{'s' if len(self.edits) != 1 else ''}, not fixable "
-                f"{len(self.not_fixable)}{f' ({codes})' if codes else ''}, failed proof {len(self.failed)}")
+        line = (f"{'fixed' if written else 'would fix'} {len(verdicts) - len(left)} of "
+                f"{plural(len(verdicts), 'instance')} ({fixed_problems} of {plural(problems, 'problem')}) "
+                f"with {plural(len(self.edits), 'edit')}")
+        if left:
+            line += f"; {len(left)} not fixed ({codes})"
+        if self.failed:
+            their = "its" if len(self.failed) == 1 else "their"
+            line += f"; {plural(len(self.failed), 'edit')} failed {their} proof"
         lines = [line]
         notes = sorted({e.note for e in self.edits if e.note})
         lines.extend(f"  note: {note}" for note in notes)
-        lines.extend(f"  {'fixed' if fixed else 'not fixed'}: {f.code} {f.where or f.source}: {how}"
-                     for f, fixed, how in self.verdicts())
+        lines.extend(f"  {('fixed' if written else 'would fix') if fixed else 'not fixed'}: {f.code} "
+                     f"{f.where or f.source}: {how}" for f, fixed, how in verdicts)
+        if self.edits and not written:
+            lines.append("nothing written: --write applies the edits")
+        if width is not None:
+            import textwrap
+
+            lines = [wrapped for text in lines for wrapped in textwrap.wrap(
+                text, width, subsequent_indent="    " if text.startswith("  ") else "  ",
+                break_on_hyphens=False, drop_whitespace=True) or [""]]
         return "\n".join(lines) + "\n"
 
     def to_dict(self) -> dict[str, Any]:

@@ -58,7 +58,7 @@ class MarkdownFormatter(RunFormatter):
             lines += [_row(r, f) for r in reports for f in r.findings]
         else:
             lines = [f"### placecheck: no placement problems in {models}"]
-        lines += ["", *(f"- `{r.target}` on {r.device_label} ({r.engine}): {cell(r.summary_line())}"
+        lines += ["", *(f"- `{r.target}` on {r.run_on}: {cell(r.summary_line())}"
                         for r in reports)]
         for r in reports:  # a model placed across devices (--device keep): its device map, folded
             if r.device_map is not None:

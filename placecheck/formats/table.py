@@ -6,8 +6,8 @@ findings it caused follow on ``->`` lines. The fix hints come once under the
 table (one line per distinct hint, labelled with its rule), or under every
 problem with ``hints=True``; ``placecheck explain CODE`` has the long text.
 
-Every line but the first (which names the TARGET) is wrapped at word
-boundaries to the width: the terminal's when writing to one, else
+Every line is wrapped at word boundaries to the width (the TARGET in the
+first line is never broken): the terminal's when writing to one, else
 ``$COLUMNS`` when set, else 80, so that a file, a pipe or a CI log looks the
 same wherever it is produced. A multi-line note (a checkpoint's device table)
 keeps its lines.
@@ -52,6 +52,15 @@ def _wrap_lines(text: str, width: int, first: str, rest: str) -> list[str]:
             indent = rest + " " * (len(line) - len(line.lstrip()))
             out += _wrap(line.strip(), width, prefix + " " * (len(line) - len(line.lstrip())), indent)
     return out
+
+
+def _header_lines(report: Report, width: int) -> list[str]:
+    """``placecheck: TARGET on DEVICE, ENGINE``: the TARGET whole on the first line, however long (a path
+    cannot be broken usefully, and tools grep the first line for it), the rest wrapped after it."""
+    first, rest = f"placecheck: {report.target}", f"on {report.run_on}".split()
+    while rest and len(first) + 1 + len(rest[0]) <= width:
+        first += " " + rest.pop(0)
+    return [first, *(_wrap(" ".join(rest), width, "  ", "  ") if rest else [])]
 
 
 def _header(f: Finding) -> str:
@@ -105,8 +114,7 @@ class TableFormatter(Formatter):
 
     def format(self, report: Report) -> str:
         width = self.width
-        # the first line is not wrapped: a long TARGET path cannot be broken usefully, and tools grep it
-        lines = [f"placecheck: {report.target} on {report.device_label} ({report.engine})"]
+        lines = _header_lines(report, width)
         for note in report.notes:
             lines += _wrap_lines(note, width, "note: ", "      ")
         if report.findings:

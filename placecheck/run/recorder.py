@@ -52,7 +52,7 @@ from torch.overrides import TorchFunctionMode
 from placecheck import classify, rules
 from placecheck.callbacks import in_callbacks
 from placecheck.errors import one_line
-from placecheck.finding import Finding, Severity
+from placecheck.finding import Finding
 from placecheck.host_syncs import HOST_SYNCS, host_sync
 from placecheck.hostcopies import PendingCopies, PendingCopy
 from placecheck.rules import rule
@@ -492,7 +492,7 @@ class RunRecorder:
         message, hint = rules.created_off_device(origin.path, _tensor(t), "cpu", device, copied_to=device,
                                                  copied_at=copied_at)
         self.add(Finding(
-            code=r.code, kind=r.kind, severity=Severity.WARNING, where=origin.module, source=origin.line,
+            code=r.code, kind=r.kind, severity=r.severity, where=origin.module, source=origin.line,
             device="cpu", expected=device, dtype=str(t.dtype).removeprefix("torch."), shape=tuple(t.shape),
             nbytes=_nbytes(t), count=1, origin=origin.line, message=message, hint=hint))
 
@@ -541,7 +541,7 @@ class RunRecorder:
         message, hint = rules.layer_built_in_forward(type(submodule).__name__, name, type(owner).__name__,
                                                      ", ".join(devices), on_target)
         self.add(Finding(
-            code=r.code, kind=r.kind, severity=Severity.WARNING if on_target else r.severity,
+            code=r.code, kind=r.kind, severity=rules.severity(r.code, "on-target" if on_target else None),
             where=f"{type(owner).__name__}.{name}", source=line, device=", ".join(devices),
             expected=target, message=message, hint=hint))
 
@@ -570,13 +570,13 @@ class RunRecorder:
             if module and inside:
                 # a performance finding made entirely inside installed code: info, naming it
                 message, hint = rules.sync_in_installed_forward(call, device, module, inside)
-                severity = Severity.INFO
+                severity = rules.severity(r.code, "library")
             elif module:
                 message, hint = rules.host_sync(call, device)  # as audit says it of the same forward
                 severity = r.severity
             else:
                 message, hint = rules.loop_sync(call, device, self._rate(count, steps), inside)
-                severity = Severity.INFO
+                severity = rules.severity(r.code, "loop")
             out.append(Finding(code=r.code, kind=r.kind, severity=severity, where=module, source=line,
                                device=device, expected=device, count=count, message=message, hint=hint,
                                details=details))
@@ -613,10 +613,10 @@ class RunRecorder:
             seen = n if before_step else len(ran_in)  # the steps in which it could show its rate
             if seen >= 2:
                 return f"{count / len(ran_in):g} per optimizer step"
-            more = f" (--steps {self.max_steps + 1} tells every step from every N)" if self.stopped_by_steps \
-                else ""
+            more = f": run with --steps {self.max_steps + 1}" if self.stopped_by_steps else ""
             times = "once" if count == 1 else f"{count} times"
-            return f"{times} in the one optimizer step it could run in{more}"
+            return (f"{times} in 1 optimizer step (too few to tell a per-step sync from an every-N-steps "
+                    f"one{more})")
         if ran_in == {n} and not self.stopped_by_steps:  # after the loop
             return "once after the last optimizer step" if count == 1 else \
                 f"{count} times after the last optimizer step"

@@ -81,6 +81,9 @@ class Program:
             with open(self.target, "rb") as handle:
                 compile(handle.read(), self.target, "exec")
         except SyntaxError as exc:
+            if exc.lineno is None or not str(self.target).endswith(".py"):  # null bytes, not text: a binary
+                raise LoadError(f"{self.target} is not a Python script: {exc.msg}; give a .py file, or "
+                                "-m MODULE") from None
             raise LoadError(f"{self.target}:{exc.lineno}: syntax error: {exc.msg}") from None
         except (OSError, ValueError) as exc:
             raise LoadError(f"cannot read script {self.target!r}: {exc}") from None

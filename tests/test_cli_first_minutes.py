@@ -1,0 +1,188 @@
+"""What a new user types first: errors about the target as typed, choices listed, Ctrl-C, labels.
+
+Each command runs through the console script's entry point, in-process (as
+tests/test_cli_internal_errors.py does); every error is one line on stderr and
+exit 2, and each wrong form has its working twin beside it.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import typer
+
+from placecheck.cli import app
+from placecheck.errors import LoadError, UsageError
+from placecheck.load import defined_classes, resolve, split_target
+from placecheck.report import EXIT_INTERRUPTED
+
+pytestmark = pytest.mark.cli
+
+MODEL = """\
+import torch.nn as nn
+
+
+class Block(nn.Module):
+    pass
+
+
+class Net(Block):
+    def forward(self, x):
+        return x
+
+
+class Config:
+    width = 4
+
+
+def build():
+    return Net()
+"""
+
+
+def _entrypoint(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+                *argv: str) -> tuple[int, str, str]:
+    from placecheck.cli import entrypoint
+
+    monkeypatch.setattr(sys, "argv", ["placecheck", *argv])
+    with pytest.raises(SystemExit) as info:
+        entrypoint()
+    captured = capsys.readouterr()
+    code = info.value.code
+    return code if isinstance(code, int) else 1, captured.out, captured.err
+
+
+def _one_line_error(code: int, out: str, err: str) -> str:
+    assert code == 2, err
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("placecheck: error: "), err
+    return lines[0]
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A directory with a model file, a script, a notes file and a binary file, as the current one."""
+    (tmp_path / "mymodel.py").write_text(MODEL)
+    (tmp_path / "train.py").write_text("import torch\nx = torch.ones(2)\nprint('trained')\n")
+    (tmp_path / "notes.md").write_text("# notes\n")
+    (tmp_path / "blob.bin").write_bytes(bytes(range(256)))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_a_file_that_is_not_python_is_named_as_such(project: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    line = _one_line_error(*_entrypoint(monkeypatch, capsys, "audit", "notes.md:Net"))
+    assert "'notes.md' is not a Python file" in line and "path/to/file.py:ATTR" in line
+    assert "no module named" not in line
+    with pytest.raises(LoadError, match="is not a Python file"):
+        resolve("notes.md:Net", "audit")
+    assert resolve("mymodel.py:Net").__name__ == "Net"  # the working twin
+
+
+def test_pytest_double_colon_suggests_the_one_colon_form(project: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    line = _one_line_error(*_entrypoint(monkeypatch, capsys, "audit", "mymodel.py::Net"))
+    assert "mymodel.py:Net" in line and "'::'" in line
+    assert split_target("mymodel.py:Net") == ("mymodel.py", "Net")
+
+
+def test_a_file_without_attr_lists_its_classes_without_importing_it(
+        project: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # were the file imported, this line would end the test with its own error
+    (project / "mymodel.py").write_text(MODEL + "raise SystemExit('imported')\n")
+    line = _one_line_error(*_entrypoint(monkeypatch, capsys, "audit", "mymodel.py"))
+    assert "mymodel.py:Block" in line and "classes in it: Block, Net)" in line, line
+    assert "Config" not in line and "build" not in line
+    assert defined_classes(project / "mymodel.py") == ["Block", "Net"]
+    # a file of plain classes lists them all; an unparsable one lists none
+    (project / "plain.py").write_text("class A:\n    pass\nclass B(A):\n    pass\n")
+    assert defined_classes(project / "plain.py") == ["A", "B"]
+    (project / "broken.py").write_text("class (:\n")
+    assert defined_classes(project / "broken.py") == []
+
+
+@pytest.mark.parametrize("command, instead", [
+    ("audit", "`placecheck run train.py`"),
+    ("fix", "`placecheck fix --run train.py`"),
+])
+def test_a_script_given_as_a_model_says_which_command_takes_scripts(
+        command: str, instead: str, project: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    line = _one_line_error(*_entrypoint(monkeypatch, capsys, command, "train.py"))
+    assert "'train.py' defines no class" in line and instead in line, line
+    with pytest.raises(UsageError, match="not MODULE:ATTR"):  # a name that is no file: the grammar
+        split_target("train", command)
+
+
+def test_run_of_a_binary_file_says_it_is_not_a_python_script(
+        project: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    line = _one_line_error(*_entrypoint(monkeypatch, capsys, "run", "blob.bin"))
+    assert line.startswith("placecheck: error: blob.bin is not a Python script: "), line
+    assert ":None:" not in line and "syntax error" not in line
+    # a Python script with a syntax error still gets its line
+    (project / "broken.py").write_text("def broken(:\n    pass\n")
+    line = _one_line_error(*_entrypoint(monkeypatch, capsys, "run", "broken.py"))
+    assert "broken.py:1: syntax error" in line
+
+
+@pytest.mark.parametrize("argv, choices", [
+    (["audit", "mymodel.py:Net"], "table, json, sarif, junit, github, markdown"),
+    (["run", "train.py"], "table, json, sarif, junit, github, markdown"),
+    (["checkpoint", "w.pt"], "table, json, sarif, junit, github, markdown"),
+    (["merge", "shard.json"], "table, json, sarif, junit, github, markdown"),
+    (["fix", "mymodel.py:Net"], "text, json"),
+])
+def test_a_bad_format_lists_the_choices(argv: list[str], choices: str, project: Path,
+                                        monkeypatch: pytest.MonkeyPatch,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    line = _one_line_error(*_entrypoint(monkeypatch, capsys, *argv, "--format", "jsn"))
+    assert line == f"placecheck: error: unknown --format 'jsn': use one of {choices}; did you mean json?"
+    line = _one_line_error(*_entrypoint(monkeypatch, capsys, *argv, "--format", "xml"))
+    assert line == f"placecheck: error: unknown --format 'xml': use one of {choices}"
+
+
+def test_a_bad_fail_on_lists_the_choices(project: Path, monkeypatch: pytest.MonkeyPatch,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    line = _one_line_error(*_entrypoint(monkeypatch, capsys, "run", "train.py", "--fail-on", "warn"))
+    assert line.endswith("unknown --fail-on 'warn': use one of error, warning, info, never; "
+                         "did you mean warning?")
+
+
+def _interrupt(*args: object, **kwargs: object) -> object:
+    raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("argv, where", [
+    (["rules"], "placecheck.cli.rules.rules_text"),
+    (["audit", "mymodel.py:Net"], "placecheck.cli.audit.run_audit"),
+    (["run", "train.py"], "placecheck.run.run"),
+])
+def test_ctrl_c_exits_130_with_one_line(argv: list[str], where: str, project: Path,
+                                        monkeypatch: pytest.MonkeyPatch,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib
+
+    module, name = where.rsplit(".", 1)
+    monkeypatch.setattr(importlib.import_module(module), name, _interrupt)
+    code, out, err = _entrypoint(monkeypatch, capsys, *argv)
+    assert code == EXIT_INTERRUPTED == 130
+    assert out == "" and err.strip() == "placecheck: interrupted", err
+    # the same command, not interrupted, ends otherwise
+    monkeypatch.undo()
+    monkeypatch.chdir(project)
+    if argv == ["rules"]:
+        assert _entrypoint(monkeypatch, capsys, *argv)[0] == 0
+
+
+def test_every_argument_is_labelled_in_capitals() -> None:
+    # checkpoint's FILE, run's SCRIPT, explain's CODE: as audit's TARGET, never a parameter's name
+    group = typer.main.get_command(app)
+    for name, command in group.commands.items():  # type: ignore[attr-defined]
+        for param in command.params:
+            if param.param_type_name == "argument":
+                label = param.metavar or param.name
+                assert label == label.upper(), f"placecheck {name} labels an argument {label!r}"
