@@ -78,9 +78,80 @@ def test_sys_exit_3_is_reported_and_fails_the_run_with_exit_code_2() -> None:
     assert code == 2  # the script did not run through: the rest is unchecked
     report = json.loads(out)
     assert any("sys.exit(3)" in n for n in report["notes"])
-    assert report["summary"]["unfinished"] == f"sys.exit(3) at {os.path.relpath(FIXTURES / 'exits_3.py')}:9"
+    said = f"the script exited with status 3 at {os.path.relpath(FIXTURES / 'exits_3.py')}:9"
+    assert report["summary"]["unfinished"] == said
     code, _, _ = invoke(os.path.relpath(FIXTURES / "exits_0.py"), "--format", "json")
     assert code == 0
+
+
+_OWN_ERROR = """import json
+import torch
+
+def learning_rate(text):
+    return json.loads(text)["learning_rate"]  # MARK raises
+
+model = torch.nn.Linear(2, 2).to("cuda")
+lr = learning_rate(CONFIG)  # MARK calls
+"""
+
+
+def _line(text: str, mark: str) -> int:
+    return next(i + 1 for i, s in enumerate(text.splitlines()) if f"MARK {mark}" in s)
+
+
+@separate_stderr_capture
+@pytest.mark.parametrize("fmt", ["json", "table"])
+def test_the_scripts_own_error_is_one_line_exit_2_and_its_own_frames_not_a_finding(
+        tmp_path: Path, fmt: str) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(_OWN_ERROR.replace("CONFIG", repr('{"lr": 0.1}')))
+    name = os.path.relpath(script)
+    code, out, err = invoke(name, "--format", fmt)
+    assert code == 2, err
+    raises, calls = _line(_OWN_ERROR, "raises"), _line(_OWN_ERROR, "calls")
+    said = f"the script raised KeyError at {name}:{raises}: 'learning_rate'"
+    lines = err.strip().splitlines()
+    assert lines[0] == f"placecheck: error: {said}", err
+    # the script's frames only, outermost first: json's own frames (the standard library) are left out
+    assert lines[1:] == ["Traceback of the script's own code (most recent call last):",
+                         f'  File "{name}", line {calls}, in <module>',
+                         "    " + script.read_text().splitlines()[calls - 1],
+                         f'  File "{name}", line {raises}, in learning_rate',
+                         '    return json.loads(text)["learning_rate"]  # MARK raises']
+    if fmt == "json":
+        report = json.loads(out)
+        assert report["findings"] == [] and report["summary"]["unfinished"] == said
+    else:
+        assert "PC207" not in out and "no placement problems found" in out and "KeyError" in out
+    # an error inside a library the script called is the script's too, at the script's line
+    script.write_text(_OWN_ERROR.replace("CONFIG", repr("{not json")))
+    code, out, err = invoke(name, "--format", "json")
+    assert code == 2 and json.loads(out)["findings"] == []
+    assert err.splitlines()[0].startswith(f"placecheck: error: the script raised JSONDecodeError at {name}:{raises}: ")
+    assert all("json/" not in line for line in err.splitlines()[1:]), err
+
+
+def test_a_device_error_the_script_raises_stays_a_finding(tmp_path: Path) -> None:
+    script = tmp_path / "second_gpu.py"
+    script.write_text("import torch\nmodel = torch.nn.Linear(2, 2).to('cuda:1')\n")
+    code, out, err = invoke(os.path.relpath(script), "--format", "json")
+    assert code == 1, err  # a GPU the machine lacks: what CUDA raises there, a placement finding
+    [finding] = json.loads(out)["findings"]
+    assert finding["code"] == "PC207" and finding["source"].endswith("second_gpu.py:2")
+    assert json.loads(out)["summary"]["unfinished"] == "" and "placecheck: error" not in err
+    code, out, err = invoke(os.path.relpath(script), "--gpus", "2", "--format", "json")
+    assert code == 0 and json.loads(out)["findings"] == [], err
+
+
+def test_a_scripts_sys_exit_1_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    script = tmp_path / "bail.py"
+    script.write_text("import sys\nimport torch\ntorch.nn.Linear(2, 2).cuda()\nsys.exit(1)\n")
+    code, out, err = invoke(os.path.relpath(script), "--format", "json")
+    assert code == 2 and json.loads(out)["findings"] == []
+    assert err.strip() == f"placecheck: error: the script exited with status 1 at {os.path.relpath(script)}:4"
+    script.write_text("import sys\nimport torch\ntorch.nn.Linear(2, 2).cuda()\nsys.exit(0)\n")
+    code, out, err = invoke(os.path.relpath(script), "--format", "json")
+    assert code == 0 and "placecheck: error" not in err
 
 
 def test_select_ignore_and_exit_code() -> None:
