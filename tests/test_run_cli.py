@@ -188,3 +188,72 @@ def test_help_says_the_script_really_runs_and_what_is_simulated() -> None:
     text = " ".join(out.split())
     assert "REALLY RUNS" in text and "--steps bounds the work" in text
     assert "Not simulated" in text and "device_count() is --gpus" in text
+
+
+_LEGACY_CAST = """import torch
+import torch.nn as nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(256, 2)  # 2 KiB of parameters: over a 1 KiB budget as it is built
+
+    def forward(self, x):
+        return self.fc(x).type(x.type())  # MARK legacy: needs a CUDA driver under fake tensors
+
+
+model = Net().to("cuda")
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(3):
+    x = torch.randn(4, 256, device="cuda")
+    y = torch.randint(0, 2, (4,)).to(LABELS)
+    loss = nn.functional.cross_entropy(model(x), y)  # MARK loss
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+
+
+def test_auto_does_not_give_up_where_the_fake_engine_needs_a_cuda_driver(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from placecheck import cudaapi
+
+    if cudaapi.CPU_ONLY_BUILD:
+        pytest.skip("auto keeps real values on a CPU-only build: it never reaches the fake engine")
+    script = tmp_path / "legacy.py"
+    script.write_text(_LEGACY_CAST.replace("LABELS", '"cpu"'))
+    name = os.path.relpath(script)
+    # auto on the fake path (a budget no model fits) goes back to real values and finds the labels
+    monkeypatch.setenv("PLACECHECK_RUN_MEMORY", "1KiB")
+    code, out, err = invoke(name, "--format", "json")
+    report = json.loads(out)
+    assert code == 1, err
+    assert [(f["code"], f["source"]) for f in report["findings"]] == [("PC201", f"{name}:{_line(_LEGACY_CAST, 'loss')}")]
+    assert any(n.startswith("engine: auto chose fake tensors") for n in report["notes"])
+    # the fake engine stopped at the legacy cast (the bug after it out of its reach): said in a note
+    assert any(n.startswith("engine: auto went back to real values") and f"{name}:{_line(_LEGACY_CAST, 'legacy')}"
+               in n for n in report["notes"]), report["notes"]
+    assert report["engine"] == "simulated cuda (real values)" and report["summary"]["unfinished"] == ""
+    # its fixed twin is clean the same way
+    script.write_text(_LEGACY_CAST.replace("LABELS", '"cuda"'))
+    code, out, err = invoke(name, "--format", "json")
+    assert code == 0 and json.loads(out)["findings"] == [], err
+
+
+def test_auto_stops_with_a_note_when_real_values_would_not_fit(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from placecheck import cudaapi
+    from placecheck.run import auto
+
+    if cudaapi.CPU_ONLY_BUILD:
+        pytest.skip("auto keeps real values on a CPU-only build: it never reaches the fake engine")
+    script = tmp_path / "legacy.py"
+    script.write_text(_LEGACY_CAST.replace("LABELS", '"cpu"'))
+    monkeypatch.setenv("PLACECHECK_RUN_MEMORY", "1KiB")
+    monkeypatch.setattr(auto, "available_memory", lambda: 1024)  # a machine with 1 KiB free: 512 B of room
+    code, out, err = invoke(os.path.relpath(script), "--format", "json")
+    report = json.loads(out)
+    assert code == 2 and report["findings"] == [], err  # never a finding: the simulation's stop, exit 2
+    assert report["summary"]["unfinished"].startswith("the simulation stopped at ")
+    assert any(n.startswith("engine: auto kept fake tensors") and "512 B" in n for n in report["notes"])

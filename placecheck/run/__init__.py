@@ -161,13 +161,39 @@ def _simulate(program: Program, options: RunOptions, codes: frozenset[str],
                      "model's parameters, activations and optimizer state hold no data; values the script "
                      "reads on the host are known ones or assumed (a note each); the script really runs and "
                      "its side effects happen")
+        measured = None
+        if probe is not None:  # auto: what a real-valued step would hold, measured under fake tensors
+            from placecheck.run.auto import Probe
+
+            measured = recorder.probe = Probe(1 << 62, "measured under the fake engine")
         outcome, assumed = _run_fake(program, recorder, lines, gpus, timeout, notes)
+        finding = recorder.error_finding(outcome.error) if outcome.error is not None else None
+        if measured is not None and recorder.limit:
+            # the fake engine cannot go on here (code that needs a CUDA driver, a value it cannot give):
+            # auto does not give up while real values fit in memory
+            from placecheck.run.auto import fallback_note, real_values_fit
+            from placecheck.tagged import tagged_cuda
+
+            fits, room = real_values_fit(measured.estimate)
+            notes.insert(1, fallback_note(recorder.limit, measured.estimate, room, fits))
+            if fits:
+                notes = notes[:2]
+                del outcome
+                recorder = new_recorder()
+                lines = ScriptLines(program.filename)
+                assumed = []
+                gc.collect()  # the fake run's tensors
+                with _environment_kept(), tagged_cuda(gpus), recorder.recording(), lines.watching():
+                    outcome = execute(program, timeout, notes)
+                finding = recorder.error_finding(outcome.error) if outcome.error is not None else None
+                choice = "tagged"
+    elif outcome.error is not None:
+        finding = recorder.error_finding(outcome.error)
     notes.insert(1, torch_note())
     device_name = SIMULATED_CUDA_VALUES if choice == "tagged" else SIMULATED_CUDA
     findings = recorder.findings()
     own_error = None
     if outcome.error is not None:
-        finding = recorder.error_finding(outcome.error)
         if finding is not None and finding.code == "PC207" and not classify.is_device_error(outcome.error):
             # the script's own bug (a KeyError in its config), not a placement finding: the run did not
             # run through, and says so (exit code 2), with the script's own frames of the traceback
