@@ -14,7 +14,8 @@ another) holds correct training programs from public projects and, in its README
    that runs the script; a program run in ranks, in processes of their own, records none: then
    every site counts);
 3. generates mutants from each program's files with the transforms below (libcst: each edit keeps
-   every line where it was), at every applicable site that the clean run executed, or a
+   every line where it was), at every applicable site whose effect the clean run reached (the
+   statement ran, and a later line naming what it binds ran too: :func:`reached`), or a
    deterministic sample of ``--per-transform`` of them (spread evenly over the sites, in file
    order), and runs each mutant with the program's command, in a copy of the program's folder;
 4. prints ``programs clean N/N, mutants found M/M`` and exits 1 on any miss (0 otherwise; 0 with a
@@ -404,6 +405,16 @@ def sample(items: Sequence[Any], count: int) -> list[Any]:
     return [items[round(i * step)] for i in range(count)]
 
 
+def reached(mutant: Mutant, original: str, executed: set[int]) -> bool:
+    """Whether the clean run reached what the mutant changes: its statement ran, and when the statement
+    binds names, a later line naming them ran too (``fixed_noise = torch.randn(..., device=d)`` made at
+    the start but used only after the ``--steps`` stop changes nothing the run sees)."""
+    if mutant.line not in executed:
+        return False
+    later = {n for n in named_lines(original, mutant.names) if n > mutant.last}
+    return not later or bool(later & executed)
+
+
 def named_lines(source: str, names: Iterable[str]) -> set[int]:
     """The lines of ``source`` that name one of ``names`` (dotted text: ``data``, ``self.model``)."""
     wanted = set(names)
@@ -607,8 +618,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 original = path.read_text(encoding="utf-8")
                 for name, transform in TRANSFORMS.items():
                     sites = transform(original)
-                    if executed:  # a line tracer saw the run: only sites the run reached
-                        sites = [m for m in sites if (path.name, m.line) in executed]
+                    if executed:  # a line tracer saw the run: only sites whose effect the run reached
+                        sites = [m for m in sites if reached(m, original, {n for f, n in executed if f == path.name})]
                     jobs.extend((outcome, path, original, m) for m in sample(sites, args.per_transform))
 
         def run_mutant(job: tuple[Outcome, Path, str, Mutant], index: int) -> tuple[Run, bool]:

@@ -124,6 +124,16 @@ def test_every_transform_is_in_the_table_and_keeps_every_line_where_it_was() -> 
             compile(mutant.code, "mutant.py", "exec")
 
 
+def test_a_site_counts_when_the_run_reached_its_statement_and_a_later_use() -> None:
+    noise = _only(gate.drop_device(SNIPPET))  # noise = torch.randn(..., device=device), used a line later
+    used = _line_of(SNIPPET, "F.nll_loss(model(x) + noise, y)")
+    assert gate.reached(noise, SNIPPET, {noise.line, used})
+    assert not gate.reached(noise, SNIPPET, {noise.line})  # made, never used in the part that ran
+    assert not gate.reached(noise, SNIPPET, {used})
+    stale = _only(gate.stale_optimizer(SNIPPET))  # binds nothing it changes: its line is enough
+    assert gate.reached(stale, SNIPPET, {stale.line})
+
+
 def test_sample_is_deterministic_and_spread() -> None:
     assert gate.sample(list(range(10)), 3) == [0, 4, 9] == gate.sample(list(range(10)), 3)
     assert gate.sample([1, 2], 3) == [1, 2] and gate.sample(list(range(5)), 0) == list(range(5))
