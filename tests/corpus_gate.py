@@ -90,7 +90,8 @@ class Program:
 
     def command(self, steps: int = STEPS) -> list[str]:
         """``placecheck run``'s arguments, with ``--steps`` and JSON output."""
-        return ["run", "--steps", str(steps), "--format", "json", *self.options, self.script, "--", *self.args]
+        return ["run", "--steps", str(steps), "--format", "json", *self.options, self.script, "--",
+                *self.args]
 
 
 _ROW = re.compile(r"^\| *([^|]+?) *\| *`([^`]+)` *\|$", re.M)
@@ -267,7 +268,8 @@ def drop_device(source: str) -> list[Mutant]:
         if len(kept) == len(node.args):
             continue
         comma = kept[-1].comma if kept else None
-        if isinstance(comma, cst.Comma) and not isinstance(comma.whitespace_after, cst.ParenthesizedWhitespace):
+        if isinstance(comma, cst.Comma) and not isinstance(comma.whitespace_after,
+                                                           cst.ParenthesizedWhitespace):
             # the argument before a removed last one keeps no trailing comma, unless a line ends there
             kept[-1] = kept[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
         new = node.with_changes(args=kept)
@@ -303,7 +305,8 @@ def plain_buffer(source: str) -> list[Mutant]:
 
 _MODULE_LOSSES = {"BCELoss": "torch.ones(1)"}
 """Loss modules taking ``weight=`` whose every shape a 1-element weight fits (it broadcasts)."""
-_FUNCTIONAL_LOSSES = {"nll_loss": "torch.ones({input}.size(1))", "cross_entropy": "torch.ones({input}.size(1))",
+_FUNCTIONAL_LOSSES = {"nll_loss": "torch.ones({input}.size(1))",
+                      "cross_entropy": "torch.ones({input}.size(1))",
                       "binary_cross_entropy": "torch.ones(1)"}
 """Functional losses taking ``weight=``: the CPU weight each gets (per class, or one that broadcasts)."""
 
@@ -314,8 +317,8 @@ def cpu_loss_weight(source: str) -> list[Mutant]:
     Only in files where ``import torch`` (or ``import torch.nn``) binds the name ``torch``."""
     import libcst as cst
 
-    if not any(isinstance(node, ast.Import) and any(a.name.split(".")[0] == "torch" and a.asname is None
-                                                    for a in node.names) for node in ast.walk(ast.parse(source))):
+    imports = [a for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Import) for a in node.names]
+    if not any(a.name.split(".")[0] == "torch" and a.asname is None for a in imports):
         return []
     sites = _Sites(source)
     out = []
@@ -465,7 +468,8 @@ def run_placecheck(program: Program, folder: Path, timeout: float, trace: Path |
     if trace is not None:
         handle, lines_file = tempfile.mkstemp(suffix=".json")
         os.close(handle)
-        command = [sys.executable, __file__, "--trace-lines", str(trace), lines_file, "--", *program.command()]
+        command = [sys.executable, __file__, "--trace-lines", str(trace), lines_file, "--",
+                   *program.command()]
     else:
         command = [sys.executable, "-m", "placecheck", *program.command()]
     start = time.monotonic()
@@ -495,7 +499,7 @@ def _traced_main(prefix: str, out: str, argv: list[str]) -> None:
     root = os.path.abspath(prefix) + os.sep
     executed: set[tuple[str, int]] = set()
 
-    @functools.lru_cache(maxsize=None)
+    @functools.cache
     def ours(name: str) -> bool:
         return not name.startswith("<") and os.path.abspath(name).startswith(root)
 
@@ -616,10 +620,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                         if os.path.dirname(f) == str(folder)}
             for path in sorted(folder.glob("*.py")):
                 original = path.read_text(encoding="utf-8")
-                for name, transform in TRANSFORMS.items():
+                for transform in TRANSFORMS.values():
                     sites = transform(original)
+                    ran = {n for f, n in executed if f == path.name}
                     if executed:  # a line tracer saw the run: only sites whose effect the run reached
-                        sites = [m for m in sites if reached(m, original, {n for f, n in executed if f == path.name})]
+                        sites = [m for m in sites if reached(m, original, ran)]
                     jobs.extend((outcome, path, original, m) for m in sample(sites, args.per_transform))
 
         def run_mutant(job: tuple[Outcome, Path, str, Mutant], index: int) -> tuple[Run, bool]:
@@ -640,10 +645,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             if hit:
                 continue
             missed += 1
-            print(f"MISSED {outcome.program.name} {path.name}:{mutant.line} {mutant.transform}: {mutant.said} "
+            print(f"MISSED {outcome.program.name} {path.name}:{mutant.line} {mutant.transform}: "
+                  f"{mutant.said} "
                   f"(exit {run.code}, {run.seconds:.0f} s)")
             for f in (run.report or {}).get("findings", []):
-                print(f"    {f['severity']} {f['code']} at {f.get('source')} (origin {f.get('origin') or '-'}): "
+                origin = f.get("origin") or "-"
+                print(f"    {f['severity']} {f['code']} at {f.get('source')} (origin {origin}): "
                       f"{f.get('message', '')[:160]}")
             if run.report is None:
                 print(f"    no report: {run.stderr.strip()[-300:]}")

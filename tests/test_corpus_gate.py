@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("libcst")
 
-import corpus_gate as gate  # noqa: E402  # tests/ is on sys.path (conftest), as cli_runner is
+import corpus_gate as gate  # tests/ is on sys.path (conftest), as cli_runner is
 
 
 def _only(mutants: list[gate.Mutant]) -> gate.Mutant:
@@ -99,7 +99,8 @@ def test_cpu_loss_weight_on_unmoved_loss_modules_and_functional_losses_of_a_name
     assert [m.said for m in mutants] == [
         "nn.BCELoss() -> nn.BCELoss(weight=torch.ones(1))",
         "F.nll_loss(out, y) -> F.nll_loss(out, y, weight=torch.ones(out.size(1)))"]
-    assert _changed(mutants[0]) == [("criterion = nn.BCELoss()", "criterion = nn.BCELoss(weight=torch.ones(1))")]
+    assert _changed(mutants[0]) == [("criterion = nn.BCELoss()",
+                                     "criterion = nn.BCELoss(weight=torch.ones(1))")]
     assert mutants[0].names == {"criterion"}
     assert mutants[1].line == _line_of(SNIPPET, "loss = F.nll_loss(out, y)")
     # a file that does not import torch by its name gets no torch.ones
@@ -110,7 +111,8 @@ def test_stale_optimizer_recreates_the_model_on_the_optimizers_line() -> None:
     mutant = _only(gate.stale_optimizer(SNIPPET))
     assert mutant.line == _line_of(SNIPPET, "optimizer = optim.SGD")
     assert _changed(mutant) == [("optimizer = optim.SGD(model.parameters(), lr=0.1)",
-                                 "optimizer = optim.SGD(model.parameters(), lr=0.1); model = Net().to(device)")]
+                                 "optimizer = optim.SGD(model.parameters(), lr=0.1); "
+                                 "model = Net().to(device)")]
     # no earlier statement of the block made the model: no site
     assert gate.stale_optimizer("optimizer = optim.SGD(model.parameters(), lr=0.1)\n") == []
 
@@ -172,12 +174,16 @@ def test_a_mutant_is_found_only_by_a_new_finding_at_its_lines() -> None:
     # the finding in the model's forward, its origin the loader line that bound `x`
     assert gate.found(mutant, "train.py", SNIPPET, clean,
                       _run({"code": "PC201", "source": "model.py:9", "origin": f"train.py:{loop}"}))
-    assert gate.found(mutant, "train.py", SNIPPET, clean, _run({"code": "PC201", "source": f"dir/train.py:{used}"}))
+    def found(**finding: str) -> bool:
+        return gate.found(mutant, "train.py", SNIPPET, clean, _run(finding))
+
+    assert found(code="PC201", source=f"dir/train.py:{used}")
     # another file's line, an unrelated line, a finding the clean program has too: not found
-    assert not gate.found(mutant, "train.py", SNIPPET, clean, _run({"code": "PC201", "source": f"model.py:{used}"}))
-    assert not gate.found(mutant, "train.py", SNIPPET, clean, _run({"code": "PC201", "source": "train.py:2"}))
-    assert not gate.found(mutant, "train.py", SNIPPET, clean, _run({"code": "PC308", "source": "train.py:14"}))
-    info = gate.Run(0, {"findings": [{"severity": "info", "code": "PC204", "source": f"train.py:{used}"}]}, "", 0)
+    assert not found(code="PC201", source=f"model.py:{used}")
+    assert not found(code="PC201", source="train.py:2")
+    assert not found(code="PC308", source="train.py:14")
+    info = gate.Run(0, {"findings": [{"severity": "info", "code": "PC204", "source": f"train.py:{used}"}]},
+                    "", 0)
     assert not gate.found(mutant, "train.py", SNIPPET, clean, info)
 
 

@@ -660,8 +660,9 @@ def test_the_scripts_own_error_is_no_finding_but_an_unfinished_run_at_its_line()
 
     report = run(script("raises.py"))  # a shape error: the script's bug, not a placement problem
     assert report.findings == ()
-    assert report.unfinished.startswith(f"the script raised RuntimeError at {at('raises.py', 8)}: mat1 and mat2")
-    assert report.script_traceback[0] == f'  File "{at("raises.py", 8).rpartition(":")[0]}", line 8, in <module>'
+    assert report.unfinished.startswith(f"the script raised RuntimeError at {at('raises.py', 8)}: mat1 and")
+    path = at("raises.py", 8).rpartition(":")[0]
+    assert report.script_traceback[0] == f'  File "{path}", line 8, in <module>'
     assert exit_code([report]) == exit_code([report], exit_zero=True) == 2
     # a device error is still a finding (PC201 here), and the run goes on past it: it ran through
     buggy = run(script("batch_buggy.py"))

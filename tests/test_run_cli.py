@@ -127,7 +127,8 @@ def test_the_scripts_own_error_is_one_line_exit_2_and_its_own_frames_not_a_findi
     script.write_text(_OWN_ERROR.replace("CONFIG", repr("{not json")))
     code, out, err = invoke(name, "--format", "json")
     assert code == 2 and json.loads(out)["findings"] == []
-    assert err.splitlines()[0].startswith(f"placecheck: error: the script raised JSONDecodeError at {name}:{raises}: ")
+    said = f"placecheck: error: the script raised JSONDecodeError at {name}:{raises}: "
+    assert err.splitlines()[0].startswith(said)
     assert all("json/" not in line for line in err.splitlines()[1:]), err
 
 
@@ -229,11 +230,12 @@ def test_auto_does_not_give_up_where_the_fake_engine_needs_a_cuda_driver(
     code, out, err = invoke(name, "--format", "json")
     report = json.loads(out)
     assert code == 1, err
-    assert [(f["code"], f["source"]) for f in report["findings"]] == [("PC201", f"{name}:{_line(_LEGACY_CAST, 'loss')}")]
+    loss, legacy = _line(_LEGACY_CAST, "loss"), _line(_LEGACY_CAST, "legacy")
+    assert [(f["code"], f["source"]) for f in report["findings"]] == [("PC201", f"{name}:{loss}")]
     assert any(n.startswith("engine: auto chose fake tensors") for n in report["notes"])
     # the fake engine stopped at the legacy cast (the bug after it out of its reach): said in a note
-    assert any(n.startswith("engine: auto went back to real values") and f"{name}:{_line(_LEGACY_CAST, 'legacy')}"
-               in n for n in report["notes"]), report["notes"]
+    assert any(n.startswith("engine: auto went back to real values") and f"{name}:{legacy}" in n
+               for n in report["notes"]), report["notes"]
     assert report["engine"] == "simulated cuda (real values)" and report["summary"]["unfinished"] == ""
     # its fixed twin is clean the same way
     script.write_text(_LEGACY_CAST.replace("LABELS", '"cuda"'))

@@ -27,8 +27,8 @@ from placecheck.cli.common import (
 )
 from placecheck.formats import OutputFormat
 from placecheck.options import RunOptions, nproc_value
-from placecheck.report import Report
 from placecheck.output import OutputOptions, emit, errors_reported, model_output_to_stderr
+from placecheck.report import Report
 
 RUN_HELP = """Run a training or inference script on a simulated GPU: every placement problem it meets.
 

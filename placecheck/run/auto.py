@@ -199,16 +199,19 @@ def real_values_fit(needed: int) -> tuple[bool, int]:
 def fallback_note(limit: str, needed: int, room: int, fits: bool) -> str:
     """The note when the fake engine, chosen by auto, could not go on (``limit``, its note): the script
     ran again with real values, or (``fits`` False) the run stops there."""
-    stop = limit.split(": ", 1)[-1]  # "run: stopped at train.py:9: the code there needs ..." -> "stopped at ..."
+    # "run: stopped at train.py:9: the code there needs ..." -> "stopped at train.py:9"
+    stop = limit.split(": ", 1)[-1]
     stop = stop.split(": the code there", 1)[0].split(": the simulation", 1)[0]
     if fits:
         return (f"engine: auto went back to real values: the fake engine could not go on ({stop}), and a "
-                f"real-valued step holds about {human_bytes(needed)} (measured under the fake engine), within "
+                f"real-valued step holds about {human_bytes(needed)} (measured under the fake engine), "
+                "within "
                 f"half the memory available ({human_bytes(room)}): the script ran again from its start with "
                 "real CPU values, so what it did before that point happened once more; its findings are "
                 "those of this last run")
     return (f"engine: auto kept fake tensors: the fake engine could not go on ({stop}), and a real-valued "
-            f"step would hold more than {human_bytes(needed)} (measured under the fake engine), over half the "
+            f"step would hold more than {human_bytes(needed)} (measured under the fake engine), over half "
+            "the "
             f"memory available ({human_bytes(room)}): the run stops there (see the note that says why); run "
             "on a GPU, or where more memory is free, to check the rest")
 
