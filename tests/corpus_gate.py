@@ -643,6 +643,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         missed = 0
         for (outcome, path, _, mutant), (run, hit) in zip(jobs, results, strict=True):
             if hit:
+                print(f"found {outcome.program.name} {path.name}:{mutant.line} {mutant.transform} "
+                      f"({run.seconds:.0f} s)")
                 continue
             missed += 1
             print(f"MISSED {outcome.program.name} {path.name}:{mutant.line} {mutant.transform}: "
