@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.placecheck-installed
 # pyproject.toml's published ranges stay open for users.
 TORCH  ?= -c constraints.txt
 
-.PHONY: install demo test test-cpu-build test-compat lint bench fidelity clean wheel-check
+.PHONY: install demo test test-cpu-build test-compat test-corpus lint bench fidelity clean wheel-check
 
 install: $(STAMP)
 
@@ -83,6 +83,17 @@ test-cpu-build: $(CPU_STAMP)
 	exit 0; fi; \
 	$(CPU_PY) -c 'import torch, sys; sys.exit(0 if torch.version.cuda is None else "$(CPU_VENV) has a CUDA build of torch: rm -r $(CPU_VENV)")' && \
 	$(CPU_PY) -m pytest $(PYTEST_PARALLEL) -m cpu_build
+
+# ---- the real-code gate (issue 33): make test-corpus ----------------------------------------------
+# Every program of ../shared/corpus (correct training code from public projects, beside the clone,
+# read-only; CORPUS=DIR names another) runs under placecheck run with no error or warning, and mutants
+# generated from each (a batch element's .to(device) removed, device= removed from a factory, a
+# register_buffer made a plain attribute, a CPU loss weight, an optimizer of a re-created model) are
+# each found at their line: tests/corpus_gate.py says how; it prints "programs clean N/N, mutants found
+# M/M" and fails on any miss. Without the corpus it prints a SKIPPED line and passes.
+CORPUS ?= ../shared/corpus
+test-corpus: install
+	$(PY) tests/corpus_gate.py --corpus $(CORPUS) --workers 2
 
 # ---- the version matrix (issue 22): make test-compat ----------------------------------------------
 # The tests marked compat (engines, the device-error classifier, run mode, checkpoint reading, fix,

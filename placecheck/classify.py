@@ -226,7 +226,8 @@ def refused_on_device(func: Callable[..., Any], args: tuple[Any, ...]) -> BaseEx
         return RefusedOnDeviceTypeError(f"can't convert {subject.device} device type tensor to numpy. Use "
                                         "Tensor.cpu() to copy the tensor to host memory first.")
     if name == "pin_memory":
-        return RuntimeError(f"cannot pin a tensor on {subject.device}: only dense CPU tensors can be pinned")
+        return RefusedOnDeviceError(f"cannot pin a tensor on {subject.device}: only dense CPU tensors can be "
+                                    "pinned")
     return None
 
 
@@ -306,6 +307,11 @@ class RefusedOnDeviceTypeError(TypeError):
     ``except TypeError`` of the model's catches it). The model's bug, never the simulation's failure."""
 
 
+class RefusedOnDeviceError(RuntimeError):
+    """``pin_memory()`` of a device tensor: the RuntimeError a GPU raises, raised by the simulation. The
+    model's bug, never the simulation's failure."""
+
+
 class DeviceMismatchError(RuntimeError):
     """An op mixed devices, decided from its tensor arguments (raised by placecheck's own engines)."""
 
@@ -324,6 +330,17 @@ FORKED_CUDA = ("Cannot re-initialize CUDA in forked subprocess. To use CUDA with
 def is_missing_device(exc: BaseException) -> bool:
     """True when ``exc`` is (or was caused by) an :class:`InvalidDeviceError`: a GPU the machine lacks."""
     return any(isinstance(e, InvalidDeviceError) for e in _chain(exc))
+
+
+def is_device_error(exc: BaseException) -> bool:
+    """True when ``exc`` (or what caused it) is an error a GPU raises for where a tensor is: a device
+    mismatch (:func:`is_engine_mismatch`), a GPU the machine lacks, CUDA in a forked worker, a call no
+    device tensor may make (``.numpy()``, ``pin_memory()``). Decided from the exception types the
+    engines raise on purpose for those, never from a message: any other error a script raises is its
+    own (a ``KeyError`` in its config), not a placement finding."""
+    kinds = (DeviceMismatchError, InvalidDeviceError, ForkedCudaError, RefusedOnDeviceTypeError,
+             RefusedOnDeviceError)
+    return is_engine_mismatch(exc) or any(isinstance(e, kinds) for e in _chain(exc))
 
 
 class InvalidDeviceError(RuntimeError):

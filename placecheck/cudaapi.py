@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from placecheck.classify import FORKED_CUDA, ForkedCudaError, InvalidDeviceError
+from placecheck.classify import FORKED_CUDA, ForkedCudaError, InvalidDeviceError, RefusedOnDeviceError
 from placecheck.compat import cudnn_disabled
 from placecheck.devices import device_index
 from placecheck.patching import patch
@@ -477,7 +477,7 @@ def _gpu_count(gpus: int, strict: bool) -> Iterator[None]:
 def _pinned_copy(self: torch.Tensor, device: Any = None) -> torch.Tensor:
     """``Tensor.pin_memory()`` under simulation: a copy on the CPU, as pinned memory is."""
     if self.device.type != "cpu":
-        raise RuntimeError(f"cannot pin '{self.device}' memory: only dense CPU tensors can be pinned")
+        raise RefusedOnDeviceError(f"cannot pin '{self.device}' memory: only dense CPU tensors can be pinned")
     return self.clone()
 
 

@@ -207,12 +207,17 @@ class Report:
     """Why a script ``placecheck run`` ran did not run through (its own non-zero ``sys.exit``, a limit of
     the simulation), "" when it did: the rest of the script is unchecked, and without a finding that
     fails the run the exit code is 2 (:func:`exit_code`)."""
+    script_traceback: tuple[str, ...] = ()
+    """When the script raised an exception of its own (:attr:`unfinished` says which, and where): the
+    script's own frames of its traceback, as Python prints them; ``placecheck run`` writes them to
+    stderr under its one-line error."""
 
     @staticmethod
     def build(
         target: str, device: str, engine: str, findings: Iterable[Finding],
         notes: Iterable[str] = (), stats: dict[str, int] | None = None, incomplete: str = "",
         group: bool = False, device_map: DeviceMap | None = None, unfinished: str = "",
+        script_traceback: tuple[str, ...] = (),
     ) -> Report:
         """Make a report with findings in their canonical order.
 
@@ -225,7 +230,7 @@ class Report:
             target=target, device=device, engine=engine,
             findings=tuple(ordered),
             notes=tuple(notes), stats=tuple((stats or {}).items()), incomplete=incomplete,
-            device_map=device_map, unfinished=unfinished,
+            device_map=device_map, unfinished=unfinished, script_traceback=script_traceback,
         )
 
     @property

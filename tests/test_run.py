@@ -534,10 +534,10 @@ def test_sys_exit_is_reported_in_the_notes_not_raised() -> None:
 def test_a_non_zero_sys_exit_leaves_the_run_unfinished_exit_code_2_its_message_reported() -> None:
     from placecheck.report import exit_code
 
-    for name, called in (("exits_3.py", "sys.exit(3)"),
-                         ("exits_message.py", "sys.exit('config file missing')")):
+    for name, status, said in (("exits_3.py", 3, ""), ("exits_message.py", 1, ": config file missing")):
         report = run(script(name))
-        assert report.findings == () and report.unfinished == f"{called} at {at(name, 9)}"
+        assert report.findings == ()
+        assert report.unfinished == f"the script exited with status {status} at {at(name, 9)}{said}"
         assert "the script did not run through" in report.summary_line()
         assert exit_code([report]) == 2
         assert exit_code([report], exit_zero=True) == 2  # not a finding: --exit-zero does not hide it
@@ -655,11 +655,18 @@ def test_script_without_model_or_optimizer_gets_a_note() -> None:
     assert any("moved no module to the GPU and built no optimizer" in n for n in report.notes)
 
 
-def test_script_error_is_pc207_at_its_line() -> None:
-    report = run(script("raises.py"))
-    [finding] = report.findings
-    assert (finding.code, finding.source) == ("PC207", at("raises.py", 8))
-    assert "RuntimeError" in finding.message
+def test_the_scripts_own_error_is_no_finding_but_an_unfinished_run_at_its_line() -> None:
+    from placecheck.report import exit_code
+
+    report = run(script("raises.py"))  # a shape error: the script's bug, not a placement problem
+    assert report.findings == ()
+    assert report.unfinished.startswith(f"the script raised RuntimeError at {at('raises.py', 8)}: mat1 and")
+    path = at("raises.py", 8).rpartition(":")[0]
+    assert report.script_traceback[0] == f'  File "{path}", line 8, in <module>'
+    assert exit_code([report]) == exit_code([report], exit_zero=True) == 2
+    # a device error is still a finding (PC201 here), and the run goes on past it: it ran through
+    buggy = run(script("batch_buggy.py"))
+    assert [f.code for f in buggy.findings] == ["PC201"] and buggy.unfinished == ""
 
 
 def test_dataloader_workers_run_on_the_cpu() -> None:

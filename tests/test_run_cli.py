@@ -78,9 +78,81 @@ def test_sys_exit_3_is_reported_and_fails_the_run_with_exit_code_2() -> None:
     assert code == 2  # the script did not run through: the rest is unchecked
     report = json.loads(out)
     assert any("sys.exit(3)" in n for n in report["notes"])
-    assert report["summary"]["unfinished"] == f"sys.exit(3) at {os.path.relpath(FIXTURES / 'exits_3.py')}:9"
+    said = f"the script exited with status 3 at {os.path.relpath(FIXTURES / 'exits_3.py')}:9"
+    assert report["summary"]["unfinished"] == said
     code, _, _ = invoke(os.path.relpath(FIXTURES / "exits_0.py"), "--format", "json")
     assert code == 0
+
+
+_OWN_ERROR = """import json
+import torch
+
+def learning_rate(text):
+    return json.loads(text)["learning_rate"]  # MARK raises
+
+model = torch.nn.Linear(2, 2).to("cuda")
+lr = learning_rate(CONFIG)  # MARK calls
+"""
+
+
+def _line(text: str, mark: str) -> int:
+    return next(i + 1 for i, s in enumerate(text.splitlines()) if f"MARK {mark}" in s)
+
+
+@separate_stderr_capture
+@pytest.mark.parametrize("fmt", ["json", "table"])
+def test_the_scripts_own_error_is_one_line_exit_2_and_its_own_frames_not_a_finding(
+        tmp_path: Path, fmt: str) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(_OWN_ERROR.replace("CONFIG", repr('{"lr": 0.1}')))
+    name = os.path.relpath(script)
+    code, out, err = invoke(name, "--format", fmt)
+    assert code == 2, err
+    raises, calls = _line(_OWN_ERROR, "raises"), _line(_OWN_ERROR, "calls")
+    said = f"the script raised KeyError at {name}:{raises}: 'learning_rate'"
+    lines = err.strip().splitlines()
+    assert lines[0] == f"placecheck: error: {said}", err
+    # the script's frames only, outermost first: json's own frames (the standard library) are left out
+    assert lines[1:] == ["Traceback of the script's own code (most recent call last):",
+                         f'  File "{name}", line {calls}, in <module>',
+                         "    " + script.read_text().splitlines()[calls - 1],
+                         f'  File "{name}", line {raises}, in learning_rate',
+                         '    return json.loads(text)["learning_rate"]  # MARK raises']
+    if fmt == "json":
+        report = json.loads(out)
+        assert report["findings"] == [] and report["summary"]["unfinished"] == said
+    else:
+        assert "PC207" not in out and "no placement problems found" in out and "KeyError" in out
+    # an error inside a library the script called is the script's too, at the script's line
+    script.write_text(_OWN_ERROR.replace("CONFIG", repr("{not json")))
+    code, out, err = invoke(name, "--format", "json")
+    assert code == 2 and json.loads(out)["findings"] == []
+    said = f"placecheck: error: the script raised JSONDecodeError at {name}:{raises}: "
+    assert err.splitlines()[0].startswith(said)
+    assert all("json/" not in line for line in err.splitlines()[1:]), err
+
+
+def test_a_device_error_the_script_raises_stays_a_finding(tmp_path: Path) -> None:
+    script = tmp_path / "second_gpu.py"
+    script.write_text("import torch\nmodel = torch.nn.Linear(2, 2).to('cuda:1')\n")
+    code, out, err = invoke(os.path.relpath(script), "--format", "json")
+    assert code == 1, err  # a GPU the machine lacks: what CUDA raises there, a placement finding
+    [finding] = json.loads(out)["findings"]
+    assert finding["code"] == "PC207" and finding["source"].endswith("second_gpu.py:2")
+    assert json.loads(out)["summary"]["unfinished"] == "" and "placecheck: error" not in err
+    code, out, err = invoke(os.path.relpath(script), "--gpus", "2", "--format", "json")
+    assert code == 0 and json.loads(out)["findings"] == [], err
+
+
+def test_a_scripts_sys_exit_1_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    script = tmp_path / "bail.py"
+    script.write_text("import sys\nimport torch\ntorch.nn.Linear(2, 2).cuda()\nsys.exit(1)\n")
+    code, out, err = invoke(os.path.relpath(script), "--format", "json")
+    assert code == 2 and json.loads(out)["findings"] == []
+    assert err.strip() == f"placecheck: error: the script exited with status 1 at {os.path.relpath(script)}:4"
+    script.write_text("import sys\nimport torch\ntorch.nn.Linear(2, 2).cuda()\nsys.exit(0)\n")
+    code, out, err = invoke(os.path.relpath(script), "--format", "json")
+    assert code == 0 and "placecheck: error" not in err
 
 
 def test_select_ignore_and_exit_code() -> None:
@@ -117,3 +189,73 @@ def test_help_says_the_script_really_runs_and_what_is_simulated() -> None:
     text = " ".join(out.split())
     assert "REALLY RUNS" in text and "--steps bounds the work" in text
     assert "Not simulated" in text and "device_count() is --gpus" in text
+
+
+_LEGACY_CAST = """import torch
+import torch.nn as nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(256, 2)  # 2 KiB of parameters: over a 1 KiB budget as it is built
+
+    def forward(self, x):
+        return self.fc(x).type(x.type())  # MARK legacy: needs a CUDA driver under fake tensors
+
+
+model = Net().to("cuda")
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(3):
+    x = torch.randn(4, 256, device="cuda")
+    y = torch.randint(0, 2, (4,)).to(LABELS)
+    loss = nn.functional.cross_entropy(model(x), y)  # MARK loss
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+
+
+def test_auto_does_not_give_up_where_the_fake_engine_needs_a_cuda_driver(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from placecheck import cudaapi
+
+    if cudaapi.CPU_ONLY_BUILD:
+        pytest.skip("auto keeps real values on a CPU-only build: it never reaches the fake engine")
+    script = tmp_path / "legacy.py"
+    script.write_text(_LEGACY_CAST.replace("LABELS", '"cpu"'))
+    name = os.path.relpath(script)
+    # auto on the fake path (a budget no model fits) goes back to real values and finds the labels
+    monkeypatch.setenv("PLACECHECK_RUN_MEMORY", "1KiB")
+    code, out, err = invoke(name, "--format", "json")
+    report = json.loads(out)
+    assert code == 1, err
+    loss, legacy = _line(_LEGACY_CAST, "loss"), _line(_LEGACY_CAST, "legacy")
+    assert [(f["code"], f["source"]) for f in report["findings"]] == [("PC201", f"{name}:{loss}")]
+    assert any(n.startswith("engine: auto chose fake tensors") for n in report["notes"])
+    # the fake engine stopped at the legacy cast (the bug after it out of its reach): said in a note
+    assert any(n.startswith("engine: auto went back to real values") and f"{name}:{legacy}" in n
+               for n in report["notes"]), report["notes"]
+    assert report["engine"] == "simulated cuda (real values)" and report["summary"]["unfinished"] == ""
+    # its fixed twin is clean the same way
+    script.write_text(_LEGACY_CAST.replace("LABELS", '"cuda"'))
+    code, out, err = invoke(name, "--format", "json")
+    assert code == 0 and json.loads(out)["findings"] == [], err
+
+
+def test_auto_stops_with_a_note_when_real_values_would_not_fit(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from placecheck import cudaapi
+    from placecheck.run import auto
+
+    if cudaapi.CPU_ONLY_BUILD:
+        pytest.skip("auto keeps real values on a CPU-only build: it never reaches the fake engine")
+    script = tmp_path / "legacy.py"
+    script.write_text(_LEGACY_CAST.replace("LABELS", '"cpu"'))
+    monkeypatch.setenv("PLACECHECK_RUN_MEMORY", "1KiB")
+    monkeypatch.setattr(auto, "available_memory", lambda: 1024)  # a machine with 1 KiB free: 512 B of room
+    code, out, err = invoke(os.path.relpath(script), "--format", "json")
+    report = json.loads(out)
+    assert code == 2 and report["findings"] == [], err  # never a finding: the simulation's stop, exit 2
+    assert report["summary"]["unfinished"].startswith("the simulation stopped at ")
+    assert any(n.startswith("engine: auto kept fake tensors") and "512 B" in n for n in report["notes"])

@@ -28,6 +28,7 @@ from placecheck.cli.common import (
 from placecheck.formats import OutputFormat
 from placecheck.options import RunOptions, nproc_value
 from placecheck.output import OutputOptions, emit, errors_reported, model_output_to_stderr, output_format
+from placecheck.report import Report
 
 RUN_HELP = """Run a training or inference script on a simulated GPU: every placement problem it meets.
 
@@ -48,11 +49,14 @@ as on a GPU machine. Not simulated: GPU speed and memory, CUDA kernels,
 graphs and NCCL, pinned memory (pin_memory is a CPU copy), asynchrony (host
 syncs are counted, not timed).
 
-The script's own exit code and exceptions are reported in the notes and as
-PC207; exit status: 0 when no finding is at or above --fail-on, 1 when one
-is, 2 for a missing script or module or a syntax error, and 2 when no
-finding is but the script did not run through (its own non-zero sys.exit,
-code the simulation cannot run: a note says which); 3 for an internal error.
+A device error the script raises is a finding at its line; any other
+exception of its own (a KeyError in its config) is not: the run did not run
+through, one line on stderr names it and its line, the script's own frames
+of the traceback under it. Exit status: 0 when no finding is at or above
+--fail-on, 1 when one is, 2 for a missing script or module or a syntax
+error, and 2 when no finding is but the script did not run through (its own
+exception or non-zero sys.exit, code the simulation cannot run: a note says
+which); 3 for an internal error.
 """
 
 RunEngine = Annotated[str, typer.Option(
@@ -119,4 +123,20 @@ def run(
 
         with model_output_to_stderr():
             report = run_program(target, args, options=options)
-        raise typer.Exit(emit(report, out))
+        code = emit(report, out)
+        if report.unfinished:
+            _say_unfinished(report)
+        raise typer.Exit(code)
+
+
+def _say_unfinished(report: Report) -> None:
+    """A script that did not run through is one line on stderr (the report, written before it, says the
+    rest), the script's own frames of its traceback under it when it raised an error of its own."""
+    why = report.unfinished
+    if not why.startswith("the script "):  # the simulation's limit: the notes say which and where
+        why = f"the script did not run through: {why} (see the notes)"
+    typer.echo(f"placecheck: error: {why}", err=True)
+    if report.script_traceback:
+        typer.echo("Traceback of the script's own code (most recent call last):", err=True)
+        for line in report.script_traceback:
+            typer.echo(line, err=True)

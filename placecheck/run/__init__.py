@@ -25,13 +25,14 @@ import types
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from placecheck import classify
 from placecheck.compat import FAKE_TENSOR_LOGGER, torch_note
 from placecheck.errors import UsageError
 from placecheck.options import DEFAULT_STEPS, RunOptions
 from placecheck.quiet import quiet
 from placecheck.report import Report
 from placecheck.rules import selected
-from placecheck.run.script import Outcome, Program, execute, exit_status
+from placecheck.run.script import Outcome, Program, execute, exit_status, exited, raised, user_traceback
 
 if TYPE_CHECKING:
     from placecheck.run.lines import ScriptLines
@@ -163,15 +164,46 @@ def _simulate(program: Program, options: RunOptions, codes: frozenset[str],
                      "model's parameters, activations and optimizer state hold no data; values the script "
                      "reads on the host are known ones or assumed (a note each); the script really runs and "
                      "its side effects happen")
+        measured = None
+        if probe is not None:  # auto: what a real-valued step would hold, measured under fake tensors
+            from placecheck.run.auto import Probe
+
+            measured = recorder.probe = Probe(1 << 62, "measured under the fake engine")
         outcome, assumed = _run_fake(program, recorder, lines, gpus, timeout, notes)
+        finding = recorder.error_finding(outcome.error) if outcome.error is not None else None
+        if measured is not None and recorder.limit:
+            # the fake engine cannot go on here (code that needs a CUDA driver, a value it cannot give):
+            # auto does not give up while real values fit in memory
+            from placecheck.run.auto import fallback_note, real_values_fit
+            from placecheck.tagged import tagged_cuda
+
+            fits, room = real_values_fit(measured.estimate)
+            notes.insert(1, fallback_note(recorder.limit, measured.estimate, room, fits))
+            if fits:
+                notes = notes[:2]
+                del outcome
+                recorder = new_recorder()
+                lines = ScriptLines(program.filename)
+                assumed = []
+                gc.collect()  # the fake run's tensors
+                with _environment_kept(), tagged_cuda(gpus), recorder.recording(), lines.watching():
+                    outcome = execute(program, timeout, notes)
+                finding = recorder.error_finding(outcome.error) if outcome.error is not None else None
+                choice = "tagged"
+    elif outcome.error is not None:
+        finding = recorder.error_finding(outcome.error)
     notes.insert(1, torch_note())
     device_name = SIMULATED_CUDA_VALUES if choice == "tagged" else SIMULATED_CUDA
     findings = recorder.findings()
+    own_error = None
     if outcome.error is not None:
-        finding = recorder.error_finding(outcome.error)
+        if finding is not None and finding.code == "PC207" and not classify.is_device_error(outcome.error):
+            # the script's own bug (a KeyError in its config), not a placement finding: the run did not
+            # run through, and says so (exit code 2), with the script's own frames of the traceback
+            finding, own_error = None, outcome.error
         if finding is not None:
             findings.append(finding)
-    notes.append(recorder.limit or _ending(outcome, recorder.steps, lines))
+    notes.append(recorder.limit or _ending(outcome, recorder.steps, lines, own_error is not None))
     if rank is None and launcher_note(outcome.error):
         notes.append(launcher_note(outcome.error))
     if not recorder.moves.moved_modules and not recorder.optimizers:
@@ -184,7 +216,8 @@ def _simulate(program: Program, options: RunOptions, codes: frozenset[str],
     stats = {"optimizer_steps": recorder.steps, "modules_moved": len(recorder.moves.moved_modules),
              "optimizers": len(recorder.optimizers)}
     report = Report.build(program.name, recorder.target, device_name, kept, notes, stats,
-                          unfinished=_unfinished(outcome, recorder.limit))
+                          unfinished=_unfinished(outcome, recorder.limit, own_error),
+                          script_traceback=user_traceback(own_error) if own_error is not None else ())
     return report, list(checks[0].uses) if checks else []
 
 
@@ -222,18 +255,21 @@ def _run_fake(program: Program, recorder: RunRecorder, lines: ScriptLines, gpus:
     return outcome, datadep.notes(phase="run")
 
 
-def _unfinished(outcome: Outcome, limit: str) -> str:
+def _unfinished(outcome: Outcome, limit: str, own_error: BaseException | None) -> str:
     """Why the script did not run through, for the summary line (exit code 2 without a failing finding):
-    the simulation's limit, or the script's own non-zero ``sys.exit``; "" otherwise."""
+    the simulation's limit, the script's own exception (not a device error) or its own non-zero
+    ``sys.exit``; "" otherwise."""
     at = f" at {outcome.line}" if outcome.line else ""
     if limit:
         return f"the simulation stopped{at}"
+    if own_error is not None:
+        return raised(own_error, outcome.line)
     if outcome.kind == "exit" and exit_status(outcome.exit_code) != 0:
-        return f"sys.exit({outcome.exit_code!r}){at}"
+        return exited(outcome.exit_code, outcome.line)
     return ""
 
 
-def _ending(outcome: Outcome, steps: int, lines: ScriptLines) -> str:
+def _ending(outcome: Outcome, steps: int, lines: ScriptLines, own_error: bool = False) -> str:
     at = f" at {outcome.line}" if outcome.line else ""
     done = f"{steps} optimizer step{'s' if steps != 1 else ''}"
     if outcome.kind == "stopped":
@@ -251,6 +287,10 @@ def _ending(outcome: Outcome, steps: int, lines: ScriptLines) -> str:
         return (f"run: the script called sys.exit({outcome.exit_code!r}){at} after {done}: python "
                 f"{said}exits with status {status} there: the script did not run through (exit code 2 unless "
                 "a finding fails the run)")
+    if outcome.kind == "error" and own_error and outcome.error is not None:
+        return (f"run: {raised(outcome.error, outcome.line)}, after {done}: an error of the script's own, "
+                "not a placement problem; the script did not run through, the rest is unchecked (exit code 2 "
+                "unless a finding fails the run)")
     if outcome.kind == "error":
         return f"run: the script raised an exception{at} after {done}"
     return f"run: the script ran to its end ({done})"

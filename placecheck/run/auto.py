@@ -25,6 +25,13 @@ the script did before that point (files it wrote) happens twice; a note says
 so. Once the first forward ended, or the first optimizer step, within the
 budget, the run simply goes on with real values: a small script runs once,
 exactly as under ``--engine tagged``.
+
+Where the fake engine cannot go on (code that needs a CUDA driver: a legacy ``.type(x.type())``, a
+custom kernel; a value it cannot give), auto does not give up: what a real-valued step holds is
+measured under the fake engine too (the same estimate), and when it fits in half the memory
+available (:func:`real_values_fit`; the budget, a choice of speed, does not bound this fallback), the
+script runs once more from its start with real values, whose findings are the report's; else the run
+stops there with a note (exit code 2, never a finding).
 """
 
 from __future__ import annotations
@@ -172,6 +179,35 @@ class Probe:
                 f"real-valued step holds about {human_bytes(self.estimate)}, within the budget ({budget}); "
                 "losses, .item() and branches are real values; the script really runs and its side effects "
                 "happen")
+
+
+def real_values_fit(needed: int) -> tuple[bool, int]:
+    """Whether a real-valued run that holds ``needed`` bytes fits this machine: within half the memory
+    available now (:data:`DEFAULT_BUDGET` when that is unknown), whatever budget chose fake tensors;
+    and that room."""
+    available = available_memory()
+    room = available // 2 if available else DEFAULT_BUDGET
+    return needed <= room, room
+
+
+def fallback_note(limit: str, needed: int, room: int, fits: bool) -> str:
+    """The note when the fake engine, chosen by auto, could not go on (``limit``, its note): the script
+    ran again with real values, or (``fits`` False) the run stops there."""
+    # "run: stopped at train.py:9: the code there needs ..." -> "stopped at train.py:9"
+    stop = limit.split(": ", 1)[-1]
+    stop = stop.split(": the code there", 1)[0].split(": the simulation", 1)[0]
+    if fits:
+        return (f"engine: auto went back to real values: the fake engine could not go on ({stop}), and a "
+                f"real-valued step holds about {human_bytes(needed)} (measured under the fake engine), "
+                "within "
+                f"half the memory available ({human_bytes(room)}): the script ran again from its start with "
+                "real CPU values, so what it did before that point happened once more; its findings are "
+                "those of this last run")
+    return (f"engine: auto kept fake tensors: the fake engine could not go on ({stop}), and a real-valued "
+            f"step would hold more than {human_bytes(needed)} (measured under the fake engine), over half "
+            "the "
+            f"memory available ({human_bytes(room)}): the run stops there (see the note that says why); run "
+            "on a GPU, or where more memory is free, to check the rest")
 
 
 @contextlib.contextmanager

@@ -356,8 +356,7 @@ class RunRecorder:
     def no_such_gpu(self, device: torch.device) -> RuntimeError:
         """What CUDA raises for a device index the machine lacks (--gpus sets how many it has): the
         script's error (PC207), not a limit of the simulation, although its text is CUDA's."""
-        error = RuntimeError(f"CUDA error: invalid device ordinal ({device} on a machine with {self.gpus} "
-                             f"GPU{'s' if self.gpus != 1 else ''}; placecheck run --gpus sets how many)")
+        error = classify.InvalidDeviceError(str(device), self.gpus)
         self._simulated_errors.add(id(error))
         return error
 

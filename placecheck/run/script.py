@@ -24,7 +24,7 @@ from typing import Any
 
 from placecheck.errors import LoadError
 from placecheck.run.session import StopRun
-from placecheck.sources import user_line
+from placecheck.sources import display_path, is_internal, library_package, user_line
 
 
 @dataclass(frozen=True)
@@ -183,6 +183,42 @@ def exit_status(code: object) -> int:
     if isinstance(code, int):
         return code
     return 1
+
+
+def raised(error: BaseException, line: str) -> str:
+    """One line for an exception the script raised itself (not a device error): ``the script raised
+    KeyError at train.py:5: 'learning_rate'``."""
+    at = f" at {line}" if line else ""
+    text = str(error).strip().splitlines()
+    said = f": {text[0]}" if text else ""
+    return f"the script raised {type(error).__name__}{at}{said}"
+
+
+def exited(code: object, line: str) -> str:
+    """One line for a non-zero ``sys.exit(code)`` of the script: ``the script exited with status 1 at
+    train.py:9``, with what Python prints for a message (``sys.exit("no config")``)."""
+    at = f" at {line}" if line else ""
+    said = "" if code is None or isinstance(code, int) else f": {code}"
+    return f"the script exited with status {exit_status(code)}{at}{said}"
+
+
+def user_traceback(error: BaseException) -> tuple[str, ...]:
+    """The script's own frames of ``error``'s traceback, outermost first, as Python prints them (``File
+    "train.py", line 5, in <module>`` and the line's code): torch's, placecheck's, the standard
+    library's and installed packages' frames left out; empty when it has none."""
+    import linecache
+
+    lines: list[str] = []
+    tb = error.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if not is_internal(code) and not library_package(code):
+            lines.append(f'  File "{display_path(code.co_filename)}", line {tb.tb_lineno}, in {code.co_name}')
+            text = linecache.getline(code.co_filename, tb.tb_lineno).strip()
+            if text:
+                lines.append(f"    {text}")
+        tb = tb.tb_next
+    return tuple(lines)
 
 
 def script_args(args: Sequence[str]) -> tuple[str, ...]:
