@@ -91,8 +91,10 @@ test-cpu-build: $(CPU_STAMP)
 # register_buffer made a plain attribute, a CPU loss weight, an optimizer of a re-created model) are
 # each found at their line: tests/corpus_gate.py says how; it prints "programs clean N/N, mutants found
 # M/M" and fails on any miss. Without the corpus it prints a SKIPPED line and passes.
+# time_sequence_prediction plots with matplotlib: the bench extra brings it.
 CORPUS ?= ../shared/corpus
 test-corpus: install
+	$(PY) -m pip install --quiet $(TORCH) -e '.[bench]'
 	$(PY) tests/corpus_gate.py --corpus $(CORPUS) --workers 2
 
 # ---- the version matrix (issue 22): make test-compat ----------------------------------------------
