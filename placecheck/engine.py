@@ -38,18 +38,20 @@ import torch
 import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 
+from placecheck.calls import Kind, read_placement
 from placecheck.cudaapi import (
     CPU_ONLY_BUILD,
     SIMULATED_GPU_NAME,
     SimulatedEvent,
     SimulatedStream,
     cuda_queries_simulated,
+    current_index,
 )
 from placecheck.devices import device_index
 from placecheck.errors import UsageError
 from placecheck.options import EngineChoice
 from placecheck.shortcuts import fake_tensor
-from placecheck.tagged import move_destination, tagged_cuda, to_options
+from placecheck.tagged import tagged_cuda
 
 __all__ = ["SIMULATED_CUDA", "SIMULATED_CUDA_VALUES", "SIMULATED_GPU_NAME", "Engine", "EngineChoice",
            "SimulatedEvent", "SimulatedStream", "choose_engine", "cuda_queries_simulated", "fallback_engine",
@@ -254,6 +256,8 @@ def fake_tensor_like(fake_mode: Any, t: torch.Tensor, device: torch.device) -> t
 
 
 _META = torch.device("meta")
+_TENSOR_MOVES = frozenset({torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.type, torch.Tensor.type_as})
+"""The tensor moves this engine's mode makes itself (a CPU-only build refuses them to CUDA)."""
 _APPLY_CODE = nn.Module._apply.__code__
 """``Module._apply``: the one caller whose ``Parameter(t)`` of a fresh move is made in place."""
 
@@ -318,11 +322,11 @@ class _FakeCudaMoves(TorchFunctionMode):
             nn.Parameter.__new__ = original  # type: ignore[method-assign]
             fresh.clear()
 
-    def _shortcut(self, source: torch.Tensor, kwargs: dict[str, Any]) -> bool:
+    def _shortcut(self, source: torch.Tensor, memory_format: Any) -> bool:
         """Whether this move of ``source`` is made here (always on a CPU-only build)."""
         if not self.model_move:
             return True
-        if "memory_format" in kwargs:
+        if memory_format is not None:
             return False
         if source.device.type == "meta":
             return True
@@ -347,23 +351,24 @@ class _FakeCudaMoves(TorchFunctionMode):
     def __torch_function__(self, func: Callable[..., Any], types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
-        if func in (torch.Tensor.to, torch.Tensor.cuda) and args and isinstance(args[0], torch.Tensor) \
-                and self._shortcut(args[0], kwargs):
-            dest = move_destination(func, args, kwargs)
-            if dest is not None and dest.type == "cuda":
-                source: torch.Tensor = args[0]
-                options = to_options(args, kwargs) if func is torch.Tensor.to else {}
-                dtype = options.get("dtype") or source.dtype
-                if source.device == dest and dtype == source.dtype and not options.get("copy"):
-                    return source  # already there: .to() returns the tensor itself
-                moved = _fake_on(self.fake_mode, source, dest, dtype)
-                if source.requires_grad and torch.is_grad_enabled():
-                    moved.requires_grad_(True)
-                if self.model_move and source.device.type == "cpu":
-                    _known_values(moved, source, dtype)
-                if self.model_move:
-                    self.fresh[id(moved)] = moved
-                return moved
+        placement = read_placement(func, args, kwargs, current_index()) \
+            if func in _TENSOR_MOVES and args and isinstance(args[0], torch.Tensor) else None
+        if placement is not None and placement.kind is Kind.MOVE and placement.to_cuda \
+                and self._shortcut(args[0], placement.memory_format):
+            source: torch.Tensor = args[0]
+            dest = placement.device
+            assert dest is not None
+            dtype = placement.dtype or source.dtype
+            if source.device == dest and dtype == source.dtype and not placement.copy:
+                return source  # already there: .to() returns the tensor itself
+            moved = _fake_on(self.fake_mode, source, dest, dtype)
+            if source.requires_grad and torch.is_grad_enabled():
+                moved.requires_grad_(True)
+            if self.model_move and source.device.type == "cpu":
+                _known_values(moved, source, dtype)
+            if self.model_move:
+                self.fresh[id(moved)] = moved
+            return moved
         if not self.model_move and func in (torch.Tensor.__getitem__, torch.Tensor.__setitem__) and args \
                 and isinstance(args[0], torch.Tensor) and args[0].device.type == "cuda":
             return self._index(func, args)
