@@ -166,8 +166,10 @@ def legacy_type(value: Any) -> tuple[bool, torch.dtype] | None:
     """(is CUDA, dtype) of a legacy tensor type given as the class or its ``"torch.cuda.FloatTensor"`` name."""
     if isinstance(value, str):
         value = _LEGACY_TYPES.get(value)
-    if value is None or not isinstance(value, type) or value not in _LEGACY_CLASSES:
+    if value is None or not isinstance(value, type):
         return None
+    if value not in _LEGACY_CLASSES and not getattr(value, "simulates_legacy_type", False):
+        return None  # (a session's stand-in for torch.cuda.FloatTensor says so)
     return bool(value.is_cuda), value.dtype
 
 
@@ -239,7 +241,7 @@ def _tensor_move(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], curre
         if not isinstance(other, torch.Tensor):
             return None
         return Placement(Kind.MOVE, other.device, other.dtype, source=source)
-    if func is torch.Tensor.type or func is _TENSOR_TYPE:
+    if func is _TENSOR_TYPE or func is torch.Tensor.type:
         wanted = legacy_type(args[1] if len(args) > 1 else kwargs.get("dtype"))
         if wanted is None:  # no argument (the name asked), or a torch.dtype: the device stays
             return None
@@ -280,7 +282,7 @@ def read_placement(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict
 
     ``current``: the (simulated) current CUDA index, where ``"cuda"`` without an index goes.
     """
-    if func in _TENSOR_MOVES or func is _TENSOR_TYPE:
+    if func in _TENSOR_MOVES or func is torch.Tensor.type:  # (the attribute a session may patch)
         return _tensor_move(func, args, kwargs, current)
     if func in _MODULE_MOVES:
         return read_module_move(func, args, kwargs, current)

@@ -10,7 +10,14 @@ internals keep the real answers.
 
 Both simulating engines (fake tensors in :mod:`placecheck.engine`, real values
 in :mod:`placecheck.tagged`) enter :func:`cuda_queries_simulated`; this module
-imports no other placecheck module but :mod:`placecheck.devices` and :mod:`placecheck.compat`.
+imports no other placecheck module but :mod:`placecheck.devices`, :mod:`placecheck.classify`,
+:mod:`placecheck.calls` and :mod:`placecheck.compat`.
+
+Legacy CUDA types (``torch.cuda.FloatTensor(2, 3)``, ``x.type(torch.cuda.HalfTensor)``,
+``x.type("torch.cuda.FloatTensor")``) need a driver whatever the engine; under simulation they are the
+moves they stand for (:func:`_legacy_cuda_types`, :func:`_tensor_type`), which each engine simulates.
+A default device the script sets (``torch.set_default_device("cuda")``) is the simulated one during the
+session and is undone when it ends (:func:`_default_device_kept`).
 
 Not reentrant: one simulated session at a time per process.
 """
@@ -31,7 +38,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from placecheck.classify import FORKED_CUDA, ForkedCudaError, InvalidDeviceError
-from placecheck.compat import cudnn_disabled
+from placecheck.calls import legacy_type
+from placecheck.compat import cudnn_disabled, default_device, legacy_tensor_types
 from placecheck.devices import device_index
 
 
@@ -452,6 +460,10 @@ def cuda_queries_simulated(gpus: int, strict: bool = False) -> Iterator[None]:
         stack.enter_context(mock.patch.object(torch.Tensor, "pin_memory", _pinned_copy))
         stack.enter_context(mock.patch.object(torch.Tensor, "record_stream", _record_stream))
         stack.enter_context(cudnn_disabled())
+        stack.enter_context(mock.patch.object(torch.Tensor, "type", _tensor_type(torch.Tensor.type)))
+        for name, legacy in _legacy_cuda_types().items():
+            stack.enter_context(mock.patch.object(torch.cuda, name, legacy))
+        stack.enter_context(_default_device_kept())
         if CPU_ONLY_BUILD:
             stack.enter_context(warnings.catch_warnings())
             warnings.filterwarnings("ignore", message=re.escape(_AUTOCAST_DISABLED_WARNING))
@@ -467,6 +479,66 @@ def _gpu_count(gpus: int, strict: bool) -> Iterator[None]:
     finally:
         _gpus[:] = before[0]
         _initialised[0] = before[1]
+
+
+class _LegacyCudaType(type):
+    """A legacy CUDA tensor type under simulation: ``torch.cuda.FloatTensor(2, 3)`` is its CPU type's
+    tensor moved to the current CUDA device; ``isinstance(t, torch.cuda.FloatTensor)`` asks the visible
+    device and the dtype."""
+
+    dtype: torch.dtype
+    host: Any
+    is_cuda = True
+    simulates_legacy_type = True
+
+    def __instancecheck__(cls, obj: Any) -> bool:
+        return isinstance(obj, torch.Tensor) and obj.device.type == "cuda" and obj.dtype == cls.dtype
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        device = kwargs.pop("device", None)
+        target = torch.device("cuda", current_index()) if device is None else torch.device(device)
+        return cls.host(*args, **kwargs).to(target)
+
+
+def _legacy_cuda_types() -> dict[str, type]:
+    """``torch.cuda.<X>Tensor`` for each legacy CUDA type PyTorch has, as :class:`_LegacyCudaType`s."""
+    hosts = {(c.dtype, c.__module__): c for c in legacy_tensor_types() if not c.is_cuda}
+    found: dict[str, type] = {}
+    for c in legacy_tensor_types():
+        host = hosts.get((c.dtype, "torch"))
+        if c.is_cuda and c.__module__ == "torch.cuda" and host is not None:
+            found[c.__name__] = _LegacyCudaType(c.__name__, (), {"dtype": c.dtype, "host": host,
+                                                                  "__module__": "torch.cuda"})
+    return found
+
+
+def _tensor_type(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``Tensor.type(t)``: to a legacy CUDA type (a class or its name), the move it stands for (each engine
+    simulates ``.to``); anything else as torch does it."""
+    def type(self: torch.Tensor, dtype: Any = None, non_blocking: bool = False, **kwargs: Any) -> Any:
+        if dtype is None:
+            return original(self, **kwargs)  # the name asked
+        wanted = legacy_type(dtype)
+        if wanted is None or not wanted[0]:
+            return original(self, dtype, non_blocking, **kwargs)
+        here = self.device
+        device = here if here.type == "cuda" else torch.device("cuda", current_index())
+        if here == device and self.dtype == wanted[1]:
+            return self  # already of that type: the tensor itself, as torch returns it
+        return self.to(device=device, dtype=wanted[1], non_blocking=non_blocking)
+    type.__doc__ = original.__doc__
+    return type
+
+
+@contextlib.contextmanager
+def _default_device_kept() -> Iterator[None]:
+    """A default device the script sets (``torch.set_default_device``) ends with the session."""
+    before = default_device()
+    try:
+        yield
+    finally:
+        if default_device() != before:
+            torch.set_default_device(before)
 
 
 def _pinned_copy(self: torch.Tensor, device: Any = None) -> torch.Tensor:

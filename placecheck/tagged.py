@@ -113,7 +113,7 @@ class SimulatedTensor(torch.Tensor):
             return args[0]._pc_device.index if isinstance(args[0], SimulatedTensor) else -1
         if func is torch.Tensor.__deepcopy__ and args and isinstance(args[0], SimulatedTensor):
             return _deepcopy(args[0], args[1] if len(args) > 1 else kwargs["memo"])
-        if func is _TENSOR_TYPE and len(args) == 1 and kwargs.get("dtype") is None \
+        if (func is _TENSOR_TYPE or func is torch.Tensor.type) and (len(args) == 1 or args[1] is None) and kwargs.get("dtype") is None \
                 and isinstance(args[0], SimulatedTensor):
             return legacy_type_name(args[0])  # x.type(): "torch.cuda.FloatTensor", as on a GPU
         if func is torch.Tensor.__repr__ and isinstance(args[0], SimulatedTensor):
