@@ -113,6 +113,12 @@ RUN_SPELLINGS = [
     Spelling("torch.set_default_device(device)",
              {"prelude": "torch.set_default_device(device)", "model": "", "batch": "x = torch.randn(5, 4)"},
              {"prelude": "", "batch": "x = torch.randn(5, 4, device=device)"}),
+    *(Spelling(f"torch.load(map_location={where})", {
+        "prelude": 'torch.save(torch.randn(5, 4), __file__ + ".pt")',
+        "batch": f'x = torch.load(__file__ + ".pt", map_location={where})'},
+        {"batch": 'x = torch.load(__file__ + ".pt", map_location="cpu")'})
+      for where in ('"cuda:0"', "device", '{"cpu": "cuda:0"}', "lambda storage, location: storage.cuda(0)",
+                    "lambda storage, location: storage.cuda()")),
     Spelling("copy.deepcopy(model) after the move",
              {"model": "net.to(device)\nema = copy.deepcopy(net)", "loss": "net(x).sum() + ema(x).sum()"},
              {"model": "ema = copy.deepcopy(net)\nnet.to(device)", "loss": "net(x).sum() + ema(x).sum()"}),
