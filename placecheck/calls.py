@@ -15,8 +15,8 @@ call                              read with
                                   ``_parse_to`` refuses, is taken out first (the second positional ``bool``
                                   of every signature, or the keyword). A tensor argument gives its dtype and
                                   its *visible* device (a simulated tensor reports the simulated one).
-``Tensor.cuda``, ``Module.cuda``  ``device=None|int|str|torch.device``: ``torch.cuda._utils._get_device_index``
-                                  semantics (None: the current device)
+``Tensor.cuda``, ``Module.cuda``  ``device=None|int|str|torch.device``, as ``torch.cuda._utils.``
+                                  ``_get_device_index`` reads it (None: the current device)
 ``Tensor.cpu``, ``Module.cpu``    the CPU
 ``Tensor.type(t)``, ``type_as``   the legacy type classes ``torch._tensor_classes`` (each has ``is_cuda`` and
                                   ``dtype``), by object or by ``module.name`` string; ``type_as(o)`` is
@@ -39,7 +39,6 @@ index, as on a CUDA build of torch.
 from __future__ import annotations
 
 import enum
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -163,14 +162,15 @@ _LEGACY_TYPES: dict[str, Any] = {f"{c.__module__}.{c.__name__}": c for c in _LEG
 
 
 def legacy_type(value: Any) -> tuple[bool, torch.dtype] | None:
-    """(is CUDA, dtype) of a legacy tensor type given as the class or its ``"torch.cuda.FloatTensor"`` name."""
+    """(is CUDA, dtype) of a legacy tensor type: the class, or its name (``"torch.cuda.FloatTensor"``)."""
     if isinstance(value, str):
         value = _LEGACY_TYPES.get(value)
     if value is None or not isinstance(value, type):
         return None
     if value not in _LEGACY_CLASSES and not getattr(value, "simulates_legacy_type", False):
         return None  # (a session's stand-in for torch.cuda.FloatTensor says so)
-    return bool(value.is_cuda), value.dtype
+    legacy: Any = value
+    return bool(legacy.is_cuda), legacy.dtype
 
 
 def legacy_type_name(t: torch.Tensor) -> str:

@@ -37,8 +37,8 @@ from unittest import mock
 import torch
 from torch.overrides import TorchFunctionMode
 
+from placecheck.calls import Kind, legacy_type, read_placement
 from placecheck.classify import FORKED_CUDA, ForkedCudaError, InvalidDeviceError
-from placecheck.calls import legacy_type
 from placecheck.compat import cudnn_disabled, default_device, legacy_tensor_types
 from placecheck.devices import device_index
 
@@ -196,13 +196,6 @@ def _device_of(obj: Any) -> _SimulatedDeviceContext:
                                    else None)
 
 
-def _on_cuda(device: Any) -> bool:
-    """``device`` names CUDA without an index (``"cuda"``, ``torch.device("cuda")``)."""
-    if isinstance(device, str):
-        return device == "cuda"
-    return isinstance(device, torch.device) and device.type == "cuda" and device.index is None
-
-
 class CurrentDeviceMoves(TorchFunctionMode):
     """``device="cuda"``, ``.to("cuda")`` and ``.cuda()`` go to the simulated current device, as on a
     GPU (fake tensors would send them to ``cuda:0`` whatever the current device is); ``device=1`` is
@@ -210,24 +203,19 @@ class CurrentDeviceMoves(TorchFunctionMode):
 
     Entered around each replica's audit (:mod:`placecheck.placement.replicas`), below the engine's
     modes: a mode costs every op a Python call, which a one-GPU audit need not pay. The real-valued
-    engine asks :func:`current_index` itself.
+    engine asks :func:`current_index` itself. Each call is read by :func:`placecheck.calls.read_placement`.
     """
 
     def __torch_function__(self, func: Callable[..., Any], types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
-        index = _current[0]
-        device = kwargs.get("device")
-        if isinstance(device, int) and not isinstance(device, bool):  # device=torch.cuda.current_device()
-            kwargs = {**kwargs, "device": torch.device("cuda", device)}  # (a CPU-only build has no index)
-        if index:
-            here = torch.device("cuda", index)
-            if _on_cuda(kwargs.get("device")):
-                kwargs = {**kwargs, "device": here}
-            if func is torch.Tensor.cuda and len(args) < 2 and kwargs.get("device") is None:
-                kwargs = {**kwargs, "device": here}
-            elif func is torch.Tensor.to and len(args) > 1 and _on_cuda(args[1]):
-                args = (args[0], here, *args[2:])
+        placement = read_placement(func, args, kwargs, _current[0])  # (the device resolved: cuda:current)
+        if placement is not None and placement.to_cuda:
+            if placement.kind is Kind.FACTORY:
+                kwargs = {**kwargs, "device": placement.device}
+            elif placement.kind is Kind.MOVE and func in (torch.Tensor.to, torch.Tensor.cuda):
+                return torch.Tensor.to(args[0], placement.device, non_blocking=placement.non_blocking,
+                                       **placement.to_options())
         return func(*args, **kwargs)
 
 

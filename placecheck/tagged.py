@@ -48,8 +48,8 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from placecheck.calls import Kind, Placement, as_device, legacy_type_name, parsed, read_placement
 from placecheck.callbacks import called_back, in_callbacks
+from placecheck.calls import Kind, Placement, as_device, legacy_type_name, parsed, read_placement
 from placecheck.classify import (
     DeviceMismatchError,
     copies_between_devices,
@@ -113,8 +113,8 @@ class SimulatedTensor(torch.Tensor):
             return args[0]._pc_device.index if isinstance(args[0], SimulatedTensor) else -1
         if func is torch.Tensor.__deepcopy__ and args and isinstance(args[0], SimulatedTensor):
             return _deepcopy(args[0], args[1] if len(args) > 1 else kwargs["memo"])
-        if (func is _TENSOR_TYPE or func is torch.Tensor.type) and (len(args) == 1 or args[1] is None) and kwargs.get("dtype") is None \
-                and isinstance(args[0], SimulatedTensor):
+        if (func is _TENSOR_TYPE or func is torch.Tensor.type) and (len(args) == 1 or args[1] is None) \
+                and kwargs.get("dtype") is None and isinstance(args[0], SimulatedTensor):
             return legacy_type_name(args[0])  # x.type(): "torch.cuda.FloatTensor", as on a GPU
         if func is torch.Tensor.__repr__ and isinstance(args[0], SimulatedTensor):
             # through __torch_function__ (no __repr__ override), so that a mode sees printing
@@ -169,7 +169,7 @@ def _result_device(func: Callable[..., Any], args: tuple[Any, ...],
     tensor (``device="cpu"`` given, as in ``torch.empty_like(t, device="cpu")``, is the CPU whatever
     ``t`` is on)."""
     device = kwargs.get("device")
-    if device is not None and not getattr(as_device(device), "type", None) == "cuda":
+    if device is not None and getattr(as_device(device), "type", None) != "cuda":
         return None
     simulated: torch.device | None = None
     plain: list[tuple[int, torch.Tensor]] = []

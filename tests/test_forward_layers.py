@@ -21,7 +21,8 @@ import pytest
 pytestmark = pytest.mark.cpu_build  # runs on the CPU-only torch build too (Makefile: test-cpu-build)
 
 PACKAGE = Path(__file__).parents[1] / "placecheck"
-ORDER = ["compat", "callbacks", "sources", "classify", "host_syncs", "calls", "cudaapi", "tagged", "shortcuts",
+ORDER = ["compat", "callbacks", "sources", "classify", "host_syncs", "calls", "cudaapi", "tagged",
+         "shortcuts",
          "datadep", "reuse", "engine", "provenance", "events", "hostcopies", "forward_checks", "trace"]
 BASICS = {"errors", "finding", "rules", "devices", "walk", "options", "placement"}
 """Modules any layer may use: torch-free basics, the walk's result the tracer starts from, and

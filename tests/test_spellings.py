@@ -99,7 +99,8 @@ RUN_SPELLINGS = [
         "x = torch.randn(5, 4).type_as(net[0].weight)", "x = torch.randn(5, 4, device=0)",
         'x = torch.randn(5, 4, device="cuda")', "x = torch.rand_like(torch.empty(5, 4, device=device))",
         "x = net[0].weight.new_empty(5, 4).normal_()", "x = net[0].weight.new_tensor([[1.0] * 4] * 5)",
-        "x = torch.tensor([[1.0] * 4] * 5, device=device)", "x = torch.as_tensor([[1.0] * 4] * 5, device=device)",
+        "x = torch.tensor([[1.0] * 4] * 5, device=device)",
+        "x = torch.as_tensor([[1.0] * 4] * 5, device=device)",
         "x = torch.asarray([[1.0] * 4] * 5, device=device)", "x = torch.cuda.FloatTensor(5, 4).normal_()",
         # (non_blocking: a blocking copy_ between host and device is a host sync, PC204 info)
         "x = torch.zeros(5, 4, device=device).copy_(torch.randn(5, 4), non_blocking=True)",
@@ -174,7 +175,8 @@ def _ran(folder: str, index: int, variant: str, engine: str) -> tuple[Any, int, 
     text = _program(fields)
     path = Path(folder) / f"spelling_{index}_{variant}.py"
     path.write_text(text, encoding="utf-8")
-    return run(os.path.relpath(path), engine=engine, steps=2), _expected(spelling, text, fields, path.name), path.name
+    report = run(os.path.relpath(path), engine=engine, steps=2)
+    return report, _expected(spelling, text, fields, path.name), path.name
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -233,7 +235,8 @@ AUDIT_SPELLINGS = [
         "m = torch.tensor([1.0, 2.0, 3.0, 4.0], device=x.device)", "m = torch.randn(4, device=x.device)",
         "m = torch.empty(4, device=x.device).fill_(1.0)", "m = torch.ones(4, device=x.get_device())",
         'm = torch.ones(4, device=f"cuda:{x.get_device()}")', "m = x.new_ones(4)", "m = x.new_zeros(4)",
-        "m = x.new_full((4,), 3.0)", "m = x.new_empty(4).fill_(0.5)", "m = x.new_tensor([1.0, 2.0, 3.0, 4.0])",
+        "m = x.new_full((4,), 3.0)", "m = x.new_empty(4).fill_(0.5)",
+        "m = x.new_tensor([1.0, 2.0, 3.0, 4.0])",
         "m = torch.ones_like(x[0])", "m = torch.zeros_like(x[0], device=x.device)",
         "m = torch.full_like(x[0], 2.0)", "m = torch.ones(4, device=self.lin.weight.device)")),
     Spelling("forward: with torch.device(x.device)",
@@ -244,7 +247,8 @@ AUDIT_SPELLINGS = [
                                            "use": "self.m"},
              {"init": "self.m = torch.ones(4)", "make": "", "use": "self.m"}, LEFT_BEHIND),
     Spelling("__init__: register_buffer(persistent=False)",
-             {"init": 'self.register_buffer("m", torch.ones(4), persistent=False)', "make": "", "use": "self.m"},
+             {"init": 'self.register_buffer("m", torch.ones(4), persistent=False)', "make": "",
+              "use": "self.m"},
              {"init": "self.m = torch.ones(4)", "make": "", "use": "self.m"}, LEFT_BEHIND),
     Spelling("__init__: nn.Parameter", {"init": "self.m = nn.Parameter(torch.ones(4))", "make": "",
                                         "use": "self.m"},
@@ -306,7 +310,8 @@ TENSOR_SPELLINGS = [
     ((torch.Tensor.to, (_T,), {"device": 1}), (_CUDA1, None, False)),
     ((torch.Tensor.to, (_T, torch.device("cuda", 0), torch.half), {}), (_CUDA0, torch.half, False)),
     ((torch.Tensor.to, (_T, "cuda:0", torch.half, True, True), {}), (_CUDA0, torch.half, True)),
-    ((torch.Tensor.to, (_T,), {"dtype": torch.half, "device": "cuda:0", "copy": True}), (_CUDA0, torch.half, True)),
+    ((torch.Tensor.to, (_T,), {"dtype": torch.half, "device": "cuda:0", "copy": True}),
+     (_CUDA0, torch.half, True)),
     ((torch.Tensor.to, (_T, _HALF), {}), (_CPU, torch.half, False)),
     ((torch.Tensor.to, (_T,), {"tensor": _HALF}), (_CPU, torch.half, False)),
     ((torch.Tensor.to, (_T, torch.half), {}), (None, torch.half, False)),
@@ -348,7 +353,8 @@ def test_a_refused_spelling_is_no_placement_and_torch_raises_its_own_error() -> 
     (torch.nn.Module.cuda, (), {"device": torch.device("cuda", 0)}, _CUDA0),
     (torch.nn.Module.cpu, (), {}, _CPU),
 ])
-def test_every_module_move_spelling(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], device: Any) -> None:
+def test_every_module_move_spelling(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                                    device: Any) -> None:
     net = torch.nn.Linear(1, 1)
     placement = read_module_move(func, (net, *args), kwargs, current=1)
     assert placement is not None and placement.kind is Kind.MODULE_MOVE and placement.device == device

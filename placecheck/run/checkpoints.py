@@ -187,7 +187,7 @@ class Checkpoints:
 
         line = here()[0]
         if map_location is None and (isinstance(f, str | bytes) or hasattr(f, "__fspath__")) \
-                and os.path.abspath(f) not in self.saved:  # (a file this run saved: from this machine's devices)
+                and os.path.abspath(f) not in self.saved:  # (a file this run saved: this machine's devices)
             try:
                 meta = read_checkpoint(f)
             except (PlacecheckError, OSError):
@@ -240,7 +240,8 @@ class Checkpoints:
         elif callable(map_location):
             probe = _StorageProbe()
             returned = map_location(probe, saved)
-            target = probe.device if returned is probe or returned is None else getattr(returned, "device", "cpu")
+            target = probe.device if returned is probe or returned is None \
+                else getattr(returned, "device", "cpu")
         else:
             target = "cpu"
         return as_device(target, current_index()) or torch.device("cpu")
