@@ -111,6 +111,11 @@ class SimulatedTensor(torch.Tensor):
             args = (args[0], _gradient_hook(args[1], args[0]._pc_device))
         if func is torch.Tensor.get_device:
             return args[0]._pc_device.index if isinstance(args[0], SimulatedTensor) else -1
+        if func is torch.Tensor.module_load and len(args) > 1:
+            # load_state_dict's per-tensor step, as torch/_tensor.py writes it: the loaded tensor itself
+            # (assign=True, on its own device) or a copy into the parameter (on the parameter's)
+            assign = args[2] if len(args) > 2 else kwargs.get("assign", False)
+            return args[1].detach() if assign else args[0].copy_(args[1]).detach()
         if func is torch.Tensor.__deepcopy__ and args and isinstance(args[0], SimulatedTensor):
             return _deepcopy(args[0], args[1] if len(args) > 1 else kwargs["memo"])
         if (func is _TENSOR_TYPE or func is torch.Tensor.type) and (len(args) == 1 or args[1] is None) \

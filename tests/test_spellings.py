@@ -86,7 +86,9 @@ RUN_SPELLINGS = [
         "net.to(device, non_blocking=True)", "net.to(torch.empty(0, device=device))",
         "net.to(memory_format=torch.channels_last).to(device=device)", "net.cuda()", "net.cuda(0)",
         "net.cuda(device=0)", "net.cuda(device)", "net.to_empty(device=device)",
-        "torch.cuda.set_device(0); net.cuda()", "net = net.half().to(device).float()")),
+        "torch.cuda.set_device(0); net.cuda()", "net = net.half().to(device).float()",
+        "net.load_state_dict({k: v.to(device) for k, v in net.state_dict().items()}, assign=True)",
+        "net.to_empty(device=device).apply(lambda m: getattr(m, 'reset_parameters', lambda: None)())")),
     *(_batch(line) for line in (
         "x = torch.randn(5, 4).to(device)", "x = torch.randn(5, 4).to(device=device)",
         "x = torch.randn(5, 4).to(device, non_blocking=True)", "x = torch.randn(5, 4).to(0)",
