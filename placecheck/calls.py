@@ -39,6 +39,7 @@ index, as on a CUDA build of torch.
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -276,12 +277,21 @@ def read_module_move(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
     return Placement(Kind.MODULE_MOVE, device, dtype, non_blocking, False, memory_format, module)
 
 
+@functools.cache
+def _constructors() -> frozenset[Any]:
+    return frozenset(device_constructors())
+
+
 def read_placement(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
                    current: int = 0) -> Placement | None:
     """What ``func(*args, **kwargs)`` does to devices, or None when it places nothing.
 
     ``current``: the (simulated) current CUDA index, where ``"cuda"`` without an index goes.
     """
+    try:
+        hash(func)
+    except TypeError:
+        return None
     if func in _TENSOR_MOVES or func is torch.Tensor.type:  # (the attribute a session may patch)
         return _tensor_move(func, args, kwargs, current)
     if func in _MODULE_MOVES:
@@ -302,7 +312,7 @@ def read_placement(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict
             device = as_device(kwargs["device"], current)
             return None if device is None else Placement(Kind.FACTORY, device, kwargs.get("dtype"))
         return None
-    if func in device_constructors():
+    if func in _constructors():
         default = default_device()
         if default is not None:
             return Placement(Kind.FACTORY, resolved(default, current), kwargs.get("dtype"))

@@ -41,7 +41,7 @@ import torch
 import torch.nn as nn
 device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 {prelude}
-net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+{build}
 {model}
 opt = torch.optim.SGD(net.parameters(), lr=0.1)
 for _ in range(2):
@@ -52,8 +52,9 @@ for _ in range(2):
     opt.step()
 {after}
 """
-RUN_FIELDS = {"prelude": "", "model": "net.to(device)", "batch": "x = torch.randn(5, 4, device=device)",
-              "loss": "net(x).sum()", "after": ""}
+NET = "net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))"
+RUN_FIELDS = {"prelude": "", "build": NET, "model": "net.to(device)",
+              "batch": "x = torch.randn(5, 4, device=device)", "loss": "net(x).sum()", "after": ""}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,6 +114,8 @@ RUN_SPELLINGS = [
     Spelling("batch: with torch.cuda.device(0)",
              {"batch": "with torch.cuda.device(0):\n        x = torch.randn(5, 4).cuda()"},
              {"batch": "with torch.cuda.device(0):\n        x = torch.randn(5, 4)"}),
+    Spelling("module built in with torch.device(device)",
+             {"build": f"with torch.device(device):\n    {NET}", "model": ""}, {"build": NET}),
     Spelling("torch.set_default_device(device)",
              {"prelude": "torch.set_default_device(device)", "model": "", "batch": "x = torch.randn(5, 4)"},
              {"prelude": "", "batch": "x = torch.randn(5, 4, device=device)"}),
