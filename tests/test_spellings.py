@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.compat]
 
 ENGINES = [
     pytest.param("fake", marks=pytest.mark.skipif(
-        torch.version.cuda is None, reason="the CPU-only torch build refuses the fake engine's CUDA moves")),
+        torch.version.cuda is None, reason="run refuses --engine fake on a CPU-only torch build")),
     "tagged",
 ]
 
