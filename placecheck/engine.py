@@ -352,7 +352,11 @@ class _FakeCudaMoves(TorchFunctionMode):
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
         placement = read_placement(func, args, kwargs, current_index()) \
-            if func in _TENSOR_MOVES and args and isinstance(args[0], torch.Tensor) else None
+            if (func in _TENSOR_MOVES and args and isinstance(args[0], torch.Tensor)) or "device" in kwargs \
+            else None
+        if placement is not None and placement.kind is Kind.FACTORY and placement.to_cuda:
+            # device=0 is cuda:0 as on a CUDA build (a CPU-only build reads an int as an accelerator)
+            return func(*args, **{**kwargs, "device": placement.device})
         if placement is not None and placement.kind is Kind.MOVE and placement.to_cuda \
                 and self._shortcut(args[0], placement.memory_format):
             source: torch.Tensor = args[0]
