@@ -182,7 +182,7 @@ def _ran(folder: str, index: int, variant: str, engine: str) -> tuple[Any, int, 
     text = _program(fields)
     path = Path(folder) / f"spelling_{index}_{variant}.py"
     path.write_text(text, encoding="utf-8")
-    report = run(os.path.relpath(path), engine=engine, steps=2)
+    report = run(os.path.relpath(path), engine=engine, steps=0)  # to its end: the lines after the loop too
     return report, _expected(spelling, text, fields, path.name), path.name
 
 
@@ -192,7 +192,8 @@ def test_run_correct_spelling_is_clean(programs: Path, index: int, engine: str) 
     report, _, name = _ran(str(programs), index, "correct", engine)
     assert report.findings == (), [(f.code, f.source, f.message) for f in report.findings]
     assert not [n for n in report.notes if n.startswith("run: stopped at")], report.notes
-    assert dict(report.stats)["optimizer_steps"] == 2, (name, report.notes)
+    assert dict(report.stats)["optimizer_steps"] >= 2, (name, report.notes)
+    assert any(n.startswith("run: the script ran to its end") for n in report.notes), report.notes
 
 
 @pytest.mark.parametrize("engine", ENGINES)
