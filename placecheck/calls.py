@@ -31,6 +31,9 @@ default device                    ``torch.set_default_device`` / ``with torch.de
 ``copy_``, ``resize_``, ``set_``  in place: the holder keeps its device
 ================================  ==========================================================================
 
+``torch.load(map_location=...)`` is read where loads are simulated (:mod:`placecheck.run.checkpoints`),
+its devices with :func:`as_device`.
+
 A device naming ``cuda`` without an index is the current device (``torch.cuda.set_device``,
 ``torch.cuda.device(i)``): the caller passes the simulated current index. An ``int`` device is a CUDA
 index, as on a CUDA build of torch.

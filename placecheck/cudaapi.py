@@ -37,7 +37,7 @@ from unittest import mock
 import torch
 from torch.overrides import TorchFunctionMode
 
-from placecheck.calls import Kind, legacy_type, read_placement
+from placecheck.calls import Kind, as_device, legacy_type, read_placement
 from placecheck.classify import FORKED_CUDA, ForkedCudaError, InvalidDeviceError
 from placecheck.compat import cudnn_disabled, default_device, legacy_tensor_types
 from placecheck.devices import device_index
@@ -164,13 +164,10 @@ def current_device(index: int) -> Iterator[None]:
 
 
 def _index_of(device: Any) -> int | None:
-    """The CUDA index ``torch.cuda.device(...)``/``set_device(...)`` select; None: keep the current one."""
-    if isinstance(device, int) and not isinstance(device, bool):
-        return device if device >= 0 else None
-    if isinstance(device, str | torch.device):
-        dev = torch.device(device)
-        return dev.index if dev.type == "cuda" else None
-    return None
+    """The CUDA index ``torch.cuda.device(...)``/``set_device(...)`` select; None: keep the current one
+    (a negative index, ``"cuda"`` without one, a CPU device)."""
+    dev = as_device(device, _current[0])
+    return dev.index if dev is not None and dev.type == "cuda" else None
 
 
 class _SimulatedDeviceContext:
