@@ -397,3 +397,19 @@ def test_a_default_device_the_script_sets_ends_with_its_run(engine: str) -> None
     report = run(main, engine=engine)
     assert report.findings == () and not [n for n in report.notes if n.startswith("run: stopped at")]
     assert torch.get_default_device() == _CPU and torch.zeros(1).device == _CPU
+
+
+@pytest.mark.parametrize("engine", AUDIT_ENGINES)
+def test_legacy_cuda_types_are_the_moves_they_stand_for(engine: str) -> None:
+    from placecheck.engine import EngineChoice, choose_engine
+
+    original = torch.cuda.FloatTensor
+    with choose_engine("cuda:0", EngineChoice(engine)).session():
+        made = torch.cuda.FloatTensor(2, 3)
+        assert made.device == _CUDA0 and made.shape == (2, 3) and made.dtype == torch.float32
+        assert isinstance(made, torch.cuda.FloatTensor) and not isinstance(made, torch.cuda.HalfTensor)
+        assert made.type() == "torch.cuda.FloatTensor" and torch.zeros(1).type() == "torch.FloatTensor"
+        cast = torch.zeros(2).type("torch.cuda.HalfTensor")
+        assert cast.device == _CUDA0 and cast.dtype == torch.half
+        assert cast.type(torch.FloatTensor).device == _CPU
+    assert torch.cuda.FloatTensor is original
