@@ -238,11 +238,12 @@ def _move(placement: Placement, dest: torch.device) -> torch.Tensor:
     options = placement.to_options()
     with DisableTorchFunctionSubclass():
         data = source.as_subclass(torch.Tensor) if simulated else source
-        out = torch.Tensor.to(data, **options) if options else data
-        if dest.type != "cuda":
+        if dest.type != "cuda":  # the CPU (or meta): a real move of the data
+            out = torch.Tensor.to(data, dest, **options)
             if simulated and out.data_ptr() == data.data_ptr():
                 out = out.clone()  # a device-to-host copy never aliases the device tensor
             return out
+        out = torch.Tensor.to(data, **options) if options else data
         if simulated and source._pc_device == dest and out is data:
             return source  # type: ignore[no-any-return]  # already there: .to() returns itself
         _cuda_used()
