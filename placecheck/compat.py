@@ -264,6 +264,43 @@ def parse_to(*args: Any, **kwargs: Any) -> tuple[Any, ...]:
     return tuple(torch._C._nn._parse_to(*args, **kwargs))
 
 
+def default_device() -> Any:
+    """The default device ``torch.set_default_device`` or ``with torch.device(...):`` set (a
+    ``torch.device``, maybe without an index), or None when none is set (the CPU)."""
+    from torch.utils import _device
+
+    return _device.CURRENT_DEVICE
+
+
+def device_constructors() -> set[Any]:
+    """torch's own table of the factories that the default device applies to when they are given no
+    ``device`` (``torch.utils._device._device_constructors``, cached by torch)."""
+    from torch.utils import _device
+
+    return _device._device_constructors()  # type: ignore[no-any-return]
+
+
+def op_arguments(name: str) -> list[tuple[str, str]]:
+    """``(name, type)`` of every argument of every overload of the aten op ``name`` (its schema:
+    ``torch.ops.aten.<name>.<overload>._schema``); [] when aten has no op of that name."""
+    import torch
+
+    try:
+        packet = getattr(torch.ops.aten, name)
+        return [(a.name, str(a.type)) for overload in packet.overloads()
+                for a in getattr(packet, overload)._schema.arguments]
+    except (AttributeError, RuntimeError):
+        return []
+
+
+def legacy_tensor_types() -> frozenset[Any]:
+    """PyTorch's legacy tensor type classes (``torch.FloatTensor``, ``torch.cuda.HalfTensor`` ...:
+    ``torch._tensor_classes``), each with ``is_cuda`` and ``dtype``."""
+    import torch
+
+    return frozenset(torch._tensor_classes)
+
+
 # ---- checkpoints ---------------------------------------------------------------------------------
 
 def weights_only_allowed_globals() -> frozenset[str]:

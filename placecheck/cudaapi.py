@@ -12,6 +12,12 @@ Both simulating engines (fake tensors in :mod:`placecheck.engine`, real values
 in :mod:`placecheck.tagged`) enter :func:`cuda_queries_simulated`. Every replacement goes through
 :func:`placecheck.patching.patch`, with its reason.
 
+Legacy CUDA types (``torch.cuda.FloatTensor(2, 3)``, ``x.type(torch.cuda.HalfTensor)``,
+``x.type("torch.cuda.FloatTensor")``) need a driver whatever the engine; under simulation they are the
+moves they stand for (:func:`_legacy_cuda_types`, :func:`_tensor_type`), which each engine simulates.
+A default device the script sets (``torch.set_default_device("cuda")``) is the simulated one during the
+session and is undone when it ends (:func:`_default_device_kept`).
+
 Not reentrant: one simulated session at a time per process.
 """
 
@@ -29,8 +35,9 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
+from placecheck.calls import Kind, as_device, legacy_type, read_placement
 from placecheck.classify import FORKED_CUDA, ForkedCudaError, InvalidDeviceError, RefusedOnDeviceError
-from placecheck.compat import cudnn_disabled
+from placecheck.compat import cudnn_disabled, default_device, legacy_tensor_types
 from placecheck.devices import device_index
 from placecheck.patching import patch
 
@@ -38,6 +45,8 @@ _WHY_QUERIES = ("model code asks torch.cuda / torch.accelerator how many GPUs th
                 "current; without a driver the real functions say none, and the code would take its CPU path")
 _WHY_DRIVER = ("page-locked memory and the allocator's stream hint need a driver; neither changes where a "
                "tensor is")
+_WHY_LEGACY = ("the legacy CUDA types (torch.cuda.FloatTensor, x.type('torch.cuda.FloatTensor')) need a "
+               "driver whatever the engine; they are the moves they stand for")
 
 
 class SimulatedStream:
@@ -161,13 +170,10 @@ def current_device(index: int) -> Iterator[None]:
 
 
 def _index_of(device: Any) -> int | None:
-    """The CUDA index ``torch.cuda.device(...)``/``set_device(...)`` select; None: keep the current one."""
-    if isinstance(device, int) and not isinstance(device, bool):
-        return device if device >= 0 else None
-    if isinstance(device, str | torch.device):
-        dev = torch.device(device)
-        return dev.index if dev.type == "cuda" else None
-    return None
+    """The CUDA index ``torch.cuda.device(...)``/``set_device(...)`` select; None: keep the current one
+    (a negative index, ``"cuda"`` without one, a CPU device)."""
+    dev = as_device(device, _current[0])
+    return dev.index if dev is not None and dev.type == "cuda" else None
 
 
 class _SimulatedDeviceContext:
@@ -193,13 +199,6 @@ def _device_of(obj: Any) -> _SimulatedDeviceContext:
                                    else None)
 
 
-def _on_cuda(device: Any) -> bool:
-    """``device`` names CUDA without an index (``"cuda"``, ``torch.device("cuda")``)."""
-    if isinstance(device, str):
-        return device == "cuda"
-    return isinstance(device, torch.device) and device.type == "cuda" and device.index is None
-
-
 class CurrentDeviceMoves(TorchFunctionMode):
     """``device="cuda"``, ``.to("cuda")`` and ``.cuda()`` go to the simulated current device, as on a
     GPU (fake tensors would send them to ``cuda:0`` whatever the current device is); ``device=1`` is
@@ -207,24 +206,19 @@ class CurrentDeviceMoves(TorchFunctionMode):
 
     Entered around each replica's audit (:mod:`placecheck.placement.replicas`), below the engine's
     modes: a mode costs every op a Python call, which a one-GPU audit need not pay. The real-valued
-    engine asks :func:`current_index` itself.
+    engine asks :func:`current_index` itself. Each call is read by :func:`placecheck.calls.read_placement`.
     """
 
     def __torch_function__(self, func: Callable[..., Any], types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
-        index = _current[0]
-        device = kwargs.get("device")
-        if isinstance(device, int) and not isinstance(device, bool):  # device=torch.cuda.current_device()
-            kwargs = {**kwargs, "device": torch.device("cuda", device)}  # (a CPU-only build has no index)
-        if index:
-            here = torch.device("cuda", index)
-            if _on_cuda(kwargs.get("device")):
-                kwargs = {**kwargs, "device": here}
-            if func is torch.Tensor.cuda and len(args) < 2 and kwargs.get("device") is None:
-                kwargs = {**kwargs, "device": here}
-            elif func is torch.Tensor.to and len(args) > 1 and _on_cuda(args[1]):
-                args = (args[0], here, *args[2:])
+        placement = read_placement(func, args, kwargs, _current[0])  # (the device resolved: cuda:current)
+        if placement is not None and placement.to_cuda:
+            if placement.kind is Kind.FACTORY:
+                kwargs = {**kwargs, "device": placement.device}
+            elif placement.kind is Kind.MOVE and func in (torch.Tensor.to, torch.Tensor.cuda):
+                return torch.Tensor.to(args[0], placement.device, non_blocking=placement.non_blocking,
+                                       **placement.to_options())
         return func(*args, **kwargs)
 
 
@@ -457,6 +451,10 @@ def cuda_queries_simulated(gpus: int, strict: bool = False) -> Iterator[None]:
         stack.enter_context(patch(torch.Tensor, "pin_memory", _pinned_copy, _WHY_DRIVER))
         stack.enter_context(patch(torch.Tensor, "record_stream", _record_stream, _WHY_DRIVER))
         stack.enter_context(cudnn_disabled())
+        stack.enter_context(patch(torch.Tensor, "type", _tensor_type(torch.Tensor.type), _WHY_LEGACY))
+        for name, legacy in _legacy_cuda_types().items():
+            stack.enter_context(patch(torch.cuda, name, legacy, _WHY_LEGACY))
+        stack.enter_context(_default_device_kept())
         if CPU_ONLY_BUILD:
             stack.enter_context(warnings.catch_warnings())
             warnings.filterwarnings("ignore", message=re.escape(_AUTOCAST_DISABLED_WARNING))
@@ -472,6 +470,66 @@ def _gpu_count(gpus: int, strict: bool) -> Iterator[None]:
     finally:
         _gpus[:] = before[0]
         _initialised[0] = before[1]
+
+
+class _LegacyCudaType(type):
+    """A legacy CUDA tensor type under simulation: ``torch.cuda.FloatTensor(2, 3)`` is its CPU type's
+    tensor moved to the current CUDA device; ``isinstance(t, torch.cuda.FloatTensor)`` asks the visible
+    device and the dtype."""
+
+    dtype: torch.dtype
+    host: Any
+    is_cuda = True
+    simulates_legacy_type = True
+
+    def __instancecheck__(cls, obj: Any) -> bool:
+        return isinstance(obj, torch.Tensor) and obj.device.type == "cuda" and obj.dtype == cls.dtype
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        device = kwargs.pop("device", None)
+        target = torch.device("cuda", current_index()) if device is None else torch.device(device)
+        return cls.host(*args, **kwargs).to(target)
+
+
+def _legacy_cuda_types() -> dict[str, type]:
+    """``torch.cuda.<X>Tensor`` for each legacy CUDA type PyTorch has, as :class:`_LegacyCudaType`s."""
+    hosts = {(c.dtype, c.__module__): c for c in legacy_tensor_types() if not c.is_cuda}
+    found: dict[str, type] = {}
+    for c in legacy_tensor_types():
+        host = hosts.get((c.dtype, "torch"))
+        if c.is_cuda and c.__module__ == "torch.cuda" and host is not None:
+            found[c.__name__] = _LegacyCudaType(c.__name__, (), {"dtype": c.dtype, "host": host,
+                                                                  "__module__": "torch.cuda"})
+    return found
+
+
+def _tensor_type(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``Tensor.type(t)``: to a legacy CUDA type (a class or its name), the move it stands for (each engine
+    simulates ``.to``); anything else as torch does it."""
+    def type(self: torch.Tensor, dtype: Any = None, non_blocking: bool = False, **kwargs: Any) -> Any:
+        if dtype is None:
+            return original(self, **kwargs)  # the name asked
+        wanted = legacy_type(dtype)
+        if wanted is None or not wanted[0]:
+            return original(self, dtype, non_blocking, **kwargs)
+        here = self.device
+        device = here if here.type == "cuda" else torch.device("cuda", current_index())
+        if here == device and self.dtype == wanted[1]:
+            return self  # already of that type: the tensor itself, as torch returns it
+        return self.to(device=device, dtype=wanted[1], non_blocking=non_blocking)
+    type.__doc__ = original.__doc__
+    return type
+
+
+@contextlib.contextmanager
+def _default_device_kept() -> Iterator[None]:
+    """A default device the script sets (``torch.set_default_device``) ends with the session."""
+    before = default_device()
+    try:
+        yield
+    finally:
+        if default_device() != before:
+            torch.set_default_device(before)
 
 
 def _pinned_copy(self: torch.Tensor, device: Any = None) -> torch.Tensor:

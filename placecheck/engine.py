@@ -37,19 +37,21 @@ import torch
 import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 
+from placecheck.calls import Kind, read_placement
 from placecheck.cudaapi import (
     CPU_ONLY_BUILD,
     SIMULATED_GPU_NAME,
     SimulatedEvent,
     SimulatedStream,
     cuda_queries_simulated,
+    current_index,
 )
 from placecheck.devices import device_index
 from placecheck.errors import UsageError
 from placecheck.options import EngineChoice
 from placecheck.patching import patch
 from placecheck.shortcuts import fake_tensor
-from placecheck.tagged import move_destination, tagged_cuda, to_options
+from placecheck.tagged import tagged_cuda
 
 __all__ = ["SIMULATED_CUDA", "SIMULATED_CUDA_VALUES", "SIMULATED_GPU_NAME", "Engine", "EngineChoice",
            "SimulatedEvent", "SimulatedStream", "choose_engine", "cuda_queries_simulated", "fallback_engine",
@@ -190,6 +192,16 @@ def simulated_cuda(gpus: int = 1, fake_mode: Any = None, strict: bool = False) -
         yield mode
 
 
+def _alike_fakes(t1: torch.Tensor, t2: torch.Tensor) -> bool:
+    """Two fake tensors with the same device, dtype, shape, strides and ``requires_grad``: the same tensor
+    as far as anything but their identity can tell (they hold no data)."""
+    from placecheck.compat import FakeTensor
+
+    return (isinstance(t1, FakeTensor) and isinstance(t2, FakeTensor) and t1.device == t2.device
+            and t1.dtype == t2.dtype and t1.shape == t2.shape and t1.stride() == t2.stride()
+            and t1.requires_grad == t2.requires_grad)
+
+
 def _forget_fake_memo(t: Any) -> None:
     """Drop the fake mode's weak references to ``t`` (its converter memo), so that it can be swapped."""
     from placecheck.compat import FakeTensor
@@ -229,10 +241,19 @@ def _fake_parameters_swappable(known: Any = None) -> Iterator[None]:
         _forget_fake_memo(t1)
         _forget_fake_memo(t2)
         values = [known.take(t) if known is not None else None for t in (t1, t2)]
-        real_swap(t1, t2)
-        for t, value in zip((t2, t1), values, strict=True):  # each object now holds the other's contents
-            if value is not None:
-                known.give(t, value)
+        holders = (t2, t1)  # after the swap, each object holds the other's contents
+        try:
+            real_swap(t1, t2)
+        except RuntimeError:
+            if not _alike_fakes(t1, t2):
+                holders = (t1, t2)
+                raise
+            # still referenced (the graph of a simulated backward holds a trained parameter): two fake
+            # tensors of the same metadata hold no data, so the swap changes nothing but known values
+        finally:
+            for t, value in zip(holders, values, strict=True):
+                if value is not None:
+                    known.give(t, value)
 
     with patch(torch.utils, "swap_tensors", swap,
                "a swap of fake tensors must carry the values the fake engine knows for them; swap_tensors "
@@ -256,6 +277,8 @@ def fake_tensor_like(fake_mode: Any, t: torch.Tensor, device: torch.device) -> t
 
 
 _META = torch.device("meta")
+_TENSOR_MOVES = frozenset({torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.type, torch.Tensor.type_as})
+"""The tensor moves this engine's mode makes itself (a CPU-only build refuses them to CUDA)."""
 _APPLY_CODE = nn.Module._apply.__code__
 """``Module._apply``: the one caller whose ``Parameter(t)`` of a fresh move is made in place."""
 
@@ -321,11 +344,11 @@ class _FakeCudaMoves(TorchFunctionMode):
         finally:
             fresh.clear()
 
-    def _shortcut(self, source: torch.Tensor, kwargs: dict[str, Any]) -> bool:
+    def _shortcut(self, source: torch.Tensor, memory_format: Any) -> bool:
         """Whether this move of ``source`` is made here (always on a CPU-only build)."""
         if not self.model_move:
             return True
-        if "memory_format" in kwargs:
+        if memory_format is not None:
             return False
         if source.device.type == "meta":
             return True
@@ -350,23 +373,28 @@ class _FakeCudaMoves(TorchFunctionMode):
     def __torch_function__(self, func: Callable[..., Any], types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
-        if func in (torch.Tensor.to, torch.Tensor.cuda) and args and isinstance(args[0], torch.Tensor) \
-                and self._shortcut(args[0], kwargs):
-            dest = move_destination(func, args, kwargs)
-            if dest is not None and dest.type == "cuda":
-                source: torch.Tensor = args[0]
-                options = to_options(args, kwargs) if func is torch.Tensor.to else {}
-                dtype = options.get("dtype") or source.dtype
-                if source.device == dest and dtype == source.dtype and not options.get("copy"):
-                    return source  # already there: .to() returns the tensor itself
-                moved = _fake_on(self.fake_mode, source, dest, dtype)
-                if source.requires_grad and torch.is_grad_enabled():
-                    moved.requires_grad_(True)
-                if self.model_move and source.device.type == "cpu":
-                    _known_values(moved, source, dtype)
-                if self.model_move:
-                    self.fresh[id(moved)] = moved
-                return moved
+        placement = read_placement(func, args, kwargs, current_index()) \
+            if (func in _TENSOR_MOVES and args and isinstance(args[0], torch.Tensor)) or "device" in kwargs \
+            else None
+        if placement is not None and placement.kind is Kind.FACTORY and placement.to_cuda:
+            # device=0 is cuda:0 as on a CUDA build (a CPU-only build reads an int as an accelerator)
+            return func(*args, **{**kwargs, "device": placement.device})
+        if placement is not None and placement.kind is Kind.MOVE and placement.to_cuda \
+                and self._shortcut(args[0], placement.memory_format):
+            source: torch.Tensor = args[0]
+            dest = placement.device
+            assert dest is not None
+            dtype = placement.dtype or source.dtype
+            if source.device == dest and dtype == source.dtype and not placement.copy:
+                return source  # already there: .to() returns the tensor itself
+            moved = _fake_on(self.fake_mode, source, dest, dtype)
+            if source.requires_grad and torch.is_grad_enabled():
+                moved.requires_grad_(True)
+            if self.model_move and source.device.type == "cpu":
+                _known_values(moved, source, dtype)
+            if self.model_move:
+                self.fresh[id(moved)] = moved
+            return moved
         if not self.model_move and func in (torch.Tensor.__getitem__, torch.Tensor.__setitem__) and args \
                 and isinstance(args[0], torch.Tensor) and args[0].device.type == "cuda":
             return self._index(func, args)

@@ -39,6 +39,7 @@ Not reentrant: one session at a time per process.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import warnings
 from collections.abc import Callable, Iterator
@@ -48,6 +49,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from placecheck.callbacks import called_back, in_callbacks
+from placecheck.calls import Kind, Placement, as_device, legacy_type_name, parsed, read_placement
 from placecheck.classify import (
     DeviceMismatchError,
     copies_between_devices,
@@ -63,25 +65,9 @@ from placecheck.compat import DisableTorchFunctionSubclass, tree_map_only
 from placecheck.cudaapi import cuda_initialised, cuda_queries_simulated, current_index, forked_cuda_error
 from placecheck.patching import patch
 
-_CPU = torch.device("cpu")
 
 class SimulatedDeviceMismatchError(DeviceMismatchError):
     """An op mixed devices under the real-valued engine (PyTorch's own text)."""
-
-
-def _cuda(device: Any) -> torch.device | None:
-    """``device`` as a ``cuda:N`` device, or None when it names no CUDA device."""
-    if isinstance(device, int) and not isinstance(device, bool):
-        return torch.device("cuda", device)
-    if not isinstance(device, str | torch.device):
-        return None
-    try:
-        dev = torch.device(device)
-    except RuntimeError:
-        return None
-    if dev.type != "cuda":
-        return None
-    return dev if dev.index is not None else torch.device("cuda", current_index())
 
 
 def visible_device(t: torch.Tensor) -> torch.device:
@@ -126,6 +112,16 @@ class SimulatedTensor(torch.Tensor):
             args = (args[0], _gradient_hook(args[1], args[0]._pc_device))
         if func is torch.Tensor.get_device:
             return args[0]._pc_device.index if isinstance(args[0], SimulatedTensor) else -1
+        if func is torch.Tensor.module_load and len(args) > 1:
+            # load_state_dict's per-tensor step, as torch/_tensor.py writes it: the loaded tensor itself
+            # (assign=True, on its own device) or a copy into the parameter (on the parameter's)
+            assign = args[2] if len(args) > 2 else kwargs.get("assign", False)
+            return args[1].detach() if assign else args[0].copy_(args[1]).detach()
+        if func is torch.Tensor.__deepcopy__ and args and isinstance(args[0], SimulatedTensor):
+            return _deepcopy(args[0], args[1] if len(args) > 1 else kwargs["memo"])
+        if (func is _TENSOR_TYPE or func is torch.Tensor.type) and (len(args) == 1 or args[1] is None) \
+                and kwargs.get("dtype") is None and isinstance(args[0], SimulatedTensor):
+            return legacy_type_name(args[0])  # x.type(): "torch.cuda.FloatTensor", as on a GPU
         if func is torch.Tensor.__repr__ and isinstance(args[0], SimulatedTensor):
             # through __torch_function__ (no __repr__ override), so that a mode sees printing
             with DisableTorchFunctionSubclass():
@@ -145,13 +141,41 @@ class SimulatedTensor(torch.Tensor):
         return _tag_all(out, device)
 
 
+_TENSOR_TYPE = torch.Tensor.type
+"""``Tensor.type`` as torch defines it (what ``__torch_function__`` receives)."""
+
+
+def _deepcopy(t: SimulatedTensor, memo: dict[int, Any]) -> SimulatedTensor:
+    """``copy.deepcopy`` of a simulated tensor: a copy of its data on the same simulated device, with its
+    ``requires_grad``, its gradient and its attributes (a parameter's mark among them), as a GPU's
+    ``Tensor.__deepcopy__`` gives (torch's own needs ``new_empty`` to keep the subclass, which the data's
+    plain CPU tensor does not)."""
+    if id(t) in memo:
+        return memo[id(t)]  # type: ignore[no-any-return]
+    if not t.is_leaf:
+        raise RuntimeError("Only Tensors created explicitly by the user (graph leaves) support the deepcopy "
+                           "protocol at the moment.")
+    with torch.no_grad(), DisableTorchFunctionSubclass():
+        data = t.as_subclass(torch.Tensor).clone(memory_format=torch.preserve_format)
+    copied = SimulatedTensor.tag(data, t._pc_device)
+    memo[id(t)] = copied
+    with DisableTorchFunctionSubclass():
+        copied.requires_grad_(t.requires_grad)
+    if t.grad is not None:
+        copied.grad = copy.deepcopy(t.grad, memo)
+    for name, value in t.__dict__.items():
+        if name != "_pc_device":
+            setattr(copied, name, copy.deepcopy(value, memo))
+    return copied
+
+
 def _result_device(func: Callable[..., Any], args: tuple[Any, ...],
                    kwargs: dict[str, Any]) -> torch.device | None:
     """The simulated device of ``func``'s result; raises on an illegal mix of devices. None: a plain
     tensor (``device="cpu"`` given, as in ``torch.empty_like(t, device="cpu")``, is the CPU whatever
     ``t`` is on)."""
     device = kwargs.get("device")
-    if device is not None and _cuda(device) is None:
+    if device is not None and getattr(as_device(device), "type", None) != "cuda":
         return None
     simulated: torch.device | None = None
     plain: list[tuple[int, torch.Tensor]] = []
@@ -207,54 +231,20 @@ def _tag_all(out: Any, device: torch.device) -> Any:
     return tree_map_only(torch.Tensor, lambda t: SimulatedTensor.tag(t, device), out)
 
 
-def move_destination(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """Where a ``.to()``/``.cuda()``/``.cpu()`` call sends its tensor: a torch.device, or None."""
-    if func is torch.Tensor.cpu:
-        return _CPU
-    if func is torch.Tensor.cuda:
-        dev = args[1] if len(args) > 1 else kwargs.get("device")
-        return _cuda(dev if dev is not None else current_index())
-    if len(args) > 1 and isinstance(args[1], int) and not isinstance(args[1], bool):
-        return _cuda(args[1])  # x.to(1) is x.to("cuda:1"), as accelerate's hooks write it
-    for a in (*args[1:], kwargs.get("device"), kwargs.get("other")):
-        if isinstance(a, torch.Tensor):
-            return a.device
-        if isinstance(a, str | torch.device):
-            return torch.device(a) if _cuda(a) is None else _cuda(a)
-    return None
-
-
-def to_options(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The keyword form of a ``Tensor.to`` call, less its device: ``dtype``, ``non_blocking``, ..."""
-    rest = list(args[1:])
-    options = {k: v for k, v in kwargs.items() if k not in ("device", "other")}
-    if rest and isinstance(rest[0], torch.Tensor):
-        options["dtype"] = rest.pop(0).dtype
-    elif rest and ((isinstance(rest[0], str | torch.device | int) and not isinstance(rest[0], bool))
-                   or rest[0] is None):
-        rest.pop(0)
-    if isinstance(kwargs.get("other"), torch.Tensor):
-        options["dtype"] = kwargs["other"].dtype
-    for name, value in zip(("dtype", "non_blocking", "copy"), rest, strict=False):
-        options[name] = value
-    if options.get("dtype") is None:
-        options.pop("dtype", None)
-    return options
-
-
-def _move(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
-          dest: torch.device) -> torch.Tensor:
-    """``.to(dest)``/``.cuda()``/``.cpu()`` with a real device's semantics: a copy when the
-    device changes, the tensor itself when nothing does."""
-    source = args[0]
+def _move(placement: Placement, dest: torch.device) -> torch.Tensor:
+    """A tensor move (``.to(dest)``/``.cuda()``/``.cpu()``/``.type(...)``) with a real device's
+    semantics: a copy when the device changes, the tensor itself when nothing does."""
+    source = placement.source
     simulated = isinstance(source, SimulatedTensor)
+    options = placement.to_options()
     with DisableTorchFunctionSubclass():
         data = source.as_subclass(torch.Tensor) if simulated else source
-        out = torch.Tensor.to(data, **to_options(args, kwargs)) if func is torch.Tensor.to else data
-        if dest.type != "cuda":
+        if dest.type != "cuda":  # the CPU (or meta): a real move of the data
+            out = torch.Tensor.to(data, dest, **options)
             if simulated and out.data_ptr() == data.data_ptr():
                 out = out.clone()  # a device-to-host copy never aliases the device tensor
             return out
+        out = torch.Tensor.to(data, **options) if options else data
         if simulated and source._pc_device == dest and out is data:
             return source  # type: ignore[no-any-return]  # already there: .to() returns itself
         _cuda_used()
@@ -277,22 +267,24 @@ class _TaggingMode(TorchFunctionMode):
     def __torch_function__(self, func: Callable[..., Any], types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
-        if func in (torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.cpu):
-            dest = move_destination(func, args, kwargs)
-            if dest is not None:
-                return _move(func, args, kwargs, dest)
-        if func is torch.Tensor.type_as and len(args) == 2 and isinstance(args[1], torch.Tensor):
-            # x.type_as(other) is x.to(other.dtype) on other's device
-            return _move(torch.Tensor.to, (args[0], args[1].dtype), {}, args[1].device)
+        placement = read_placement(func, args, kwargs, current_index())
+        if placement is not None:
+            if placement.kind is Kind.MOVE and placement.device is not None \
+                    and isinstance(placement.source, torch.Tensor):
+                return _move(placement, placement.device)
+            if placement.kind is Kind.PARSE:
+                # Module.to's own parser: a tensor argument's device is its simulated one
+                return parsed(placement)
         if kwargs.get("pin_memory"):
             # page-locked host memory needs a driver; it is CPU memory all the same
             kwargs = {**kwargs, "pin_memory": False}
-        device = kwargs.get("device")
-        dest = _cuda(device) if device is not None else None
-        if dest is not None:
+        if placement is not None and placement.kind is Kind.FACTORY and placement.to_cuda:
+            dest = placement.device
+            assert dest is not None
             _cuda_used()
             _check_generator(args, kwargs, dest)
             with DisableTorchFunctionSubclass():
+                # device="cpu" given: the default device (torch's DeviceContext, below this mode) adds none
                 out = func(*args, **{**kwargs, "device": "cpu"})
             return _tag_all(out, dest)
         return func(*args, **kwargs)

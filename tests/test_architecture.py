@@ -147,3 +147,34 @@ def test_the_torch_free_layer_stays_torch_free(module: str) -> None:
 def test_a_lower_layer_never_imports_a_higher_one(module: str) -> None:
     higher = {m for m in GRAPH[module] if m != "placecheck" and _layer(m) > _layer(module)}
     assert higher == set()
+
+
+# ---- interception: where torch function modes may be defined ---------------------------------------
+
+FUNCTION_MODE_MODULES = {
+    "placecheck.tagged": "the real-valued engine (tags CUDA placements)",
+    "placecheck.engine": "the fake engine's moves on a CPU-only build and of model.to()",
+    "placecheck.trace": "audit's recording of one forward",
+    "placecheck.run.recorder": "run's recording of a whole script",
+    "placecheck.run.fake": "run's fake-engine calls (backward, printing, deep copies)",
+    "placecheck.cudaapi": "the current device of DataParallel replicas",
+    "placecheck.placement.placed": "--device keep: the first meeting of two devices",
+    "placecheck.placement.replicas": "DTensor mixes under --wrap",
+}
+"""The modules that define a ``TorchFunctionMode`` (issue 34: one dispatcher and the engines, at most one
+mode each); a new mode elsewhere is a new interception layer, and fails here until it is justified."""
+
+
+def _function_modes(module: str) -> list[str]:
+    tree = ast.parse(MODULES[module].read_text(encoding="utf-8"))
+    return [node.name for node in ast.walk(tree) if isinstance(node, ast.ClassDef)
+            and any((b.id if isinstance(b, ast.Name) else getattr(b, "attr", "")) == "TorchFunctionMode"
+                    for b in node.bases)]
+
+
+def test_torch_function_modes_are_defined_only_in_the_allowed_modules() -> None:
+    defined = {m: _function_modes(m) for m in MODULES}
+    assert defined["placecheck.tagged"] == ["_TaggingMode"]  # the reader sees them
+    outside = {m: names for m, names in defined.items() if names and m not in FUNCTION_MODE_MODULES}
+    assert outside == {}
+    assert all(len(defined[m]) <= 1 for m in FUNCTION_MODE_MODULES), defined

@@ -2,7 +2,8 @@
 
 Bottom to top: compat (torch's private API) < callbacks (the script's code autograd calls back,
 run under the session's modes) < sources (user lines) < classify (what an
-error means) < host_syncs (the calls that make the host wait) < cudaapi (the simulated
+error means) < host_syncs (the calls that make the host wait) < calls (the one reading of a
+placement call) < cudaapi (the simulated
 torch.cuda API) < tagged (the real-valued engine) < shortcuts (ops made from metadata where
 torch's fake path is slow) < datadep (fake tensors' data-dependent ops) < reuse (identical
 module calls run once) < engine < provenance < events < hostcopies (non-blocking host copies)
@@ -20,7 +21,8 @@ import pytest
 pytestmark = pytest.mark.cpu_build  # runs on the CPU-only torch build too (Makefile: test-cpu-build)
 
 PACKAGE = Path(__file__).parents[1] / "placecheck"
-ORDER = ["compat", "callbacks", "sources", "classify", "host_syncs", "cudaapi", "tagged", "shortcuts",
+ORDER = ["compat", "callbacks", "sources", "classify", "host_syncs", "calls", "cudaapi", "tagged",
+         "shortcuts",
          "datadep", "reuse", "engine", "provenance", "events", "hostcopies", "forward_checks", "trace"]
 BASICS = {"errors", "values", "patching", "finding", "rules", "devices", "walk", "options", "placement"}
 """Modules any layer may use: torch-free basics, the walk's result the tracer starts from, and

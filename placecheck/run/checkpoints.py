@@ -20,7 +20,14 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from placecheck.compat import DisableTorchFunctionSubclass, storage_location_registry
+from placecheck.calls import as_device
+from placecheck.compat import (
+    DisableTorchFunctionSubclass,
+    FakeTensor,
+    active_fake_mode,
+    storage_location_registry,
+    unset_fake_temporarily,
+)
 from placecheck.cudaapi import current_index
 from placecheck.errors import PlacecheckError
 from placecheck.sources import here
@@ -31,11 +38,42 @@ if typing.TYPE_CHECKING:
     from placecheck.run.session import Recording
 
 
+class _StorageProbe:
+    """The storage a ``map_location`` callable is given, asked where the callable sends it: ``.cuda(i)``,
+    ``.to(device)``, ``.cpu()`` (torch hands it the storage on the CPU; returned as it is, it stays there)."""
+
+    def __init__(self) -> None:
+        self.device: Any = "cpu"
+
+    def cuda(self, device: Any = None, non_blocking: bool = False) -> _StorageProbe:
+        self.device = torch.device("cuda", current_index()) if device is None else as_device(
+            device if not isinstance(device, str) or device.startswith("cuda") else f"cuda:{device}")
+        return self
+
+    def to(self, *args: Any, **kwargs: Any) -> _StorageProbe:
+        device = args[0] if args else kwargs.get("device")
+        if device is not None:
+            self.device = device
+        return self
+
+    def cpu(self) -> _StorageProbe:
+        self.device = "cpu"
+        return self
+
+    def pin_memory(self, *args: Any, **kwargs: Any) -> _StorageProbe:
+        return self
+
+
 def _plain(t: torch.Tensor) -> torch.Tensor:
-    """A tagged tensor's data as an ordinary CPU tensor (what a real GPU would copy back to save)."""
+    """A tagged tensor's data as an ordinary CPU tensor (what a real GPU would copy back to save); a fake
+    tensor (the fake engine's, which has no data to write and cannot be pickled) as a ``meta`` tensor of
+    its shape, strides and dtype."""
     if isinstance(t, SimulatedTensor):
         with DisableTorchFunctionSubclass():
             return t.as_subclass(torch.Tensor)
+    if isinstance(t, FakeTensor):
+        with unset_fake_temporarily():
+            return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
     return t
 
 
@@ -148,7 +186,8 @@ class Checkpoints:
         from placecheck.checkpoint.preflight import device_findings
 
         line = here()[0]
-        if map_location is None and (isinstance(f, str | bytes) or hasattr(f, "__fspath__")):
+        if map_location is None and (isinstance(f, str | bytes) or hasattr(f, "__fspath__")) \
+                and os.path.abspath(f) not in self.saved:  # (a file this run saved: this machine's devices)
             try:
                 meta = read_checkpoint(f)
             except (PlacecheckError, OSError):
@@ -170,7 +209,9 @@ class Checkpoints:
             locations[storage.data_ptr()] = location
             return storage
 
-        loaded = original(f, remember, *args, **kwargs)
+        with self.recorder.host_data():  # the file's real values, on the host (fake tensors cannot unpickle)
+            loaded = original(f, remember, *args, **kwargs)
+        fake = active_fake_mode() is not None
         saved_here = iter(self.saved.get(os.path.abspath(f), [])
                           if isinstance(f, str) or hasattr(f, "__fspath__") else [])
 
@@ -178,6 +219,8 @@ class Checkpoints:
             saved = next(saved_here, None) or locations.get(t.untyped_storage().data_ptr(), "cpu")
             dest = self._mapped(map_location, saved)
             if dest.type == "cuda":
+                if fake:  # the fake engine's device tensor: the host copy moved in the session's fake mode
+                    return t.to(dest)
                 return SimulatedTensor.tag(_plain(t), dest)
             return t
 
@@ -185,19 +228,23 @@ class Checkpoints:
 
     @staticmethod
     def _mapped(map_location: Any, saved: str) -> torch.device:
-        """Where ``torch.load(map_location=...)`` puts a storage saved on ``saved``."""
+        """Where ``torch.load(map_location=...)`` puts a storage saved on ``saved``: a string, a
+        ``torch.device``, a dict of locations, or a callable given each storage (on the CPU) and its
+        location (``lambda s, loc: s.cuda(rank)``: asked with a :class:`_StorageProbe`)."""
         if map_location is None:
-            target = saved
+            target: Any = saved
         elif isinstance(map_location, dict):
             target = map_location.get(saved, saved)
-        elif isinstance(map_location, str | torch.device):
-            target = str(map_location)
+        elif isinstance(map_location, str | torch.device | int):
+            target = map_location
+        elif callable(map_location):
+            probe = _StorageProbe()
+            returned = map_location(probe, saved)
+            target = probe.device if returned is probe or returned is None \
+                else getattr(returned, "device", "cpu")
         else:
-            target = "cpu"  # a callable map_location: its storages are its business
-        device = torch.device(target)
-        if device.type != "cuda":
-            return device
-        return device if device.index is not None else torch.device("cuda", current_index())
+            target = "cpu"
+        return as_device(target, current_index()) or torch.device("cpu")
 
     def torch_save(self, original: Callable[..., Any]) -> Callable[..., Any]:
         """``torch.save`` of plain host tensors, remembering where each was (a later load in the run puts

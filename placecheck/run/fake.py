@@ -23,8 +23,9 @@ said in the docs (docs/engines.md):
   kernels are not run (a device mismatch in a custom ``autograd.Function``'s
   backward is not seen: the real-valued engine runs it).
 - printing a fake tensor: its known values, or the assumed ones (a note).
-- ``copy.deepcopy`` of a fake tensor (Lightning copies logged values): a fake copy; torch's own copy
-  would give it the storage of a real copy of data it does not have.
+- ``copy.deepcopy`` of a fake tensor (Lightning copies logged values, an EMA copies a model): a fake
+  copy keeping its gradient and its attributes; torch's own copy would give it the storage of a real
+  copy of data it does not have. A real host tensor is copied outside the fake mode.
 
 The recorder (:mod:`placecheck.run.recorder`) and its report are the same as
 under the real-valued engine: one detector.
@@ -33,6 +34,7 @@ under the real-valued engine: one detector.
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -131,13 +133,18 @@ def _grad(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[torch.Tensor |
 
 def _deepcopy(t: torch.Tensor, memo: dict[int, Any]) -> torch.Tensor:
     """``copy.deepcopy`` of a fake tensor: a fake copy (``Tensor.__deepcopy__`` would give it the storage
-    of a real CPU copy of its data, which it has none of, and fail)."""
+    of a real CPU copy of its data, which it has none of, and fail), with its ``requires_grad``, its
+    gradient and a parameter's mark, as torch's copy keeps them."""
     if id(t) in memo:
         return memo[id(t)]  # type: ignore[no-any-return]
     with torch.no_grad():
         copied = t.clone()
     copied.requires_grad_(t.requires_grad)
     memo[id(t)] = copied
+    if t.grad is not None:
+        copied.grad = copy.deepcopy(t.grad, memo)
+    if getattr(t, "_is_param", False):  # (the fake tensor's other attributes are its mode's, not copied)
+        copied._is_param = True  # type: ignore[attr-defined]
     return copied
 
 
@@ -165,6 +172,9 @@ class _FakeOnlyCalls(TorchFunctionMode):
             return self._printed(args[0])
         if func is torch.Tensor.__deepcopy__ and args and type(args[0]) is self._fake:
             return _deepcopy(args[0], args[1] if len(args) > 1 else kwargs.get("memo", {}))
+        if func is torch.Tensor.__deepcopy__ and args and type(args[0]) in (torch.Tensor, torch.nn.Parameter):
+            with on_host():  # a real tensor (a known value): copied as torch copies it, on the host
+                return func(*args, **kwargs)
         return func(*args, **kwargs)
 
     def _printed(self, t: torch.Tensor) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from placecheck.compat import parse_to
+from placecheck.calls import read_module_move
 from placecheck.cudaapi import current_index
 from placecheck.finding import Finding
 from placecheck.provenance import stray_owner, stray_verdict
@@ -28,20 +28,12 @@ if typing.TYPE_CHECKING:
     from placecheck.run.session import Recording
 
 
-def _cuda_destination(args: tuple[Any, ...], kwargs: dict[str, Any], cuda_call: bool) -> torch.device | None:
-    """The CUDA device a ``Module.to(...)``/``.cuda(...)`` call moves to, or None."""
-    if cuda_call:
-        dev = args[0] if args else kwargs.get("device")
-        index = dev if isinstance(dev, int) else (torch.device(dev).index if dev is not None else None)
-        return torch.device("cuda", current_index() if index is None else index)
-    try:
-        device = parse_to(*args, **kwargs)[0]
-    except (TypeError, RuntimeError):
-        return None
-    if device is None or device.type != "cuda":
-        return None
-    # "cuda" without an index is the current device (torch.cuda.set_device, torch.accelerator's)
-    return torch.device("cuda", current_index() if device.index is None else device.index)
+def _cuda_destination(func: Callable[..., Any], module: nn.Module, args: tuple[Any, ...],
+                      kwargs: dict[str, Any]) -> torch.device | None:
+    """The CUDA device a ``Module.to(...)``/``.cuda(...)`` call moves to, or None (read by
+    :func:`placecheck.calls.read_module_move`: the parser ``Module.to`` itself uses)."""
+    placement = read_module_move(func, (module, *args), kwargs, current_index())
+    return placement.device if placement is not None and placement.to_cuda else None
 
 
 def raised_by_swap(exc: BaseException) -> bool:
@@ -80,21 +72,21 @@ class Moves:
     def module_to(self, original: Callable[..., Any]) -> Callable[..., Any]:
         """``nn.Module.to``: the move, then its walk."""
         def to(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
-            return self._move_module(original, module, args, kwargs, cuda_call=False)
+            return self._move_module(original, nn.Module.to, module, args, kwargs)
         return to
 
     def module_cuda(self, original: Callable[..., Any]) -> Callable[..., Any]:
         """``nn.Module.cuda``: the move, then its walk."""
         def cuda(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
-            return self._move_module(original, module, args, kwargs, cuda_call=True)
+            return self._move_module(original, nn.Module.cuda, module, args, kwargs)
         return cuda
 
-    def _move_module(self, original: Callable[..., Any], module: nn.Module, args: tuple[Any, ...],
-                     kwargs: dict[str, Any], cuda_call: bool) -> Any:
+    def _move_module(self, original: Callable[..., Any], func: Callable[..., Any], module: nn.Module,
+                     args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """``module.to(...)`` as the script asked, then the walk of what the move left behind."""
         if self._moving or self.recorder.quieted:
             return original(module, *args, **kwargs)
-        dest = _cuda_destination(args, kwargs, cuda_call)
+        dest = _cuda_destination(func, module, args, kwargs)
         if dest is not None and (dest.index or 0) >= self.recorder.gpus:
             raise self.recorder.no_such_gpu(dest)
         line, _ = here()
