@@ -7,6 +7,7 @@ exit 2, and each wrong form has its working twin beside it.
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -186,3 +187,18 @@ def test_every_argument_is_labelled_in_capitals() -> None:
             if param.param_type_name == "argument":
                 label = param.metavar or param.name
                 assert label == label.upper(), f"placecheck {name} labels an argument {label!r}"
+
+
+def test_ctrl_c_while_the_cli_is_imported_exits_130_with_one_line() -> None:
+    # the console script's main() imports the CLI itself, so an interrupt there is caught too
+    script = ("import sys\n"
+              "class Interrupted:\n"
+              "    def find_spec(self, name, path=None, target=None):\n"
+              "        if name == 'placecheck.cli':\n"
+              "            raise KeyboardInterrupt\n"
+              "sys.meta_path.insert(0, Interrupted())\n"
+              "from placecheck.__main__ import main\n"
+              "main()\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stderr.strip()) == (130, "placecheck: interrupted")
+    assert done.stdout == ""
