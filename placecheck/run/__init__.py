@@ -34,6 +34,7 @@ from placecheck.rules import selected
 from placecheck.run.script import Outcome, Program, execute, exit_status
 
 if TYPE_CHECKING:
+    from placecheck.run.fastforward import FastForward
     from placecheck.run.lines import ScriptLines
     from placecheck.run.recorder import RunRecorder
 
@@ -98,6 +99,8 @@ def _simulate(program: Program, options: RunOptions, codes: frozenset[str],
     torchrun launch (:mod:`placecheck.run.ranks`), whose collectives and DDP GPUs are returned too."""
     from placecheck import cudaapi
     from placecheck.engine import SIMULATED_CUDA, SIMULATED_CUDA_VALUES
+    from placecheck.run.coverage import coverage_of
+    from placecheck.run.fastforward import FastForward
     from placecheck.run.lines import ScriptLines
     from placecheck.run.ranks import RankChecks, launcher_note
     from placecheck.run.recorder import RunRecorder
@@ -110,15 +113,19 @@ def _simulate(program: Program, options: RunOptions, codes: frozenset[str],
     probe = None
     assumed: list[str] = []
 
-    def new_recorder() -> RunRecorder:
+    def new_recorder() -> tuple[RunRecorder, ScriptLines]:
         recorder = RunRecorder(gpus=gpus, steps=steps)
         if rank is not None:
             recorder.ranks = RankChecks(recorder, *rank)
             recorder.target = str(recorder.ranks.own)
-        return recorder
+        lines = ScriptLines(program.filename)
+        if steps:
+            # a -m module or a callable runs as it is: only its DataLoaders fast-forward
+            script = program.target if isinstance(program.target, str) and not program.module else None
+            recorder.fastforward = FastForward(script, executed=lines.executed)
+        return recorder, lines
 
-    recorder = new_recorder()
-    lines = ScriptLines(program.filename)
+    recorder, lines = new_recorder()
     if choice in ("tagged", "auto"):
         from placecheck.tagged import tagged_cuda
 
@@ -141,7 +148,7 @@ def _simulate(program: Program, options: RunOptions, codes: frozenset[str],
                 stack.enter_context(random_state_kept())
                 stack.enter_context(probe.capturing())
             with _environment_kept(), tagged_cuda(gpus), recorder.recording(), lines.watching():
-                outcome = execute(program, timeout, notes)
+                outcome = execute(program, timeout, notes, _rewritten(recorder))
             if probe is not None and probe.decided != "fake":
                 probe.done()
                 notes.insert(0, probe.note(f"{gpus} GPU{plural}"))
@@ -150,8 +157,7 @@ def _simulate(program: Program, options: RunOptions, codes: frozenset[str],
         if probe is not None and probe.decided == "fake":
             del outcome
             notes = [probe.note()]
-            recorder = new_recorder()
-            lines = ScriptLines(program.filename)
+            recorder, lines = new_recorder()
             gc.collect()  # the abandoned attempt's tensors
             choice = "fake"
     if choice == "fake":
@@ -168,7 +174,9 @@ def _simulate(program: Program, options: RunOptions, codes: frozenset[str],
         finding = recorder.error_finding(outcome.error)
         if finding is not None:
             findings.append(finding)
-    notes.append(recorder.limit or _ending(outcome, recorder.steps, lines))
+    notes.append(recorder.limit or _ending(outcome, recorder.steps, lines, recorder.fastforward))
+    if recorder.fastforward is not None:
+        notes.extend(recorder.fastforward.notes(f"{steps} optimizer step{'s' if steps != 1 else ''}"))
     if rank is None and launcher_note(outcome.error):
         notes.append(launcher_note(outcome.error))
     if not recorder.moves.moved_modules and not recorder.optimizers:
@@ -180,8 +188,9 @@ def _simulate(program: Program, options: RunOptions, codes: frozenset[str],
     kept = [f for f in findings if f.code in codes]
     stats = {"optimizer_steps": recorder.steps, "modules_moved": len(recorder.moves.moved_modules),
              "optimizers": len(recorder.optimizers)}
+    covered = coverage_of(lines.filename, lines.executed) if lines.measured and lines.filename else None
     report = Report.build(program.name, recorder.target, device_name, kept, notes, stats,
-                          unfinished=_unfinished(outcome, recorder.limit))
+                          unfinished=_unfinished(outcome, recorder.limit), coverage=covered)
     return report, list(recorder.ranks.uses) if recorder.ranks is not None else []
 
 
@@ -215,8 +224,14 @@ def _run_fake(program: Program, recorder: RunRecorder, lines: ScriptLines, gpus:
     recorder.host_data = on_host
     with _environment_kept(), quiet(FAKE_TENSOR_LOGGER), fake_cuda(gpus) as datadep, recorder.recording(), \
             lines.watching():
-        outcome = execute(program, timeout, notes)
+        outcome = execute(program, timeout, notes, _rewritten(recorder))
     return outcome, datadep.notes(phase="run")
+
+
+def _rewritten(recorder: RunRecorder) -> tuple[types.CodeType, dict[str, Any]] | None:
+    """The script's code with its loops rewritten for the fast-forward, and the globals it needs."""
+    ff = recorder.fastforward
+    return (ff.code, ff.script_globals()) if ff is not None and ff.code is not None else None
 
 
 def _unfinished(outcome: Outcome, limit: str) -> str:
@@ -230,9 +245,15 @@ def _unfinished(outcome: Outcome, limit: str) -> str:
     return ""
 
 
-def _ending(outcome: Outcome, steps: int, lines: ScriptLines) -> str:
+def _ending(outcome: Outcome, steps: int, lines: ScriptLines, ff: FastForward | None = None) -> str:
     at = f" at {outcome.line}" if outcome.line else ""
     done = f"{steps} optimizer step{'s' if steps != 1 else ''}"
+    if ff is not None and ff.on:
+        done = (f"{done}, the last {steps - ff.budget} after a fast-forward from {ff.began_at} (--steps "
+                f"{ff.budget}): the rest of the training loop skipped, the rest of the script run; --steps 0 "
+                "runs every iteration") if steps > ff.budget else (
+            f"{done}, then a fast-forward from {ff.began_at} (--steps {ff.budget}): the rest of the training "
+            "loop skipped, the rest of the script run; --steps 0 runs every iteration")
     if outcome.kind == "stopped":
         again = "--steps 0 runs" if outcome.reason.startswith("after") else "a longer --timeout runs"
         unrun = lines.unrun_after_stop(outcome.stack)
