@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from placecheck.compat import DisableTorchFunctionSubclass, storage_location_registry
+from placecheck.compat import DisableTorchFunctionSubclass, FakeTensor, storage_location_registry
 from placecheck.cudaapi import current_index
 from placecheck.errors import PlacecheckError
 from placecheck.sources import here
@@ -210,6 +210,10 @@ class Checkpoints:
             def host(t: torch.Tensor) -> torch.Tensor:
                 devices.append(str(t.device))
                 plain = _plain(t)
+                if self.recorder.fake_engine and isinstance(plain, FakeTensor):
+                    # a fake tensor holds no data to write: the file holds zeros of its shape and dtype
+                    with self.recorder.host_data():
+                        plain = torch.zeros(plain.shape, dtype=plain.dtype)
                 if t.device.type == "cuda" and plain.untyped_storage().data_ptr():
                     tags[plain.untyped_storage().data_ptr()] = str(t.device)
                 return plain

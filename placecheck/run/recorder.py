@@ -409,7 +409,11 @@ class RunRecorder:
         """
         for _ in range(_MAX_RETRIES):
             tensors = list(classify.tensor_arguments(args, kwargs))
-            if not classify.is_engine_mismatch(exc) or not classify.mixes_devices(func, tensors):
+            if not classify.mixes_devices(func, tensors):
+                raise exc
+            # the fake engine checks an in-place op's own device apart, with another exception type
+            # (``cpu_total += cuda_loss``): the arguments' devices decide there
+            if not classify.is_engine_mismatch(exc) and not self.fake_engine:
                 raise exc
             on_cuda = [t.device for _, t in tensors if t.device.type == "cuda"]
             if not on_cuda:
