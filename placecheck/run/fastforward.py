@@ -334,10 +334,10 @@ class FastForward:
     # -- what it did ------------------------------------------------------------------------------------
     def notes(self, budget: str) -> list[str]:
         """One note per loop fast-forward ended early or ran on, with its lines."""
-        if not self.on or self.filename is None:
+        if not self.on:
             return []
         out = []
-        name = display_path(self.filename)
+        name = display_path(self.filename) if self.filename is not None else ""
         for site in self.sites:
             span = f"{name}:{site.first}-{site.last}" if site.last != site.first else f"{name}:{site.first}"
             if site.cut:
