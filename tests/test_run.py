@@ -584,8 +584,8 @@ def test_after_the_steps_the_evaluation_runs_fast_forwarded_and_finds_the_accumu
     assert report.unfinished == ""
     [ending] = [n for n in report.notes if n.startswith("run: the script ran to its end")]
     assert f"2 optimizer steps, then a fast-forward from {at('eval_buggy.py', 21)} (--steps 2)" in ending
-    assert (f"the loop at {script('eval_buggy.py')}:16-21 (`for _step in range(4):`) ended early: 2 iterations "
-            "skipped") in "\n".join(report.notes)
+    assert (f"the loop at {script('eval_buggy.py')}:16-21 (`for _step in range(4):`) ended early: "
+            "2 iterations skipped") in "\n".join(report.notes)
     for whole in (report, run(script("eval_buggy.py"), steps=0)):
         [finding] = whole.findings
         assert (finding.code, finding.where, finding.source, finding.origin) == (

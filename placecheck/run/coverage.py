@@ -21,10 +21,11 @@ _MAX_TEXT = 48
 
 def statement_lines(tree: ast.Module) -> set[int]:
     """The first line of every statement that runs code."""
-    return {n.lineno for n in ast.walk(tree) if isinstance(n, ast.stmt) and _counts(n)}
+    return {n.lineno for n in ast.walk(tree) if isinstance(n, ast.stmt) and runs_code(n)}
 
 
-def _counts(stmt: ast.stmt) -> bool:
+def runs_code(stmt: ast.stmt) -> bool:
+    """False for a docstring (or a bare string) and ``global`` / ``nonlocal``: statements with no code."""
     if isinstance(stmt, ast.Global | ast.Nonlocal):
         return False
     return not (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)
@@ -52,7 +53,7 @@ def coverage_of(filename: str, executed: set[int]) -> Coverage | None:
 
 def _ran(stmt: ast.stmt, executed: set[int]) -> bool:
     """Some statement of ``stmt`` (itself or one inside) ran."""
-    return any(n.lineno in executed for n in ast.walk(stmt) if isinstance(n, ast.stmt) and _counts(n))
+    return any(n.lineno in executed for n in ast.walk(stmt) if isinstance(n, ast.stmt) and runs_code(n))
 
 
 def _blocks(body: list[ast.stmt], parent: ast.AST | None, part: str,
@@ -61,7 +62,7 @@ def _blocks(body: list[ast.stmt], parent: ast.AST | None, part: str,
     start: ast.stmt | None = None
     end = 0
     for stmt in body:
-        if not _counts(stmt):
+        if not runs_code(stmt):
             continue
         if not _ran(stmt, executed):
             if start is None:

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from types import CodeType, FrameType
 from typing import Any
 
+from placecheck.run.coverage import runs_code
 from placecheck.sources import display_path
 
 MAX_BATCHES = 2
@@ -122,11 +123,11 @@ class _Rewriter(ast.NodeTransformer):
             self._scopes.pop()
 
     def _site(self, node: ast.For | ast.While, kind: str) -> Site:
+        text = self.text[node.lineno - 1].strip() if node.lineno <= len(self.text) else ""
+        lines = frozenset(n.lineno for part in (node.body, node.orelse) for stmt in part
+                          for n in ast.walk(stmt) if isinstance(n, ast.stmt) and runs_code(n))
         site = Site(index=len(self.sites), kind=kind, first=node.lineno, last=node.end_lineno or node.lineno,
-                    header=_shorten(self.text[node.lineno - 1].strip() if node.lineno <= len(self.text) else ""),
-                    scope=self._scopes[-1],
-                    lines=frozenset(n.lineno for part in (node.body, node.orelse) for stmt in part
-                                    for n in ast.walk(stmt) if isinstance(n, ast.stmt)))
+                    header=_shorten(text), scope=self._scopes[-1], lines=lines)
         self.sites.append(site)
         self._loops[-1].append(site.index)
         self._loops.append([])
@@ -139,7 +140,8 @@ class _Rewriter(ast.NodeTransformer):
         site = self._site(node, "for")
         self.generic_visit(node)
         self._inner(site)
-        call = ast.Call(func=ast.Name(LOOP, ast.Load()), args=[node.iter, ast.Constant(site.index)], keywords=[])
+        call = ast.Call(func=ast.Name(LOOP, ast.Load()), args=[node.iter, ast.Constant(site.index)],
+                        keywords=[])
         node.iter = ast.copy_location(call, node.iter)
         return node
 
@@ -217,7 +219,8 @@ class FastForward:
 
     # -- the helpers the rewritten script calls ---------------------------------------------------------
     def loop(self, iterable: Iterable[Any], site: int) -> Iterator[Any]:
-        """``for x in __placecheck_loop__(iterable, site)``: the iterable's items until fast-forward ends it."""
+        """``for x in __placecheck_loop__(iterable, site)``: the iterable's items until the fast-forward
+        ends it."""
         iterator = iter(iterable)
         state = _Loop(self.sites[site], id(sys._getframe(1)), not self.on, self.activity, self.steps)
         if self.on:
@@ -350,10 +353,10 @@ class FastForward:
                 out.append(f"run: fast-forward after {budget}: the loop at {span} (`{site.header}`) ran "
                            f"{site.extra} more iteration{'s' if site.extra != 1 else ''} to reach the lines "
                            "of its body that had not run")
-        for line, skipped in self.loader_cuts.items():
-            left = f": {skipped} batch{'es' if skipped != 1 else ''} skipped" if skipped else ""
-            out.append(f"run: fast-forward after {budget}: the iterators of the DataLoader iterated at {line} "
-                       f"ended early{left}; what they would have run is unchecked")
+        for line, batches in self.loader_cuts.items():
+            left = f": {batches} batch{'es' if batches != 1 else ''} skipped" if batches else ""
+            out.append(f"run: fast-forward after {budget}: the iterators of the DataLoader iterated at "
+                       f"{line} ended early{left}; what they would have run is unchecked")
         return out
 
 

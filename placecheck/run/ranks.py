@@ -334,7 +334,7 @@ def run_ranks(program: Program, options: RunOptions, codes: frozenset[str]) -> R
     """Run ``program`` as ``options.nproc_per_node`` ranks, each in a process of its own, and merge their
     reports."""
     from placecheck.formats.json import report_from_dict
-    from placecheck.report import Coverage, Report
+    from placecheck.report import Report
 
     nproc, gpus, timeout = options.nproc_per_node or 1, options.gpu_count, options.timeout
     config = {"target": program.target, "args": list(program.args), "options": options.to_dict(),
@@ -387,10 +387,10 @@ def run_ranks(program: Program, options: RunOptions, codes: frozenset[str]) -> R
 
 
 def _merge_coverage(coverages: Sequence[Coverage | None]) -> Coverage | None:
-    """The script's lines that ran on any rank (a line under ``if rank == 0:`` ran); the blocks never run
-    are those of the rank that ran the most."""
     from placecheck.report import Coverage
 
+    """The script's lines that ran on any rank (a line under ``if rank == 0:`` ran); the blocks never run
+    are those of the rank that ran the most."""
     known = [c for c in coverages if c is not None]
     if not known:
         return None
