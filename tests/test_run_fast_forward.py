@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from cli_runner import CliRunner
+from report_schema import validate_report
 
 from placecheck import cudaapi
 from placecheck.cli import app
@@ -190,6 +191,7 @@ def test_the_table_and_the_json_carry_the_coverage() -> None:
     assert f"checked 27 of 27 lines of {path}" in table.output
     result = CliRunner().invoke(app, ["run", path, "--format", "json"])
     data = json.loads(result.stdout)
+    validate_report(data)
     assert data["coverage"] == {"file": path, "lines": 27, "lines_run": 27, "lines_not_run": [],
                                 "blocks_not_run": []}
 

@@ -39,6 +39,11 @@ if TYPE_CHECKING:
     from placecheck.run.recorder import RunRecorder
 
 
+NO_FAST_FORWARD = "PLACECHECK_NO_FAST_FORWARD"
+"""Set (to anything), the run stops at the ``--steps`` budget instead of fast-forwarding: what
+``benchmarks/bench_fast_forward.py`` measures the fast-forward against."""
+
+
 def run(target: str | Callable[[], Any], args: Sequence[str] = (), *, options: RunOptions | None = None,
         module: bool = False, steps: int = DEFAULT_STEPS, gpus: int | None = None,
         timeout: float | None = None, select: Iterable[str] | None = None,
@@ -119,7 +124,7 @@ def _simulate(program: Program, options: RunOptions, codes: frozenset[str],
             recorder.ranks = RankChecks(recorder, *rank)
             recorder.target = str(recorder.ranks.own)
         lines = ScriptLines(program.filename)
-        if steps:
+        if steps and not os.environ.get(NO_FAST_FORWARD):
             # a -m module or a callable runs as it is: only its DataLoaders fast-forward
             script = program.target if isinstance(program.target, str) and not program.module else None
             recorder.fastforward = FastForward(script, executed=lines.executed)

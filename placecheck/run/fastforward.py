@@ -348,7 +348,7 @@ class FastForward:
                 skipped = f": {site.skipped} iteration{'s' if site.skipped != 1 else ''} skipped" \
                     if site.skipped else ""
                 out.append(f"run: fast-forward after {budget}: the loop at {span} (`{site.header}`) ended "
-                           f"early{times}{skipped}; what they would have run is unchecked")
+                           f"early{times}{skipped}, unchecked")
             elif site.extra:
                 out.append(f"run: fast-forward after {budget}: the loop at {span} (`{site.header}`) ran "
                            f"{site.extra} more iteration{'s' if site.extra != 1 else ''} to reach the lines "
@@ -356,7 +356,7 @@ class FastForward:
         for line, batches in self.loader_cuts.items():
             left = f": {batches} batch{'es' if batches != 1 else ''} skipped" if batches else ""
             out.append(f"run: fast-forward after {budget}: the iterators of the DataLoader iterated at "
-                       f"{line} ended early{left}; what they would have run is unchecked")
+                       f"{line} ended early{left}, unchecked")
         return out
 
 
