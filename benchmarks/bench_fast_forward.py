@@ -50,8 +50,9 @@ PROGRAMS: dict[str, tuple[str, list[str], dict[str, str]]] = {
                                 "8", "--batch_size", "4", "--accel", "--save", "model_lstm.pt"], {}),
     "word_language_model (Transformer)": (
         "word_language_model", ["main.py", "--", "--data", "./data/wikitext-2-small", "--model",
-                                "Transformer", "--use-optimizer", "--lr", "0.001", "--epochs", "1", "--dry-run",
-                                "--emsize", "16", "--nhid", "16", "--nlayers", "1", "--nhead", "2", "--bptt", "8",
+                                "Transformer", "--use-optimizer", "--lr", "0.001", "--epochs", "1",
+                                "--dry-run", "--emsize", "16", "--nhid", "16", "--nlayers", "1", "--nhead",
+                                "2", "--bptt", "8",
                                 "--batch_size", "4", "--accel", "--save", "model_tf.pt"], {}),
     "time_sequence_prediction": ("time_sequence_prediction", ["train.py", "--", "--steps", "1"],
                                  {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}),

@@ -201,8 +201,9 @@ class FastForward:
     budget: int = 0
     """The optimizer steps before the fast-forward (``--steps``)."""
     through_loaders: bool = False
-    """No loop of the script held the step that spent the budget (a library's fit loop, a helper
-    module's): the DataLoaders end the loops instead (:meth:`batch_allowed`)."""
+    """No loop of the script held the step that spent the budget (a library's fit loop), or the step
+    was in a helper module of the user's: the DataLoaders end the loops the script does not own
+    (:meth:`batch_allowed`)."""
     loader_cuts: dict[str, int] = field(default_factory=dict)
     """The line that iterated a DataLoader -> batches fast-forward left out of its iterators, where known."""
     _roles: dict[tuple[int, int], str] = field(default_factory=dict)
@@ -313,6 +314,8 @@ class FastForward:
         self.began_at = at
         self.budget = self.steps
         innermost = True
+        # a step in a helper module of the user's (its loops run as they are): its DataLoaders end them
+        elsewhere = frame is not None and frame.f_code.co_filename != self.filename
         while frame is not None:
             if self.filename is not None and frame.f_code.co_filename == self.filename:
                 scope = 0 if frame.f_code.co_name == "<module>" else frame.f_code.co_firstlineno
@@ -323,7 +326,7 @@ class FastForward:
                     self._roles[(id(frame), site.index)] = "innermost" if innermost else "outer"
                     innermost = False
             frame = frame.f_back
-        self.through_loaders = innermost
+        self.through_loaders = innermost or elsewhere
 
     def batch_allowed(self, started_before: bool, yielded: int, yielded_after: int) -> bool:
         """May a DataLoader iterator yield another batch? Always, but in a fast-forward through the
