@@ -204,6 +204,8 @@ class FastForward:
     """No loop of the script held the step that spent the budget (a library's fit loop), or the step
     was in a helper module of the user's: the DataLoaders end the loops the script does not own
     (:meth:`batch_allowed`)."""
+    training_loader: int | None = None
+    """id of the DataLoader whose batch the step that spent the budget trained on."""
     loader_cuts: dict[str, int] = field(default_factory=dict)
     """The line that iterated a DataLoader -> batches fast-forward left out of its iterators, where known."""
     _roles: dict[tuple[int, int], str] = field(default_factory=dict)
@@ -328,14 +330,18 @@ class FastForward:
             frame = frame.f_back
         self.through_loaders = innermost or elsewhere
 
-    def batch_allowed(self, started_before: bool, yielded: int, yielded_after: int) -> bool:
-        """May a DataLoader iterator yield another batch? Always, but in a fast-forward through the
-        DataLoaders: then an iterator that yielded batches before the budget was spent ends (the
-        training loop's), a later one yields at most :data:`MAX_BATCHES`."""
+    def batch_allowed(self, started_before: bool, yielded: int, yielded_after: int, loader: int) -> bool:
+        """May a DataLoader iterator (of the loader whose id is ``loader``) yield another batch? Always,
+        but in a fast-forward through the DataLoaders: then an iterator that yielded batches before the
+        budget was spent ends (the training loop's), a later one of the training DataLoader (the one the
+        last batch before the budget came from) yields none (its epoch ends at once, as an epoch loop
+        the script owns would end), another at most :data:`MAX_BATCHES`."""
         if not (self.on and self.through_loaders):
             return True
-        if started_before:
-            return yielded == 0
+        if started_before and yielded:
+            return False
+        if loader == self.training_loader:
+            return False
         return yielded_after < MAX_BATCHES
     # -- what it did ------------------------------------------------------------------------------------
     def notes(self, budget: str) -> list[str]:

@@ -34,6 +34,10 @@ class Loaders:
         self.recorder = recorder
         self.iterators: dict[int, tuple[bool, str]] = {}
         """id of a loader's iterator -> (its loader pins memory, the line that iterated it)."""
+        self.loader_of: dict[int, int] = {}
+        """id of a loader's iterator -> id of the loader."""
+        self.last_loader: int | None = None
+        """id of the loader the latest batch came from."""
         self.counts: dict[int, list[Any]] = {}
         """id of a loader's iterator -> [started before the fast-forward, batches, batches in it, its
         early end counted]."""
@@ -57,6 +61,7 @@ class Loaders:
             self.iterators[id(iterator)] = (bool(getattr(loader, "pin_memory", False)), here()[0])
             ff = self.recorder.fastforward
             self.counts[id(iterator)] = [ff is None or not ff.on, 0, 0, False]
+            self.loader_of[id(iterator)] = id(loader)
             return iterator
         return __iter__
 
@@ -65,7 +70,8 @@ class Loaders:
         def __next__(iterator: Any) -> Any:
             ff = self.recorder.fastforward
             count = self.counts.setdefault(id(iterator), [True, 0, 0, False])
-            if ff is not None and not ff.batch_allowed(*count[:3]):
+            if ff is not None and not ff.batch_allowed(count[0], count[1], count[2],
+                                                       self.loader_of.get(id(iterator), 0)):
                 pinned, loop = self.iterators.get(id(iterator), (False, ""))
                 if loop and not count[3]:
                     try:
@@ -78,6 +84,7 @@ class Loaders:
             with self.recorder.host_data():
                 batch = original(iterator)
             count[1] += 1
+            self.last_loader = self.loader_of.get(id(iterator))
             if ff is not None:
                 ff.activity += 1
                 if ff.on:

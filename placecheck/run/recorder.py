@@ -276,6 +276,7 @@ class RunRecorder:
             return
         if ff is not None and not ff.on:
             ff.begin(self.step_line, frame)
+            ff.training_loader = self.loaders.last_loader
             return
         if ff is None or self.steps >= self.max_steps + MAX_STEPS_AFTER:
             self.stopped_by_steps = True
