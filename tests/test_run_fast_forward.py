@@ -219,3 +219,62 @@ def test_every_rank_fast_forwards_to_its_metric_reduction_after_the_loop() -> No
     assert report.coverage is not None and report.coverage.run == report.coverage.lines
     fixed = run(script(FIXTURES / "ranks" / "metric_after_loop_fixed.py"), nproc_per_node=2)
     assert failing(fixed) == []
+
+
+_LOOPS = '''
+out = []
+for i in range(5):
+    if i == 3:
+        break
+    out.append(i)
+else:
+    out.append("no break")
+for i in range(2):
+    continue
+else:
+    out.append("for else")
+n = 0
+while (m := n + 1) < 4:
+    n = m
+else:
+    out.append(("while else", n))
+while True:
+    n += 1
+    if n > 6:
+        break
+
+
+class Table:
+    rows = []
+    for k in range(3):
+        rows.append(k * k)
+    while len(rows) < 5:
+        rows.append(0)
+
+
+def gen():
+    for x in "ab":
+        yield x
+    k = 0
+    while k < 2:
+        yield k
+        k += 1
+
+
+out += [n, Table.rows, list(gen()), [j for j in range(3) for _ in range(2)]]
+'''
+
+
+def test_the_rewritten_loops_behave_as_the_plain_ones_until_the_budget(tmp_path: Path) -> None:
+    from placecheck.run.fastforward import FastForward
+
+    path = tmp_path / "loops.py"
+    path.write_text(_LOOPS)
+    plain: dict[str, object] = {}
+    exec(compile(_LOOPS, str(path), "exec"), plain)
+    ff = FastForward(str(path))
+    assert ff.code is not None and len(ff.sites) == 8
+    rewritten: dict[str, object] = dict(ff.script_globals())
+    exec(ff.code, rewritten)
+    assert rewritten["out"] == plain["out"] == [0, 1, 2, "for else", ("while else", 3), 7, [0, 1, 4, 0, 0],
+                                                ["a", "b", 0, 1], [0, 0, 1, 1, 2, 2]]

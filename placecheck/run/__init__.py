@@ -52,7 +52,8 @@ def run(target: str | Callable[[], Any], args: Sequence[str] = (), *, options: R
     """Run a script (path), a module (``module=True``: ``python -m target``) or a callable on a
     simulated GPU and report every placement problem the program meets.
 
-    ``steps``: stop after that many ``optimizer.step()`` calls (0: run to the end).
+    ``steps``: after that many ``optimizer.step()`` calls skip the rest of the training loop and run the
+    rest of the script (:mod:`placecheck.run.fastforward`; 0: run every iteration).
     ``gpus``: what ``torch.cuda.device_count()`` answers (default 1, or ``nproc_per_node``).
     ``timeout``: stop after that many seconds. Stopping early is not an error; a note says where it
     stopped. ``engine``: ``tagged`` (real values on the CPU), ``fake`` (fake tensors: a job of any
