@@ -629,18 +629,50 @@ def test_the_fast_forward_runs_the_functions_after_the_loop_once(tmp_path: Path)
     assert report.coverage is not None and report.coverage.run == report.coverage.lines
 
 
-def test_a_stop_the_fast_forward_cannot_avoid_names_the_unrun_functions_it_would_call(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # a -m module runs as it is (its loops are not rewritten): a range loop does not end, and the run
-    # stops MAX_STEPS_AFTER steps after the budget, naming what it left unrun
-    (tmp_path / "trainmod.py").write_text(_STOP_IN_FUNCTION)
-    monkeypatch.chdir(tmp_path)
-    report = run("trainmod", steps=3, module=True)
+def test_a_stop_the_fast_forward_cannot_avoid_names_the_unrun_functions_it_would_call(tmp_path: Path) -> None:
+    # the training loop is in a helper module of the user's (run as it is, not rewritten) over a range, no
+    # DataLoader: nothing ends it, and the run stops MAX_STEPS_AFTER steps after the budget, naming what
+    # the stop left unrun
+    (tmp_path / "helper.py").write_text(
+        "import torch\n"
+        "\n"
+        "def fit(model):\n"
+        "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    for _ in range(40):\n"
+        "        model(torch.randn(2, 4, device='cuda')).sum().backward()\n"
+        "        opt.step()\n")
+    train = tmp_path / "train.py"
+    train.write_text(
+        "import torch\n"                                                       # 1
+        "from helper import fit\n"                                             # 2
+        "\n"                                                                   # 3
+        "\n"                                                                   # 4
+        "def evaluate(model):\n"                                               # 5
+        "    return model(torch.randn(2, 4, device='cuda')).sum().item()\n"    # 6
+        "\n"                                                                   # 7
+        "\n"                                                                   # 8
+        "def main():\n"                                                        # 9
+        "    model = torch.nn.Linear(4, 1).cuda()\n"                           # 10
+        "    fit(model)\n"                                                     # 11
+        "    print(evaluate(model))\n"                                         # 12
+        "\n"                                                                   # 13
+        "\n"                                                                   # 14
+        "main()\n")                                                            # 15
+    report = run(str(train), steps=3)
     [note] = [n for n in report.notes if n.startswith("run: stopped")]
     assert "after 11 optimizer steps (--steps 3, 8 of them after the budget: the fast-forward did not " \
            "end the training loop)" in note
-    assert "lines 15 (`print(epoch, evaluate(model))`); evaluate() (line 5); --steps 0 runs" in note
-    assert run(str(tmp_path / "trainmod.py"), steps=0).findings[0].code == "PC204"  # evaluate's .item() ran
+    assert "lines 12 (`print(evaluate(model))`); evaluate() (line 6); --steps 0 runs" in note
+    assert run(str(train), steps=0).findings[0].code == "PC204"  # evaluate's .item() ran
+
+
+def test_a_module_run_with_m_fast_forwards_as_a_script(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "trainmod.py").write_text(_STOP_IN_FUNCTION)
+    monkeypatch.chdir(tmp_path)
+    report = run("trainmod", steps=3, module=True)
+    assert [(f.code, f.source.rsplit(":", 1)[1]) for f in report.findings] == [("PC204", "5")]
+    assert dict(report.stats)["optimizer_steps"] == 3
 
 
 def test_sync_rates_come_from_the_counts_not_assumed_per_step() -> None:

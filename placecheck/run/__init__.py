@@ -126,9 +126,8 @@ def _simulate(program: Program, options: RunOptions, codes: frozenset[str],
             recorder.target = str(recorder.ranks.own)
         lines = ScriptLines(program.filename)
         if steps and not os.environ.get(NO_FAST_FORWARD):
-            # a -m module or a callable runs as it is: only its DataLoaders fast-forward
-            script = program.target if isinstance(program.target, str) and not program.module else None
-            recorder.fastforward = FastForward(script, executed=lines.executed)
+            # a callable runs as it is: only its DataLoaders fast-forward
+            recorder.fastforward = FastForward(program.filename, executed=lines.executed)
         return recorder, lines
 
     recorder, lines = new_recorder()

@@ -246,17 +246,18 @@ class FastForward:
         """``__placecheck_while_N__ = __placecheck_while__(site)``, just before ``while``."""
         return _Loop(self.sites[site], id(sys._getframe(1)), not self.on, self.activity, self.steps)
 
-    def again(self, state: _Loop, test: Any) -> Any:
-        """``while __placecheck_again__(loop, test):``: the test, or False when fast-forward ends the loop."""
+    def again(self, state: _Loop, test: Any) -> bool:
+        """``while __placecheck_again__(loop, test):``: the test's truth (read once, as ``while`` reads it: a
+        tensor's is one host sync), or False when the fast-forward ends the loop."""
         if not test:
-            return test
+            return False
         if state.items and not self._again(state):
             self._cut(state)
             return False
         state.items += 1
         if self.on:
             state.items_after += 1
-        return test
+        return True
 
     # -- decisions --------------------------------------------------------------------------------------
     def _again(self, state: _Loop) -> bool:

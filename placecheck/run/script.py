@@ -153,6 +153,10 @@ def execute(program: Program, timeout: float | None = None, notes: list[str] | N
             target = program.target
             if callable(target):
                 target()
+            elif program.module and code is not None:
+                # what runpy.run_module(alter_sys=True) does, with this code
+                _, spec, _ = runpy._get_module_details(target)  # type: ignore[attr-defined]
+                runpy._run_module_code(code[0], code[1], "__main__", spec)  # type: ignore[attr-defined]
             elif program.module:
                 runpy.run_module(target, run_name="__main__", alter_sys=True)
             elif code is not None:
