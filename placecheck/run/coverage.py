@@ -10,6 +10,7 @@ A statement counts by its first line, as coverage tools count it; docstrings and
 from __future__ import annotations
 
 import ast
+import io
 from collections.abc import Iterator
 
 from placecheck.report import Coverage
@@ -35,8 +36,8 @@ def runs_code(stmt: ast.stmt) -> bool:
 def coverage_of(filename: str, executed: set[int]) -> Coverage | None:
     """The coverage of ``filename`` given the lines that ran; None when it cannot be read."""
     try:
-        with open(filename, encoding="utf-8") as handle:
-            source = handle.read()
+        with io.open_code(filename) as handle:  # as runpy reads it (placecheck fix's proof edits it there)
+            source = handle.read().decode("utf-8")
         tree = ast.parse(source, filename)
     except (OSError, SyntaxError, ValueError, UnicodeDecodeError, RecursionError):
         return None

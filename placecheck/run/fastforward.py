@@ -30,6 +30,7 @@ optimizer :data:`MAX_STEPS_AFTER` times past the budget is stopped as before (th
 from __future__ import annotations
 
 import ast
+import io
 import operator
 import sys
 from collections.abc import Iterable, Iterator
@@ -167,7 +168,7 @@ def compile_script(filename: str) -> tuple[CodeType, list[Site]] | None:
     """The script's code with its loops rewritten, and its loop sites; None when it cannot be read (the
     script then runs as it is, and only its DataLoaders fast-forward)."""
     try:
-        with open(filename, "rb") as handle:
+        with io.open_code(filename) as handle:  # as runpy reads it (placecheck fix's proof edits it there)
             source = handle.read()
         tree = ast.parse(source, filename)
         rewriter = _Rewriter(source.decode("utf-8", "replace").splitlines())
