@@ -127,7 +127,7 @@ def _simulate(program: Program, options: RunOptions, codes: frozenset[str],
         lines = ScriptLines(program.filename)
         if steps and not os.environ.get(NO_FAST_FORWARD):
             # a callable runs as it is: only its DataLoaders fast-forward
-            recorder.fastforward = FastForward(program.filename, executed=lines.executed)
+            recorder.fastforward = FastForward(program.filename, lines=lines)
         return recorder, lines
 
     recorder, lines = new_recorder()

@@ -39,6 +39,7 @@ from types import CodeType, FrameType
 from typing import Any
 
 from placecheck.run.coverage import runs_code
+from placecheck.run.lines import ScriptLines
 from placecheck.sources import display_path
 
 MAX_BATCHES = 2
@@ -182,12 +183,13 @@ def compile_script(filename: str) -> tuple[CodeType, list[Site]] | None:
 class FastForward:
     """The fast-forward of one run: its loop sites, the work counters, and whether the budget is spent.
 
-    ``executed`` is the set of the script's lines that ran (:class:`placecheck.run.lines.ScriptLines`).
+    ``lines`` watches which of the script's lines ran (:class:`placecheck.run.lines.ScriptLines`); when it
+    could not (another tracer in the way), no loop runs on to reach unrun lines.
     Not reentrant: one per run.
     """
 
     filename: str | None
-    executed: set[int] = field(default_factory=set)
+    lines: ScriptLines | None = None
     on: bool = False
     """The budget is spent: loops end early."""
     activity: int = 0
@@ -298,7 +300,9 @@ class FastForward:
                 lines -= inner.lines
             else:
                 todo.extend(inner.inner)
-        return lines - self.executed
+        if self.lines is None or not self.lines.measured:
+            return set()
+        return lines - self.lines.executed
 
     def _cut(self, state: _Loop) -> None:
         if state.done:
