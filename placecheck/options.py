@@ -101,8 +101,8 @@ def split_codes(values: Iterable[str] | str | None) -> tuple[str, ...]:
 
 
 DEFAULT_STEPS = 2
-"""What ``--steps`` not given means for ``placecheck run`` and ``fix --run``: stop after two
-optimizer steps."""
+"""What ``--steps`` not given means for ``placecheck run`` and ``fix --run``: after two optimizer steps
+the rest of the training loop is skipped (the fast-forward)."""
 
 
 def _check_int(flag: str, value: Any, least: int, why: str = "") -> None:
@@ -439,7 +439,8 @@ class RunOptions(CommonOptions):
     module: bool = False
     """The target is a module, run as ``python -m MODULE`` would (``-m``/``--module``), not a script."""
     steps: int = DEFAULT_STEPS
-    """Stop after this many ``optimizer.step()`` calls (``--steps``); 0: run to the end."""
+    """After this many ``optimizer.step()`` calls (``--steps``) the rest of the training loop is skipped
+    and the rest of the script runs; 0: run every iteration."""
     timeout: float | None = None
     """Stop the script after this many seconds (``--timeout``), which is not an error; None: no limit."""
     engine: str = "auto"
@@ -495,7 +496,8 @@ class FixOptions(AuditOptions):
     """The target is a training or inference script, run as ``placecheck run`` runs it (``--run``);
     then only ``gpus``, ``steps``, ``timeout``, ``select``, ``ignore`` and ``unsafe`` apply."""
     steps: int | None = None
-    """With ``run``: stop after this many optimizer steps (``--steps``; None: 2, as ``placecheck run``)."""
+    """With ``run``: fast-forward after this many optimizer steps (``--steps``; None: 2, as ``placecheck
+    run``)."""
     timeout: float | None = None
     """With ``run``: stop the script after this many seconds (``--timeout``)."""
     unsafe: bool = False

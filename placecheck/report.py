@@ -170,6 +170,40 @@ class DeviceMap:
         return out
 
 
+@dataclass(frozen=True)
+class Coverage:
+    """Which of a script's statements ``placecheck run`` ran: what its findings cover."""
+
+    file: str
+    """The script, as the report names it (``train.py``)."""
+    lines: int
+    """Its executable lines: the first line of each statement."""
+    run: int
+    """How many of them ran."""
+    not_run: tuple[int, ...] = ()
+    """The lines that never ran, ascending."""
+    blocks: tuple[str, ...] = ()
+    """The blocks that never ran, each with why when the script says it (``41-43 (`if epoch % 10 ==
+    9:` never true)``)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"file": self.file, "lines": self.lines, "lines_run": self.run,
+                "lines_not_run": list(self.not_run), "blocks_not_run": list(self.blocks)}
+
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> Coverage:
+        return Coverage(str(data["file"]), int(data["lines"]), int(data["lines_run"]),
+                        tuple(int(n) for n in data.get("lines_not_run", ())),
+                        tuple(str(b) for b in data.get("blocks_not_run", ())))
+
+    def line(self) -> str:
+        """``checked 61 of 64 lines of train.py; never ran: lines 41-43 (...)``."""
+        text = f"checked {self.run} of {self.lines} lines of {self.file}"
+        if self.blocks:
+            text += "; never ran: " + "; ".join(self.blocks)
+        return text
+
+
 def _device_order(device: str) -> tuple[int, str, int]:
     """cuda:0 < cuda:1 < cuda:10 < cpu < disk: GPUs by index, then the rest by name."""
     kind, _, index = device.partition(":")
@@ -211,6 +245,8 @@ class Report:
     """When the script raised an exception of its own (:attr:`unfinished` says which, and where): the
     script's own frames of its traceback, as Python prints them; ``placecheck run`` writes them to
     stderr under its one-line error."""
+    coverage: Coverage | None = None
+    """Which lines of the script ``placecheck run`` ran (None for an audit, or when not measured)."""
 
     @staticmethod
     def build(
@@ -218,6 +254,7 @@ class Report:
         notes: Iterable[str] = (), stats: dict[str, int] | None = None, incomplete: str = "",
         group: bool = False, device_map: DeviceMap | None = None, unfinished: str = "",
         script_traceback: tuple[str, ...] = (),
+        coverage: Coverage | None = None,
     ) -> Report:
         """Make a report with findings in their canonical order.
 
@@ -231,6 +268,7 @@ class Report:
             findings=tuple(ordered),
             notes=tuple(notes), stats=tuple((stats or {}).items()), incomplete=incomplete,
             device_map=device_map, unfinished=unfinished, script_traceback=script_traceback,
+            coverage=coverage,
         )
 
     @property

@@ -81,7 +81,8 @@ def test_batch_element_left_on_the_cpu_names_the_loss_the_loader_line_and_the_el
 def test_batch_fully_moved_is_clean() -> None:
     report = run(script("batch_fixed.py"))
     assert report.findings == ()
-    assert any("stopped after 2 optimizer steps" in n for n in report.notes)
+    [ending] = [n for n in report.notes if n.startswith("run: the script ran to its end")]
+    assert "2 optimizer steps, then a fast-forward from" in ending
 
 
 # -- 2. a criterion or metric holding CPU tensors -------------------------------------------------------
@@ -164,7 +165,10 @@ def test_a_sync_inside_installed_code_in_forward_is_info_naming_it() -> None:
 
 
 def test_no_syncs_in_loop_or_forward_is_clean() -> None:
-    assert run(script("syncs_fixed.py")).findings == ()
+    # the loop never syncs; the one read after it (the fast-forward runs it) is an info, said as it ran
+    [after] = run(script("syncs_fixed.py")).findings
+    assert (after.code, after.severity, after.source) == ("PC204", Severity.INFO, at("syncs_fixed.py", 30))
+    assert "once after the last optimizer step" in after.message
 
 
 # -- 4. checkpoints and resumed optimizers ----------------------------------------------------------------
@@ -481,11 +485,10 @@ def test_example_training_loop_with_labels_forgotten() -> None:
     pytest.importorskip("torchvision")  # the example loads FakeData; no torchvision beside the CPU-only build
     buggy = run(os.path.relpath(EXAMPLES / "train_buggy.py"))
     assert [f.where for f in buggy.findings if f.code == "PC201"] == ["labels"]
-    # the logging line after optimizer.step() ran once before the --steps stop: too few steps to say
-    # whether every step or every N steps
+    # the logging line after optimizer.step() ran after both steps (the fast-forward ends the loop after
+    # the iteration of the second step, not inside it)
     [logging] = [f for f in buggy.findings if f.code == "PC204"]
-    assert ("once in 1 optimizer step (too few to tell a per-step sync from an every-N-steps one: run with "
-            "--steps 3)") in logging.message
+    assert "1 per optimizer step" in logging.message
     fixed = run(os.path.relpath(EXAMPLES / "train_fixed.py"))
     assert fixed.ok and "PC201" not in codes(fixed)
 
@@ -576,47 +579,100 @@ def test_a_python_bug_inside_placecheck_during_the_run_is_the_simulations_limit(
     assert report.unfinished.startswith("the simulation stopped at " + script("batch_fixed.py"))
 
 
-def test_steps_stop_names_the_evaluation_and_save_it_left_unrun_and_steps_0_finds_the_accumulator() -> None:
+def test_after_the_steps_the_evaluation_runs_fast_forwarded_and_finds_the_accumulator() -> None:
     report = run(script("eval_buggy.py"))
-    assert report.findings == () and report.unfinished == ""
-    [note] = [n for n in report.notes if n.startswith("run: stopped")]
-    assert f"after 2 optimizer steps (--steps 2) at {at('eval_buggy.py', 21)}" in note
-    assert (f"never ran, and is unchecked: {script('eval_buggy.py')} lines 23-24 (`model.eval()`), "
-            "25-28 (`with torch.no_grad():`), 30-31 (`with tempfile.TemporaryDirectory() as folder:`); "
-            "--steps 0 runs the script to its end") in note
-    whole = run(script("eval_buggy.py"), steps=0)
-    [finding] = whole.findings
-    assert (finding.code, finding.where, finding.source, finding.origin) == (
-        "PC201", "val_loss", at("eval_buggy.py", 28), at("eval_buggy.py", 24))
-    assert "created by torch.tensor at" in finding.message
+    assert report.unfinished == ""
+    [ending] = [n for n in report.notes if n.startswith("run: the script ran to its end")]
+    assert f"2 optimizer steps, then a fast-forward from {at('eval_buggy.py', 21)} (--steps 2)" in ending
+    assert (f"the loop at {script('eval_buggy.py')}:16-21 (`for _step in range(4):`) ended early: "
+            "2 iterations skipped") in "\n".join(report.notes)
+    for whole in (report, run(script("eval_buggy.py"), steps=0)):
+        [finding] = whole.findings
+        assert (finding.code, finding.where, finding.source, finding.origin) == (
+            "PC201", "val_loss", at("eval_buggy.py", 28), at("eval_buggy.py", 24))
+        assert "created by torch.tensor at" in finding.message
+    assert run(script("eval_fixed.py")).findings == ()
     assert run(script("eval_fixed.py"), steps=0).findings == ()
 
 
-def test_a_stop_inside_a_function_names_the_unrun_functions_it_would_call(tmp_path: Path) -> None:
+_STOP_IN_FUNCTION = (
+    "import torch\n"                                                       # 1
+    "\n"                                                                   # 2
+    "\n"                                                                   # 3
+    "def evaluate(model):\n"                                               # 4
+    "    return model(torch.randn(2, 4, device='cuda')).sum().item()\n"    # 5
+    "\n"                                                                   # 6
+    "\n"                                                                   # 7
+    "def main():\n"                                                        # 8
+    "    model = torch.nn.Linear(4, 1).cuda()\n"                           # 9
+    "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"              # 10
+    "    for epoch in range(3):\n"                                         # 11
+    "        for _ in range(40):\n"                                        # 12
+    "            model(torch.randn(2, 4, device='cuda')).sum().backward()\n"  # 13
+    "            opt.step()\n"                                             # 14
+    "        print(epoch, evaluate(model))\n"                              # 15
+    "\n"                                                                   # 16
+    "\n"                                                                   # 17
+    "main()\n")                                                            # 18
+
+
+def test_the_fast_forward_runs_the_functions_after_the_loop_once(tmp_path: Path) -> None:
+    train = tmp_path / "train.py"
+    train.write_text(_STOP_IN_FUNCTION)
+    report = run(str(train), steps=3)
+    [finding] = report.findings
+    assert (finding.code, finding.source) == ("PC204", f"{train}:5")  # evaluate's .item()
+    notes = "\n".join(report.notes)
+    assert f"the loop at {train}:12-14 (`for _ in range(40):`) ended early: 37 iterations skipped" in notes
+    assert f"the loop at {train}:11-15 (`for epoch in range(3):`) ended early: 2 iterations skipped" in notes
+    assert dict(report.stats)["optimizer_steps"] == 3
+    assert report.coverage is not None and report.coverage.run == report.coverage.lines
+
+
+def test_a_stop_the_fast_forward_cannot_avoid_names_the_unrun_functions_it_would_call(tmp_path: Path) -> None:
+    # the training loop is in a helper module of the user's (run as it is, not rewritten) over a range, no
+    # DataLoader: nothing ends it, and the run stops MAX_STEPS_AFTER steps after the budget, naming what
+    # the stop left unrun
+    (tmp_path / "helper.py").write_text(
+        "import torch\n"
+        "\n"
+        "def fit(model):\n"
+        "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    for _ in range(40):\n"
+        "        model(torch.randn(2, 4, device='cuda')).sum().backward()\n"
+        "        opt.step()\n")
     train = tmp_path / "train.py"
     train.write_text(
         "import torch\n"                                                       # 1
-        "\n"                                                                   # 2
+        "from helper import fit\n"                                             # 2
         "\n"                                                                   # 3
-        "def evaluate(model):\n"                                               # 4
-        "    return model(torch.randn(2, 4, device='cuda')).sum().item()\n"    # 5
-        "\n"                                                                   # 6
+        "\n"                                                                   # 4
+        "def evaluate(model):\n"                                               # 5
+        "    return model(torch.randn(2, 4, device='cuda')).sum().item()\n"    # 6
         "\n"                                                                   # 7
-        "def main():\n"                                                        # 8
-        "    model = torch.nn.Linear(4, 1).cuda()\n"                           # 9
-        "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"              # 10
-        "    for epoch in range(3):\n"                                         # 11
-        "        for _ in range(4):\n"                                         # 12
-        "            model(torch.randn(2, 4, device='cuda')).sum().backward()\n"  # 13
-        "            opt.step()\n"                                             # 14
-        "        print(epoch, evaluate(model))\n"                              # 15
-        "\n"                                                                   # 16
-        "\n"                                                                   # 17
-        "main()\n")                                                            # 18
+        "\n"                                                                   # 8
+        "def main():\n"                                                        # 9
+        "    model = torch.nn.Linear(4, 1).cuda()\n"                           # 10
+        "    fit(model)\n"                                                     # 11
+        "    print(evaluate(model))\n"                                         # 12
+        "\n"                                                                   # 13
+        "\n"                                                                   # 14
+        "main()\n")                                                            # 15
     report = run(str(train), steps=3)
     [note] = [n for n in report.notes if n.startswith("run: stopped")]
-    assert "lines 15 (`print(epoch, evaluate(model))`); evaluate() (line 5); --steps 0 runs" in note
+    assert "after 11 optimizer steps (--steps 3, 8 of them after the budget: the fast-forward did not " \
+           "end the training loop)" in note
+    assert "lines 12 (`print(evaluate(model))`); evaluate() (line 6); --steps 0 runs" in note
     assert run(str(train), steps=0).findings[0].code == "PC204"  # evaluate's .item() ran
+
+
+def test_a_module_run_with_m_fast_forwards_as_a_script(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "trainmod.py").write_text(_STOP_IN_FUNCTION)
+    monkeypatch.chdir(tmp_path)
+    report = run("trainmod", steps=3, module=True)
+    assert [(f.code, f.source.rsplit(":", 1)[1]) for f in report.findings] == [("PC204", "5")]
+    assert dict(report.stats)["optimizer_steps"] == 3
 
 
 def test_sync_rates_come_from_the_counts_not_assumed_per_step() -> None:
@@ -627,11 +683,12 @@ def test_sync_rates_come_from_the_counts_not_assumed_per_step() -> None:
     cut = run(script("syncs_every_n.py"), steps=5)  # step 0 only: once in the steps that ran
     cut_rates = {f.source: f.message for f in cut.findings}
     assert "once in 5 optimizer steps" in cut_rates[at("syncs_every_n.py", 16)]
-    # --steps 2 stops inside the second step(): the line after step() ran after step 0 only, the one step
-    # that could show it; every step or every 10 cannot be told from one; with 3 steps they can
+    # --steps 2 fast-forwards after the iteration of the second step(): the line after step() could run
+    # in two steps, ran in one; the line after the loop ran once after them
     short = {f.source: f.message for f in run(script("syncs_every_n.py"), steps=2).findings}
-    assert "once in 1 optimizer step (too few to tell" in short[at("syncs_every_n.py", 16)]
+    assert "once in 2 optimizer steps" in short[at("syncs_every_n.py", 16)]
     assert "per optimizer step" not in short[at("syncs_every_n.py", 16)]
+    assert "once after the last optimizer step" in short[at("syncs_every_n.py", 17)]
     three = {f.source: f.message for f in run(script("syncs_every_n.py"), steps=3).findings}
     assert "once in 3 optimizer steps" in three[at("syncs_every_n.py", 16)]
 

@@ -21,10 +21,17 @@ from placecheck.run import run
 from placecheck.run.fsdp import ALL_GATHER, fully_shard_homes
 
 
+def past_the_steps(note: str) -> bool:
+    """The ending note of a run that went on past its 2 optimizer steps: it fast-forwarded to the end of
+    the script (or stopped at the steps, where the fast-forward could not end the training)."""
+    return (note.startswith("run: the script ran to its end (") and "a fast-forward from" in note) \
+        or note.startswith("run: stopped after ")
+
+
 def clean(report: Report) -> bool:
     """No finding above info, exit 0, and the run went on to its --steps."""
     return failing(report) == [] and exit_code([report]) == 0 and \
-        any("stopped after 2 optimizer steps" in n for n in report.notes) and not report.unfinished
+        any(past_the_steps(n) for n in report.notes) and not report.unfinished
 
 
 # -- FSDP2 ---------------------------------------------------------------------------------------------------

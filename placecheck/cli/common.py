@@ -146,8 +146,8 @@ ExampleInputs = Annotated[str | None, typer.Option(
          "(positional), a dict (keyword) or (args, kwargs).")]
 Steps = Annotated[int | None, typer.Option(
     "--steps", metavar="N", min=0, rich_help_panel=PANEL_INPUTS,
-    help=f"Stop the script after this many optimizer steps (0: run to the end; default: "
-         f"{DEFAULT_STEPS}).")]
+    help=f"After this many optimizer steps, skip the rest of the training loop and run the rest of the "
+         f"script (0: run every iteration; default: {DEFAULT_STEPS}).")]
 Timeout = Annotated[float | None, typer.Option(
     "--timeout", metavar="SECONDS", min=0.001, rich_help_panel=PANEL_INPUTS,
     help="Seconds the work may take before it is stopped. audit TARGET: the audit runs in a child "

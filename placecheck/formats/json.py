@@ -9,7 +9,7 @@ from typing import Any
 
 from placecheck.finding import Finding
 from placecheck.formats.base import Formatter
-from placecheck.report import DeviceMap, Report
+from placecheck.report import Coverage, DeviceMap, Report
 
 SCHEMA_VERSION = 1
 
@@ -18,7 +18,8 @@ def report_to_dict(report: Report) -> dict[str, Any]:
     """The JSON object for one report (also used by multi-model formats).
 
     A report with a device map (``--device keep``) also has ``device_map`` (stages, bytes per
-    device, budgets) and ``transfers`` (every cross-device copy of one forward).
+    device, budgets) and ``transfers`` (every cross-device copy of one forward); one of ``placecheck
+    run`` has ``coverage`` (the script's lines that ran, and those that did not).
     """
     placed = {} if report.device_map is None else {
         "device_map": report.device_map.to_dict(),
@@ -34,6 +35,7 @@ def report_to_dict(report: Report) -> dict[str, Any]:
         "stats": dict(report.stats),
         "findings": [f.to_dict() for f in report.findings],
         **placed,
+        **({"coverage": report.coverage.to_dict()} if report.coverage is not None else {}),
     }
 
 
@@ -54,6 +56,7 @@ def report_from_dict(data: dict[str, Any]) -> Report:
         unfinished=str(data.get("summary", {}).get("unfinished", "")),
         device_map=DeviceMap.from_dict(data["device_map"], data.get("transfers"))
         if "device_map" in data else None,
+        coverage=Coverage.from_dict(data["coverage"]) if "coverage" in data else None,
     )
 
 

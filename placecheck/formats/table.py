@@ -132,6 +132,8 @@ class TableFormatter(Formatter):
                 lines.append("")
             lines += [*(line for text in report.device_map.lines()
                         for line in _wrap_lines(text, width, "", "      ")), ""]
+        if report.coverage is not None:
+            lines += _wrap(report.coverage.line(), width, rest="  ")
         lines += _wrap(report.summary_line(), width, rest="  ")
         return "\n".join(lines) + "\n"
 

@@ -35,8 +35,14 @@ from placecheck.rules import selected
 from placecheck.run.script import Outcome, Program, execute, exit_status, exited, raised, user_traceback
 
 if TYPE_CHECKING:
+    from placecheck.run.fastforward import FastForward
     from placecheck.run.lines import ScriptLines
     from placecheck.run.recorder import RunRecorder
+
+
+NO_FAST_FORWARD = "PLACECHECK_NO_FAST_FORWARD"
+"""Set (to anything), the run stops at the ``--steps`` budget instead of fast-forwarding: what
+``benchmarks/bench_fast_forward.py`` measures the fast-forward against."""
 
 
 def run(target: str | Callable[[], Any], args: Sequence[str] = (), *, options: RunOptions | None = None,
@@ -47,7 +53,8 @@ def run(target: str | Callable[[], Any], args: Sequence[str] = (), *, options: R
     """Run a script (path), a module (``module=True``: ``python -m target``) or a callable on a
     simulated GPU and report every placement problem the program meets.
 
-    ``steps``: stop after that many ``optimizer.step()`` calls (0: run to the end).
+    ``steps``: after that many ``optimizer.step()`` calls skip the rest of the training loop and run the
+    rest of the script (:mod:`placecheck.run.fastforward`; 0: run every iteration).
     ``gpus``: what ``torch.cuda.device_count()`` answers (default 1, or ``nproc_per_node``).
     ``timeout``: stop after that many seconds. Stopping early is not an error; a note says where it
     stopped. ``engine``: ``tagged`` (real values on the CPU), ``fake`` (fake tensors: a job of any
@@ -99,6 +106,8 @@ def _simulate(program: Program, options: RunOptions, codes: frozenset[str],
     torchrun launch (:mod:`placecheck.run.ranks`), whose collectives and DDP GPUs are returned too."""
     from placecheck import cudaapi
     from placecheck.engine import SIMULATED_CUDA, SIMULATED_CUDA_VALUES
+    from placecheck.run.coverage import coverage_of
+    from placecheck.run.fastforward import FastForward
     from placecheck.run.lines import ScriptLines
     from placecheck.run.ranks import RankChecks, launcher_note
     from placecheck.run.recorder import RunRecorder
@@ -113,16 +122,19 @@ def _simulate(program: Program, options: RunOptions, codes: frozenset[str],
 
     checks: list[RankChecks] = []  # the rank's checks of the newest recorder
 
-    def new_recorder() -> RunRecorder:
+    def new_recorder() -> tuple[RunRecorder, ScriptLines]:
         recorder = RunRecorder(gpus=gpus, steps=steps)
         if rank is not None:
             checks[:] = [RankChecks(recorder, *rank)]
             recorder.ranks = checks[0]
             recorder.target = str(checks[0].own)
-        return recorder
+        lines = ScriptLines(program.filename)
+        if steps and not os.environ.get(NO_FAST_FORWARD):
+            # a callable runs as it is: only its DataLoaders fast-forward
+            recorder.fastforward = FastForward(program.filename, lines=lines)
+        return recorder, lines
 
-    recorder = new_recorder()
-    lines = ScriptLines(program.filename)
+    recorder, lines = new_recorder()
     if choice in ("tagged", "auto"):
         from placecheck.tagged import tagged_cuda
 
@@ -145,7 +157,7 @@ def _simulate(program: Program, options: RunOptions, codes: frozenset[str],
                 stack.enter_context(random_state_kept())
                 stack.enter_context(probe.capturing())
             with _environment_kept(), tagged_cuda(gpus), recorder.recording(), lines.watching():
-                outcome = execute(program, timeout, notes)
+                outcome = execute(program, timeout, notes, _rewritten(recorder))
             if probe is not None and probe.decided != "fake":
                 probe.done()
                 notes.insert(0, probe.note(f"{gpus} GPU{plural}"))
@@ -154,8 +166,7 @@ def _simulate(program: Program, options: RunOptions, codes: frozenset[str],
         if probe is not None and probe.decided == "fake":
             del outcome
             notes = [probe.note()]
-            recorder = new_recorder()
-            lines = ScriptLines(program.filename)
+            recorder, lines = new_recorder()
             gc.collect()  # the abandoned attempt's tensors
             choice = "fake"
     if choice == "fake":
@@ -182,12 +193,11 @@ def _simulate(program: Program, options: RunOptions, codes: frozenset[str],
             if fits:
                 notes = notes[:2]
                 del outcome
-                recorder = new_recorder()
-                lines = ScriptLines(program.filename)
+                recorder, lines = new_recorder()
                 assumed = []
                 gc.collect()  # the fake run's tensors
                 with _environment_kept(), tagged_cuda(gpus), recorder.recording(), lines.watching():
-                    outcome = execute(program, timeout, notes)
+                    outcome = execute(program, timeout, notes, _rewritten(recorder))
                 finding = recorder.error_finding(outcome.error) if outcome.error is not None else None
                 choice = "tagged"
     elif outcome.error is not None:
@@ -203,7 +213,10 @@ def _simulate(program: Program, options: RunOptions, codes: frozenset[str],
             finding, own_error = None, outcome.error
         if finding is not None:
             findings.append(finding)
-    notes.append(recorder.limit or _ending(outcome, recorder.steps, lines, own_error is not None))
+    notes.append(recorder.limit or _ending(outcome, recorder.steps, lines, own_error is not None,
+                                           recorder.fastforward))
+    if recorder.fastforward is not None:
+        notes.extend(recorder.fastforward.notes(f"{steps} optimizer step{'s' if steps != 1 else ''}"))
     if rank is None and launcher_note(outcome.error):
         notes.append(launcher_note(outcome.error))
     if not recorder.moves.moved_modules and not recorder.optimizers:
@@ -215,9 +228,11 @@ def _simulate(program: Program, options: RunOptions, codes: frozenset[str],
     kept = [f for f in findings if f.code in codes]
     stats = {"optimizer_steps": recorder.steps, "modules_moved": len(recorder.moves.moved_modules),
              "optimizers": len(recorder.optimizers)}
+    covered = coverage_of(lines.filename, lines.executed) if lines.measured and lines.filename else None
     report = Report.build(program.name, recorder.target, device_name, kept, notes, stats,
                           unfinished=_unfinished(outcome, recorder.limit, own_error),
-                          script_traceback=user_traceback(own_error) if own_error is not None else ())
+                          script_traceback=user_traceback(own_error) if own_error is not None else (),
+                          coverage=covered)
     return report, list(checks[0].uses) if checks else []
 
 
@@ -251,8 +266,14 @@ def _run_fake(program: Program, recorder: RunRecorder, lines: ScriptLines, gpus:
     recorder.host_data = on_host
     with _environment_kept(), quiet(FAKE_TENSOR_LOGGER), fake_cuda(gpus) as datadep, recorder.recording(), \
             lines.watching():
-        outcome = execute(program, timeout, notes)
+        outcome = execute(program, timeout, notes, _rewritten(recorder))
     return outcome, datadep.notes(phase="run")
+
+
+def _rewritten(recorder: RunRecorder) -> tuple[types.CodeType, dict[str, Any]] | None:
+    """The script's code with its loops rewritten for the fast-forward, and the globals it needs."""
+    ff = recorder.fastforward
+    return (ff.code, ff.script_globals()) if ff is not None and ff.code is not None else None
 
 
 def _unfinished(outcome: Outcome, limit: str, own_error: BaseException | None) -> str:
@@ -269,9 +290,16 @@ def _unfinished(outcome: Outcome, limit: str, own_error: BaseException | None) -
     return ""
 
 
-def _ending(outcome: Outcome, steps: int, lines: ScriptLines, own_error: bool = False) -> str:
+def _ending(outcome: Outcome, steps: int, lines: ScriptLines, own_error: bool = False,
+            ff: FastForward | None = None) -> str:
     at = f" at {outcome.line}" if outcome.line else ""
     done = f"{steps} optimizer step{'s' if steps != 1 else ''}"
+    if ff is not None and ff.on:
+        done = (f"{done}, the last {steps - ff.budget} after a fast-forward from {ff.began_at} (--steps "
+                f"{ff.budget}): the rest of the training loop skipped, the rest of the script run; --steps 0 "
+                "runs every iteration") if steps > ff.budget else (
+            f"{done}, then a fast-forward from {ff.began_at} (--steps {ff.budget}): the rest of the training "
+            "loop skipped, the rest of the script run; --steps 0 runs every iteration")
     if outcome.kind == "stopped":
         again = "--steps 0 runs" if outcome.reason.startswith("after") else "a longer --timeout runs"
         unrun = lines.unrun_after_stop(outcome.stack)

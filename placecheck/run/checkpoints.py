@@ -256,7 +256,7 @@ class Checkpoints:
 
             def host(t: torch.Tensor) -> torch.Tensor:
                 devices.append(str(t.device))
-                plain = _plain(t)
+                plain = _plain(t)  # a fake tensor: a meta tensor of its shape (it holds no data to write)
                 if t.device.type == "cuda" and plain.untyped_storage().data_ptr():
                     tags[plain.untyped_storage().data_ptr()] = str(t.device)
                 return plain

@@ -170,12 +170,25 @@ class _FakeOnlyCalls(TorchFunctionMode):
             return _grad(args, kwargs)
         if func is torch.Tensor.__repr__ and args and isinstance(args[0], self._fake):
             return self._printed(args[0])
+        if func is torch.Tensor.numpy and args and isinstance(args[0], self._fake) \
+                and args[0].device.type == "cpu":
+            return self._host_array(args[0])  # an export after training: the values known, or assumed
         if func is torch.Tensor.__deepcopy__ and args and type(args[0]) is self._fake:
             return _deepcopy(args[0], args[1] if len(args) > 1 else kwargs.get("memo", {}))
         if func is torch.Tensor.__deepcopy__ and args and type(args[0]) in (torch.Tensor, torch.nn.Parameter):
             with on_host():  # a real tensor (a known value): copied as torch copies it, on the host
                 return func(*args, **kwargs)
         return func(*args, **kwargs)
+
+    def _host_array(self, t: torch.Tensor) -> Any:
+        """``.numpy()`` of a fake host tensor: its values when known, else the assumed ones (noted)."""
+        real, _ = self.datadep.value(t)
+        if real is None:
+            self.datadep.assume(f"the value {REPRESENTATIVE} in every element", ".numpy()")
+            with on_host():
+                real = torch.ones(t.shape, dtype=t.dtype)
+        with on_host():
+            return real.detach().numpy()
 
     def _printed(self, t: torch.Tensor) -> str:
         """What printing ``t`` shows: its values when known, else the assumed ones (noted)."""

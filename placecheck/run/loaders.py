@@ -34,6 +34,13 @@ class Loaders:
         self.recorder = recorder
         self.iterators: dict[int, tuple[bool, str]] = {}
         """id of a loader's iterator -> (its loader pins memory, the line that iterated it)."""
+        self.loader_of: dict[int, int] = {}
+        """id of a loader's iterator -> id of the loader."""
+        self.last_loader: int | None = None
+        """id of the loader the latest batch came from."""
+        self.counts: dict[int, list[Any]] = {}
+        """id of a loader's iterator -> [started before the fast-forward, batches, batches in it, its
+        early end counted]."""
         self.batch_copies: dict[tuple[str, str, bool, str], dict[str, None]] = {}
         """(copy line, loop line, pinned, the installed code that copied or "") -> batch paths copied with
         the other non_blocking than pinned."""
@@ -52,14 +59,36 @@ class Loaders:
             with self.recorder.host_data():  # the sampler's shuffle and seed: real values
                 iterator = original(loader)
             self.iterators[id(iterator)] = (bool(getattr(loader, "pin_memory", False)), here()[0])
+            ff = self.recorder.fastforward
+            self.counts[id(iterator)] = [ff is None or not ff.on, 0, 0, False]
+            self.loader_of[id(iterator)] = id(loader)
             return iterator
         return __iter__
 
     def loader_next(self, original: Callable[..., Any]) -> Callable[..., Any]:
         """``_BaseDataLoaderIter.__next__``: tag every plain tensor of the batch with where it came from."""
         def __next__(iterator: Any) -> Any:
+            ff = self.recorder.fastforward
+            count = self.counts.setdefault(id(iterator), [True, 0, 0, False])
+            if ff is not None and not ff.batch_allowed(count[0], count[1], count[2],
+                                                       self.loader_of.get(id(iterator), 0)):
+                pinned, loop = self.iterators.get(id(iterator), (False, ""))
+                if loop and not count[3]:
+                    try:
+                        left = max(0, len(iterator) - count[1])
+                    except TypeError:  # an iterable-style dataset has no length
+                        left = 0
+                    ff.loader_cuts[loop] = ff.loader_cuts.get(loop, 0) + left
+                    count[3] = True
+                raise StopIteration
             with self.recorder.host_data():
                 batch = original(iterator)
+            count[1] += 1
+            self.last_loader = self.loader_of.get(id(iterator))
+            if ff is not None:
+                ff.activity += 1
+                if ff.on:
+                    count[2] += 1
             pinned, _ = self.iterators.get(id(iterator), (False, ""))
             line = here()[0]
             for path, t in classify.tensors_with_paths(batch, "batch"):

@@ -52,7 +52,7 @@ from placecheck.sources import here
 
 if TYPE_CHECKING:
     from placecheck.options import RunOptions
-    from placecheck.report import Report
+    from placecheck.report import Coverage, Report
     from placecheck.run.script import Program
     from placecheck.run.session import Recording
 
@@ -382,7 +382,21 @@ def run_ranks(program: Program, options: RunOptions, codes: frozenset[str]) -> R
     stats = {**dict(reports[0].stats), "ranks": nproc}
     unfinished = _merge_unfinished([r.unfinished for r in reports])
     return Report.build(program.name, ", ".join(f"cuda:{k}" for k in range(nproc)), reports[0].engine,
-                        findings, notes, stats, unfinished=unfinished)
+                        findings, notes, stats, unfinished=unfinished,
+                        coverage=_merge_coverage([r.coverage for r in reports]))
+
+
+def _merge_coverage(coverages: Sequence[Coverage | None]) -> Coverage | None:
+    from placecheck.report import Coverage
+
+    """The script's lines that ran on any rank (a line under ``if rank == 0:`` ran); the blocks never run
+    are those of the rank that ran the most."""
+    known = [c for c in coverages if c is not None]
+    if not known:
+        return None
+    not_run = set.intersection(*(set(c.not_run) for c in known))
+    most = min(known, key=lambda c: len(c.not_run))
+    return Coverage(most.file, most.lines, most.lines - len(not_run), tuple(sorted(not_run)), most.blocks)
 
 
 def _relay(rank: int, proc: subprocess.Popen[str], printed: list[str], lock: threading.Lock) -> None:

@@ -57,6 +57,7 @@ from placecheck.host_syncs import HOST_SYNCS, host_sync
 from placecheck.hostcopies import PendingCopies, PendingCopy
 from placecheck.rules import rule
 from placecheck.run.checkpoints import Checkpoints
+from placecheck.run.fastforward import MAX_STEPS_AFTER, FastForward
 from placecheck.run.loaders import PIN_WARNING, Loaders
 from placecheck.run.moves import Moves, raised_by_swap
 from placecheck.run.optimizers import Optimizers
@@ -111,8 +112,9 @@ def _nbytes(t: torch.Tensor) -> int:
 class RunRecorder:
     """Records a whole script's use of devices under simulated CUDA and turns it into findings.
 
-    ``gpus`` is the simulated machine's GPU count; ``steps`` ends the run
-    (:class:`StopRun`) after that many optimizer steps (0: never).
+    ``gpus`` is the simulated machine's GPU count; after ``steps`` optimizer steps (0: never) the
+    run fast-forwards (:attr:`fastforward`, :mod:`placecheck.run.fastforward`), or without one ends
+    (:class:`StopRun`).
     """
 
     def __init__(self, gpus: int = 1, steps: int = 2) -> None:
@@ -165,6 +167,9 @@ class RunRecorder:
         (:mod:`placecheck.run.ranks`)."""
         self.pending = PendingCopies()
         """Non-blocking device-to-host copies no synchronize has covered yet (PC210), as audit's tracer."""
+        self.fastforward: FastForward | None = None
+        """What the run does once ``steps`` are spent: skip the rest of the training loop, run the rest
+        of the script (None: stop there)."""
 
     # -- the session ------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -239,17 +244,31 @@ class RunRecorder:
         return self._quiet > 0
 
     def step_done(self) -> None:
-        """One more optimizer step: the run stops here once ``steps`` are done (:class:`StopRun`)."""
+        """One more optimizer step: once ``steps`` are done the run fast-forwards (the rest of the
+        training loop skipped, the rest of the script run), or stops here (:class:`StopRun`) without a
+        fast-forward or when it still steps :data:`MAX_STEPS_AFTER` steps later."""
         self.steps += 1
         if self.probe is not None:
             self.probe.done(here()[0])
         self.roots.clear()
         self._prune()
-        self.step_line = here()[0]
-        if self.max_steps and self.steps >= self.max_steps:
+        self.step_line, frame = here()
+        ff = self.fastforward
+        if ff is not None:
+            ff.steps += 1
+            ff.activity += 1
+        if not self.max_steps or self.steps < self.max_steps:
+            return
+        if ff is not None and not ff.on:
+            ff.begin(self.step_line, frame)
+            ff.training_loader = self.loaders.last_loader
+            return
+        if ff is None or self.steps >= self.max_steps + MAX_STEPS_AFTER:
             self.stopped_by_steps = True
+            more = "" if ff is None else (f", {MAX_STEPS_AFTER} of them after the budget: the fast-forward "
+                                          "did not end the training loop")
             raise StopRun(f"after {self.steps} optimizer step{'s' if self.steps != 1 else ''} (--steps "
-                          f"{self.max_steps})")
+                          f"{self.max_steps}{more})")
 
     def is_host_tensor(self, t: torch.Tensor) -> bool:
         """``t`` is one of the engine's host tensors, not a device tensor nor a parameter."""
@@ -375,7 +394,11 @@ class RunRecorder:
         """
         for _ in range(_MAX_RETRIES):
             tensors = list(classify.tensor_arguments(args, kwargs))
-            if not classify.is_engine_mismatch(exc) or not classify.mixes_devices(func, tensors):
+            if not classify.mixes_devices(func, tensors):
+                raise exc
+            # the fake engine checks an in-place op's own device apart, with another exception type
+            # (``cpu_total += cuda_loss``): the arguments' devices decide there
+            if not classify.is_engine_mismatch(exc) and not self.fake_engine:
                 raise exc
             on_cuda = [t.device for _, t in tensors if t.device.type == "cuda"]
             if not on_cuda:
@@ -547,6 +570,8 @@ class RunRecorder:
     def _forward_enter(self, module: nn.Module, args: Any) -> None:
         if not self._forward_stack:
             self.roots[id(module)] = module
+            if self.fastforward is not None:
+                self.fastforward.activity += 1
             self._held = {id(m) for m in module.modules()}
         self._forward_stack.append(module)
 

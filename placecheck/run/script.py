@@ -143,8 +143,12 @@ def _deadline(seconds: float | None) -> Iterator[bool]:
         signal.signal(signal.SIGALRM, previous)
 
 
-def execute(program: Program, timeout: float | None = None, notes: list[str] | None = None) -> Outcome:
-    """Run ``program`` to its end or until it is stopped; never raises what the program raises."""
+def execute(program: Program, timeout: float | None = None, notes: list[str] | None = None,
+            code: tuple[CodeType, dict[str, Any]] | None = None) -> Outcome:
+    """Run ``program`` to its end or until it is stopped; never raises what the program raises.
+
+    ``code``: the script's code to run instead of its file's, compiled from it with its own name and
+    lines (the fast-forward's rewrite, :mod:`placecheck.run.fastforward`), and the globals it needs."""
     with _as_main(program), _deadline(timeout) as armed:
         if not armed and notes is not None:
             notes.append("run: --timeout is not enforced here (it needs SIGALRM in the main thread)")
@@ -152,8 +156,16 @@ def execute(program: Program, timeout: float | None = None, notes: list[str] | N
             target = program.target
             if callable(target):
                 target()
+            elif program.module and code is not None:
+                # what runpy.run_module(alter_sys=True) does, with this code
+                _, spec, _ = runpy._get_module_details(target)  # type: ignore[attr-defined]
+                runpy._run_module_code(code[0], code[1], "__main__", spec)  # type: ignore[attr-defined]
             elif program.module:
                 runpy.run_module(target, run_name="__main__", alter_sys=True)
+            elif code is not None:
+                # what runpy.run_path does for a source file, with this code
+                runpy._run_module_code(code[0], code[1], "__main__", pkg_name="",  # type: ignore[attr-defined]
+                                       script_name=target)
             else:
                 runpy.run_path(target, run_name="__main__")
         except StopRun as stop:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.nn as nn
@@ -20,9 +20,13 @@ import torch.nn as nn
 from placecheck.finding import Finding
 from placecheck.run.origins import Origins
 
+if TYPE_CHECKING:
+    from placecheck.run.fastforward import FastForward
+
 
 class StopRun(BaseException):
-    """Raised into the script to end the run early (``--steps`` reached, ``--timeout``).
+    """Raised into the script to end the run early (``--timeout``; ``--steps`` reached when the run cannot
+    fast-forward, or still steps the optimizer long after the budget).
 
     A ``BaseException``, so the script's own ``except Exception`` does not swallow it.
     """
@@ -82,6 +86,7 @@ class Recording(Protocol):
     host_data: Callable[[], contextlib.AbstractContextManager[Any]]
     loaders_in_process: bool
     ranks: RankPlacement | None
+    fastforward: FastForward | None
 
     def add(self, finding: Finding, key_extra: str = "") -> None:
         """Record ``finding``, once per code, line and ``key_extra``."""

@@ -1,0 +1,384 @@
+"""Fast-forward after the ``--steps`` budget: the rest of the training loop is skipped, not the rest of the
+script, so validation, a test pass, exports, metric reductions and saves run and are checked.
+
+The script's own loops are rewritten before it runs (its AST, compiled with its own file name and line
+numbers, :func:`compile_script`): the iterable of every ``for`` statement is wrapped in
+``__placecheck_loop__(iterable, site)``, a ``while`` statement's test in
+``__placecheck_again__(loop, test)`` (``loop`` made by ``__placecheck_while__(site)`` just before it).
+While the budget lasts they only watch: each loop boundary (the next item, the next test) notes whether
+the iteration that just ended did heavy work (an optimizer step, a DataLoader batch, a forward of a
+top-level module; :attr:`FastForward.activity`). Once the budget is spent (:meth:`FastForward.begin`,
+from the optimizer step that spends it), loops end at a boundary, so every loop ends as it ends
+normally (a ``for``'s iterator is exhausted, a ``while``'s test is false, their ``else`` runs) and the
+variables the loop sets stay set:
+
+- the innermost loop around the step (the batch loop, found on the stack) ends after the current
+  iteration;
+- the loops around it (the epoch loop) end at their next boundary, unless their own body (the lines
+  of the loops that step excepted) has statements that never ran: then they go on, for at most
+  :data:`MAX_EXTRA_ITERATIONS` more iterations, to reach them once (validation ``if epoch % 2 == 1``);
+- a loop that starts later runs its first iteration; a heavy one (batches, forwards) at most
+  :data:`MAX_BATCHES` iterations, one that steps the optimizer only the first;
+- light loops (over parameters, a config's keys, ``range(num_layers)``) are never cut.
+
+Loops the script does not own (a library's: Lightning's fit loop, a helper module's) are ended through
+their DataLoaders (:mod:`placecheck.run.loaders`): an iterator that yielded batches before the budget was
+spent ends, and later iterators yield at most :data:`MAX_BATCHES` batches. A run that still steps the
+optimizer :data:`MAX_STEPS_AFTER` times past the budget is stopped as before (the recorder's ``StopRun``).
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import operator
+import sys
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from types import CodeType, FrameType
+from typing import Any
+
+from placecheck.run.coverage import runs_code
+from placecheck.run.lines import ScriptLines
+from placecheck.sources import display_path
+
+MAX_BATCHES = 2
+"""Iterations of a heavy loop (or batches of a DataLoader iterator) started after the budget."""
+MAX_EXTRA_ITERATIONS = 3
+"""More iterations an outer loop (the epoch loop) may run after the budget to reach its unrun lines."""
+MAX_STEPS_AFTER = 8
+"""Optimizer steps after the budget before the run is stopped (a loop no rewrite or DataLoader ends)."""
+
+LOOP = "__placecheck_loop__"
+WHILE = "__placecheck_while__"
+AGAIN = "__placecheck_again__"
+
+
+@dataclass
+class Site:
+    """One ``for``/``while`` statement of the script."""
+
+    index: int
+    kind: str
+    """``for`` or ``while``."""
+    first: int
+    last: int
+    header: str
+    """The statement's first line, as written (shortened)."""
+    scope: int
+    """The first line of the function that holds it (its first decorator's), 0 at module level."""
+    lines: frozenset[int]
+    """The first lines of every statement in its body (else included), nested loops' too."""
+    inner: tuple[int, ...] = ()
+    """The sites of the loops directly inside it."""
+    heavy: bool = False
+    """An iteration did heavy work: an optimizer step, a DataLoader batch, a top-level forward."""
+    stepping: bool = False
+    """An iteration stepped the optimizer."""
+    cut: int = 0
+    """Times fast-forward ended it early."""
+    skipped: int = 0
+    """Iterations those cuts left out, where the iterable's length tells."""
+    extra: int = 0
+    """Iterations run after the budget to reach its unrun lines."""
+
+
+@dataclass
+class _Loop:
+    """One running of a loop site."""
+
+    site: Site
+    frame: int
+    """id of the frame that runs it."""
+    before: bool
+    """Started before the budget was spent."""
+    activity: int
+    steps: int
+    length: int | None = None
+    items: int = 0
+    items_after: int = 0
+    """Iterations begun after the budget was spent."""
+    extra: int = 0
+    done: bool = False
+
+
+class _Rewriter(ast.NodeTransformer):
+    """Wraps each ``for``'s iterable and each ``while``'s test; records the sites."""
+
+    def __init__(self, text: list[str]) -> None:
+        self.text = text
+        self.sites: list[Site] = []
+        self._scopes: list[int] = [0]
+        self._loops: list[list[int]] = [[]]
+
+    def visit_FunctionDef(self, node: ast.FunctionDef) -> Any:
+        return self._scope(node)
+
+    def visit_AsyncFunctionDef(self, node: ast.AsyncFunctionDef) -> Any:
+        return self._scope(node)
+
+    def _scope(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> Any:
+        self._scopes.append(min([node.lineno, *(d.lineno for d in node.decorator_list)]))
+        try:
+            return self.generic_visit(node)
+        finally:
+            self._scopes.pop()
+
+    def _site(self, node: ast.For | ast.While, kind: str) -> Site:
+        text = self.text[node.lineno - 1].strip() if node.lineno <= len(self.text) else ""
+        lines = frozenset(n.lineno for part in (node.body, node.orelse) for stmt in part
+                          for n in ast.walk(stmt) if isinstance(n, ast.stmt) and runs_code(n))
+        site = Site(index=len(self.sites), kind=kind, first=node.lineno, last=node.end_lineno or node.lineno,
+                    header=_shorten(text), scope=self._scopes[-1], lines=lines)
+        self.sites.append(site)
+        self._loops[-1].append(site.index)
+        self._loops.append([])
+        return site
+
+    def _inner(self, site: Site) -> None:
+        site.inner = tuple(self._loops.pop())
+
+    def visit_For(self, node: ast.For) -> Any:
+        site = self._site(node, "for")
+        self.generic_visit(node)
+        self._inner(site)
+        call = ast.Call(func=ast.Name(LOOP, ast.Load()), args=[node.iter, ast.Constant(site.index)],
+                        keywords=[])
+        node.iter = ast.copy_location(call, node.iter)
+        return node
+
+    def visit_While(self, node: ast.While) -> Any:
+        site = self._site(node, "while")
+        self.generic_visit(node)
+        self._inner(site)
+        name = f"__placecheck_while_{site.index}__"
+        make = ast.Assign(targets=[ast.Name(name, ast.Store())],
+                          value=ast.Call(func=ast.Name(WHILE, ast.Load()), args=[ast.Constant(site.index)],
+                                         keywords=[]))
+        node.test = ast.copy_location(
+            ast.Call(func=ast.Name(AGAIN, ast.Load()), args=[ast.Name(name, ast.Load()), node.test],
+                     keywords=[]), node.test)
+        return [ast.copy_location(make, node), node]
+
+
+def _shorten(text: str, limit: int = 48) -> str:
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def compile_script(filename: str) -> tuple[CodeType, list[Site]] | None:
+    """The script's code with its loops rewritten, and its loop sites; None when it cannot be read (the
+    script then runs as it is, and only its DataLoaders fast-forward)."""
+    try:
+        with io.open_code(filename) as handle:  # as runpy reads it (placecheck fix's proof edits it there)
+            source = handle.read()
+        tree = ast.parse(source, filename)
+        rewriter = _Rewriter(source.decode("utf-8", "replace").splitlines())
+        tree = ast.fix_missing_locations(rewriter.visit(tree))
+        return compile(tree, filename, "exec", dont_inherit=True), rewriter.sites
+    except (OSError, SyntaxError, ValueError, UnicodeDecodeError, RecursionError):
+        return None
+
+
+@dataclass
+class FastForward:
+    """The fast-forward of one run: its loop sites, the work counters, and whether the budget is spent.
+
+    ``lines`` watches which of the script's lines ran (:class:`placecheck.run.lines.ScriptLines`); when it
+    could not (another tracer in the way), no loop runs on to reach unrun lines.
+    Not reentrant: one per run.
+    """
+
+    filename: str | None
+    lines: ScriptLines | None = None
+    on: bool = False
+    """The budget is spent: loops end early."""
+    activity: int = 0
+    """Optimizer steps, DataLoader batches and top-level forwards so far (the recorder counts them)."""
+    steps: int = 0
+    """Optimizer steps so far."""
+    sites: list[Site] = field(default_factory=list)
+    code: CodeType | None = None
+    """The rewritten script (None: it runs as it is)."""
+    began_at: str = ""
+    """The line of the step that spent the budget."""
+    budget: int = 0
+    """The optimizer steps before the fast-forward (``--steps``)."""
+    through_loaders: bool = False
+    """No loop of the script held the step that spent the budget (a library's fit loop), or the step
+    was in a helper module of the user's: the DataLoaders end the loops the script does not own
+    (:meth:`batch_allowed`)."""
+    training_loader: int | None = None
+    """id of the DataLoader whose batch the step that spent the budget trained on."""
+    loader_cuts: dict[str, int] = field(default_factory=dict)
+    """The line that iterated a DataLoader -> batches fast-forward left out of its iterators, where known."""
+    _roles: dict[tuple[int, int], str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.filename is not None:
+            compiled = compile_script(self.filename)
+            if compiled is not None:
+                self.code, self.sites = compiled
+
+    def script_globals(self) -> dict[str, Any]:
+        """What the rewritten script's module needs: the three helpers its loops call."""
+        return {LOOP: self.loop, WHILE: self.while_loop, AGAIN: self.again}
+
+    # -- the helpers the rewritten script calls ---------------------------------------------------------
+    def loop(self, iterable: Iterable[Any], site: int) -> Iterator[Any]:
+        """``for x in __placecheck_loop__(iterable, site)``: the iterable's items until the fast-forward
+        ends it."""
+        iterator = iter(iterable)
+        state = _Loop(self.sites[site], id(sys._getframe(1)), not self.on, self.activity, self.steps)
+        if self.on:
+            state.length = _length(iterable)
+        return self._items(iterator, iterable, state)
+
+    def _items(self, iterator: Iterator[Any], iterable: Iterable[Any], state: _Loop) -> Iterator[Any]:
+        for item in iterator:
+            state.items += 1
+            if self.on:
+                state.items_after += 1
+            yield item
+            if not self._again(state):
+                if state.length is None and state.before:
+                    state.length = _length(iterable)
+                self._cut(state)
+                return
+
+    def while_loop(self, site: int) -> _Loop:
+        """``__placecheck_while_N__ = __placecheck_while__(site)``, just before ``while``."""
+        return _Loop(self.sites[site], id(sys._getframe(1)), not self.on, self.activity, self.steps)
+
+    def again(self, state: _Loop, test: Any) -> bool:
+        """``while __placecheck_again__(loop, test):``: the test's truth (read once, as ``while`` reads it: a
+        tensor's is one host sync), or False when the fast-forward ends the loop."""
+        if not test:
+            return False
+        if state.items and not self._again(state):
+            self._cut(state)
+            return False
+        state.items += 1
+        if self.on:
+            state.items_after += 1
+        return True
+
+    # -- decisions --------------------------------------------------------------------------------------
+    def _again(self, state: _Loop) -> bool:
+        """At a loop boundary (an iteration ended): may it run another?"""
+        site = state.site
+        if self.activity != state.activity:
+            site.heavy = True
+            state.activity = self.activity
+        if self.steps != state.steps:
+            site.stepping = True
+            state.steps = self.steps
+        if not self.on:
+            return True
+        if state.before:
+            role = self._roles.get((state.frame, site.index), "outer")
+            if role == "innermost":
+                return False
+            if not site.heavy:
+                return True
+            if state.extra >= MAX_EXTRA_ITERATIONS or not self._unrun(site):
+                return False
+            state.extra += 1
+            site.extra += 1
+            return True
+        if not site.heavy:
+            return True
+        return state.items_after < (1 if site.stepping else MAX_BATCHES)
+
+    def _unrun(self, site: Site) -> set[int]:
+        """The statements of ``site``'s body that never ran, the bodies of the loops in it that step
+        excepted (their lines are the training the budget skips)."""
+        lines = set(site.lines)
+        todo = list(site.inner)
+        while todo:
+            inner = self.sites[todo.pop()]
+            if inner.stepping:
+                lines -= inner.lines
+            else:
+                todo.extend(inner.inner)
+        if self.lines is None or not self.lines.measured:
+            return set()
+        return lines - self.lines.executed
+
+    def _cut(self, state: _Loop) -> None:
+        if state.done:
+            return
+        state.done = True
+        site = state.site
+        site.cut += 1
+        if state.length is not None:
+            site.skipped += max(0, state.length - state.items)
+
+    def begin(self, at: str, frame: FrameType | None) -> None:
+        """The optimizer step at ``at`` spent the budget: from now on loops end early. ``frame``: where it
+        was called; the script's loops around it, innermost first, get their roles."""
+        if self.on:
+            return
+        self.on = True
+        self.began_at = at
+        self.budget = self.steps
+        innermost = True
+        # a step in a helper module of the user's (its loops run as they are): its DataLoaders end them
+        elsewhere = frame is not None and frame.f_code.co_filename != self.filename
+        while frame is not None:
+            if self.filename is not None and frame.f_code.co_filename == self.filename:
+                scope = 0 if frame.f_code.co_name == "<module>" else frame.f_code.co_firstlineno
+                line = frame.f_lineno
+                around = sorted((s for s in self.sites if s.scope == scope and s.first <= line <= s.last),
+                                key=lambda s: -s.first)
+                for site in around:
+                    self._roles[(id(frame), site.index)] = "innermost" if innermost else "outer"
+                    innermost = False
+            frame = frame.f_back
+        self.through_loaders = innermost or elsewhere
+
+    def batch_allowed(self, started_before: bool, yielded: int, yielded_after: int, loader: int) -> bool:
+        """May a DataLoader iterator (of the loader whose id is ``loader``) yield another batch? Always,
+        but in a fast-forward through the DataLoaders: then an iterator that yielded batches before the
+        budget was spent ends (the training loop's), a later one of the training DataLoader (the one the
+        last batch before the budget came from) yields none (its epoch ends at once, as an epoch loop
+        the script owns would end), another at most :data:`MAX_BATCHES`."""
+        if not (self.on and self.through_loaders):
+            return True
+        if started_before and yielded:
+            return False
+        if loader == self.training_loader:
+            return False
+        return yielded_after < MAX_BATCHES
+    # -- what it did ------------------------------------------------------------------------------------
+    def notes(self, budget: str) -> list[str]:
+        """One note per loop fast-forward ended early or ran on, with its lines."""
+        if not self.on:
+            return []
+        out = []
+        name = display_path(self.filename) if self.filename is not None else ""
+        for site in self.sites:
+            span = f"{name}:{site.first}-{site.last}" if site.last != site.first else f"{name}:{site.first}"
+            if site.cut:
+                times = "" if site.cut == 1 else f" ({site.cut} times)"
+                skipped = f": {site.skipped} iteration{'s' if site.skipped != 1 else ''} skipped" \
+                    if site.skipped else ""
+                out.append(f"run: fast-forward after {budget}: the loop at {span} (`{site.header}`) ended "
+                           f"early{times}{skipped}, unchecked")
+            elif site.extra:
+                out.append(f"run: fast-forward after {budget}: the loop at {span} (`{site.header}`) ran "
+                           f"{site.extra} more iteration{'s' if site.extra != 1 else ''} to reach the lines "
+                           "of its body that had not run")
+        for line, batches in self.loader_cuts.items():
+            left = f": {batches} batch{'es' if batches != 1 else ''} skipped" if batches else ""
+            out.append(f"run: fast-forward after {budget}: the iterators of the DataLoader iterated at "
+                       f"{line} ended early{left}, unchecked")
+        return out
+
+
+def _length(iterable: Any) -> int | None:
+    """The iterable's length when it tells one (a range, a list, a DataLoader), else None."""
+    try:
+        hint = operator.length_hint(iterable, -1)
+    except Exception:  # a user's __len__ may raise anything
+        return None
+    return hint if hint >= 0 else None
