@@ -42,6 +42,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from placecheck.callbacks import called_back
+from placecheck.classify import refused_on_device
 from placecheck.datadep import REPRESENTATIVE, DataDependentMode, on_host
 
 _BACKWARDS = frozenset({torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad})
@@ -170,6 +171,9 @@ class _FakeOnlyCalls(TorchFunctionMode):
             return _grad(args, kwargs)
         if func is torch.Tensor.__repr__ and args and isinstance(args[0], self._fake):
             return self._printed(args[0])
+        refused = refused_on_device(func, args)  # .numpy()/.pin_memory() of a device tensor: a GPU's error
+        if refused is not None:
+            raise refused
         if func is torch.Tensor.numpy and args and isinstance(args[0], self._fake) \
                 and args[0].device.type == "cpu":
             return self._host_array(args[0])  # an export after training: the values known, or assumed
