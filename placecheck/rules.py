@@ -902,11 +902,18 @@ def optimizer_state_off_device(count: int, nbytes: int, group: int, state_on: st
 
 def stale_optimizer(optimizer: str, built_at: str, held: int, model: str, unstepped: int,
                     shown: str) -> tuple[str, str]:
-    """PC308: ``optimizer`` built at ``built_at`` holds ``held`` parameters the forward does not use; the
-    ``model`` the script runs has ``unstepped`` (``shown``) no optimizer steps."""
-    return (f"{optimizer} built at {built_at or 'an unknown line'} holds {held} "
-            f"parameter{'s' if held != 1 else ''} the forward no longer uses; the {model} the script runs "
-            f"has {unstepped} that no optimizer steps ({shown})",
+    """PC308: ``optimizer`` built at ``built_at`` holds ``held`` parameters no live module registers any
+    more; the ``model`` the script runs has ``unstepped`` (``shown``) no optimizer steps (when
+    ``unstepped`` is 0, ``shown`` names the replaced parameters)."""
+    replaced = (f"{optimizer} built at {built_at or 'an unknown line'} holds {held} "
+                f"parameter{'s' if held != 1 else ''} that no module registers any more (the model was "
+                f"re-created, reloaded or given new Parameter objects after the optimizer was built)")
+    if unstepped:
+        message = (f"{replaced}; the {model} the script runs has {unstepped} that no optimizer steps "
+                   f"({shown})")
+    else:
+        message = f"{replaced}: {shown}"
+    return (message,
             "build the optimizer from the model the script trains, after the model is re-created, reloaded "
             "or moved: optimizer = Optim(model.parameters()) last")
 
