@@ -180,6 +180,14 @@ def _finding(event: Event, target: str, lazy_lines: set[str],
 
 def _creation(event: Creation, target: str) -> Finding:
     fed = event.fed_mismatch
+    if event.kept_in and event.moved and event.moved_at is not None and not fed:
+        # a cache: the forward kept the device copy in a module attribute, to reuse it
+        message, hint = rules.created_then_cached(
+            event.op, _tensor(event.dtype, event.shape), event.device, event.moved_to or target,
+            event.moved_at.source, kept_in=event.kept_in)
+        return _make("PC202", event.site, Severity.INFO, device=event.device, expected=target,
+                     dtype=event.dtype, shape=event.shape, origin=event.site.source, message=message,
+                     hint=hint, details=(("op", event.op), ("kept_in", event.kept_in)))
     message, hint = rules.created_off_device(
         event.op, _tensor(event.dtype, event.shape), event.device, target, fed=fed,
         copied_to=event.moved_to, copied_at=event.moved_at.source if event.moved and event.moved_at else "")

@@ -478,6 +478,21 @@ noise = torch.randn(x.shape, device=x.device, dtype=x.dtype)  # or torch.randn_l
 """)
 
 
+def created_then_cached(op: str, tensor: str, device: str, copied_to: str, copied_at: str, *,
+                        kept_in: str = "", made: int = 0, calls: int = 0) -> tuple[str, str]:
+    """PC202 at info: ``op`` in forward made ``tensor`` on ``device`` and copied it to ``copied_to`` at
+    ``copied_at``, but as a cache: the forward kept the copy in ``kept_in``, or the run saw it made
+    ``made`` times in ``calls`` forwards."""
+    if kept_in:
+        how = f"the forward keeps the copy in {kept_in} for later calls"
+    else:
+        how = f"made {made} time{'s' if made != 1 else ''} in {calls} forward{'s' if calls != 1 else ''}"
+    return (f"{op} in forward creates {tensor} on {device}, then copies it to {copied_to} at {copied_at}; "
+            f"{how}: a cache, not a copy on every call",
+            "fine for a cache rebuilt rarely; to skip even that host allocation, create it on the device "
+            "(device=x.device)")
+
+
 def created_off_device(op: str, tensor: str, device: str, target: str, *, fed: bool = False,
                        copied_to: str = "", copied_at: str = "") -> tuple[str, str]:
     """PC202: ``op`` in forward made ``tensor`` on ``device``; it then fed a mismatch (``fed``), or was

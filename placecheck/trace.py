@@ -165,6 +165,8 @@ class Tracer:
         self._unregistered_paths: dict[int, str] = {}
         self.attribution = Attribution(_RUN_CODE, self.module_paths, self._unregistered_path)
         self._recorded: set[tuple[Any, ...]] = set()
+        self._device_copies: dict[int, tuple[torch.Tensor, Creation]] = {}
+        """``id()`` of each device copy of a tensor created in forward -> it and its creation."""
         self._mismatch_errors: list[BaseException] = []
         """Errors of ops whose arguments mixed devices that the tracer could not repair."""
         self._move = move or (lambda t: t.to(self.target))
@@ -235,10 +237,24 @@ class Tracer:
             with self.recording(), reuse.installed() if reuse is not None else contextlib.nullcontext():
                 output = self.model(*args, **kwargs)
             self.completed = True
+            self._caches_kept()
             self.check_output(output)
             if train:
                 self.backward(output)
         return output
+
+    def _caches_kept(self) -> None:
+        """Creations whose device copy a module kept as a plain attribute after the forward: a cache
+        (``self.src_mask = mask``), built when empty, not a copy on every call (``Creation.kept_in``)."""
+        if not self._device_copies:
+            return
+        for path, module in self.model.named_modules():
+            for attr, value in list(vars(module).items()):
+                if not isinstance(value, torch.Tensor):
+                    continue
+                known = self._device_copies.get(id(value))
+                if known is not None and known[0] is value and not known[1].kept_in:
+                    known[1].kept_in = f"{path}.{attr}" if path else attr
 
     def is_mismatch(self, exc: BaseException) -> bool:
         """True when ``exc`` is a device mismatch: an op whose arguments mixed devices raised it (seen
@@ -429,6 +445,8 @@ class Tracer:
             if prov.creation is not None or prov.path or prov.also:
                 site = site or self._site(sys._getframe())
                 self.prov.mark(prov, "moved", at=site, to=str(out.device))
+            if prov.creation is not None:
+                self._device_copies[id(out)] = (out, prov.creation)
 
     def _repair(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
                 off: list[tuple[int, torch.Tensor]], exc: Exception) -> Any:

@@ -8,12 +8,15 @@ engines of ``placecheck run``.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
+import typing
 from pathlib import Path
 
 import pytest
 
+import placecheck
 from placecheck.finding import Severity
 from placecheck.report import Report
 from placecheck.run import run
@@ -44,7 +47,19 @@ def serious(report: Report) -> set[tuple[str, str]]:
     return {(f.code, f.source) for f in report.findings if f.severity.rank >= Severity.WARNING.rank}
 
 
-RUN_PAIRS = ["gan", "ema"]
+def model_class(name: str, cls: str) -> type:
+    """Class ``cls`` of fixture ``name``, imported (its ``__main__`` part does not run)."""
+    spec = importlib.util.spec_from_file_location(f"semantics_{name.removesuffix('.py')}", FIXTURES / name)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return typing.cast(type, getattr(module, cls))
+
+
+RUN_PAIRS = ["gan", "ema", "cache"]
+"""Pairs whose ``__main__`` is a training script for ``placecheck run``."""
+AUDIT_PAIRS = {"cache": ("Cached", "float32[4,8]")}
+"""Pairs whose model (class, input) ``placecheck audit`` checks too: forward-pass matters."""
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -58,7 +73,41 @@ def test_buggy_script_is_found_at_its_line(pair: str, engine: str) -> None:
 @pytest.mark.parametrize("pair", RUN_PAIRS)
 def test_fixed_script_is_clean(pair: str, engine: str) -> None:
     report = run(script(f"{pair}_fixed.py"), engine=engine, steps=3)
-    codes = {code for code, _ in expected(f"{pair}_buggy.py")}
     assert serious(report) == set()
-    assert not [f for f in report.findings if f.code in codes]
     assert dict(report.stats)["optimizer_steps"] == 3  # the whole loop ran
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("pair", AUDIT_PAIRS)
+def test_audit_finds_the_buggy_model_at_its_line(pair: str, engine: str) -> None:
+    cls, given = AUDIT_PAIRS[pair]
+    report = placecheck.audit(model_class(f"{pair}_buggy.py", cls), "cuda", engine=engine, inputs=[given])
+    assert serious(report) == expected(f"{pair}_buggy.py")
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("pair", AUDIT_PAIRS)
+def test_audit_of_the_fixed_model_is_clean(pair: str, engine: str) -> None:
+    cls, given = AUDIT_PAIRS[pair]
+    report = placecheck.audit(model_class(f"{pair}_fixed.py", cls), "cuda", engine=engine, inputs=[given])
+    assert serious(report) == set()
+    assert not report.incomplete
+
+
+# -- "on every call" only when it happens on every call ------------------------------------------------
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_cached_mask_is_info_with_its_counts(engine: str) -> None:
+    report = run(script("cache_fixed.py"), engine=engine, steps=3)
+    [cached] = [f for f in report.findings if f.code == "PC202"]
+    assert cached.source == f"{script('cache_fixed.py')}:17"
+    assert "made 1 time in 3 forwards: a cache, not a copy on every call" in cached.message
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_audit_names_the_attribute_a_cached_mask_is_kept_in(engine: str) -> None:
+    report = placecheck.audit(model_class("cache_fixed.py", "Cached"), "cuda", engine=engine,
+                              inputs=["float32[4,8]"])
+    [cached] = [f for f in report.findings if f.code == "PC202"]
+    assert cached.source.endswith("cache_fixed.py:17")
+    assert "the forward keeps the copy in mask for later calls" in cached.message

@@ -55,6 +55,7 @@ from placecheck.errors import one_line
 from placecheck.finding import Finding, Severity
 from placecheck.host_syncs import HOST_SYNCS, host_sync
 from placecheck.hostcopies import PendingCopies, PendingCopy
+from placecheck.provenance import CallCounts
 from placecheck.rules import rule
 from placecheck.run.checkpoints import Checkpoints
 from placecheck.run.loaders import PIN_WARNING, Loaders
@@ -178,6 +179,8 @@ class RunRecorder:
         """One rank of a torchrun launch (``--nproc-per-node``): its NCCL rules
         (:mod:`placecheck.run.ranks`)."""
         self.pending = PendingCopies()
+        self.per_call = CallCounts()
+        """Forwards per module class and creations per line: PC202's "on every call" is counted."""
         """Non-blocking device-to-host copies no synchronize has covered yet (PC210), as audit's tracer."""
 
     # -- the session ------------------------------------------------------------------------------
@@ -503,6 +506,7 @@ class RunRecorder:
     def _created_in_forward(self, origin: Origin, device: str, t: torch.Tensor, copied_at: str) -> None:
         """PC202: made on the host in a forward, then copied to the device at ``copied_at``, on every call."""
         r = rule("PC202")
+        self.per_call.created(origin.line, origin.path, _tensor(t), device, copied_at)
         message, hint = rules.created_off_device(origin.path, _tensor(t), "cpu", device, copied_to=device,
                                                  copied_at=copied_at)
         self.add(Finding(
@@ -560,6 +564,7 @@ class RunRecorder:
             expected=target, message=message, hint=hint))
 
     def _forward_enter(self, module: nn.Module, args: Any) -> None:
+        self.per_call.forward(type(module).__name__)
         if not self._forward_stack:
             self.roots[id(module)] = module
             self._held = {id(m) for m in module.modules()}
@@ -574,7 +579,8 @@ class RunRecorder:
     # -- results ---------------------------------------------------------------------------------------------
     def findings(self) -> list[Finding]:
         """Everything recorded, host syncs and repeated copies summarised per line."""
-        out = [self.moves.verdict(key, f) if key[0] == "PC101" else f for key, f in self.found.items()]
+        out = [self.moves.verdict(key, f) if key[0] == "PC101" else
+               self.per_call.verdict(f) if key[0] == "PC202" else f for key, f in self.found.items()]
         if self.ranks is not None:
             out += self.ranks.findings()
         r = rule("PC204")
