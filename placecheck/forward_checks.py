@@ -63,6 +63,9 @@ def forward_findings(events: list[Event], target: str, library_findings: bool = 
     """
     found: dict[tuple[str, str, str], Finding] = {}
     library: dict[tuple[str, str, str], str] = {}
+    apis: dict[tuple[str, str, str], str] = {}
+    """Findings made inside a torch (or installed) function the user's line called, on tensors it made
+    itself (``Site.api``): the API's own work, at ``info``, naming it."""
     crashes: set[tuple[str, str, str]] = set()
     """Creations that fed a mismatch: the cause of an error, never downgraded as library performance."""
     lazy_lines = {e.site.source for e in events if isinstance(e, Registration)}
@@ -85,6 +88,10 @@ def forward_findings(events: list[Event], target: str, library_findings: bool = 
         site = getattr(event, "site", None)
         if isinstance(site, Site) and site.library:
             library[key] = site.library
+        elif isinstance(site, Site) and site.api and isinstance(event, HostSync | ImplicitTransfer | Creation):
+            apis[key] = site.api
+        elif isinstance(event, Creation) and event.moved_at is not None and event.moved_at.api:
+            apis[key] = event.moved_at.api  # the copy to the device was the API's own
     counted: dict[str, int] = {}
     kept = []
     for key, finding in found.items():
@@ -96,6 +103,11 @@ def forward_findings(events: list[Event], target: str, library_findings: bool = 
                 finding, message=rules.in_library(package, finding.message),
                 severity=finding.severity if library_findings else Severity.INFO,
                 details=(*finding.details, ("library", package)))
+        elif key in apis and finding.severity is not Severity.ERROR and key not in crashes:
+            finding = dataclasses.replace(
+                finding, message=rules.in_library(apis[key], finding.message),
+                severity=finding.severity if library_findings else Severity.INFO,
+                hint=rules.made_by_api(apis[key]), details=(*finding.details, ("api", apis[key])))
         kept.append(finding)
     return ForwardFindings(kept, counted)
 

@@ -50,11 +50,12 @@ def _device_masks(self: torch.Tensor, index: Any) -> list[torch.Tensor]:
 
 
 def _boolean_mask(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
-    """The device tensor read through a boolean mask on the device (``x[mask]``): finding the selected
-    elements is a ``nonzero`` whose size the host must read."""
+    """The boolean mask on the device a read ``x[mask]`` selects with: finding the selected elements is
+    a ``nonzero`` of it whose size the host must read."""
     if len(args) < 2 or on_device(args[0]) is None:
         return None
-    return typing.cast(torch.Tensor, args[0]) if _device_masks(args[0], args[1]) else None
+    masks = _device_masks(args[0], args[1])
+    return masks[0] if masks else None  # the host waits for the mask's nonzero
 
 
 def _tensor_indices(index: Any) -> list[Any]:
@@ -65,8 +66,8 @@ def _tensor_indices(index: Any) -> list[Any]:
 
 
 def _boolean_mask_write(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
-    """The device tensor written through a boolean mask on the device (``x[mask] = v``,
-    ``x.index_put_((mask,), v)``), when the write makes the host wait.
+    """The boolean mask on the device a write ``x[mask] = v`` (``x.index_put_((mask,), v)``) selects with,
+    when the write makes the host wait.
 
     ATen's ``_index_put_impl_`` (aten/src/ATen/native/TensorAdvancedIndexing.cpp) first asks
     ``canDispatchToMaskedFill``: without ``accumulate``, a value of one element on the CPU (a Python
@@ -86,7 +87,7 @@ def _boolean_mask_write(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.
         isinstance(value, torch.Tensor) and value.numel() == 1 and value.device.type == "cpu")
     if not accumulate and one_host_value and len(_tensor_indices(args[1])) == 1:
         return None  # masked_fill_: the minGPT/top-k idiom logits[logits < v[:, [-1]]] = -inf
-    return self
+    return masks[0]  # the host waits for the mask's nonzero
 
 
 def _repeats_on_device(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:

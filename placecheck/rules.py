@@ -282,6 +282,12 @@ def in_library(package: str, message: str) -> str:
     return f"in {package}, not your code: {message}"
 
 
+def made_by_api(api: str) -> str:
+    """The hint of a performance finding that ``api`` (``pad_packed_sequence (torch)``), called from the
+    user's line, made by itself on tensors of its own."""
+    return f"{api} does this by itself in its documented use; nothing to change in this line"
+
+
 def on_replicas(labels: Sequence[str], message: str) -> str:
     """A finding only some replicas (or ranks) of a replicated model have: its message, naming them
     (``on replica 1 (cuda:1), Tensor.add mixed ...``; its headline, up to the first ": ", stays whole)."""

@@ -37,6 +37,7 @@ import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 
 from placecheck import classify
+from placecheck.datadep import composite_call
 from placecheck.compat import DisableTorchFunction
 from placecheck.cudaapi import missing_gpu
 from placecheck.errors import one_line
@@ -350,7 +351,9 @@ class Tracer:
                 # decided before the call: an engine may run a mix that a GPU refuses (fake tensors take
                 # a 0-dim CPU tensor in clamp, the self of an in-place op, a foreach list's element)
                 raise classify.DeviceMismatchError(f"{op_name(func)} mixed devices")
-            out = func(*args, **kwargs)
+            handled, out = composite_call(func, args, kwargs)  # fake tensors: ATen reads data there
+            if not handled:
+                out = func(*args, **kwargs)
         except Exception as exc:
             if not off or not classify.mixes_devices(func, tensors, args):
                 if off and classify.is_engine_mismatch(exc):
@@ -443,7 +446,7 @@ class Tracer:
         for _, t in copied:
             prov = self.provenance(t)
             if prov.creation is not None or prov.path or prov.also:
-                site = site or self._site(sys._getframe())
+                site = site or self.attribution.site(sys._getframe(), subject=t)
                 self.prov.mark(prov, "moved", at=site, to=str(out.device))
             if prov.creation is not None:
                 self._device_copies[id(out)] = (out, prov.creation)
@@ -516,7 +519,7 @@ class Tracer:
             self.prov.remember(out, Provenance(host_copy=self._site(sys._getframe())))
             return
         frame = sys._getframe()
-        site = self._site(frame)
+        site = self.attribution.site(frame, subject=out)
         building = module_being_built(frame)
         op = f"{building}(...) built in forward" if building else op_name(func)
         creation = Creation(op, str(out.device), site, _dtype(out), _shape(out), expected=self.target_name)
@@ -535,7 +538,7 @@ class Tracer:
                 continue
             scalar = t.dim() == 0
             if scalar or (func in classify.index_ops() and pos > 0):
-                site = self._site(sys._getframe())
+                site = self.attribution.site(sys._getframe(), subject=t)
                 key = ("implicit", site.source, scalar)
                 prov = self.provenance(t)
                 if not scalar:  # a copied index; a scalar is read on the host, legally
@@ -553,7 +556,7 @@ class Tracer:
 
     def _record_host_sync(self, name: str, t: torch.Tensor) -> None:
         self.pending.synchronized()  # the host waited for the stream: earlier non-blocking copies landed
-        site = self._site(sys._getframe())
+        site = self.attribution.site(sys._getframe(), subject=t)
         key = ("sync", site.source, name)
         if key not in self._recorded:
             self._recorded.add(key)

@@ -15,6 +15,9 @@ import typing
 from pathlib import Path
 
 import pytest
+import torch
+import torch.nn as nn
+from torch.nn.utils.rnn import unpad_sequence
 
 import placecheck
 from placecheck.finding import Severity
@@ -56,9 +59,9 @@ def model_class(name: str, cls: str) -> type:
     return typing.cast(type, getattr(module, cls))
 
 
-RUN_PAIRS = ["gan", "ema", "cache"]
+RUN_PAIRS = ["gan", "ema", "cache", "pack"]
 """Pairs whose ``__main__`` is a training script for ``placecheck run``."""
-AUDIT_PAIRS = {"cache": ("Cached", "float32[4,8]")}
+AUDIT_PAIRS = {"cache": ("Cached", "float32[4,8]"), "pack": ("Tagger", "float32[4,6,8]")}
 """Pairs whose model (class, input) ``placecheck audit`` checks too: forward-pass matters."""
 
 
@@ -111,3 +114,56 @@ def test_audit_names_the_attribute_a_cached_mask_is_kept_in(engine: str) -> None
     [cached] = [f for f in report.findings if f.code == "PC202"]
     assert cached.source.endswith("cache_fixed.py:17")
     assert "the forward keeps the copy in mask for later calls" in cached.message
+
+
+# -- syncs and copies a documented torch API makes by itself -------------------------------------------
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_run_names_pad_packed_sequence_for_the_sync_it_makes(engine: str) -> None:
+    report = run(script("pack_fixed.py"), engine=engine, steps=3)
+    [sync] = [f for f in report.findings if f.code == "PC204"]
+    assert sync.severity is Severity.INFO
+    assert "in pad_packed_sequence (torch)" in sync.message
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_audit_names_the_torch_function_for_its_own_syncs_and_copies(engine: str) -> None:
+    report = placecheck.audit(model_class("pack_fixed.py", "Tagger"), "cuda", engine=engine,
+                              inputs=["float32[4,6,8]"])
+    found = {(f.code, f.severity, f.message.partition(", not your code")[0]) for f in report.findings}
+    assert found == {("PC202", Severity.INFO, "in pack_padded_sequence (torch)"),
+                     ("PC204", Severity.INFO, "in pad_packed_sequence (torch)")}
+
+
+class _Unpad(nn.Module):
+    """unpad_sequence with the lengths the user made on the GPU: torch's code selects each sequence
+    with a boolean mask of its own making (a sync torch makes, whatever the lengths' device)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lengths = torch.tensor([3, 2], device=x.device)
+        return torch.cat(unpad_sequence(self.lin(x), lengths, batch_first=True))
+
+
+class _Unique(nn.Module):
+    """torch.unique (torch/functional.py) on the user's own tensor: the user's call, a warning."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.unique(self.lin(x).round())
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_sync_on_a_tensor_the_api_made_itself_is_info_and_one_on_the_users_is_a_warning(engine: str) -> None:
+    inside = placecheck.audit(_Unpad, "cuda", engine=engine, inputs=["float32[2,4,3]"])
+    [sync] = [f for f in inside.findings if f.code == "PC204"]
+    assert sync.severity is Severity.INFO and sync.message.startswith("in unpad_sequence (torch)")
+    own = placecheck.audit(_Unique, "cuda", engine=engine, inputs=["float32[2,4,3]"])
+    [sync] = [f for f in own.findings if f.code == "PC204"]
+    assert sync.severity is Severity.WARNING and "torch.unique" in sync.message

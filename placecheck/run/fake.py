@@ -40,7 +40,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from placecheck.callbacks import called_back
-from placecheck.datadep import REPRESENTATIVE, DataDependentMode, on_host
+from placecheck.datadep import REPRESENTATIVE, DataDependentMode, composite_call, on_host
 
 _BACKWARDS = frozenset({torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad})
 
@@ -165,7 +165,8 @@ class _FakeOnlyCalls(TorchFunctionMode):
             return self._printed(args[0])
         if func is torch.Tensor.__deepcopy__ and args and type(args[0]) is self._fake:
             return _deepcopy(args[0], args[1] if len(args) > 1 else kwargs.get("memo", {}))
-        return func(*args, **kwargs)
+        handled, out = composite_call(func, args, kwargs)  # ATen's kernel reads data fake tensors lack
+        return out if handled else func(*args, **kwargs)
 
     def _printed(self, t: torch.Tensor) -> str:
         """What printing ``t`` shows: its values when known, else the assumed ones (noted)."""
