@@ -47,7 +47,7 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from placecheck.classify import DeviceMismatchError
-from placecheck.compat import TorchDispatchMode, tree_flatten, tree_map
+from placecheck.compat import TorchDispatchMode, pad_packed_sequence_op, tree_flatten, tree_map
 from placecheck.shortcuts import shortcut
 from placecheck.sources import first_outside, where_is
 
@@ -601,7 +601,7 @@ def composite_call(func: Any, args: _Args, kwargs: dict[str, Any]) -> tuple[bool
     (no fake tensor can run it), called under the fake engine: its result made of ops that can;
     ``(False, None)`` otherwise (then call ``func`` itself)."""
     mode = active()
-    if mode is None or func is not torch._C._VariableFunctions._pad_packed_sequence:
+    if mode is None or func is not pad_packed_sequence_op():
         return False, None
     return True, pad_packed_sequence(mode, args, kwargs)
 

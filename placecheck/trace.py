@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import inspect
 import sys
 import typing
 from collections.abc import Callable, Iterator
@@ -36,7 +37,7 @@ import torch
 import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 
-from placecheck import classify
+from placecheck import classify, compat
 from placecheck.datadep import composite_call
 from placecheck.compat import DisableTorchFunction
 from placecheck.cudaapi import missing_gpu
@@ -166,6 +167,8 @@ class Tracer:
         self._unregistered_paths: dict[int, str] = {}
         self.attribution = Attribution(_RUN_CODE, self.module_paths, self._unregistered_path)
         self._recorded: set[tuple[Any, ...]] = set()
+        self.scripted: list[str] = []
+        """The TorchScript functions the forward ran as Python (:meth:`_scripted_eagerly`)."""
         self._device_copies: dict[int, tuple[torch.Tensor, Creation]] = {}
         """``id()`` of each device copy of a tensor created in forward -> it and its creation."""
         self._mismatch_errors: list[BaseException] = []
@@ -194,11 +197,43 @@ class Tracer:
             handles += self.flows.hooks(self.module_paths)
         try:
             with _RecordingMode(self), _attention_fast_path_kept(self.target), self._host_factories_seen(), \
-                    self.pending.synchronizations_seen():
+                    self.pending.synchronizations_seen(), self._scripted_eagerly():
                 yield self
         finally:
             for handle in handles:
                 handle.remove()
+
+    @contextlib.contextmanager
+    def _scripted_eagerly(self) -> Iterator[None]:
+        """TorchScript functions (``@torch.jit.script def encode(...)``) that the model's code calls run
+        as the Python they were compiled from while recording (:func:`compat.scripted_python_function`),
+        as ``PYTORCH_JIT=0`` runs them: their ops reach the mode, and a finding names the line inside
+        them, not the forward's line that calls them. Swapped in the globals of the model's classes'
+        ``forward`` functions, and of each function swapped in (a helper calling another); put back
+        afterwards."""
+        classes = {type(m) for m in self.model.modules()}
+        namespaces = [f.__globals__ for f in (getattr(cls, "forward", None) for cls in classes)
+                      if inspect.isfunction(f)]
+        swapped: list[tuple[dict[str, Any], str, Any]] = []
+        seen: set[int] = set()
+        while namespaces:
+            namespace = namespaces.pop()
+            if id(namespace) in seen:
+                continue
+            seen.add(id(namespace))
+            for name, value in list(namespace.items()):
+                python = compat.scripted_python_function(value)
+                if python is not None:
+                    swapped.append((namespace, name, value))
+                    namespace[name] = python
+                    namespaces.append(python.__globals__)
+        if swapped:
+            self.scripted = sorted({name for _, name, _ in swapped})
+        try:
+            yield
+        finally:
+            for namespace, name, value in reversed(swapped):
+                namespace[name] = value
 
     @contextlib.contextmanager
     def _host_factories_seen(self) -> Iterator[None]:
@@ -642,8 +677,13 @@ class Tracer:
         return self._checked.findings
 
     def notes(self) -> list[str]:
-        """What :meth:`findings` left out, for the report's notes."""
-        return self._checked.notes() if self._checked is not None else []
+        """What :meth:`findings` left out, and the TorchScript functions run as Python, for the notes."""
+        notes = self._checked.notes() if self._checked is not None else []
+        if self.scripted:
+            notes.append(f"forward: TorchScript function{'s' if len(self.scripted) > 1 else ''} "
+                         f"{', '.join(self.scripted)} ran as the Python {'they were' if len(self.scripted) > 1 else 'it was'} "
+                         "compiled from (as PYTORCH_JIT=0 runs them): a finding names its line inside them")
+        return notes
 
 
 @contextlib.contextmanager

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import sys
 import typing
 from pathlib import Path
 
@@ -35,12 +36,14 @@ def script(name: str) -> str:
     return os.path.relpath(FIXTURES / name)
 
 
-def expected(name: str) -> set[tuple[str, str]]:
-    """(code, source) of every ``# expect PCnnn`` comment of a fixture."""
+def expected(name: str, command: str = "run") -> set[tuple[str, str]]:
+    """(code, source) of every ``# expect PCnnn`` comment of a fixture (``# expect PCnnn audit``: only
+    what ``audit`` reports there, as a creation's own PC202 beside the mismatch it fed)."""
     found = set()
     for number, text in enumerate((FIXTURES / name).read_text().splitlines(), 1):
-        for code in re.findall(r"# expect (PC\d{3})", text):
-            found.add((code, f"{script(name)}:{number}"))
+        for code, only in re.findall(r"# expect (PC\d{3})(?: (audit|run))?", text):
+            if only in ("", command):
+                found.add((code, f"{script(name)}:{number}"))
     assert found, f"{name} expects nothing"
     return found
 
@@ -59,9 +62,10 @@ def model_class(name: str, cls: str) -> type:
     return typing.cast(type, getattr(module, cls))
 
 
-RUN_PAIRS = ["gan", "ema", "cache", "pack"]
+RUN_PAIRS = ["gan", "ema", "cache", "pack", "script"]
 """Pairs whose ``__main__`` is a training script for ``placecheck run``."""
-AUDIT_PAIRS = {"cache": ("Cached", "float32[4,8]"), "pack": ("Tagger", "float32[4,6,8]")}
+AUDIT_PAIRS = {"cache": ("Cached", "float32[4,8]"), "pack": ("Tagger", "float32[4,6,8]"),
+               "script": ("Encoded", "float32[4,8]")}
 """Pairs whose model (class, input) ``placecheck audit`` checks too: forward-pass matters."""
 
 
@@ -85,7 +89,7 @@ def test_fixed_script_is_clean(pair: str, engine: str) -> None:
 def test_audit_finds_the_buggy_model_at_its_line(pair: str, engine: str) -> None:
     cls, given = AUDIT_PAIRS[pair]
     report = placecheck.audit(model_class(f"{pair}_buggy.py", cls), "cuda", engine=engine, inputs=[given])
-    assert serious(report) == expected(f"{pair}_buggy.py")
+    assert serious(report) == expected(f"{pair}_buggy.py", "audit")
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -167,3 +171,18 @@ def test_a_sync_on_a_tensor_the_api_made_itself_is_info_and_one_on_the_users_is_
     own = placecheck.audit(_Unique, "cuda", engine=engine, inputs=["float32[2,4,3]"])
     [sync] = [f for f in own.findings if f.code == "PC204"]
     assert sync.severity is Severity.WARNING and "torch.unique" in sync.message
+
+
+# -- code inside TorchScript functions, at its own line ------------------------------------------------
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_torchscript_helper_runs_as_python_and_says_so(engine: str) -> None:
+    report = run(script("script_buggy.py"), engine=engine, steps=3)
+    assert any("TorchScript function encode ran as its Python" in n for n in report.notes), report.notes
+    cls = model_class("script_buggy.py", "Encoded")
+    audited = placecheck.audit(cls, "cuda", engine=engine, inputs=["float32[4,8]"])
+    assert any("TorchScript function encode ran as the Python" in n for n in audited.notes), audited.notes
+    module = importlib.import_module(cls.__module__) if cls.__module__ in sys.modules else None
+    helper = cls.forward.__globals__["encode"]
+    assert isinstance(helper, torch.jit.ScriptFunction)  # put back after the audit
+    assert module is None or module.encode is helper

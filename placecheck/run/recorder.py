@@ -62,7 +62,13 @@ from placecheck.run.loaders import PIN_WARNING, Loaders
 from placecheck.run.moves import Moves, raised_by_swap
 from placecheck.run.optimizers import Optimizers
 from placecheck.run.origins import Origin, Origins
-from placecheck.run.patches import OutsideSimulation, eager_compile, no_copies_of_the_script, patched
+from placecheck.run.patches import (
+    OutsideSimulation,
+    eager_compile,
+    eager_script,
+    no_copies_of_the_script,
+    patched,
+)
 from placecheck.run.sites import called_from_user, library_caller, names_of
 from placecheck.sources import here, user_line
 from placecheck.state import Registry
@@ -223,6 +229,7 @@ class RunRecorder:
                     (torch.__future__, "set_overwrite_module_params_on_conversion",
                      self.moves.overwrite_flag),
                     (subprocess.Popen, "__init__", no_copies_of_the_script),
+                    (torch.jit, "script", eager_script(self.notes)),
                 ]))
                 stack.enter_context(eager_compile(self._compiled))
                 if self.ranks is not None:
