@@ -62,8 +62,10 @@ def model_class(name: str, cls: str) -> type:
     return typing.cast(type, getattr(module, cls))
 
 
-RUN_PAIRS = ["gan", "ema", "cache", "pack", "script"]
+RUN_PAIRS = ["gan", "ema", "cache", "pack", "script", "dp"]
 """Pairs whose ``__main__`` is a training script for ``placecheck run``."""
+GPUS = {"dp": 2}
+"""The simulated GPUs a pair needs (default 1)."""
 AUDIT_PAIRS = {"cache": ("Cached", "float32[4,8]"), "pack": ("Tagger", "float32[4,6,8]"),
                "script": ("Encoded", "float32[4,8]")}
 """Pairs whose model (class, input) ``placecheck audit`` checks too: forward-pass matters."""
@@ -72,14 +74,14 @@ AUDIT_PAIRS = {"cache": ("Cached", "float32[4,8]"), "pack": ("Tagger", "float32[
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("pair", RUN_PAIRS)
 def test_buggy_script_is_found_at_its_line(pair: str, engine: str) -> None:
-    report = run(script(f"{pair}_buggy.py"), engine=engine, steps=3)
+    report = run(script(f"{pair}_buggy.py"), engine=engine, steps=3, gpus=GPUS.get(pair, 1))
     assert serious(report) == expected(f"{pair}_buggy.py")
 
 
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("pair", RUN_PAIRS)
 def test_fixed_script_is_clean(pair: str, engine: str) -> None:
-    report = run(script(f"{pair}_fixed.py"), engine=engine, steps=3)
+    report = run(script(f"{pair}_fixed.py"), engine=engine, steps=3, gpus=GPUS.get(pair, 1))
     assert serious(report) == set()
     assert dict(report.stats)["optimizer_steps"] == 3  # the whole loop ran
 
@@ -186,3 +188,30 @@ def test_a_torchscript_helper_runs_as_python_and_says_so(engine: str) -> None:
     helper = cls.forward.__globals__["encode"]
     assert isinstance(helper, torch.jit.ScriptFunction)  # put back after the audit
     assert module is None or module.encode is helper
+
+
+# -- DataParallel scatters CPU inputs ------------------------------------------------------------------
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_data_parallel_on_one_gpu_takes_cpu_inputs_and_returns_on_it(engine: str) -> None:
+    seen: list[tuple[str, str, list[int]]] = []
+
+    def main() -> None:
+        model = nn.DataParallel(nn.Linear(8, 1).to("cuda"))
+        out = model(torch.randn(4, 8))
+        seen.append((str(out.device), str(model.src_device_obj), list(model.device_ids)))
+
+    report = run(main, engine=engine, gpus=1)
+    assert serious(report) == set()
+    assert seen == [("cuda:0", "cuda:0", [0])]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_data_parallel_refuses_a_module_left_off_device_ids_0_as_torch_does(engine: str) -> None:
+    def main() -> None:
+        model = nn.DataParallel(nn.Linear(8, 1))  # never moved: torch refuses it on a GPU machine
+        model(torch.randn(4, 8))
+
+    report = run(main, engine=engine, gpus=2)
+    said = [f.message for f in report.findings] + list(report.notes)
+    assert any("parameters and buffers on device cuda:0 (device_ids[0])" in text for text in said), said

@@ -55,6 +55,7 @@ from placecheck.errors import one_line
 from placecheck.finding import Finding, Severity
 from placecheck.host_syncs import HOST_SYNCS, host_sync
 from placecheck.hostcopies import PendingCopies, PendingCopy
+from placecheck.placement.replicas import data_parallel_simulated
 from placecheck.provenance import CallCounts
 from placecheck.rules import rule
 from placecheck.run.checkpoints import Checkpoints
@@ -232,6 +233,7 @@ class RunRecorder:
                     (torch.jit, "script", eager_script(self.notes)),
                 ]))
                 stack.enter_context(eager_compile(self._compiled))
+                stack.enter_context(data_parallel_simulated(self.gpus, self.quiet))
                 if self.ranks is not None:
                     stack.enter_context(self.ranks.session())
                 stack.enter_context(self.pending.synchronizations_seen())
