@@ -62,13 +62,26 @@ def model_class(name: str, cls: str) -> type:
     return typing.cast(type, getattr(module, cls))
 
 
-RUN_PAIRS = ["gan", "ema", "cache", "pack", "script", "dp"]
-"""Pairs whose ``__main__`` is a training script for ``placecheck run``."""
 GPUS = {"dp": 2}
 """The simulated GPUs a pair needs (default 1)."""
+RUN_PAIRS = ["gan", "ema", "cache", "pack", "script", "dp", "topk"]
+"""Pairs whose ``__main__`` is a training script for ``placecheck run``."""
+
 AUDIT_PAIRS = {"cache": ("Cached", "float32[4,8]"), "pack": ("Tagger", "float32[4,6,8]"),
-               "script": ("Encoded", "float32[4,8]")}
+               "script": ("Encoded", "float32[4,8]"), "dp": ("Net", "float32[4,8]"),
+               "topk": ("TopK", "float32[4,8]")}
 """Pairs whose model (class, input) ``placecheck audit`` checks too: forward-pass matters."""
+WRAPPED = {"dp": nn.DataParallel}
+"""What the audited model is wrapped in, as the pair's script wraps it (audited per replica)."""
+
+
+def audited(pair: str, name: str, engine: str) -> Report:
+    """``placecheck.audit`` of the pair's model class in fixture ``name``."""
+    cls, given = AUDIT_PAIRS[pair]
+    built = model_class(name, cls)
+    wrap = WRAPPED.get(pair)
+    factory = (lambda: wrap(built())) if wrap is not None else built
+    return placecheck.audit(factory, "cuda", engine=engine, inputs=[given], gpus=GPUS.get(pair, 1))
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -89,16 +102,14 @@ def test_fixed_script_is_clean(pair: str, engine: str) -> None:
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("pair", AUDIT_PAIRS)
 def test_audit_finds_the_buggy_model_at_its_line(pair: str, engine: str) -> None:
-    cls, given = AUDIT_PAIRS[pair]
-    report = placecheck.audit(model_class(f"{pair}_buggy.py", cls), "cuda", engine=engine, inputs=[given])
+    report = audited(pair, f"{pair}_buggy.py", engine)
     assert serious(report) == expected(f"{pair}_buggy.py", "audit")
 
 
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("pair", AUDIT_PAIRS)
 def test_audit_of_the_fixed_model_is_clean(pair: str, engine: str) -> None:
-    cls, given = AUDIT_PAIRS[pair]
-    report = placecheck.audit(model_class(f"{pair}_fixed.py", cls), "cuda", engine=engine, inputs=[given])
+    report = audited(pair, f"{pair}_fixed.py", engine)
     assert serious(report) == set()
     assert not report.incomplete
 
