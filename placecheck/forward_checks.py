@@ -88,7 +88,8 @@ def forward_findings(events: list[Event], target: str, library_findings: bool = 
         site = getattr(event, "site", None)
         if isinstance(site, Site) and site.library:
             library[key] = site.library
-        elif isinstance(site, Site) and site.api and isinstance(event, HostSync | ImplicitTransfer | Creation):
+        elif isinstance(site, Site) and site.api \
+                and isinstance(event, HostSync | ImplicitTransfer | Creation):
             apis[key] = site.api
         elif isinstance(event, Creation) and event.moved_at is not None and event.moved_at.api:
             apis[key] = event.moved_at.api  # the copy to the device was the API's own

@@ -279,7 +279,7 @@ class CallCounts:
         self.forwards[module_class] = self.forwards.get(module_class, 0) + 1
 
     def created(self, line: str, op: str, tensor: str, copied_to: str, copied_at: str) -> None:
-        """The forward's line ``line`` made ``tensor`` with ``op``, copied to ``copied_to`` at ``copied_at``."""
+        """The forward's ``line`` made ``tensor`` with ``op``, copied to ``copied_to`` at ``copied_at``."""
         self.made[line] = self.made.get(line, 0) + 1
         self._first.setdefault(line, (op, tensor, copied_to, copied_at))
 

@@ -38,9 +38,9 @@ import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 
 from placecheck import classify, compat
-from placecheck.datadep import composite_call
 from placecheck.compat import DisableTorchFunction
 from placecheck.cudaapi import missing_gpu
+from placecheck.datadep import composite_call
 from placecheck.errors import one_line
 from placecheck.events import (
     Event,
@@ -680,9 +680,10 @@ class Tracer:
         """What :meth:`findings` left out, and the TorchScript functions run as Python, for the notes."""
         notes = self._checked.notes() if self._checked is not None else []
         if self.scripted:
-            notes.append(f"forward: TorchScript function{'s' if len(self.scripted) > 1 else ''} "
-                         f"{', '.join(self.scripted)} ran as the Python {'they were' if len(self.scripted) > 1 else 'it was'} "
-                         "compiled from (as PYTORCH_JIT=0 runs them): a finding names its line inside them")
+            many = len(self.scripted) > 1
+            notes.append(f"forward: TorchScript function{'s' if many else ''} {', '.join(self.scripted)} "
+                         f"ran as the Python {'they were' if many else 'it was'} compiled from (as "
+                         "PYTORCH_JIT=0 runs them): a finding names its line inside them")
         return notes
 
 

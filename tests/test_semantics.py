@@ -177,7 +177,7 @@ class _Unique(nn.Module):
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-def test_a_sync_on_a_tensor_the_api_made_itself_is_info_and_one_on_the_users_is_a_warning(engine: str) -> None:
+def test_a_sync_on_a_tensor_the_api_made_is_info_and_one_on_the_users_a_warning(engine: str) -> None:
     inside = placecheck.audit(_Unpad, "cuda", engine=engine, inputs=["float32[2,4,3]"])
     [sync] = [f for f in inside.findings if f.code == "PC204"]
     assert sync.severity is Severity.INFO and sync.message.startswith("in unpad_sequence (torch)")

@@ -74,8 +74,8 @@ from placecheck.rules import dtensor_mixed, left_out_of_sharding, on_replicas, r
 from placecheck.sources import Attribution, Site
 from placecheck.trace import op_name
 
-__all__ = ["Replica", "Replicas", "data_parallel_simulated", "devices", "merge", "merged_notes", "no_replicas",
-           "plan", "unwrap"]
+__all__ = ["Replica", "Replicas", "data_parallel_simulated", "devices", "merge", "merged_notes",
+           "no_replicas", "plan", "unwrap"]
 
 
 @dataclass(frozen=True)
@@ -482,7 +482,8 @@ def data_parallel_simulated(gpus: int, quiet: Callable[[], contextlib.AbstractCo
                                    f"{self.src_device_obj} (device_ids[0]) but found one of them on device: "
                                    f"{t.device}")
         with quiet():  # scatter: each input tensor copied to the replica's GPU
-            inputs, kwargs = tree_map_only(torch.Tensor, lambda t: t.to(self.src_device_obj), (inputs, kwargs))
+            inputs, kwargs = tree_map_only(torch.Tensor, lambda t: t.to(self.src_device_obj),
+                                           (inputs, kwargs))
         out = self.module(*inputs, **kwargs)
         if len(self.device_ids) == 1:
             return out  # one GPU: DataParallel returns the module's output as it is
