@@ -600,10 +600,17 @@ def composite_call(func: Any, args: _Args, kwargs: dict[str, Any]) -> tuple[bool
     """``(True, result)`` for a torch function whose composite ATen kernel reads tensor data directly
     (no fake tensor can run it), called under the fake engine: its result made of ops that can;
     ``(False, None)`` otherwise (then call ``func`` itself)."""
+    if func is not _composite_ops()[0]:  # checked first: this is on every call's path
+        return False, None
     mode = active()
-    if mode is None or func is not pad_packed_sequence_op():
+    if mode is None:
         return False, None
     return True, pad_packed_sequence(mode, args, kwargs)
+
+
+@functools.cache
+def _composite_ops() -> tuple[Any, ...]:
+    return (pad_packed_sequence_op(),)
 
 
 @_handles("torchvision::nms")

@@ -475,9 +475,11 @@ torch.set_default_device says otherwise), not on the input's device. Pass
 device=x.device, or use x.new_zeros / torch.zeros_like. Created on the CPU
 and then copied with .to(x.device)/.cuda()/.type_as(x), it is correct but
 allocates on the host and pays a blocking copy on every call (PyTorch's
-performance tuning guide: create tensors on the target directly). Always a
-warning: when the tensor then feeds a device mismatch, that crash is reported
-as PC201, an error, which the report groups under this problem.""", """
+performance tuning guide: create tensors on the target directly). A warning:
+when the tensor then feeds a device mismatch, that crash is reported as PC201,
+an error, which the report groups under this problem. A cache is not "every
+call": a copy the forward keeps in a module attribute for later calls, or that
+placecheck run saw made in fewer forwards than its module ran, is info.""", """
 noise = torch.randn(x.shape)
 """, """
 noise = torch.randn(x.shape, device=x.device, dtype=x.dtype)  # or torch.randn_like(x)
