@@ -226,3 +226,19 @@ def test_data_parallel_refuses_a_module_left_off_device_ids_0_as_torch_does(engi
     report = run(main, engine=engine, gpus=2)
     said = [f.message for f in report.findings] + list(report.notes)
     assert any("parameters and buffers on device cuda:0 (device_ids[0])" in text for text in said), said
+
+
+# -- PC308 by identity: what the optimizer holds when it steps -----------------------------------------
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_an_optimizer_given_the_new_model_s_parameters_before_stepping_is_clean(engine: str) -> None:
+    def main() -> None:
+        model = nn.Linear(4, 1).to("cuda")
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        model = nn.Linear(4, 1).to("cuda")  # re-created, and the optimizer told so
+        optimizer.param_groups[0]["params"] = list(model.parameters())
+        model(torch.randn(2, 4, device="cuda")).sum().backward()
+        optimizer.step()
+
+    assert run(main, engine=engine).findings == ()
+

@@ -118,7 +118,8 @@ class Optimizers:
         if id(opt) in {k[0] for k in self.reported if k[1] == "stale"}:
             return
         held = self.owners.get(opt) or {}
-        suspects = {pid: h for pid, h in held.items() if not h.registered()}
+        current = {id(p) for group in opt.param_groups for p in group["params"]}  # as the step sees them
+        suspects = {pid: h for pid, h in held.items() if pid in current and not h.registered()}
         if not suspects:
             return
         gc.collect()  # a re-created model's old modules may linger in reference cycles
