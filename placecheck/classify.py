@@ -146,9 +146,11 @@ _HOST_ARGUMENTS: dict[str, frozenset[int]] = {op: frozenset(names)
 """Ops whose argument at these positions must be a CPU tensor whatever the device of the rest
 (``pack_padded_sequence``'s ``lengths``): on CUDA a GPU raises; on the CPU it is correct."""
 
-_HOST_OUTPUTS: dict[str, frozenset[int]] = {"_pack_padded_sequence": frozenset({1})}
+_HOST_OUTPUTS: dict[str, frozenset[int]] = {"_pack_padded_sequence": frozenset({1}),
+                                             "_pad_packed_sequence": frozenset({1})}
 """Ops that return a CPU tensor at these positions of their output whatever their input's device
-(``batch_sizes`` of a packed sequence)."""
+(``batch_sizes`` of a packed sequence; the ``lengths`` ``pad_packed_sequence`` returns, made with
+``batch_sizes``' options in ATen's ``_pad_packed_sequence``)."""
 
 _CPU_ACCEPTED: dict[str, frozenset[int]] = {
     **_HOST_ARGUMENTS,

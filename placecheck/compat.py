@@ -395,3 +395,24 @@ def inputs_to_device(args: tuple[Any, ...], kwargs: dict[str, Any], device: Any
 
     moved_args, moved_kwargs = _to_kwargs(args, kwargs, device, False)
     return moved_args[0], moved_kwargs[0]
+
+
+def pad_packed_sequence_op() -> Any:
+    """The op behind ``nn.utils.rnn.pad_packed_sequence`` (``torch._VF._pad_packed_sequence``): its ATen
+    kernel is composite and reads ``batch_sizes`` and writes ``lengths`` through data pointers."""
+    import torch
+
+    return torch._C._VariableFunctions._pad_packed_sequence
+
+
+def scripted_python_function(value: Any) -> Callable[..., Any] | None:
+    """The Python function a ``torch.jit.ScriptFunction`` was compiled from (``torch.jit.script`` keeps
+    it as ``_torchdynamo_inline`` for TorchDynamo, which inlines it); None for anything else."""
+    import inspect
+
+    import torch
+
+    if not isinstance(value, torch.jit.ScriptFunction):
+        return None
+    original = getattr(value, "_torchdynamo_inline", None)
+    return original if inspect.isfunction(original) else None

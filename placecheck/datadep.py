@@ -46,7 +46,8 @@ from typing import Any
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from placecheck.compat import TorchDispatchMode, tree_flatten, tree_map
+from placecheck.classify import DeviceMismatchError
+from placecheck.compat import TorchDispatchMode, pad_packed_sequence_op, tree_flatten, tree_map
 from placecheck.shortcuts import shortcut
 from placecheck.sources import first_outside, where_is
 
@@ -536,6 +537,80 @@ def _bincount(mode: DataDependentMode, func: Any, args: tuple[Any, ...], kwargs:
         return _as_fake(mode, counts, source, assumption)
     size = max(minlength, REPRESENTATIVE + 1)
     return mode._fake_empty((size,), source, weights.dtype)
+
+
+@_handles(aten._pack_padded_sequence.default)
+def _pack_padded(mode: DataDependentMode, func: Any, args: _Args, kwargs: dict[str, Any]) -> Any:
+    """``pack_padded_sequence``'s op: ``(data, batch_sizes)``; ``data`` holds ``sum(lengths)`` steps and
+    ``batch_sizes`` (a real CPU tensor, as ATen makes it) how many sequences are longer than each step. The
+    lengths are on the CPU by contract, so their values are normally known; else every sequence is
+    assumed to have the full length."""
+    source, lengths = args[0], args[1]
+    batch_first = bool(args[2] if len(args) > 2 else kwargs.get("batch_first", False))
+    if lengths.device.type != "cpu" or lengths.dim() != 1:  # ATen's own check, as a GPU raises it
+        raise DeviceMismatchError(f"_pack_padded_sequence needs its argument 1 (lengths) on the CPU, but got "
+                                  f"a tensor on {lengths.device}")
+    real, rests_on = mode.value(lengths)
+    if real is not None:
+        mode._noted(rests_on, func, "pack_padded_sequence()")
+    else:
+        rests_on = mode._assume("every sequence has the full length (the largest shape)", func,
+                                op="pack_padded_sequence()")
+        steps, batch = (source.shape[1], source.shape[0]) if batch_first else source.shape[:2]
+        with on_host():
+            real = torch.full((int(batch),), int(steps), dtype=torch.int64)
+    with on_host():
+        real = real.to(torch.int64)
+        longest = int(real.max()) if real.numel() else 0
+        batch_sizes = torch.tensor([int((real > t).sum()) for t in range(longest)], dtype=torch.int64)
+        total = int(real.sum())
+    data = mode._fake_empty((total, *source.shape[2:]), source, source.dtype)
+    return data, batch_sizes  # a real CPU tensor, as ATen makes it: the packed RNN ops read its data
+
+
+def pad_packed_sequence(mode: DataDependentMode, args: _Args, kwargs: dict[str, Any]) -> Any:
+    """``torch._VF._pad_packed_sequence(data, batch_sizes, batch_first, padding_value, total_length)``
+    under fake tensors: ``(padded, lengths)``, composed of ops fake tensors run. ATen's kernel is
+    composite and writes ``lengths`` through a data pointer, which a fake tensor has none of; its
+    torch function is called in its place (the engines' torch function modes: :func:`composite_call`).
+    ``batch_sizes`` is on the CPU by contract: its values are known (a real CPU tensor)."""
+    names = ("data", "batch_sizes", "batch_first", "padding_value", "total_length")
+    given = {**dict(zip(names, args, strict=False)), **kwargs}
+    data, batch_sizes = given["data"], given["batch_sizes"]
+    real, rests_on = mode.value(batch_sizes)
+    if real is None:
+        raise RuntimeError("pad_packed_sequence: the batch sizes of the packed sequence are unknown")
+    mode._noted(rests_on, aten._pad_packed_sequence.default, "pad_packed_sequence()")
+    sizes = [int(b) for b in real.tolist()]
+    steps = max(int(given.get("total_length", 0) or 0), len(sizes))
+    batch = sizes[0] if sizes else 0
+    padded = data.new_full((steps, batch, *data.shape[1:]), float(given.get("padding_value", 0.0)))
+    offset = 0
+    for step, size in enumerate(sizes):
+        padded[step, :size] = data[offset:offset + size]
+        offset += size
+    if given.get("batch_first", False):
+        padded = padded.transpose(0, 1)
+    with on_host():
+        lengths = torch.tensor([sum(1 for b in sizes if b > i) for i in range(batch)], dtype=torch.int64)
+    return padded, lengths
+
+
+def composite_call(func: Any, args: _Args, kwargs: dict[str, Any]) -> tuple[bool, Any]:
+    """``(True, result)`` for a torch function whose composite ATen kernel reads tensor data directly
+    (no fake tensor can run it), called under the fake engine: its result made of ops that can;
+    ``(False, None)`` otherwise (then call ``func`` itself)."""
+    if func is not _composite_ops()[0]:  # checked first: this is on every call's path
+        return False, None
+    mode = active()
+    if mode is None:
+        return False, None
+    return True, pad_packed_sequence(mode, args, kwargs)
+
+
+@functools.cache
+def _composite_ops() -> tuple[Any, ...]:
+    return (pad_packed_sequence_op(),)
 
 
 @_handles("torchvision::nms")

@@ -63,6 +63,9 @@ def forward_findings(events: list[Event], target: str, library_findings: bool = 
     """
     found: dict[tuple[str, str, str], Finding] = {}
     library: dict[tuple[str, str, str], str] = {}
+    apis: dict[tuple[str, str, str], str] = {}
+    """Findings made inside a torch (or installed) function the user's line called, on tensors it made
+    itself (``Site.api``): the API's own work, at ``info``, naming it."""
     crashes: set[tuple[str, str, str]] = set()
     """Creations that fed a mismatch: the cause of an error, never downgraded as library performance."""
     lazy_lines = {e.site.source for e in events if isinstance(e, Registration)}
@@ -85,6 +88,11 @@ def forward_findings(events: list[Event], target: str, library_findings: bool = 
         site = getattr(event, "site", None)
         if isinstance(site, Site) and site.library:
             library[key] = site.library
+        elif isinstance(site, Site) and site.api \
+                and isinstance(event, HostSync | ImplicitTransfer | Creation):
+            apis[key] = site.api
+        elif isinstance(event, Creation) and event.moved_at is not None and event.moved_at.api:
+            apis[key] = event.moved_at.api  # the copy to the device was the API's own
     counted: dict[str, int] = {}
     kept = []
     for key, finding in found.items():
@@ -96,6 +104,11 @@ def forward_findings(events: list[Event], target: str, library_findings: bool = 
                 finding, message=rules.in_library(package, finding.message),
                 severity=finding.severity if library_findings else rules.severity(finding.code, "library"),
                 details=(*finding.details, ("library", package)))
+        elif key in apis and finding.severity is not Severity.ERROR and key not in crashes:
+            finding = dataclasses.replace(
+                finding, message=rules.in_library(apis[key], finding.message),
+                severity=finding.severity if library_findings else rules.severity(finding.code, "api"),
+                hint=rules.made_by_api(apis[key]), details=(*finding.details, ("api", apis[key])))
         kept.append(finding)
     return ForwardFindings(kept, counted)
 
@@ -182,6 +195,14 @@ def _finding(event: Event, target: str, lazy_lines: set[str],
 
 def _creation(event: Creation, target: str) -> Finding:
     fed = event.fed_mismatch
+    if event.kept_in and event.moved and event.moved_at is not None and not fed:
+        # a cache: the forward kept the device copy in a module attribute, to reuse it
+        message, hint = rules.created_then_cached(
+            event.op, _tensor(event.dtype, event.shape), event.device, event.moved_to or target,
+            event.moved_at.source, kept_in=event.kept_in)
+        return _make("PC202", event.site, rules.severity("PC202", "cache"), device=event.device,
+                     expected=target, dtype=event.dtype, shape=event.shape, origin=event.site.source, message=message,
+                     hint=hint, details=(("op", event.op), ("kept_in", event.kept_in)))
     message, hint = rules.created_off_device(
         event.op, _tensor(event.dtype, event.shape), event.device, target, fed=fed,
         copied_to=event.moved_to, copied_at=event.moved_at.source if event.moved and event.moved_at else "")

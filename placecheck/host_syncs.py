@@ -43,15 +43,51 @@ def _any_argument(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor
     return next((t for _, t in classify.tensor_arguments(args, kwargs) if on_device(t) is not None), None)
 
 
+def _device_masks(self: torch.Tensor, index: Any) -> list[torch.Tensor]:
+    """The boolean (or uint8) masks on ``self``'s device among the tensor indices of ``index``."""
+    return [t for _, t in classify.tensor_arguments((index,), {})
+            if t.dtype in (torch.bool, torch.uint8) and on_device(t) is not None and t.device == self.device]
+
+
 def _boolean_mask(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
-    """The device tensor indexed by a boolean mask on the device (``x[mask]``, ``x[mask] = v``):
-    finding the selected elements is a ``nonzero`` whose size the host must read."""
+    """The boolean mask on the device a read ``x[mask]`` selects with: finding the selected elements is
+    a ``nonzero`` of it whose size the host must read."""
     if len(args) < 2 or on_device(args[0]) is None:
         return None
-    for _, t in classify.tensor_arguments((args[1],), {}):
-        if t.dtype in (torch.bool, torch.uint8) and on_device(t) is not None:
-            return typing.cast(torch.Tensor, args[0])
-    return None
+    masks = _device_masks(args[0], args[1])
+    return masks[0] if masks else None  # the host waits for the mask's nonzero
+
+
+def _tensor_indices(index: Any) -> list[Any]:
+    """The tensor (and list) indices of a ``__setitem__`` index or an ``index_put_`` indices tuple:
+    the indices ATen's advanced indexing receives (ints, slices, None and ``...`` are applied before)."""
+    items = index if isinstance(index, tuple) else (index,)
+    return [i for i in items if isinstance(i, torch.Tensor | list)]
+
+
+def _boolean_mask_write(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """The boolean mask on the device a write ``x[mask] = v`` (``x.index_put_((mask,), v)``) selects with,
+    when the write makes the host wait.
+
+    ATen's ``_index_put_impl_`` (aten/src/ATen/native/TensorAdvancedIndexing.cpp) first asks
+    ``canDispatchToMaskedFill``: without ``accumulate``, a value of one element on the CPU (a Python
+    number: ``Tensor.__setitem__`` makes it a CPU scalar for a CUDA tensor) and a single index that is
+    a bool/uint8 mask on the tensor's device run as ``masked_fill_(mask, value.item())``: no sync (the
+    value is read on the host, where it is). Otherwise the mask goes through ``nonzero`` (advanced
+    indexing's ``expandTensors``), and the host waits for it."""
+    if len(args) < 2 or on_device(args[0]) is None:
+        return None
+    self = typing.cast(torch.Tensor, args[0])
+    masks = _device_masks(self, args[1])
+    if not masks:
+        return None
+    value = args[2] if len(args) > 2 else kwargs.get("values", kwargs.get("value"))
+    accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
+    one_host_value = isinstance(value, int | float | bool | complex) or (
+        isinstance(value, torch.Tensor) and value.numel() == 1 and value.device.type == "cpu")
+    if not accumulate and one_host_value and len(_tensor_indices(args[1])) == 1:
+        return None  # masked_fill_: the minGPT/top-k idiom logits[logits < v[:, [-1]]] = -inf
+    return masks[0]  # the host waits for the mask's nonzero
 
 
 def _repeats_on_device(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
@@ -135,7 +171,9 @@ def _host_syncs() -> dict[Any, tuple[str, SyncProbe]]:
         torch.tensor: ("torch.tensor of device tensors", _device_tensors_in_data),
     }
     for indexing in classify.index_ops():
-        table[indexing] = ("boolean-mask indexing", _boolean_mask)
+        reads = indexing is T.__getitem__
+        table[indexing] = ("boolean-mask indexing", _boolean_mask) if reads else \
+            ("boolean-mask assignment (index_put_ with a mask)", _boolean_mask_write)
     return table
 
 

@@ -18,7 +18,13 @@ import torch
 import torch.nn as nn
 
 from placecheck.finding import Finding
-from placecheck.rules import in_library, library_state_hint, severity, stray_handled_by_forward
+from placecheck.rules import (
+    created_then_cached,
+    in_library,
+    library_state_hint,
+    severity,
+    stray_handled_by_forward,
+)
 from placecheck.sources import NOWHERE, Site, library_of_class
 from placecheck.walk import WalkResult, storage_key
 
@@ -49,6 +55,10 @@ class Creation:
     expected: str = ""
     """The device the forward that created it ran for (the target; with ``--device keep``, its
     module's device)."""
+    kept_in: str = ""
+    """The module attribute (``src_mask``) that held its copy on the device after the forward: a cache
+    (built when empty or stale, as pytorch/examples' Transformer builds its mask), not a copy on every
+    call."""
 
     def mark(self, attr: str, seen: set[int] | None = None, at: Site | None = None, to: str = "") -> None:
         """Set ``moved`` or ``fed_mismatch`` here and on every creation merged into this one."""
@@ -254,3 +264,40 @@ def stray_owner(finding: Finding, model: nn.Module) -> type | None:
         return type(model.get_submodule(finding.module) if finding.module else model)
     except AttributeError:
         return None
+
+
+class CallCounts:
+    """``placecheck run``: how many forwards each module class ran, and how many times each line of a
+    forward made a tensor on the host that it then copied to the device (PC202).
+
+    "On every call" is decided by counting: a line that made its tensor in fewer forwards than its
+    module ran is a cache (built once, or when the length changes), not a copy on every call."""
+
+    def __init__(self) -> None:
+        self.forwards: dict[str, int] = {}
+        """Module class name -> forwards run (every module's, not only the outermost)."""
+        self.made: dict[str, int] = {}
+        """The creating line -> tensors made there and copied to the device."""
+        self._first: dict[str, tuple[str, str, str, str]] = {}
+        """The creating line -> (op, tensor, copied to, copied at) of its first creation."""
+
+    def forward(self, module_class: str) -> None:
+        self.forwards[module_class] = self.forwards.get(module_class, 0) + 1
+
+    def created(self, line: str, op: str, tensor: str, copied_to: str, copied_at: str) -> None:
+        """The forward's ``line`` made ``tensor`` with ``op``, copied to ``copied_to`` at ``copied_at``."""
+        self.made[line] = self.made.get(line, 0) + 1
+        self._first.setdefault(line, (op, tensor, copied_to, copied_at))
+
+    def verdict(self, finding: Finding) -> Finding:
+        """``finding`` (a PC202 of a forward's creation copied to the device) as the whole run shows it:
+        made in fewer forwards than its module ran, a cache: ``info``, with both counts."""
+        line = finding.origin or finding.source
+        made, calls = self.made.get(line, 0), self.forwards.get(finding.where, 0)
+        if not 0 < made < calls or line not in self._first:
+            return finding
+        op, tensor, copied_to, copied_at = self._first[line]
+        message, hint = created_then_cached(op, tensor, finding.device, copied_to, copied_at, made=made,
+                                            calls=calls)
+        return dataclasses.replace(finding, severity=severity("PC202", "cache"), message=message, hint=hint,
+                                   count=made, details=(*finding.details, ("made", str(made)), ("forwards", str(calls))))

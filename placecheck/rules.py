@@ -284,6 +284,12 @@ def in_library(package: str, message: str) -> str:
     return f"in {package}, not your code: {message}"
 
 
+def made_by_api(api: str) -> str:
+    """The hint of a performance finding that ``api`` (``pad_packed_sequence (torch)``), called from the
+    user's line, made by itself on tensors of its own."""
+    return f"{api} does this by itself in its documented use; nothing to change in this line"
+
+
 def on_replicas(labels: Sequence[str], message: str) -> str:
     """A finding only some replicas (or ranks) of a replicated model have: its message, naming them
     (``on replica 1 (cuda:1), Tensor.add mixed ...``; its headline, up to the first ": ", stays whole)."""
@@ -473,12 +479,30 @@ and then copied with .to(x.device)/.cuda()/.type_as(x), it is correct but
 allocates on the host and pays a blocking copy on every call (PyTorch's
 performance tuning guide: create tensors on the target directly). A warning
 on its own; when the tensor then feeds a device mismatch, that crash (PC201,
-an error) is grouped under this problem, which is then an error.""", """
+an error) is grouped under this problem, which is then an error. A cache is
+not "every call": a copy the forward keeps in a module attribute for later
+calls, or that placecheck run saw made in fewer forwards than its module ran,
+is info.""", """
 noise = torch.randn(x.shape)
 """, """
 # or torch.randn_like(x)
 noise = torch.randn(x.shape, device=x.device, dtype=x.dtype)
 """)
+
+
+def created_then_cached(op: str, tensor: str, device: str, copied_to: str, copied_at: str, *,
+                        kept_in: str = "", made: int = 0, calls: int = 0) -> tuple[str, str]:
+    """PC202 at info: ``op`` in forward made ``tensor`` on ``device`` and copied it to ``copied_to`` at
+    ``copied_at``, but as a cache: the forward kept the copy in ``kept_in``, or the run saw it made
+    ``made`` times in ``calls`` forwards."""
+    if kept_in:
+        how = f"the forward keeps the copy in {kept_in} for later calls"
+    else:
+        how = f"made {made} time{'s' if made != 1 else ''} in {calls} forward{'s' if calls != 1 else ''}"
+    return (f"{op} in forward creates {tensor} on {device}, then copies it to {copied_to} at {copied_at}; "
+            f"{how}: a cache, not a copy on every call",
+            "fine for a cache rebuilt rarely; to skip even that host allocation, create it on the device "
+            "(device=x.device)")
 
 
 def created_off_device(op: str, tensor: str, device: str, target: str, *, fed: bool = False,
@@ -907,11 +931,18 @@ def optimizer_state_off_device(count: int, nbytes: int, group: int, state_on: st
 
 def stale_optimizer(optimizer: str, built_at: str, held: int, model: str, unstepped: int,
                     shown: str) -> tuple[str, str]:
-    """PC308: ``optimizer`` built at ``built_at`` holds ``held`` parameters the forward does not use; the
-    ``model`` the script runs has ``unstepped`` (``shown``) no optimizer steps."""
-    return (f"{optimizer} built at {built_at or 'an unknown line'} holds {held} "
-            f"parameter{'s' if held != 1 else ''} the forward no longer uses; the {model} the script runs "
-            f"has {unstepped} that no optimizer steps ({shown})",
+    """PC308: ``optimizer`` built at ``built_at`` holds ``held`` parameters no live module registers any
+    more; the ``model`` the script runs has ``unstepped`` (``shown``) no optimizer steps (when
+    ``unstepped`` is 0, ``shown`` names the replaced parameters)."""
+    replaced = (f"{optimizer} built at {built_at or 'an unknown line'} holds {held} "
+                f"parameter{'s' if held != 1 else ''} that no module registers any more (the model was "
+                f"re-created, reloaded or given new Parameter objects after the optimizer was built)")
+    if unstepped:
+        message = (f"{replaced}; the {model} the script runs has {unstepped} that no optimizer steps "
+                   f"({shown})")
+    else:
+        message = f"{replaced}: {shown}"
+    return (message,
             "build the optimizer from the model the script trains, after the model is re-created, reloaded "
             "or moved: optimizer = Optim(model.parameters()) last")
 
@@ -949,6 +980,8 @@ RAISED_BY_EVIDENCE = ("a problem takes the worst severity of its instances and o
 
 _LIBRARY = SeverityChange("library", I, "raised entirely inside an installed package (named; "
                                         "--library-findings keeps the default)")
+_API = SeverityChange("api", I, "a torch or installed function the line called made it by itself, from none "
+                                "of its arguments (named: pack_padded_sequence's lengths)")
 
 SEVERITY_CHANGES: dict[str, tuple[SeverityChange, ...]] = {
     "PC101": (
@@ -959,16 +992,20 @@ SEVERITY_CHANGES: dict[str, tuple[SeverityChange, ...]] = {
         SeverityChange("library-unused", I, "it is never used and a class an installed package defines "
                                             "holds it (named)"),
     ),
-    "PC202": (_LIBRARY,),
+    "PC202": (
+        _LIBRARY, _API,
+        SeverityChange("cache", I, "a cache: the forward keeps the device copy in a module attribute, or "
+                                   "placecheck run saw it made in fewer forwards than its module ran"),
+    ),
     "PC203": (SeverityChange("on-target", W, "created on the target device (it cannot crash; only an "
                                              "optimizer built before misses it)"),),
     "PC204": (
-        _LIBRARY,
+        _LIBRARY, _API,
         SeverityChange("loop", I, "placecheck run finds it in the script's own code outside any forward "
                                   "(a loss read for logging), with its rate per optimizer step"),
     ),
     "PC205": (
-        _LIBRARY,
+        _LIBRARY, _API,
         SeverityChange("scalar", I, "it is a 0-dim CPU tensor stored on the model and used as a scalar "
                                     "(read on the host, no copy)"),
     ),

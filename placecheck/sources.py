@@ -253,6 +253,12 @@ class Site:
     library: str = ""
     """The installed package the line is in, when no frame of the forward's call chain is outside
     installed packages (torchvision's own code called from torchvision's own module)."""
+    api: str = ""
+    """The function of torch (or of an installed package) that the user's line called and inside which
+    the event happened, on a tensor that is none of that call's arguments (``pad_packed_sequence
+    (torch)`` syncing on indices it made itself): work the API does by itself, which no change of the
+    argument avoids. "" when the event is the user's own call, or acts on a tensor the user passed in
+    (a device-side way out: pass it where the API wants it)."""
 
 
 NOWHERE = Site("", "")
@@ -277,7 +283,7 @@ class Attribution:
         self.module_paths = module_paths
         self.unregistered = unregistered
 
-    def site(self, frame: FrameType | None) -> Site:
+    def site(self, frame: FrameType | None, subject: Any = None) -> Site:
         """Where the call at ``frame`` happened, looking outwards no further than the forward.
 
         ``source`` is the innermost frame outside torch, placecheck and
@@ -286,23 +292,29 @@ class Attribution:
         torch modules), the definition of the module's class when that is the
         user's, else "". ``where`` is the module whose forward ran that line:
         the innermost ``Module.__call__`` on the stack outside it (with no
-        source, the innermost one: torch's own modules included).
+        source, the innermost one: torch's own modules included). ``subject``: the tensor the event is
+        about (the one synced or copied); ``api`` is set when the user's line called a torch (or
+        installed) function that acted on a tensor other than the arguments it was given
+        (:func:`api_call`).
         """
         first_outside: FrameType | None = None  # innermost frame outside torch and placecheck
         user: FrameType | None = None  # innermost frame outside installed packages too
-        scan = frame
+        callee: FrameType | None = None  # the frame the user's line called into
+        scan, inner = frame, None
         while scan is not None and scan.f_code is not self.stop and user is None:
             if not is_internal(scan.f_code):
                 first_outside = first_outside or scan
                 if not library_package(scan.f_code):
-                    user = scan
+                    user, callee = scan, inner
+            inner = scan
             scan = scan.f_back
         shown = user or first_outside
         module = self.running_module(shown or frame)
         where = self.module_path(module) if module is not None else ""
         if shown is not None:
             return Site(f"{display_path(shown.f_code.co_filename)}:{shown.f_lineno}", where,
-                        "" if user is not None else library_package(shown.f_code))
+                        "" if user is not None else library_package(shown.f_code),
+                        api=api_call(callee, subject) if subject is not None else "")
         return Site(class_definition(module), where)
 
     def module_path(self, module: nn.Module) -> str:
@@ -324,6 +336,49 @@ class Attribution:
                     return candidate
             frame = frame.f_back
         return None
+
+
+_TENSOR_FILES = frozenset(os.path.join(os.path.dirname(torch.__file__), name)
+                          for name in ("_tensor.py", "_tensor_str.py", "overrides.py", "functional.py"))
+"""torch's Python methods of ``Tensor`` (printing, ``__format__``, ``__contains__``...), its dispatch to
+torch function modes, and torch/functional.py's thin wrappers of single ops (``torch.unique``): what
+happens there is the user's own call on the user's tensor, not an API's work."""
+
+
+def _same_storage(a: Any, b: Any) -> bool:
+    """``a`` and ``b`` are tensors on one storage (``b`` an element or a view of ``a``)."""
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor) or a.device != b.device:
+        return False
+    try:
+        return bool(a.untyped_storage()._cdata == b.untyped_storage()._cdata)
+    except Exception:  # a tensor without a storage of its own (a subclass may refuse to say)
+        return False
+
+
+def api_call(callee: FrameType | None, subject: Any) -> str:
+    """``pad_packed_sequence (torch)`` when ``callee`` (the frame the user's line called) is a function of
+    torch or of an installed package (not a module's ``__call__``, not a ``Tensor`` method) and
+    ``subject`` is none of its arguments: the API did this by itself; else ""."""
+    if callee is None or callee.f_code in _CALL_CODES:
+        return ""
+    filename = callee.f_code.co_filename
+    if placecheck_file(filename) or os.path.abspath(filename) in _TENSOR_FILES:
+        return ""
+    package = library_of_file(filename) or ("torch" if os.path.abspath(filename).startswith(_TORCH_DIR)
+                                            else "")
+    if not package:
+        return ""
+    code = callee.f_code
+    count = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & inspect.CO_VARARGS) \
+        + bool(code.co_flags & inspect.CO_VARKEYWORDS)
+    arguments = [callee.f_locals.get(name) for name in code.co_varnames[:count]]
+    passed = [a for arg in arguments for a in (arg.values() if isinstance(arg, dict) else
+                                                arg if isinstance(arg, tuple) and not hasattr(arg, "_fields")
+                                                else (arg,))]
+    if any(a is subject or _same_storage(a, subject) for a in passed):
+        return ""  # the API acted on what the user passed in: the user can pass it where it is wanted
+    name: str = getattr(code, "co_qualname", code.co_name)
+    return f"{name.split('.<locals>', 1)[0]} ({package})"
 
 
 def library_of_class(cls: type) -> str:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import inspect
 import sys
 import typing
 from collections.abc import Callable, Iterator
@@ -36,9 +37,10 @@ import torch
 import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 
-from placecheck import classify
+from placecheck import classify, compat
 from placecheck.compat import DisableTorchFunction
 from placecheck.cudaapi import missing_gpu
+from placecheck.datadep import composite_call
 from placecheck.errors import one_line
 from placecheck.events import (
     Event,
@@ -166,6 +168,10 @@ class Tracer:
         self._unregistered_paths: dict[int, str] = {}
         self.attribution = Attribution(_RUN_CODE, self.module_paths, self._unregistered_path)
         self._recorded: set[tuple[Any, ...]] = set()
+        self.scripted: list[str] = []
+        """The TorchScript functions the forward ran as Python (:meth:`_scripted_eagerly`)."""
+        self._device_copies: dict[int, tuple[torch.Tensor, Creation]] = {}
+        """``id()`` of each device copy of a tensor created in forward -> it and its creation."""
         self._mismatch_errors: list[BaseException] = []
         """Errors of ops whose arguments mixed devices that the tracer could not repair."""
         self._move = move or (lambda t: t.to(self.target))
@@ -192,11 +198,43 @@ class Tracer:
             handles += self.flows.hooks(self.module_paths)
         try:
             with _RecordingMode(self), _attention_fast_path_kept(self.target), self._host_factories_seen(), \
-                    self.pending.synchronizations_seen():
+                    self.pending.synchronizations_seen(), self._scripted_eagerly():
                 yield self
         finally:
             for handle in handles:
                 handle.remove()
+
+    @contextlib.contextmanager
+    def _scripted_eagerly(self) -> Iterator[None]:
+        """TorchScript functions (``@torch.jit.script def encode(...)``) that the model's code calls run
+        as the Python they were compiled from while recording (:func:`compat.scripted_python_function`),
+        as ``PYTORCH_JIT=0`` runs them: their ops reach the mode, and a finding names the line inside
+        them, not the forward's line that calls them. Swapped in the globals of the model's classes'
+        ``forward`` functions, and of each function swapped in (a helper calling another); put back
+        afterwards."""
+        classes = {type(m) for m in self.model.modules()}
+        namespaces = [f.__globals__ for f in (getattr(cls, "forward", None) for cls in classes)
+                      if inspect.isfunction(f)]
+        swapped: list[tuple[dict[str, Any], str, Any]] = []
+        seen: set[int] = set()
+        while namespaces:
+            namespace = namespaces.pop()
+            if id(namespace) in seen:
+                continue
+            seen.add(id(namespace))
+            for name, value in list(namespace.items()):
+                python = compat.scripted_python_function(value)
+                if python is not None:
+                    swapped.append((namespace, name, value))
+                    namespace[name] = python
+                    namespaces.append(python.__globals__)
+        if swapped:
+            self.scripted = sorted({name for _, name, _ in swapped})
+        try:
+            yield
+        finally:
+            for namespace, name, value in reversed(swapped):
+                namespace[name] = value
 
     @contextlib.contextmanager
     def _host_factories_seen(self) -> Iterator[None]:
@@ -233,10 +271,24 @@ class Tracer:
             with self.recording(), reuse.installed() if reuse is not None else contextlib.nullcontext():
                 output = self.model(*args, **kwargs)
             self.completed = True
+            self._caches_kept()
             self.check_output(output)
             if train:
                 self.backward(output)
         return output
+
+    def _caches_kept(self) -> None:
+        """Creations whose device copy a module kept as a plain attribute after the forward: a cache
+        (``self.src_mask = mask``), built when empty, not a copy on every call (``Creation.kept_in``)."""
+        if not self._device_copies:
+            return
+        for path, module in self.model.named_modules():
+            for attr, value in list(vars(module).items()):
+                if not isinstance(value, torch.Tensor):
+                    continue
+                known = self._device_copies.get(id(value))
+                if known is not None and known[0] is value and not known[1].kept_in:
+                    known[1].kept_in = f"{path}.{attr}" if path else attr
 
     def is_mismatch(self, exc: BaseException) -> bool:
         """True when ``exc`` is a device mismatch: an op whose arguments mixed devices raised it (seen
@@ -332,7 +384,9 @@ class Tracer:
                 # decided before the call: an engine may run a mix that a GPU refuses (fake tensors take
                 # a 0-dim CPU tensor in clamp, the self of an in-place op, a foreach list's element)
                 raise classify.DeviceMismatchError(f"{op_name(func)} mixed devices")
-            out = func(*args, **kwargs)
+            handled, out = composite_call(func, args, kwargs)  # fake tensors: ATen reads data there
+            if not handled:
+                out = func(*args, **kwargs)
         except Exception as exc:
             if not off or not classify.mixes_devices(func, tensors, args):
                 if off and classify.is_engine_mismatch(exc):
@@ -425,8 +479,10 @@ class Tracer:
         for _, t in copied:
             prov = self.provenance(t)
             if prov.creation is not None or prov.path or prov.also:
-                site = site or self._site(sys._getframe())
+                site = site or self.attribution.site(sys._getframe(), subject=t)
                 self.prov.mark(prov, "moved", at=site, to=str(out.device))
+            if prov.creation is not None:
+                self._device_copies[id(out)] = (out, prov.creation)
 
     def _repair(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
                 off: list[tuple[int, torch.Tensor]], exc: Exception) -> Any:
@@ -496,7 +552,7 @@ class Tracer:
             self.prov.remember(out, Provenance(host_copy=self._site(sys._getframe())))
             return
         frame = sys._getframe()
-        site = self._site(frame)
+        site = self.attribution.site(frame, subject=out)
         building = module_being_built(frame)
         op = f"{building}(...) built in forward" if building else op_name(func)
         creation = Creation(op, str(out.device), site, _dtype(out), _shape(out), expected=self.target_name)
@@ -515,7 +571,7 @@ class Tracer:
                 continue
             scalar = t.dim() == 0
             if scalar or (func in classify.index_ops() and pos > 0):
-                site = self._site(sys._getframe())
+                site = self.attribution.site(sys._getframe(), subject=t)
                 key = ("implicit", site.source, scalar)
                 prov = self.provenance(t)
                 if not scalar:  # a copied index; a scalar is read on the host, legally
@@ -533,7 +589,7 @@ class Tracer:
 
     def _record_host_sync(self, name: str, t: torch.Tensor) -> None:
         self.pending.synchronized()  # the host waited for the stream: earlier non-blocking copies landed
-        site = self._site(sys._getframe())
+        site = self.attribution.site(sys._getframe(), subject=t)
         key = ("sync", site.source, name)
         if key not in self._recorded:
             self._recorded.add(key)
@@ -619,8 +675,14 @@ class Tracer:
         return self._checked.findings
 
     def notes(self) -> list[str]:
-        """What :meth:`findings` left out, for the report's notes."""
-        return self._checked.notes() if self._checked is not None else []
+        """What :meth:`findings` left out, and the TorchScript functions run as Python, for the notes."""
+        notes = self._checked.notes() if self._checked is not None else []
+        if self.scripted:
+            many = len(self.scripted) > 1
+            notes.append(f"forward: TorchScript function{'s' if many else ''} {', '.join(self.scripted)} "
+                         f"ran as the Python {'they were' if many else 'it was'} compiled from (as "
+                         "PYTORCH_JIT=0 runs them): a finding names its line inside them")
+        return notes
 
 
 _WHY_CONVERSIONS = ("torch.from_numpy and torch.frombuffer never reach a torch function mode: their tensors "

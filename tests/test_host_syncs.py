@@ -87,8 +87,12 @@ def _boolean_mask(h: torch.Tensor) -> Any:
 
 def _boolean_mask_assignment(h: torch.Tensor) -> Any:
     h = h.clone()
-    h[h < 0] = 0.0  # MARK sync
+    h[h < 0] = torch.zeros((), device=h.device)  # MARK sync
     return h
+
+
+def _boolean_mask_put(h: torch.Tensor) -> Any:
+    return h.clone().index_put_((h < 0,), torch.ones((), device=h.device), accumulate=True)  # MARK sync
 
 
 def _masked_select(h: torch.Tensor) -> Any:
@@ -134,7 +138,8 @@ CASES: list[tuple[Case, str]] = [
     (_bool, "bool()"), (_contains, "`in`"), (_int, "int()"), (_float, "float()"), (_index, "an index"),
     (_item, ".item()"), (_tolist, ".tolist()"), (_cpu, ".cpu()"), (_to_cpu, ".to()"),
     (_nonzero, ".nonzero()"), (_torch_nonzero, "torch.nonzero"), (_argwhere, "torch.argwhere"),
-    (_boolean_mask, "boolean-mask indexing"), (_boolean_mask_assignment, "boolean-mask indexing"),
+    (_boolean_mask, "boolean-mask indexing"), (_boolean_mask_assignment, "boolean-mask assignment"),
+    (_boolean_mask_put, "boolean-mask assignment"),
     (_masked_select, "torch.masked_select"), (_unique, "torch.unique"), (_tensor_unique, ".unique()"),
     (_repeat_interleave, ".repeat_interleave() without output_size"), (_print, "printing"),
     (_format, "formatting"), (_equal, "torch.equal"), (_allclose, "torch.allclose"),
@@ -190,6 +195,42 @@ class _CpuOnly(nn.Module):
         return self.lin(x) * n
 
 
+def _masked_fill_scalar(h: torch.Tensor) -> Any:
+    h = h.clone()
+    h[h < 0] = -float("inf")  # minGPT's top-k: a masked_fill_, no sync
+    return h
+
+
+def _masked_fill_topk(h: torch.Tensor) -> Any:
+    v, _ = torch.topk(h, 2)
+    h = h.clone()
+    h[h < v[:, [-1]]] = -float("Inf")  # minGPT's generate(), as written there
+    return h
+
+
+def _masked_fill_host_tensor(h: torch.Tensor) -> Any:
+    h = h.clone()
+    h[:, h[0] > 0] = torch.tensor(0.5)  # a one-element CPU value, one mask: masked_fill_
+    return h
+
+
+def _index_put_scalar(h: torch.Tensor) -> Any:
+    return h.clone().index_put_((h > 0,), torch.tensor(1.0))  # no accumulate: masked_fill_
+
+
+NO_SYNCS: list[Case] = [_masked_fill_scalar, _masked_fill_topk, _masked_fill_host_tensor, _index_put_scalar]
+
+
+@pytest.mark.parametrize("engine", ["fake", "tagged"])
+@pytest.mark.parametrize("case", NO_SYNCS, ids=[c.__name__.strip("_") for c in NO_SYNCS])
+def test_a_boolean_mask_write_of_one_host_value_is_no_sync(case: Case, engine: str) -> None:
+    """ATen runs it as ``masked_fill_`` (``canDispatchToMaskedFill`` in ``_index_put_impl_``): no
+    ``nonzero``, no sync. Its twins with a device value or ``accumulate`` are in CASES."""
+    report = placecheck.audit(lambda: _Host(case), "cuda", engine=engine, inputs=["float32[2,8]"])
+    assert _host_syncs(report) == []
+    assert all(f.code != "PC207" for f in report.findings), report.findings
+
+
 @pytest.mark.parametrize("engine", ["fake", "tagged"])
 def test_host_work_on_cpu_tensors_is_no_sync(engine: str) -> None:
     report = placecheck.audit(_CpuOnly, "cuda", engine=engine, inputs=["float32[2,8]"])
@@ -207,5 +248,19 @@ def test_a_real_gpu_reports_each_case_as_a_sync(case: Case, name: str) -> None:
     try:
         with pytest.raises(RuntimeError, match="synchroniz"):
             case(x)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("case", NO_SYNCS, ids=[c.__name__.strip("_") for c in NO_SYNCS])
+def test_a_real_gpu_runs_each_boolean_mask_write_of_a_host_value_without_a_sync(case: Case) -> None:
+    """The reference: with ``set_sync_debug_mode("error")`` these run on a GPU without raising."""
+    x = torch.randn(2, 8, device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        case(x)
     finally:
         torch.cuda.set_sync_debug_mode("default")

@@ -74,7 +74,8 @@ from placecheck.rules import dtensor_mixed, left_out_of_sharding, on_replicas, r
 from placecheck.sources import Attribution, Site
 from placecheck.trace import op_name
 
-__all__ = ["Replica", "Replicas", "devices", "merge", "merged_notes", "no_replicas", "plan", "unwrap"]
+__all__ = ["Replica", "Replicas", "data_parallel_simulated", "devices", "merge", "merged_notes",
+           "no_replicas", "plan", "unwrap"]
 
 
 @dataclass(frozen=True)
@@ -452,3 +453,51 @@ _SAID_ONCE = ("engine: ", "torch: ", "init: ")
 def devices(replicas: Replicas) -> str:
     """The report's device: every replica's GPU (``cuda:0, cuda:1``)."""
     return ", ".join(f"cuda:{k}" for k in range(replicas.count))
+
+
+@contextlib.contextmanager
+def data_parallel_simulated(gpus: int, quiet: Callable[[], contextlib.AbstractContextManager[Any]]
+                            ) -> Iterator[None]:
+    """``nn.DataParallel`` in ``placecheck run`` as on a machine with ``gpus`` GPUs.
+
+    torch's own code asks for the GPUs through ``torch._utils`` (which the simulation answers with the
+    real machine's none: ``device_ids`` would be empty and the forward run on the inputs as given), and
+    its ``scatter``/``replicate``/``gather`` copy data in C++ with the CUDA driver. So, for the session:
+    ``DataParallel(module)`` gets ``device_ids = range(gpus)`` and ``output_device = device_ids[0]`` as on
+    a GPU machine (the balance check, which reads device properties, is skipped), and its forward does
+    what DataParallel does to placement: the same check that the module is on ``device_ids[0]``, the
+    inputs scattered to the replicas' GPUs (run as replica 0: the whole input on ``device_ids[0]``, as
+    ``audit --wrap dp`` gives each replica the whole input), the module's forward, and, with more
+    than one GPU, the outputs gathered on ``output_device`` (the CPU for -1). The scatter and the
+    gather are DataParallel's copies, not the script's (``quiet``): a CPU input is correct."""
+    import importlib
+
+    data_parallel = importlib.import_module("torch.nn.parallel.data_parallel")  # the module, not its function
+    original = data_parallel.DataParallel.forward
+
+    def forward(self: Any, *inputs: Any, **kwargs: Any) -> Any:
+        if not self.device_ids:
+            return original(self, *inputs, **kwargs)
+        for t in [*self.module.parameters(), *self.module.buffers()]:
+            if t.device != self.src_device_obj:
+                raise RuntimeError(f"module must have its parameters and buffers on device "
+                                   f"{self.src_device_obj} (device_ids[0]) but found one of them on device: "
+                                   f"{t.device}")
+        with quiet():  # scatter: each input tensor copied to the replica's GPU
+            inputs, kwargs = tree_map_only(torch.Tensor, lambda t: t.to(self.src_device_obj),
+                                           (inputs, kwargs))
+        out = self.module(*inputs, **kwargs)
+        if len(self.device_ids) == 1:
+            return out  # one GPU: DataParallel returns the module's output as it is
+        target = torch.device("cpu") if self.output_device == -1 else \
+            torch.device(self.src_device_obj.type, self.output_device)
+        with quiet():  # gather: the outputs copied to output_device
+            return tree_map_only(torch.Tensor, lambda t: t.to(target), out)
+
+    why = ("DataParallel asks the driver for its GPUs and scatters and gathers through NCCL kernels; on the "
+           "simulated machine it gets --gpus GPUs and moves its inputs and outputs as those kernels would")
+    with patch(data_parallel, "_get_available_device_type", lambda: "cuda" if gpus else None, why), \
+            patch(data_parallel, "_get_all_device_indices", lambda: list(range(gpus)), why), \
+            patch(data_parallel, "_check_balance", lambda device_ids: None, why), \
+            patch(data_parallel.DataParallel, "forward", forward, why):
+        yield

@@ -43,7 +43,7 @@ from torch.overrides import TorchFunctionMode
 
 from placecheck.callbacks import called_back
 from placecheck.classify import refused_on_device
-from placecheck.datadep import REPRESENTATIVE, DataDependentMode, on_host
+from placecheck.datadep import REPRESENTATIVE, DataDependentMode, composite_call, on_host
 
 _BACKWARDS = frozenset({torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad})
 
@@ -182,7 +182,8 @@ class _FakeOnlyCalls(TorchFunctionMode):
         if func is torch.Tensor.__deepcopy__ and args and type(args[0]) in (torch.Tensor, torch.nn.Parameter):
             with on_host():  # a real tensor (a known value): copied as torch copies it, on the host
                 return func(*args, **kwargs)
-        return func(*args, **kwargs)
+        handled, out = composite_call(func, args, kwargs)  # ATen's kernel reads data fake tensors lack
+        return out if handled else func(*args, **kwargs)
 
     def _host_array(self, t: torch.Tensor) -> Any:
         """``.numpy()`` of a fake host tensor: its values when known, else the assumed ones (noted)."""

@@ -2,17 +2,27 @@
 
 Before each ``optimizer.step()`` (the global step pre-hook): state left on another device than its
 parameter after a resume (PC307; the state is moved so the step runs on, as after the fix), and an
-optimizer holding none of the parameters the forwards since the last step used (PC308).
+optimizer holding Parameter objects that no live module registers any more (PC308).
+
+PC308 is decided from identity only: when the optimizer is built, the modules that register each
+parameter it holds are remembered; at a step, a held parameter that neither those modules nor any
+other live module registers now was replaced (the model re-created or reloaded after the optimizer
+was built, ``load_state_dict(assign=True)``, or a ``.to()`` with
+``set_overwrite_module_params_on_conversion(True)``). Never from what the last forward used: two
+models stepped by two optimizers (a GAN), an EMA copy nobody optimizes, frozen parts and a step
+whose gradients came from an earlier forward are all correct code.
 """
 
 from __future__ import annotations
 
+import gc
 import typing
 import weakref
 from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.nn as nn
 
 from placecheck import rules
 from placecheck.finding import Finding
@@ -33,6 +43,10 @@ class Optimizers:
         self.resumed: weakref.WeakKeyDictionary[torch.optim.Optimizer, str] = weakref.WeakKeyDictionary()
         """Each optimizer resumed with load_state_dict -> that line."""
         self.reported: set[tuple[int, str]] = set()
+        self.owners: weakref.WeakKeyDictionary[torch.optim.Optimizer, dict[int, _Held]] = \
+            weakref.WeakKeyDictionary()
+        """Each optimizer -> ``id()`` of each held Parameter some module registered when the optimizer was
+        built -> that parameter and the modules registering it (the modules weakly)."""
 
     def __len__(self) -> int:
         """How many optimizers the script built (and still holds)."""
@@ -44,6 +58,8 @@ class Optimizers:
             original(opt, *args, **kwargs)
             if opt not in self.built:
                 self.built[opt] = here()[0]
+                with self.recorder.quiet():
+                    self.owners[opt] = _registered(opt)
         return __init__
 
     def optimizer_load(self, original: Callable[..., Any]) -> Callable[..., Any]:
@@ -98,23 +114,89 @@ class Optimizers:
                 details=(("optimizer", type(opt).__name__),)))
 
     def _check_params(self, opt: torch.optim.Optimizer) -> None:
-        """PC308: the forward since the last step used none of this optimizer's parameters."""
-        roots = [m for m in self.recorder.roots.values() if any(p.requires_grad for p in m.parameters())]
-        if not roots or id(opt) in {k[0] for k in self.reported if k[1] == "stale"}:
+        """PC308: the optimizer holds Parameter objects no live module registers any more (replaced)."""
+        if id(opt) in {k[0] for k in self.reported if k[1] == "stale"}:
             return
-        held = {id(p) for group in opt.param_groups for p in group["params"]}
-        used = {id(p): (type(m).__name__, name) for m in roots for name, p in m.named_parameters()}
-        if held & set(used):
+        held = self.owners.get(opt) or {}
+        current = {id(p) for group in opt.param_groups for p in group["params"]}  # as the step sees them
+        suspects = {pid: h for pid, h in held.items() if pid in current and not h.registered()}
+        if not suspects:
+            return
+        gc.collect()  # a re-created model's old modules may linger in reference cycles
+        registering = _registering_modules(set(suspects))
+        stale = []
+        for pid, h in suspects.items():
+            owner = registering.get(pid)
+            if owner is not None:
+                h.modules.add(owner)  # registered elsewhere now (moved into a wrapper): still trained
+            else:
+                stale.append(h)
+        if not stale:
             return
         self.reported.add((id(opt), "stale"))
         r = rule("PC308")
-        names = [name for _, name in used.values()]
+        stepped = {id(p) for o in list(self.built) for g in o.param_groups for p in g["params"]}
+        roots = list(self.recorder.roots.values())
+        unstepped = {id(p): (type(m).__name__, name) for m in roots for name, p in m.named_parameters()
+                     if p.requires_grad and id(p) not in stepped}
+        names = [name for _, name in unstepped.values()] or [h.name for h in stale]
         shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
-        model = ", ".join(sorted({cls for cls, _ in used.values()}))
+        model = ", ".join(sorted({cls for cls, _ in unstepped.values()}))
         line = self.built.get(opt, "")
-        message, hint = rules.stale_optimizer(type(opt).__name__, line, len(held), model, len(names), shown)
+        message, hint = rules.stale_optimizer(type(opt).__name__, line, len(stale), model,
+                                              len(unstepped), shown)
         self.recorder.add(Finding(
             code=r.code, kind=r.kind, severity=r.severity, where=f"{type(opt).__name__}",
             message=message, hint=hint,
-            source=line, count=len(names), module=model,
+            source=line, count=len(stale), module=model,
             details=(("optimizer", type(opt).__name__), ("parameters", shown))))
+
+
+class _Held:
+    """A Parameter an optimizer holds, with the modules that registered it when the optimizer was built."""
+
+    def __init__(self, param: torch.Tensor, name: str) -> None:
+        self.param = param
+        """Held strongly, as the optimizer holds it: a weak reference would stop ``.to()`` swapping it."""
+        self.name = name
+        """Its name in the first module that registered it (``0.weight``)."""
+        self.modules: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+
+    def registered(self) -> bool:
+        """One of the modules known to register it still does (the same object: identity)."""
+        p = self.param
+        return any(any(q is p for q in m._parameters.values()) for m in list(self.modules))
+
+
+def _registered(opt: torch.optim.Optimizer) -> dict[int, _Held]:
+    """The Parameters ``opt`` holds that some live module registers now, each with those modules.
+
+    A parameter no module registers (a plain tensor, or an ``nn.Parameter`` the script keeps itself)
+    is not remembered: nothing can replace it."""
+    params = {id(p): p for g in opt.param_groups for p in g["params"] if isinstance(p, torch.Tensor)}
+    held: dict[int, _Held] = {}
+    for module in _live_modules():
+        for name, p in module._parameters.items():
+            if p is not None and id(p) in params and params[id(p)] is p:
+                h = held.get(id(p))
+                if h is None:
+                    h = held[id(p)] = _Held(p, name)
+                h.modules.add(module)
+    return held
+
+
+def _registering_modules(ids: set[int]) -> dict[int, nn.Module]:
+    """For each parameter ``id()`` in ``ids``: a live module that registers it now."""
+    found: dict[int, nn.Module] = {}
+    if not ids:
+        return found
+    for module in _live_modules():
+        for p in module._parameters.values():
+            if p is not None and id(p) in ids:
+                found.setdefault(id(p), module)
+    return found
+
+
+def _live_modules() -> list[nn.Module]:
+    """Every ``nn.Module`` alive in the process (the garbage collector tracks them all)."""
+    return [o for o in gc.get_objects() if issubclass(type(o), nn.Module)]

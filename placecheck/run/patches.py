@@ -37,6 +37,12 @@ What none of them shows, and so is patched here, for the recorder's session only
   ``TORCH_COMPILE_DISABLE``): the eager code runs, and is what is checked, not
   the compiled graph. Patched rather than set up front because importing
   TorchDynamo costs seconds a script that never compiles should not pay.
+- ``torch.jit.script`` of a Python function (:func:`eager_script`): the TorchScript
+  interpreter runs a scripted function's ops in C++, where no torch function mode
+  sees them, so a problem inside it was reported at the forward's line that called
+  it. A function stays the Python function, as ``PYTORCH_JIT=0`` leaves it (the
+  mode of torch.jit that its own debugging uses); a scripted module or class is
+  scripted as asked (its ``save``, ``code`` and ``graph`` stay).
 
 - For ``--nproc-per-node N`` (:mod:`placecheck.run.ranks`), in each rank's process:
   ``torch.distributed.init_process_group`` (:func:`fake_process_group`): NCCL
@@ -134,6 +140,20 @@ def eager_compile(on_compile: Callable[[], None]) -> Iterator[None]:
         warnings.filterwarnings("ignore", message=re.escape(_COMPILE_HOOKS_WARNING))
         stack.enter_context(patched([(torch, "compile", make)]))
         yield
+
+
+def eager_script(notes: dict[str, None]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The maker of ``torch.jit.script`` for :func:`patched`: a Python function is returned as it is
+    (noted in ``notes``), anything else scripted by ``original``."""
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        def script(obj: Any, *args: Any, **kwargs: Any) -> Any:
+            if not inspect.isfunction(obj):
+                return original(obj, *args, **kwargs)
+            notes[f"run: TorchScript function {obj.__qualname__} ran as its Python (as PYTORCH_JIT=0 runs "
+                  "it): a finding names its line inside it"] = None
+            return obj
+        return script
+    return make
 
 
 class OutsideSimulation(RuntimeError):

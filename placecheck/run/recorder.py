@@ -55,6 +55,8 @@ from placecheck.errors import one_line
 from placecheck.finding import Finding
 from placecheck.host_syncs import HOST_SYNCS, host_sync
 from placecheck.hostcopies import PendingCopies, PendingCopy
+from placecheck.placement.replicas import data_parallel_simulated
+from placecheck.provenance import CallCounts
 from placecheck.rules import rule
 from placecheck.run.checkpoints import Checkpoints
 from placecheck.run.fastforward import MAX_STEPS_AFTER, FastForward
@@ -62,7 +64,13 @@ from placecheck.run.loaders import PIN_WARNING, Loaders
 from placecheck.run.moves import Moves, raised_by_swap
 from placecheck.run.optimizers import Optimizers
 from placecheck.run.origins import Origin, Origins
-from placecheck.run.patches import OutsideSimulation, eager_compile, no_copies_of_the_script, patched
+from placecheck.run.patches import (
+    OutsideSimulation,
+    eager_compile,
+    eager_script,
+    no_copies_of_the_script,
+    patched,
+)
 from placecheck.run.session import EngineProbe, RankPlacement, StopRun
 from placecheck.run.sites import called_from_user, library_caller, names_of
 from placecheck.sources import here, user_line
@@ -166,6 +174,8 @@ class RunRecorder:
         """One rank of a torchrun launch (``--nproc-per-node``): its NCCL rules
         (:mod:`placecheck.run.ranks`)."""
         self.pending = PendingCopies()
+        self.per_call = CallCounts()
+        """Forwards per module class and creations per line: PC202's "on every call" is counted."""
         """Non-blocking device-to-host copies no synchronize has covered yet (PC210), as audit's tracer."""
         self.fastforward: FastForward | None = None
         """What the run does once ``steps`` are spent: skip the rest of the training loop, run the rest
@@ -211,8 +221,10 @@ class RunRecorder:
                     (torch.__future__, "set_overwrite_module_params_on_conversion",
                      self.moves.overwrite_flag),
                     (subprocess.Popen, "__init__", no_copies_of_the_script),
+                    (torch.jit, "script", eager_script(self.notes)),
                 ]))
                 stack.enter_context(eager_compile(self._compiled))
+                stack.enter_context(data_parallel_simulated(self.gpus, self.quiet))
                 if self.ranks is not None:
                     stack.enter_context(self.ranks.session())
                 stack.enter_context(self.pending.synchronizations_seen())
@@ -511,6 +523,7 @@ class RunRecorder:
     def _created_in_forward(self, origin: Origin, device: str, t: torch.Tensor, copied_at: str) -> None:
         """PC202: made on the host in a forward, then copied to the device at ``copied_at``, on every call."""
         r = rule("PC202")
+        self.per_call.created(origin.line, origin.path, _tensor(t), device, copied_at)
         message, hint = rules.created_off_device(origin.path, _tensor(t), "cpu", device, copied_to=device,
                                                  copied_at=copied_at)
         self.add(Finding(
@@ -568,6 +581,7 @@ class RunRecorder:
             expected=target, message=message, hint=hint))
 
     def _forward_enter(self, module: nn.Module, args: Any) -> None:
+        self.per_call.forward(type(module).__name__)
         if not self._forward_stack:
             self.roots[id(module)] = module
             if self.fastforward is not None:
@@ -584,7 +598,8 @@ class RunRecorder:
     # -- results ---------------------------------------------------------------------------------------------
     def findings(self) -> list[Finding]:
         """Everything recorded, host syncs and repeated copies summarised per line."""
-        out = [self.moves.verdict(key, f) if key[0] == "PC101" else f for key, f in self.found.items()]
+        out = [self.moves.verdict(key, f) if key[0] == "PC101" else
+               self.per_call.verdict(f) if key[0] == "PC202" else f for key, f in self.found.items()]
         if self.ranks is not None:
             out += self.ranks.findings()
         r = rule("PC204")
