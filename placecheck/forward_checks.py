@@ -201,8 +201,8 @@ def _creation(event: Creation, target: str) -> Finding:
             event.op, _tensor(event.dtype, event.shape), event.device, event.moved_to or target,
             event.moved_at.source, kept_in=event.kept_in)
         return _make("PC202", event.site, rules.severity("PC202", "cache"), device=event.device,
-                     expected=target, dtype=event.dtype, shape=event.shape, origin=event.site.source, message=message,
-                     hint=hint, details=(("op", event.op), ("kept_in", event.kept_in)))
+                     expected=target, dtype=event.dtype, shape=event.shape, origin=event.site.source,
+                     message=message, hint=hint, details=(("op", event.op), ("kept_in", event.kept_in)))
     message, hint = rules.created_off_device(
         event.op, _tensor(event.dtype, event.shape), event.device, target, fed=fed,
         copied_to=event.moved_to, copied_at=event.moved_at.source if event.moved and event.moved_at else "")

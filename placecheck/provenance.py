@@ -300,4 +300,5 @@ class CallCounts:
         message, hint = created_then_cached(op, tensor, finding.device, copied_to, copied_at, made=made,
                                             calls=calls)
         return dataclasses.replace(finding, severity=severity("PC202", "cache"), message=message, hint=hint,
-                                   count=made, details=(*finding.details, ("made", str(made)), ("forwards", str(calls))))
+                                   count=made,
+                                   details=(*finding.details, ("made", str(made)), ("forwards", str(calls))))
