@@ -96,7 +96,9 @@ def test_buggy_script_is_found_at_its_line(pair: str, engine: str) -> None:
 def test_fixed_script_is_clean(pair: str, engine: str) -> None:
     report = run(script(f"{pair}_fixed.py"), engine=engine, steps=3, gpus=GPUS.get(pair, 1))
     assert serious(report) == set()
-    assert dict(report.stats)["optimizer_steps"] == 3  # the whole loop ran
+    # the budget was spent (a GAN's iteration that spends it steps its second optimizer too before the
+    # fast-forward ends the loop)
+    assert dict(report.stats)["optimizer_steps"] in (3, 4)
 
 
 @pytest.mark.parametrize("engine", ENGINES)
