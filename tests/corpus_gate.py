@@ -73,6 +73,18 @@ ENV = "PLACECHECK_CORPUS"
 FAILING = ("error", "warning")
 STEPS = 2
 
+OUTPUT_FOLDERS = {"vae": ("results",)}
+"""Folders a program writes into without creating them (vae saves its images to ``results/``, which
+its upstream checkout is run beside); made in the copy before the programs run."""
+
+EQUIVALENT: dict[tuple[str, str, int, str], str] = {
+    ("imagenet", "main.py", 332, "drop-move"):
+        "the model is nn.DataParallel(model).cuda(): DataParallel scatters a CPU input to its GPUs itself, "
+        "so the program without this move is correct on a GPU too",
+}
+"""Mutants that are no bug (equivalent mutants), by (program folder, file, first line, transform): each
+must stay clean, with no new error or warning, as its reason says."""
+
 
 # -- the programs: the README's table ----------------------------------------------------------------
 
@@ -551,6 +563,12 @@ def check_clean(program: Program, run: Run) -> tuple[str, list[str]]:
     return "", problems
 
 
+def new_failing(clean: Run, run: Run) -> list[dict[str, Any]]:
+    """The errors and warnings of ``run`` that the clean run did not report (by code and line)."""
+    before = {(f["code"], _where(f.get("source", ""))) for f in clean.failing()}
+    return [f for f in run.failing() if (f["code"], _where(f.get("source", ""))) not in before]
+
+
 def found(mutant: Mutant, filename: str, original: str, clean: Run, run: Run) -> bool:
     """The mutant's run reports a new error or warning at the mutated statement, or at a line that
     names what it binds or reads (see the module's docstring)."""
@@ -597,6 +615,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     for folder, script in setup:
         if (folder / script).is_file():
             subprocess.run([sys.executable, script], cwd=folder, check=True, capture_output=True)
+    for program_folder, names in OUTPUT_FOLDERS.items():
+        for name in names:
+            if (root / program_folder).is_dir():
+                (root / program_folder / name).mkdir(exist_ok=True)
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.workers))
     try:
         # 1. every program, its lines recorded
@@ -637,17 +659,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             finally:
                 if not args.keep:
                     shutil.rmtree(folder, ignore_errors=True)
+            if (outcome.program.folder, path.name, mutant.line, mutant.transform) in EQUIVALENT:
+                return run, run.code == 0 and not new_failing(outcome.clean, run)
             return run, found(mutant, path.name, original, outcome.clean, run)
 
         results = list(pool.map(run_mutant, jobs, range(len(jobs))))
         missed = 0
         for (outcome, path, _, mutant), (run, hit) in zip(jobs, results, strict=True):
+            equivalent = EQUIVALENT.get((outcome.program.folder, path.name, mutant.line, mutant.transform))
+            if hit and equivalent:
+                print(f"equivalent {outcome.program.name} {path.name}:{mutant.line} {mutant.transform}: "
+                      f"clean, as it should be: {equivalent} ({run.seconds:.0f} s)")
+                continue
             if hit:
                 print(f"found {outcome.program.name} {path.name}:{mutant.line} {mutant.transform} "
                       f"({run.seconds:.0f} s)")
                 continue
             missed += 1
-            print(f"MISSED {outcome.program.name} {path.name}:{mutant.line} {mutant.transform}: "
+            label = "NOT CLEAN (an equivalent mutant)" if equivalent else "MISSED"
+            print(f"{label} {outcome.program.name} {path.name}:{mutant.line} {mutant.transform}: "
                   f"{mutant.said} "
                   f"(exit {run.code}, {run.seconds:.0f} s)")
             for f in (run.report or {}).get("findings", []):

@@ -238,7 +238,8 @@ DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 FOREIGN = {"--index-url": "pip", "--extra-index-url": "pip", "--no-deps": "pip", "--upgrade": "pip",
            "--update-golden": "pytest (tests/conftest.py)", "--no-index": "pip",
            "--reference": "benchmarks/fidelity.py", "--only": "benchmarks/fidelity.py",
-           "--corpus": "benchmarks/bench_fast_forward.py and tests/corpus_gate.py", "--workers": "tests/corpus_gate.py",
+           "--corpus": "benchmarks/bench_fast_forward.py and tests/corpus_gate.py",
+           "--workers": "tests/corpus_gate.py",
            "--nnodes": "torchrun (placecheck run -m torch.distributed.run refuses more than one node)"}
 """Flags the docs show for other tools."""
 

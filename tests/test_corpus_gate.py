@@ -187,6 +187,16 @@ def test_a_mutant_is_found_only_by_a_new_finding_at_its_lines() -> None:
     assert not gate.found(mutant, "train.py", SNIPPET, clean, info)
 
 
+def test_an_equivalent_mutant_must_stay_clean() -> None:
+    clean = _run({"code": "PC308", "source": "train.py:14"})
+    assert gate.new_failing(clean, _run({"code": "PC308", "source": "train.py:14"})) == []
+    new = {"code": "PC201", "source": "train.py:9"}
+    assert gate.new_failing(clean, _run(new)) == [{"severity": "error", **new}]
+    # each equivalent mutant names its program, file, line and transform, and says why it is no bug
+    for (folder, file, line, transform), why in gate.EQUIVALENT.items():
+        assert transform in gate.TRANSFORMS and file.endswith(".py") and line > 0 and folder and why
+
+
 def test_no_corpus_is_a_skipped_line_and_exit_0(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert gate.main(["--corpus", str(tmp_path / "none")]) == 0
     assert capsys.readouterr().out.startswith("test-corpus: SKIPPED: no corpus at ")
