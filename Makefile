@@ -45,7 +45,7 @@ test:
 # installed (torchvision does not import beside this torch); the tests that
 # need torchvision or transformers skip themselves with pytest.importorskip.
 # Only the tests marked cpu_build run there (pytest -m cpu_build): those that reach code which
-# branches on the build (placecheck/engine.py's _CPU_ONLY_BUILD: moves to and indexing of fake
+# branches on the build (placecheck/engines/engine.py's _CPU_ONLY_BUILD: moves to and indexing of fake
 # CUDA tensors, autocast, the fake engine's fallbacks; a build-dependent engine name). The rest
 # need not run twice: the report, formats, rules, config, baseline, CLI options, the runner's
 # process handling and checkpoint parsing read findings, files and options, never the torch

@@ -31,10 +31,10 @@ from pathlib import Path
 
 _WARM = """
 import sys, time, json
-from placecheck.api import audit
+from placecheck.commands.api import audit
 from placecheck.fix import fix
-from placecheck.load import build, resolve, split_target
-from placecheck.options import AuditOptions
+from placecheck.model.load import build, resolve, split_target
+from placecheck.basics.options import AuditOptions
 target = sys.argv[1]
 _, attr = split_target(target)
 options = AuditOptions(copy_model=False, target=target)

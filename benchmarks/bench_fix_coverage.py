@@ -59,7 +59,7 @@ def _counted(findings: Any) -> Counter[tuple[str, str, str]]:
 
 
 def _measure(name: str, fix_once: Callable[[], Any], copy: Path) -> dict[str, Any]:
-    from placecheck.finding import Severity
+    from placecheck.findings.finding import Severity
     from placecheck.fix import write
 
     start = time.perf_counter()
@@ -86,8 +86,8 @@ def _measure(name: str, fix_once: Callable[[], Any], copy: Path) -> dict[str, An
 
 
 def _model_row(target: str, folder: Path) -> dict[str, Any]:
+    from placecheck.basics.options import AuditOptions
     from placecheck.fix import fix
-    from placecheck.options import AuditOptions
 
     path, attr = target.rsplit(":", 1)
     copy = folder / Path(path).name

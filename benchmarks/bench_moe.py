@@ -2,7 +2,7 @@
 
 Routers in transformers' MoE blocks pick experts with ``nonzero`` /
 ``torch.where(mask)`` and index the expert list with the result, which fake
-tensors alone cannot run; :mod:`placecheck.datadep` runs them with stated
+tensors alone cannot run; :mod:`placecheck.engines.datadep` runs them with stated
 assumptions (every expert hit, the largest shapes). Each model is built from
 its transformers config on the meta device (``init="meta"``: no memory for
 weights) and audited on simulated CUDA with ``engine="fake"``, in its own

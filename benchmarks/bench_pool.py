@@ -47,8 +47,8 @@ sys.path.insert(0, str(REPO))
 
 from machine import describe  # noqa: E402
 
-from placecheck.config import load  # noqa: E402
-from placecheck.runner import ModelOutcome, run_models  # noqa: E402
+from placecheck.basics.config import load  # noqa: E402
+from placecheck.commands.runner import ModelOutcome, run_models  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 TARGET_RATIO = 0.40

@@ -10,7 +10,7 @@ subprocess so that its peak RSS is its own:
   model the same way (CPU, or the meta device where the audit chooses it),
   ``.to("cuda")`` and one forward under ``no_grad``; the audit's overhead is
   the ratio of the two;
-- ``walk``: the walk alone, timed around :func:`placecheck.walk.walk` after
+- ``walk``: the walk alone, timed around :func:`placecheck.checks.walk.walk` after
   the move;
 - ``forward_pair``: the tracer's overhead alone, plain and traced forwards
   alternated on one moved model in one process after a warm-up (medians).
@@ -125,7 +125,7 @@ def _input_specs(spec: Spec) -> list[str]:
 
 def _build(factory: Any) -> tuple[Any, str]:
     """Build as ``--init auto`` would: on meta when the CPU build would not fit."""
-    from placecheck.construct import InitChoice, construct
+    from placecheck.model.construct import InitChoice, construct
 
     built = construct(factory, InitChoice.AUTO, "cuda:0", lambda f: f())
     model = built.model.eval()
@@ -160,7 +160,7 @@ class ForwardTimer:
 
 
 def measure_audit(spec: Spec) -> dict[str, Any]:
-    from placecheck.api import audit
+    from placecheck.commands.api import audit
 
     kwargs: dict[str, Any] = {}
     if "inputs" in inspect.signature(audit).parameters:
@@ -178,7 +178,7 @@ def measure_audit(spec: Spec) -> dict[str, Any]:
 def measure_baseline(spec: Spec) -> dict[str, Any]:
     import torch
 
-    from placecheck.engine import choose_engine, move_model
+    from placecheck.engines.engine import choose_engine, move_model
 
     engine = choose_engine("cuda:0")
     factory = _factory(spec)
@@ -197,8 +197,8 @@ def measure_baseline(spec: Spec) -> dict[str, Any]:
 
 
 def measure_walk(spec: Spec) -> dict[str, Any]:
-    from placecheck.engine import choose_engine, move_model
-    from placecheck.walk import Snapshot, walk
+    from placecheck.checks.walk import Snapshot, walk
+    from placecheck.engines.engine import choose_engine, move_model
 
     engine = choose_engine("cuda:0")
     model, init = _build(_factory(spec))
@@ -229,10 +229,10 @@ def measure_forward_pair(spec: Spec) -> dict[str, Any]:
 
     import torch
 
-    from placecheck.engine import choose_engine, move_model
-    from placecheck.inputs import move_inputs
-    from placecheck.trace import Tracer
-    from placecheck.walk import Snapshot, walk
+    from placecheck.checks.trace import Tracer
+    from placecheck.checks.walk import Snapshot, walk
+    from placecheck.engines.engine import choose_engine, move_model
+    from placecheck.model.inputs import move_inputs
 
     engine = choose_engine("cuda:0")
     model, init = _build(_factory(spec))

@@ -55,7 +55,7 @@ from typing import Any
 
 import tomllib
 
-from placecheck.limits import fidelity_limits  # torch-free: the one table of known differences
+from placecheck.basics.limits import fidelity_limits  # torch-free: the one table of known differences
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -65,7 +65,7 @@ ENGINES = ("real", "fake", "tagged")
 
 KNOWN_DIFFERENCES: dict[tuple[str, str], str] = fidelity_limits()
 """(target, engine) -> why its findings differ from the real GPU's: a documented limit of the simulation,
-from the one table of them (placecheck.limits, docs/simulation-limits.md). An entry that no longer
+from the one table of them (placecheck.basics.limits, docs/simulation-limits.md). An entry that no longer
 differs is reported as stale."""
 
 
@@ -86,7 +86,7 @@ class Target:
 # -- the targets -------------------------------------------------------------------------------
 def fixture_targets(root: Path = ROOT) -> list[Target]:
     """Every fixture file defining ``Model``, with the ``INPUTS`` it names (else the input is inferred)."""
-    from placecheck.load import resolve
+    from placecheck.model.load import resolve
 
     targets = []
     for directory in FIXTURE_DIRS:
@@ -150,7 +150,7 @@ def script_targets(root: Path = EXAMPLES) -> list[Target]:
 
 def zoo_targets(config: Path = ROOT / "configs" / "torchvision.toml") -> list[Target]:
     """The torchvision zoo config's entries, with their builder arguments and inputs."""
-    from placecheck.load import build, parse_kwargs, resolve, split_target
+    from placecheck.model.load import build, parse_kwargs, resolve, split_target
 
     data = tomllib.loads(config.read_text(encoding="utf-8"))
     targets = []
@@ -216,7 +216,7 @@ def state_bytes(target: Target) -> int | None:
     """Bytes of the target's parameters and buffers, from a build on the meta device (None: unknown)."""
     import torch
 
-    from placecheck.construct import state_nbytes
+    from placecheck.model.construct import state_nbytes
 
     if target.script is not None:
         return None
@@ -232,7 +232,7 @@ def room_for(engine: str) -> int | None:
     half the available host memory for ``tagged`` (as ``--init auto`` judges); None for ``fake``."""
     import torch
 
-    from placecheck.construct import COMFORTABLE_FRACTION, available_memory
+    from placecheck.model.construct import COMFORTABLE_FRACTION, available_memory
 
     if engine == "real":
         return int(torch.cuda.mem_get_info()[0] * 0.9)
@@ -410,7 +410,7 @@ def llama_1b() -> Any:
 
 def scale_targets() -> list[tuple[Target, str]]:
     """(target, how the simulated audit builds it) for the scale comparison."""
-    from placecheck.load import build, resolve
+    from placecheck.model.load import build, resolve
 
     def resnet50() -> Any:
         return build(resolve("torchvision.models:resnet50"), "resnet50", {})

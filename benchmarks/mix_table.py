@@ -23,7 +23,7 @@ Two families of cases, kept apart in the table by each row's ``verified_on``:
 
 Without a GPU (and without ``MIX_DEVICE=cpu``) it says so and exits 0: the committed table stands.
 :func:`replay` runs one row through a simulated engine; ``tests/test_mix_table.py`` holds every
-verified row to the GPU's verdict, and :data:`placecheck.limits.LIMITS` lists the rows that differ.
+verified row to the GPU's verdict, and :data:`placecheck.basics.limits.LIMITS` lists the rows that differ.
 """
 # ruff: noqa: E501, E731  (one case a line: the table reads as a table)
 
@@ -552,7 +552,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _print_replay() -> int:
-    from placecheck.limits import mix_table_limits
+    from placecheck.basics.limits import mix_table_limits
 
     limits = mix_table_limits()
     rows = verified_rows()
@@ -560,7 +560,7 @@ def _print_replay() -> int:
         differ = [r for r in rows if not agrees(r, replay(r["case"], r["variant"], engine))]
         known = [r for r in differ if (r["case"], r["variant"], engine) in limits]
         print(f"{engine}: {len(rows) - len(differ)} of {len(rows)} verified rows agree with the GPU; "
-              f"{len(known)} of the {len(differ)} others documented in placecheck.limits")
+              f"{len(known)} of the {len(differ)} others documented in placecheck.basics.limits")
     return 0
 
 

@@ -12,20 +12,20 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from placecheck.finding import Finding, Severity
-from placecheck.options import AuditOptions, CheckpointOptions, FixOptions, RunOptions
-from placecheck.report import Report
+from placecheck.basics.options import AuditOptions, CheckpointOptions, FixOptions, RunOptions
+from placecheck.findings.finding import Finding, Severity
+from placecheck.findings.report import Report
 
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from placecheck.api import audit
+    from placecheck.commands.api import audit
     from placecheck.run import run
 
 
 def __getattr__(name: str) -> Any:
     if name == "audit":
-        from placecheck.api import audit
+        from placecheck.commands.api import audit
 
         return audit
     if name == "run":  # importing the subpackage makes it this attribute; it is callable as run()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 EXIT_INTERRUPTED = 130
-"""128 + SIGINT, as :data:`placecheck.output.EXIT_INTERRUPTED`; repeated here, where nothing heavy is
+"""128 + SIGINT, as :data:`placecheck.findings.output.EXIT_INTERRUPTED`; repeated here, where nothing heavy is
 imported yet."""
 
 

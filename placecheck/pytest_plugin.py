@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from placecheck.report import Report, exit_code
+from placecheck.findings.report import Report, exit_code
 
 
 def assert_placement(model: Any, inputs: Any = None, device: str = "cuda", *, fail_on: str = "warning",
@@ -35,8 +35,8 @@ def assert_placement(model: Any, inputs: Any = None, device: str = "cuda", *, fa
     :func:`placecheck.audit` (``select``, ``ignore``, ``train``, ``engine``...).
     """
     __tracebackhide__ = True
-    from placecheck.api import audit
-    from placecheck.formats.table import TableFormatter
+    from placecheck.commands.api import audit
+    from placecheck.findings.formats.table import TableFormatter
 
     given = {} if inputs is None else {"inputs": inputs}  # AuditOptions tells specs from objects
     report = audit(model, device, **given, **audit_options)

@@ -26,12 +26,12 @@ CLEAN = f"{EXAMPLES / 'clean.py'}:CleanNet"
 
 def pytest_configure(config: pytest.Config) -> None:
     """Under pytest-xdist, each worker runs torch with its share of the cores, as placecheck's own
-    parallel audits do (:func:`placecheck.runner.child_threads`), and so do the processes the tests
+    parallel audits do (:func:`placecheck.commands.runner.child_threads`), and so do the processes the tests
     start (``OMP_NUM_THREADS``): every worker spinning a thread per core on the same cores slows the
     suite's CPU work many times over. An ``OMP_NUM_THREADS`` already set is left to torch."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
     if workers > 1 and not os.environ.get("OMP_NUM_THREADS", "").strip():
-        from placecheck.runner import child_threads
+        from placecheck.commands.runner import child_threads
 
         share = child_threads(workers)
         os.environ["OMP_NUM_THREADS"] = str(share)

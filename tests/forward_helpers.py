@@ -19,19 +19,19 @@ import pytest
 import torch
 import torch.nn as nn
 
-import placecheck.report
+import placecheck.findings.report
 
 
 @pytest.fixture
 def ungrouped(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Every ``Report.build`` in the test keeps one finding per instance."""
-    build = placecheck.report.Report.build
+    build = placecheck.findings.report.Report.build
     if "group" in inspect.signature(build).parameters:
-        def one_per_instance(*args: Any, **kwargs: Any) -> placecheck.report.Report:
+        def one_per_instance(*args: Any, **kwargs: Any) -> placecheck.findings.report.Report:
             kwargs["group"] = False
             return build(*args, **kwargs)
 
-        monkeypatch.setattr(placecheck.report.Report, "build", staticmethod(one_per_instance))
+        monkeypatch.setattr(placecheck.findings.report.Report, "build", staticmethod(one_per_instance))
     yield
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from placecheck.finding import Severity
-from placecheck.report import Report
+from placecheck.findings.finding import Severity
+from placecheck.findings.report import Report
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "run" / "ranks"
 

@@ -8,8 +8,8 @@ import torch.nn as nn
 from conftest import EXAMPLES, load_file
 
 import placecheck
-from placecheck.errors import LoadError, UsageError
-from placecheck.formats import OutputFormat, formatter_for
+from placecheck.basics.errors import LoadError, UsageError
+from placecheck.findings.formats import OutputFormat, formatter_for
 
 pytestmark = pytest.mark.cpu_build  # runs on the CPU-only torch build too (Makefile: test-cpu-build)
 
@@ -67,7 +67,7 @@ def test_select_and_ignore() -> None:
 
 
 def test_walk_findings_carry_the_line_that_assigned_the_attribute() -> None:
-    # recorded while the audit built the model (placecheck.assignments)
+    # recorded while the audit built the model (placecheck.checks.assignments)
     findings = placecheck.audit(BuggyNet, engine="fake", select=["PC1"]).findings
     assert findings and all("examples/buggy.py:" in f.source for f in findings)
 

@@ -1,4 +1,5 @@
-"""Where each module attribute was assigned (placecheck.assignments): the ``source`` of walk findings."""
+"""Where each module attribute was assigned (placecheck.checks.assignments): the ``source`` of walk
+findings."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import torch
 import torch.nn as nn
 
 import placecheck
-from placecheck.assignments import Assignments, build_recorded, static_source
-from placecheck.walk import walk
+from placecheck.checks.assignments import Assignments, build_recorded, static_source
+from placecheck.checks.walk import walk
 
 
 def _line_of(text: str, obj: object) -> int:

@@ -19,7 +19,7 @@ import torch.nn as nn
 from forward_helpers import ungrouped  # noqa: F401 (the fixture)
 
 import placecheck
-from placecheck import trace
+from placecheck.checks import trace
 
 pytestmark = [pytest.mark.usefixtures("ungrouped"), pytest.mark.cpu_build]
 

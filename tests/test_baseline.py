@@ -1,4 +1,4 @@
-"""``placecheck.baseline``: known findings hidden, new ones reported, stale entries named."""
+"""``placecheck.findings.baseline``: known findings hidden, new ones reported, stale entries named."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import pytest
 from cli_runner import CliRunner
 from typer.testing import Result
 
-from placecheck import baseline
+from placecheck.basics.errors import UsageError
 from placecheck.cli import app
-from placecheck.errors import UsageError
-from placecheck.finding import Finding, Severity
-from placecheck.report import Report
+from placecheck.findings import baseline
+from placecheck.findings.finding import Finding, Severity
+from placecheck.findings.report import Report
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -150,8 +150,8 @@ def test_a_complete_run_calls_entries_of_absent_models_stale(tmp_path: Path) -> 
 
 def test_a_config_run_reports_entries_of_models_no_longer_listed(tmp_path: Path,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    from placecheck.ci import finish_with_baseline
     from placecheck.cli import OutputOptions
+    from placecheck.commands.ci import finish_with_baseline
 
     path = tmp_path / "b.json"
     baseline.write(path, [_report("a:A"), _report("gone:G", _f("PC101", "x"))])

@@ -17,7 +17,7 @@ from placecheck import audit
 from placecheck.checkpoint import check_checkpoint, load_into_model, read_checkpoint
 from placecheck.checkpoint.preflight import UnsafeCheckpointError
 from placecheck.cli import app
-from placecheck.engine import choose_engine
+from placecheck.engines.engine import choose_engine
 from placecheck.examples.buggy import BuggyNet
 
 pytestmark = pytest.mark.cpu_build  # runs on the CPU-only torch build too (Makefile: test-cpu-build)

@@ -22,7 +22,7 @@ from cli_runner import CliRunner
 from placecheck.checkpoint import CheckpointFormat, check_checkpoint, load_into_model, read_checkpoint
 from placecheck.checkpoint.safety import unsafe_globals
 from placecheck.cli import app
-from placecheck.engine import choose_engine
+from placecheck.engines.engine import choose_engine
 
 MODEL_SOURCE = '''
 import torch.nn as nn

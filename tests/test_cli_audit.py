@@ -503,12 +503,12 @@ def test_an_unwritable_output_fails_before_a_config_run(runner: CliRunner, tmp_p
 def test_no_group_and_hints_reach_the_output_options(runner: CliRunner, monkeypatch: pytest.MonkeyPatch,
                                                      tmp_path: Path) -> None:
     # the formats read OutputOptions.group / .hints: the command line and a config set them
-    from placecheck import ci
-    from placecheck import runner as model_runner
+    from placecheck.basics.config import ModelConfig
     from placecheck.cli import audit as audit_command
-    from placecheck.config import ModelConfig
-    from placecheck.output import OutputOptions
-    from placecheck.report import Report
+    from placecheck.commands import ci
+    from placecheck.commands import runner as model_runner
+    from placecheck.findings.output import OutputOptions
+    from placecheck.findings.report import Report
 
     seen: list[OutputOptions] = []
     empty = Report.build("m:M", "cuda:0", "x", [])

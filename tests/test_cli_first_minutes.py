@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import typer
 
+from placecheck.basics.errors import LoadError, UsageError
 from placecheck.cli import app
-from placecheck.errors import LoadError, UsageError
-from placecheck.load import defined_classes, resolve, split_target
-from placecheck.report import EXIT_INTERRUPTED
+from placecheck.findings.report import EXIT_INTERRUPTED
+from placecheck.model.load import defined_classes, resolve, split_target
 
 pytestmark = pytest.mark.cli
 

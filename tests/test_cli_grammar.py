@@ -323,7 +323,7 @@ def test_an_option_missing_its_value_is_one_line_and_exit_2(monkeypatch: pytest.
 # -- one options object per command: a shared option means the same in each ----------------------
 
 OPTION_COMMANDS = ("audit", "run", "fix", "checkpoint")
-"""The commands that parse their command line into an options object (placecheck.options)."""
+"""The commands that parse their command line into an options object (placecheck.basics.options)."""
 GOOD: dict[str, tuple[str, str, Any]] = {
     # flag: (what is typed, the options field it sets, the field's value)
     "--device": ("cuda:1", "device", "cuda:1"), "--engine": ("tagged", "engine", "tagged"),
@@ -332,7 +332,7 @@ GOOD: dict[str, tuple[str, str, Any]] = {
     "--timeout": ("2.5", "timeout", 2.5),
 }
 NOT_A_FIELD = {("audit", "--timeout"): "audit's --timeout bounds the child process the audit runs in "
-                                        "(placecheck.ci), not the audit"}
+                                        "(placecheck.commands.ci), not the audit"}
 """A shared option a command has that is not a field of its options object, and why."""
 BAD = [("--device", "gpu"), ("--engine", "warp"), ("--gpus", "0"), ("--gpus", "two"), ("--select", "PC9999"),
        ("--ignore", "XX1"), ("--steps", "-1"), ("--timeout", "0"), ("--fail-on", "bogus"),
@@ -354,9 +354,9 @@ def _argv(command: str, flag: str, typed: str | None = None) -> list[str]:
 def _built_options(monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> Any:
     """The options object ``placecheck ARGV`` hands to its Python function (which is not run)."""
     import placecheck.run
+    from placecheck.basics.options import CommonOptions
     from placecheck.cli import audit, checkpoint
     from placecheck.fix import fixer
-    from placecheck.options import CommonOptions
 
     built: list[Any] = []
 
@@ -377,7 +377,7 @@ def _built_options(monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> Any:
 @pytest.mark.parametrize("command, flag", [(c, f) for f in GOOD for c in OPTION_COMMANDS if f in FLAGS[c]])
 def test_a_shared_option_sets_the_same_field_in_every_command(monkeypatch: pytest.MonkeyPatch,
                                                                 command: str, flag: str) -> None:
-    from placecheck.options import CommonOptions
+    from placecheck.basics.options import CommonOptions
 
     typed, field, value = GOOD[flag]
     if (command, flag) in NOT_A_FIELD:
@@ -414,9 +414,9 @@ def test_a_bad_shared_value_is_the_same_error_in_every_command(monkeypatch: pyte
 def test_python_and_a_config_refuse_a_bad_value_in_the_command_lines_words(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], flag: str, bad: str) -> None:
     # what the options object's check says is the command line's error, and a config's
-    from placecheck import config
-    from placecheck.errors import UsageError
-    from placecheck.options import check_value
+    from placecheck.basics import config
+    from placecheck.basics.errors import UsageError
+    from placecheck.basics.options import check_value
 
     field = GOOD[flag][1]
     value: Any = {"--gpus": int, "--steps": int, "--timeout": float}.get(flag, str)(bad)
@@ -456,10 +456,10 @@ def _python_built(monkeypatch: pytest.MonkeyPatch, cls: type, call: Any) -> Any:
 def test_the_command_line_a_config_table_and_python_build_equal_options(
         monkeypatch: pytest.MonkeyPatch) -> None:
     import placecheck
-    from placecheck import config
+    from placecheck.basics import config
+    from placecheck.basics.options import AuditOptions, CheckpointOptions, FixOptions, RunOptions
     from placecheck.checkpoint import check_checkpoint
     from placecheck.fix import fix, fix_run
-    from placecheck.options import AuditOptions, CheckpointOptions, FixOptions, RunOptions
 
     run_line = _built_options(monkeypatch, ["run", "train.py", "--gpus", "2", "--steps", "3", "--timeout",
                                             "5", "--select", "PC2", "--ignore", "PC204,PC205"])
@@ -537,7 +537,7 @@ def test_a_bad_pyproject_table_is_one_line_naming_file_line_and_key(monkeypatch:
 @pytest.mark.parametrize("command", OPTION_COMMANDS)
 def test_the_command_lines_defaults_are_the_options_objects(monkeypatch: pytest.MonkeyPatch,
                                                             command: str) -> None:
-    from placecheck.options import AuditOptions, CheckpointOptions, FixOptions, RunOptions
+    from placecheck.basics.options import AuditOptions, CheckpointOptions, FixOptions, RunOptions
 
     python = {"audit": AuditOptions(copy_model=False, target=POSITIONAL["audit"][0]),  # the CLI's own model
               "run": RunOptions(), "fix": FixOptions(), "checkpoint": CheckpointOptions()}[command]

@@ -9,7 +9,7 @@ import pytest
 from cli_runner import CliRunner
 
 from placecheck.cli import app
-from placecheck.rules import RULES
+from placecheck.findings.rules import RULES
 
 pytestmark = pytest.mark.cli
 

@@ -1,4 +1,5 @@
-"""``placecheck.config``: the TOML config, its defaults and overrides, and errors naming key and line."""
+"""``placecheck.basics.config``: the TOML config, its defaults and overrides, and errors naming key and
+line."""
 
 from __future__ import annotations
 
@@ -10,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from placecheck import config
-from placecheck.config import Allow, ModelConfig, apply_allows, find_pyproject, load, parse
-from placecheck.errors import UsageError
-from placecheck.finding import Finding, Severity
-from placecheck.options import AuditOptions
+from placecheck.basics import config
+from placecheck.basics.config import Allow, ModelConfig, apply_allows, find_pyproject, load, parse
+from placecheck.basics.errors import UsageError
+from placecheck.basics.options import AuditOptions
+from placecheck.findings.finding import Finding, Severity
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -240,7 +241,9 @@ def test_unreadable_file() -> None:
 def test_engine_and_init_choices_have_one_source() -> None:
     # the engine and the construction step use the options module's enums; the config schema checks an
     # options value with the options module's own check, so a bad one reads as on the command line
-    from placecheck import construct, engine, options
+    from placecheck.basics import options
+    from placecheck.engines import engine
+    from placecheck.model import construct
 
     assert engine.EngineChoice is options.EngineChoice and construct.InitChoice is options.InitChoice
     for key, bad in (("engine", "gpu"), ("init", "disk"), ("gpus", 0), ("device", "tpu"), ("wrap", "tp"),
@@ -252,7 +255,7 @@ def test_engine_and_init_choices_have_one_source() -> None:
 
 
 def test_every_model_key_is_a_model_field_or_an_audit_option() -> None:
-    from placecheck.options import OPTION_NAMES
+    from placecheck.basics.options import OPTION_NAMES
 
     homeless = set(config.MODEL_KEYS) - {"allow"} - config._MODEL_FIELDS - set(OPTION_NAMES)
     assert homeless == set()
@@ -409,9 +412,9 @@ def test_a_config_runs_overrides_are_audit_options_and_config_keys() -> None:
     # keys of a [[models]] entry, so the config and the override build the same object
     import typer
 
-    from placecheck import ci
+    from placecheck.basics.options import OPTION_NAMES
     from placecheck.cli import app
-    from placecheck.options import OPTION_NAMES
+    from placecheck.commands import ci
 
     assert set(ci.MODEL_OVERRIDES) <= set(OPTION_NAMES) & set(config.MODEL_KEYS)
     params = {p.name for p in typer.main.get_command(app).commands["audit"].params}

@@ -13,8 +13,8 @@ from cli_runner import CliRunner
 from report_schema import SCHEMA
 
 from placecheck.cli import app
-from placecheck.finding import Finding, Severity
-from placecheck.rules import RULES
+from placecheck.findings.finding import Finding, Severity
+from placecheck.findings.rules import RULES
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "contract.md"
 ROW = re.compile(r"^\| (PC\d{3}) \| ([a-z-]+) \| ([a-z]+) \| ([a-z]+) \| (.+) \|$", re.M)
@@ -30,7 +30,8 @@ def _documented() -> dict[str, tuple[str, str, str]]:
 def test_the_doc_table_is_the_rule_table() -> None:
     documented = _documented()
     in_code = {r.code: (r.kind, r.severity.value, r.phase) for r in RULES.values()}
-    assert sorted(documented) == sorted(in_code), "docs/contract.md and placecheck.rules list other codes"
+    assert sorted(documented) == sorted(in_code), \
+        "docs/contract.md and placecheck.findings.rules list other codes"
     assert documented == in_code
 
 
@@ -117,7 +118,7 @@ def test_the_documented_finding_fields_are_the_schemas_and_the_codes() -> None:
 
 
 def test_the_documented_report_fields_are_the_schemas() -> None:
-    from placecheck.report import Report
+    from placecheck.findings.report import Report
 
     top = [row[0].strip("`") for row in _doc_table("One model gives an object with these fields:")]
     report = SCHEMA["$defs"]["report"]
@@ -174,7 +175,8 @@ def test_the_documented_exit_codes_are_the_codes() -> None:
 
     documented = {int(row[0].strip("`")) for row in _doc_table("One row per exit code;")}
     in_code = set()
-    for name in ("placecheck.report", "placecheck.errors", "placecheck.cli.common", "placecheck.cli.app"):
+    for name in ("placecheck.findings.report", "placecheck.basics.errors", "placecheck.cli.common",
+                 "placecheck.cli.app"):
         module = importlib.import_module(name)
         in_code |= {v for k, v in vars(module).items() if k.startswith("EXIT_") and isinstance(v, int)}
     assert documented == in_code

@@ -20,7 +20,7 @@ import torch.nn as nn
 from forward_helpers import ungrouped  # noqa: F401 (the fixture)
 
 import placecheck
-from placecheck.finding import Severity
+from placecheck.findings.finding import Severity
 
 pytestmark = [pytest.mark.usefixtures("ungrouped"), pytest.mark.cpu_build]
 

@@ -1,4 +1,4 @@
-"""The fake engine runs through data-dependent ops with stated assumptions (placecheck.datadep)."""
+"""The fake engine runs through data-dependent ops with stated assumptions (placecheck.engines.datadep)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from forward_helpers import BranchesOnAWeight, marked_source
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import placecheck
-from placecheck.datadep import DataDependentMode
+from placecheck.engines.datadep import DataDependentMode
 
 pytestmark = pytest.mark.cpu_build  # runs on the CPU-only torch build too (Makefile: test-cpu-build)
 

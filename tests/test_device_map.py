@@ -24,10 +24,10 @@ from cli_runner import CliRunner
 from conftest import TESTS, assert_usage_error, fixture_cases, load_file, read_expected_lines
 from forward_helpers import BranchesOnAWeight, ungrouped  # noqa: F401 (the fixture)
 
+from placecheck.basics.devices import parse_size
+from placecheck.basics.errors import UsageError
+from placecheck.basics.options import AuditOptions
 from placecheck.cli import app
-from placecheck.devices import parse_size
-from placecheck.errors import UsageError
-from placecheck.options import AuditOptions
 
 FIXTURES = TESTS / "fixtures" / "devicemap"
 CASES = fixture_cases(FIXTURES)
@@ -102,7 +102,7 @@ def test_options_round_trip_for_a_child_process() -> None:
 
 @pytest.mark.cpu_build
 def test_config_keys_are_checked(tmp_path: Path) -> None:
-    from placecheck.config import load
+    from placecheck.basics.config import load
 
     path = tmp_path / "placecheck.toml"
     path.write_text('[[models]]\ntarget = "m:f"\ndevice_map = "auto"\ngpus = 4\ngpu_memory = "24 gigs"\n',
@@ -199,7 +199,7 @@ def test_the_8b_map_equals_what_transformers_and_accelerate_compute() -> None:
     from accelerate.utils import get_balanced_memory
     from transformers.modeling_utils import _get_device_map
 
-    from placecheck.cudaapi import cuda_queries_simulated
+    from placecheck.engines.cudaapi import cuda_queries_simulated
     from placecheck.examples.transformers_models import llama_8b
     from placecheck.placement.dispatch import plan_device_map
 
@@ -230,7 +230,7 @@ def test_other_computed_maps_equal_transformers(spec: str) -> None:
     import torch
     from transformers.modeling_utils import _get_device_map
 
-    from placecheck.cudaapi import cuda_queries_simulated
+    from placecheck.engines.cudaapi import cuda_queries_simulated
     from placecheck.examples.transformers_models import llama_tiny
     from placecheck.placement.dispatch import plan_device_map
 
@@ -359,7 +359,7 @@ def test_the_printed_8b_map_is_accelerates(tmp_path: Path) -> None:
     from accelerate import infer_auto_device_map
     from accelerate.utils import get_balanced_memory
 
-    from placecheck.cudaapi import cuda_queries_simulated
+    from placecheck.engines.cudaapi import cuda_queries_simulated
     from placecheck.examples.transformers_models import llama_8b
 
     code, out, err = run(LLAMA_8B, "--init", "meta", "--device-map", "auto", "--gpus", "4", "--gpu-memory",

@@ -12,8 +12,9 @@ from typing import Any
 import typer
 import yaml
 
-from placecheck import config, shards
+from placecheck.basics import config
 from placecheck.cli import app
+from placecheck.findings import shards
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -17,10 +17,10 @@ from conftest import TESTS
 
 pytest.importorskip("libcst")  # the fix extra; the CPU-build venv installs only the dev extra
 
+from placecheck.basics.options import AuditOptions
 from placecheck.cli import app
 from placecheck.fix import FixRefused, fix, fix_run, write
 from placecheck.fix.edits import NotFixable, Request, Rewrite, rewrite
-from placecheck.options import AuditOptions
 
 pytestmark = pytest.mark.compat
 
@@ -150,7 +150,7 @@ def test_without_its_warm_server_the_proof_starts_an_interpreter(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
 
-    from placecheck import runner
+    from placecheck.commands import runner
     from placecheck.fix import proof
 
     monkeypatch.setattr(proof, "_may_fork", lambda: False)
@@ -166,7 +166,7 @@ def test_without_its_warm_server_the_proof_starts_an_interpreter(
 
 
 def test_the_fork_server_runs_only_placecheck_entry_points() -> None:
-    from placecheck import worker
+    from placecheck.commands import worker
 
     assert worker._entry(None) is worker.child_main
     from placecheck.fix.proof import fresh_job

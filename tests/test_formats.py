@@ -22,9 +22,9 @@ from report_schema import validate_json
 
 import placecheck
 from placecheck.cli import app
-from placecheck.finding import Finding, Severity
-from placecheck.formats import Formatter, OutputFormat, formatter_for
-from placecheck.report import Report
+from placecheck.findings.finding import Finding, Severity
+from placecheck.findings.formats import Formatter, OutputFormat, formatter_for
+from placecheck.findings.report import Report
 
 # A relative target keeps the machine's paths out of the golden files; an explicit
 # engine and init keep the machine's GPUs and free memory out of the notes.
@@ -199,7 +199,7 @@ def test_table_hints_once_per_rule_or_on_every_row() -> None:
 
 def test_table_width_reaches_the_formatter_only_for_a_terminal(monkeypatch: pytest.MonkeyPatch,
                                                                tmp_path: Path) -> None:
-    import placecheck.output as cli
+    import placecheck.findings.output as cli
 
     seen: list[int | None] = []
     hinted: list[bool] = []

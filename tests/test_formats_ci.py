@@ -20,13 +20,13 @@ import pytest
 from junitparser import Failure, JUnitXml
 from report_schema import validate_json
 
-from placecheck.finding import Finding, Severity
-from placecheck.formats import OutputFormat, formatter_for
-from placecheck.formats.base import Formatter
-from placecheck.formats.github import escape_data, escape_property
-from placecheck.formats.markdown import cell
-from placecheck.report import Report
-from placecheck.rules import RULES
+from placecheck.findings.finding import Finding, Severity
+from placecheck.findings.formats import OutputFormat, formatter_for
+from placecheck.findings.formats.base import Formatter
+from placecheck.findings.formats.github import escape_data, escape_property
+from placecheck.findings.formats.markdown import cell
+from placecheck.findings.report import Report
+from placecheck.findings.rules import RULES
 
 TESTS = Path(__file__).resolve().parent
 SCHEMA = json.loads((TESTS / "schemas" / "sarif-schema-2.1.0.json").read_text(encoding="utf-8"))
@@ -278,8 +278,8 @@ def test_sarif_exact_duplicates_get_an_occurrence_index() -> None:
 
 
 def test_json_config_run_shape_does_not_depend_on_the_number_of_models(tmp_path: Path) -> None:
-    from placecheck.ci import finish_with_baseline
     from placecheck.cli import OutputOptions
+    from placecheck.commands.ci import finish_with_baseline
 
     shapes = []
     for reports in ([RUN[0]], RUN[:2]):

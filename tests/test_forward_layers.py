@@ -30,18 +30,33 @@ BASICS = {"errors", "values", "patching", "finding", "rules", "devices", "walk",
 forward across devices, whose copies are events."""
 
 
+LAYER_PACKAGES = {"basics", "findings", "engines", "checks", "model", "commands"}
+"""The packages that group modules by layer: a module in one is named by its own name here."""
+
+
+def _path(module: str) -> Path:
+    [path] = [p for p in PACKAGE.glob(f"*/{module}.py") if p.parent.name in LAYER_PACKAGES]
+    return path
+
+
+def _name(dotted: str) -> str:
+    """``placecheck.checks.trace`` -> ``trace``; ``placecheck.placement.expected`` -> ``placement``."""
+    parts = dotted.split(".")[1:]
+    return parts[1] if parts[0] in LAYER_PACKAGES and len(parts) > 1 else parts[0]
+
+
 def _imports(module: str) -> set[str]:
     """Every placecheck module ``module`` imports, at module level or inside functions."""
-    tree = ast.parse((PACKAGE / f"{module}.py").read_text(encoding="utf-8"))
+    tree = ast.parse(_path(module).read_text(encoding="utf-8"))
     found = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("placecheck"):
-            if node.module == "placecheck":
+            if node.module == "placecheck" or node.module.partition(".")[2] in LAYER_PACKAGES:
                 found.update(alias.name for alias in node.names)
             else:
-                found.add(node.module.split(".")[1])
+                found.add(_name(node.module))
         elif isinstance(node, ast.Import):
-            found.update(a.name.split(".")[1] for a in node.names if a.name.startswith("placecheck."))
+            found.update(_name(a.name) for a in node.names if a.name.startswith("placecheck."))
     return found
 
 

@@ -23,14 +23,14 @@ import torch
 import torch.nn as nn
 from cli_runner import CliRunner
 
-import placecheck.construct as construct
-from placecheck.api import audit
+import placecheck.model.construct as construct
+from placecheck.basics.errors import LoadError, UsageError
+from placecheck.basics.options import EngineChoice
+from placecheck.checks.walk import Snapshot, walk
 from placecheck.cli import app
-from placecheck.engine import choose_engine, move_model
-from placecheck.errors import LoadError, UsageError
+from placecheck.commands.api import audit
+from placecheck.engines.engine import choose_engine, move_model
 from placecheck.examples.many_modules import MODULES_PER_BLOCK, blocks_for, many_modules
-from placecheck.options import EngineChoice
-from placecheck.walk import Snapshot, walk
 
 pytestmark = pytest.mark.cpu_build  # runs on the CPU-only torch build too (Makefile: test-cpu-build)
 
@@ -464,7 +464,7 @@ def test_the_fake_engine_audit_builds_without_drawing_large_weights(monkeypatch:
 @pytest.mark.skipif(torch.version.cuda is None, reason="the CPU-only build's session makes every move to "
                     "CUDA a fake tensor itself (engine._FakeCudaMoves), values unknown")
 def test_the_move_of_a_cpu_build_makes_fake_cuda_tensors_and_keeps_small_values_known() -> None:
-    from placecheck.datadep import active
+    from placecheck.engines.datadep import active
 
     model = nn.Sequential(nn.Linear(4, 6), nn.Linear(512, 1024))  # 96 B weight, then a 2 MiB one
     model.register_buffer("steps", torch.arange(15.0).reshape(3, 5).t().contiguous())

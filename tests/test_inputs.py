@@ -1,4 +1,4 @@
-"""placecheck.inputs: the --input grammar, --example-inputs, input inference and move_inputs.
+"""placecheck.model.inputs: the --input grammar, --example-inputs, input inference and move_inputs.
 
 Needs no torchvision except where marked, so it also runs on the CPU-only torch build.
 """
@@ -16,8 +16,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-from placecheck.errors import LoadError, UsageError
-from placecheck.inputs import (
+from placecheck.basics.errors import LoadError, UsageError
+from placecheck.model.inputs import (
     DEFAULT_INT_RANGE,
     INPUT_GRAMMAR,
     InputSpec,
@@ -253,7 +253,7 @@ def test_move_inputs_keeps_container_types() -> None:
 
 
 def test_move_inputs_to_simulated_cuda() -> None:
-    from placecheck.engine import simulated_cuda
+    from placecheck.engines.engine import simulated_cuda
 
     with simulated_cuda(2):
         moved = move_inputs(({"x": torch.ones(2)}, [torch.ones(3)]), "cuda:1")
@@ -262,7 +262,7 @@ def test_move_inputs_to_simulated_cuda() -> None:
 
 def test_move_inputs_where_tensor_to_cuda_is_refused() -> None:
     """On the CPU-only torch build ``.to("cuda")`` of these fails under fake tensors; they move anyway."""
-    from placecheck.engine import simulated_cuda
+    from placecheck.engines.engine import simulated_cuda
 
     with simulated_cuda():
         moved = move_inputs([torch.ones(2, requires_grad=True), torch.ones(2, 3).t(),
@@ -324,7 +324,7 @@ def test_inference_follows_the_parameter_dtype() -> None:
 def test_inference_makes_real_tensors_inside_the_fake_mode() -> None:
     from torch._subclasses.fake_tensor import FakeTensor
 
-    from placecheck.engine import simulated_cuda
+    from placecheck.engines.engine import simulated_cuda
 
     with simulated_cuda():
         args, _, _ = infer_inputs(nn.Linear(3, 1))
@@ -373,7 +373,7 @@ def test_describe_nested() -> None:
 
 def test_torchvision_families_are_inferred() -> None:
     models = pytest.importorskip("torchvision.models")
-    from placecheck.zoo import torchvision_family
+    from placecheck.model.zoo import torchvision_family
 
     cases = [
         (models.resnet18(), "classification", [(2, 3, 224, 224)]),
@@ -398,7 +398,7 @@ def test_torchvision_families_are_inferred() -> None:
 
 def test_a_subclass_of_a_torchvision_model_is_in_its_family() -> None:
     models = pytest.importorskip("torchvision.models")
-    from placecheck.zoo import torchvision_family
+    from placecheck.model.zoo import torchvision_family
 
     class MyResNet(models.ResNet):  # type: ignore[misc]
         pass
@@ -410,7 +410,7 @@ def test_a_subclass_of_a_torchvision_model_is_in_its_family() -> None:
 
 def test_the_examples_docstring_is_honest() -> None:
     """The module docstring's grammar line is the one error messages show."""
-    import placecheck.inputs as inputs_module
+    import placecheck.model.inputs as inputs_module
 
     assert INPUT_GRAMMAR in textwrap.dedent(inputs_module.__doc__ or "")
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 import placecheck
-from placecheck.finding import Severity
+from placecheck.findings.finding import Severity
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

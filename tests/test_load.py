@@ -1,4 +1,4 @@
-"""``placecheck.load``: TARGET parsing, resolution and construction, without the CLI."""
+"""``placecheck.model.load``: TARGET parsing, resolution and construction, without the CLI."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 import torch.nn as nn
 from conftest import TESTS
 
-from placecheck.errors import LoadError, UsageError
-from placecheck.load import build, load_target, parse_kwargs, parse_value, resolve, split_target
+from placecheck.basics.errors import LoadError, UsageError
+from placecheck.model.load import build, load_target, parse_kwargs, parse_value, resolve, split_target
 
 TARGETS = TESTS / "fixtures" / "cli" / "targets.py"
 

@@ -4,7 +4,7 @@ Every row a GPU verified (an NVIDIA H100, torch 2.11.0+cu130, 2026-11-25: the ta
 says what PyTorch did with one op and one placement of its arguments: ``ok`` or ``raises``, and how
 many host synchronisations its sync debug mode reported. Each engine must give the same verdict, and
 report a host sync (PC204, or PC205's blocking host-to-device copy) where the GPU reported one; every
-row where it does not is listed, with its reason, in :data:`placecheck.limits.LIMITS`, and an entry
+row where it does not is listed, with its reason, in :data:`placecheck.basics.limits.LIMITS`, and an entry
 there that no longer differs fails. ``placecheck run`` simulates with the tagged engine, replayed here.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from placecheck.limits import mix_table_limits
+from placecheck.basics.limits import mix_table_limits
 
 pytestmark = pytest.mark.cpu_build  # runs on the CPU-only torch build too (Makefile: test-cpu-build)
 
@@ -69,9 +69,9 @@ def test_each_engine_agrees_with_the_gpu_on_98_percent_and_documents_the_rest(en
     differ = _differences(engine)
     limits = {(case, variant) for case, variant, e in mix_table_limits() if e == engine}
     undocumented = {k: v for k, v in differ.items() if k not in limits}
-    assert undocumented == {}, "rows that differ from the GPU, not in placecheck.limits.LIMITS"
+    assert undocumented == {}, "rows that differ from the GPU, not in placecheck.basics.limits.LIMITS"
     stale = sorted(limits - set(differ))
-    assert stale == [], "entries of placecheck.limits.LIMITS whose rows no longer differ: delete them"
+    assert stale == [], "entries of placecheck.basics.limits.LIMITS whose rows no longer differ: delete them"
     assert len(ROWS) - len(differ) >= 0.98 * len(ROWS), (len(differ), len(ROWS))
 
 

@@ -1,4 +1,5 @@
-"""``placecheck.options``: one options object from the CLI, a config entry, a child process and Python."""
+"""``placecheck.basics.options``: one options object from the CLI, a config entry, a child process and
+Python."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from placecheck.errors import UsageError
-from placecheck.options import (
+from placecheck.basics.errors import UsageError
+from placecheck.basics.options import (
     DEFAULT_STEPS,
     AuditOptions,
     CheckpointOptions,
@@ -69,11 +70,12 @@ def test_check_refuses_bad_values(options: dict[str, object], message: str) -> N
 
 def test_the_options_module_does_not_import_torch() -> None:
     code = ("import sys\nfrom placecheck import AuditOptions\nAuditOptions(device='cuda:1').check()\n"
-            "from placecheck.options import RunOptions, FixOptions, CheckpointOptions\n"
+            "from placecheck.basics.options import RunOptions, FixOptions, CheckpointOptions\n"
             "RunOptions(select='PC2').check(); FixOptions(run=True, steps=3).check()\n"
             "CheckpointOptions(device='cuda:1').check()\n"
-            "import placecheck.config, placecheck.ci, placecheck.runner, placecheck.output\n"
-            "placecheck.config.command_options('run', '[run]\\nsteps = 3\\n')\n"
+            "import placecheck.basics.config, placecheck.commands.ci, placecheck.commands.runner\n"
+            "import placecheck.findings.output\n"
+            "placecheck.basics.config.command_options('run', '[run]\\nsteps = 3\\n')\n"
             "print('torch' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
@@ -84,7 +86,7 @@ def test_audit_takes_the_object_or_the_keywords_not_both() -> None:
     import torch
     import torch.nn as nn
 
-    from placecheck.api import audit
+    from placecheck.commands.api import audit
 
     class Stray(nn.Module):
         def __init__(self) -> None:

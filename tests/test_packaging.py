@@ -13,8 +13,8 @@ from pathlib import Path
 
 from cli_runner import CliRunner
 
+from placecheck.basics.config import tomllib  # tomli on Python 3.10
 from placecheck.cli import app
-from placecheck.config import tomllib  # tomli on Python 3.10
 
 REPO = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
@@ -48,8 +48,8 @@ def _third_party_imports() -> dict[str, set[str]]:
 def test_published_torch_ranges_are_open() -> None:
     deps = PYPROJECT["project"]["dependencies"]
     torch_deps = [d for d in deps if d.startswith(("torch>", "torch=", "torch<", "torchvision"))]
-    # the floor placecheck.compat states (measured: its docstring), no upper bound, no torchvision
-    from placecheck.compat import FLOOR
+    # the floor placecheck.engines.compat states (measured: its docstring), no upper bound, no torchvision
+    from placecheck.engines.compat import FLOOR
 
     assert sorted(torch_deps) == [f"torch>={FLOOR}"]
 

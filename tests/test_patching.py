@@ -1,7 +1,7 @@
-"""placecheck.patching: the one way placecheck replaces torch's or a framework's attributes.
+"""placecheck.basics.patching: the one way placecheck replaces torch's or a framework's attributes.
 
 Also the rule that keeps it the one way: no ``unittest`` (``mock.patch``) in placecheck, and no
-assignment to an attribute of an imported module or class outside ``placecheck/patching.py``.
+assignment to an attribute of an imported module or class outside ``placecheck/basics/patching.py``.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from placecheck.patching import installed, patch, patched
+from placecheck.basics.patching import installed, patch, patched
 
 PACKAGE = Path(__file__).resolve().parent.parent / "placecheck"
 
@@ -112,4 +112,4 @@ def test_torch_is_patched_only_through_placecheck_patching(path: Path) -> None:
     patches = [t for t in _assignments_to_imported_names(path)
                if (relative, t) not in ALLOWED and not t.startswith(sys_state)
                and not t.endswith(("__module__", "__qualname__", "__name__", "__doc__"))]
-    assert patches == [], "patch torch through placecheck.patching.patch, with its reason"
+    assert patches == [], "patch torch through placecheck.basics.patching.patch, with its reason"

@@ -20,9 +20,9 @@ from forward_helpers import ungrouped  # noqa: F401 (the fixture)
 from test_forward_fixtures import fixture_inputs, forward_rows
 
 import placecheck
+from placecheck.basics.errors import UsageError
 from placecheck.cli import app
-from placecheck.errors import UsageError
-from placecheck.formats import OutputFormat, formatter_for
+from placecheck.findings.formats import OutputFormat, formatter_for
 from placecheck.placement.expected import Placement
 
 FIXTURES = TESTS / "fixtures" / "placement"
@@ -199,7 +199,7 @@ def test_python_api_refuses_keep_with_init_meta() -> None:
 
 
 def test_the_config_accepts_device_keep() -> None:
-    from placecheck.config import parse
+    from placecheck.basics.config import parse
 
     cfg = parse('[[models]]\ntarget = "pkg.mod:Net"\ndevice = "keep"\ngpus = 2\n', "cfg.toml")
     assert (cfg.models[0].options.device, cfg.models[0].options.gpus) == ("keep", 2)
@@ -208,8 +208,8 @@ def test_the_config_accepts_device_keep() -> None:
 
 
 def test_a_keep_report_crosses_to_a_child_process_whole() -> None:
-    from placecheck.formats.json import report_to_dict
-    from placecheck.runner import report_from_dict
+    from placecheck.commands.runner import report_from_dict
+    from placecheck.findings.formats.json import report_to_dict
 
     report = _audit(FIXTURES / "clean_pipeline.py")
     again = report_from_dict(json.loads(json.dumps(report_to_dict(report))))
@@ -218,7 +218,7 @@ def test_a_keep_report_crosses_to_a_child_process_whole() -> None:
 
 
 def test_train_checks_each_gradient_against_its_own_parameter() -> None:
-    from placecheck.load import model_factory
+    from placecheck.model.load import model_factory
 
     report = placecheck.audit(model_factory(f"{PIPELINE}:FixedPipeline", {}), device="keep", train=True)
     assert report.engine == "simulated cuda (real values)"

@@ -19,11 +19,11 @@ from typing import Any
 
 import pytest
 
-from placecheck import runner, worker
-from placecheck.config import ModelConfig, RunConfig, parse
-from placecheck.finding import Finding, Severity
-from placecheck.options import AuditOptions
-from placecheck.report import Report
+from placecheck.basics.config import ModelConfig, RunConfig, parse
+from placecheck.basics.options import AuditOptions
+from placecheck.commands import runner, worker
+from placecheck.findings.finding import Finding, Severity
+from placecheck.findings.report import Report
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS = "tests/fixtures/ci/models.py"
@@ -129,9 +129,9 @@ def test_the_warm_servers_import_the_targets_installed_libraries(tmp_path: Path)
     models = [ModelConfig(target="torchvision.models:resnet18"),
               ModelConfig(target="tests/fixtures/ci/models.py:Healthy"),
               ModelConfig(target="torchvision.models.detection:ssd300_vgg16",
-                          options=AuditOptions(example_inputs="placecheck.zoo:detection_images")),
+                          options=AuditOptions(example_inputs="placecheck.model.zoo:detection_images")),
               ModelConfig(target="mypkg.models:Net")]
-    assert runner.preload_modules(models) == ["mypkg.models", "placecheck.zoo", "torchvision.models",
+    assert runner.preload_modules(models) == ["mypkg.models", "placecheck.model.zoo", "torchvision.models",
                                               "torchvision.models.detection"]
     # of those, the server imports the installed ones and placecheck's own, never the user's code
     (tmp_path / "mypkg").mkdir()
@@ -141,7 +141,7 @@ def test_the_warm_servers_import_the_targets_installed_libraries(tmp_path: Path)
         assert not worker._installed("mypkg.models")
     finally:
         sys.path.remove(str(tmp_path))
-    assert worker._installed("placecheck.zoo")
+    assert worker._installed("placecheck.model.zoo")
     pytest.importorskip("torchvision")
     assert worker._installed("torchvision.models")
 

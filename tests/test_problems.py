@@ -1,4 +1,4 @@
-"""``placecheck.problems``: findings sharing a root cause become one problem (hand-made findings)."""
+"""``placecheck.findings.problems``: findings sharing a root cause become one problem (hand-made findings)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from dataclasses import replace
 
 import pytest
 
-from placecheck.finding import Evidence, Finding, Severity
-from placecheck.formats import OutputFormat, formatter_for
-from placecheck.problems import collapse_indices, group, identity, where_label
-from placecheck.report import Report, exit_code
+from placecheck.findings.finding import Evidence, Finding, Severity
+from placecheck.findings.formats import OutputFormat, formatter_for
+from placecheck.findings.problems import collapse_indices, group, identity, where_label
+from placecheck.findings.report import Report, exit_code
 
 
 def _stray(index: int, attribute: str = "mask", source: str = "",

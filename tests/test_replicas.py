@@ -25,8 +25,8 @@ from conftest import TESTS, fixture_cases, load_file
 from forward_helpers import ungrouped  # noqa: F401 (the fixture)
 
 import placecheck
+from placecheck.basics.errors import UsageError
 from placecheck.cli import app
-from placecheck.errors import UsageError
 
 FIXTURES = TESTS / "fixtures" / "replicas"
 CPU_ONLY_BUILD = torch.version.cuda is None
@@ -115,7 +115,7 @@ def test_rank_context_is_torn_down() -> None:
 
     _audit(FIXTURES / "ddp_first_gpu_tensor.py")
     assert not dist.is_initialized()
-    assert placecheck.cudaapi.current_index() == 0
+    assert placecheck.engines.cudaapi.current_index() == 0
 
 
 def test_json_names_the_replicas(tmp_path: Path) -> None:
@@ -188,7 +188,7 @@ def test_world_size_for_a_factory_that_builds_no_wrapper() -> None:
 
 
 def test_bad_config_keys(tmp_path: Path) -> None:
-    from placecheck import config
+    from placecheck.basics import config
 
     path = tmp_path / "placecheck.toml"
     head = f'[[models]]\ntarget = "{FIXTURES / "dp_clean.py"}:Model"\n'
@@ -207,10 +207,10 @@ def test_bad_config_keys(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("engine", ["fake", "tagged"])
 def test_the_current_device_decides_where_cuda_goes(engine: str) -> None:
-    from placecheck.engine import EngineChoice, choose_engine
+    from placecheck.engines.engine import EngineChoice, choose_engine
 
     eng = choose_engine("cuda:0", EngineChoice(engine), gpus=2)
-    with placecheck.cudaapi.CurrentDeviceMoves(), eng.session():  # as each replica's audit runs
+    with placecheck.engines.cudaapi.CurrentDeviceMoves(), eng.session():  # as each replica's audit runs
         with torch.cuda.device(1):
             assert torch.cuda.current_device() == 1
             made = torch.zeros(2, device="cuda")
@@ -223,13 +223,13 @@ def test_the_current_device_decides_where_cuda_goes(engine: str) -> None:
         with pytest.raises(RuntimeError, match="invalid device ordinal"):
             torch.cuda.set_device(2)
     assert {made.device, moved.device, to.device} == {torch.device("cuda", 1)}
-    assert placecheck.cudaapi.current_index() == 0  # the session ends where it began
+    assert placecheck.engines.cudaapi.current_index() == 0  # the session ends where it began
 
 
 def test_every_replica_runs_on_the_same_engine(monkeypatch: pytest.MonkeyPatch) -> None:
     """A machine with one GPU has a real cuda:0 but no cuda:1: replica 0 must not run on the real GPU
     while replica 1 is simulated (one engine, one report)."""
-    from placecheck import engine
+    from placecheck.engines import engine
 
     def one_gpu(device: str) -> tuple[bool, str]:
         return (device in ("cpu", "cuda:0"), "" if device == "cuda:0" else "this machine has 1 GPU")
@@ -248,8 +248,8 @@ def test_fsdp_shards_a_plain_model_over_the_ranks() -> None:
     parameters onto the rank's simulated GPU as DTensor shards of the mesh."""
     from torch.distributed.tensor import DTensor, Shard
 
-    from placecheck.engine import EngineChoice, choose_engine
-    from placecheck.options import WrapChoice
+    from placecheck.basics.options import WrapChoice
+    from placecheck.engines.engine import EngineChoice, choose_engine
     from placecheck.placement.replicas import Replicas
 
     replica = Replicas(WrapChoice.FSDP, 2).replica(1)

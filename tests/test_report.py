@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-from placecheck.devices import human_bytes
-from placecheck.finding import Finding, Severity
-from placecheck.report import EXIT_FINDINGS, EXIT_OK, Report, exit_code
+from placecheck.basics.devices import human_bytes
+from placecheck.findings.finding import Finding, Severity
+from placecheck.findings.report import EXIT_FINDINGS, EXIT_OK, Report, exit_code
 
 MIB = 1024 * 1024
 

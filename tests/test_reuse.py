@@ -1,4 +1,4 @@
-"""Identical module calls on the fake engine run once (placecheck.reuse): same findings, fewer ops.
+"""Identical module calls on the fake engine run once (placecheck.engines.reuse): same findings, fewer ops.
 
 Each test audits a model with ``reuse_calls`` on (the default) and off, and
 checks that the findings (code, where, source) and the notes other than the
@@ -24,7 +24,7 @@ from forward_helpers import marked_source
 
 import placecheck
 from placecheck.cli import app
-from placecheck.report import Report
+from placecheck.findings.report import Report
 
 pytestmark = pytest.mark.cpu_build  # runs on the CPU-only torch build too (Makefile: test-cpu-build)
 

@@ -1,4 +1,4 @@
-"""``placecheck.rules``: the codes are the public contract of docs/contract.md, declared once."""
+"""``placecheck.findings.rules``: the codes are the public contract of docs/contract.md, declared once."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from placecheck.finding import Severity
-from placecheck.rules import RULES, _rule, expand, rule, selected
+from placecheck.findings.finding import Severity
+from placecheck.findings.rules import RULES, _rule, expand, rule, selected
 
 # The contract table of docs/contract.md: code -> (kind, phase).
 CONTRACT = {
@@ -112,7 +112,7 @@ def test_selected() -> None:
 
 def test_rules_import_no_torch() -> None:
     # `placecheck rules`/`explain` and --help must stay fast: no torch on their path
-    code = ("import sys, placecheck.rules, placecheck.report, placecheck.formats\n"
+    code = ("import sys, placecheck.findings.rules, placecheck.findings.report, placecheck.findings.formats\n"
             "print('torch' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert proc.stdout.strip() == "False"
@@ -129,7 +129,7 @@ def test_cli_help_imports_no_torch() -> None:
 # -- the severity policy: declared once, followed everywhere ------------------------------------------
 
 def test_severity_is_the_default_or_a_declared_change() -> None:
-    from placecheck.rules import SEVERITY_CHANGES, severity
+    from placecheck.findings.rules import SEVERITY_CHANGES, severity
 
     for code, r in RULES.items():
         assert severity(code) is r.severity
@@ -187,7 +187,7 @@ def test_the_scan_finds_a_severity_written_outside(tmp_path: object, monkeypatch
     fake = __import__("pathlib").Path(str(tmp_path)) / "placecheck"
     fake.mkdir()
     (fake / "__init__.py").write_text("")
-    (fake / "check.py").write_text("from placecheck.finding import Severity\n"
+    (fake / "check.py").write_text("from placecheck.findings.finding import Severity\n"
                                    "ok = f.severity.rank >= Severity.WARNING.rank\n"
                                    "bad = dict(severity=Severity.INFO)\n")
     monkeypatch.setattr(placecheck, "__file__", str(fake / "__init__.py"))
@@ -196,7 +196,7 @@ def test_the_scan_finds_a_severity_written_outside(tmp_path: object, monkeypatch
 
 def test_rules_and_explain_print_every_declared_change() -> None:
     from placecheck.cli.rules import explain_text, rules_text
-    from placecheck.rules import RAISED_BY_EVIDENCE, SEVERITY_CHANGES
+    from placecheck.findings.rules import RAISED_BY_EVIDENCE, SEVERITY_CHANGES
 
     table = " ".join(rules_text(200).split())
     assert " ".join(RAISED_BY_EVIDENCE.split()) in table
@@ -213,7 +213,7 @@ def test_docs_audit_shows_the_declared_policy(update_golden: bool) -> None:
     # docs/audit.md's table is the declaration itself (pytest --update-golden rewrites it)
     from pathlib import Path
 
-    from placecheck.rules import SEVERITY_CHANGES
+    from placecheck.findings.rules import SEVERITY_CHANGES
 
     page = Path(__file__).resolve().parents[1] / "docs" / "audit.md"
     text = page.read_text(encoding="utf-8")

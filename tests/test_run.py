@@ -15,9 +15,9 @@ import torch
 import torch.nn as nn
 
 import placecheck
-from placecheck.errors import LoadError
-from placecheck.finding import Finding, Severity
-from placecheck.report import Report
+from placecheck.basics.errors import LoadError
+from placecheck.findings.finding import Finding, Severity
+from placecheck.findings.report import Report
 from placecheck.run import run
 
 # runs on the CPU-only torch build too (Makefile: test-cpu-build)
@@ -535,7 +535,7 @@ def test_sys_exit_is_reported_in_the_notes_not_raised() -> None:
 
 
 def test_a_non_zero_sys_exit_leaves_the_run_unfinished_exit_code_2_its_message_reported() -> None:
-    from placecheck.report import exit_code
+    from placecheck.findings.report import exit_code
 
     for name, status, said in (("exits_3.py", 3, ""), ("exits_message.py", 1, ": config file missing")):
         report = run(script(name))
@@ -552,7 +552,7 @@ def test_a_non_zero_sys_exit_leaves_the_run_unfinished_exit_code_2_its_message_r
 
 
 def test_a_limit_of_the_simulation_is_a_note_naming_it_never_the_scripts_pc207() -> None:
-    from placecheck.report import exit_code
+    from placecheck.findings.report import exit_code
 
     buggy = run(script("limit_buggy.py"))
     assert [(f.code, f.source) for f in buggy.findings] == [("PC201", at("limit_buggy.py", 11))]
@@ -713,7 +713,7 @@ def test_script_without_model_or_optimizer_gets_a_note() -> None:
 
 
 def test_the_scripts_own_error_is_no_finding_but_an_unfinished_run_at_its_line() -> None:
-    from placecheck.report import exit_code
+    from placecheck.findings.report import exit_code
 
     report = run(script("raises.py"))  # a shape error: the script's bug, not a placement problem
     assert report.findings == ()

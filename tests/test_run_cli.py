@@ -10,7 +10,7 @@ import pytest
 from cli_runner import CliRunner, separate_stderr_capture
 
 from placecheck.cli import app
-from placecheck.formats import OutputFormat
+from placecheck.findings.formats import OutputFormat
 
 pytestmark = [pytest.mark.compat, pytest.mark.cli]
 
@@ -230,7 +230,7 @@ for step in range(3):
 
 def test_auto_does_not_give_up_where_the_fake_engine_needs_a_cuda_driver(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from placecheck import cudaapi
+    from placecheck.engines import cudaapi
 
     if cudaapi.CPU_ONLY_BUILD:
         pytest.skip("auto keeps real values on a CPU-only build: it never reaches the fake engine")
@@ -257,7 +257,7 @@ def test_auto_does_not_give_up_where_the_fake_engine_needs_a_cuda_driver(
 
 def test_auto_stops_with_a_note_when_real_values_would_not_fit(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from placecheck import cudaapi
+    from placecheck.engines import cudaapi
     from placecheck.run import auto
 
     if cudaapi.CPU_ONLY_BUILD:

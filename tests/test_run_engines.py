@@ -17,9 +17,9 @@ import torch
 import torch.nn as nn
 from cli_runner import CliRunner
 
+from placecheck.basics.errors import UsageError
 from placecheck.cli import app
-from placecheck.engine import SIMULATED_CUDA, SIMULATED_CUDA_VALUES
-from placecheck.errors import UsageError
+from placecheck.engines.engine import SIMULATED_CUDA, SIMULATED_CUDA_VALUES
 from placecheck.run import run
 from placecheck.run.auto import parse_bytes
 
@@ -164,7 +164,7 @@ def test_a_bad_budget_is_the_users_error(monkeypatch: pytest.MonkeyPatch) -> Non
     assert parse_bytes("512MiB") == 512 << 20 and parse_bytes("8g") == 8 * 10**9
     assert parse_bytes("100B") == 100
     with pytest.raises(UsageError, match="the unit is required"):
-        parse_bytes("100")  # the one grammar (placecheck.values.Size): the unit is required
+        parse_bytes("100")  # the one grammar (placecheck.basics.values.Size): the unit is required
 
 
 def test_a_bad_engine_is_one_line_and_exit_2() -> None:
@@ -180,9 +180,9 @@ def test_a_bad_engine_is_one_line_and_exit_2() -> None:
 @pytest.mark.cpu_build
 def test_a_cpu_only_build_of_torch_keeps_real_values(monkeypatch: pytest.MonkeyPatch) -> None:
     # fake CUDA tensors cannot record autograd there: fake is refused, auto keeps real values
-    import placecheck.cudaapi
+    import placecheck.engines.cudaapi
 
-    monkeypatch.setattr(placecheck.cudaapi, "CPU_ONLY_BUILD", True)
+    monkeypatch.setattr(placecheck.engines.cudaapi, "CPU_ONLY_BUILD", True)
     with pytest.raises(UsageError, match="--engine fake needs torch built with CUDA support"):
         run(script(FIXTURES / "batch_fixed.py"), engine="fake")
     report = run(script(FIXTURES / "batch_buggy.py"), memory="1k")

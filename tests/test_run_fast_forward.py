@@ -17,10 +17,10 @@ import pytest
 from cli_runner import CliRunner
 from report_schema import validate_report
 
-from placecheck import cudaapi
 from placecheck.cli import app
-from placecheck.finding import Severity
-from placecheck.report import Report
+from placecheck.engines import cudaapi
+from placecheck.findings.finding import Severity
+from placecheck.findings.report import Report
 from placecheck.run import run
 from placecheck.run.fastforward import MAX_BATCHES, compile_script
 

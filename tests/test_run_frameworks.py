@@ -17,8 +17,8 @@ import torch
 import torch.nn as nn
 from conftest import walk_findings
 
-from placecheck.finding import Severity
-from placecheck.report import Report, exit_code
+from placecheck.findings.finding import Severity
+from placecheck.findings.report import Report, exit_code
 from placecheck.run import run
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "run" / "frameworks"

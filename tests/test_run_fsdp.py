@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from rank_scripts import FIXTURES, at, failing, script
 
-from placecheck.report import Report, exit_code
+from placecheck.findings.report import Report, exit_code
 from placecheck.run import run
 from placecheck.run.fsdp import ALL_GATHER, fully_shard_homes
 

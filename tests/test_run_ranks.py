@@ -17,10 +17,10 @@ from cli_runner import CliRunner, separate_stderr_capture
 from rank_scripts import FIXTURES, at, failing, script
 from report_schema import validate_json
 
+from placecheck.basics.errors import UsageError
 from placecheck.cli import app
-from placecheck.errors import UsageError
-from placecheck.finding import Finding
-from placecheck.report import Report, exit_code
+from placecheck.findings.finding import Finding
+from placecheck.findings.report import Report, exit_code
 from placecheck.run import run
 from placecheck.run.ranks import ranks_label, torchrun_command
 

@@ -1,4 +1,4 @@
-"""``placecheck.runner`` and ``audit --config``: one process per model, crashes and hangs reported.
+"""``placecheck.commands.runner`` and ``audit --config``: one process per model, crashes and hangs reported.
 
 The end-to-end test runs real child processes (each imports torch), so it is
 one run over every failure mode at once.
@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from placecheck import runner
-from placecheck.config import Allow, ModelConfig, RunConfig, parse
-from placecheck.finding import Finding, Severity
-from placecheck.options import AuditOptions
-from placecheck.report import Report
+from placecheck.basics.config import Allow, ModelConfig, RunConfig, parse
+from placecheck.basics.options import AuditOptions
+from placecheck.commands import runner
+from placecheck.findings.finding import Finding, Severity
+from placecheck.findings.report import Report
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS = "tests/fixtures/ci/models.py"
@@ -168,7 +168,7 @@ def test_the_command_line_overrides_the_config_timeout() -> None:
 
 
 def test_report_json_round_trip() -> None:
-    from placecheck.formats.json import report_to_dict
+    from placecheck.findings.formats.json import report_to_dict
 
     finding = Finding(code="PC101", kind="stray-tensor", severity=Severity.ERROR, where="m", message="x",
                       hint="y", shape=(2, 3), details=(("op", "add"),), nbytes=24, count=1)

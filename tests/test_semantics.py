@@ -21,8 +21,8 @@ import torch.nn as nn
 from torch.nn.utils.rnn import unpad_sequence
 
 import placecheck
-from placecheck.finding import Severity
-from placecheck.report import Report
+from placecheck.findings.finding import Severity
+from placecheck.findings.report import Report
 from placecheck.run import run
 
 pytestmark = [pytest.mark.compat]

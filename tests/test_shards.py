@@ -14,11 +14,12 @@ from typing import Any
 import pytest
 from report_schema import validate_json, validate_report
 
-from placecheck import __version__, shards
-from placecheck.config import parse
-from placecheck.finding import Finding, Severity
-from placecheck.formats.json import run_to_dict
-from placecheck.report import Report
+from placecheck import __version__
+from placecheck.basics.config import parse
+from placecheck.findings import shards
+from placecheck.findings.finding import Finding, Severity
+from placecheck.findings.formats.json import run_to_dict
+from placecheck.findings.report import Report
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS = "tests/fixtures/ci/models.py"

@@ -1,5 +1,5 @@
-"""placecheck.shortcuts: a result made from metadata must be exactly the one torch's fake path gives, and
-be made only where that is known (a mixed-device call still raises torch's mismatch)."""
+"""placecheck.engines.shortcuts: a result made from metadata must be exactly the one torch's fake path
+gives, and be made only where that is known (a mixed-device call still raises torch's mismatch)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch.nn as nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import placecheck
-from placecheck.shortcuts import shortcut
+from placecheck.engines.shortcuts import shortcut
 
 aten = torch.ops.aten
 BATCH_NORMS = (aten.native_batch_norm.default, aten._native_batch_norm_legit_no_training.default,
@@ -120,10 +120,10 @@ def test_a_convnet_audits_alike_with_and_without_the_shortcut(monkeypatch: pytes
             made.append(func)
         return out
 
-    monkeypatch.setattr("placecheck.datadep.shortcut", counted)
+    monkeypatch.setattr("placecheck.engines.datadep.shortcut", counted)
     with_shortcut = placecheck.audit(Net, "cuda", engine="fake", inputs=["float32[2,3,16,16]"])
     assert len(made) >= 3  # the three batch norms on the GPU (the mixed-device one takes torch's path)
-    monkeypatch.setattr("placecheck.datadep.shortcut", lambda func, args, kwargs: None)
+    monkeypatch.setattr("placecheck.engines.datadep.shortcut", lambda func, args, kwargs: None)
     without = placecheck.audit(Net, "cuda", engine="fake", inputs=["float32[2,3,16,16]"])
     assert rows(with_shortcut) == rows(without)
     assert {"PC101", "PC201"} <= {code for code, _, _ in rows(with_shortcut)}

@@ -22,7 +22,7 @@ from forward_helpers import ungrouped  # noqa: F401 (the fixture)
 
 import placecheck
 from placecheck.cli import app
-from placecheck.engine import SIMULATED_CUDA, SIMULATED_GPU_NAME, simulated_cuda
+from placecheck.engines.engine import SIMULATED_CUDA, SIMULATED_GPU_NAME, simulated_cuda
 
 pytestmark = [pytest.mark.usefixtures("ungrouped"), pytest.mark.cpu_build, pytest.mark.compat]
 

@@ -1,5 +1,5 @@
 """The spellings matrix: every way PyTorch code places a tensor or a module, through the one reading of a
-placement call (:mod:`placecheck.calls`), in ``run`` and ``audit``, under both simulating engines.
+placement call (:mod:`placecheck.engines.calls`), in ``run`` and ``audit``, under both simulating engines.
 
 GENERATED, not hand-listed: each spelling is a few lines of code put into one program template; the
 matrix crosses the spellings with {fake, tagged}. For each, the correct program gives no finding at all
@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import placecheck
-from placecheck.calls import Kind, read_module_move, read_placement, takes_device
+from placecheck.engines.calls import Kind, read_module_move, read_placement, takes_device
 from placecheck.run import run
 
 pytestmark = [pytest.mark.compat]
@@ -401,7 +401,7 @@ def test_a_default_device_the_script_sets_ends_with_its_run(engine: str) -> None
 
 @pytest.mark.parametrize("engine", AUDIT_ENGINES)
 def test_legacy_cuda_types_are_the_moves_they_stand_for(engine: str) -> None:
-    from placecheck.engine import EngineChoice, choose_engine
+    from placecheck.engines.engine import EngineChoice, choose_engine
 
     original = torch.cuda.FloatTensor
     with choose_engine("cuda:0", EngineChoice(engine)).session():

@@ -1,4 +1,5 @@
-"""The one traversal of module state (placecheck.state) that the walk, the copy and the meta build share."""
+"""The one traversal of module state (placecheck.checks.state) that the walk, the copy and the meta build
+share."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from placecheck import state
+from placecheck.checks import state
 
 
 class _Pair(NamedTuple):

@@ -21,7 +21,7 @@ from cli_runner import CliRunner
 from conftest import BUGGY, REPO, TESTS
 
 from placecheck.cli import app
-from placecheck.rules import RULES
+from placecheck.findings.rules import RULES
 
 pytestmark = pytest.mark.cli
 

@@ -20,8 +20,8 @@ from conftest import BUGGY, TESTS, load_file
 from forward_helpers import ungrouped  # noqa: F401 (the fixture)
 
 import placecheck
+from placecheck.checks.sources import display_path
 from placecheck.cli import app
-from placecheck.sources import display_path
 
 pytestmark = [pytest.mark.usefixtures("ungrouped"), pytest.mark.cpu_build]
 
@@ -160,7 +160,7 @@ class DataDependent(nn.Module):
 
 
 def test_auto_runs_item_and_boolean_masks_on_fake_tensors() -> None:
-    # fake tensors run through data-dependent ops (placecheck.datadep): no fallback to real values;
+    # fake tensors run through data-dependent ops (placecheck.engines.datadep): no fallback to real values;
     # this model's weights are small, so their values are known and nothing had to be assumed
     report = placecheck.audit(DataDependent, "cuda", inputs=["float32[8,4]"])
     assert report.engine == "simulated cuda"
@@ -442,7 +442,7 @@ class Rotary(nn.Module):
 @pytest.fixture
 def fake_library(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """``fakelib``, installed in a site-packages directory of its own; yields its file."""
-    from placecheck import sources as trace
+    from placecheck.checks import sources as trace
 
     site = tmp_path / "site-packages"
     (site / "fakelib").mkdir(parents=True)

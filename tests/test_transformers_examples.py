@@ -14,10 +14,10 @@ import torch
 
 pytest.importorskip("transformers")
 
-from placecheck.api import audit
-from placecheck.config import ModelConfig, load
+from placecheck.basics.config import ModelConfig, load
+from placecheck.commands.api import audit
 from placecheck.examples import transformers_models
-from placecheck.load import resolve
+from placecheck.model.load import resolve
 
 pytestmark = pytest.mark.transformers
 

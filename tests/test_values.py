@@ -1,11 +1,11 @@
-"""placecheck.values: the one grammar of sizes, devices and sites, read once at the edge."""
+"""placecheck.basics.values: the one grammar of sizes, devices and sites, read once at the edge."""
 
 from __future__ import annotations
 
 import pytest
 
-from placecheck.errors import UsageError
-from placecheck.values import Device, Site, Size
+from placecheck.basics.errors import UsageError
+from placecheck.basics.values import Device, Site, Size
 
 pytestmark = pytest.mark.cpu_build
 

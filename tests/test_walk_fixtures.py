@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from conftest import TESTS, fixture_cases, load_file, read_expected, walk_findings
 
-from placecheck.finding import Finding
+from placecheck.findings.finding import Finding
 
 pytestmark = pytest.mark.cpu_build  # runs on the CPU-only torch build too (Makefile: test-cpu-build)
 

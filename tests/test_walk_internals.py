@@ -302,7 +302,7 @@ def test_on_the_cpu_target_a_plain_tensor_is_fine_but_unregistered_modules_and_p
 
 
 def test_walk_result_records_origins_for_the_forward_pass() -> None:
-    from placecheck.walk import Snapshot, walk
+    from placecheck.checks.walk import Snapshot, walk
 
     class Masked(nn.Module):
         def __init__(self) -> None:
@@ -346,7 +346,7 @@ class _Chain(nn.Module):
 
 
 def test_depth_limit_is_a_note_naming_the_path() -> None:
-    from placecheck.walk import MAX_DEPTH, Snapshot, walk
+    from placecheck.checks.walk import MAX_DEPTH, Snapshot, walk
 
     short = _Chain(12)
     assert walk(short, "cuda:0", Snapshot.take(short)).notes == []
@@ -388,7 +388,7 @@ def test_tensor_shared_with_an_unregistered_module_counts_once_in_the_summary() 
 
 
 def test_zero_dim_stray_is_a_warning_but_rules_keep_the_default() -> None:
-    from placecheck.rules import rule
+    from placecheck.findings.rules import rule
 
     class Scaled(nn.Module):
         def __init__(self) -> None:
@@ -426,7 +426,7 @@ def test_class_attributes_of_torch_classes_are_not_walked() -> None:
 
 
 def test_depth_limit_note_reaches_the_report() -> None:
-    from placecheck.walk import MAX_DEPTH
+    from placecheck.checks.walk import MAX_DEPTH
 
     report = placecheck.audit(_Chain(MAX_DEPTH + 5), device="cuda", engine="fake", forward=False)
     assert [n for n in report.notes if n.startswith("walk: stopped")], report.notes

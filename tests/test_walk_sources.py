@@ -50,9 +50,9 @@ def test_config_run_sarif_and_github_point_walk_findings_at_the_assignment_line(
 def test_a_copy_of_an_examples_file_gets_its_own_sources_in_the_same_process(tmp_path: Path) -> None:
     # code objects compare equal across files (co_filename is not compared): a cache per code object
     # read the copy's frames as the example's, placecheck's own, and lost every forward source
-    from placecheck.api import audit
-    from placecheck.load import model_factory
-    from placecheck.options import AuditOptions
+    from placecheck.basics.options import AuditOptions
+    from placecheck.commands.api import audit
+    from placecheck.model.load import model_factory
 
     def sources(target: str) -> list[tuple[str, str]]:
         report = audit(model_factory(target, {}), options=AuditOptions(target=target, copy_model=False))

@@ -24,9 +24,9 @@ import torch
 
 torchvision = pytest.importorskip("torchvision")
 
-from placecheck.api import audit  # noqa: E402
-from placecheck.inputs import infer_inputs, parse_input_spec, resolve_inputs  # noqa: E402
-from placecheck.load import parse_kwargs, resolve  # noqa: E402
+from placecheck.commands.api import audit  # noqa: E402
+from placecheck.model.inputs import infer_inputs, parse_input_spec, resolve_inputs  # noqa: E402
+from placecheck.model.load import parse_kwargs, resolve  # noqa: E402
 
 CONFIG = Path(__file__).parents[1] / "configs" / "torchvision.toml"
 ENTRIES: list[dict[str, Any]] = tomllib.loads(CONFIG.read_text(encoding="utf-8"))["models"]

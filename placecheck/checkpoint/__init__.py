@@ -11,7 +11,7 @@
   and which of them ``torch.load(weights_only=True)`` would refuse;
 - :mod:`~placecheck.checkpoint.compare` checks a state_dict against a model's;
 - :mod:`~placecheck.checkpoint.preflight` turns all that into a
-  :class:`~placecheck.report.Report` (PC301-PC306) and loads a checkpoint into
+  :class:`~placecheck.findings.report.Report` (PC301-PC306) and loads a checkpoint into
   a model for ``placecheck audit --checkpoint``.
 """
 

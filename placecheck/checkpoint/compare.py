@@ -19,8 +19,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from placecheck.finding import Finding
-from placecheck.rules import rule
+from placecheck.findings.finding import Finding
+from placecheck.findings.rules import rule
 
 TensorSpec = tuple[tuple[int, ...], str]
 """``(shape, dtype)`` of one state_dict entry; dtype without ``torch.``."""

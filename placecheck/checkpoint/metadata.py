@@ -41,9 +41,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from placecheck.basics.errors import LoadError, UsageError
 from placecheck.checkpoint.pt2 import Pt2Index, read_pt2_index
 from placecheck.checkpoint.safety import normalize_module, unsafe_globals
-from placecheck.errors import LoadError, UsageError
 
 LEGACY_MAGIC_NUMBER = 0x1950A86A20F9469CFC6C
 """The first pickle of a legacy ``torch.save`` file (``torch.serialization.MAGIC_NUMBER``)."""

@@ -1,4 +1,4 @@
-"""Checkpoint pre-flight as a :class:`~placecheck.report.Report`, and loading one into a model.
+"""Checkpoint pre-flight as a :class:`~placecheck.findings.report.Report`, and loading one into a model.
 
 :func:`check_checkpoint` is what ``placecheck checkpoint FILE`` runs: it reads
 the file's index (:mod:`~placecheck.checkpoint.metadata`), checks the
@@ -28,6 +28,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from placecheck.basics.devices import human_bytes, normalize_device
+from placecheck.basics.errors import LoadError, PlacecheckError, UsageError, one_line
+from placecheck.basics.options import CheckpointOptions
+from placecheck.basics.quiet import quiet
 from placecheck.checkpoint.compare import Comparison, TensorSpec, compare_state_dicts
 from placecheck.checkpoint.metadata import (
     CheckpointFormat,
@@ -40,14 +44,10 @@ from placecheck.checkpoint.metadata import (
     top_level_keys,
 )
 from placecheck.checkpoint.pt2 import load_pt2_state_dict
-from placecheck.compat import torch_note
-from placecheck.devices import human_bytes, normalize_device
-from placecheck.errors import LoadError, PlacecheckError, UsageError, one_line
-from placecheck.finding import Finding
-from placecheck.options import CheckpointOptions
-from placecheck.quiet import quiet
-from placecheck.report import Report
-from placecheck.rules import rule, selected
+from placecheck.engines.compat import torch_note
+from placecheck.findings.finding import Finding
+from placecheck.findings.report import Report
+from placecheck.findings.rules import rule, selected
 
 
 class UnsafeCheckpointError(LoadError):
@@ -344,11 +344,11 @@ def check_checkpoint(
     ``group``: findings of one root cause are one problem (every size mismatch of a checkpoint saved
     from a differently sized model is one PC304); ``False`` lists each (``--no-group``).
     The keywords besides ``model`` and ``model_name`` are the fields of
-    :class:`~placecheck.options.CheckpointOptions` (``key`` is its ``checkpoint_key``);
+    :class:`~placecheck.basics.options.CheckpointOptions` (``key`` is its ``checkpoint_key``);
     ``options=`` passes a whole options object instead (then give none of them), as
     ``placecheck checkpoint`` does.
     """
-    from placecheck.engine import EngineChoice, choose_engine
+    from placecheck.engines.engine import EngineChoice, choose_engine
 
     given = CheckpointOptions(device=device, engine=engine, gpus=gpus, checkpoint_key=key, trust=trust,
                               select=select, ignore=ignore, group=group)  # type: ignore[arg-type]

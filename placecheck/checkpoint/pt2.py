@@ -28,7 +28,7 @@ import zipfile
 from dataclasses import dataclass
 from typing import Any
 
-from placecheck.errors import LoadError
+from placecheck.basics.errors import LoadError
 
 MODEL_NAME = "model"
 """The program ``torch.export.load`` returns from a package (its default name)."""
@@ -91,7 +91,7 @@ def _as_int(value: Any, shown: str, member: str, fqn: str) -> int:
 
 
 def _dtype(code: Any, shown: str, member: str, fqn: str) -> tuple[str, int]:
-    from placecheck.compat import export_scalar_type
+    from placecheck.engines.compat import export_scalar_type
 
     try:
         if type(code) is not int:

@@ -22,7 +22,7 @@ def normalize_module(module: str) -> str:
 
 def allowed_globals() -> frozenset[str]:
     """The globals ``torch.load(weights_only=True)`` accepts here: torch's and the user's."""
-    from placecheck.compat import weights_only_allowed_globals
+    from placecheck.engines.compat import weights_only_allowed_globals
 
     return weights_only_allowed_globals()
 

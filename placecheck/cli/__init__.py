@@ -3,10 +3,10 @@
 One module per command, each registering itself on :data:`app`; adding a
 command is a module here and one import line below. Options are parsed into
 a frozen object, the same ``audit()`` Python users call does the work, a
-formatter renders the report (:mod:`placecheck.output`) and
-:func:`placecheck.report.exit_code` decides the exit status (0 clean, 1
+formatter renders the report (:mod:`placecheck.findings.output`) and
+:func:`placecheck.findings.report.exit_code` decides the exit status (0 clean, 1
 findings at or above ``--fail-on``, 2 usage or load error, 3 an internal error:
-:func:`placecheck.output.errors_reported` guards every command). The options
+:func:`placecheck.findings.output.errors_reported` guards every command). The options
 several commands share are declared once, in :mod:`placecheck.cli.common`.
 torch is imported only when an audit actually runs, so ``--help`` is fast.
 """
@@ -14,7 +14,7 @@ torch is imported only when an audit actually runs, so ``--help`` is fast.
 from __future__ import annotations
 
 from placecheck.cli.app import app, entrypoint
-from placecheck.output import OutputOptions, emit, emit_reports, fail
+from placecheck.findings.output import OutputOptions, emit, emit_reports, fail
 
 # each import registers its command(s) on `app`, in the order --help lists them
 from placecheck.cli import audit as audit  # isort: skip

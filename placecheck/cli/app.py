@@ -13,8 +13,8 @@ from typing import Annotated
 import typer
 
 from placecheck import __version__
-from placecheck.output import click_errors, internal_error, interrupted
-from placecheck.report import EXIT_USAGE
+from placecheck.findings.output import click_errors, internal_error, interrupted
+from placecheck.findings.report import EXIT_USAGE
 
 app = typer.Typer(
     name="placecheck",
@@ -30,7 +30,7 @@ app = typer.Typer(
 
 def _version(value: bool) -> None:
     if value:
-        from placecheck.compat import torch_version  # torch is imported for --version only
+        from placecheck.engines.compat import torch_version  # torch is imported for --version only
 
         typer.echo(f"placecheck {__version__}\ntorch {torch_version()}")
         raise typer.Exit()

@@ -1,10 +1,10 @@
 """``placecheck audit``: one model (TARGET) or every model of a config (``--config``).
 
-A thin adapter: the command line becomes an :class:`~placecheck.options.AuditOptions`
-and an :class:`~placecheck.output.OutputOptions`; :func:`run_audit` calls the
-same :func:`placecheck.audit` Python users call; :func:`placecheck.output.emit`
+A thin adapter: the command line becomes an :class:`~placecheck.basics.options.AuditOptions`
+and an :class:`~placecheck.findings.output.OutputOptions`; :func:`run_audit` calls the
+same :func:`placecheck.audit` Python users call; :func:`placecheck.findings.output.emit`
 formats the report and gives the exit code. ``--config`` runs, ``--timeout``
-and baselines go through :mod:`placecheck.ci`.
+and baselines go through :mod:`placecheck.commands.ci`.
 """
 
 from __future__ import annotations
@@ -13,6 +13,10 @@ from typing import Annotated, Any
 
 import typer
 
+from placecheck.basics.config import ISOLATION_CHOICES, PROGRESS_CHOICES
+from placecheck.basics.devices import DEVICE_MAP_HELP
+from placecheck.basics.errors import PlacecheckError
+from placecheck.basics.options import WRAP_CHOICES, AuditOptions, split_codes
 from placecheck.cli.app import app
 from placecheck.cli.common import (
     DEFAULT_DEVICE,
@@ -47,12 +51,8 @@ from placecheck.cli.common import (
     Trust,
     WriteBaseline,
 )
-from placecheck.config import ISOLATION_CHOICES, PROGRESS_CHOICES
-from placecheck.devices import DEVICE_MAP_HELP
-from placecheck.errors import PlacecheckError
-from placecheck.formats import OutputFormat
-from placecheck.options import WRAP_CHOICES, AuditOptions, split_codes
-from placecheck.output import (
+from placecheck.findings.formats import OutputFormat
+from placecheck.findings.output import (
     OutputOptions,
     emit,
     errors_reported,
@@ -60,7 +60,7 @@ from placecheck.output import (
     model_output_to_stderr,
     output_format,
 )
-from placecheck.report import Report
+from placecheck.findings.report import Report
 
 
 @app.command(cls=PanelCommand)
@@ -181,12 +181,12 @@ def audit(
             raise fail("--fix fixes one TARGET: it does not go with --config, --timeout, --baseline or "
                        "--write-baseline", debug)
         if target is None or config is not None:
-            from placecheck.ci import run_config_audit
+            from placecheck.commands.ci import run_config_audit
 
             raise typer.Exit(run_config_audit(ctx, target, config, out))
-        from placecheck.ci import audit_with_timeout, finish_with_baseline, reject_run_options
-        from placecheck.load import parse_kwargs
-        from placecheck.output import check_writable
+        from placecheck.commands.ci import audit_with_timeout, finish_with_baseline, reject_run_options
+        from placecheck.findings.output import check_writable
+        from placecheck.model.load import parse_kwargs
 
         try:
             out.check()
@@ -221,8 +221,8 @@ def audit(
 
 def run_audit(target: str, constructor_kwargs: dict[str, Any], options: AuditOptions) -> Report:
     """Build ``target`` with ``constructor_kwargs`` and audit it; raises PlacecheckError subclasses."""
-    from placecheck.api import audit
-    from placecheck.load import model_factory
+    from placecheck.commands.api import audit
+    from placecheck.model.load import model_factory
 
     options.check()  # a bad device or code fails before any import of the target
     factory = model_factory(target, constructor_kwargs)

@@ -6,6 +6,7 @@ from typing import Annotated, Any
 
 import typer
 
+from placecheck.basics.options import CheckpointOptions
 from placecheck.cli.app import app
 from placecheck.cli.common import (
     DEFAULT_DEVICE,
@@ -29,10 +30,15 @@ from placecheck.cli.common import (
     Trust,
     configured,
 )
-from placecheck.formats import OutputFormat
-from placecheck.options import CheckpointOptions
-from placecheck.output import OutputOptions, emit, errors_reported, model_output_to_stderr, output_format
-from placecheck.report import EXIT_USAGE
+from placecheck.findings.formats import OutputFormat
+from placecheck.findings.output import (
+    OutputOptions,
+    emit,
+    errors_reported,
+    model_output_to_stderr,
+    output_format,
+)
+from placecheck.findings.report import EXIT_USAGE
 
 
 @app.command(cls=PanelCommand)
@@ -70,7 +76,7 @@ def checkpoint(
     checkpoints that would run code (unless --trust), 3 for an internal error.
     """
     with errors_reported(debug):
-        from placecheck.load import parse_kwargs
+        from placecheck.model.load import parse_kwargs
 
         options = CheckpointOptions(device=device, engine=engine, gpus=gpus, checkpoint_key=key, trust=trust,
                                     select=select, ignore=ignore,  # type: ignore[arg-type]  # split here
@@ -97,7 +103,7 @@ def run_checkpoint(file: str, model: str | None, kwargs: dict[str, Any], options
     """Resolve ``--model`` (if any) and check the checkpoint with checked ``options``; raises
     PlacecheckError subclasses."""
     from placecheck.checkpoint import check_checkpoint
-    from placecheck.load import build, resolve, split_target
+    from placecheck.model.load import build, resolve, split_target
 
     factory = None
     with model_output_to_stderr():

@@ -22,10 +22,10 @@ from typing import Annotated, Any, TypeVar
 import typer
 from typer.core import TyperCommand
 
-from placecheck.devices import DEVICE_HELP
-from placecheck.formats import OutputFormat
-from placecheck.options import DEFAULT_STEPS, ENGINE_CHOICES, INIT_CHOICES, CommonOptions
-from placecheck.report import FAIL_ON_CHOICES
+from placecheck.basics.devices import DEVICE_HELP
+from placecheck.basics.options import DEFAULT_STEPS, ENGINE_CHOICES, INIT_CHOICES, CommonOptions
+from placecheck.findings.formats import OutputFormat
+from placecheck.findings.report import FAIL_ON_CHOICES
 
 FLAG = ""
 """The metavar of an on/off option: nothing after the flag in --help."""
@@ -77,9 +77,9 @@ def configured(ctx: typer.Context, options: _O, fields: Mapping[str, str] | None
 
     ``fields`` maps a parameter of the command to the options field it sets where their names differ
     (``key`` -> ``checkpoint_key``). The table's values are checked as the command line's are
-    (:func:`placecheck.config.command_values`); the result is checked by the caller.
+    (:func:`placecheck.basics.config.command_values`); the result is checked by the caller.
     """
-    from placecheck.config import pyproject_command_values
+    from placecheck.basics.config import pyproject_command_values
 
     _, table = pyproject_command_values(options.COMMAND)
     if not table:

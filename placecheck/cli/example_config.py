@@ -8,7 +8,7 @@ import typer
 
 from placecheck.cli.app import app
 from placecheck.cli.common import Debug, PanelCommand
-from placecheck.output import errors_reported
+from placecheck.findings.output import errors_reported
 
 EXAMPLE_CONFIG = "configs/example.toml"
 """The example's path inside the installed package (package data)."""

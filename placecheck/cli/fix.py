@@ -1,7 +1,7 @@
 """``placecheck fix``: the audit's fixable findings as a proven patch (a diff, or the files written).
 
 A thin adapter over :func:`placecheck.fix.fix` and :func:`~placecheck.fix.fix_run`: the
-options become a :class:`~placecheck.options.FixOptions`; the result is printed as a unified
+options become a :class:`~placecheck.basics.options.FixOptions`; the result is printed as a unified
 diff and a summary (or JSON), and ``--write`` applies it. Exit 0 when no
 selected finding is left, 1 when some are, 2 for usage errors, a target that
 does not load, or a file changed since the audit (FixRefused: nothing written then),
@@ -17,6 +17,8 @@ from typing import Annotated, Any
 
 import typer
 
+from placecheck.basics.errors import UsageError
+from placecheck.basics.options import SCRIPT_ONLY, AuditOptions, FixOptions, unknown_choice
 from placecheck.cli.app import app
 from placecheck.cli.common import (
     DEFAULT_DEVICE,
@@ -40,10 +42,8 @@ from placecheck.cli.common import (
     Timeout,
     configured,
 )
-from placecheck.errors import UsageError
-from placecheck.options import SCRIPT_ONLY, AuditOptions, FixOptions, unknown_choice
-from placecheck.output import errors_reported, model_output_to_stderr, terminal_width
-from placecheck.report import Report
+from placecheck.findings.output import errors_reported, model_output_to_stderr, terminal_width
+from placecheck.findings.report import Report
 
 
 class FixFormat(str, enum.Enum):
@@ -112,7 +112,7 @@ def fix(
                                  "applies it")
             from placecheck.fix import fix as run_fix
             from placecheck.fix import fix_run, write
-            from placecheck.load import parse_kwargs, split_target
+            from placecheck.model.load import parse_kwargs, split_target
 
             options = FixOptions(
                 run=run_script, device=device, engine=engine, gpus=gpus, init=init,

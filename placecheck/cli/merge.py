@@ -17,9 +17,9 @@ from placecheck.cli.common import (
     PanelCommand,
     WriteBaseline,
 )
-from placecheck.formats import OutputFormat
-from placecheck.output import OutputOptions, errors_reported, output_format
-from placecheck.report import FAIL_ON_CHOICES
+from placecheck.findings.formats import OutputFormat
+from placecheck.findings.output import OutputOptions, errors_reported, output_format
+from placecheck.findings.report import FAIL_ON_CHOICES
 
 MERGE_HELP = """Combine the JSON reports of a config's shards into one run's report.
 
@@ -54,7 +54,7 @@ def merge(
     write_baseline: WriteBaseline = None,
 ) -> None:
     with errors_reported(debug):
-        from placecheck.ci import merge_reports
+        from placecheck.commands.ci import merge_reports
 
         out = OutputOptions(format=output_format(fmt), output=output, exit_zero=exit_zero, debug=debug)
         raise typer.Exit(merge_reports(reports, out, fail_on, baseline, write_baseline))

@@ -13,7 +13,7 @@ import typer
 
 from placecheck.cli.app import app
 from placecheck.cli.common import Debug, PanelCommand
-from placecheck.output import errors_reported, fail, terminal_width
+from placecheck.findings.output import errors_reported, fail, terminal_width
 
 
 @app.command("rules", cls=PanelCommand)
@@ -32,8 +32,8 @@ def rules_text(width: int = 80) -> str:
     """The table ``placecheck rules`` prints, ``width`` columns at most: each code's kind, default
     severity and the phase that finds it (the columns of docs/contract.md's table), its title (beside,
     when the terminal is wide enough, else under it), under it each declared severity change
-    (:data:`placecheck.rules.SEVERITY_CHANGES`), then the policy every code shares."""
-    from placecheck.rules import RAISED_BY_EVIDENCE, RULES, severity_changes
+    (:data:`placecheck.findings.rules.SEVERITY_CHANGES`), then the policy every code shares."""
+    from placecheck.findings.rules import RAISED_BY_EVIDENCE, RULES, severity_changes
 
     widths = (5, max(len(r.kind) for r in RULES.values()), len("severity"), len("checkpoint"))
     title_at = sum(w + 2 for w in widths)
@@ -69,7 +69,7 @@ def explain(
 ) -> None:
     """Explain a finding code: what it means, its severity, why it matters, a wrong and a right example."""
     with errors_reported(debug):
-        from placecheck.rules import RULES, Rule
+        from placecheck.findings.rules import RULES, Rule
 
         wanted = code.strip()
         found: Rule | None = RULES.get(wanted.upper()) or next(
@@ -85,7 +85,7 @@ def explain(
 
 def severity_text(r: Any) -> str:
     """``error by default; warning when ...``: a rule's severity policy in one sentence."""
-    from placecheck.rules import severity_changes
+    from placecheck.findings.rules import severity_changes
 
     changes = "".join(f"; {c.severity.value} when {c.when}" for c in severity_changes(r.code))
     return (f"{r.severity.value} by default{changes}; a problem is raised to the worst severity of the "

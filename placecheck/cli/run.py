@@ -6,6 +6,7 @@ from typing import Annotated
 
 import typer
 
+from placecheck.basics.options import RunOptions, nproc_value
 from placecheck.cli.app import app
 from placecheck.cli.common import (
     PANEL_DEVICE,
@@ -25,10 +26,15 @@ from placecheck.cli.common import (
     Timeout,
     configured,
 )
-from placecheck.formats import OutputFormat
-from placecheck.options import RunOptions, nproc_value
-from placecheck.output import OutputOptions, emit, errors_reported, model_output_to_stderr, output_format
-from placecheck.report import Report
+from placecheck.findings.formats import OutputFormat
+from placecheck.findings.output import (
+    OutputOptions,
+    emit,
+    errors_reported,
+    model_output_to_stderr,
+    output_format,
+)
+from placecheck.findings.report import Report
 
 RUN_HELP = """Run a training or inference script on a simulated GPU: every placement problem it meets.
 
@@ -98,7 +104,7 @@ def run(
     fail_on: FailOn = "warning",
     exit_zero: ExitZero = False,
 ) -> None:
-    from placecheck.errors import UsageError
+    from placecheck.basics.errors import UsageError
 
     with errors_reported(debug):
         args = list(script_args or ())

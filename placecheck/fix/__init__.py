@@ -1,7 +1,7 @@
 """``placecheck fix``: each fixable finding becomes an edit of the user's code, proven by a re-audit.
 
     >>> from placecheck.fix import fix, write
-    >>> from placecheck.options import AuditOptions
+    >>> from placecheck.basics.options import AuditOptions
     >>> result = fix("placecheck/examples/buggy.py:BuggyNet", AuditOptions(device="cuda"))
     >>> print(result.diff())        # nothing is written until write(result)
 

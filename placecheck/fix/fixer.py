@@ -1,7 +1,7 @@
 """Fixing a target: audit, plan, prove, and write (re-exported by :mod:`placecheck.fix`).
 
     >>> from placecheck.fix import fix, write
-    >>> from placecheck.options import FixOptions
+    >>> from placecheck.basics.options import FixOptions
     >>> result = fix("placecheck/examples/buggy.py:BuggyNet", FixOptions(device="cuda"))
     >>> print(result.diff())        # nothing is written until write(result)
 
@@ -25,14 +25,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from placecheck.errors import LoadError, PlacecheckError
-from placecheck.finding import Finding, Severity
+from placecheck.basics.errors import LoadError, PlacecheckError
+from placecheck.basics.options import AuditOptions, FixOptions, RunOptions
+from placecheck.findings.finding import Finding, Severity
+from placecheck.findings.report import Report
 from placecheck.fix.codes import AUTOFIX, NEVER, fixable_text
 from placecheck.fix.edits import lazy_equivalent
 from placecheck.fix.plan import Edit, Plan, Unfixed, make_plan, patched_texts, split_source
 from placecheck.fix.proof import Outcome, reaudit
-from placecheck.options import AuditOptions, FixOptions, RunOptions
-from placecheck.report import Report
 
 __all__ = ["AUTOFIX", "NEVER", "Edit", "FixRefused", "FixResult", "Unfixed", "fix", "fix_report", "fix_run",
            "fixable_text", "write"]
@@ -117,8 +117,8 @@ class FixResult:
         ``would fix 16 of 18 instances (6 of 7 problems) with 6 edits; 2 not fixed (PC201 1, PC203 1)``;
         ``fixed ...`` once ``written``. ``width``: lines wrapped to it (the terminal's, from the CLI).
         """
-        from placecheck.problems import group
-        from placecheck.report import plural
+        from placecheck.findings.problems import group
+        from placecheck.findings.report import plural
 
         verdicts = self.verdicts()
         left = [f for f, fixed, _ in verdicts if not fixed]
@@ -277,7 +277,7 @@ def fix_report(report: Report, audit_once: Callable[[], Report], *, select: Iter
     proof compares every finding, selected or not, so an edit that brings a
     finding of another code is not offered.
     """
-    from placecheck.rules import selected
+    from placecheck.findings.rules import selected
 
     codes = selected(select, ignore)
     chosen = [f for f in report.findings if f.code in codes]
@@ -319,8 +319,8 @@ class _ModelAudit:
     options: AuditOptions
 
     def __call__(self) -> Report:
-        from placecheck.api import audit
-        from placecheck.load import build, resolve, split_target
+        from placecheck.commands.api import audit
+        from placecheck.model.load import build, resolve, split_target
 
         _, attr = split_target(self.target)
         return audit(lambda: build(resolve(self.target), attr, self.kwargs), self.options.device,
@@ -366,8 +366,8 @@ def fix(target: str, options: AuditOptions | None = None, *, kwargs: Mapping[str
         unsafe: bool = False) -> FixResult:
     """Audit ``target`` (``path/to/file.py:ATTR`` or ``MODULE:ATTR``) and offer proven edits.
 
-    ``options`` are a :class:`~placecheck.options.FixOptions` (or the audit's
-    :class:`~placecheck.options.AuditOptions`: device, engine, inputs...); the
+    ``options`` are a :class:`~placecheck.basics.options.FixOptions` (or the audit's
+    :class:`~placecheck.basics.options.AuditOptions`: device, engine, inputs...); the
     proof uses the same. Every code is audited; the options' ``select``/``ignore``
     (or these keywords) choose which are fixed. ``kwargs`` are the model's
     constructor arguments. ``unsafe`` registers PC101 buffers as persistent
@@ -393,10 +393,10 @@ def fix_run(script: str, args: Sequence[str] = (), *, options: FixOptions | None
     ``steps``, ``gpus`` and ``timeout``): the script's side effects happen
     twice. Besides the codes :func:`fix` rewrites, a DataLoader batch element
     the loop does not move (PC201) is moved beside its siblings. The keywords
-    are fields of :class:`~placecheck.options.FixOptions`; ``options=`` passes
+    are fields of :class:`~placecheck.basics.options.FixOptions`; ``options=`` passes
     a whole object (``run=True``) instead. Nothing is written: see :func:`write`.
     """
-    from placecheck.errors import UsageError
+    from placecheck.basics.errors import UsageError
     from placecheck.run.script import Program
 
     given = FixOptions(run=True, steps=steps, gpus=gpus, timeout=timeout, select=select,  # type: ignore[arg-type]

@@ -17,9 +17,9 @@ import sysconfig
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
-from placecheck.finding import Finding
+from placecheck.basics.values import Site
+from placecheck.findings.finding import Finding
 from placecheck.fix.edits import NotFixable, Request, Rewrite, rewrite
-from placecheck.values import Site
 
 _GENERATED_MARKERS = ("@generated", "do not edit", "automatically generated", "auto-generated")
 
@@ -70,7 +70,7 @@ class Plan:
 
 
 def split_source(source: str) -> tuple[str, int] | None:
-    """``"net.py:12"`` -> ``("net.py", 12)`` (:meth:`Site.parse <placecheck.values.Site.parse>`); None
+    """``"net.py:12"`` -> ``("net.py", 12)`` (:meth:`Site.parse <placecheck.basics.values.Site.parse>`); None
     when there is no line, which an edit needs."""
     site = Site.parse(source)
     return None if site.line is None else (site.path, site.line)

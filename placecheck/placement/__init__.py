@@ -15,7 +15,7 @@ and audited as it placed itself:
 - :mod:`placecheck.placement.flows`: the module stack, each tensor's stage, and
   every copy between devices in one forward (the cross-device traffic, PC208);
 - :func:`placecheck.placement.devicemap.device_map`: the report's device map (per stage, its devices
-  and bytes) with those copies, as :class:`placecheck.report.DeviceMap`.
+  and bytes) with those copies, as :class:`placecheck.findings.report.DeviceMap`.
 
 :mod:`placecheck.placement.replicas` audits DataParallel, DDP and FSDP2 models
 as each replica or rank sees them (``--wrap``): one ordinary audit per replica,

@@ -8,9 +8,9 @@ from collections.abc import Iterable
 import torch
 import torch.nn as nn
 
-from placecheck.events import Copy
+from placecheck.checks.events import Copy
+from placecheck.findings.report import DeviceMap, StageRow, Transfer
 from placecheck.placement.expected import Placement, device_order
-from placecheck.report import DeviceMap, StageRow, Transfer
 
 
 def transfers(copies: Iterable[Copy]) -> tuple[Transfer, ...]:

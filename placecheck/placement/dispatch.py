@@ -38,15 +38,15 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from placecheck.cudaapi import cuda_queries_simulated
-from placecheck.devices import DEVICE_MAP_CHOICES, human_bytes, parse_size
-from placecheck.errors import UsageError, one_line
-from placecheck.events import Copy
-from placecheck.finding import Finding
-from placecheck.patching import patch
+from placecheck.basics.devices import DEVICE_MAP_CHOICES, human_bytes, parse_size
+from placecheck.basics.errors import UsageError, one_line
+from placecheck.basics.patching import patch
+from placecheck.basics.quiet import quiet
+from placecheck.checks.events import Copy
+from placecheck.engines.cudaapi import cuda_queries_simulated
+from placecheck.findings.finding import Finding
+from placecheck.findings.report import DeviceMap, StageRow
 from placecheck.placement.expected import Expected, Placement
-from placecheck.quiet import quiet
-from placecheck.report import DeviceMap, StageRow
 
 INSTALL_HINT = "pip install 'placecheck[accelerate]'"
 
@@ -300,7 +300,7 @@ def materialise(model: nn.Module, device_map: MapPlan, fake_mode: Any) -> dict[s
     Shared tensors (tied weights) stay shared. Tensors no module registers are left on meta: the
     audit puts them on the default device, as for any meta build.
     """
-    from placecheck.engine import fake_tensor_like
+    from placecheck.engines.engine import fake_tensor_like
 
     placed = device_map.as_accelerate()
     replaced: dict[int, torch.Tensor] = {}
@@ -329,7 +329,7 @@ def offloaded_copies(model: nn.Module, offloaded: Mapping[str, torch.Tensor]) ->
     """``id -> weight name`` of every tensor ``model`` reaches that holds an offloaded weight's data:
     what accelerate's hooks keep (inside their weights map) to load on every forward. Told by the
     storage they share with the weight, never by where they are held."""
-    from placecheck.state import reachable_tensors
+    from placecheck.checks.state import reachable_tensors
 
     by_storage = {_storage_id(t): name for name, t in offloaded.items()}
     found: dict[int, str] = {}
@@ -369,7 +369,7 @@ def accelerate_on_fake_tensors() -> Iterator[None]:
     """While a device-mapped model is dispatched and run: the two shims the module docstring explains."""
     import accelerate.utils.modeling as modeling
 
-    from placecheck.compat import FakeTensor
+    from placecheck.engines.compat import FakeTensor
 
     def param_type(obj: Any) -> type:
         if isinstance(obj, FakeTensor) and getattr(obj, "_is_param", False):
@@ -446,7 +446,7 @@ def offload_findings(findings: Iterable[Finding], copies: Iterable[Copy], device
     """``findings`` with one PC208 per offloaded map entry whose weights the forward copied, in the
     rule's words for an offload, instead of the per-line PC208s of those copies: what a user decides
     on is the entry, not each of its tensors. Decided from the copies the forward made."""
-    from placecheck import rules
+    from placecheck.findings import rules
 
     placed = device_map.as_accelerate()
     main = main_device(device_map)

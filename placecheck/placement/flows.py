@@ -1,6 +1,6 @@
 """What one traced forward of a model placed across devices does between them (``--device keep``).
 
-The tracer (:mod:`placecheck.trace`) hands every call to :class:`Flows`, which
+The tracer (:mod:`placecheck.checks.trace`) hands every call to :class:`Flows`, which
 
 - keeps the stack of running modules (global forward hooks), so that the
   target of a call is the device of the module whose forward runs it
@@ -8,7 +8,7 @@ The tracer (:mod:`placecheck.trace`) hands every call to :class:`Flows`, which
   pipeline, accepts any of them);
 - follows each tensor's *flow*: the stage (top-level module) whose forward
   produced it, and the devices its data went through by explicit copies;
-- records every copy between devices as a :class:`~placecheck.events.Copy`
+- records every copy between devices as a :class:`~placecheck.checks.events.Copy`
   (bytes, user line, from-stage, and the stage that first computes on it),
   marking the waste PC208 reports: a registered parameter or buffer copied in
   forward, or data that left a top-level module (a child of the root) on one
@@ -36,9 +36,9 @@ import torch.nn as nn
 from torch.utils.hooks import RemovableHandle
 from torch.utils.weak import WeakIdKeyDictionary
 
-from placecheck.events import Copy
+from placecheck.checks.events import Copy
+from placecheck.checks.sources import Site
 from placecheck.placement.expected import INPUT, Placement
-from placecheck.sources import Site
 
 _MOVES = frozenset({torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.cpu, torch.Tensor.type_as})
 
@@ -153,7 +153,7 @@ class Flows:
 
     def mark_inputs(self, inputs: Any) -> None:
         """The forward's input tensors (nested), so that a message can name them as such."""
-        from placecheck.compat import tree_leaves
+        from placecheck.engines.compat import tree_leaves
 
         for t in tree_leaves(inputs):
             if isinstance(t, torch.Tensor):

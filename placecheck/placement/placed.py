@@ -9,9 +9,9 @@ import torch
 import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 
-from placecheck.classify import tensor_arguments
+from placecheck.checks.classify import tensor_arguments
+from placecheck.checks.state import reachable_tensors
 from placecheck.placement.expected import Placement, device_order
-from placecheck.state import reachable_tensors
 
 
 def devices_used(model: nn.Module) -> list[str]:
@@ -76,7 +76,7 @@ def input_device(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     """
     from torch.nn.modules import module as module_mod
 
-    from placecheck.compat import tree_leaves
+    from placecheck.engines.compat import tree_leaves
 
     def refuse(*_: Any) -> None:
         raise _Registered

@@ -63,16 +63,16 @@ import torch
 import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 
-from placecheck.classify import tensor_arguments
-from placecheck.compat import tree_map_only
-from placecheck.cudaapi import CPU_ONLY_BUILD, CurrentDeviceMoves, current_device
-from placecheck.errors import UsageError
-from placecheck.finding import Finding
-from placecheck.options import AuditOptions, WrapChoice
-from placecheck.patching import patch
-from placecheck.rules import dtensor_mixed, left_out_of_sharding, on_replicas, rule
-from placecheck.sources import Attribution, Site
-from placecheck.trace import op_name
+from placecheck.basics.errors import UsageError
+from placecheck.basics.options import AuditOptions, WrapChoice
+from placecheck.basics.patching import patch
+from placecheck.checks.classify import tensor_arguments
+from placecheck.checks.sources import Attribution, Site
+from placecheck.checks.trace import op_name
+from placecheck.engines.compat import tree_map_only
+from placecheck.engines.cudaapi import CPU_ONLY_BUILD, CurrentDeviceMoves, current_device
+from placecheck.findings.finding import Finding
+from placecheck.findings.rules import dtensor_mixed, left_out_of_sharding, on_replicas, rule
 
 __all__ = ["Replica", "Replicas", "data_parallel_simulated", "devices", "merge", "merged_notes",
            "no_replicas", "plan", "unwrap"]
@@ -250,7 +250,7 @@ class Mix:
     origin: str
 
     def finding(self, target: str) -> Finding:
-        """PC201 (see :func:`placecheck.rules.dtensor_mixed` for why that code)."""
+        """PC201 (see :func:`placecheck.findings.rules.dtensor_mixed` for why that code)."""
         message, hint = dtensor_mixed(self.op, self.plain, self.dtensor)
         r = rule("PC201")
         return Finding(code=r.code, kind=r.kind, severity=r.severity, where=self.site.where,
@@ -270,7 +270,7 @@ class DTensorMixes(TorchFunctionMode):
 
     def __init__(self, model: nn.Module, found: list[Mix]) -> None:
         super().__init__()
-        from placecheck.trace import Tracer
+        from placecheck.checks.trace import Tracer
 
         paths: dict[int, str] = {}
         for path, module in model.named_modules(remove_duplicate=False):
@@ -315,7 +315,7 @@ def _describe(t: torch.Tensor) -> str:
 @contextlib.contextmanager
 def _fake_process_group(rank: int, world_size: int) -> Iterator[None]:
     """PyTorch's fake process group as the default group, for ``rank`` of ``world_size``: collectives
-    return at once without moving data (:func:`placecheck.compat.fake_store`)."""
+    return at once without moving data (:func:`placecheck.engines.compat.fake_store`)."""
     import torch.distributed as dist
 
     if not dist.is_available():
@@ -324,7 +324,7 @@ def _fake_process_group(rank: int, world_size: int) -> Iterator[None]:
     if dist.is_initialized():
         raise UsageError("a process group is already initialised in this process: audit replicated "
                          "models before init_process_group, or from the command line")
-    from placecheck.compat import fake_store
+    from placecheck.engines.compat import fake_store
 
     dist.init_process_group("fake", store=fake_store(), rank=rank, world_size=world_size)
     try:
@@ -342,7 +342,7 @@ def _fsdp_moves_fake_tensors() -> Iterator[None]:
     under the fake mode each is swapped for its moved self instead (``torch.utils.swap_tensors``, as
     FSDP2 itself does for tensor subclasses), which keeps every Parameter object, as on a GPU.
     """
-    from placecheck.compat import fsdp_init_module
+    from placecheck.engines.compat import fsdp_init_module
 
     _fsdp_init = fsdp_init_module()
     if _fsdp_init is None:  # no FSDP2 in this build: nothing to patch
@@ -356,7 +356,7 @@ def _fsdp_moves_fake_tensors() -> Iterator[None]:
     def move_states(params: list[nn.Parameter], buffers: list[torch.Tensor], device: torch.device) -> None:
         from torch.distributed.tensor import DTensor
 
-        from placecheck.compat import active_fake_mode
+        from placecheck.engines.compat import active_fake_mode
 
         mode = active_fake_mode()
         rest: list[torch.Tensor] = []

@@ -4,12 +4,12 @@
     >>> report = placecheck.run("train.py", ["--epochs", "1"], steps=2)
     >>> [f.code for f in report.findings]
     ['PC201']
-    >>> from placecheck.options import RunOptions
+    >>> from placecheck.basics.options import RunOptions
     >>> report = placecheck.run("train.py", options=RunOptions(steps=2, select=("PC2",)))
 
 The script really runs (its side effects happen: files it writes are
 written); ``steps`` bounds the work. CUDA is simulated with real CPU values
-(:mod:`placecheck.tagged`): scripts print losses, call ``.item()`` and branch
+(:mod:`placecheck.engines.tagged`): scripts print losses, call ``.item()`` and branch
 on data, so the fake-tensor engine cannot run them; that is why this engine is
 the default here. What the run finds is described in
 :mod:`placecheck.run.recorder`.
@@ -25,13 +25,13 @@ import types
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from placecheck import classify
-from placecheck.compat import FAKE_TENSOR_LOGGER, torch_note
-from placecheck.errors import UsageError
-from placecheck.options import DEFAULT_STEPS, RunOptions
-from placecheck.quiet import quiet
-from placecheck.report import Report
-from placecheck.rules import selected
+from placecheck.basics.errors import UsageError
+from placecheck.basics.options import DEFAULT_STEPS, RunOptions
+from placecheck.basics.quiet import quiet
+from placecheck.checks import classify
+from placecheck.engines.compat import FAKE_TENSOR_LOGGER, torch_note
+from placecheck.findings.report import Report
+from placecheck.findings.rules import selected
 from placecheck.run.script import Outcome, Program, execute, exit_status, exited, raised, user_traceback
 
 if TYPE_CHECKING:
@@ -63,13 +63,13 @@ def run(target: str | Callable[[], Any], args: Sequence[str] = (), *, options: R
     ``nproc_per_node``: run the script as torchrun does, once per rank in a process of its own
     (:mod:`placecheck.run.ranks`); ``run("torch.distributed.run", ["--nproc-per-node", "2",
     "train.py"], module=True)`` is the same.
-    The keywords are the fields of :class:`~placecheck.options.RunOptions`; ``options=``
+    The keywords are the fields of :class:`~placecheck.basics.options.RunOptions`; ``options=``
     passes a whole options object instead (then give no other keyword), as ``placecheck run``
-    does. Raises :class:`~placecheck.errors.UsageError` for bad options and
-    :class:`~placecheck.errors.LoadError` for a missing script or
+    does. Raises :class:`~placecheck.basics.errors.UsageError` for bad options and
+    :class:`~placecheck.basics.errors.LoadError` for a missing script or
     module or a syntax error; what the script raises is reported, not raised.
     """
-    from placecheck import cudaapi
+    from placecheck.engines import cudaapi
     from placecheck.run.ranks import TORCHRUN_MODULE, run_ranks, torchrun_command
 
     given = RunOptions(module=module, steps=steps, gpus=gpus, timeout=timeout,  # lists and strings too
@@ -104,8 +104,8 @@ def _simulate(program: Program, options: RunOptions, codes: frozenset[str],
               rank: tuple[int, int, int] | None = None) -> tuple[Report, list[tuple[str, str, str]]]:
     """The run in this process; ``rank``: ``(rank, world size, local rank)`` when it is one rank of a
     torchrun launch (:mod:`placecheck.run.ranks`), whose collectives and DDP GPUs are returned too."""
-    from placecheck import cudaapi
-    from placecheck.engine import SIMULATED_CUDA, SIMULATED_CUDA_VALUES
+    from placecheck.engines import cudaapi
+    from placecheck.engines.engine import SIMULATED_CUDA, SIMULATED_CUDA_VALUES
     from placecheck.run.coverage import coverage_of
     from placecheck.run.fastforward import FastForward
     from placecheck.run.lines import ScriptLines
@@ -136,7 +136,7 @@ def _simulate(program: Program, options: RunOptions, codes: frozenset[str],
 
     recorder, lines = new_recorder()
     if choice in ("tagged", "auto"):
-        from placecheck.tagged import tagged_cuda
+        from placecheck.engines.tagged import tagged_cuda
 
         if choice == "tagged":
             # a rank of --nproc-per-node runs so whatever --engine said (run_ranks: DDP reads its data)
@@ -185,8 +185,8 @@ def _simulate(program: Program, options: RunOptions, codes: frozenset[str],
         if measured is not None and recorder.limit:
             # the fake engine cannot go on here (code that needs a CUDA driver, a value it cannot give):
             # auto does not give up while real values fit in memory
+            from placecheck.engines.tagged import tagged_cuda
             from placecheck.run.auto import fallback_note, real_values_fit
-            from placecheck.tagged import tagged_cuda
 
             fits, room = real_values_fit(measured.estimate)
             notes.insert(1, fallback_note(recorder.limit, measured.estimate, room, fits))
@@ -256,8 +256,8 @@ def _run_fake(program: Program, recorder: RunRecorder, lines: ScriptLines, gpus:
     """The program under the fake engine (:mod:`placecheck.run.fake`); its outcome and assumptions."""
     import torch
 
-    from placecheck.compat import FakeTensor
-    from placecheck.datadep import on_host
+    from placecheck.engines.compat import FakeTensor
+    from placecheck.engines.datadep import on_host
     from placecheck.run.fake import fake_cuda
 
     recorder.host_types = (torch.Tensor, FakeTensor)

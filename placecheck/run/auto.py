@@ -13,7 +13,7 @@ are estimated as it goes, from that evidence alone:
 
 and compared with the budget: :data:`DEFAULT_BUDGET` (2 GiB), less when less
 memory is available (half of ``MemAvailable``), or ``PLACECHECK_RUN_MEMORY``
-(``512MiB``, ``8GiB``: :class:`~placecheck.values.Size`'s grammar) / ``run(memory=...)`` (bytes, or a
+(``512MiB``, ``8GiB``: :class:`~placecheck.basics.values.Size`'s grammar) / ``run(memory=...)`` (bytes, or a
 size as a string).
 
 The moment the estimate passes the budget (an 8B model's embedding, 2 GB,
@@ -46,10 +46,10 @@ from typing import Any, TextIO
 
 import torch
 
-from placecheck.construct import available_memory
-from placecheck.devices import human_bytes
+from placecheck.basics.devices import human_bytes
+from placecheck.basics.values import Size
+from placecheck.model.construct import available_memory
 from placecheck.run.session import StopRun
-from placecheck.values import Size
 
 DEFAULT_BUDGET = 2 << 30
 """The most bytes a real-valued step may hold (lowered to half the memory available): past a few GiB a
@@ -59,7 +59,7 @@ ENV = "PLACECHECK_RUN_MEMORY"
 DEFAULT_SOURCE = "placecheck's default, or half the memory available when that is less"
 
 def parse_bytes(text: str, what: str = ENV) -> int:
-    """A size in :class:`~placecheck.values.Size`'s grammar (``512MiB``, ``8GB``), as bytes."""
+    """A size in :class:`~placecheck.basics.values.Size`'s grammar (``512MiB``, ``8GB``), as bytes."""
     return Size.parse(text, what).bytes
 
 
@@ -126,7 +126,7 @@ class Probe:
 
     def _check(self) -> None:
         if self.estimate > self.budget:
-            from placecheck.sources import here
+            from placecheck.checks.sources import here
 
             self.decided = "fake"
             self.at = here()[0]

@@ -20,19 +20,19 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from placecheck.calls import as_device
-from placecheck.compat import (
+from placecheck.basics.errors import PlacecheckError
+from placecheck.checks.sources import here
+from placecheck.checks.state import replace_tensors
+from placecheck.engines.calls import as_device
+from placecheck.engines.compat import (
     DisableTorchFunctionSubclass,
     FakeTensor,
     active_fake_mode,
     storage_location_registry,
     unset_fake_temporarily,
 )
-from placecheck.cudaapi import current_index
-from placecheck.errors import PlacecheckError
-from placecheck.sources import here
-from placecheck.state import replace_tensors
-from placecheck.tagged import SimulatedTensor
+from placecheck.engines.cudaapi import current_index
+from placecheck.engines.tagged import SimulatedTensor
 
 if typing.TYPE_CHECKING:
     from placecheck.run.session import Recording
@@ -80,7 +80,7 @@ def _plain(t: torch.Tensor) -> torch.Tensor:
 def _map_tree(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor], undo: _Undo | None = None,
               depth: int = 0) -> Any:
     """``obj`` with ``fn`` applied to every tensor in its dicts, lists and tuples (rebuilt, not mutated)
-    and in the modules in it (replaced in place through :func:`placecheck.state.replace_tensors`;
+    and in the modules in it (replaced in place through :func:`placecheck.checks.state.replace_tensors`;
     ``undo`` collects the originals).
 
     Not ``torch.utils._pytree``: a checkpoint is rebuilt as the types it holds, and a ``state_dict``

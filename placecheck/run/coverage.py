@@ -13,8 +13,8 @@ import ast
 import io
 from collections.abc import Iterator
 
-from placecheck.report import Coverage
-from placecheck.sources import display_path
+from placecheck.checks.sources import display_path
+from placecheck.findings.report import Coverage
 
 _MAX_BLOCKS = 8
 _MAX_TEXT = 48

@@ -1,12 +1,12 @@
 """``placecheck run --engine fake``: a whole script at the size of the job, with fake tensors.
 
-The session is the audit's fake engine (:func:`placecheck.engine.simulated_cuda`):
+The session is the audit's fake engine (:func:`placecheck.engines.engine.simulated_cuda`):
 one ``FakeTensorMode`` for the whole script, so every tensor the script makes
 (the model's parameters built on the CPU, the batches, the activations, the
 optimizer's state) is a fake tensor with a shape, a dtype and a device and no
 memory for its data, and ``model.to("cuda")`` makes fake CUDA tensors. An 8B
 model costs what its metadata costs. The data-dependent layer
-(:mod:`placecheck.datadep`) keeps the real values of small tensors that do not
+(:mod:`placecheck.engines.datadep`) keeps the real values of small tensors that do not
 depend on the weights and answers the script's host reads (``.item()``,
 ``bool()``, printing, an ``if`` on a tensor) with them, or with a stated
 assumption (the value 1) noted at its line.
@@ -41,9 +41,9 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from placecheck.callbacks import called_back
-from placecheck.classify import refused_on_device
-from placecheck.datadep import REPRESENTATIVE, DataDependentMode, composite_call, on_host
+from placecheck.checks.classify import refused_on_device
+from placecheck.engines.callbacks import called_back
+from placecheck.engines.datadep import REPRESENTATIVE, DataDependentMode, composite_call, on_host
 
 _BACKWARDS = frozenset({torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad})
 
@@ -82,7 +82,7 @@ def _leaves(roots: list[torch.Tensor]) -> list[torch.Tensor]:
 def custom_backwards(roots: list[torch.Tensor]) -> list[type]:
     """The custom ``autograd.Function`` classes (the script's or a library's, not torch's) whose backward
     the graphs of ``roots`` hold: their backward code does not run under the fake engine."""
-    from placecheck.tagged import torchs_own
+    from placecheck.engines.tagged import torchs_own
 
     found: dict[type, None] = {}
     seen: dict[int, Any] = {}
@@ -155,7 +155,7 @@ class _FakeOnlyCalls(TorchFunctionMode):
     def __init__(self, datadep: DataDependentMode) -> None:
         super().__init__()
         self.datadep = datadep
-        from placecheck.compat import FakeTensor
+        from placecheck.engines.compat import FakeTensor
 
         self._fake: type[torch.Tensor] = FakeTensor
 
@@ -212,9 +212,9 @@ class _FakeOnlyCalls(TorchFunctionMode):
 @contextlib.contextmanager
 def fake_cuda(gpus: int = 1) -> Iterator[DataDependentMode]:
     """The fake engine's session for a whole script; yields the data-dependent mode (its assumptions)."""
-    from placecheck.compat import FakeTensorMode
-    from placecheck.datadep import active
-    from placecheck.engine import simulated_cuda
+    from placecheck.engines.compat import FakeTensorMode
+    from placecheck.engines.datadep import active
+    from placecheck.engines.engine import simulated_cuda
 
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     overwrite = torch.__future__.get_overwrite_module_params_on_conversion()

@@ -38,9 +38,9 @@ from dataclasses import dataclass, field
 from types import CodeType, FrameType
 from typing import Any
 
+from placecheck.checks.sources import display_path
 from placecheck.run.coverage import runs_code
 from placecheck.run.lines import ScriptLines
-from placecheck.sources import display_path
 
 MAX_BATCHES = 2
 """Iterations of a heavy loop (or batches of a DataLoader iterator) started after the budget."""

@@ -1,9 +1,9 @@
 """FSDP under ``placecheck run --nproc-per-node N``: what each rank's FSDP places, and where.
 
-FSDP's own sharding cannot run on the real-valued engine (:mod:`placecheck.tagged`): its sharded
+FSDP's own sharding cannot run on the real-valued engine (:mod:`placecheck.engines.tagged`): its sharded
 parameters are ``DTensor``s, wrappers whose device is the real one of their storage (the CPU; the
-engine's :class:`~placecheck.tagged.SimulatedTensor` tag does not reach them), and each op on them runs
-below the engine's ``__torch_function__``, so the tag of every local shard is lost at the first one
+engine's :class:`~placecheck.engines.tagged.SimulatedTensor` tag does not reach them), and each op on them
+runs below the engine's ``__torch_function__``, so the tag of every local shard is lost at the first one
 (``nn.Parameter(dtensor)`` detaches it). Run as is, a correct FSDP2 script got a PC207
 (``fully_shard`` asks ``torch._C._get_accelerator()``, which answers ``cpu`` without a GPU, builds a
 CPU mesh and asserts the model it finds on ``cuda:k`` was not moved there) and, past that, a PC201
@@ -66,7 +66,7 @@ def fully_shard_homes() -> list[tuple[object, str]]:
     except ImportError:
         return []
     homes: list[tuple[object, str]] = []
-    from placecheck.compat import FULLY_SHARD_MODULES
+    from placecheck.engines.compat import FULLY_SHARD_MODULES
 
     for name in FULLY_SHARD_MODULES:
         try:
@@ -127,7 +127,7 @@ class ShardedPlacement:
     def fsdp2(self, module: nn.Module, mesh: Any, ignored: set[int] | None = None) -> None:
         """``fully_shard(module, mesh=mesh, ignored_params=...)`` (``ignored``: their ids): its other states
         moved to FSDP2's device, a sharded forward."""
-        from placecheck.sources import here
+        from placecheck.checks.sources import here
 
         device = fsdp_device(mesh)
         ignored = ignored or set()
@@ -147,7 +147,7 @@ class ShardedPlacement:
     def fsdp1(self, wrapper: nn.Module, device_id: Any) -> None:
         """``FullyShardedDataParallel(module, device_id=device_id)`` (``wrapper``, holding the module):
         what is on the CPU moved to ``device_id`` (left there without one), a sharded forward."""
-        from placecheck.sources import here
+        from placecheck.checks.sources import here
 
         module = wrapper._fsdp_wrapped_module
         assert isinstance(module, nn.Module)
@@ -177,7 +177,7 @@ class ShardedPlacement:
             if self._depth > 1:  # inside the root's forward: placed already
                 return args, kwargs
             self.on_forward(device)
-            from placecheck.compat import inputs_to_device
+            from placecheck.engines.compat import inputs_to_device
 
             return inputs_to_device(args, kwargs, device)  # as FSDP2's root, FSDP1 and DDP do
         return hook
@@ -300,7 +300,7 @@ def dtensor_api_missing(exc: BaseException, sharded: bool) -> str:
         return ""
     if not exc.name or not hasattr(DTensor, exc.name) or hasattr(torch.Tensor, exc.name):
         return ""
-    from placecheck.sources import user_line
+    from placecheck.checks.sources import user_line
 
     line = user_line(exc)
     return (f"run: stopped at {line or 'a DTensor call'}: the script asks a sharded parameter for DTensor's "

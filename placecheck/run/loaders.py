@@ -8,10 +8,10 @@ import typing
 from collections.abc import Callable
 from typing import Any
 
-from placecheck import classify
+from placecheck.checks import classify
+from placecheck.checks.sources import here
 from placecheck.run.origins import Origin
 from placecheck.run.sites import library_caller
-from placecheck.sources import here
 
 if typing.TYPE_CHECKING:
     from placecheck.run.session import Recording

@@ -1,6 +1,6 @@
 """The script's module moves: every ``Module.to()``/``.cuda()`` to CUDA walked at that moment.
 
-The walk (:mod:`placecheck.walk`, the same one ``audit`` runs) compares the module before and after
+The walk (:mod:`placecheck.checks.walk`, the same one ``audit`` runs) compares the module before and after
 the move and reports what ``.to()`` left behind (PC101-PC105) at the line of the move. Parameters
 keep their identity across the move (``torch.__future__``'s swap flag), as on a real GPU, so an
 optimizer built before the move stays valid; unless the script asked for new ones.
@@ -17,12 +17,12 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from placecheck.calls import read_module_move
-from placecheck.cudaapi import current_index
-from placecheck.finding import Finding
-from placecheck.provenance import stray_owner, stray_verdict
-from placecheck.sources import here
-from placecheck.walk import Snapshot, walk
+from placecheck.checks.provenance import stray_owner, stray_verdict
+from placecheck.checks.sources import here
+from placecheck.checks.walk import Snapshot, walk
+from placecheck.engines.calls import read_module_move
+from placecheck.engines.cudaapi import current_index
+from placecheck.findings.finding import Finding
 
 if typing.TYPE_CHECKING:
     from placecheck.run.session import Recording
@@ -31,7 +31,7 @@ if typing.TYPE_CHECKING:
 def _cuda_destination(func: Callable[..., Any], module: nn.Module, args: tuple[Any, ...],
                       kwargs: dict[str, Any]) -> torch.device | None:
     """The CUDA device a ``Module.to(...)``/``.cuda(...)`` call moves to, or None (read by
-    :func:`placecheck.calls.read_module_move`: the parser ``Module.to`` itself uses)."""
+    :func:`placecheck.engines.calls.read_module_move`: the parser ``Module.to`` itself uses)."""
     placement = read_module_move(func, (module, *args), kwargs, current_index())
     return placement.device if placement is not None and placement.to_cuda else None
 
@@ -137,7 +137,7 @@ class Moves:
     def verdict(self, key: tuple[str, str, str], finding: Finding) -> Finding:
         """A stray's finding (PC101) as the whole run shows it: one the script never used, held by a
         module an installed package defines, is ``info`` naming the package (as ``audit`` says it of
-        a forward that never used it, :func:`placecheck.provenance.stray_verdict`)."""
+        a forward that never used it, :func:`placecheck.checks.provenance.stray_verdict`)."""
         if key not in self._owners or key in self.used:
             return finding
         return stray_verdict(finding, "unused-run", finding.expected, self._owners[key])

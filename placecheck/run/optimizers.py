@@ -24,10 +24,10 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from placecheck import rules
-from placecheck.finding import Finding
-from placecheck.rules import rule
-from placecheck.sources import here
+from placecheck.checks.sources import here
+from placecheck.findings import rules
+from placecheck.findings.finding import Finding
+from placecheck.findings.rules import rule
 
 if typing.TYPE_CHECKING:
     from placecheck.run.session import Recording

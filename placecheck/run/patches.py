@@ -95,9 +95,9 @@ from typing import Any
 
 import torch
 
-from placecheck.compat import compiler_errors, dynamo_disabled
-from placecheck.patching import Patch as Patch
-from placecheck.patching import patched as patched_with_reason
+from placecheck.basics.patching import Patch as Patch
+from placecheck.basics.patching import patched as patched_with_reason
+from placecheck.engines.compat import compiler_errors, dynamo_disabled
 
 _WHY = "placecheck run's recorder: what no mode or hook shows (placecheck.run.patches says why for each)"
 
@@ -105,7 +105,7 @@ _WHY = "placecheck run's recorder: what no mode or hook shows (placecheck.run.pa
 @contextlib.contextmanager
 def patched(patches: Sequence[Patch]) -> Iterator[None]:
     """Each ``owner.name`` replaced by ``make(original)`` for the block, then put back as it was
-    (:func:`placecheck.patching.patched`)."""
+    (:func:`placecheck.basics.patching.patched`)."""
     with patched_with_reason(patches, _WHY):
         yield
 
@@ -201,7 +201,7 @@ def fake_process_group(on_init: Callable[[Any, int, int], tuple[int, int]]) -> C
         def init_process_group(backend: Any = None, init_method: Any = None, timeout: Any = None,
                                world_size: int = -1, rank: int = -1, store: Any = None,
                                *args: Any, **kwargs: Any) -> Any:
-            from placecheck.compat import fake_store
+            from placecheck.engines.compat import fake_store
 
             rank, world_size = on_init(backend, rank, world_size)
             more = {"timeout": timeout} if timeout is not None else {}
@@ -299,7 +299,7 @@ def ddp_comm_hooks() -> dict[str, Callable[[Callable[..., Any]], Callable[..., A
     the script registers. The patches, per method name."""
     from torch.distributed.algorithms.ddp_comm_hooks.debugging_hooks import noop_hook
 
-    from placecheck.callbacks import called_back
+    from placecheck.engines.callbacks import called_back
 
     def register(original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
@@ -340,12 +340,12 @@ class _OnDevice:
         self._device: torch.device | None = params[0].device if params else None
 
     def buffer(self) -> torch.Tensor:
-        from placecheck.tagged import as_on
+        from placecheck.engines.tagged import as_on
 
         return as_on(self._bucket.buffer(), self._device)  # type: ignore[no-any-return]
 
     def gradients(self) -> list[torch.Tensor]:
-        from placecheck.tagged import as_on
+        from placecheck.engines.tagged import as_on
 
         return [as_on(g, self._device) for g in self._bucket.gradients()]
 

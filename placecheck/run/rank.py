@@ -11,8 +11,8 @@ import sys
 
 def main(config_path: str, out_path: str) -> None:
     """A rank's process: run the script as this rank (torchrun's environment is set), write the report."""
-    from placecheck.formats.json import report_to_dict
-    from placecheck.options import RunOptions
+    from placecheck.basics.options import RunOptions
+    from placecheck.findings.formats.json import report_to_dict
     from placecheck.run import _simulate
     from placecheck.run.script import Program
 

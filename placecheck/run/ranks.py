@@ -43,16 +43,16 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from placecheck import rules
-from placecheck.errors import UsageError
-from placecheck.finding import Finding
-from placecheck.options import nproc_value
-from placecheck.rules import rule
-from placecheck.sources import here
+from placecheck.basics.errors import UsageError
+from placecheck.basics.options import nproc_value
+from placecheck.checks.sources import here
+from placecheck.findings import rules
+from placecheck.findings.finding import Finding
+from placecheck.findings.rules import rule
 
 if TYPE_CHECKING:
-    from placecheck.options import RunOptions
-    from placecheck.report import Coverage, Report
+    from placecheck.basics.options import RunOptions
+    from placecheck.findings.report import Coverage, Report
     from placecheck.run.script import Program
     from placecheck.run.session import Recording
 
@@ -117,7 +117,7 @@ def launcher_note(error: BaseException | None) -> str:
     without them; "" otherwise."""
     if error is None or any(name in os.environ for name in ("RANK", "LOCAL_RANK")):
         return ""
-    from placecheck.sources import frames_of
+    from placecheck.checks.sources import frames_of
 
     missing = isinstance(error, KeyError) and bool(error.args) and error.args[0] in TORCHRUN_VARIABLES
     in_init = any(f.f_code.co_name == "init_process_group"
@@ -333,8 +333,8 @@ class RankChecks:
 def run_ranks(program: Program, options: RunOptions, codes: frozenset[str]) -> Report:
     """Run ``program`` as ``options.nproc_per_node`` ranks, each in a process of its own, and merge their
     reports."""
-    from placecheck.formats.json import report_from_dict
-    from placecheck.report import Report
+    from placecheck.findings.formats.json import report_from_dict
+    from placecheck.findings.report import Report
 
     nproc, gpus, timeout = options.nproc_per_node or 1, options.gpu_count, options.timeout
     config = {"target": program.target, "args": list(program.args), "options": options.to_dict(),
@@ -387,7 +387,7 @@ def run_ranks(program: Program, options: RunOptions, codes: frozenset[str]) -> R
 
 
 def _merge_coverage(coverages: Sequence[Coverage | None]) -> Coverage | None:
-    from placecheck.report import Coverage
+    from placecheck.findings.report import Coverage
 
     """The script's lines that ran on any rank (a line under ``if rank == 0:`` ran); the blocks never run
     are those of the rank that ran the most."""

@@ -6,12 +6,12 @@ it; global module and optimizer hooks and a few patches (:mod:`placecheck.run.pa
 says which, and why) tell it what the script is doing. :meth:`RunRecorder.findings`
 turns what it saw into findings afterwards.
 
-It runs on the real-valued engine (:func:`placecheck.tagged.tagged_cuda`):
+It runs on the real-valued engine (:func:`placecheck.engines.tagged.tagged_cuda`):
 values are real (a script prints losses, calls ``.item()``, branches on
 data) and backward runs, while every tensor reports its simulated device.
 A problem of a model's forward is decided as ``audit`` decides it: the same
-classifier (:mod:`placecheck.classify`), host-sync table
-(:mod:`placecheck.host_syncs`), source attribution (:mod:`placecheck.sources`),
+classifier (:mod:`placecheck.checks.classify`), host-sync table
+(:mod:`placecheck.checks.host_syncs`), source attribution (:mod:`placecheck.checks.sources`),
 traversal and rule messages. This module records, per torch call:
 
 - an op mixing devices, with the user's line and which tensor was off (a batch
@@ -49,15 +49,19 @@ import torch
 import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 
-from placecheck import classify, rules
-from placecheck.callbacks import in_callbacks
-from placecheck.errors import one_line
-from placecheck.finding import Finding
-from placecheck.host_syncs import HOST_SYNCS, host_sync
-from placecheck.hostcopies import PendingCopies, PendingCopy
+from placecheck.basics.errors import one_line
+from placecheck.checks import classify
+from placecheck.checks.host_syncs import HOST_SYNCS, host_sync
+from placecheck.checks.hostcopies import PendingCopies, PendingCopy
+from placecheck.checks.provenance import CallCounts
+from placecheck.checks.sources import here, user_line
+from placecheck.checks.state import Registry
+from placecheck.checks.trace import op_name
+from placecheck.engines.callbacks import in_callbacks
+from placecheck.findings import rules
+from placecheck.findings.finding import Finding
+from placecheck.findings.rules import rule
 from placecheck.placement.replicas import data_parallel_simulated
-from placecheck.provenance import CallCounts
-from placecheck.rules import rule
 from placecheck.run.checkpoints import Checkpoints
 from placecheck.run.fastforward import MAX_STEPS_AFTER, FastForward
 from placecheck.run.loaders import PIN_WARNING, Loaders
@@ -73,9 +77,6 @@ from placecheck.run.patches import (
 )
 from placecheck.run.session import EngineProbe, RankPlacement, StopRun
 from placecheck.run.sites import called_from_user, library_caller, names_of
-from placecheck.sources import here, user_line
-from placecheck.state import Registry
-from placecheck.trace import op_name
 
 _MOVES = frozenset({torch.Tensor.to, torch.Tensor.cuda})
 _BACKWARDS = frozenset({torch.Tensor.backward, torch.autograd.backward})
@@ -356,8 +357,8 @@ class RunRecorder:
     def _unrun_backwards(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Under the fake engine, a backward through a custom ``autograd.Function``: a note that its
         backward code did not run (the first two backward calls are looked at)."""
+        from placecheck.checks.sources import display_path
         from placecheck.run.fake import custom_backwards
-        from placecheck.sources import display_path
 
         self._backwards_seen += 1
         first = args[0] if args else kwargs.get("tensors", kwargs.get("outputs"))
@@ -400,7 +401,7 @@ class RunRecorder:
                 exc: Exception) -> Any:
         """Record a device mismatch, move the offending arguments to the majority device, run again.
 
-        The mismatch is :mod:`placecheck.classify`'s decision, as in ``audit``: the engine raised its
+        The mismatch is :mod:`placecheck.checks.classify`'s decision, as in ``audit``: the engine raised its
         mismatch type, and the devices of the arguments mix in a way no GPU kernel accepts; never an
         error's text. Any other error is the script's and propagates.
         """
@@ -662,8 +663,8 @@ class RunRecorder:
         return f"{'once' if count == 1 else f'{count} times'} in {n} optimizer step{'s' if n != 1 else ''}"
 
     def error_finding(self, exc: BaseException) -> Finding | None:
-        """The script's own exception, as :mod:`placecheck.classify` decides for ``audit``: PC201 when it
-        mixed devices, PC207 otherwise; None when already reported, or when it is a limit of the
+        """The script's own exception, as :mod:`placecheck.checks.classify` decides for ``audit``: PC201 when
+        it mixed devices, PC207 otherwise; None when already reported, or when it is a limit of the
         simulation (then :attr:`limit` says what could not be simulated, and where)."""
         seen: BaseException | None = exc
         raised_here = False

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from types import CodeType, FrameType, TracebackType
 from typing import Any
 
-from placecheck.errors import LoadError
+from placecheck.basics.errors import LoadError
+from placecheck.checks.sources import display_path, is_internal, library_package, user_line
 from placecheck.run.session import StopRun
-from placecheck.sources import display_path, is_internal, library_package, user_line
 
 
 @dataclass(frozen=True)

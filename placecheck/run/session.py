@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 import torch.nn as nn
 
-from placecheck.finding import Finding
+from placecheck.findings.finding import Finding
 from placecheck.run.origins import Origins
 
 if TYPE_CHECKING:

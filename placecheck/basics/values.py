@@ -1,0 +1,135 @@
+"""The small values placecheck reads from the user and from torch, each parsed once at the edge.
+
+Torch-free, so the CLI, the config and the report use them without importing torch:
+
+- :class:`Size`: a number of bytes, with its one grammar (``--gpu-memory``, ``--cpu-memory``,
+  ``PLACECHECK_RUN_MEMORY``, ``run(memory=...)``);
+- :class:`Device`: a device as tensors name it (``cuda:0``, ``cpu``), with an index for every
+  device that has one;
+- :class:`Site`: a place in a file, ``path:line`` (a finding's ``source``, a move's line).
+
+Each is a frozen dataclass: compare, hash and print it; ``str()`` gives the form the reports and the
+JSON contract use, and ``parse`` reads it back.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from placecheck.basics.errors import UsageError
+
+# ---- sizes ---------------------------------------------------------------------------------------
+
+_SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)(i?)(B?)$")
+_POWERS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4}
+
+SIZE_HELP = ("a size such as 80GiB, 24GB or 512M (the unit is required: K, M, G, T are powers of 1000, "
+             "Ki, Mi, Gi, Ti powers of 1024, a trailing B is optional, B alone is bytes)")
+"""The grammar of :meth:`Size.parse`, as the errors and ``--help`` state it."""
+
+
+@dataclass(frozen=True, order=True)
+class Size:
+    """A number of bytes.
+
+    The one grammar (:meth:`parse`): a number and a unit: ``K``/``M``/``G``/``T`` (``KB``..., the
+    prefix in either case) are powers of 1000, ``Ki``/``Mi``/``Gi``/``Ti`` (``KiB``...) powers of 1024,
+    as IEC 80000-13 and Kubernetes read them; ``B`` alone is bytes. The unit is required, a bare
+    ``80`` is refused, so a forgotten unit never becomes a budget a billion times off; a lower-case
+    ``b`` (``24Gb``, gigabits) is refused too.
+    """
+
+    bytes: int
+
+    @staticmethod
+    def parse(text: str, what: str = "size") -> Size:
+        """``"80GiB"`` -> ``Size(85899345920)``; ``"24GB"``/``"24g"`` -> ``Size(24000000000)``; a
+        UsageError naming ``what`` (the option or variable) for anything else."""
+        m = _SIZE.match(text.strip()) if isinstance(text, str) else None
+        if m is None or not (m.group(2) or m.group(4)) or (m.group(3) and not m.group(2)):
+            raise UsageError(f"{what} {text!r}: expected {SIZE_HELP}")
+        base = 1024 if m.group(3) else 1000
+        size = int(float(m.group(1)) * base ** _POWERS[m.group(2).lower()])
+        if size <= 0:
+            raise UsageError(f"{what} {text!r}: expected a size above zero, e.g. 24GiB")
+        return Size(size)
+
+    def __str__(self) -> str:
+        """``1536`` -> ``1.5 KiB``: binary units, one decimal (bytes alone below 1 KiB)."""
+        size = float(self.bytes)
+        for unit in ("B", "KiB", "MiB", "GiB"):
+            if size < 1024:
+                return f"{int(size)} B" if unit == "B" else f"{size:.1f} {unit}"
+            size /= 1024
+        return f"{size:.1f} TiB"
+
+
+# ---- devices -------------------------------------------------------------------------------------
+
+_DEVICE = re.compile(r"^(cuda|cpu|mps|meta)(?::(\d+))?$")
+_NO_INDEX = ("cpu", "meta")
+
+DEVICE_HELP = "cuda, cuda:N, cpu, mps or meta"
+
+
+@dataclass(frozen=True)
+class Device:
+    """A device as a tensor reports it: ``cuda:0`` (never bare ``cuda``), ``mps:0``, ``cpu``, ``meta``."""
+
+    type: str
+    index: int | None = None
+    """None for ``cpu`` and ``meta``; 0 or more for the others."""
+
+    @staticmethod
+    def parse(text: str) -> Device:
+        """``"cuda"`` -> ``cuda:0``; ``"CPU"`` -> ``cpu``; ``"cuda:1"`` -> ``cuda:1``; a UsageError for
+        anything else."""
+        m = _DEVICE.match(text.strip().lower()) if isinstance(text, str) else None
+        if not m:
+            raise UsageError(f"unknown device {text!r}: use {DEVICE_HELP}")
+        kind, index = m.group(1), m.group(2)
+        if kind in _NO_INDEX:
+            if index not in (None, "0"):
+                raise UsageError(f"unknown device {text!r}: {kind} takes no index; use {DEVICE_HELP}")
+            return Device(kind)
+        return Device(kind, int(index or 0))
+
+    @staticmethod
+    def of(text: str) -> Device:
+        """A device torch or a report wrote (``cuda:1``, ``cuda``, ``cpu``, a checkpoint's ``cuda:3``),
+        read leniently: any type, the index if there is one (``cuda`` -> ``cuda:0``)."""
+        kind, _, index = text.strip().partition(":")
+        if kind in _NO_INDEX:
+            return Device(kind)
+        return Device(kind, int(index) if index.isdigit() else 0)
+
+    @property
+    def ordinal(self) -> int:
+        """The index, 0 for devices without one (``cpu``)."""
+        return self.index or 0
+
+    def __str__(self) -> str:
+        return self.type if self.index is None else f"{self.type}:{self.index}"
+
+
+# ---- sites ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Site:
+    """A place in a file: ``path:line``, or a path alone when no line is known."""
+
+    path: str
+    line: int | None = None
+
+    @staticmethod
+    def parse(text: str) -> Site:
+        """``"pkg/net.py:42"`` -> ``Site("pkg/net.py", 42)``; no line -> ``Site(text)`` (a Windows drive's
+        colon is part of the path: only digits after the last colon make a line)."""
+        path, sep, line = text.rpartition(":")
+        if sep and path and line.isdigit():
+            return Site(path, int(line))
+        return Site(text)
+
+    def __str__(self) -> str:
+        return self.path if self.line is None else f"{self.path}:{self.line}"

@@ -1,0 +1,304 @@
+"""Provenance: where an off-target tensor seen in forward came from.
+
+An off-target tensor is either one of the model's attributes (a stray the
+walk found, or the state of a layer built during forward), or made by the
+forward itself (a factory without ``device=``, a ``.cpu()``), or derived from
+those. :class:`Provenances` keeps that answer per tensor for one traced
+forward, and what happened to the strays (used, moved, fed a mismatch), from
+which the forward's verdict on each stray is read (:meth:`Provenances.stray_verdicts`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from placecheck.checks.sources import NOWHERE, Site, library_of_class
+from placecheck.checks.walk import WalkResult, storage_key
+from placecheck.findings.finding import Finding
+from placecheck.findings.rules import (
+    created_then_cached,
+    in_library,
+    library_state_hint,
+    severity,
+    stray_handled_by_forward,
+)
+
+
+@dataclass
+class Creation:
+    """A tensor created in forward off the target (a factory without ``device=``, ``.cpu()``...)."""
+
+    op: str
+    device: str
+    site: Site
+    dtype: str
+    shape: tuple[int, ...] | None
+    fed_mismatch: bool = False
+    """True once a tensor from here took part in a device mismatch."""
+    moved: bool = False
+    """True once a tensor from here was moved to the target explicitly (``.to(x.device)``)."""
+    met_device: bool = False
+    """True once a tensor from here met the device legally: a CPU index copied to it (PC205), or
+    returned from forward (PC206). Never met, moved or mismatched, it was CPU-side work: no finding."""
+    moved_at: Site | None = None
+    """The line that first copied a tensor from here to the target."""
+    moved_to: str = ""
+    """The device it was copied to (the target, or the device a hard-coded ``.cuda()`` chose)."""
+    merged: list[Creation] = dataclasses.field(default_factory=list)
+    """Other creations whose tensors were combined with this one's (``torch.meshgrid(a, b)``):
+    what happens to the combination happens to them too."""
+    expected: str = ""
+    """The device the forward that created it ran for (the target; with ``--device keep``, its
+    module's device)."""
+    kept_in: str = ""
+    """The module attribute (``src_mask``) that held its copy on the device after the forward: a cache
+    (built when empty or stale, as pytorch/examples' Transformer builds its mask), not a copy on every
+    call."""
+
+    def mark(self, attr: str, seen: set[int] | None = None, at: Site | None = None, to: str = "") -> None:
+        """Set ``moved`` or ``fed_mismatch`` here and on every creation merged into this one."""
+        seen = seen if seen is not None else set()
+        if id(self) in seen:
+            return
+        seen.add(id(self))
+        setattr(self, attr, True)
+        if attr == "moved" and self.moved_at is None:
+            self.moved_at, self.moved_to = at, to
+        for other in self.merged:
+            other.mark(attr, seen, at, to)
+
+
+@dataclass
+class Provenance:
+    """Where an off-target tensor came from: an attribute path, or a creation in forward."""
+
+    path: str = ""
+    linked: Finding | None = None
+    """The walk's finding about that attribute, when there is one."""
+    creation: Creation | None = None
+    lazy: bool = False
+    """The tensor belongs to a module or parameter created during forward."""
+    also: tuple[Provenance, ...] = ()
+    """The other origins combined into this tensor (``torch.cat((created, self.stray))``)."""
+    host_copy: Site | None = None
+    """Where forward copied the tensor to the host (``.cpu()``, ``.to("cpu")``)."""
+
+    @property
+    def origin(self) -> str:
+        """The attribute path or the ``file:line`` the tensor came from ("" when unknown)."""
+        if self.creation is not None:
+            return self.creation.site.source
+        if self.host_copy is not None:
+            return self.host_copy.source
+        return self.linked.where if self.linked else self.path
+
+    @property
+    def site(self) -> Site:
+        """The line in forward that made the tensor, when forward made it."""
+        if self.creation is not None:
+            return self.creation.site
+        return self.host_copy or NOWHERE
+
+    def origins(self) -> list[str]:
+        """Every origin combined into a tensor of this provenance, the first first."""
+        found: list[str] = []
+        pending = [self]
+        while pending and len(found) < 16:
+            p = pending.pop(0)
+            for origin in [p.origin, *(c.site.source for c in (p.creation.merged if p.creation else []))]:
+                if origin and origin not in found:
+                    found.append(origin)
+            pending.extend(p.also)
+        return found
+
+
+@dataclass(frozen=True)
+class StrayVerdict:
+    """What the forward did with one stray tensor (PC101) that it never let meet a device tensor."""
+
+    path: str
+    how: str
+    """``replaced`` (forward swapped in a tensor on the target before use), ``removed``,
+    ``moved-copies`` (only used in CPU work whose results it copies to the target),
+    ``cpu-only`` (only used in work that never met a device tensor), or ``scalar`` (only used
+    as a 0-dim scalar, which PyTorch reads on the host), or ``unused`` (never used by a forward that
+    ran to its end)."""
+
+
+class Provenances:
+    """Provenance of every off-target tensor of one traced forward, and what happened to the strays."""
+
+    def __init__(self, walk: WalkResult | None) -> None:
+        self.origins: dict[int, str] = dict(walk.origins) if walk else {}
+        """``id(tensor)`` -> attribute path, for unregistered state and layers built in forward."""
+        self.storages: dict[int, str] = dict(walk.storages) if walk else {}
+        self.walk_findings = dict(walk.finding_by_origin) if walk else {}
+        self.lazy_origins: set[str] = set()
+        self.strays = {path for path, f in self.walk_findings.items() if f.code == "PC101"}
+        """The walk's stray tensors (PC101), whose use in forward is followed."""
+        self._stray_ids = {tid: path for tid, path in self.origins.items() if path in self.strays}
+        self.stray_touched: set[str] = set()
+        self.stray_fed: set[str] = set()
+        """Strays that took part (themselves or through a result) in a mismatch or an implicit transfer."""
+        self.stray_moved: set[str] = set()
+        self.scalar_only: dict[str, bool] = {}
+        """Stray path -> True while every use of it in forward was as a 0-dim scalar."""
+        self._known: dict[int, tuple[torch.Tensor, Provenance]] = {}
+        self._keep: list[Any] = []
+
+    def of(self, t: torch.Tensor) -> Provenance:
+        """Where ``t`` came from: created in forward, derived from, or itself an attribute."""
+        path = self.origins.get(id(t))
+        if path is None:
+            known = self._known.get(id(t))
+            if known is not None and known[0] is t:
+                return known[1]
+            key = storage_key(t)
+            path = self.storages.get(key) if key is not None else None
+        if path is None:
+            return Provenance()
+        return Provenance(path=path, linked=self.walk_findings.get(path), lazy=path in self.lazy_origins)
+
+    def knows(self, t: torch.Tensor) -> bool:
+        """True when ``t`` already has a provenance of its own (recorded, or an attribute)."""
+        return id(t) in self._known or id(t) in self.origins
+
+    def remember(self, t: torch.Tensor, prov: Provenance) -> None:
+        """``t`` came from ``prov`` (kept alive, so that its id is not reused during the forward)."""
+        self._known[id(t)] = (t, prov)
+
+    def add_lazy(self, t: torch.Tensor, path: str) -> None:
+        """``t`` is state of a module or parameter registered during forward, at ``path``."""
+        self.origins.setdefault(id(t), path)
+        self.lazy_origins.add(path)
+        self._keep.append(t)
+
+    def touched(self, off: list[tuple[int, torch.Tensor]], scalar_use: bool = True) -> None:
+        """Off-target tensors an op received: note the strays among them, and whether as scalars."""
+        if not self._stray_ids:
+            return
+        for _, t in off:
+            stray = self._stray_ids.get(id(t))
+            if stray is not None:
+                self.stray_touched.add(stray)
+                as_scalar = scalar_use and t.dim() == 0
+                self.scalar_only[stray] = self.scalar_only.get(stray, True) and as_scalar
+
+    def mark(self, prov: Provenance, what: str, creations: bool = True, seen: set[int] | None = None,
+             at: Site | None = None, to: str = "") -> None:
+        """``what`` (``moved``, ``fed_mismatch`` or ``met_device``) happened to a tensor of provenance
+        ``prov``: note it on its creations (PC202) and, but ``met_device``, on its stray attributes
+        (PC101), combined origins included."""
+        seen = seen if seen is not None else set()
+        if id(prov) in seen:
+            return
+        seen.add(id(prov))
+        if creations and prov.creation is not None:
+            prov.creation.mark(what, at=at, to=to)
+        if prov.path in self.strays and what != "met_device":
+            (self.stray_moved if what == "moved" else self.stray_fed).add(prov.path)
+        for other in prov.also:
+            self.mark(other, what, creations, seen, at, to)
+
+    def stray_verdicts(self, after: WalkResult, completed: bool) -> list[StrayVerdict]:
+        """The strays (PC101) the forward shows it handles, and how.
+
+        ``after`` is the walk repeated after the forward. A stray is handled
+        when the forward replaced it with a tensor on the target, or used it
+        only in computations that never met a device tensor (no mismatch, no
+        implicit transfer traced to it). One never used is ``unused``; one that
+        fed a mismatch is not handled; nothing is when the forward stopped early.
+        """
+        if not completed:
+            return []
+        still_off = {f.where for f in after.findings if f.code == "PC101"}
+        present = set(after.origins.values())
+        verdicts = []
+        for path in sorted(self.strays - self.stray_fed):
+            if path in still_off and path not in self.stray_touched:
+                verdicts.append(StrayVerdict(path, "unused"))
+            elif path not in still_off:
+                verdicts.append(StrayVerdict(path, "replaced" if path in present else "removed"))
+            elif path in self.stray_touched:
+                if self.scalar_only.get(path):
+                    how = "scalar"
+                else:
+                    how = "moved-copies" if path in self.stray_moved else "cpu-only"
+                verdicts.append(StrayVerdict(path, how))
+        return verdicts
+
+
+def stray_verdict(finding: Finding, how: str | None, target: str, owner: type | None) -> Finding:
+    """A stray (PC101) the forward handles: an ``info`` finding saying how, decided from what the
+    forward (``audit``) or the whole script (``run``, ``how`` ``unused-run``) did with it, never from
+    the library or attribute names: .to() still leaves it behind.
+
+    A stray never used stays as it is, unless ``owner``, the class of the module holding it
+    (:func:`stray_owner`), is one an installed package defines (transformers' rotary embedding keeps a
+    stale alias of a buffer that only some configurations read): then it is ``info`` naming the
+    package, as library findings are.
+    """
+    if how is None:
+        return finding
+    message = f"{finding.message}; {stray_handled_by_forward(how, target)}"
+    if how in ("unused", "unused-run"):
+        package = library_of_class(owner) if owner is not None else ""
+        if not package:
+            return finding
+        message = in_library(package, message)
+        return dataclasses.replace(finding, severity=severity(finding.code, "library-unused"),
+                                   message=message, hint=library_state_hint(package),
+                                   details=(*finding.details, ("forward", how)))
+    return dataclasses.replace(finding, severity=severity(finding.code, "handled"), message=message,
+                               details=(*finding.details, ("forward", how)))
+
+
+def stray_owner(finding: Finding, model: nn.Module) -> type | None:
+    """The class of the module of ``model`` that holds the stray of ``finding`` (None: not found)."""
+    try:
+        return type(model.get_submodule(finding.module) if finding.module else model)
+    except AttributeError:
+        return None
+
+
+class CallCounts:
+    """``placecheck run``: how many forwards each module class ran, and how many times each line of a
+    forward made a tensor on the host that it then copied to the device (PC202).
+
+    "On every call" is decided by counting: a line that made its tensor in fewer forwards than its
+    module ran is a cache (built once, or when the length changes), not a copy on every call."""
+
+    def __init__(self) -> None:
+        self.forwards: dict[str, int] = {}
+        """Module class name -> forwards run (every module's, not only the outermost)."""
+        self.made: dict[str, int] = {}
+        """The creating line -> tensors made there and copied to the device."""
+        self._first: dict[str, tuple[str, str, str, str]] = {}
+        """The creating line -> (op, tensor, copied to, copied at) of its first creation."""
+
+    def forward(self, module_class: str) -> None:
+        self.forwards[module_class] = self.forwards.get(module_class, 0) + 1
+
+    def created(self, line: str, op: str, tensor: str, copied_to: str, copied_at: str) -> None:
+        """The forward's ``line`` made ``tensor`` with ``op``, copied to ``copied_to`` at ``copied_at``."""
+        self.made[line] = self.made.get(line, 0) + 1
+        self._first.setdefault(line, (op, tensor, copied_to, copied_at))
+
+    def verdict(self, finding: Finding) -> Finding:
+        """``finding`` (a PC202 of a forward's creation copied to the device) as the whole run shows it:
+        made in fewer forwards than its module ran, a cache: ``info``, with both counts."""
+        line = finding.origin or finding.source
+        made, calls = self.made.get(line, 0), self.forwards.get(finding.where, 0)
+        if not 0 < made < calls or line not in self._first:
+            return finding
+        op, tensor, copied_to, copied_at = self._first[line]
+        message, hint = created_then_cached(op, tensor, finding.device, copied_to, copied_at, made=made,
+                                            calls=calls)
+        return dataclasses.replace(finding, severity=severity("PC202", "cache"), message=message, hint=hint,
+                                   count=made,
+                                   details=(*finding.details, ("made", str(made)), ("forwards", str(calls))))

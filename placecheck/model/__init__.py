@@ -1,0 +1,2 @@
+"""Building the model to check: a TARGET loaded, --init, its inputs, torchvision's zoo.
+"""
