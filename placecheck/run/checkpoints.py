@@ -29,9 +29,9 @@ from placecheck.engines.compat import (
     FakeTensor,
     active_fake_mode,
     storage_location_registry,
-    unset_fake_temporarily,
 )
 from placecheck.engines.cudaapi import current_index
+from placecheck.engines.datadep import on_host
 from placecheck.engines.tagged import SimulatedTensor
 
 if typing.TYPE_CHECKING:
@@ -64,6 +64,15 @@ class _StorageProbe:
         return self
 
 
+def _file_path(f: Any) -> str | None:
+    """The absolute path of what ``torch.save``/``torch.load`` got: a path, or a file opened from one
+    (``with open(path, "wb") as f: torch.save(model, f)``); None for a buffer."""
+    if isinstance(f, str | bytes) or hasattr(f, "__fspath__"):
+        return os.path.abspath(os.fsdecode(f))
+    name = getattr(f, "name", None)
+    return os.path.abspath(name) if isinstance(name, str) and not name.startswith("<") else None
+
+
 def _plain(t: torch.Tensor) -> torch.Tensor:
     """A tagged tensor's data as an ordinary CPU tensor (what a real GPU would copy back to save); a fake
     tensor (the fake engine's, which has no data to write and cannot be pickled) as a ``meta`` tensor of
@@ -72,7 +81,7 @@ def _plain(t: torch.Tensor) -> torch.Tensor:
         with DisableTorchFunctionSubclass():
             return t.as_subclass(torch.Tensor)
     if isinstance(t, FakeTensor):
-        with unset_fake_temporarily():
+        with on_host():  # no mode of the run's: a plain meta tensor, which pickles
             return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
     return t
 
@@ -125,7 +134,8 @@ def _replace_module_tensors(model: nn.Module, fn: Callable[[torch.Tensor], torch
             return done[id(t)]
         new = fn(t)
         if new is not t and isinstance(t, nn.Parameter):
-            new = nn.Parameter(new, requires_grad=t.requires_grad)
+            with on_host():  # under the fake engine too, a plain Parameter of what fn gave
+                new = nn.Parameter(new, requires_grad=t.requires_grad)
         if new is not t and undo is not None:
             undo[id(new)] = (model, t)
         done[id(t)] = new
@@ -187,7 +197,7 @@ class Checkpoints:
 
         line = here()[0]
         if map_location is None and (isinstance(f, str | bytes) or hasattr(f, "__fspath__")) \
-                and os.path.abspath(f) not in self.saved:  # (a file this run saved: this machine's devices)
+                and _file_path(f) not in self.saved:  # (a file this run saved: this machine's devices)
             try:
                 meta = read_checkpoint(f)
             except (PlacecheckError, OSError):
@@ -212,8 +222,7 @@ class Checkpoints:
         with self.recorder.host_data():  # the file's real values, on the host (fake tensors cannot unpickle)
             loaded = original(f, remember, *args, **kwargs)
         fake = active_fake_mode() is not None
-        saved_here = iter(self.saved.get(os.path.abspath(f), [])
-                          if isinstance(f, str) or hasattr(f, "__fspath__") else [])
+        saved_here = iter(self.saved.get(_file_path(f) or "", []))
 
         def place(t: torch.Tensor) -> torch.Tensor:
             saved = next(saved_here, None) or locations.get(t.untyped_storage().data_ptr(), "cpu")
@@ -265,11 +274,13 @@ class Checkpoints:
             with self.recorder.quiet():
                 try:
                     plain = _map_tree(obj, host, undo)
-                    if isinstance(f, str) or hasattr(f, "__fspath__"):
+                    path = _file_path(f)
+                    if path is not None:
                         # the file holds host tensors (no placecheck class in it); a later torch.load of
                         # it in this run puts each back on the device it was saved from, as on a GPU
-                        self.saved[os.path.abspath(f)] = devices
-                    with _location_tags(tags):
+                        self.saved[path] = devices
+                    # outside the fake engine's modes: its mode would make the meta tensors fake again
+                    with _location_tags(tags), on_host():
                         return original(plain, f, *args, **kwargs)
                 finally:
                     _restore(undo)  # a whole module saved: the script's module keeps its own tensors
