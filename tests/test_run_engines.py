@@ -247,3 +247,20 @@ def test_a_transformers_llama_fine_tune_runs_clean_with_no_finding_of_its_making
     [stray] = [f for f in report.findings if f.code == "PC101"]
     assert stray.where == "model.rotary_emb.original_inv_freq"
     assert stray.message.startswith("in transformers, not your code: ")
+
+
+def test_a_fake_tensor_refusal_is_the_simulations_limit_never_the_scripts_error() -> None:
+    # mnist's DataLoader under --engine fake read a value of a fake tensor: a limit note, exit 2, no finding
+    # and no "the script raised"
+    import torch
+
+    from placecheck.engines.compat import DataDependentOutputException
+    from placecheck.run.recorder import RunRecorder
+
+    recorder = RunRecorder(gpus=1, steps=2)
+    recorder.fake_engine = True
+    error = DataDependentOutputException(torch.ops.aten._local_scalar_dense.default)
+    assert recorder.error_finding(error) is None
+    assert recorder.limit.startswith("run: stopped: the fake engine could not go on: it reads tensor values")
+    real_values = RunRecorder(gpus=1, steps=2)  # the tagged engine never raises it: no limit claimed there
+    assert real_values.error_finding(error) is not None and real_values.limit == ""

@@ -687,6 +687,13 @@ class RunRecorder:
                 self.moves.unswappable(user_line(exc))
             return None
         limit = "" if raised_here else classify.simulation_limit(exc, phase="run")
+        if not limit and not raised_here and self.fake_engine:
+            # fake tensors' own refusals (a value read where the engine could not assume one): the
+            # simulation's limit, never the script's error
+            why = classify.fake_limit(exc)
+            limit = (f"run: stopped: the fake engine could not go on: {why}; a limit of placecheck's "
+                     "simulated GPU, not a bug of the code: --engine tagged (real values) runs it where it "
+                     "fits in memory, or run on a GPU") if why else ""
         if not limit and self.ranks is not None:
             limit = self.ranks.limit_of(exc)
         if limit:
