@@ -65,3 +65,10 @@ def test_a_device_torch_wrote_is_read_leniently() -> None:
 def test_a_site_is_path_and_line(text: str, site: Site) -> None:
     assert Site.parse(text) == site
     assert str(site) == text or site.line is None
+
+
+def test_devices_sort_gpus_by_index_then_the_rest_by_name() -> None:
+    from placecheck.basics.values import device_order
+
+    devices = ["meta", "cpu", "cuda:10", "disk", "cuda:2", "cuda:0"]
+    assert sorted(devices, key=device_order) == ["cuda:0", "cuda:2", "cuda:10", "cpu", "disk", "meta"]

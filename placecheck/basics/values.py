@@ -113,6 +113,13 @@ class Device:
         return self.type if self.index is None else f"{self.type}:{self.index}"
 
 
+def device_order(text: str) -> tuple[int, str, int]:
+    """A sort key for devices as reports name them: ``cuda:0 < cuda:1 < cuda:10 < cpu < disk < meta``,
+    indexed devices by index, then the rest by name."""
+    kind, _, index = text.partition(":")
+    return (0 if index.isdigit() else 1, kind, int(index) if index.isdigit() else 0)
+
+
 # ---- sites ---------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ from placecheck.basics.devices import device_index
 from placecheck.basics.errors import UsageError
 from placecheck.basics.options import EngineChoice
 from placecheck.basics.patching import patch
+from placecheck.basics.values import Device
 from placecheck.engines.calls import Kind, read_placement
 from placecheck.engines.cudaapi import (
     CPU_ONLY_BUILD,
@@ -104,7 +105,7 @@ class Engine:
 
 
 def _real_available(device: str) -> tuple[bool, str]:
-    kind = device.split(":")[0]
+    kind = Device.of(device).type
     if kind in ("cpu", "meta"):
         return True, ""
     if kind == "cuda":
@@ -129,7 +130,7 @@ def choose_engine(device: str, choice: EngineChoice = EngineChoice.AUTO, gpus: i
     values when ``train`` (a backward needs them without a GPU). ``gpus`` is the
     number of simulated GPUs (default: enough for the target index).
     """
-    kind = device.split(":")[0]
+    kind = Device.of(device).type
     if gpus is not None and kind == "cuda" and device_index(device) >= gpus:
         need = device_index(device) + 1
         raise UsageError(f"--device {device} needs at least {need} GPUs; --gpus {gpus} was given: "

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from placecheck.basics.devices import human_bytes
+from placecheck.basics.values import device_order
 from placecheck.findings import problems
 from placecheck.findings.finding import Finding, Severity
 
@@ -129,7 +130,7 @@ class DeviceMap:
         for row in self.stages:
             for device, nbytes in (row.by_device or ((row.devices[0], row.nbytes),) if row.devices else ()):
                 total[device] = total.get(device, 0) + nbytes
-        return dict(sorted(total.items(), key=lambda kv: _device_order(kv[0])))
+        return dict(sorted(total.items(), key=lambda kv: device_order(kv[0])))
 
     def to_dict(self) -> dict[str, Any]:
         """``{"stages": [...], "bytes_per_device": {...}, "budgets": {...}, "rows": "stage"}`` (the transfers
@@ -202,12 +203,6 @@ class Coverage:
         if self.blocks:
             text += "; never ran: " + "; ".join(self.blocks)
         return text
-
-
-def _device_order(device: str) -> tuple[int, str, int]:
-    """cuda:0 < cuda:1 < cuda:10 < cpu < disk: GPUs by index, then the rest by name."""
-    kind, _, index = device.partition(":")
-    return (0 if index.isdigit() else 1, kind, int(index) if index.isdigit() else 0)
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,10 @@ from collections.abc import Iterable
 import torch
 import torch.nn as nn
 
+from placecheck.basics.values import device_order
 from placecheck.checks.events import Copy
 from placecheck.findings.report import DeviceMap, StageRow, Transfer
-from placecheck.placement.expected import Placement, device_order
+from placecheck.placement.expected import Placement
 
 
 def transfers(copies: Iterable[Copy]) -> tuple[Transfer, ...]:

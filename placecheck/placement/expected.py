@@ -29,6 +29,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
+from placecheck.basics.values import device_order
+
 
 @dataclass(frozen=True)
 class Expected:
@@ -160,12 +162,6 @@ class Placement:
         """Every device the model's registered state is on, GPUs by index first."""
         return tuple(sorted({str(t.device) for t in [*self.model.parameters(), *self.model.buffers()]},
                             key=device_order))
-
-
-def device_order(device: str) -> tuple[int, str, int]:
-    """cuda:0 < cuda:1 < cuda:10 < cpu < meta: indexed devices by index, then the rest by name."""
-    kind, _, index = device.partition(":")
-    return (0 if index.isdigit() else 1, kind, int(index) if index.isdigit() else 0)
 
 
 INPUT = "(input)"

@@ -9,9 +9,10 @@ import torch
 import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 
+from placecheck.basics.values import Device, device_order
 from placecheck.checks.classify import tensor_arguments
 from placecheck.checks.state import reachable_tensors
-from placecheck.placement.expected import Placement, device_order
+from placecheck.placement.expected import Placement
 
 
 def devices_used(model: nn.Module) -> list[str]:
@@ -21,7 +22,7 @@ def devices_used(model: nn.Module) -> list[str]:
 
 def highest_gpu(devices: Iterable[str]) -> int:
     """The highest CUDA index among ``devices`` (-1 when none is a GPU)."""
-    return max((int(d.partition(":")[2] or 0) for d in devices if d.startswith("cuda")), default=-1)
+    return max((Device.of(d).ordinal for d in devices if d.startswith("cuda")), default=-1)
 
 
 class _Met(Exception):
