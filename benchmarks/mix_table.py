@@ -30,6 +30,7 @@ verified row to the GPU's verdict, and :data:`placecheck.basics.limits.LIMITS` l
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -391,6 +392,21 @@ GROWN_CASES.update(_grow())
 
 
 # -- running a variant on a real device -----------------------------------------------------------
+@contextlib.contextmanager
+def fresh_process_defaults():
+    """The process-wide settings a fresh process starts with, for the block: a row's verdict must not
+    depend on what ran before it. ``torch.compile``'s first call turns off the argument checks of
+    ``torch.distributions`` for the rest of the process (TorchDynamo's ``TorchPatcher``), and with them
+    the host syncs those checks make; a script that ``placecheck run`` ran in this process may have
+    compiled."""
+    validate = torch.distributions.Distribution._validate_args
+    torch.distributions.Distribution.set_default_validate_args(__debug__)
+    try:
+        yield
+    finally:
+        torch.distributions.Distribution.set_default_validate_args(validate)
+
+
 def run_variant(fn, builders, cpu_args):
     args = {k: b("cpu" if k in cpu_args else C) for k, b in builders.items()}
     syncs = []
@@ -408,7 +424,8 @@ def run_variant(fn, builders, cpu_args):
             if DEBUG:
                 torch.cuda.set_sync_debug_mode("warn")
             try:
-                fn(args)
+                with fresh_process_defaults():
+                    fn(args)
                 if DEBUG:
                     torch.cuda.set_sync_debug_mode("default")
                     torch.cuda.synchronize()
@@ -483,7 +500,7 @@ def replay(case: str, variant: str, engine: str) -> Replayed:
 
     fn, builders, _ = {**VERIFIED_CASES, **GROWN_CASES}[case]
     cpu_args = cpu_arguments(case, variant)
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), fresh_process_defaults():
         warnings.simplefilter("ignore")
         report = placecheck.audit(lambda: _Row(fn, builders, cpu_args), "cuda", engine=engine,
                                   inputs=["float32[1]"], select=["PC2"], library_findings=True)

@@ -154,14 +154,10 @@ def test_a_lower_layer_never_imports_a_higher_one(module: str) -> None:
 # ---- interception: where torch function modes may be defined ---------------------------------------
 
 FUNCTION_MODE_MODULES = {
+    "placecheck.engines.dispatch": "the one dispatcher: every torch call read once, for every check",
     "placecheck.engines.tagged": "the real-valued engine (tags CUDA placements)",
-    "placecheck.engines.engine": "the fake engine's moves on a CPU-only build and of model.to()",
-    "placecheck.checks.trace": "audit's recording of one forward",
-    "placecheck.run.recorder": "run's recording of a whole script",
-    "placecheck.run.fake": "run's fake-engine calls (backward, printing, deep copies)",
-    "placecheck.engines.cudaapi": "the current device of DataParallel replicas",
-    "placecheck.placement.placed": "--device keep: the first meeting of two devices",
-    "placecheck.placement.replicas": "DTensor mixes under --wrap",
+    "placecheck.engines.engine": "the fake engine (moves on a CPU-only build and of model.to(), the current "
+                                 "device, a script's backward, printing and deep copies)",
 }
 """The modules that define a ``TorchFunctionMode`` (issue 34: one dispatcher and the engines, at most one
 mode each); a new mode elsewhere is a new interception layer, and fails here until it is justified."""
@@ -177,6 +173,7 @@ def _function_modes(module: str) -> list[str]:
 def test_torch_function_modes_are_defined_only_in_the_allowed_modules() -> None:
     defined = {m: _function_modes(m) for m in MODULES}
     assert defined["placecheck.engines.tagged"] == ["_TaggingMode"]  # the reader sees them
+    assert defined["placecheck.engines.dispatch"] == ["Dispatcher"]
     outside = {m: names for m, names in defined.items() if names and m not in FUNCTION_MODE_MODULES}
     assert outside == {}
     assert all(len(defined[m]) <= 1 for m in FUNCTION_MODE_MODULES), defined

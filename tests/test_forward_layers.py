@@ -4,7 +4,8 @@ Bottom to top: compat (torch's private API) < callbacks (the script's code autog
 run under the session's modes) < sources (user lines) < classify (what an
 error means) < host_syncs (the calls that make the host wait) < calls (the one reading of a
 placement call) < cudaapi (the simulated
-torch.cuda API) < tagged (the real-valued engine) < shortcuts (ops made from metadata where
+torch.cuda API) < dispatch (the one torch function mode, each call a typed Call to its subscribers)
+< tagged (the real-valued engine) < shortcuts (ops made from metadata where
 torch's fake path is slow) < datadep (fake tensors' data-dependent ops) < reuse (identical
 module calls run once) < engine < provenance < events < hostcopies (non-blocking host copies)
 < forward_checks < trace. Each module may import only modules below it (and placecheck's
@@ -21,7 +22,7 @@ import pytest
 pytestmark = pytest.mark.cpu_build  # runs on the CPU-only torch build too (Makefile: test-cpu-build)
 
 PACKAGE = Path(__file__).parents[1] / "placecheck"
-ORDER = ["compat", "callbacks", "sources", "classify", "host_syncs", "calls", "cudaapi", "tagged",
+ORDER = ["compat", "callbacks", "sources", "classify", "host_syncs", "calls", "cudaapi", "dispatch", "tagged",
          "shortcuts",
          "datadep", "reuse", "engine", "provenance", "events", "hostcopies", "forward_checks", "trace"]
 BASICS = {"errors", "values", "patching", "finding", "rules", "devices", "walk", "options", "placement"}

@@ -407,7 +407,7 @@ def test_the_move_of_a_meta_build_makes_fake_cuda_tensors_without_a_copy_per_ten
 
 
 @pytest.mark.skipif(torch.version.cuda is None, reason="the CPU-only build's session makes every move to "
-                    "CUDA a fake tensor itself (engine._FakeCudaMoves), and cannot make one outright")
+                    "CUDA a fake tensor itself (engine.FakeCuda), and cannot make one outright")
 def test_the_fake_move_makes_each_new_tensor_the_parameter_itself_without_a_detach() -> None:
     with torch.device("meta"):
         model = nn.Sequential(nn.Linear(4, 6), nn.Linear(6, 2))
@@ -462,7 +462,7 @@ def test_the_fake_engine_audit_builds_without_drawing_large_weights(monkeypatch:
 
 
 @pytest.mark.skipif(torch.version.cuda is None, reason="the CPU-only build's session makes every move to "
-                    "CUDA a fake tensor itself (engine._FakeCudaMoves), values unknown")
+                    "CUDA a fake tensor itself (engine.FakeCuda), values unknown")
 def test_the_move_of_a_cpu_build_makes_fake_cuda_tensors_and_keeps_small_values_known() -> None:
     from placecheck.engines.datadep import active
 

@@ -210,7 +210,7 @@ def test_the_current_device_decides_where_cuda_goes(engine: str) -> None:
     from placecheck.engines.engine import EngineChoice, choose_engine
 
     eng = choose_engine("cuda:0", EngineChoice(engine), gpus=2)
-    with placecheck.engines.cudaapi.CurrentDeviceMoves(), eng.session():  # as each replica's audit runs
+    with placecheck.engines.engine.current_device_moves(), eng.session():  # as each replica's audit runs
         with torch.cuda.device(1):
             assert torch.cuda.current_device() == 1
             made = torch.zeros(2, device="cuda")

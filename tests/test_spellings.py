@@ -32,7 +32,7 @@ ENGINES = [
     "tagged",
 ]
 AUDIT_ENGINES = ["fake", "tagged"]
-"""audit's fake engine runs on a CPU-only build too (its moves made by hand there: engine._FakeCudaMoves)."""
+"""audit's fake engine runs on a CPU-only build too (its moves made by hand there: engine.FakeCuda)."""
 
 
 # -- run: whole training scripts -------------------------------------------------------------------

@@ -29,7 +29,6 @@ import ast
 import contextlib
 import functools
 import inspect
-import os
 import sys
 import textwrap
 import weakref
@@ -40,7 +39,12 @@ from typing import Any, TypeVar
 import torch.nn as nn
 
 from placecheck.basics.patching import patch
-from placecheck.checks.sources import LIBRARY, USER, display_path, frame_kind, internal_file, library_of_file
+from placecheck.checks.sources import (
+    display_path,
+    frames,
+    internal_file,
+    library_of_file,
+)
 
 BuiltT = TypeVar("BuiltT")
 
@@ -127,16 +131,9 @@ def _assigned(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
 def _assigning_line(frame: FrameType | None) -> str:
     """``file:line`` of the innermost user frame from ``frame`` out to :func:`build_recorded` ("" if none)."""
-    first_outside: FrameType | None = None  # innermost frame outside torch and placecheck
-    cwd = os.getcwd()
-    while frame is not None and frame.f_code is not _STOP:
-        kind = frame_kind(frame.f_code, cwd)
-        if kind == USER:
-            return _line(frame)
-        if kind == LIBRARY and first_outside is None:
-            first_outside = frame
-        frame = frame.f_back
-    return _line(first_outside) if first_outside is not None else ""
+    found = frames(frame, _STOP)
+    shown = found.user or found.first_outside
+    return _line(shown) if shown is not None else ""
 
 
 def _line(frame: FrameType) -> str:

@@ -187,19 +187,64 @@ def is_users(code: CodeType) -> bool:
     return not is_internal(code) and not library_package(code)
 
 
+@dataclass(frozen=True, slots=True)
+class Frames:
+    """Who made the call at a frame, read from the stack once (:func:`frames`)."""
+
+    caller: FrameType | None
+    """The innermost frame outside placecheck's own machinery: torch's, a library's or the user's."""
+    first_outside: FrameType | None
+    """The innermost frame outside torch and placecheck: the user's code, or an installed package's."""
+    user: FrameType | None
+    """The innermost frame of the user's own code (:func:`is_users`)."""
+    callee: FrameType | None
+    """The frame ``user``'s line called into (None when ``user`` is the frame the scan began at)."""
+
+
+def own_file(filename: str) -> bool:
+    """placecheck's own machinery (its examples, and files holding the code under audit, are not)."""
+    return _own_file(filename, len(_USER_FILES))
+
+
+@functools.lru_cache(maxsize=4096)
+def _own_file(filename: str, user_files: int) -> bool:
+    # user_files: the size of _USER_FILES, which only grows; a new user file is a new key
+    return os.path.abspath(filename).startswith(PLACECHECK_DIR) and internal_file(filename)
+
+
+def frames(frame: FrameType | None, stop: CodeType | None = None) -> Frames:
+    """The one walk of the stack that attributes a call: from ``frame`` outwards, no further than a
+    frame running ``stop`` (the forward's runner, for ``audit``), to the innermost frame of the user's
+    code. Every site of every command is read from it: :class:`Attribution` (``audit``), :func:`here`
+    and :func:`user_frame` (``run``), :func:`first_outside` (the data-dependent ops) and
+    ``run``'s library callers."""
+    cwd = os.getcwd()
+    caller = outside = user = callee = inner = None
+    scan = frame
+    while scan is not None and scan.f_code is not stop:
+        code = scan.f_code
+        if caller is None and not own_file(code.co_filename):
+            caller = scan
+        kind = frame_kind(code, cwd)
+        if kind != MACHINERY:
+            outside = outside or scan
+            if kind == USER:
+                user, callee = scan, inner
+                break
+        inner = scan
+        scan = scan.f_back
+    return Frames(caller, outside, user, callee)
+
+
 def user_frame(frame: FrameType | None) -> FrameType | None:
     """The innermost frame of the user's own code (:func:`is_users`) at or outside ``frame``."""
-    while frame is not None and not is_users(frame.f_code):
-        frame = frame.f_back
-    return frame
+    return frames(frame).user
 
 
 def first_outside(frame: FrameType | None) -> FrameType | None:
     """The innermost frame outside torch and placecheck at or outside ``frame``: the user's code, or an
     installed package's."""
-    while frame is not None and is_internal(frame.f_code):
-        frame = frame.f_back
-    return frame
+    return frames(frame).first_outside
 
 
 def where_is(frame: FrameType | None) -> str:
@@ -297,24 +342,15 @@ class Attribution:
         installed) function that acted on a tensor other than the arguments it was given
         (:func:`api_call`).
         """
-        first_outside: FrameType | None = None  # innermost frame outside torch and placecheck
-        user: FrameType | None = None  # innermost frame outside installed packages too
-        callee: FrameType | None = None  # the frame the user's line called into
-        scan, inner = frame, None
-        while scan is not None and scan.f_code is not self.stop and user is None:
-            if not is_internal(scan.f_code):
-                first_outside = first_outside or scan
-                if not library_package(scan.f_code):
-                    user, callee = scan, inner
-            inner = scan
-            scan = scan.f_back
-        shown = user or first_outside
+        found = frames(frame, self.stop)
+        user = found.user
+        shown = user or found.first_outside
         module = self.running_module(shown or frame)
         where = self.module_path(module) if module is not None else ""
         if shown is not None:
             return Site(f"{display_path(shown.f_code.co_filename)}:{shown.f_lineno}", where,
                         "" if user is not None else library_package(shown.f_code),
-                        api=api_call(callee, subject) if subject is not None else "")
+                        api=api_call(found.callee, subject) if subject is not None else "")
         return Site(class_definition(module), where)
 
     def module_path(self, module: nn.Module) -> str:

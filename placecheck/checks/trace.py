@@ -1,11 +1,12 @@
 """The instrumented forward pass: what happened on which device, and where in the user's code.
 
 In the style of ``torch/utils/flop_counter.py``: the public :class:`Tracer`
-owns the state and the events; a private ``TorchFunctionMode`` only hands
-each call to it. The checks (:meth:`Tracer.findings`) read the events
+owns the state and the events; it subscribes to the one dispatcher
+(:mod:`placecheck.engines.dispatch`), which hands it each torch call read
+once as a ``Call``. The checks (:meth:`Tracer.findings`) read the events
 afterwards and turn them into findings PC201-PC207.
 
-The mode sees every torch call before dispatch. When a call fails and its
+The tracer sees every torch call before dispatch. When a call fails and its
 tensor arguments are on two devices (decided from the tensors, by
 :mod:`placecheck.checks.classify`, whatever PyTorch's message says), the tracer
 records the mismatch (op, devices, module, user line, where the offending
@@ -35,7 +36,6 @@ from typing import Any
 
 import torch
 import torch.nn as nn
-from torch.overrides import TorchFunctionMode
 
 from placecheck.basics.errors import one_line
 from placecheck.basics.patching import patch
@@ -68,6 +68,7 @@ from placecheck.engines import compat
 from placecheck.engines.compat import DisableTorchFunction
 from placecheck.engines.cudaapi import missing_gpu
 from placecheck.engines.datadep import composite_call
+from placecheck.engines.dispatch import Call, op_name, subscribed
 from placecheck.findings.finding import Finding
 from placecheck.placement.expected import Placement
 from placecheck.placement.flows import Flows
@@ -96,18 +97,6 @@ def _is_passthrough(func: Callable[..., Any]) -> bool:
     return known
 
 
-def op_name(func: Callable[..., Any]) -> str:
-    """``torch.randn``, ``Tensor.add``, ``torch.nn.functional.linear``: how a user would write the call."""
-    name = getattr(func, "__name__", repr(func))
-    qual = getattr(func, "__qualname__", name)
-    if qual.startswith(("TensorBase.", "Tensor.")):
-        return "Tensor." + name
-    module = getattr(func, "__module__", None) or ""
-    if module.startswith("torch._C") or module in ("", "torch") or "VariableFunctions" in qual:
-        return "torch." + name
-    return f"{module.replace('torch.nn.functional', 'F')}.{name}" if module else name
-
-
 def _dtype(t: torch.Tensor) -> str:
     return str(t.dtype).removeprefix("torch.")
 
@@ -120,18 +109,6 @@ def _shape(t: torch.Tensor) -> tuple[int, ...] | None:
 
 
 # -- the tracer --------------------------------------------------------------------------------
-
-
-class _RecordingMode(TorchFunctionMode):
-    """Hands every torch call to the tracer; holds no state of its own."""
-
-    def __init__(self, tracer: Tracer) -> None:
-        super().__init__()
-        self.tracer = tracer
-
-    def __torch_function__(self, func: Callable[..., Any], types: Any, args: tuple[Any, ...] = (),
-                           kwargs: dict[str, Any] | None = None) -> Any:
-        return self.tracer.on_call(func, args, kwargs or {})
 
 
 class Tracer:
@@ -205,8 +182,9 @@ class Tracer:
         if self.flows is not None:
             handles += self.flows.hooks(self.module_paths)
         try:
-            with _RecordingMode(self), _attention_fast_path_kept(self.target), self._host_factories_seen(), \
-                    self.pending.synchronizations_seen(), self._scripted_eagerly():
+            with subscribed(self.on_call), _attention_fast_path_kept(self.target), \
+                    self._host_factories_seen(), self.pending.synchronizations_seen(), \
+                    self._scripted_eagerly():
                 yield self
         finally:
             for handle in handles:
@@ -345,23 +323,25 @@ class Tracer:
                                                    expected=expected.label if expected else ""))
 
     # -- per call ---------------------------------------------------------------------------------
-    def on_call(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """One torch call: run it, recording what it does across devices."""
-        return self.pending.watched(func, args, kwargs, lambda: self._placed_call(func, args, kwargs),
+    def on_call(self, call: Call) -> Any:
+        """One torch call (the dispatcher's): run it, recording what it does across devices."""
+        func = call.func
+        return self.pending.watched(func, call.args, call.kwargs, lambda: self._placed_call(call),
                                     lambda copy: self._record_stale_read(func, copy),
                                     lambda: self._site(sys._getframe()))
 
-    def _placed_call(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _placed_call(self, call: Call) -> Any:
+        func, args = call.func, call.args
         flows = self.flows
         if flows is None or _is_passthrough(func):
-            return self._on_call(func, args, kwargs)
+            return self._on_call(call)
         # --device keep: this call's target is the device of the module running it
-        tensors = list(classify.tensor_arguments(args, kwargs))
+        tensors = call.tensors
         saved = self.target, self.target_name
         self.target = flows.target(tensors, self.target)
         self.target_name = str(self.target)
         try:
-            out = self._on_call(func, args, kwargs)
+            out = self._on_call(call)
         finally:
             self.target, self.target_name = saved
         copied = flows.after_call(func, args, tensors, out, self._site)
@@ -369,7 +349,8 @@ class Tracer:
             self.events.append(copied)
         return out
 
-    def _on_call(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _on_call(self, call: Call) -> Any:
+        func, args, kwargs = call.func, call.args, call.kwargs
         sync = host_sync(func, args, kwargs)
         if sync is not None:
             self._record_host_sync(*sync)
@@ -378,7 +359,7 @@ class Tracer:
         refused = classify.refused_on_device(func, args)
         if refused is not None:
             raise refused  # what a GPU raises here, whatever the engine would do
-        tensors = list(classify.tensor_arguments(args, kwargs))
+        tensors = call.tensors
         target = self.target
         args, kwargs = self._misplaced_generator_or_host_argument(func, args, kwargs, tensors)
         off = [(pos, t) for pos, t in tensors if t.device != target]

@@ -5,7 +5,7 @@ there and no mode is active, so a gradient hook (``param.register_hook(lambda g:
 ``autograd.Function``'s backward or a DDP comm hook of the script would run unsimulated and unrecorded.
 Each engine wraps such code in :func:`called_back`, which turns subclass handling on and re-enters the
 session's modes (registered with :func:`in_callbacks` by whoever entered them: the real-valued engine's
-tagging mode, ``run``'s recorder), in the order they were registered.
+tagging mode, the dispatcher ``run``'s recorder subscribed to), in the order they were registered.
 """
 
 from __future__ import annotations
@@ -41,8 +41,9 @@ def called_back() -> Iterator[None]:
     its calls are simulated and checked alike."""
     with contextlib.ExitStack() as stack:
         stack.enter_context(_EnableTorchFunction())
-        active = _get_current_function_mode_stack()  # type: ignore[no-untyped-call]
+        active = list(_get_current_function_mode_stack())  # type: ignore[no-untyped-call]
         for mode in _CALLBACK_MODES:
             if not any(mode is other for other in active):
                 stack.enter_context(mode)
+                active.append(mode)  # (registered twice: a handler that joined a dispatcher registered it)
         yield

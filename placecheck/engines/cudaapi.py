@@ -33,12 +33,11 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from torch.overrides import TorchFunctionMode
 
 from placecheck.basics.devices import device_index
 from placecheck.basics.patching import patch
 from placecheck.checks.classify import FORKED_CUDA, ForkedCudaError, InvalidDeviceError, RefusedOnDeviceError
-from placecheck.engines.calls import Kind, as_device, legacy_type, read_placement
+from placecheck.engines.calls import as_device, legacy_type
 from placecheck.engines.compat import cudnn_disabled, default_device, legacy_tensor_types
 
 _WHY_QUERIES = ("model code asks torch.cuda / torch.accelerator how many GPUs there are and which is "
@@ -197,30 +196,6 @@ def _device_of(obj: Any) -> _SimulatedDeviceContext:
     device = getattr(obj, "device", None)
     return _SimulatedDeviceContext(device if isinstance(device, torch.device) and device.type == "cuda"
                                    else None)
-
-
-class CurrentDeviceMoves(TorchFunctionMode):
-    """``device="cuda"``, ``.to("cuda")`` and ``.cuda()`` go to the simulated current device, as on a
-    GPU (fake tensors would send them to ``cuda:0`` whatever the current device is); ``device=1`` is
-    ``cuda:1``, as on a CUDA build (a CPU-only build reads it as an accelerator it does not have).
-
-    Entered around each replica's audit (:mod:`placecheck.placement.replicas`), below the engine's
-    modes: a mode costs every op a Python call, which a one-GPU audit need not pay. The real-valued
-    engine asks :func:`current_index` itself. Each call is read by
-    :func:`placecheck.engines.calls.read_placement`.
-    """
-
-    def __torch_function__(self, func: Callable[..., Any], types: Any, args: tuple[Any, ...] = (),
-                           kwargs: dict[str, Any] | None = None) -> Any:
-        kwargs = kwargs or {}
-        placement = read_placement(func, args, kwargs, _current[0])  # (the device resolved: cuda:current)
-        if placement is not None and placement.to_cuda:
-            if placement.kind is Kind.FACTORY:
-                kwargs = {**kwargs, "device": placement.device}
-            elif placement.kind is Kind.MOVE and func in (torch.Tensor.to, torch.Tensor.cuda):
-                return torch.Tensor.to(args[0], placement.device, non_blocking=placement.non_blocking,
-                                       **placement.to_options())
-        return func(*args, **kwargs)
 
 
 SIMULATED_GPU_NAME = "placecheck simulated GPU"

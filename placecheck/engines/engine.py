@@ -173,8 +173,12 @@ def fallback_engine(engine: Engine, why: str) -> Engine:
 
 
 @contextlib.contextmanager
-def simulated_cuda(gpus: int = 1, fake_mode: Any = None, strict: bool = False) -> Iterator[Any]:
+def simulated_cuda(gpus: int = 1, fake_mode: Any = None, strict: bool = False,
+                   script: Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], tuple[bool, Any]]
+                   | None = None) -> Iterator[Any]:
     """Fake-tensor mode plus simulated ``torch.cuda`` queries; yields the fake mode.
+
+    ``script``: ``placecheck run``'s calls that the fake mode alone cannot run (:class:`FakeCuda`).
 
     ``fake_mode`` (default: a new one) lets several sessions share one mode:
     the model built in one (``torch.zeros(..., device="cuda")`` in
@@ -185,7 +189,8 @@ def simulated_cuda(gpus: int = 1, fake_mode: Any = None, strict: bool = False) -
 
     mode = fake_mode if fake_mode is not None else FakeTensorMode(allow_non_fake_inputs=True)
     # A CPU-only build refuses .to("cuda") even on fake tensors; there the moves are made by hand.
-    moves = _FakeCudaMoves(mode) if CPU_ONLY_BUILD else contextlib.nullcontext()
+    moves = FakeCuda(mode, moves=CPU_ONLY_BUILD, script=script) if CPU_ONLY_BUILD or script is not None \
+        else contextlib.nullcontext()
     from placecheck.engines.datadep import (
         DataDependentMode,  # runs nonzero, .item()... with stated assumptions
     )
@@ -286,34 +291,49 @@ _APPLY_CODE = nn.Module._apply.__code__
 """``Module._apply``: the one caller whose ``Parameter(t)`` of a fresh move is made in place."""
 
 
-class _FakeCudaMoves(TorchFunctionMode):
-    """``x.to("cuda")`` / ``x.cuda()`` as fake CUDA tensors, for a CPU-only build of torch.
+class FakeCuda(TorchFunctionMode):
+    """The fake engine's one mode: what fake tensors alone cannot do for a simulated GPU.
 
-    That build refuses any move to CUDA ("not linked with support for cuda
-    devices"), fake tensors included, while fake CUDA factories work; so each
-    move to CUDA becomes a new fake CUDA tensor of the same shape and dtype,
-    whether it runs in ``__init__``, in ``model.to()`` or in forward.
+    Three duties, each switched on where it is needed (a mode costs every op a Python call, which a
+    one-GPU audit on a CUDA build need not pay):
 
-    Indexing a fake CUDA tensor (``x[0]``, ``x[:, 0]``, ``x[idx]``) fails there
-    too: Python's indexing sets a CUDA device guard before any dispatch. It is
-    computed on fake ``meta`` stand-ins instead (shapes and errors are the
-    same; fake tensors hold no values) and the result made a fake CUDA tensor.
-    The tracer's mode, entered later, has checked the devices before this runs.
+    ``moves`` (a CPU-only build of torch, or ``model_move``): ``x.to("cuda")`` / ``x.cuda()`` as fake
+    CUDA tensors. That build refuses any move to CUDA ("not linked with support for cuda devices"),
+    fake tensors included, while fake CUDA factories work; so each move to CUDA becomes a new fake CUDA
+    tensor of the same shape and dtype, whether it runs in ``__init__``, in ``model.to()`` or in forward.
+    Indexing a fake CUDA tensor (``x[0]``, ``x[:, 0]``, ``x[idx]``) fails there too: Python's indexing
+    sets a CUDA device guard before any dispatch. It is computed on fake ``meta`` stand-ins instead
+    (shapes and errors are the same; fake tensors hold no values) and the result made a fake CUDA tensor.
+    The dispatcher's handlers, above this mode, have checked the devices before this runs.
 
-    ``model_move`` (a build with CUDA support): only the moves of
-    ``model.to()`` are made here, of meta tensors and of plain contiguous CPU
-    tensors to CUDA; a fake CUDA tensor holds no data, so the one made from
-    the source's shape and strides is what ``_to_copy`` would give, without
-    converting the source into the fake mode and decomposing the copy per
-    parameter. The values of a small CPU source are still handed to the
-    data-dependent mode (:mod:`placecheck.engines.datadep`), as its ``_to_copy``
-    would have been. A ``memory_format`` and anything else are left to torch.
+    ``model_move`` (a build with CUDA support): only the moves of ``model.to()`` are made here, of meta
+    tensors and of plain contiguous CPU tensors to CUDA; a fake CUDA tensor holds no data, so the one made
+    from the source's shape and strides is what ``_to_copy`` would give, without converting the source into
+    the fake mode and decomposing the copy per parameter. The values of a small CPU source are still
+    handed to the data-dependent mode (:mod:`placecheck.engines.datadep`), as its ``_to_copy`` would have
+    been. A ``memory_format`` and anything else are left to torch.
+
+    ``follow_current`` (:func:`current_device_moves`): ``device="cuda"``, ``.to("cuda")`` and ``.cuda()``
+    go to the simulated current device, as on a GPU (fake tensors would send them to ``cuda:0`` whatever
+    the current device is); ``device=1`` is ``cuda:1``, as on a CUDA build.
+
+    ``script`` (``placecheck run``'s fake engine, :mod:`placecheck.run.fake`): the calls of a whole
+    script that the fake mode cannot run without a GPU (backward, printing, deep copies): a function that
+    answers ``(True, result)`` for a call it handles, ``(False, None)`` for any other. The torch calls it
+    makes itself still get this mode's moves.
     """
 
-    def __init__(self, fake_mode: Any, model_move: bool = False) -> None:
+    def __init__(self, fake_mode: Any = None, model_move: bool = False, *, moves: bool = True,
+                 follow_current: bool = False,
+                 script: Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], tuple[bool, Any]]
+                 | None = None) -> None:
         super().__init__()
         self.fake_mode = fake_mode
         self.model_move = model_move
+        self.moves = moves and fake_mode is not None
+        self.follow_current = follow_current
+        self.script = script
+        self._moves_only = FakeCuda(fake_mode, model_move) if script is not None and self.moves else None
         self.fresh: dict[int, torch.Tensor] = {}
         """``model_move``: the fake tensors made here that nothing else holds yet (by id), which
         :meth:`parameters_made_in_place` turns into parameters without a ``detach``."""
@@ -376,6 +396,18 @@ class _FakeCudaMoves(TorchFunctionMode):
     def __torch_function__(self, func: Callable[..., Any], types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
+        if self.script is not None:
+            if self._moves_only is not None:
+                with self._moves_only:  # the script's handling calls torch too: those moves are made here
+                    handled, out = self.script(func, args, kwargs)
+            else:
+                handled, out = self.script(func, args, kwargs)
+            if handled:
+                return out
+        if self.follow_current:
+            return _to_current_device(func, args, kwargs)
+        if not self.moves:
+            return func(*args, **kwargs)
         placement = read_placement(func, args, kwargs, current_index()) \
             if (func in _TENSOR_MOVES and args and isinstance(args[0], torch.Tensor)) or "device" in kwargs \
             else None
@@ -402,6 +434,24 @@ class _FakeCudaMoves(TorchFunctionMode):
                 and isinstance(args[0], torch.Tensor) and args[0].device.type == "cuda":
             return self._index(func, args)
         return func(*args, **kwargs)
+
+def _to_current_device(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``func`` with its CUDA device (``"cuda"``, ``1``) resolved to the simulated current device's
+    ``cuda:i``; each call is read by :func:`placecheck.engines.calls.read_placement`."""
+    placement = read_placement(func, args, kwargs, current_index())  # (the device resolved: cuda:current)
+    if placement is not None and placement.to_cuda:
+        if placement.kind is Kind.FACTORY:
+            kwargs = {**kwargs, "device": placement.device}
+        elif placement.kind is Kind.MOVE and func in (torch.Tensor.to, torch.Tensor.cuda):
+            return torch.Tensor.to(args[0], placement.device, non_blocking=placement.non_blocking,
+                                   **placement.to_options())
+    return func(*args, **kwargs)
+
+
+def current_device_moves() -> FakeCuda:
+    """The mode that sends ``"cuda"`` to the simulated current device (a replica's attempt, under
+    either engine: the real-valued one resolves it itself, so there it changes nothing)."""
+    return FakeCuda(follow_current=True)
 
 
 def _known_values(moved: torch.Tensor, source: torch.Tensor, dtype: torch.dtype) -> None:
@@ -451,7 +501,7 @@ def move_model(model: nn.Module, engine: Engine) -> nn.Module:
     ``.to()`` makes of uninitialised parameters: the fake mode cannot
     dispatch on their tensor subclass ("Multiple dispatch failed for
     aten._to_copy"). On a CPU-only build of torch the session itself turns
-    moves to CUDA into fake CUDA tensors (:class:`_FakeCudaMoves`).
+    moves to CUDA into fake CUDA tensors (:class:`FakeCuda`).
     """
     if not engine.fake:
         moved = model.to(engine.device)
@@ -477,7 +527,7 @@ def move_model(model: nn.Module, engine: Engine) -> nn.Module:
 
     fake_mode = active_fake_mode()
     if fake_mode is not None and not CPU_ONLY_BUILD:
-        moves = _FakeCudaMoves(fake_mode, model_move=True)
+        moves = FakeCuda(fake_mode, model_move=True)
         with (_each_module_applied_once(), fake_moves_replace_parameters(), moves,
               moves.parameters_made_in_place()):
             moved = model.to(engine.device)

@@ -7,11 +7,10 @@ from typing import Any
 
 import torch
 import torch.nn as nn
-from torch.overrides import TorchFunctionMode
 
 from placecheck.basics.values import Device, device_order
-from placecheck.checks.classify import tensor_arguments
 from placecheck.checks.state import reachable_tensors
+from placecheck.engines.dispatch import Call, subscribed
 from placecheck.placement.expected import Placement
 
 
@@ -37,23 +36,21 @@ class _Registered(Exception):
     """The trial forward would register a module or parameter: it stops, changing nothing."""
 
 
-class _FirstMeeting(TorchFunctionMode):
-    """Follows the input data through a trial forward until it meets a tensor on an accelerator."""
+class _FirstMeeting:
+    """Follows the input data through a trial forward until it meets a tensor on an accelerator (a
+    handler of the dispatcher)."""
 
     def __init__(self, inputs: Iterable[torch.Tensor]) -> None:
-        super().__init__()
         self.derived: dict[int, torch.Tensor] = {id(t): t for t in inputs}
 
-    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
-                           kwargs: dict[str, Any] | None = None) -> Any:
-        kwargs = kwargs or {}
-        tensors = [t for _, t in tensor_arguments(args, kwargs)]
+    def __call__(self, call: Call) -> Any:
+        tensors = [t for _, t in call.tensors]
         derived = any(id(t) in self.derived for t in tensors)
         if derived:
             for t in tensors:
                 if id(t) not in self.derived and t.device.type not in ("cpu", "meta"):
                     raise _Met(str(t.device))
-        out = func(*args, **kwargs)
+        out = call.run()
         if derived:
             outs = [out] if isinstance(out, torch.Tensor) else \
                 [o for o in out if isinstance(o, torch.Tensor)] if isinstance(out, tuple | list) else []
@@ -90,7 +87,7 @@ def input_device(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
                module_mod.register_module_parameter_registration_hook(refuse)]
     was_training = model.training
     try:
-        with torch.no_grad(), _FirstMeeting(leaves):
+        with torch.no_grad(), subscribed(_FirstMeeting(leaves)):
             model.eval()(*args, **kwargs)
     except _Met as met:
         return met.device, "the device of the first model tensor the input meets"

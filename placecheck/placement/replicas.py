@@ -61,16 +61,15 @@ from typing import Any
 
 import torch
 import torch.nn as nn
-from torch.overrides import TorchFunctionMode
 
 from placecheck.basics.errors import UsageError
 from placecheck.basics.options import AuditOptions, WrapChoice
 from placecheck.basics.patching import patch
-from placecheck.checks.classify import tensor_arguments
 from placecheck.checks.sources import Attribution, Site
-from placecheck.checks.trace import op_name
 from placecheck.engines.compat import tree_map_only
-from placecheck.engines.cudaapi import CPU_ONLY_BUILD, CurrentDeviceMoves, current_device
+from placecheck.engines.cudaapi import CPU_ONLY_BUILD, current_device
+from placecheck.engines.dispatch import Call, subscribed
+from placecheck.engines.engine import current_device_moves
 from placecheck.findings.finding import Finding
 from placecheck.findings.rules import dtensor_mixed, left_out_of_sharding, on_replicas, rule
 
@@ -179,13 +178,14 @@ class Replica:
     def attempt(self) -> Iterator[None]:
         """The whole attempt (build, move, forward): a DDP/FSDP rank's process group and current device.
         A DataParallel model is built once, on the default current device (``cuda:0``). In both,
-        ``device="cuda"`` and ``.cuda()`` follow the current device (:class:`CurrentDeviceMoves`)."""
+        ``device="cuda"`` and ``.cuda()`` follow the current device
+        (:func:`~placecheck.engines.engine.current_device_moves`)."""
         if self.kind is WrapChoice.DP:
-            with CurrentDeviceMoves():
+            with current_device_moves():
                 yield
             return
         with _fake_process_group(self.index, self.replicas.count), current_device(self.index), \
-                _fsdp_moves_fake_tensors(), CurrentDeviceMoves():
+                _fsdp_moves_fake_tensors(), current_device_moves():
             yield
 
     @contextlib.contextmanager
@@ -197,7 +197,7 @@ class Replica:
             with current_device(self.index):
                 yield
         elif self.kind is WrapChoice.FSDP:
-            with DTensorMixes(model, self.mixes):
+            with subscribed(DTensorMixes(model, self.mixes)):
                 yield
         else:
             yield
@@ -259,17 +259,16 @@ class Mix:
                        details=(("op", self.op), ("dtensor", self.dtensor)))
 
 
-class DTensorMixes(TorchFunctionMode):
+class DTensorMixes:
     """Records every op that mixes a plain tensor with a DTensor, and runs it on the DTensor's full
     value instead, so that the forward goes on and one run reports every such op.
 
-    Entered before the tracer's mode, so the tracer sees the call as the model made it and this
-    mode sees it just before dispatch. Decided from the arguments' types (a DTensor among plain
-    tensors), never from PyTorch's message.
+    A handler of the dispatcher, subscribed before the tracer, so the tracer sees the call as the
+    model made it and this handler sees it just before the engine. Decided from the arguments' types
+    (a DTensor among plain tensors), never from PyTorch's message.
     """
 
     def __init__(self, model: nn.Module, found: list[Mix]) -> None:
-        super().__init__()
         from placecheck.checks.trace import Tracer
 
         paths: dict[int, str] = {}
@@ -280,18 +279,17 @@ class DTensorMixes(TorchFunctionMode):
         self.found = found
         self.seen: set[tuple[str, str]] = set()
 
-    def __torch_function__(self, func: Callable[..., Any], types: Any, args: tuple[Any, ...] = (),
-                           kwargs: dict[str, Any] | None = None) -> Any:
-        kwargs = kwargs or {}
+    def __call__(self, call: Call) -> Any:
         from torch.distributed.tensor import DTensor
 
-        tensors = [t for _, t in tensor_arguments(args, kwargs)]
+        func, args, kwargs = call.func, call.args, call.kwargs
+        tensors = [t for _, t in call.tensors]
         dtensors = [t for t in tensors if isinstance(t, DTensor)]
         plain = [t for t in tensors if not isinstance(t, DTensor) and t.dim() > 0]
         if not dtensors or not plain or func in _DTENSOR_METADATA:
-            return func(*args, **kwargs)
+            return call.run()
         site = self.attribution.site(sys._getframe(1))
-        op = op_name(func)
+        op = call.name
         if (site.source, op) not in self.seen:
             self.seen.add((site.source, op))
             d, t = dtensors[0], plain[0]

@@ -39,7 +39,6 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
-from torch.overrides import TorchFunctionMode
 
 from placecheck.checks.classify import refused_on_device
 from placecheck.engines.callbacks import called_back
@@ -149,44 +148,46 @@ def _deepcopy(t: torch.Tensor, memo: dict[int, Any]) -> torch.Tensor:
     return copied
 
 
-class _FakeOnlyCalls(TorchFunctionMode):
-    """Backward and printing of fake tensors, which the fake mode alone cannot do without a GPU."""
+class _ScriptCalls:
+    """Backward, printing and deep copies of fake tensors, which the fake mode alone cannot do without a
+    GPU: the fake engine's mode (:class:`placecheck.engines.engine.FakeCuda`) asks this first for each
+    call of a script, ``(True, result)`` for a call handled here, ``(False, None)`` for any other."""
 
-    def __init__(self, datadep: DataDependentMode) -> None:
-        super().__init__()
-        self.datadep = datadep
+    def __init__(self) -> None:
+        self.datadep: DataDependentMode | None = None
+        """The session's data-dependent mode (set once the session is entered)."""
         from placecheck.engines.compat import FakeTensor
 
         self._fake: type[torch.Tensor] = FakeTensor
 
-    def __torch_function__(self, func: Callable[..., Any], types: Any, args: tuple[Any, ...] = (),
-                           kwargs: dict[str, Any] | None = None) -> Any:
-        kwargs = kwargs or {}
+    def __call__(self, func: Callable[..., Any], args: tuple[Any, ...],
+                 kwargs: dict[str, Any]) -> tuple[bool, Any]:
         if func in (torch.Tensor.backward, torch.autograd.backward):
             if func is torch.Tensor.backward and len(args) > 1:
                 kwargs = {"grad_tensors": args[1], **kwargs}
                 args = args[:1]
-            return _backward(args, kwargs)
+            _backward(args, kwargs)
+            return True, None
         if func is torch.autograd.grad:
-            return _grad(args, kwargs)
+            return True, _grad(args, kwargs)
         if func is torch.Tensor.__repr__ and args and isinstance(args[0], self._fake):
-            return self._printed(args[0])
+            return True, self._printed(args[0])
         refused = refused_on_device(func, args)  # .numpy()/.pin_memory() of a device tensor: a GPU's error
         if refused is not None:
             raise refused
         if func is torch.Tensor.numpy and args and isinstance(args[0], self._fake) \
                 and args[0].device.type == "cpu":
-            return self._host_array(args[0])  # an export after training: the values known, or assumed
+            return True, self._host_array(args[0])  # an export after training: the values known, or assumed
         if func is torch.Tensor.__deepcopy__ and args and type(args[0]) is self._fake:
-            return _deepcopy(args[0], args[1] if len(args) > 1 else kwargs.get("memo", {}))
+            return True, _deepcopy(args[0], args[1] if len(args) > 1 else kwargs.get("memo", {}))
         if func is torch.Tensor.__deepcopy__ and args and type(args[0]) in (torch.Tensor, torch.nn.Parameter):
             with on_host():  # a real tensor (a known value): copied as torch copies it, on the host
-                return func(*args, **kwargs)
-        handled, out = composite_call(func, args, kwargs)  # ATen's kernel reads data fake tensors lack
-        return out if handled else func(*args, **kwargs)
+                return True, func(*args, **kwargs)
+        return composite_call(func, args, kwargs)  # ATen's kernel reads data fake tensors lack
 
     def _host_array(self, t: torch.Tensor) -> Any:
         """``.numpy()`` of a fake host tensor: its values when known, else the assumed ones (noted)."""
+        assert self.datadep is not None
         real, _ = self.datadep.value(t)
         if real is None:
             self.datadep.assume(f"the value {REPRESENTATIVE} in every element", ".numpy()")
@@ -197,6 +198,7 @@ class _FakeOnlyCalls(TorchFunctionMode):
 
     def _printed(self, t: torch.Tensor) -> str:
         """What printing ``t`` shows: its values when known, else the assumed ones (noted)."""
+        assert self.datadep is not None
         real, _ = self.datadep.value(t)
         if real is None:
             self.datadep.assume(f"the value {REPRESENTATIVE} in every element", "printing a tensor")
@@ -220,10 +222,11 @@ def fake_cuda(gpus: int = 1) -> Iterator[DataDependentMode]:
     overwrite = torch.__future__.get_overwrite_module_params_on_conversion()
     torch.__future__.set_overwrite_module_params_on_conversion(True)
     try:
-        with simulated_cuda(gpus, fake_mode):
+        calls = _ScriptCalls()
+        with simulated_cuda(gpus, fake_mode, script=calls):
             datadep = active()
             assert datadep is not None  # simulated_cuda enters one
-            with _FakeOnlyCalls(datadep):
-                yield datadep
+            calls.datadep = datadep
+            yield datadep
     finally:
         torch.__future__.set_overwrite_module_params_on_conversion(overwrite)

@@ -1,10 +1,10 @@
 """What a whole script does with devices: the recorder behind ``placecheck run``.
 
 In the style of ``torch/utils/flop_counter.py``: the public :class:`RunRecorder`
-owns the state; a private ``TorchFunctionMode`` only hands each torch call to
-it; global module and optimizer hooks and a few patches (:mod:`placecheck.run.patches`
-says which, and why) tell it what the script is doing. :meth:`RunRecorder.findings`
-turns what it saw into findings afterwards.
+owns the state; it subscribes to the one dispatcher (:mod:`placecheck.engines.dispatch`), which
+hands it each torch call read once as a ``Call``; global module and optimizer hooks and a few patches
+(:mod:`placecheck.run.patches` says which, and why) tell it what the script is doing.
+:meth:`RunRecorder.findings` turns what it saw into findings afterwards.
 
 It runs on the real-valued engine (:func:`placecheck.engines.tagged.tagged_cuda`):
 values are real (a script prints losses, calls ``.item()``, branches on
@@ -47,7 +47,6 @@ from typing import Any
 
 import torch
 import torch.nn as nn
-from torch.overrides import TorchFunctionMode
 
 from placecheck.basics.errors import one_line
 from placecheck.checks import classify
@@ -56,8 +55,8 @@ from placecheck.checks.hostcopies import PendingCopies, PendingCopy
 from placecheck.checks.provenance import CallCounts
 from placecheck.checks.sources import here, user_line
 from placecheck.checks.state import Registry
-from placecheck.checks.trace import op_name
 from placecheck.engines.callbacks import in_callbacks
+from placecheck.engines.dispatch import Call, op_name, subscribed
 from placecheck.findings import rules
 from placecheck.findings.finding import Finding
 from placecheck.findings.rules import rule
@@ -95,18 +94,6 @@ class _Copies:
     nbytes: int
     device: str
     steps: set[int] = field(default_factory=set)
-
-
-class _ScriptMode(TorchFunctionMode):
-    """Hands every torch call to the recorder; holds no state of its own."""
-
-    def __init__(self, recorder: RunRecorder) -> None:
-        super().__init__()
-        self.recorder = recorder
-
-    def __torch_function__(self, func: Callable[..., Any], types: Any, args: tuple[Any, ...] = (),
-                           kwargs: dict[str, Any] | None = None) -> Any:
-        return self.recorder.on_call(func, args, kwargs or {})
 
 
 def _tensor(t: torch.Tensor) -> str:
@@ -229,8 +216,8 @@ class RunRecorder:
                 if self.ranks is not None:
                     stack.enter_context(self.ranks.session())
                 stack.enter_context(self.pending.synchronizations_seen())
-                mode = stack.enter_context(_ScriptMode(self))
-                stack.enter_context(in_callbacks(mode))  # a gradient hook's calls are the script's too
+                dispatcher = stack.enter_context(subscribed(self.on_call))
+                stack.enter_context(in_callbacks(dispatcher))  # a gradient hook's calls are the script's too
                 yield self
         finally:
             for handle in handles:
@@ -297,14 +284,16 @@ class RunRecorder:
         self.found.setdefault(key, finding)
 
     # -- per call -------------------------------------------------------------------------------------
-    def on_call(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """One torch call: run it, recording syncs, copies and mismatches."""
+    def on_call(self, call: Call) -> Any:
+        """One torch call (the dispatcher's): run it, recording syncs, copies and mismatches."""
         if self._quiet:
-            return func(*args, **kwargs)
-        return self.pending.watched(func, args, kwargs, lambda: self._recorded_call(func, args, kwargs),
+            return call.run()
+        func = call.func
+        return self.pending.watched(func, call.args, call.kwargs, lambda: self._recorded_call(call),
                                     lambda copy: self._stale_read(func, copy), lambda: here()[0])
 
-    def _recorded_call(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _recorded_call(self, call: Call) -> Any:
+        func, args, kwargs = call.func, call.args, call.kwargs
         sync = host_sync(func, args, kwargs)
         if sync is not None:
             self.pending.synchronized()  # the host waited for the stream: earlier copies landed
@@ -319,7 +308,7 @@ class RunRecorder:
             # on a GPU as copy_ is (the tagged engine does not list module_load as a copy)
             return args[0].copy_(args[1]).detach()
         if self.moves.strays:
-            self.moves.touched(t for _, t in classify.tensor_arguments(args, kwargs))
+            self.moves.touched(t for _, t in call.tensors)
         if self.fake_engine and func in _BACKWARDS and self._backwards_seen < 2:
             self._unrun_backwards(args, kwargs)
         if func in classify.index_ops() and args and isinstance(args[0], torch.Tensor) \

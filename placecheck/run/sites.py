@@ -13,7 +13,7 @@ from types import FrameType
 
 import torch
 
-from placecheck.checks.sources import PLACECHECK_DIR, internal_file, is_users, library_of_file, where_is
+from placecheck.checks.sources import frames, library_of_file, own_file, where_is
 
 # torch's own dispatch of a Tensor method to a torch function mode (Tensor.__format__ -> overrides):
 # the call is still the caller's
@@ -21,20 +21,13 @@ _DISPATCH_FILES = frozenset(os.path.join(os.path.dirname(torch.__file__), name)
                             for name in ("overrides.py", "_tensor.py"))
 
 
-def _own(filename: str) -> bool:
-    """placecheck's own machinery (its examples are user code)."""
-    return os.path.abspath(filename).startswith(PLACECHECK_DIR) and internal_file(filename)
-
-
 def called_from_user() -> str:
     """``file:line`` when the torch call being handled was made by the user's code itself (not by
     torch or a library on its behalf, as ``nn.Linear.__init__`` calls ``torch.empty``); else ""."""
-    frame: FrameType | None = sys._getframe(2)
-    while frame is not None and _own(frame.f_code.co_filename):
-        frame = frame.f_back
-    if frame is None or not is_users(frame.f_code):
+    found = frames(sys._getframe(2))
+    if found.caller is None or found.caller is not found.user:
         return ""
-    return where_is(frame)
+    return where_is(found.user)
 
 
 def library_caller() -> str:
@@ -42,16 +35,17 @@ def library_caller() -> str:
     the user's own code but torch's or a library's called from it; "" when the user made the call. When
     torch's function was itself called by another installed package, that package's function is named
     too (``Module.cpu (torch) in Strategy.teardown (lightning)``): the framework made the call."""
-    frame: FrameType | None = sys._getframe(2)
-    while frame is not None and (_own(frame.f_code.co_filename)
-                                 or os.path.abspath(frame.f_code.co_filename) in _DISPATCH_FILES):
-        frame = frame.f_back
-    if frame is None or is_users(frame.f_code):
+    found = frames(sys._getframe(2))
+    frame = found.caller
+    while frame is not None and (os.path.abspath(frame.f_code.co_filename) in _DISPATCH_FILES
+                                 or own_file(frame.f_code.co_filename)):
+        frame = frame.f_back  # torch's dispatch of a Tensor method: the call is still its caller's
+    if frame is None or frame is found.user:
         return ""
     caller = _function(frame)
     if library_of_file(frame.f_code.co_filename) == "torch":
         scan = frame.f_back
-        while scan is not None and not is_users(scan.f_code):
+        while scan is not None and scan is not found.user:
             package = library_of_file(scan.f_code.co_filename)
             if package and package != "torch":
                 return f"{caller} in {_function(scan)}"
