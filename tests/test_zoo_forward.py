@@ -25,6 +25,8 @@ import torch
 torchvision = pytest.importorskip("torchvision")
 
 from placecheck.commands.api import audit  # noqa: E402
+from placecheck.engines.datadep import KNOWN_BYTES_LIMIT  # noqa: E402
+from placecheck.model.construct import _ZeroLargeRandomFills  # noqa: E402
 from placecheck.model.inputs import infer_inputs, parse_input_spec, resolve_inputs  # noqa: E402
 from placecheck.model.load import parse_kwargs, resolve  # noqa: E402
 
@@ -88,7 +90,10 @@ def test_inference_gives_the_configured_input(entry: dict[str, Any]) -> None:
         with torch.device("meta"):  # no memory, no init: the class and its sizes are all inference reads
             model = _factory(entry)()
     except NotImplementedError:  # RegNet computes its widths with tensors and .tolist() in __init__
-        model = _factory(entry)()
+        # on the CPU then, its large weights zeroed instead of drawn (as the fake engine's CPU build does):
+        # drawing regnet_y_128gf's 2.4 GiB of random weights took most of this test's time
+        with _ZeroLargeRandomFills(KNOWN_BYTES_LIMIT):
+            model = _factory(entry)()
     inferred, _, text = infer_inputs(model)
     configured, _, _ = resolve_inputs(model, entry.get("inputs", []), entry.get("example_inputs"))
 
