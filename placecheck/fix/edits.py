@@ -18,6 +18,7 @@ from typing import Any
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
+from placecheck.findings.codes import Code
 from placecheck.fix.codes import NEVER
 
 
@@ -302,8 +303,9 @@ class RegisterBuffer(_AtLine):
         return updated_node.with_changes(body=body)
 
 
-_WRAPPERS = {("PC102", "list"): "ModuleList", ("PC102", "dict"): "ModuleDict",
-             ("PC103", "list"): "ParameterList", ("PC103", "dict"): "ParameterDict"}
+_WRAPPERS: dict[tuple[str, str], str] = {
+    (Code.PC102, "list"): "ModuleList", (Code.PC102, "dict"): "ModuleDict",
+    (Code.PC103, "list"): "ParameterList", (Code.PC103, "dict"): "ParameterDict"}
 
 
 class WrapContainer(_AtLine):
@@ -1124,7 +1126,7 @@ class, the statements around a line of a script)."""
 
 def _transformer(request: Request, imports: _Imports) -> _AtLine | _WholeFile | NotFixable:
     code = request.code
-    if code == "PC101":
+    if code == Code.PC101:
         attr = _attribute(request.where, request.module)
         base = re.split(r"[.\[]", attr, maxsplit=1)[0]
         if "[" in attr and base.isidentifier() and _KEY.match(attr[len(base):]):
@@ -1137,7 +1139,7 @@ def _transformer(request: Request, imports: _Imports) -> _AtLine | _WholeFile | 
                               "a buffer of a module (self.register_buffer(\"name\", <tensor>, "
                               "persistent=False)), or create it in forward() on the input's device")
         return RegisterBuffer(request.line, attr, persistent=request.unsafe)
-    if code in ("PC102", "PC103"):
+    if code in (Code.PC102, Code.PC103):
         base, bracket, key = request.where.partition("[")
         attr = _attribute(base, request.module)
         matched = _KEY.match(bracket + key)
@@ -1145,7 +1147,7 @@ def _transformer(request: Request, imports: _Imports) -> _AtLine | _WholeFile | 
             return NotFixable("not a plain container held directly by a module attribute")
         indexed_as = "list" if matched.group(1).isdigit() else "dict"
         return WrapContainer(request.line, code, attr, indexed_as, imports)
-    if code == "PC202":
+    if code == Code.PC202:
         factory = request.op.removeprefix("torch.")
         if request.op and (not request.op.startswith("torch.") or not factory.isidentifier()):
             return NotFixable(f"{request.op} is not a torch factory function")
@@ -1153,7 +1155,7 @@ def _transformer(request: Request, imports: _Imports) -> _AtLine | _WholeFile | 
             return lambda module: _visit(module, AddDevice(request.line, factory, imports,
                                                            script_device(module)))
         return AddDevice(request.line, factory, imports)
-    if code == "PC201":
+    if code == Code.PC201:
         if request.holder:
             return lambda module: _move_holder(module, request)
         if not request.batch:
@@ -1163,10 +1165,10 @@ def _transformer(request: Request, imports: _Imports) -> _AtLine | _WholeFile | 
             return NotFixable(f"the batch element ({request.batch}) has no name of its own in the loop: move "
                               "the batch to the device where it is unpacked")
         return MoveBatchElement(request.line, request.use, request.where)
-    if code == "PC301":
+    if code == Code.PC301:
         location = request.device if request.device in ("cpu", "meta") else "cpu"
         return MapLocation(request.line, location, imports)
-    if code == "PC307":
+    if code == Code.PC307:
         return lambda module: _move_model_up(module, request)
     if code in NEVER:
         return NotFixable(NEVER[code])
