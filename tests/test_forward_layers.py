@@ -25,10 +25,11 @@ PACKAGE = Path(__file__).parents[1] / "placecheck"
 ORDER = ["compat", "callbacks", "sources", "classify", "host_syncs", "calls", "cudaapi", "dispatch", "tagged",
          "shortcuts",
          "datadep", "reuse", "engine", "provenance", "events", "hostcopies", "forward_checks", "trace"]
-BASICS = {"errors", "values", "patching", "finding", "rules", "devices", "walk", "options", "placement"}
-"""Modules any layer may use: torch-free basics, the walk's result the tracer starts from, and
-``placement`` (``--device keep``): each module's expected device (the walk's too) and the flows of a
-forward across devices, whose copies are events."""
+BASICS = {"errors", "values", "patching", "finding", "codes", "rules", "devices", "walk", "options",
+          "placement"}
+"""Modules any layer may use: torch-free basics (a finding, its code and rule), the walk's result the
+tracer starts from, and ``placement`` (``--device keep``): each module's expected device (the walk's
+too) and the flows of a forward across devices, whose copies are events."""
 
 
 LAYER_PACKAGES = {"basics", "findings", "engines", "checks", "model", "commands"}

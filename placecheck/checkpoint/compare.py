@@ -19,6 +19,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from placecheck.findings.codes import Code
 from placecheck.findings.finding import Finding
 from placecheck.findings.rules import rule
 
@@ -148,7 +149,7 @@ def compare_state_dicts(ckpt: Mapping[str, TensorSpec], model: Mapping[str, Tens
                    "and unexpected")
             hint = (f"load into the unwrapped model (model.{fix.prefix.rstrip('.').split('.')[0]}), "
                     f"or add the prefix: {fix.code()}")
-        findings.append(_finding("PC302", f"<prefix {fix.prefix}>", msg, hint, count=affected,
+        findings.append(_finding(Code.PC302, f"<prefix {fix.prefix}>", msg, hint, count=affected,
                                  nbytes=sum(nbytes(ckpt[k]) for k in ckpt_keys if fix.apply(k) != k),
                                  details=(("prefix", fix.prefix),
                                           ("action", "strip" if fix.strip else "add"))))
@@ -158,7 +159,7 @@ def compare_state_dicts(ckpt: Mapping[str, TensorSpec], model: Mapping[str, Tens
         if key not in present:
             spec = model[key]
             findings.append(_finding(
-                "PC302", key, f"{model_name} expects {key!r} ({_fmt(spec)}) and the checkpoint lacks it",
+                Code.PC302, key, f"{model_name} expects {key!r} ({_fmt(spec)}) and the checkpoint lacks it",
                 "with strict=False it keeps its initial values; check that the checkpoint belongs to "
                 "this model and configuration", shape=spec[0], dtype=spec[1]))
     key_map: dict[str, str] = {}
@@ -166,14 +167,15 @@ def compare_state_dicts(ckpt: Mapping[str, TensorSpec], model: Mapping[str, Tens
         spec = ckpt[ckey]
         if mkey not in model:
             findings.append(_finding(
-                "PC303", ckey, f"the checkpoint has {ckey!r} ({_fmt(spec)}) and {model_name} has no such key",
+                Code.PC303, ckey,
+                f"the checkpoint has {ckey!r} ({_fmt(spec)}) and {model_name} has no such key",
                 "drop it before load_state_dict(strict=True), or build the model the checkpoint was "
                 "saved from", shape=spec[0], dtype=spec[1]))
             continue
         want = model[mkey]
         if tuple(spec[0]) != tuple(want[0]):
             findings.append(_finding(
-                "PC304", mkey, f"checkpoint shape {list(spec[0])} for {mkey!r}, {model_name} has "
+                Code.PC304, mkey, f"checkpoint shape {list(spec[0])} for {mkey!r}, {model_name} has "
                 f"{list(want[0])}: load_state_dict raises 'size mismatch' even with strict=False",
                 "build the model with the checkpoint's configuration, or drop the key and "
                 "re-initialise it", shape=spec[0], dtype=spec[1],
@@ -182,7 +184,7 @@ def compare_state_dicts(ckpt: Mapping[str, TensorSpec], model: Mapping[str, Tens
         key_map[ckey] = mkey
         if spec[1] != want[1]:
             findings.append(_finding(
-                "PC305", mkey, f"checkpoint dtype {spec[1]} for {mkey!r}, {model_name} has {want[1]}: "
+                Code.PC305, mkey, f"checkpoint dtype {spec[1]} for {mkey!r}, {model_name} has {want[1]}: "
                 "load_state_dict casts silently", f"convert the model first (model.to(torch.{spec[1]})) "
                 "if the checkpoint's precision is intended", shape=spec[0], dtype=spec[1],
                 details=(("checkpoint_dtype", spec[1]), ("model_dtype", want[1]))))

@@ -45,6 +45,7 @@ from placecheck.checkpoint.metadata import (
 )
 from placecheck.checkpoint.pt2 import load_pt2_state_dict
 from placecheck.engines.compat import torch_note
+from placecheck.findings.codes import Code
 from placecheck.findings.finding import Finding
 from placecheck.findings.report import Report
 from placecheck.findings.rules import rule, selected
@@ -156,7 +157,7 @@ def _tensors(n: int, nbytes: int) -> str:
 def device_findings(meta: CheckpointMeta, device: str, gpus: int) -> list[Finding]:
     """PC301: storages saved on devices the target machine lacks, or on several devices."""
     usage = [u for u in device_usage(meta) if u.location]
-    r = rule("PC301")
+    r = rule(Code.PC301)
     have = f"{gpus} GPU{'s' if gpus != 1 else ''}" if gpus else "no GPU"
     if meta.format is CheckpointFormat.TORCH_EXPORT:
         hint = (f"torch.export.load has no map_location: export the program from a model on {device} "
@@ -202,7 +203,7 @@ def unsafe_globals_text(meta: CheckpointMeta) -> str:
 
 def unsafe_finding(meta: CheckpointMeta, trusted: bool, loaded: bool = True) -> Finding:
     """PC306 for a pickle that names globals outside torch's weights_only allowlist."""
-    r = rule("PC306")
+    r = rule(Code.PC306)
     names = unsafe_globals_text(meta)
     if not trusted:
         done = "placecheck did not load it"
@@ -486,14 +487,14 @@ def strict_load_verdict(comparison: Comparison) -> str:
     reasons = []
     if comparison.fix is not None:
         reasons.append(f"every key is missing and unexpected (prefix {comparison.fix.prefix!r})")
-    missing = codes.count("PC302") - (comparison.fix is not None)
+    missing = codes.count(Code.PC302) - (comparison.fix is not None)
     if missing:
         reasons.append(f"{missing} missing key{'s' if missing != 1 else ''}")
-    if codes.count("PC303"):
-        reasons.append(f"{codes.count('PC303')} unexpected key{'s' if codes.count('PC303') != 1 else ''}")
-    if codes.count("PC304"):
-        reasons.append(f"{codes.count('PC304')} size mismatch{'es' if codes.count('PC304') != 1 else ''} "
-                       "(strict=False raises too)")
+    unexpected, sizes = codes.count(Code.PC303), codes.count(Code.PC304)
+    if unexpected:
+        reasons.append(f"{unexpected} unexpected key{'s' if unexpected != 1 else ''}")
+    if sizes:
+        reasons.append(f"{sizes} size mismatch{'es' if sizes != 1 else ''} (strict=False raises too)")
     if not reasons:
         return "; a strict load_state_dict (the default) accepts it as it is"
     return ("; placecheck fixed or left out what does not load, but a training script's "

@@ -33,9 +33,10 @@ from placecheck.checks.events import (
 from placecheck.checks.provenance import Creation, Provenance
 from placecheck.checks.sources import NOWHERE, Site
 from placecheck.findings import rules
+from placecheck.findings.codes import Code
 from placecheck.findings.finding import Finding, Severity
 
-_PERFORMANCE_CODES = frozenset({"PC202", "PC204", "PC205"})
+_PERFORMANCE_CODES = frozenset({Code.PC202, Code.PC204, Code.PC205})
 
 
 @dataclasses.dataclass
@@ -76,10 +77,10 @@ def forward_findings(events: list[Event], target: str, library_findings: bool = 
             continue
         # one finding per line; per output for PC206 (two host copies returned from one line)
         key = (finding.code, finding.source,
-               finding.module if not finding.source or finding.code == "PC206" else "")
+               finding.module if not finding.source or finding.code == Code.PC206 else "")
         if key in found:
             found[key] = _also_in(found[key], finding.where)
-            if finding.code == "PC201":
+            if finding.code == Code.PC201:
                 found[key] = _also_from(found[key], finding.origin)
             continue
         found[key] = finding
@@ -144,7 +145,7 @@ def _finding(event: Event, target: str, lazy_lines: set[str],
         output = returned.get(id(event))
         message, hint = rules.host_sync(event.op, event.device, returned_as=output.path if output else "")
         # a copy forward returns goes to the host: its device column reads cuda:0 -> cpu
-        return _make("PC204", event.site, None, device=event.device,
+        return _make(Code.PC204, event.site, None, device=event.device,
                      expected=output.device if output else target,
                      origin=output.provenance.origin if output else "",
                      message=message, hint=hint, details=(("op", event.op),))
@@ -154,7 +155,7 @@ def _finding(event: Event, target: str, lazy_lines: set[str],
             return None
         message, hint = rules.implicit_transfer(event.op, event.scalar, _tensor(event.dtype, event.shape),
                                                 target, _came_from(event.provenance))
-        return _make("PC205", event.site, rules.severity("PC205", "scalar") if event.scalar else None,
+        return _make(Code.PC205, event.site, rules.severity(Code.PC205, "scalar") if event.scalar else None,
                      device="cpu",
                      expected=target, dtype=event.dtype, shape=event.shape, origin=event.provenance.origin,
                      message=message, hint=hint, details=(("op", event.op),))
@@ -163,32 +164,32 @@ def _finding(event: Event, target: str, lazy_lines: set[str],
                                                  event.on_target)
         # on the target it cannot crash the job: only the optimizer misses it
         # where: the created module or parameter, as a walk finding's; source: the line that created it
-        return _make("PC203", event.site, rules.severity("PC203", "on-target") if event.on_target else None,
-                     where=event.path,
+        return _make(Code.PC203, event.site,
+                     rules.severity(Code.PC203, "on-target") if event.on_target else None, where=event.path,
                      device=event.device, expected=target, module=event.path, message=message, hint=hint)
     if isinstance(event, OutputOffDevice):
         prov = event.provenance
         message, hint = rules.output_off_device(event.path, _tensor(event.dtype, event.shape), event.device,
                                                 target, _came_from(prov))
-        return _make("PC206", prov.site, None, device=event.device, expected=target, dtype=event.dtype,
+        return _make(Code.PC206, prov.site, None, device=event.device, expected=target, dtype=event.dtype,
                      shape=event.shape, origin=prov.origin, module=event.path, message=message, hint=hint,
                      details=(("output", event.path),))
     if isinstance(event, ForwardError):
         if event.mismatch:
             message, hint = rules.device_mismatch_untraced(event.phase, event.message)
-            return _make("PC201", event.site, None, expected=target, message=message, hint=hint)
+            return _make(Code.PC201, event.site, None, expected=target, message=message, hint=hint)
         message, hint = rules.forward_error(event.phase, event.message)
-        return _make("PC207", event.site, None, expected=target, message=message, hint=hint,
+        return _make(Code.PC207, event.site, None, expected=target, message=message, hint=hint,
                      details=(("phase", event.phase),))
     if isinstance(event, StaleRead):
         message, hint = rules.unsynchronized_read(event.op, event.device, event.copied_at.source)
         # the copy's direction in the device columns (cuda:0 -> cpu), as a returned host copy's PC204
-        return _make("PC210", event.site, None, device=event.device, expected="cpu",
+        return _make(Code.PC210, event.site, None, device=event.device, expected="cpu",
                      origin=event.copied_at.source, message=message, hint=hint,
                      details=(("op", event.op), ("copied_at", event.copied_at.source)))
     if isinstance(event, GradOffDevice):
         message, hint = rules.gradient_off_device(event.path, event.device, target)
-        return _make("PC201", NOWHERE, None, device=event.device, expected=target, module=event.path,
+        return _make(Code.PC201, NOWHERE, None, device=event.device, expected=target, module=event.path,
                      origin=event.path, message=message, hint=hint, details=(("op", "backward"),))
     return None
 
@@ -200,14 +201,14 @@ def _creation(event: Creation, target: str) -> Finding:
         message, hint = rules.created_then_cached(
             event.op, _tensor(event.dtype, event.shape), event.device, event.moved_to or target,
             event.moved_at.source, kept_in=event.kept_in)
-        return _make("PC202", event.site, rules.severity("PC202", "cache"), device=event.device,
+        return _make(Code.PC202, event.site, rules.severity(Code.PC202, "cache"), device=event.device,
                      expected=target, dtype=event.dtype, shape=event.shape, origin=event.site.source,
                      message=message, hint=hint, details=(("op", event.op), ("kept_in", event.kept_in)))
     message, hint = rules.created_off_device(
         event.op, _tensor(event.dtype, event.shape), event.device, target, fed=fed,
         copied_to=event.moved_to, copied_at=event.moved_at.source if event.moved and event.moved_at else "")
     # always the rule's severity (one truth with the rule table): the mismatch it fed is its own PC201 error
-    return _make("PC202", event.site, None, device=event.device, expected=target,
+    return _make(Code.PC202, event.site, None, device=event.device, expected=target,
                  dtype=event.dtype, shape=event.shape, origin=event.site.source, message=message, hint=hint,
                  details=(("op", event.op),))
 
@@ -220,7 +221,7 @@ def _copy(event: Copy) -> Finding:
     details = [("boundary", boundary), ("route", " -> ".join(event.route or (event.src, event.dst)))]
     if event.weights:
         details.append(("weights", event.weights))
-    return _make("PC208", event.site, None, device=event.src, expected=event.dst, nbytes=event.nbytes,
+    return _make(Code.PC208, event.site, None, device=event.src, expected=event.dst, nbytes=event.nbytes,
                  origin=event.weights or event.site.source, message=message, hint=hint,
                  details=tuple(details))
 
@@ -233,7 +234,7 @@ def _mismatch(event: Mismatch, target: str) -> Finding:
         else:
             message, hint = rules.host_argument_on_device(event.op, event.refused,
                                                           _tensor(event.dtype, event.shape), event.device)
-        return _make("PC201", event.site, None, device=event.device, expected=target, dtype=event.dtype,
+        return _make(Code.PC201, event.site, None, device=event.device, expected=target, dtype=event.dtype,
                      shape=event.shape, origin=prov.origin, message=message, hint=hint,
                      details=(("op", event.op), ("devices", ", ".join(event.devices)),
                               ("argument", event.refused)))
@@ -250,7 +251,7 @@ def _mismatch(event: Mismatch, target: str) -> Finding:
     origins = prov.origins()
     if len(origins) > 1:
         details.append(("origins", ", ".join(origins)))
-    return _make("PC201", event.site, None, device=event.device, expected=target, dtype=event.dtype,
+    return _make(Code.PC201, event.site, None, device=event.device, expected=target, dtype=event.dtype,
                  shape=event.shape, origin=prov.origin, message=message, hint=hint, details=tuple(details))
 
 

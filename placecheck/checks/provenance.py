@@ -19,6 +19,7 @@ import torch.nn as nn
 
 from placecheck.checks.sources import NOWHERE, Site, library_of_class
 from placecheck.checks.walk import WalkResult, storage_key
+from placecheck.findings.codes import Code
 from placecheck.findings.finding import Finding
 from placecheck.findings.rules import (
     created_then_cached,
@@ -139,7 +140,7 @@ class Provenances:
         self.storages: dict[int, str] = dict(walk.storages) if walk else {}
         self.walk_findings = dict(walk.finding_by_origin) if walk else {}
         self.lazy_origins: set[str] = set()
-        self.strays = {path for path, f in self.walk_findings.items() if f.code == "PC101"}
+        self.strays = {path for path, f in self.walk_findings.items() if f.code == Code.PC101}
         """The walk's stray tensors (PC101), whose use in forward is followed."""
         self._stray_ids = {tid: path for tid, path in self.origins.items() if path in self.strays}
         self.stray_touched: set[str] = set()
@@ -216,7 +217,7 @@ class Provenances:
         """
         if not completed:
             return []
-        still_off = {f.where for f in after.findings if f.code == "PC101"}
+        still_off = {f.where for f in after.findings if f.code == Code.PC101}
         present = set(after.origins.values())
         verdicts = []
         for path in sorted(self.strays - self.stray_fed):
@@ -299,6 +300,6 @@ class CallCounts:
         op, tensor, copied_to, copied_at = self._first[line]
         message, hint = created_then_cached(op, tensor, finding.device, copied_to, copied_at, made=made,
                                             calls=calls)
-        return dataclasses.replace(finding, severity=severity("PC202", "cache"), message=message, hint=hint,
-                                   count=made,
+        return dataclasses.replace(finding, severity=severity(Code.PC202, "cache"), message=message,
+                                   hint=hint, count=made,
                                    details=(*finding.details, ("made", str(made)), ("forwards", str(calls))))

@@ -40,6 +40,7 @@ from placecheck.checks.state import (
 )
 from placecheck.checks.state import reachable_tensors as reachable_tensors  # the API's copy uses it from here
 from placecheck.findings import rules
+from placecheck.findings.codes import Code
 from placecheck.findings.finding import Finding, Severity
 from placecheck.findings.rules import rule
 from placecheck.placement.expected import Placement
@@ -203,13 +204,13 @@ class _Walker:
     # -- registered state ---------------------------------------------------------
     def registered_off_device(self) -> None:
         model = self.root
-        for code, items in (("PC104", self.registry.parameters), ("PC105", self.registry.buffers)):
+        for code, items in ((Code.PC104, self.registry.parameters), (Code.PC105, self.registry.buffers)):
             for name, t in items:
                 dev = tensor_device(t)
                 owner, _, attr = name.rpartition(".")
                 if self.on_device(dev, owner):
                     continue
-                words = rules.param_off_device if code == "PC104" else rules.buffer_off_device
+                words = rules.param_off_device if code == Code.PC104 else rules.buffer_off_device
                 self.findings.append(self._finding(
                     code, name, owner, t, *words(name, dev, self.expected(owner),
                                                  module=owner if self.placement is not None else None),
@@ -292,7 +293,7 @@ class _Walker:
                 object_class=parent.class_name if parent and in_object else "",
                 object_path=_holder_name(path) if in_object else "",
                 in_dict=parent is not None and parent.kind == "dict")
-            code = "PC103"
+            code = Code.PC103
         else:
             class_level = path in self.class_paths
             scalar = _shape(t) == () and dev == "cpu" and not class_level and not stale
@@ -301,7 +302,7 @@ class _Walker:
                 scalar_dtype=_dtype(t) if scalar else "", class_level=class_level,
                 container=container, helper=helper,
                 module=owner if self.placement is not None else None)
-            code = "PC101"
+            code = Code.PC101
             severity = rules.severity(code, "scalar") if scalar else None
         finding = self._finding(code, path, owner, t, message, hint, source(), severity)
         self.findings.append(finding)
@@ -358,7 +359,7 @@ class _Walker:
             object_path=_holder_name(path) if in_object else "",
             in_dict=parent is not None and parent.kind == "dict", reported_elsewhere=already)
         finding = Finding(
-            code="PC102", kind=rule("PC102").kind, severity=rule("PC102").severity,
+            code=Code.PC102, kind=rule(Code.PC102).kind, severity=rule(Code.PC102).severity,
             where=path, module=owner, source=source(), device=", ".join(devices),
             expected=self.expected(owner),
             nbytes=nbytes, count=len(counted), message=message, hint=hint,

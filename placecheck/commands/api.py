@@ -37,6 +37,7 @@ from placecheck.engines.engine import (
     fallback_engine,
     move_model,
 )
+from placecheck.findings.codes import Code
 from placecheck.findings.finding import Finding
 from placecheck.findings.report import ASSUMED_BRANCHES, DeviceMap, Report
 from placecheck.findings.rules import rule, selected
@@ -544,7 +545,7 @@ def _walk_and_forward(
                           reuse_calls=reuse_calls)
     walk_findings = [
         stray_verdict(f, traced.handled.get(f.where), f.expected or target, stray_owner(f, model))
-        if f.code == "PC101" else f for f in result.findings]
+        if f.code == Code.PC101 else f for f in result.findings]
     stats = result.stats
     if traced.assumed_branches:  # the summary then says that paths other values take did not run
         stats = {**stats, ASSUMED_BRANCHES: traced.assumed_branches}
@@ -773,7 +774,8 @@ def _audit_device_map(model: ModelOrFactory, opts: AuditOptions) -> Report:
             notes.append(f"forward: checked only up to where fake tensors stopped ({checked.fallback})")
             incomplete = f"fake tensors stopped ({checked.fallback})"
     # an offloaded weight is on meta between forwards: where accelerate's hooks keep it
-    findings = [f for f in checked.findings if not (f.code in ("PC104", "PC105") and f.where in offloaded)]
+    findings = [f for f in checked.findings
+                if not (f.code in (Code.PC104, Code.PC105) and f.where in offloaded)]
     findings = [f for f in dispatch.offload_findings(findings, checked.copies, plan, offloaded)
                 if f.code in codes]
     device_map = dispatch.report_map(plan, checked.copies)

@@ -47,6 +47,7 @@ from typing import IO, Any, Protocol
 from placecheck.basics.config import ISOLATION_CHOICES, PROGRESS_CHOICES, ModelConfig, RunConfig, apply_allows
 from placecheck.basics.devices import normalize_device
 from placecheck.basics.errors import UsageError, one_line
+from placecheck.findings.codes import Code
 from placecheck.findings.finding import Finding
 from placecheck.findings.formats.json import finding_from_dict, report_from_dict
 from placecheck.findings.report import Report
@@ -56,7 +57,7 @@ __all__ = ["INCOMPLETE", "ModelOutcome", "WarmPool", "audit_in_subprocess", "fin
            "finish", "fork_available", "preload_modules", "report_from_dict", "run_models",
            "show_progress"]
 
-INCOMPLETE = "PC901"
+INCOMPLETE = Code.PC901
 """The code of a model whose audit did not finish (crash, timeout, out of memory, not loadable)."""
 
 _STDERR_TAIL = 12

@@ -39,6 +39,7 @@ from typing import Any
 
 from placecheck import __version__
 from placecheck.basics.errors import UsageError
+from placecheck.findings.codes import Code
 from placecheck.findings.finding import Finding
 from placecheck.findings.formats.location import repo_path, split_source
 from placecheck.findings.problems import identity
@@ -48,7 +49,7 @@ BASELINE_VERSION = 2
 LEGACY_VERSION = 1
 """One entry per finding, before findings were grouped into problems."""
 
-NEVER_BASELINED = "PC901"
+NEVER_BASELINED = Code.PC901
 """runner.INCOMPLETE, named here without importing the runner."""
 
 Key = tuple[str, str, str, str]
@@ -163,7 +164,7 @@ def read(path: str | Path) -> Baseline:
     return Baseline(counts, version, shown)
 
 
-_LEGACY_WHERE_CHANGED = frozenset({"PC203"})
+_LEGACY_WHERE_CHANGED = frozenset({Code.PC203})
 """Codes whose ``where`` changed meaning since version 1: PC203's was the module whose forward built
 the layer, it is now the layer's own path; such an entry matches by model, code and file."""
 

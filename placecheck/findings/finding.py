@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from placecheck.basics.values import Site
+from placecheck.findings.codes import Code
 
 
 class Severity(str, enum.Enum):
@@ -87,9 +88,9 @@ class Evidence:
         return Evidence(**values)
 
 
-_EFFECT = {"PC201": "crashes on a GPU", "PC204": "waits for the GPU",
-           "PC205": "copies to the GPU on every call",
-           "PC206": "returned off the device", "PC208": "copies between devices"}
+_EFFECT: dict[str, str] = {Code.PC201: "crashes on a GPU", Code.PC204: "waits for the GPU",
+                           Code.PC205: "copies to the GPU on every call",
+                           Code.PC206: "returned off the device", Code.PC208: "copies between devices"}
 """What a linked finding does, said from the user's side (others use the rule's kind)."""
 
 

@@ -29,6 +29,7 @@ import dataclasses
 import re
 from collections.abc import Iterable, Sequence
 
+from placecheck.findings.codes import Code
 from placecheck.findings.finding import Evidence, Finding, natural_key
 
 _INDEX = re.compile(r"(?<=\.)\d+(?=\.|$)|(?<=\[)\d+(?=\])")
@@ -39,9 +40,9 @@ _ATTRIBUTE = re.compile(r"[^.\[]+")
 
 # Forward findings whose offending tensor can come from another problem; PC202/PC203 are causes
 # themselves and PC207 is the forward stopping.
-_SYMPTOM_CODES = frozenset({"PC201", "PC204", "PC205", "PC206", "PC208"})
+_SYMPTOM_CODES = frozenset({Code.PC201, Code.PC204, Code.PC205, Code.PC206, Code.PC208})
 
-_GROUPED_WHOLE = frozenset({"PC304"})
+_GROUPED_WHOLE = frozenset({Code.PC304})
 """Rules whose findings in one report are one problem whatever their key: every shape mismatch of a
 checkpoint says the same thing (it was saved from a model of another size)."""
 
@@ -112,15 +113,15 @@ def _cause_of(symptom: Finding, causes: Sequence[Finding]) -> int | None:
             paths = cause.instances or (cause.where,)
             if cause.code.startswith("PC1") and any(_under(origin, w) for w in paths):
                 return i
-            if cause.code == "PC202" and origin in (cause.source, cause.origin):
+            if cause.code == Code.PC202 and origin in (cause.source, cause.origin):
                 return i
-            if cause.code == "PC203" and (_under(origin, cause.module) or _under(origin, cause.where)
+            if cause.code == Code.PC203 and (_under(origin, cause.module) or _under(origin, cause.where)
                                           or origin == cause.source):
                 return i
-    if symptom.code == "PC204" and symptom.source:
+    if symptom.code == Code.PC204 and symptom.source:
         # the .cpu() that made an output off the device: the output is the problem, the sync its cost
         for i, cause in enumerate(causes):
-            if cause.code == "PC206" and symptom.source in (cause.origin, cause.source):
+            if cause.code == Code.PC206 and symptom.source in (cause.origin, cause.source):
                 return i
     return None
 

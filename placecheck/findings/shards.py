@@ -33,6 +33,7 @@ from typing import Any
 from placecheck import __version__
 from placecheck.basics.config import RunConfig
 from placecheck.basics.errors import UsageError
+from placecheck.findings.codes import Code
 from placecheck.findings.formats.json import report_from_dict
 from placecheck.findings.report import Report
 
@@ -105,7 +106,7 @@ class Combined:
     """``(model, message)`` of each model that did not load: the run exits 2, as one run would."""
 
 
-_INCOMPLETE = "PC901"
+_INCOMPLETE = Code.PC901
 """runner.INCOMPLETE, named here without importing the runner (a layer above)."""
 
 _SAME = ("placecheck_version", "config_sha256", "options", "baseline")

@@ -27,6 +27,7 @@ from typing import Any
 
 from placecheck.basics.errors import LoadError, PlacecheckError
 from placecheck.basics.options import AuditOptions, FixOptions, RunOptions
+from placecheck.findings.codes import Code
 from placecheck.findings.finding import Finding, Severity
 from placecheck.findings.report import Report
 from placecheck.fix.codes import AUTOFIX, NEVER, fixable_text
@@ -81,10 +82,10 @@ class FixResult:
             edit = by_edit.get(id(finding))
             if edit is not None:
                 lines = f"{edit.start}" if edit.start == edit.end else f"{edit.start}-{edit.end}"
-                at = "its origin " if finding.code == "PC201" and edit.code != "PC201" else ""
+                at = "its origin " if finding.code == Code.PC201 and edit.code != Code.PC201 else ""
                 out.append((finding, True, f"edit at {at}{edit.file}:{lines}"))
             elif id(finding) in gone:
-                out.append((finding, True, "gone with the edits of its origins" if finding.code == "PC201"
+                out.append((finding, True, "gone with the edits of its origins" if finding.code == Code.PC201
                             else "gone with the edits"))
             elif id(finding) in by_reason:
                 out.append((finding, False, by_reason[id(finding)]))
@@ -251,7 +252,7 @@ class _Prover:
 
 def _not_rewritten(finding: Finding) -> str:
     """Why a code without a rewrite is left; for PC203 the nn.Lazy* class that would build the layer."""
-    if finding.code == "PC203":
+    if finding.code == Code.PC203:
         located = split_source(finding.source)
         if located is not None and os.path.isfile(located[0]):
             with open(located[0], encoding="utf-8", errors="replace") as handle:

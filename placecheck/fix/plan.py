@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 from placecheck.basics.values import Site
+from placecheck.findings.codes import Code
 from placecheck.findings.finding import Finding
 from placecheck.fix.edits import NotFixable, Request, Rewrite, rewrite
 
@@ -111,7 +112,7 @@ def why_not_editable(path: str) -> str:
 def edited_line(finding: Finding) -> tuple[str, int] | None:
     """The file and line a fix of ``finding`` edits: its ``source``, or for a batch element a
     ``placecheck run`` loop did not move (PC201), the loop (its ``origin``)."""
-    if finding.code == "PC201" and dict(finding.details).get("batch"):
+    if finding.code == Code.PC201 and dict(finding.details).get("batch"):
         return split_source(finding.origin)
     return split_source(finding.source)
 
@@ -120,7 +121,7 @@ def request_for(finding: Finding, line: int, unsafe: bool, script: str = "") -> 
     """The rewrite a finding asks for (``line``: from :func:`edited_line`); ``script``: the file
     ``placecheck run`` ran, if any."""
     details = dict(finding.details)
-    batch = details.get("batch", "") if finding.code == "PC201" else ""
+    batch = details.get("batch", "") if finding.code == Code.PC201 else ""
     use = 0
     if batch:
         used, loop = split_source(finding.source), split_source(finding.origin)
@@ -128,7 +129,7 @@ def request_for(finding: Finding, line: int, unsafe: bool, script: str = "") -> 
     located = edited_line(finding)
     in_script = bool(script) and located is not None and _same_file(located[0], script)
     fields: tuple[str, ...] = ()
-    if finding.code == "PC101":
+    if finding.code == Code.PC101:
         attr = _attribute(finding.where, finding.module)
         base, dot, rest = attr.partition(".")
         fields = (rest,) if dot and "[" not in base else ()
@@ -153,7 +154,7 @@ def origins(finding: Finding) -> list[str]:
     return found or ([finding.origin] if finding.origin else [])
 
 
-_WALK = ("PC101", "PC102", "PC103")
+_WALK = (Code.PC101, Code.PC102, Code.PC103)
 
 
 def origin_requests(finding: Finding, everything: Sequence[Finding], unsafe: bool,
@@ -172,11 +173,11 @@ def origin_requests(finding: Finding, everything: Sequence[Finding], unsafe: boo
     for origin in named:
         at = split_source(origin)
         if at is not None:
-            made = next((f for f in everything if f.code == "PC202" and f.source == origin), None)
+            made = next((f for f in everything if f.code == Code.PC202 and f.source == origin), None)
             if made is not None:
                 planned.append((at[0], request_for(made, at[1], unsafe, script), made))
             else:
-                planned.append((at[0], Request(code="PC202", line=at[1], device=finding.expected,
+                planned.append((at[0], Request(code=Code.PC202, line=at[1], device=finding.expected,
                                                script=bool(script) and _same_file(at[0], script)), None))
             continue
         walked = next((f for f in everything if f.code in _WALK and f.where == origin), None)
@@ -188,10 +189,11 @@ def origin_requests(finding: Finding, everything: Sequence[Finding], unsafe: boo
         holder = origin.partition(".")[0]
         if script and used is not None and _same_file(used[0], script) and "." in origin \
                 and holder.isidentifier():
-            planned.append((used[0], Request(code="PC201", line=used[1], where=finding.where, holder=holder,
-                                             script=True), None))
+            planned.append((used[0], Request(code=Code.PC201, line=used[1], where=finding.where,
+                                             holder=holder, script=True), None))
             continue
-        built = next((f for f in everything if f.code == "PC203" and origin.startswith(f.where + ".")), None)
+        built = next((f for f in everything if f.code == Code.PC203 and origin.startswith(f.where + ".")),
+                     None)
         if built is not None:
             return f"its origin, {origin}, belongs to a layer built in forward (PC203 at {built.where})"
         return f"the audit names its origin ({origin}) but no line of your code that made it"
@@ -200,9 +202,9 @@ def origin_requests(finding: Finding, everything: Sequence[Finding], unsafe: boo
 
 def _request_key(request: Request) -> tuple[object, ...]:
     """Findings that ask for the same rewrite share one edit (``heads[0]`` and ``heads[1]``)."""
-    if request.code in ("PC102", "PC103"):
+    if request.code in (Code.PC102, Code.PC103):
         return request.code, request.line, request.where.partition("[")[0]
-    if request.code == "PC101":  # blocks.0.mask and blocks.1.mask, cache['k'] and cache['v']: one edit
+    if request.code == Code.PC101:  # blocks.0.mask and blocks.1.mask, cache['k'] and cache['v']: one edit
         return request.code, request.line, re.split(r"[.\[]", _attribute(request.where, request.module))[0]
     if request.batch or request.holder:  # `labels` used unmoved at several lines: one move in the loop
         return request.code, request.line, request.where, request.holder
@@ -282,7 +284,7 @@ def make_plan(findings: Iterable[Finding], unsafe: bool, everything: Sequence[Fi
         group[key] = (first, already + [f for f in found if all(f is not g for g in already)])
 
     for finding in findings:
-        if finding.code == "PC201" and not dict(finding.details).get("batch"):
+        if finding.code == Code.PC201 and not dict(finding.details).get("batch"):
             planned = origin_requests(finding, everything, unsafe, script)
             if isinstance(planned, str):
                 plan.not_fixable.append(Unfixed(finding, planned))

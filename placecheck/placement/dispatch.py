@@ -44,6 +44,7 @@ from placecheck.basics.patching import patch
 from placecheck.basics.quiet import quiet
 from placecheck.checks.events import Copy
 from placecheck.engines.cudaapi import cuda_queries_simulated
+from placecheck.findings.codes import Code
 from placecheck.findings.finding import Finding
 from placecheck.findings.report import DeviceMap, StageRow
 from placecheck.placement.expected import Expected, Placement
@@ -451,12 +452,12 @@ def offload_findings(findings: Iterable[Finding], copies: Iterable[Copy], device
     placed = device_map.as_accelerate()
     main = main_device(device_map)
     kept = [f for f in findings
-            if not (f.code == "PC208" and dict(f.details).get("weights", "") in offloaded)]
+            if not (f.code == Code.PC208 and dict(f.details).get("weights", "") in offloaded)]
     by_entry: dict[str, list[Copy]] = {}
     for c in copies:
         if c.weights in offloaded:
             by_entry.setdefault(_entry_of(c.weights, placed), []).append(c)
-    rule = rules.rule("PC208")
+    rule = rules.rule(Code.PC208)
     for entry, moved in by_entry.items():
         device = str(placed[entry])
         nbytes = sum(c.nbytes for c in moved)

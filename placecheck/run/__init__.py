@@ -30,6 +30,7 @@ from placecheck.basics.options import DEFAULT_STEPS, RunOptions
 from placecheck.basics.quiet import quiet
 from placecheck.checks import classify
 from placecheck.engines.compat import FAKE_TENSOR_LOGGER, torch_note
+from placecheck.findings.codes import Code
 from placecheck.findings.report import Report
 from placecheck.findings.rules import selected
 from placecheck.run.script import Outcome, Program, execute, exit_status, exited, raised, user_traceback
@@ -207,7 +208,7 @@ def _simulate(program: Program, options: RunOptions, codes: frozenset[str],
     findings = recorder.findings()
     own_error = None
     if outcome.error is not None:
-        if finding is not None and finding.code == "PC207" and not classify.is_device_error(outcome.error):
+        if finding is not None and finding.code == Code.PC207 and not classify.is_device_error(outcome.error):
             # the script's own bug (a KeyError in its config), not a placement finding: the run did not
             # run through, and says so (exit code 2), with the script's own frames of the traceback
             finding, own_error = None, outcome.error

@@ -22,6 +22,7 @@ from placecheck.checks.sources import here
 from placecheck.checks.walk import Snapshot, walk
 from placecheck.engines.calls import read_module_move
 from placecheck.engines.cudaapi import current_index
+from placecheck.findings.codes import Code
 from placecheck.findings.finding import Finding
 
 if typing.TYPE_CHECKING:
@@ -119,7 +120,7 @@ class Moves:
             found = dataclasses.replace(f, source=f.source or line, details=(
                 *f.details, ("moved at", line), ("model", type(module).__name__)))
             self.recorder.add(found)
-            if f.code == "PC101":
+            if f.code == Code.PC101:
                 stray = (found.code, found.source, found.where)
                 self._owners[stray] = stray_owner(f, module)
                 self.strays.update({tid: stray for tid, path in result.origins.items() if path == f.where})

@@ -26,6 +26,7 @@ import torch.nn as nn
 
 from placecheck.checks.sources import here
 from placecheck.findings import rules
+from placecheck.findings.codes import Code
 from placecheck.findings.finding import Finding
 from placecheck.findings.rules import rule
 
@@ -81,7 +82,7 @@ class Optimizers:
 
     def _check_state(self, opt: torch.optim.Optimizer) -> None:
         """PC307: optimizer state on another device than its parameter (a resume loaded before the move)."""
-        r = rule("PC307")
+        r = rule(Code.PC307)
         for index, group in enumerate(opt.param_groups):
             off_bytes, off_count, devices, param_devices = 0, 0, set(), set()
             for p in group["params"]:
@@ -134,7 +135,7 @@ class Optimizers:
         if not stale:
             return
         self.reported.add((id(opt), "stale"))
-        r = rule("PC308")
+        r = rule(Code.PC308)
         stepped = {id(p) for o in list(self.built) for g in o.param_groups for p in g["params"]}
         roots = list(self.recorder.roots.values())
         unstepped = {id(p): (type(m).__name__, name) for m in roots for name, p in m.named_parameters()

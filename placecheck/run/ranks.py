@@ -47,6 +47,7 @@ from placecheck.basics.errors import UsageError
 from placecheck.basics.options import nproc_value
 from placecheck.checks.sources import here
 from placecheck.findings import rules
+from placecheck.findings.codes import Code
 from placecheck.findings.finding import Finding
 from placecheck.findings.rules import rule
 
@@ -279,7 +280,7 @@ class RankChecks:
         return dtensor_api_missing(exc, self.sharded)
 
     def _cpu_in_nccl(self, call: str, what: str, line: str) -> None:
-        r = rule("PC402")
+        r = rule(Code.PC402)
         message, hint = rules.collective_on_host(call, what, str(self.backend))
         self.recorder.add(Finding(code=r.code, kind=r.kind, severity=r.severity, where=call, source=line,
                                   device="cpu", expected=str(self.own), message=message, hint=hint,
@@ -308,7 +309,7 @@ class RankChecks:
                           if t.device.type == "cuda" and t.device != self.own})
         if not devices or not line:
             return
-        r = rule("PC401")
+        r = rule(Code.PC401)
         message, hint = rules.rank_loaded_off_device(", ".join(devices), str(self.own))
         self.recorder.add(Finding(code=r.code, kind=r.kind, severity=r.severity, where="torch.load",
                                   source=line, device=", ".join(devices), expected=str(self.own),
@@ -317,7 +318,7 @@ class RankChecks:
 
     def findings(self) -> list[Finding]:
         """PC401 for each GPU other than its own the rank put tensors on, at the first line that did."""
-        r = rule("PC401")
+        r = rule(Code.PC401)
         out = []
         for device, lines in self.misplaced.items():
             message, hint = rules.rank_off_device(self.first[device], device, str(self.own), lines[1:])
@@ -450,7 +451,7 @@ def _shared_gpus(uses: Sequence[Sequence[tuple[str, str, str]]]) -> list[Finding
     for rank, rank_uses in enumerate(uses):
         for line, call, device in rank_uses:
             by_site.setdefault((line, call), {}).setdefault(device, set()).add(rank)
-    r = rule("PC401")
+    r = rule(Code.PC401)
     shared = [(line, call, device, sorted(ranks)) for (line, call), devices in by_site.items()
               for device, ranks in sorted(devices.items()) if len(ranks) >= 2]
     if not shared:

@@ -158,7 +158,7 @@ def _result(report: Report, f: Finding, rule_index: dict[str, int], fingerprint:
 def sarif_log(reports: Sequence[Report]) -> dict[str, Any]:
     """The SARIF log object of a run."""
     rules = list(RULES.values())
-    rule_index = {r.code: i for i, r in enumerate(rules)}
+    rule_index: dict[str, int] = {r.code: i for i, r in enumerate(rules)}
     pairs = [(report, f) for report in reports for f in report.findings]
     results = [_result(report, f, rule_index, fingerprint)
                for (report, f), fingerprint in zip(pairs, _fingerprints(reports), strict=True)]

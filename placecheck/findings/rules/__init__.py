@@ -1,0 +1,109 @@
+"""Every finding code placecheck can emit: one module per rule family, as ruff keeps a rule per file.
+
+Each :class:`Rule` holds the code, the stable ``kind`` slug, the default
+severity, a one-line title and the explanation that ``placecheck explain``
+prints; the family's module declares it beside the builders of its messages
+and hints. The texts state PyTorch's real rules (docs/contract.md, "What
+PyTorch does"), not the folklore of the seed articles.
+
+| module | codes |
+| --- | --- |
+| :mod:`.walk` | PC1xx: what ``.to()`` leaves behind, found by the walk after it |
+| :mod:`.forward` | PC2xx: the forward (and the message parts every check shares) |
+| :mod:`.script` | PC209, and the messages of a whole script under ``placecheck run`` |
+| :mod:`.training` | PC3xx: checkpoints and optimizers |
+| :mod:`.ranks` | PC4xx: the ranks of a torchrun launch |
+| :mod:`.incomplete` | PC9xx: an audit that did not finish |
+| :mod:`.registry` | the rule table, the severity policy, lookups and code selectors |
+
+The codes themselves are :class:`placecheck.findings.codes.Code` (re-exported
+here); importing this package refuses a code without a rule. Callers import
+from the package (``from placecheck.findings import rules``), not from a
+family. This package must not import torch.
+"""
+
+from __future__ import annotations
+
+from placecheck.findings.codes import Code
+from placecheck.findings.rules import incomplete as incomplete  # declares PC901; no builders
+from placecheck.findings.rules.forward import (
+    came_from,
+    created_in_forward,
+    created_off_device,
+    created_then_cached,
+    device_mismatch,
+    device_mismatch_untraced,
+    dtensor_mixed,
+    forward_error,
+    generator_off_device,
+    gradient_off_device,
+    host_argument_on_device,
+    host_sync,
+    implicit_transfer,
+    in_library,
+    landed_on,
+    made_by_api,
+    offloaded_weights,
+    on_replicas,
+    output_off_device,
+    ping_pong,
+    unsynchronized_read,
+)
+from placecheck.findings.rules.ranks import (
+    collective_on_host,
+    rank_loaded_off_device,
+    rank_off_device,
+    ranks_share_gpu,
+)
+from placecheck.findings.rules.registry import (
+    RAISED_BY_EVIDENCE,
+    RULES,
+    SEVERITY_CHANGES,
+    Rule,
+    SeverityChange,
+    expand,
+    rule,
+    seal,
+    selected,
+    severity,
+    severity_changes,
+)
+from placecheck.findings.rules.script import (
+    layer_built_in_forward,
+    loop_sync,
+    repeated_copy,
+    script_device_mismatch,
+    script_error,
+    sync_in_installed_forward,
+)
+from placecheck.findings.rules.training import (
+    optimizer_state_off_device,
+    stale_optimizer,
+)
+from placecheck.findings.rules.walk import (
+    buffer_off_device,
+    left_out_of_sharding,
+    library_state_hint,
+    param_off_device,
+    placed_stray,
+    stray_handled_by_forward,
+    stray_tensor,
+    unregistered_module,
+    unregistered_parameter,
+)
+
+seal()  # every family above declared its rules: sort them, and refuse a Code without one
+
+__all__ = [
+    "RAISED_BY_EVIDENCE", "RULES", "SEVERITY_CHANGES", "Code", "Rule", "SeverityChange", "buffer_off_device",
+    "came_from", "collective_on_host", "created_in_forward", "created_off_device", "created_then_cached",
+    "device_mismatch", "device_mismatch_untraced", "dtensor_mixed", "expand", "forward_error",
+    "generator_off_device", "gradient_off_device", "host_argument_on_device", "host_sync",
+    "implicit_transfer", "in_library", "landed_on", "layer_built_in_forward", "left_out_of_sharding",
+    "library_state_hint", "loop_sync", "made_by_api", "offloaded_weights", "on_replicas",
+    "optimizer_state_off_device", "output_off_device", "param_off_device", "ping_pong", "placed_stray",
+    "rank_loaded_off_device", "rank_off_device", "ranks_share_gpu", "repeated_copy", "rule",
+    "script_device_mismatch", "script_error", "selected", "severity", "severity_changes", "stale_optimizer",
+    "stray_handled_by_forward", "stray_tensor", "sync_in_installed_forward", "unregistered_module",
+    "unregistered_parameter", "unsynchronized_read",
+]

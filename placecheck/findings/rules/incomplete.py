@@ -1,0 +1,28 @@
+"""PC9xx, the run itself: an audit that did not finish (PC901). Not a placement rule.
+
+Each rule's declaration (code, kind, default severity, title, explanation, wrong and right
+code) comes first, then the builders of its messages: plain data in, (message, hint) out.
+Shared machinery (the rule table, the severity policy) is :mod:`.registry`'s. No torch here.
+"""
+
+from __future__ import annotations
+
+from placecheck.findings.codes import Code
+from placecheck.findings.rules.registry import E, declare
+
+declare(Code.PC901, "audit-incomplete", E, "run", "the audit of this model did not finish", """
+The model's audit ran in its own process (placecheck audit --config) and did
+not finish: the interpreter crashed (a segfault in an extension), it ran past
+--timeout, it ran out of memory (MemoryError, or SIGKILL from the kernel's
+out-of-memory killer), or the model could not be loaded at all. Nothing is
+known about this model's placement; the other models' results are complete.
+The finding's details keep the reason and the end of the process's stderr
+(--format json, junit and markdown show them).
+Not a placement rule, so --select PC1 does not hide it; --ignore PC901 does.""", """
+[[models]]
+target = "big.py:Model"     # builds 300 GB of weights on the CPU runner
+""", """
+[[models]]
+target = "big.py:Model"
+init = "meta"               # or a larger timeout = 1800
+""")

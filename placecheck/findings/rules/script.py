@@ -1,0 +1,107 @@
+"""What only ``placecheck run`` sees, a whole script: the same host tensor copied at every step
+(PC209), and the script's own messages of the forward's codes (PC201, PC203, PC204, PC207):
+its DataLoader's batches, its loop, its own error.
+
+Each rule's declaration (code, kind, default severity, title, explanation, wrong and right
+code) comes first, then the builders of its messages: plain data in, (message, hint) out.
+Shared machinery (the rule table, the severity policy) is :mod:`.registry`'s. No torch here.
+"""
+
+from __future__ import annotations
+
+from placecheck.basics.devices import human_bytes
+from placecheck.findings.codes import Code
+from placecheck.findings.rules.registry import W, declare
+
+declare(Code.PC209, "repeated-transfer", W, "run", "the same host tensor copied to the device every step", """
+placecheck run saw one host tensor copied to the device at the same line in
+several optimizer steps: the whole dataset (or a constant) moved inside the
+loop. The tensor's bytes cross the bus again at every step for data that does
+not change; a GPU job spends that time waiting. Move it once, before the loop,
+and index the device copy; or move only each batch.""", """
+for step in range(steps):
+    x = images.to(device)[idx]        # all of `images`, every step
+""", """
+images = images.to(device)            # once
+for step in range(steps):
+    x = images[idx]
+""")
+
+
+# -- message builders of what only placecheck run sees (a whole script: its loop, optimizers, loaders) --
+# A problem of a model's forward has the builder ``audit`` uses (host_sync, created_off_device,
+# implicit_transfer above); these are the script's own.
+
+
+def script_device_mismatch(op: str, reference: str, device: str, tensor: str, *, batch: str = "",
+                           loader_at: str = "", name: str = "", owner: str = "", created_by: str = "",
+                           created_at: str = "", in_forward: bool = False) -> tuple[str, str]:
+    """PC201 in a script: ``op`` mixed ``reference`` and ``device``; its argument, ``tensor`` (the
+    script's variable ``name`` when one names it), is the batch element ``batch`` of the DataLoader
+    iterated at ``loader_at``, or the buffer or parameter ``owner`` (``criterion.weight``) of a module the
+    script holds, or was created by ``created_by`` at ``created_at`` (``in_forward``: in a module's
+    forward)."""
+    named = f"`{name}`" if name else tensor
+    if batch:
+        what = f"{named} ({batch}, from the DataLoader at {loader_at})"
+        variable = name or "x"
+        hint = (f"move every tensor of the batch to the device, not only the inputs: "
+                f"{variable} = {variable}.to(device)")
+    elif owner:
+        what = f"`{owner}`"
+        hint = (f"call {owner.rsplit('.', 1)[0]}.to(device) as for the model: .to() moves a module's "
+                "registered buffers, a loss's weight and pos_weight included")
+    elif created_by:
+        what = f"{named} (created by {created_by} at {created_at})"
+        hint = (f"create it on the input's device in forward ({created_by}(..., device=x.device))"
+                if in_forward else
+                f"create it on the device ({created_by}(..., device=device)), or move it once before "
+                "the loop; a metric can also accumulate Python numbers")
+    else:
+        what = named
+        hint = f"move it to {reference} before this op (tensor.to(device))"
+    return (f"{op} mixed {reference} and {device}: {what} is on {device}; on a GPU this raises 'Expected "
+            "all tensors to be on the same device'", hint)
+
+
+def layer_built_in_forward(type_name: str, name: str, owner: str, devices: str,
+                           on_target: bool) -> tuple[str, str]:
+    """PC203 in a script: a ``type_name`` layer ``name`` built during ``owner``'s forward on ``devices``."""
+    return (f"{type_name} {name!r} is built during {owner}.forward on {devices}: " + (
+                "an optimizer built before the first forward does not hold its parameters"
+                if on_target else "the earlier .to() never saw it, and no optimizer holds it"),
+            "build layers in __init__ (or use an nn.Lazy* module), then move the model and build the "
+            "optimizer")
+
+
+def sync_in_installed_forward(call: str, device: str, module: str, inside: str) -> tuple[str, str]:
+    """PC204 (info): ``call`` made by installed code (``inside``) in ``module``'s forward."""
+    return (f"{call} of a {device} tensor in {module}.forward: a host sync inside installed code, on every "
+            "call",
+            f"{inside} syncs there by itself; nothing to change in this line")
+
+
+def loop_sync(call: str, device: str, rate: str, inside: str = "") -> tuple[str, str]:
+    """PC204 (info): ``call`` outside any forward, ``rate`` times (``once``, ``1 per optimizer step``);
+    ``inside`` names the library function that made it."""
+    return (f"{call} of a {device} tensor outside the model's forward: a host sync, {rate}; each waits for "
+            "the GPU to finish the queued work",
+            f"{inside} syncs by design; nothing to change here" if inside
+            else "fine once per step for logging; accumulate on the device (loss.detach()) and read it "
+                 "every N steps when steps are short")
+
+
+def repeated_copy(nbytes: int, device: str, steps: int) -> tuple[str, str]:
+    """PC209: the same host tensor of ``nbytes`` copied to ``device`` at each of ``steps`` steps."""
+    size = human_bytes(nbytes)
+    return (f"the same {size} host tensor is copied to {device} at every step ({steps} steps seen): {size} "
+            "per step over the bus for data that does not change",
+            "move it to the device once, before the loop, and index the device copy")
+
+
+def script_error(error: str, *, mismatch: bool = False) -> tuple[str, str]:
+    """PC207 (PC201 when ``mismatch``): the script stopped on ``error``, which it did not catch."""
+    if mismatch:
+        return (f"the script stopped on a device mismatch: {error}",
+                "move every tensor of this op to one device")
+    return f"the script raised {error}", "fix the error at this line; the findings before it stand"

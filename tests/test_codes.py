@@ -1,0 +1,94 @@
+"""``placecheck.findings.codes.Code``: the one typed home of the finding codes.
+
+A check names a code as ``Code.PC201``; a string ``"PC201"`` written in the
+package would let a typo match nothing, silently. The scan below reads every
+module with ``ast`` and fails on a string constant that is exactly a code,
+outside the rules package and ``findings/codes.py``.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+import placecheck
+from placecheck.findings.codes import Code
+from placecheck.findings.rules import RULES, rule
+
+HOMES = ("findings/codes.py", "findings/rules/")
+"""Where a code may be written as a string: the enum, and the rules that declare each code."""
+
+NOT_YET_CONVERTED = {"run/recorder.py": 11, "placement/replicas.py": 4}
+"""Files still naming codes as strings, with how many (the lead's files: converted after the merge).
+
+It may only shrink: a file not listed, or more strings in a listed file, fails; a listed file that no
+longer has as many fails too, until its count here is lowered (or its entry removed)."""
+
+_CODE = re.compile(r"PC\d{3}")
+
+
+def code_strings(root: Path) -> Counter[str]:
+    """How many string constants in each module under ``root`` are exactly a code (``"PC201"``, or
+    ``"PC299"``, which names no rule), outside :data:`HOMES`; docstrings and comments never match."""
+    found: Counter[str] = Counter()
+    for path in sorted(root.rglob("*.py")):
+        relative = path.relative_to(root).as_posix()
+        if relative.startswith(HOMES):
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and _CODE.fullmatch(node.value):
+                found[relative] += 1
+    return found
+
+
+def test_no_code_is_written_as_a_string_outside_its_home() -> None:
+    found = code_strings(Path(placecheck.__file__).parent)
+    grown = {path: n for path, n in found.items() if n > NOT_YET_CONVERTED.get(path, 0)}
+    assert grown == {}, "name the code as placecheck.findings.codes.Code.PCnnn, not as a string"
+    stale = {path: found[path] for path, n in NOT_YET_CONVERTED.items() if found[path] < n}
+    assert stale == {}, "fewer strings left there: lower (or remove) its entry in NOT_YET_CONVERTED"
+
+
+def test_the_allow_list_only_names_files_still_to_convert() -> None:
+    # the allow-list was the lead's two files when it was written; it may lose entries, never gain one
+    assert set(NOT_YET_CONVERTED) <= {"run/recorder.py", "placement/replicas.py"}
+
+
+def test_the_scan_finds_a_code_written_as_a_string(tmp_path: Path) -> None:
+    (tmp_path / "findings" / "rules").mkdir(parents=True)
+    (tmp_path / "findings" / "rules" / "walk.py").write_text('declare("PC101")\n')  # a home: skipped
+    (tmp_path / "check.py").write_text('"""PC201 in a docstring is prose."""\n'
+                                       'from placecheck.findings.codes import Code\n'
+                                       'ok = f.code == Code.PC201  # PC201 in a comment\n'
+                                       'bad = f.code == "PC201" or f.code in ("PC104", "pc105")\n'
+                                       'typo = rule("PC299")\n'
+                                       'words = f"{count(\'PC303\')} keys, PC304 in a sentence"\n')
+    assert code_strings(tmp_path) == {"check.py": 4}
+
+
+def test_every_code_has_a_rule_and_every_rule_a_code() -> None:
+    assert list(RULES) == sorted(Code)
+    assert all(type(r.code) is Code and rule(code) is r for code, r in RULES.items())
+
+
+@pytest.mark.parametrize("code", list(Code))
+def test_a_code_reads_writes_and_compares_as_its_plain_string(code: Code) -> None:
+    # JSON, SARIF, baselines and configs carry "PC201"; a message says PC201, never Code.PC201
+    assert code.name == code.value and code == code.value and hash(code) == hash(code.value)
+    assert str(code) == f"{code}" == "".join([code]) == code.value
+    assert f"{code:>7}" == f"{code.value:>7}"
+    assert json.dumps({code: [code]}) == json.dumps({code.value: [code.value]})
+    assert Code(code.value) is code
+
+
+def test_a_mistyped_code_fails_at_once() -> None:
+    with pytest.raises(AttributeError):
+        Code.PC2011  # type: ignore[attr-defined]  # noqa: B018
+    with pytest.raises(ValueError, match="not a valid Code"):
+        Code("PC299")
