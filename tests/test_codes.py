@@ -23,12 +23,6 @@ from placecheck.findings.rules import RULES, rule
 HOMES = ("findings/codes.py", "findings/rules/")
 """Where a code may be written as a string: the enum, and the rules that declare each code."""
 
-NOT_YET_CONVERTED = {"run/recorder.py": 11, "placement/replicas.py": 4}
-"""Files still naming codes as strings, with how many (the lead's files: converted after the merge).
-
-It may only shrink: a file not listed, or more strings in a listed file, fails; a listed file that no
-longer has as many fails too, until its count here is lowered (or its entry removed)."""
-
 _CODE = re.compile(r"PC\d{3}")
 
 
@@ -49,15 +43,7 @@ def code_strings(root: Path) -> Counter[str]:
 
 def test_no_code_is_written_as_a_string_outside_its_home() -> None:
     found = code_strings(Path(placecheck.__file__).parent)
-    grown = {path: n for path, n in found.items() if n > NOT_YET_CONVERTED.get(path, 0)}
-    assert grown == {}, "name the code as placecheck.findings.codes.Code.PCnnn, not as a string"
-    stale = {path: found[path] for path, n in NOT_YET_CONVERTED.items() if found[path] < n}
-    assert stale == {}, "fewer strings left there: lower (or remove) its entry in NOT_YET_CONVERTED"
-
-
-def test_the_allow_list_only_names_files_still_to_convert() -> None:
-    # the allow-list was the lead's two files when it was written; it may lose entries, never gain one
-    assert set(NOT_YET_CONVERTED) <= {"run/recorder.py", "placement/replicas.py"}
+    assert dict(found) == {}, "name the code as placecheck.findings.codes.Code.PCnnn, not as a string"
 
 
 def test_the_scan_finds_a_code_written_as_a_string(tmp_path: Path) -> None:

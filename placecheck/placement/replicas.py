@@ -70,6 +70,7 @@ from placecheck.engines.compat import tree_map_only
 from placecheck.engines.cudaapi import CPU_ONLY_BUILD, current_device
 from placecheck.engines.dispatch import Call, subscribed
 from placecheck.engines.engine import current_device_moves
+from placecheck.findings.codes import Code
 from placecheck.findings.finding import Finding
 from placecheck.findings.rules import dtensor_mixed, left_out_of_sharding, on_replicas, rule
 
@@ -210,8 +211,8 @@ class Replica:
             return list(findings)
         out = []
         for f in findings:
-            if f.code in ("PC104", "PC105"):
-                what = "parameter" if f.code == "PC104" else "buffer"
+            if f.code in (Code.PC104, Code.PC105):
+                what = "parameter" if f.code == Code.PC104 else "buffer"
                 message, hint = left_out_of_sharding(what, f.where, f.device, f.expected)
                 f = dataclasses.replace(f, message=message, hint=hint)
             out.append(f)
@@ -252,7 +253,7 @@ class Mix:
     def finding(self, target: str) -> Finding:
         """PC201 (see :func:`placecheck.findings.rules.dtensor_mixed` for why that code)."""
         message, hint = dtensor_mixed(self.op, self.plain, self.dtensor)
-        r = rule("PC201")
+        r = rule(Code.PC201)
         return Finding(code=r.code, kind=r.kind, severity=r.severity, where=self.site.where,
                        source=self.site.source, device=self.device, expected=target, origin=self.origin,
                        module=self.site.where, message=message, hint=hint,

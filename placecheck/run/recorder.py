@@ -58,6 +58,7 @@ from placecheck.checks.state import Registry
 from placecheck.engines.callbacks import in_callbacks
 from placecheck.engines.dispatch import Call, op_name, subscribed
 from placecheck.findings import rules
+from placecheck.findings.codes import Code
 from placecheck.findings.finding import Finding
 from placecheck.findings.rules import rule
 from placecheck.placement.replicas import data_parallel_simulated
@@ -367,7 +368,7 @@ class RunRecorder:
             return
         known = HOST_SYNCS.get(func)
         op = known[0] if known is not None else op_name(func)
-        r = rule("PC210")
+        r = rule(Code.PC210)
         copied_at = str(copy.copied_at)
         message, hint = rules.unsynchronized_read(op, copy.device, copied_at)
         self.add(Finding(code=r.code, kind=r.kind, severity=r.severity, where="", message=message, hint=hint,
@@ -425,7 +426,7 @@ class RunRecorder:
     def _mismatch(self, func: Callable[..., Any], t: torch.Tensor, reference: torch.device, line: str,
                   frame: FrameType | None) -> None:
         """PC201 for one offending argument: what it is and where it came from."""
-        r = rule("PC201")
+        r = rule(Code.PC201)
         names = names_of(t, frame)
         name = names[0] if names else ""
         origin = self.origins.of(t)
@@ -512,7 +513,7 @@ class RunRecorder:
 
     def _created_in_forward(self, origin: Origin, device: str, t: torch.Tensor, copied_at: str) -> None:
         """PC202: made on the host in a forward, then copied to the device at ``copied_at``, on every call."""
-        r = rule("PC202")
+        r = rule(Code.PC202)
         self.per_call.created(origin.line, origin.path, _tensor(t), device, copied_at)
         message, hint = rules.created_off_device(origin.path, _tensor(t), "cpu", device, copied_to=device,
                                                  copied_at=copied_at)
@@ -536,7 +537,7 @@ class RunRecorder:
         # a forward's creation is named as audit names it (audit sees no other); the creation itself is
         # not a second finding here (audit also reports it as PC202)
         in_forward = origin is not None and origin.kind == "created" and bool(origin.module)
-        r = rule("PC205")
+        r = rule(Code.PC205)
         came_from = rules.came_from(created_by=origin.path, created_at=origin.line) \
             if origin is not None and in_forward else ""
         message, hint = rules.implicit_transfer(op_name(func), False, _tensor(cpu[0]), target, came_from)
@@ -562,7 +563,7 @@ class RunRecorder:
         target = next((str(t.device) for m in self._forward_stack for t in m.parameters()
                        if t.device.type == "cuda"), "")
         on_target = devices == [target]
-        r = rule("PC203")
+        r = rule(Code.PC203)
         message, hint = rules.layer_built_in_forward(type(submodule).__name__, name, type(owner).__name__,
                                                      ", ".join(devices), on_target)
         self.add(Finding(
@@ -588,11 +589,11 @@ class RunRecorder:
     # -- results ---------------------------------------------------------------------------------------------
     def findings(self) -> list[Finding]:
         """Everything recorded, host syncs and repeated copies summarised per line."""
-        out = [self.moves.verdict(key, f) if key[0] == "PC101" else
-               self.per_call.verdict(f) if key[0] == "PC202" else f for key, f in self.found.items()]
+        out = [self.moves.verdict(key, f) if key[0] == Code.PC101 else
+               self.per_call.verdict(f) if key[0] == Code.PC202 else f for key, f in self.found.items()]
         if self.ranks is not None:
             out += self.ranks.findings()
-        r = rule("PC204")
+        r = rule(Code.PC204)
         for (line, call), (count, module, device, steps) in self.syncs.items():
             inside = call.split(" in ", 1)[1] if " in " in call else ""
             details = (("call", call), ("calls", str(count)))
@@ -609,7 +610,7 @@ class RunRecorder:
             out.append(Finding(code=r.code, kind=r.kind, severity=severity, where=module, source=line,
                                device=device, expected=device, count=count, message=message, hint=hint,
                                details=details))
-        r = rule("PC209")
+        r = rule(Code.PC209)
         repeated: dict[str, _Copies] = {}
         for (line, _), copies in self.copies.items():
             if len(copies.steps) >= 2 and copies.nbytes > repeated.get(line, copies).nbytes - 1:
@@ -690,7 +691,7 @@ class RunRecorder:
             return None
         line = user_line(exc)
         mismatch = classify.is_engine_mismatch(exc)
-        r = rule("PC201" if mismatch else "PC207")
+        r = rule(Code.PC201 if mismatch else Code.PC207)
         message, hint = rules.script_error(one_line(exc), mismatch=mismatch)
         return Finding(code=r.code, kind=r.kind, severity=r.severity, where="", source=line, message=message,
                        hint=hint, details=() if mismatch else (("exception", type(exc).__name__),))
