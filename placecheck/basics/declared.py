@@ -28,7 +28,7 @@ from typing import Any
 from placecheck.basics.devices import DEVICE_MAP_HELP
 from placecheck.basics.errors import UsageError
 from placecheck.basics.values import DEVICE_HELP
-from placecheck.findings.formats import OutputFormat
+from placecheck.findings.formats.choices import OutputFormat
 from placecheck.findings.report import FAIL_ON_CHOICES
 
 # -- the choices and values the options' help names ---------------------------------------------
