@@ -145,10 +145,12 @@ def test_every_field_is_a_python_keyword(command: str) -> None:
 def test_the_python_functions_keywords_are_the_options_fields() -> None:
     import placecheck
 
-    signature = inspect.signature(placecheck.audit)
-    keywords = {n: p.default for n, p in signature.parameters.items() if n not in ("model", "options")}
-    assert set(keywords) == {f.name for f in dataclasses.fields(AuditOptions)}
-    assert AuditOptions(**keywords) == AuditOptions()
+    for function, cls, own in ((placecheck.audit, AuditOptions, {"model", "options"}),
+                               (placecheck.run, RunOptions, {"target", "args", "options"})):
+        signature = inspect.signature(function)
+        keywords = {n: p.default for n, p in signature.parameters.items() if n not in own}
+        assert set(keywords) == {f.name for f in dataclasses.fields(cls)}, function
+        assert cls(**keywords) == cls()
 
 
 def test_no_command_declares_an_option_of_its_own() -> None:
