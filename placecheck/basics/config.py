@@ -36,6 +36,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from placecheck.basics import declared
+from placecheck.basics.declared import ISOLATION_CHOICES as ISOLATION_CHOICES
+from placecheck.basics.declared import PROGRESS_CHOICES as PROGRESS_CHOICES
 from placecheck.basics.errors import UsageError
 from placecheck.basics.options import (
     AuditOptions,
@@ -56,10 +59,6 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 DEFAULT_JOBS = 1
-ISOLATION_CHOICES = ("fork", "spawn")
-"""``--isolation``: each model in a child forked from a warm worker, or in a fresh interpreter."""
-PROGRESS_CHOICES = ("auto", "bar", "lines", "off")
-"""``--progress``: auto is the bar at a terminal, one line per model elsewhere (CI logs)."""
 DEFAULT_TIMEOUT = 600.0
 """Seconds one model's audit may take before it is killed and reported (PC901)."""
 
@@ -214,54 +213,39 @@ def _is_allow_list(v: Any) -> str | None:
     return None if ok else 'a list of tables, e.g. [{ code = "PC204", where = "*", reason = "..." }]'
 
 
-MODEL_KEYS: dict[str, tuple[Check, str]] = {
-    "target": (_is_str, "MODULE:ATTR or path/to/file.py:ATTR (required)"),
-    "name": (_is_str, "the model's name in reports and baselines (default: target)"),
-    "kwargs": (_is_table, "constructor arguments, as --kwargs"),
-    "args": (_is_str_list, "constructor arguments as KEY=VALUE strings, as --arg"),
-    "inputs": (_is_str_list, "forward inputs, as --input"),
-    "example_inputs": (_is_str, "a target giving the forward inputs, as --example-inputs"),
-    "train": (_is_bool, "also audit a training step, as --train"),
-    "forward": (_is_bool, "false: skip the forward pass, audit only what .to() leaves behind"),
-    "device": (_option("device", _is_device_string), "target device, as --device"),
-    "engine": (_option("engine", _is_str), "as --engine"),
-    "gpus": (_option("gpus"), "number of simulated GPUs, as --gpus"),
-    "wrap": (_option("wrap", _is_str), "audit each replica or rank: DataParallel, DDP or FSDP2, as --wrap"),
-    "world_size": (_option("world_size"), "replicas or ranks, as --world-size"),
-    "init": (_option("init", _is_str), "as --init"),
-    "device_map": (_option("device_map"), "auto, balanced, balanced_low_0, sequential or a JSON file, as "
-                                   "--device-map"),
-    "gpu_memory": (_option("gpu_memory"), "memory of each GPU for the device map, as --gpu-memory"),
-    "cpu_memory": (_option("cpu_memory"), "host memory a computed device map may offload to, as "
-                                          "--cpu-memory"),
-    "checkpoint": (_is_str, "a checkpoint to load first, as --checkpoint"),
-    "checkpoint_key": (_is_str, "where the state_dict is in the checkpoint, as --key"),
-    "trust": (_is_bool, "allow a checkpoint that runs pickled code, as --trust"),
-    "select": (_option("select", _is_selectors), "codes or prefixes to report, as --select"),
-    "ignore": (_option("ignore", _is_selectors), "codes or prefixes not to report, as --ignore"),
-    "allow": (_is_allow_list, "accepted findings: [{ code, where, reason }]"),
-    "timeout": (_is_positive_number, "seconds this model may take, overriding the run's"),
-    "family": (_is_str, "a free-form label, unused by the audit"),
-    "unsupported": (_is_str, "why this model cannot be audited yet (documentation only)"),
-    "library_findings": (_is_bool, "also report performance findings inside installed packages, "
-                                   "as --library-findings"),
-    "reuse_calls": (_is_bool, "false: run every module call on fake tensors, as --no-reuse-calls"),
+SHAPES: dict[str, Check] = {
+    "str": _is_str,
+    "bool": _is_bool,
+    "table": _is_table,
+    "str_list": _is_str_list,
+    "device": _is_device_string,
+    "selectors": _is_selectors,
+    "seconds": _is_positive_number,
+    "positive_int": _is_positive_int,
+    "allow_list": _is_allow_list,
+    "models": lambda v: None if isinstance(v, list) and all(isinstance(x, dict) for x in v)
+    else "an array of tables ([[models]])",
+    "fail_on": _one_of(FAIL_ON_CHOICES),
+    "isolation": _one_of(ISOLATION_CHOICES),
+    "progress": _one_of(PROGRESS_CHOICES),
 }
+"""The TOML shapes a declared option's value may have (:attr:`placecheck.basics.declared.Declared.toml`)."""
+
+
+def _keys(table: str) -> dict[str, tuple[Check, str]]:
+    """A config table's keys from the declaration: each key's check (its TOML shape, then, for an
+    options field, the options module's own check) and its meaning."""
+    keys: dict[str, tuple[Check, str]] = {}
+    for name, option in declared.in_config(table).items():
+        shape = SHAPES[option.toml] if option.toml else None
+        keys[name] = (_option(name, shape), option.config[table])
+    return keys
+
+
+MODEL_KEYS: dict[str, tuple[Check, str]] = _keys(declared.MODELS)
 """Every key a ``[[models]]`` entry (or ``[defaults]``) may hold: its check and its meaning."""
 
-TOP_KEYS: dict[str, tuple[Check, str]] = {
-    "models": (lambda v: None if isinstance(v, list) and all(isinstance(x, dict) for x in v)
-               else "an array of tables ([[models]])", "the models to audit (required)"),
-    "defaults": (_is_table, "model keys applied to every model (a model's own value wins)"),
-    "jobs": (_is_positive_int, "models audited in parallel, as --jobs"),
-    "timeout": (_is_positive_number, "seconds per model, as --timeout"),
-    "fail_on": (_one_of(FAIL_ON_CHOICES), "as --fail-on"),
-    "baseline": (_is_str, "a baseline file, as --baseline"),
-    "group": (_is_bool, "false: one row per instance instead of per problem, as --no-group"),
-    "hints": (_is_bool, "the fix hint on every row, as --hints"),
-    "isolation": (_one_of(ISOLATION_CHOICES), "how each model gets its own process, as --isolation"),
-    "progress": (_one_of(PROGRESS_CHOICES), "what stderr shows while models run, as --progress"),
-}
+TOP_KEYS: dict[str, tuple[Check, str]] = _keys(declared.TOP)
 """Every top-level key of a config."""
 
 PYPROJECT_KEYS: dict[str, tuple[Check, str]] = {
@@ -285,7 +269,7 @@ COMMAND_OPTIONS: dict[str, type[CommonOptions]] = {
 """The commands a config's ``[run]``, ``[fix]`` and ``[checkpoint]`` tables (in pyproject.toml:
 ``[tool.placecheck.run]``...) give defaults to, and their options objects."""
 
-_NOT_CONFIGURED = frozenset({"module", "run", "copy_model", "target"})
+_NOT_CONFIGURED = frozenset(d.name for d in declared.DECLARED if not d.configurable)
 """Fields that say what one command line targets, not how: never a config's."""
 
 

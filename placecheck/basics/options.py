@@ -13,9 +13,10 @@ Python function reads it.
 Every value is validated here, once: :func:`check_value` is the one check of
 one option's value (the same one-line :class:`~placecheck.basics.errors.UsageError`
 wherever the value came from; a config adds the file, line and key to it), and
-each object's ``check()`` runs those and the checks between options. The
-``--engine`` and ``--init`` choices are defined here once
-(:class:`EngineChoice`, :class:`InitChoice`); the engine uses these.
+each object's ``check()`` runs those and the checks between options. Each option's command-line
+spelling, help and config keys are declared once, in :mod:`placecheck.basics.declared` (with the
+``--engine`` and ``--init`` choices, :class:`EngineChoice` and :class:`InitChoice`, which the engine
+uses); these objects are its typed Python view.
 
 An options object crosses to a child process as plain JSON
 (:meth:`AuditOptions.to_dict` / :meth:`AuditOptions.from_dict`). Inputs given
@@ -26,58 +27,22 @@ that made them. This module never imports torch.
 from __future__ import annotations
 
 import dataclasses
-import enum
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, TypeVar
 
+from placecheck.basics.declared import DEFAULT_STEPS as DEFAULT_STEPS
+from placecheck.basics.declared import ENGINE_CHOICES as ENGINE_CHOICES
+from placecheck.basics.declared import INIT_CHOICES as INIT_CHOICES
+from placecheck.basics.declared import RUN_ENGINE_CHOICES as RUN_ENGINE_CHOICES
+from placecheck.basics.declared import WRAP_CHOICES as WRAP_CHOICES
+from placecheck.basics.declared import EngineChoice as EngineChoice
+from placecheck.basics.declared import InitChoice as InitChoice
+from placecheck.basics.declared import WrapChoice as WrapChoice
+from placecheck.basics.declared import flag_of as flag_of
+from placecheck.basics.declared import nproc_value as nproc_value
 from placecheck.basics.devices import KEEP
 from placecheck.basics.errors import UsageError
-
-
-class EngineChoice(str, enum.Enum):
-    """The ``--engine`` choices."""
-
-    AUTO = "auto"
-    REAL = "real"
-    FAKE = "fake"
-    TAGGED = "tagged"
-    """CUDA simulated with real CPU values tagged as CUDA (placecheck.engines.tagged)."""
-
-    def __str__(self) -> str:
-        return self.value
-
-
-class InitChoice(str, enum.Enum):
-    """The ``--init`` choices."""
-
-    AUTO = "auto"
-    CPU = "cpu"
-    META = "meta"
-
-    def __str__(self) -> str:
-        return self.value
-
-
-class WrapChoice(str, enum.Enum):
-    """The ``--wrap`` choices: how the model is replicated or sharded over the simulated GPUs."""
-
-    DP = "dp"
-    """``nn.DataParallel``: one process, a replica of the model on each GPU."""
-    DDP = "ddp"
-    """``DistributedDataParallel``: one rank per GPU, each with its own model."""
-    FSDP = "fsdp"
-    """FSDP2's ``fully_shard``: one rank per GPU, parameters sharded over them as DTensors."""
-
-    def __str__(self) -> str:
-        return self.value
-
-
-ENGINE_CHOICES = tuple(c.value for c in EngineChoice)
-INIT_CHOICES = tuple(c.value for c in InitChoice)
-WRAP_CHOICES = tuple(c.value for c in WrapChoice)
-RUN_ENGINE_CHOICES = ("auto", "tagged", "fake")
-"""``placecheck run --engine``: ``real`` is audit's alone (a script's GPU is always simulated)."""
 
 
 @dataclass(frozen=True)
@@ -98,11 +63,6 @@ def split_codes(values: Iterable[str] | str | None) -> tuple[str, ...]:
     if isinstance(values, str):
         values = (values,)
     return tuple(c.strip() for v in values for c in v.split(",") if c.strip())
-
-
-DEFAULT_STEPS = 2
-"""What ``--steps`` not given means for ``placecheck run`` and ``fix --run``: after two optimizer steps
-the rest of the training loop is skipped (the fast-forward)."""
 
 
 def _check_int(flag: str, value: Any, least: int, why: str = "") -> None:
@@ -174,18 +134,6 @@ def _check_size(flag: str) -> Callable[[Any], None]:
         parse_size(value, flag)
 
     return check
-
-
-def nproc_value(text: str) -> int:
-    """``--nproc-per-node``'s value: an integer >= 1 (a :class:`UsageError` otherwise)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise UsageError(f"--nproc-per-node {text!r}: give the number of ranks (processes) on the node, an "
-                         "integer >= 1, e.g. --nproc-per-node 2")
-    return value
 
 
 _CHECKS: dict[str, Callable[[Any], None]] = {
@@ -418,15 +366,6 @@ class AuditOptions(CommonOptions):
             raise UsageError("inputs given as Python objects cannot be sent to another process: name "
                              "them with a MODULE:ATTR target (example_inputs) or give --input specs")
         return super().to_dict()
-
-
-def flag_of(name: str) -> str:
-    """The command-line flag of a field (``checkpoint_key`` -> ``--key``)."""
-    return _FLAGS.get(name, "--" + name.replace("_", "-"))
-
-
-_FLAGS = {"inputs": "--input", "checkpoint_key": "--key", "forward": "--no-forward",
-          "reuse_calls": "--no-reuse-calls", "group": "--no-group", "module": "--module"}
 
 
 @dataclass(frozen=True)

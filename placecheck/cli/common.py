@@ -1,44 +1,41 @@
-"""The command-line grammar every command shares: each common option declared once, and help panels.
+"""The command-line grammar every command shares: each command's options generated from their one
+declaration, and help panels.
 
-Each alias is an ``Annotated`` type a command's parameter uses as is, so ``--device``,
-``--gpus``, ``--engine``, ``--select``, ``--ignore``, ``--format``, ``--output``,
-``--fail-on``, ``--exit-zero``, ``--timeout``, ``--steps`` and ``--debug`` (and the model
-options ``audit``, ``fix`` and ``checkpoint`` share) mean the same, with the same help, metavar
-and panel, in ``audit``, ``run``, ``fix``, ``checkpoint`` and ``merge``. The default lives in
-the command's signature; it is the same in every command that has the option
-(``tests/test_cli_grammar.py`` checks all of it on every typer of the supported range).
+Every option of every command is declared once, in :mod:`placecheck.basics.declared`: its flags,
+metavar, panel, help and default, and the commands that take it. :func:`declared_options` gives a
+command's function the typer parameter of each (the function names only its arguments, and takes
+the options as ``**given``), so ``--device``, ``--gpus``, ``--engine``, ``--select``, ``--ignore``,
+``--format``, ``--output``, ``--fail-on``, ``--exit-zero``, ``--timeout``, ``--steps`` and ``--debug``
+(and the model options ``audit``, ``fix`` and ``checkpoint`` share) mean the same, with the same help,
+metavar, panel and default, in every command that has them (``tests/test_cli_grammar.py`` checks all
+of it on every typer of the supported range); :func:`options_from` turns what was given into the
+command's options object.
 
-Every flag is spelled in its declaration (``typer.Option("--engine", ...)``), never derived
-from the parameter's name: typer 0.27.0 to 0.27.3 derive it from the metavar instead
-(``--ENGINE``). A short flag has one meaning in every command (``-m`` is only ``run``'s
-``--module``). torch-free, like the rest of the CLI.
+Every flag is spelled in its declaration, never derived from the parameter's name: typer 0.27.0 to
+0.27.3 derive it from the metavar instead (``--ENGINE``). A short flag has one meaning in every
+command (``-m`` is only ``run``'s ``--module``). torch-free, like the rest of the CLI.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import inspect
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any, TypeVar
 
 import typer
 from typer.core import TyperCommand
 
-from placecheck.basics.devices import DEVICE_HELP
-from placecheck.basics.options import DEFAULT_STEPS, ENGINE_CHOICES, INIT_CHOICES, CommonOptions
-from placecheck.findings.formats import OutputFormat
-from placecheck.findings.report import FAIL_ON_CHOICES
-
-FLAG = ""
-"""The metavar of an on/off option: nothing after the flag in --help."""
-
-# -- help panels, in the order every command's --help lists them --------------------------------
-
-PANEL_TARGET = "Target"
-PANEL_DEVICE = "Device and engine"
-PANEL_INPUTS = "Inputs and limits"
-PANEL_FIX = "Fixing"
-PANEL_REPORTING = "Reporting"
-PANEL_CI = "CI"
-PANELS = (PANEL_TARGET, PANEL_DEVICE, PANEL_INPUTS, PANEL_FIX, PANEL_REPORTING, PANEL_CI)
+from placecheck.basics.declared import DEFAULT_STEPS as DEFAULT_STEPS
+from placecheck.basics.declared import FLAG as FLAG
+from placecheck.basics.declared import PANEL_CI as PANEL_CI
+from placecheck.basics.declared import PANEL_DEVICE as PANEL_DEVICE
+from placecheck.basics.declared import PANEL_FIX as PANEL_FIX
+from placecheck.basics.declared import PANEL_INPUTS as PANEL_INPUTS
+from placecheck.basics.declared import PANEL_REPORTING as PANEL_REPORTING
+from placecheck.basics.declared import PANEL_TARGET as PANEL_TARGET
+from placecheck.basics.declared import PANELS as PANELS
+from placecheck.basics.declared import Declared, of_command
+from placecheck.basics.options import CommonOptions
 
 
 class PanelCommand(TyperCommand):
@@ -71,12 +68,11 @@ class PanelCommand(TyperCommand):
 _O = TypeVar("_O", bound=CommonOptions)
 
 
-def configured(ctx: typer.Context, options: _O, fields: Mapping[str, str] | None = None) -> _O:
+def configured(ctx: typer.Context, options: _O) -> _O:
     """``options`` (built from the command line) with the values of ./pyproject.toml's
     ``[tool.placecheck.COMMAND]`` table for the options the command line did not give.
 
-    ``fields`` maps a parameter of the command to the options field it sets where their names differ
-    (``key`` -> ``checkpoint_key``). The table's values are checked as the command line's are
+    The table's values are checked as the command line's are
     (:func:`placecheck.basics.config.command_values`); the result is checked by the caller.
     """
     from placecheck.basics.config import pyproject_command_values
@@ -84,7 +80,7 @@ def configured(ctx: typer.Context, options: _O, fields: Mapping[str, str] | None
     _, table = pyproject_command_values(options.COMMAND)
     if not table:
         return options
-    names = dict(fields or {})
+    names = {d.parameter: d.name for d in of_command(options.COMMAND)}
     given = set()
     for param in ctx.params:
         source = ctx.get_parameter_source(param)
@@ -94,106 +90,41 @@ def configured(ctx: typer.Context, options: _O, fields: Mapping[str, str] | None
                               if name not in given and name in options.configurable()})
 
 
-# -- device and engine ---------------------------------------------------------------------------
+def typer_option(option: Declared) -> Any:
+    """``option``'s typer parameter: ``Annotated[TYPE, typer.Option(...)]``."""
+    settings: dict[str, Any] = {"help": option.help}
+    if option.hidden:
+        settings["hidden"] = True
+    else:
+        settings.update(metavar=option.metavar, rich_help_panel=option.panel)
+    if option.minimum is not None:
+        settings["min"] = option.minimum
+    return Annotated[option.kind, typer.Option(*option.flags, **settings)]
 
-DEFAULT_DEVICE = "cuda"
-Device = Annotated[str, typer.Option(
-    "--device", "-d", metavar="DEVICE", rich_help_panel=PANEL_DEVICE,
-    help=f"Target device: {DEVICE_HELP}; audit also takes keep (no .to(): the model is audited as "
-         "its own code places it, across simulated GPUs, with a device map).")]
-Engine = Annotated[str, typer.Option(
-    "--engine", metavar="ENGINE", rich_help_panel=PANEL_DEVICE,
-    help=f"{'|'.join(ENGINE_CHOICES)}. auto: the real device when present, CUDA simulated with fake "
-         "tensors when not (and with real values when fake tensors cannot run the forward); real: "
-         "require the real device; fake: always simulate CUDA with fake tensors; tagged: simulate "
-         "CUDA with real CPU values (runs .item(), boolean masks, backward). checkpoint reads no "
-         "values: fake and tagged both simulate the target machine's GPUs.")]
-Gpus = Annotated[int | None, typer.Option(
-    "--gpus", metavar="N", min=1, rich_help_panel=PANEL_DEVICE,
-    help="Number of simulated GPUs, what torch.cuda.device_count() answers (default: enough for "
-         "--device's index, at least 1; audit --device keep: 8).")]
-Init = Annotated[str, typer.Option(
-    "--init", metavar="INIT", rich_help_panel=PANEL_DEVICE,
-    help=f"{'|'.join(INIT_CHOICES)}: where to build the model. cpu; meta (no memory for weights: "
-         "for models bigger than this machine's RAM); auto: meta when a CPU build would not fit "
-         "comfortably.")]
 
-# -- the model and its checkpoint ----------------------------------------------------------------
+_F = TypeVar("_F", bound=Callable[..., Any])
 
-Kwargs = Annotated[str | None, typer.Option(
-    "--kwargs", metavar="JSON", rich_help_panel=PANEL_TARGET,
-    help='The model\'s constructor arguments as a JSON object, e.g. \'{"num_classes": 10}\'.')]
-Arg = Annotated[list[str] | None, typer.Option(
-    "--arg", metavar="KEY=VALUE", rich_help_panel=PANEL_TARGET,
-    help="A constructor argument of the model (int, float, bool, None or str); repeatable.")]
-Key = Annotated[str | None, typer.Option(
-    "--key", metavar="KEY", rich_help_panel=PANEL_TARGET,
-    help="Where the state_dict is inside the checkpoint, e.g. model.ema (default: found "
-         "automatically).")]
-Trust = Annotated[bool, typer.Option(
-    "--trust", metavar=FLAG, rich_help_panel=PANEL_TARGET,
-    help="Allow loading a checkpoint that runs pickled code (weights_only=False).")]
 
-# -- inputs and limits ---------------------------------------------------------------------------
+def declared_options(command: str) -> Callable[[_F], _F]:
+    """Give ``command``'s function (its arguments, then ``**given``) a keyword parameter for each
+    option declared for ``command``, in the declaration's order, which typer reads as its
+    options; typer then passes their values in ``given``, by parameter name."""
+    def decorate(func: _F) -> _F:
+        signature = inspect.signature(func, eval_str=True)
+        own = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
+        generated = [inspect.Parameter(o.parameter, inspect.Parameter.KEYWORD_ONLY, default=o.default,
+                                       annotation=typer_option(o)) for o in of_command(command)]
+        setattr(func, "__signature__", signature.replace(parameters=[*own, *generated]))  # noqa: B010
+        return func
 
-Input = Annotated[list[str] | None, typer.Option(
-    "--input", "-i", metavar="SPEC", rich_help_panel=PANEL_INPUTS,
-    help="A forward input: [NAME=]DTYPE[D0,D1,...][:LOW..HIGH], e.g. float32[8,3,224,224] or "
-         "input_ids=int64[2,128]:0..32000; repeatable (default: inferred from the first layer).")]
-ExampleInputs = Annotated[str | None, typer.Option(
-    "--example-inputs", metavar="TARGET", rich_help_panel=PANEL_INPUTS,
-    help="MODULE:ATTR or file.py:ATTR returning the forward's inputs: a tensor, a tuple "
-         "(positional), a dict (keyword) or (args, kwargs).")]
-Steps = Annotated[int | None, typer.Option(
-    "--steps", metavar="N", min=0, rich_help_panel=PANEL_INPUTS,
-    help=f"After this many optimizer steps, skip the rest of the training loop and run the rest of the "
-         f"script (0: run every iteration; default: {DEFAULT_STEPS}).")]
-Timeout = Annotated[float | None, typer.Option(
-    "--timeout", metavar="SECONDS", min=0.001, rich_help_panel=PANEL_INPUTS,
-    help="Seconds the work may take before it is stopped. audit TARGET: the audit runs in a child "
-         "process, and running past it is an error (exit 2); audit --config: each model runs in its "
-         "own process, and one that runs past it is PC901 (default: the config's, else 600); run "
-         "and fix --run: the script is stopped there, which is not an error.")]
+    return decorate
 
-# -- reporting -----------------------------------------------------------------------------------
 
-Select = Annotated[list[str] | None, typer.Option(
-    "--select", metavar="CODES", rich_help_panel=PANEL_REPORTING,
-    help="Only these codes or prefixes (PC1, PC204, ALL): what is reported, and what fix "
-         "fixes; comma-separated or repeated.")]
-Ignore = Annotated[list[str] | None, typer.Option(
-    "--ignore", metavar="CODES", rich_help_panel=PANEL_REPORTING,
-    help="Not these codes or prefixes: neither reported nor fixed; comma-separated or repeated.")]
-# a plain string: OutputOptions checks it with placecheck's message (click's enum check words it
-# differently on each typer, "Value error, ..." on some)
-Format = Annotated[str, typer.Option(
-    "--format", "-f", metavar="FORMAT", rich_help_panel=PANEL_REPORTING,
-    help=f"Output format: {', '.join(f.value for f in OutputFormat)}.")]
-Output = Annotated[str, typer.Option(
-    "--output", "-o", metavar="FILE", rich_help_panel=PANEL_REPORTING,
-    help="Write the report to FILE ('-' is stdout).")]
-NoGroup = Annotated[bool, typer.Option(
-    "--no-group", metavar=FLAG, rich_help_panel=PANEL_REPORTING,
-    help="One row per finding instance instead of one per problem.")]
-Hints = Annotated[bool, typer.Option(
-    "--hints", metavar=FLAG, rich_help_panel=PANEL_REPORTING,
-    help="Show the fix hint on every row, not once per rule.")]
-Debug = Annotated[bool, typer.Option(
-    "--debug", metavar=FLAG, rich_help_panel=PANEL_REPORTING,
-    help="Show tracebacks for errors.")]
-
-# -- CI ------------------------------------------------------------------------------------------
-
-FailOn = Annotated[str, typer.Option(
-    "--fail-on", metavar="SEVERITY", rich_help_panel=PANEL_CI,
-    help=f"Exit 1 when a finding is at or above this severity: {', '.join(FAIL_ON_CHOICES)}.")]
-ExitZero = Annotated[bool, typer.Option(
-    "--exit-zero", metavar=FLAG, rich_help_panel=PANEL_CI,
-    help="Exit 0 even when there are findings.")]
-Baseline = Annotated[str | None, typer.Option(
-    "--baseline", metavar="FILE", rich_help_panel=PANEL_CI,
-    help="Hide the findings this baseline file records; report entries it no longer matches as "
-         "stale (merge: by default the one the shards name).")]
-WriteBaseline = Annotated[str | None, typer.Option(
-    "--write-baseline", metavar="FILE", rich_help_panel=PANEL_CI,
-    help="Record every current finding in FILE (for --baseline) and exit 0.")]
+def options_from(cls: type[_O], given: Mapping[str, Any], **fixed: Any) -> _O:
+    """``cls`` (the command's options object) from the command line's values ``given`` (by parameter):
+    every declared option of its command that is one of its fields and was given a value; ``fixed``
+    are fields the command sets itself."""
+    names = set(cls.__dataclass_fields__)
+    values = {o.name: o.field_value(given[o.parameter]) for o in of_command(cls.COMMAND)
+              if o.name in names and given.get(o.parameter) is not None}
+    return cls(**{**values, **fixed})

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from importlib import resources
+from typing import Any
 
 import typer
 
 from placecheck.cli.app import app
-from placecheck.cli.common import Debug, PanelCommand
+from placecheck.cli.common import PanelCommand, declared_options
 from placecheck.findings.output import errors_reported
 
 EXAMPLE_CONFIG = "configs/example.toml"
@@ -20,7 +21,8 @@ def example_config_text() -> str:
 
 
 @app.command("example-config", cls=PanelCommand)
-def example_config(debug: Debug = False) -> None:
+@declared_options("example-config")
+def example_config(**given: Any) -> None:
     """Print a config documenting every key: placecheck example-config > placecheck.toml."""
-    with errors_reported(debug):
+    with errors_reported(given["debug"]):
         typer.echo(example_config_text(), nl=False)

@@ -20,28 +20,7 @@ import typer
 from placecheck.basics.errors import UsageError
 from placecheck.basics.options import SCRIPT_ONLY, AuditOptions, FixOptions, unknown_choice
 from placecheck.cli.app import app
-from placecheck.cli.common import (
-    DEFAULT_DEVICE,
-    FLAG,
-    PANEL_FIX,
-    PANEL_REPORTING,
-    PANEL_TARGET,
-    Arg,
-    Debug,
-    Device,
-    Engine,
-    ExampleInputs,
-    Gpus,
-    Ignore,
-    Init,
-    Input,
-    Kwargs,
-    PanelCommand,
-    Select,
-    Steps,
-    Timeout,
-    configured,
-)
+from placecheck.cli.common import PanelCommand, configured, declared_options, options_from
 from placecheck.findings.output import errors_reported, model_output_to_stderr, terminal_width
 from placecheck.findings.report import Report
 
@@ -54,6 +33,7 @@ class FixFormat(str, enum.Enum):
 
 
 @app.command(cls=PanelCommand, context_settings={"allow_interspersed_args": True})
+@declared_options("fix")
 def fix(
     ctx: typer.Context,
     target: Annotated[str, typer.Argument(
@@ -62,38 +42,7 @@ def fix(
     script_args: Annotated[list[str] | None, typer.Argument(
         metavar="ARGS", show_default=False,
         help="With --run: the script's arguments, after --.")] = None,
-    run_script: Annotated[bool, typer.Option(
-        "--run", metavar=FLAG, rich_help_panel=PANEL_TARGET,
-        help="TARGET is a training or inference script: run it as placecheck run does (it REALLY "
-             "runs, twice: once more for the proof) and fix what it meets, a batch element the "
-             "loop does not move included.")] = False,
-    kwargs: Kwargs = None,
-    arg: Arg = None,
-    device: Device = DEFAULT_DEVICE,
-    engine: Engine = "auto",
-    gpus: Gpus = None,
-    init: Init = "auto",
-    input_specs: Input = None,
-    example_inputs: ExampleInputs = None,
-    steps: Steps = None,
-    timeout: Timeout = None,
-    show_diff: Annotated[bool, typer.Option(
-        "--diff", metavar=FLAG, rich_help_panel=PANEL_FIX,
-        help="Print the patch as a unified diff (the default).")] = False,
-    write_files: Annotated[bool, typer.Option(
-        "--write", metavar=FLAG, rich_help_panel=PANEL_FIX,
-        help="Write the proven edits into the files (each replaced whole, atomically); refused, "
-             "writing nothing, when a file changed since the audit.")] = False,
-    unsafe: Annotated[bool, typer.Option(
-        "--unsafe", metavar=FLAG, rich_help_panel=PANEL_FIX,
-        help="Register stray tensors as persistent buffers: state_dict() gains their keys, and "
-             "checkpoints saved before lack them.")] = False,
-    select: Select = None,
-    ignore: Ignore = None,
-    fmt: Annotated[str, typer.Option(
-        "--format", "-f", metavar="FORMAT", rich_help_panel=PANEL_REPORTING,
-        help="text (the diff and a summary) or json.")] = FixFormat.TEXT.value,
-    debug: Debug = False,
+    **given: Any,
 ) -> None:
     """Turn each fixable finding into an edit of your code, proven by a second audit.
 
@@ -103,22 +52,20 @@ def fix(
     findings remain, 2 for usage errors and targets that do not load, 3 for an
     internal error.
     """
+    debug, fmt, kwargs, arg = given["debug"], given["fmt"], given["kwargs"], given["arg"]
+    run_script, write_files = given["run_script"], given["write_files"]
     with errors_reported(debug):
         if fmt not in {f.value for f in FixFormat}:
             raise unknown_choice("--format", fmt, (f.value for f in FixFormat))
         try:
-            if show_diff and write_files:
+            if given["show_diff"] and write_files:
                 raise UsageError("--diff and --write cannot be combined: --diff prints the patch, --write "
                                  "applies it")
             from placecheck.fix import fix as run_fix
             from placecheck.fix import fix_run, write
             from placecheck.model.load import parse_kwargs, split_target
 
-            options = FixOptions(
-                run=run_script, device=device, engine=engine, gpus=gpus, init=init,
-                inputs=tuple(input_specs or ()), example_inputs=example_inputs, steps=steps, timeout=timeout,
-                select=select, ignore=ignore, unsafe=unsafe)  # type: ignore[arg-type]  # lists are split
-            options = configured(ctx, options, {"run_script": "run", "input_specs": "inputs"})
+            options = configured(ctx, options_from(FixOptions, given))
             if run_script:
                 constructor = [flag for flag, given in (("--kwargs", kwargs is not None),
                                                         ("--arg", bool(arg))) if given]

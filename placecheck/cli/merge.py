@@ -2,24 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from placecheck.cli.app import app
-from placecheck.cli.common import (
-    PANEL_CI,
-    Baseline,
-    Debug,
-    ExitZero,
-    Format,
-    Output,
-    PanelCommand,
-    WriteBaseline,
-)
-from placecheck.findings.formats import OutputFormat
+from placecheck.cli.common import PanelCommand, declared_options
 from placecheck.findings.output import OutputOptions, errors_reported, output_format
-from placecheck.findings.report import FAIL_ON_CHOICES
 
 MERGE_HELP = """Combine the JSON reports of a config's shards into one run's report.
 
@@ -38,23 +27,18 @@ did not load, 3 for an internal error.
 
 
 @app.command(cls=PanelCommand, help=MERGE_HELP)
+@declared_options("merge")
 def merge(
     reports: Annotated[list[str], typer.Argument(
         metavar="REPORT", show_default=False,
         help="The --format json report of every shard.")],
-    fmt: Format = OutputFormat.TABLE,
-    output: Output = "-",
-    debug: Debug = False,
-    fail_on: Annotated[str | None, typer.Option(
-        "--fail-on", metavar="SEVERITY", rich_help_panel=PANEL_CI,
-        help=f"Exit 1 when a finding is at or above this severity: {', '.join(FAIL_ON_CHOICES)} "
-             "(default: the shards' own).")] = None,
-    exit_zero: ExitZero = False,
-    baseline: Baseline = None,
-    write_baseline: WriteBaseline = None,
+    **given: Any,
 ) -> None:
+    debug = given["debug"]
     with errors_reported(debug):
         from placecheck.commands.ci import merge_reports
 
-        out = OutputOptions(format=output_format(fmt), output=output, exit_zero=exit_zero, debug=debug)
-        raise typer.Exit(merge_reports(reports, out, fail_on, baseline, write_baseline))
+        out = OutputOptions(format=output_format(given["fmt"]), output=given["output"],
+                            exit_zero=given["exit_zero"], debug=debug)
+        raise typer.Exit(merge_reports(reports, out, given["fail_on"], given["baseline"],
+                                       given["write_baseline"]))

@@ -12,14 +12,15 @@ from typing import Annotated, Any
 import typer
 
 from placecheck.cli.app import app
-from placecheck.cli.common import Debug, PanelCommand
+from placecheck.cli.common import PanelCommand, declared_options
 from placecheck.findings.output import errors_reported, fail, terminal_width
 
 
 @app.command("rules", cls=PanelCommand)
-def rules_command(debug: Debug = False) -> None:
+@declared_options("rules")
+def rules_command(**given: Any) -> None:
     """List every finding code with its severity, when that severity changes, and its title."""
-    with errors_reported(debug):
+    with errors_reported(given["debug"]):
         typer.echo(rules_text(terminal_width()))
 
 
@@ -62,12 +63,14 @@ def rules_text(width: int = 80) -> str:
 
 
 @app.command(cls=PanelCommand)
+@declared_options("explain")
 def explain(
     code: Annotated[str, typer.Argument(
         metavar="CODE", help="A finding code (PC101) or its kind (stray-tensor).", show_default=False)],
-    debug: Debug = False,
+    **given: Any,
 ) -> None:
     """Explain a finding code: what it means, its severity, why it matters, a wrong and a right example."""
+    debug = given["debug"]
     with errors_reported(debug):
         from placecheck.findings.rules import RULES, Rule
 

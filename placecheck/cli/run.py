@@ -2,31 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from placecheck.basics.options import RunOptions, nproc_value
+from placecheck.basics.options import RunOptions
 from placecheck.cli.app import app
-from placecheck.cli.common import (
-    PANEL_DEVICE,
-    PANEL_TARGET,
-    Debug,
-    ExitZero,
-    FailOn,
-    Format,
-    Gpus,
-    Hints,
-    Ignore,
-    NoGroup,
-    Output,
-    PanelCommand,
-    Select,
-    Steps,
-    Timeout,
-    configured,
-)
-from placecheck.findings.formats import OutputFormat
+from placecheck.cli.common import PanelCommand, configured, declared_options, options_from
 from placecheck.findings.output import (
     OutputOptions,
     emit,
@@ -65,47 +47,19 @@ exception or non-zero sys.exit, code the simulation cannot run: a note says
 which); 3 for an internal error.
 """
 
-RunEngine = Annotated[str, typer.Option(
-    "--engine", metavar="ENGINE", rich_help_panel=PANEL_DEVICE,
-    help="auto|tagged|fake. tagged: CUDA simulated with real CPU values (exact losses and branches; the "
-         "model, its gradients and optimizer state in memory); fake: fake tensors (no memory for their "
-         "data: a job of any size; values read on the host are assumed, a note each); auto (default): "
-         "fake when a real-valued step would not fit in memory, else tagged.")]
-
-
 @app.command(cls=PanelCommand, help=RUN_HELP, context_settings={"allow_interspersed_args": True})
+@declared_options("run")
 def run(
     ctx: typer.Context,
     script: Annotated[str | None, typer.Argument(
         metavar="SCRIPT", help="The script to run (omit with -m).", show_default=False)] = None,
     script_args: Annotated[list[str] | None, typer.Argument(
         metavar="ARGS", help="Arguments for the script, after --.", show_default=False)] = None,
-    module: Annotated[str | None, typer.Option(
-        "--module", "-m", metavar="MODULE", rich_help_panel=PANEL_TARGET,
-        help="Run a module as `python -m MODULE` would, instead of a script.")] = None,
-    gpus: Gpus = None,
-    engine: RunEngine = "auto",
-    nproc_per_node: Annotated[str | None, typer.Option(
-        "--nproc-per-node", "--nproc_per_node", metavar="N", rich_help_panel=PANEL_TARGET,
-        help="Run the script as torchrun --nproc-per-node N does: each of N ranks in a process of its "
-             "own with torchrun's environment, on N simulated GPUs, with NCCL's rules.")] = None,
-    standalone: Annotated[bool, typer.Option(
-        "--standalone", hidden=True, help="torchrun's --standalone (one node): accepted, as it changes "
-                                          "nothing in the simulation.")] = False,
-    steps: Steps = None,
-    timeout: Timeout = None,
-    select: Select = None,
-    ignore: Ignore = None,
-    fmt: Format = OutputFormat.TABLE,
-    output: Output = "-",
-    no_group: NoGroup = False,
-    hints: Hints = False,
-    debug: Debug = False,
-    fail_on: FailOn = "warning",
-    exit_zero: ExitZero = False,
+    **given: Any,
 ) -> None:
     from placecheck.basics.errors import UsageError
 
+    debug, module = given["debug"], given["module"]
     with errors_reported(debug):
         args = list(script_args or ())
         if module is not None:
@@ -116,13 +70,12 @@ def run(
             raise UsageError("give a script to run (placecheck run SCRIPT.py) or a module (-m MODULE)")
         else:
             target = script
-        out = OutputOptions(format=output_format(fmt), output=output, fail_on=fail_on, exit_zero=exit_zero,
-                            debug=debug, group=not no_group, hints=hints)
+        out = OutputOptions(format=output_format(given["fmt"]), output=given["output"],
+                            fail_on=given["fail_on"], exit_zero=given["exit_zero"], debug=debug,
+                            group=not given["no_group"], hints=given["hints"])
         out.check()  # a bad --fail-on or --output fails before the script runs
         # None (not given) is the default; lists of comma-separated codes are split
-        options = RunOptions(module=module is not None, gpus=gpus, timeout=timeout, engine=engine,
-                             steps=steps, select=select, ignore=ignore,  # type: ignore[arg-type]
-                             nproc_per_node=None if nproc_per_node is None else nproc_value(nproc_per_node))
+        options = options_from(RunOptions, given)
         options = configured(ctx, options)  # ./pyproject.toml's [tool.placecheck.run] for what is not given
         options.check()  # a bad selector fails before the script runs (and before torch loads)
         from placecheck.run import run as run_program

@@ -1,16 +1,16 @@
 """Output formats: a str enum of choices and the formatter for each.
 
-Adding a format: one file with a :class:`Formatter` subclass, one enum member,
-one ``case`` below; ``tests/test_formats.py`` checks every choice has one.
+Adding a format: one file with a :class:`Formatter` subclass, one enum member (in
+``choices.py``), one ``case`` below; ``tests/test_formats.py`` checks every choice has one.
 """
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
 from placecheck.findings.formats.base import Formatter
+from placecheck.findings.formats.choices import OutputFormat as OutputFormat
 
 
 def assert_never(value: NoReturn) -> NoReturn:
@@ -20,20 +20,6 @@ def assert_never(value: NoReturn) -> NoReturn:
     for the typing one.
     """
     raise AssertionError(f"unhandled output format: {value!r}")
-
-
-class OutputFormat(str, enum.Enum):
-    """The ``--format`` choices."""
-
-    TABLE = "table"
-    JSON = "json"
-    SARIF = "sarif"
-    JUNIT = "junit"
-    GITHUB = "github"
-    MARKDOWN = "markdown"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 def formatter_for(fmt: OutputFormat, width: int | None = None, hints: bool = False,
