@@ -19,8 +19,13 @@ What none of them shows, and so is patched here, for the recorder's session only
 - ``torch.load`` / ``torch.save``: serialisation is no torch function a mode sees;
   the engine's tensors are saved as plain tensors and loaded back on the device
   they were saved from, and a load the simulated machine cannot do is PC301.
-- ``torch.__future__.set_overwrite_module_params_on_conversion``: the engine needs
-  its own setting in force while the script runs; the script's wish is remembered.
+- ``torch.__future__.set_overwrite_module_params_on_conversion`` and
+  ``set_swap_module_params_on_conversion``: the engine needs its own setting in force while the
+  script runs; the script's wish is remembered.
+- ``nn.Module.load_state_dict``: the engine's swap flag would make ``assign=True`` swap the loaded
+  tensors into the module's Parameter objects; on a GPU (torch's default flag) the module gets new
+  ones, which an optimizer built before does not hold (PC308). Its state-dict hooks are per instance
+  and see the load, not the flag it runs under, so the load runs under the script's own flag.
 - ``subprocess.Popen.__init__`` (:func:`no_copies_of_the_script`): a launcher that starts
   the script again in other processes (Lightning's ``Trainer(devices=N)`` runs
   ``python SCRIPT`` once per other rank) starts it outside the simulation, where it
