@@ -64,7 +64,7 @@ def model_class(name: str, cls: str) -> type:
 
 GPUS = {"dp": 2}
 """The simulated GPUs a pair needs (default 1)."""
-RUN_PAIRS = ["gan", "ema", "cache", "pack", "script", "dp", "topk", "dataset", "assign"]
+RUN_PAIRS = ["gan", "ema", "cache", "pack", "script", "dp", "topk", "dataset", "assign", "scriptmodule"]
 """Pairs whose ``__main__`` is a training script for ``placecheck run``."""
 
 AUDIT_PAIRS = {"cache": ("Cached", "float32[4,8]"), "pack": ("Tagger", "float32[4,6,8]"),
@@ -201,6 +201,15 @@ def test_a_torchscript_helper_runs_as_python_and_says_so(engine: str) -> None:
     helper = cls.forward.__globals__["encode"]
     assert isinstance(helper, torch.jit.ScriptFunction)  # put back after the audit
     assert module is None or module.encode is helper
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_scripted_module_runs_its_python_and_stays_a_script_module(engine: str) -> None:
+    """``torch.jit.script(module)``: its methods run as their Python (a finding at its line: the pair), its
+    ``save`` still writes TorchScript (the fake engine's tensors as meta tensors, no crash)."""
+    report = run(script("scriptmodule_fixed.py"), engine=engine, steps=3)
+    assert any("TorchScript module Encoder ran its Python forward" in n for n in report.notes), report.notes
+    assert any("ran to its end" in n for n in report.notes), report.notes
 
 
 # -- DataParallel scatters CPU inputs ------------------------------------------------------------------
