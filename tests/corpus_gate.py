@@ -6,7 +6,10 @@ another) holds correct training programs from public projects and, in its README
 
 1. copies the corpus to a temporary directory and makes its data there (``make_data.py``,
    ``time_sequence_prediction/generate_sine_wave_small.py``), as the README says;
-2. runs every program of the README's table under ``placecheck run --steps 2 --format json``: a
+2. runs every program of the README's table under ``placecheck run --steps 2 --format json``, once
+   per engine (``--engine tagged`` and ``--engine fake``; :data:`ENGINE_OPTIONS` adds an option for a
+   program under one engine, with why; a program placecheck refuses under an engine is **skipped**
+   there, with placecheck's words): a
    program is **clean** when it exits 0 with no finding at ``error`` or ``warning`` (``info`` is
    fair). A program whose script raises ``ModuleNotFoundError`` (a package this machine lacks:
    matplotlib) is **skipped**, with the reason; any other failure is a failure. The lines of the
@@ -17,8 +20,11 @@ another) holds correct training programs from public projects and, in its README
    every line where it was), at every applicable site whose effect the clean run reached (the
    statement ran, and a later line naming what it binds ran too: :func:`reached`), or a
    deterministic sample of ``--per-transform`` of them (spread evenly over the sites, in file
-   order), and runs each mutant with the program's command, in a copy of the program's folder;
-4. prints ``programs clean N/N, mutants found M/M`` and exits 1 on any miss (0 otherwise; 0 with a
+   order), and runs each mutant with the program's command, in a copy of the program's folder, under
+   one engine: the program's engines in turn (the other where the turn's clean run did not reach the
+   site), compared with that engine's clean run (``--mutant-engines all``: under each);
+4. prints ``engine E: programs clean N/N, mutants found M/M`` per engine, then the totals
+   ``programs clean N/N, mutants found M/M``, and exits 1 on any miss (0 otherwise; 0 with a
    ``SKIPPED`` line when there is no corpus).
 
 A mutant is **found** when its run reports a finding at ``error`` or ``warning`` that the clean run
@@ -43,7 +49,8 @@ The transforms (each a function from a libcst module to its sites):
 - ``stale-optimizer``: after ``opt = optim.X(model.parameters(), ...)``, on the same line, the
   model is re-created by its own earlier statement in the same block (``; model = Net().to(device)``).
 
-Under 5 minutes on 2 cores: the runs go to ``--workers`` processes (2), ``--steps 2``.
+Under 5 minutes on 2 cores: the runs go to ``--workers`` processes (2), ``--steps 2``, each mutant under
+one engine (both engines for every mutant took about twice the mutants' time).
 """
 
 from __future__ import annotations
