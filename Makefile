@@ -86,11 +86,12 @@ test-cpu-build: $(CPU_STAMP)
 
 # ---- the real-code gate (issue 33): make test-corpus ----------------------------------------------
 # Every program of ../shared/corpus (correct training code from public projects, beside the clone,
-# read-only; CORPUS=DIR names another) runs under placecheck run with no error or warning, and mutants
+# read-only; CORPUS=DIR names another) runs under placecheck run with no error or warning, under both
+# engines (tagged and fake; the mutants split between them in turn, to stay under 5 minutes), and mutants
 # generated from each (a batch element's .to(device) removed, device= removed from a factory, a
 # register_buffer made a plain attribute, a CPU loss weight, an optimizer of a re-created model) are
 # each found at their line: tests/corpus_gate.py says how; it prints "programs clean N/N, mutants found
-# M/M" and fails on any miss. Without the corpus it prints a SKIPPED line and passes.
+# M/M" per engine and in all, and fails on any miss. Without the corpus it prints a SKIPPED line and passes.
 # time_sequence_prediction plots with matplotlib: the bench extra brings it.
 CORPUS ?= ../shared/corpus
 test-corpus: install

@@ -6,7 +6,10 @@ another) holds correct training programs from public projects and, in its README
 
 1. copies the corpus to a temporary directory and makes its data there (``make_data.py``,
    ``time_sequence_prediction/generate_sine_wave_small.py``), as the README says;
-2. runs every program of the README's table under ``placecheck run --steps 2 --format json``: a
+2. runs every program of the README's table under ``placecheck run --steps 2 --format json``, once
+   per engine (``--engine tagged`` and ``--engine fake``; :data:`ENGINE_OPTIONS` adds an option for a
+   program under one engine, with why; a program placecheck refuses under an engine is **skipped**
+   there, with placecheck's words): a
    program is **clean** when it exits 0 with no finding at ``error`` or ``warning`` (``info`` is
    fair). A program whose script raises ``ModuleNotFoundError`` (a package this machine lacks:
    matplotlib) is **skipped**, with the reason; any other failure is a failure. The lines of the
@@ -17,8 +20,11 @@ another) holds correct training programs from public projects and, in its README
    every line where it was), at every applicable site whose effect the clean run reached (the
    statement ran, and a later line naming what it binds ran too: :func:`reached`), or a
    deterministic sample of ``--per-transform`` of them (spread evenly over the sites, in file
-   order), and runs each mutant with the program's command, in a copy of the program's folder;
-4. prints ``programs clean N/N, mutants found M/M`` and exits 1 on any miss (0 otherwise; 0 with a
+   order), and runs each mutant with the program's command, in a copy of the program's folder, under
+   one engine: the program's engines in turn (the other where the turn's clean run did not reach the
+   site), compared with that engine's clean run (``--mutant-engines all``: under each);
+4. prints ``engine E: programs clean N/N, mutants found M/M`` per engine, then the totals
+   ``programs clean N/N, mutants found M/M``, and exits 1 on any miss (0 otherwise; 0 with a
    ``SKIPPED`` line when there is no corpus).
 
 A mutant is **found** when its run reports a finding at ``error`` or ``warning`` that the clean run
@@ -43,7 +49,8 @@ The transforms (each a function from a libcst module to its sites):
 - ``stale-optimizer``: after ``opt = optim.X(model.parameters(), ...)``, on the same line, the
   model is re-created by its own earlier statement in the same block (``; model = Net().to(device)``).
 
-Under 5 minutes on 2 cores: the runs go to ``--workers`` processes (2), ``--steps 2``.
+Under 5 minutes on 2 cores: the runs go to ``--workers`` processes (2), ``--steps 2``, each mutant under
+one engine (both engines for every mutant took about twice the mutants' time).
 """
 
 from __future__ import annotations
@@ -85,6 +92,23 @@ EQUIVALENT: dict[tuple[str, str, int, str], str] = {
 """Mutants that are no bug (equivalent mutants), by (program folder, file, first line, transform): each
 must stay clean, with no new error or warning, as its reason says."""
 
+ENGINES = ("tagged", "fake")
+"""``placecheck run``'s engines the gate runs every program under (``--engines`` names fewer)."""
+
+ENGINE_OPTIONS: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {
+    ("regression", "fake"): (
+        ("--timeout", "10"),
+        "its loop ends when `loss = output.item()` falls below 1e-3; the fake engine's weights hold no "
+        "values, so the loss read is assumed 1.0 each time and the loop would never end: stopped after 10 s "
+        "(not an error; the note names the lines after it as unchecked)"),
+}
+"""``placecheck run``'s options for a program under one engine, by (program folder, engine), each with why:
+the gate prints the reason beside the program's state."""
+
+REFUSED = "cannot be combined yet"
+"""What placecheck says when it refuses an engine for a program's options (``--engine fake`` with
+``--nproc-per-node``): that program is SKIPPED under that engine, with placecheck's own words."""
+
 
 # -- the programs: the README's table ----------------------------------------------------------------
 
@@ -100,9 +124,12 @@ class Program:
     args: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
 
-    def command(self, steps: int = STEPS) -> list[str]:
-        """``placecheck run``'s arguments, with ``--steps`` and JSON output."""
-        return ["run", "--steps", str(steps), "--format", "json", *self.options, self.script, "--",
+    def command(self, steps: int = STEPS, engine: str = "") -> list[str]:
+        """``placecheck run``'s arguments, with ``--steps``, JSON output and ``--engine`` when given (with
+        the options :data:`ENGINE_OPTIONS` gives the program under it)."""
+        given = ENGINE_OPTIONS.get((self.folder, engine), ((), ""))[0]
+        chosen = ["--engine", engine, *given] if engine else []
+        return ["run", "--steps", str(steps), "--format", "json", *chosen, *self.options, self.script, "--",
                 *self.args]
 
 
@@ -464,6 +491,14 @@ class Run:
         match = re.search(r"raised ModuleNotFoundError at .*: No module named '([^']+)'", unfinished)
         return match.group(1) if match else ""
 
+    def refused(self) -> str:
+        """placecheck's own words when it refused the engine for the program's options (exit 2, no
+        report), or ""."""
+        if self.code != 2 or self.report is not None:
+            return ""
+        said = [line for line in self.stderr.splitlines() if REFUSED in line]
+        return said[0].removeprefix("placecheck: error: ") if said else ""
+
 
 def _where(value: str) -> tuple[str, int] | None:
     """``main.py:42`` (any directory) as ``("main.py", 42)``."""
@@ -471,9 +506,11 @@ def _where(value: str) -> tuple[str, int] | None:
     return (os.path.basename(path), int(line)) if path and line.isdigit() else None
 
 
-def run_placecheck(program: Program, folder: Path, timeout: float, trace: Path | None = None) -> Run:
-    """``placecheck run`` of ``program`` in ``folder``; with ``trace``, the lines of the files under
-    ``trace`` that ran are recorded (this module's own tracer, :func:`_traced_main`)."""
+def run_placecheck(program: Program, folder: Path, timeout: float, trace: Path | None = None,
+                   engine: str = "") -> Run:
+    """``placecheck run`` of ``program`` in ``folder`` (under ``engine``, when given); with ``trace``, the
+    lines of the files under ``trace`` that ran are recorded (this module's own tracer,
+    :func:`_traced_main`)."""
     env = {**os.environ, **dict(program.env), "PYTHONPATH": os.pathsep.join(
         p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)}
     lines_file = None
@@ -481,9 +518,9 @@ def run_placecheck(program: Program, folder: Path, timeout: float, trace: Path |
         handle, lines_file = tempfile.mkstemp(suffix=".json")
         os.close(handle)
         command = [sys.executable, __file__, "--trace-lines", str(trace), lines_file, "--",
-                   *program.command()]
+                   *program.command(engine=engine)]
     else:
-        command = [sys.executable, "-m", "placecheck", *program.command()]
+        command = [sys.executable, "-m", "placecheck", *program.command(engine=engine)]
     start = time.monotonic()
     try:
         done = subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True, timeout=timeout)
@@ -546,6 +583,7 @@ class Outcome:
     clean: Run
     skipped: str = ""
     problems: list[str] = field(default_factory=list)
+    engine: str = ""
 
 
 def check_clean(program: Program, run: Run) -> tuple[str, list[str]]:
@@ -553,6 +591,8 @@ def check_clean(program: Program, run: Run) -> tuple[str, list[str]]:
     missing = run.missing_module()
     if missing:
         return f"needs {missing}, which is not installed here", []
+    if run.refused():
+        return f"placecheck refuses it: {run.refused()}", []
     problems = [f"{f['severity']} {f['code']} at {f.get('source', '')}: {f.get('message', '')}"
                 for f in run.failing()]
     if run.report is None:
@@ -594,7 +634,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=240, help="seconds per placecheck run")
     parser.add_argument("--only", action="append", default=[], help="programs whose name starts so")
     parser.add_argument("--keep", action="store_true", help="keep the temporary copy (its path is printed)")
+    parser.add_argument("--engines", default=",".join(ENGINES),
+                        help=f"placecheck run's engines every program runs under (of {', '.join(ENGINES)})")
+    parser.add_argument("--mutant-engines", choices=("split", "all"), default="split",
+                        help="split: each mutant under one engine, the engines in turn (the default: under "
+                             "5 minutes); all: each mutant under every engine")
     args = parser.parse_args(argv)
+    engines = [e for e in args.engines.split(",") if e]
+    if not engines or set(engines) - set(ENGINES):
+        parser.error(f"--engines {args.engines!r}: expected some of {', '.join(ENGINES)}")
     corpus = Path(args.corpus)
     readme = corpus / "README.md"
     if not readme.is_file():
@@ -620,34 +668,47 @@ def main(argv: Sequence[str] | None = None) -> int:
             if (root / program_folder).is_dir():
                 (root / program_folder / name).mkdir(exist_ok=True)
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.workers))
+    jobs: list[tuple[Outcome, Path, str, Mutant]] = []
+    results: list[tuple[Run, bool]] = []
+    outcomes: list[Outcome] = []
     try:
-        # 1. every program, its lines recorded
-        clean_runs = dict(zip(programs, pool.map(
-            lambda p: run_placecheck(p, root / p.folder, args.timeout, trace=root), programs), strict=True))
-        outcomes = []
-        for program, run in clean_runs.items():
+        # 1. every program under every engine, its lines recorded
+        pairs = [(p, e) for p in programs for e in engines]
+        clean_runs = list(pool.map(lambda pair: run_placecheck(
+            pair[0], root / pair[0].folder, args.timeout, trace=root, engine=pair[1]), pairs))
+        for (program, engine), run in zip(pairs, clean_runs, strict=True):
             skipped, problems = check_clean(program, run)
-            outcomes.append(Outcome(program, run, skipped, problems))
+            outcomes.append(Outcome(program, run, skipped, problems, engine))
             state = f"SKIPPED ({skipped})" if skipped else "clean" if not problems else "NOT CLEAN"
-            print(f"program {program.name}: {state} ({run.seconds:.0f} s)")
+            given, why = ENGINE_OPTIONS.get((program.folder, engine), ((), ""))
+            print(f"program {program.name} [{engine}]: {state} ({run.seconds:.0f} s)"
+                  + (f"; {' '.join(given)}: {why}" if why else ""))
             for problem in problems:
                 print(f"    {problem}")
-        # 2. the mutants of every program that ran
-        jobs = []
-        for outcome in outcomes:
-            if outcome.skipped:
+        # 2. the mutants of every program that ran, each under one engine (--mutant-engines all: each)
+        for program in programs:
+            ran = [o for o in outcomes if o.program is program and not o.skipped]
+            if not ran:
                 continue
-            folder = root / outcome.program.folder
-            executed = {(os.path.basename(f), n) for f, n in outcome.clean.executed
-                        if os.path.dirname(f) == str(folder)}
+            folder = root / program.folder
+            lines = {o.engine: {(os.path.basename(f), n) for f, n in o.clean.executed
+                                if os.path.dirname(f) == str(folder)} for o in ran}
+            count = 0
             for path in sorted(folder.glob("*.py")):
                 original = path.read_text(encoding="utf-8")
+                # a line tracer saw the run (its lines recorded): only sites whose effect it reached
+                in_file = {o.engine: {n for f, n in lines[o.engine] if f == path.name} if lines[o.engine]
+                           else None for o in ran}
                 for transform in TRANSFORMS.values():
-                    sites = transform(original)
-                    ran = {n for f, n in executed if f == path.name}
-                    if executed:  # a line tracer saw the run: only sites whose effect the run reached
-                        sites = [m for m in sites if reached(m, original, ran)]
-                    jobs.extend((outcome, path, original, m) for m in sample(sites, args.per_transform))
+                    sites = [(m, [o for o in ran if in_file[o.engine] is None
+                                  or reached(m, original, in_file[o.engine] or set())])
+                             for m in transform(original)]
+                    for mutant, under in sample([(m, u) for m, u in sites if u], args.per_transform):
+                        if args.mutant_engines == "split":  # in turn, where the turn's engine reached it
+                            turn = ran[count % len(ran)]
+                            under = [turn] if turn in under else under[:1]
+                        jobs.extend((o, path, original, mutant) for o in under)
+                        count += 1
 
         def run_mutant(job: tuple[Outcome, Path, str, Mutant], index: int) -> tuple[Run, bool]:
             outcome, path, original, mutant = job
@@ -655,7 +716,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             shutil.copytree(path.parent, folder)
             (folder / path.name).write_text(mutant.code, encoding="utf-8")
             try:
-                run = run_placecheck(outcome.program, folder, args.timeout)
+                run = run_placecheck(outcome.program, folder, args.timeout, engine=outcome.engine)
             finally:
                 if not args.keep:
                     shutil.rmtree(folder, ignore_errors=True)
@@ -664,22 +725,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run, found(mutant, path.name, original, outcome.clean, run)
 
         results = list(pool.map(run_mutant, jobs, range(len(jobs))))
-        missed = 0
         for (outcome, path, _, mutant), (run, hit) in zip(jobs, results, strict=True):
             equivalent = EQUIVALENT.get((outcome.program.folder, path.name, mutant.line, mutant.transform))
+            what = f"{outcome.program.name} [{outcome.engine}] {path.name}:{mutant.line} {mutant.transform}"
             if hit and equivalent:
-                print(f"equivalent {outcome.program.name} {path.name}:{mutant.line} {mutant.transform}: "
-                      f"clean, as it should be: {equivalent} ({run.seconds:.0f} s)")
+                print(f"equivalent {what}: clean, as it should be: {equivalent} ({run.seconds:.0f} s)")
                 continue
             if hit:
-                print(f"found {outcome.program.name} {path.name}:{mutant.line} {mutant.transform} "
-                      f"({run.seconds:.0f} s)")
+                print(f"found {what} ({run.seconds:.0f} s)")
                 continue
-            missed += 1
             label = "NOT CLEAN (an equivalent mutant)" if equivalent else "MISSED"
-            print(f"{label} {outcome.program.name} {path.name}:{mutant.line} {mutant.transform}: "
-                  f"{mutant.said} "
-                  f"(exit {run.code}, {run.seconds:.0f} s)")
+            print(f"{label} {what}: {mutant.said} (exit {run.code}, {run.seconds:.0f} s)")
             for f in (run.report or {}).get("findings", []):
                 origin = f.get("origin") or "-"
                 print(f"    {f['severity']} {f['code']} at {f.get('source')} (origin {origin}): "
@@ -692,17 +748,27 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"test-corpus: the copy is kept at {work}")
         else:
             shutil.rmtree(work, ignore_errors=True)
-    ran = [o for o in outcomes if not o.skipped]
-    clean = sum(1 for o in ran if not o.problems)
     for o in outcomes:
         if o.skipped:
-            print(f"test-corpus: SKIPPED program {o.program.name}: {o.skipped}")
+            print(f"test-corpus: SKIPPED program {o.program.name} [{o.engine}]: {o.skipped}")
+    failed = False
+    totals = [0, 0, 0, 0]
+    for engine in engines:
+        counted = [o for o in outcomes if o.engine == engine and not o.skipped]
+        clean = sum(1 for o in counted if not o.problems)
+        hits = [hit for (o, *_), (_, hit) in zip(jobs, results, strict=True) if o.engine == engine]
+        print(f"engine {engine}: programs clean {clean}/{len(counted)}, "
+              f"mutants found {sum(hits)}/{len(hits)}")
+        failed = failed or clean < len(counted) or not all(hits)
+        totals = [a + b for a, b in zip(totals, (clean, len(counted), sum(hits), len(hits)), strict=True)]
     times = os.times()
-    print(f"programs clean {clean}/{len(ran)}, mutants found {len(jobs) - missed}/{len(jobs)} "
-          f"({time.monotonic() - started:.0f} s, {times.children_user + times.children_system:.0f} s of CPU; "
-          f"{args.workers} workers, --steps {STEPS})")
-    return 0 if clean == len(ran) and not missed else 1
-
+    split = "each mutant under one engine, in turn" if args.mutant_engines == "split" \
+        else "each mutant under every engine"
+    print(f"programs clean {totals[0]}/{totals[1]}, mutants found {totals[2]}/{totals[3]} "
+          f"({len(engines)} engines, {split}; {time.monotonic() - started:.0f} s, "
+          f"{times.children_user + times.children_system:.0f} s of CPU; {args.workers} workers, "
+          f"--steps {STEPS})")
+    return 1 if failed else 0
 
 if __name__ == "__main__":
     if len(sys.argv) > 4 and sys.argv[1] == "--trace-lines" and sys.argv[4] == "--":

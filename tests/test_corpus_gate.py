@@ -200,3 +200,25 @@ def test_an_equivalent_mutant_must_stay_clean() -> None:
 def test_no_corpus_is_a_skipped_line_and_exit_0(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert gate.main(["--corpus", str(tmp_path / "none")]) == 0
     assert capsys.readouterr().out.startswith("test-corpus: SKIPPED: no corpus at ")
+
+
+def test_each_engine_is_named_with_the_options_the_gate_gives_a_program_under_it() -> None:
+    *_, regression = gate.parse_readme(README)
+    assert regression.command(engine="tagged") == ["run", "--steps", "2", "--format", "json",
+                                                   "--engine", "tagged", "main.py", "--"]
+    assert regression.command(engine="fake")[5:8] == ["--engine", "fake", "--timeout"]
+    # every entry says why, for an engine the gate runs
+    for (folder, engine), (options, why) in gate.ENGINE_OPTIONS.items():
+        assert engine in gate.ENGINES and folder and options and why
+
+
+def test_an_engine_placecheck_refuses_for_a_program_is_skipped_with_its_words() -> None:
+    said = ("placecheck: error: --engine fake and --nproc-per-node cannot be combined yet: "
+            "DistributedDataParallel reads ...")
+    refused = gate.Run(2, None, said + "\n", 0.0)
+    skipped, problems = gate.check_clean(gate.Program("ddp", "ddp", "x.py"), refused)
+    assert skipped.startswith("placecheck refuses it: --engine fake and --nproc-per-node") and problems == []
+    # any other usage error is a failure, not a skip
+    skipped, problems = gate.check_clean(gate.Program("ddp", "ddp", "x.py"),
+                                         gate.Run(2, None, "placecheck: error: no such option\n", 0.0))
+    assert skipped == "" and problems

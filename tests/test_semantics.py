@@ -64,7 +64,7 @@ def model_class(name: str, cls: str) -> type:
 
 GPUS = {"dp": 2}
 """The simulated GPUs a pair needs (default 1)."""
-RUN_PAIRS = ["gan", "ema", "cache", "pack", "script", "dp", "topk"]
+RUN_PAIRS = ["gan", "ema", "cache", "pack", "script", "dp", "topk", "dataset", "assign", "scriptmodule"]
 """Pairs whose ``__main__`` is a training script for ``placecheck run``."""
 
 AUDIT_PAIRS = {"cache": ("Cached", "float32[4,8]"), "pack": ("Tagger", "float32[4,6,8]"),
@@ -203,6 +203,15 @@ def test_a_torchscript_helper_runs_as_python_and_says_so(engine: str) -> None:
     assert module is None or module.encode is helper
 
 
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_scripted_module_runs_its_python_and_stays_a_script_module(engine: str) -> None:
+    """``torch.jit.script(module)``: its methods run as their Python (a finding at its line: the pair), its
+    ``save`` still writes TorchScript (the fake engine's tensors as meta tensors, no crash)."""
+    report = run(script("scriptmodule_fixed.py"), engine=engine, steps=3)
+    assert any("TorchScript module Encoder ran its Python forward" in n for n in report.notes), report.notes
+    assert any("ran to its end" in n for n in report.notes), report.notes
+
+
 # -- DataParallel scatters CPU inputs ------------------------------------------------------------------
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -244,3 +253,27 @@ def test_an_optimizer_given_the_new_model_s_parameters_before_stepping_is_clean(
 
     assert run(main, engine=engine).findings == ()
 
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_an_assign_load_under_the_script_s_swap_flag_keeps_the_optimizer_valid(engine: str) -> None:
+    """With ``torch.__future__``'s swap flag set by the script, torch swaps the loaded tensors into the
+    module's own Parameter objects: the optimizer built before the load still holds them (no PC308)."""
+    kept: list[bool] = []
+
+    def main() -> None:
+        torch.__future__.set_swap_module_params_on_conversion(True)
+        model = nn.Linear(4, 1).to("cuda")
+        weight = model.weight
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        state = {k: v.clone() for k, v in model.state_dict().items()}
+        model.load_state_dict(state, assign=True)
+        kept.append(model.weight is weight)
+        model(torch.randn(2, 4, device="cuda")).sum().backward()
+        optimizer.step()
+
+    try:
+        assert run(main, engine=engine).findings == ()
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(False)
+    assert kept == [True]

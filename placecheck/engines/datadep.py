@@ -157,6 +157,10 @@ class DataDependentMode(TorchDispatchMode):  # type: ignore[no-untyped-call]  # 
         """Data-dependent ops run on values known (not assumed) so far: their results depend on those
         values (:mod:`placecheck.engines.reuse` reuses only calls that made none)."""
         self._fake_type: type[torch.Tensor] = _fake_tensor_type()
+        self.host_values = False
+        """Ops on real host tensors alone (a dataset's file read through ``torch.frombuffer``, a batch, a
+        loaded file) run for real, as on a GPU machine's host: ``placecheck run``'s fake engine sets it
+        (its scripts index and read their data); the audit's forward keeps every result fake."""
 
     # -- what the report gets -------------------------------------------------------------------
     def notes(self, phase: str = "forward") -> list[str]:
@@ -182,6 +186,9 @@ class DataDependentMode(TorchDispatchMode):  # type: ignore[no-untyped-call]  # 
         kwargs = kwargs or {}
         if func in _META_OPS:
             return func(*args, **kwargs)
+        if self.host_values and self._host_only(args, kwargs):
+            with on_host():
+                return func(*args, **kwargs)
         made = shortcut(func, args, kwargs)  # an op whose fake path is slow, made from metadata
         if made is not None:
             self._propagate(func, args, kwargs, made)
@@ -194,6 +201,17 @@ class DataDependentMode(TorchDispatchMode):  # type: ignore[no-untyped-call]  # 
         out = func(*args, **kwargs)
         self._propagate(func, args, kwargs, out)
         return out
+
+    def _host_only(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        """Every tensor of an op is a real CPU tensor (one at least), and it names no other device nor
+        pinned memory: host data computed from host data (a view, a cast, an index of a file's bytes)."""
+        tensors = _tensors_in(args, kwargs)
+        if not tensors or kwargs.get("pin_memory"):
+            return False
+        for t in tensors:
+            if isinstance(t, self._fake_type) or t.device.type != "cpu":
+                return False
+        return not any(isinstance(a, torch.device) and a.type != "cpu" for a in (*args, *kwargs.values()))
 
     # -- values ---------------------------------------------------------------------------------
     def value(self, t: Any) -> tuple[torch.Tensor | None, Assumption | None]:

@@ -267,6 +267,7 @@ def _run_fake(program: Program, recorder: RunRecorder, lines: ScriptLines, gpus:
     recorder.host_data = on_host
     with _environment_kept(), quiet(FAKE_TENSOR_LOGGER), fake_cuda(gpus) as datadep, recorder.recording(), \
             lines.watching():
+        datadep.host_values = True  # a dataset's data read from files stays real, as on the host of a GPU
         outcome = execute(program, timeout, notes, _rewritten(recorder))
     return outcome, datadep.notes(phase="run")
 

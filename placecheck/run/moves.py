@@ -4,6 +4,12 @@ The walk (:mod:`placecheck.checks.walk`, the same one ``audit`` runs) compares t
 the move and reports what ``.to()`` left behind (PC101-PC105) at the line of the move. Parameters
 keep their identity across the move (``torch.__future__``'s swap flag), as on a real GPU, so an
 optimizer built before the move stays valid; unless the script asked for new ones.
+
+The engine keeps that swap flag on for the whole run, but the flag changes more than moves: torch's
+``load_state_dict(assign=True)`` swaps the loaded tensors into the module's Parameter objects under it,
+and without it (torch's default) puts new Parameter objects in the module (``setattr``), which an
+optimizer built before the load does not hold. So a load with ``assign=True`` runs under the script's
+own flag, as on a GPU (PC308 then sees the optimizer's stale parameters).
 """
 
 from __future__ import annotations
@@ -24,6 +30,9 @@ from placecheck.engines.calls import read_module_move
 from placecheck.engines.cudaapi import current_index
 from placecheck.findings.codes import Code
 from placecheck.findings.finding import Finding
+
+_SET_SWAP = torch.__future__.set_swap_module_params_on_conversion
+"""torch's own setter of the swap flag (the run patches the public one to remember the script's wish)."""
 
 if typing.TYPE_CHECKING:
     from placecheck.run.session import Recording
@@ -63,6 +72,8 @@ class Moves:
         self._moving = 0
         self.user_overwrite = False
         """The script asked for new Parameter objects on ``.to()`` (``torch.__future__``)."""
+        self.user_swap = False
+        """The script set ``torch.__future__``'s swap flag (torch's default: off)."""
         self.strays: dict[int, tuple[str, str, str]] = {}
         """``id()`` of each stray tensor (PC101) a move left behind -> its finding's key; a torch call of
         the script that receives one marks that finding used (:meth:`touched`)."""
@@ -95,12 +106,12 @@ class Moves:
         self._moving += 1
         # the engine needs new tensors from .to(); a GPU keeps each Parameter object unless the script
         # asked for new ones (set_overwrite_module_params_on_conversion(True))
-        torch.__future__.set_swap_module_params_on_conversion(not self.user_overwrite)
+        _SET_SWAP(not self.user_overwrite)
         try:
             with self.recorder.quiet():  # the move's own copies are not the script's transfers
                 moved = original(module, *args, **kwargs)
         finally:
-            torch.__future__.set_swap_module_params_on_conversion(True)
+            _SET_SWAP(True)
             self._moving -= 1
         if dest is None:
             return moved
@@ -156,3 +167,25 @@ class Moves:
         def set_overwrite_module_params_on_conversion(value: bool) -> None:
             self.user_overwrite = bool(value)  # the engine's own setting (True) stays in force
         return set_overwrite_module_params_on_conversion
+
+    def swap_flag(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        """``torch.__future__.set_swap_module_params_on_conversion``: the script's wish, remembered (it
+        decides what ``load_state_dict(assign=True)`` does: :meth:`load_state_dict`)."""
+        def set_swap_module_params_on_conversion(value: bool) -> None:
+            self.user_swap = bool(value)  # the engine's own setting (True) stays in force for moves
+        return set_swap_module_params_on_conversion
+
+    def load_state_dict(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        """``nn.Module.load_state_dict``: with ``assign=True``, under the script's swap flag, so that the
+        module gets new Parameter objects as on a GPU (torch's ``_load_from_state_dict``: ``setattr`` of
+        the loaded tensors, made Parameters) unless the script set the flag itself."""
+        def load_state_dict(module: nn.Module, state_dict: Any, *args: Any, **kwargs: Any) -> Any:
+            assign = kwargs.get("assign", args[1] if len(args) > 1 else False)
+            if not assign or self.user_swap:
+                return original(module, state_dict, *args, **kwargs)
+            _SET_SWAP(False)
+            try:
+                return original(module, state_dict, *args, **kwargs)
+            finally:
+                _SET_SWAP(True)
+        return load_state_dict

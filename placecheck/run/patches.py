@@ -19,8 +19,13 @@ What none of them shows, and so is patched here, for the recorder's session only
 - ``torch.load`` / ``torch.save``: serialisation is no torch function a mode sees;
   the engine's tensors are saved as plain tensors and loaded back on the device
   they were saved from, and a load the simulated machine cannot do is PC301.
-- ``torch.__future__.set_overwrite_module_params_on_conversion``: the engine needs
-  its own setting in force while the script runs; the script's wish is remembered.
+- ``torch.__future__.set_overwrite_module_params_on_conversion`` and
+  ``set_swap_module_params_on_conversion``: the engine needs its own setting in force while the
+  script runs; the script's wish is remembered.
+- ``nn.Module.load_state_dict``: the engine's swap flag would make ``assign=True`` swap the loaded
+  tensors into the module's Parameter objects; on a GPU (torch's default flag) the module gets new
+  ones, which an optimizer built before does not hold (PC308). Its state-dict hooks are per instance
+  and see the load, not the flag it runs under, so the load runs under the script's own flag.
 - ``subprocess.Popen.__init__`` (:func:`no_copies_of_the_script`): a launcher that starts
   the script again in other processes (Lightning's ``Trainer(devices=N)`` runs
   ``python SCRIPT`` once per other rank) starts it outside the simulation, where it
@@ -37,12 +42,15 @@ What none of them shows, and so is patched here, for the recorder's session only
   ``TORCH_COMPILE_DISABLE``): the eager code runs, and is what is checked, not
   the compiled graph. Patched rather than set up front because importing
   TorchDynamo costs seconds a script that never compiles should not pay.
-- ``torch.jit.script`` of a Python function (:func:`eager_script`): the TorchScript
-  interpreter runs a scripted function's ops in C++, where no torch function mode
-  sees them, so a problem inside it was reported at the forward's line that called
-  it. A function stays the Python function, as ``PYTORCH_JIT=0`` leaves it (the
-  mode of torch.jit that its own debugging uses); a scripted module or class is
-  scripted as asked (its ``save``, ``code`` and ``graph`` stay).
+- ``torch.jit.script`` (:func:`eager_script`): the TorchScript interpreter runs a
+  scripted function's ops in C++, where no torch function mode sees them, so a
+  problem inside it was reported at the forward's line that called it, or not at
+  all. A function stays the Python function, as ``PYTORCH_JIT=0`` leaves it (the
+  mode of torch.jit that its own debugging uses). A module is scripted as asked
+  (a ``ScriptModule``: its ``save``, ``code`` and ``graph`` stay, and code
+  TorchScript refuses is refused), and each of its compiled methods and its
+  submodules' runs as the Python method it was compiled from, on the scripted
+  module's own state (what it saves). A scripted class is scripted as asked.
 
 - For ``--nproc-per-node N`` (:mod:`placecheck.run.ranks`), in each rank's process:
   ``torch.distributed.init_process_group`` (:func:`fake_process_group`): NCCL
@@ -143,10 +151,20 @@ def eager_compile(on_compile: Callable[[], None]) -> Iterator[None]:
 
 
 def eager_script(notes: dict[str, None]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """The maker of ``torch.jit.script`` for :func:`patched`: a Python function is returned as it is
-    (noted in ``notes``), anything else scripted by ``original``."""
+    """The maker of ``torch.jit.script`` for :func:`patched`: a Python function is returned as it is, a
+    module scripted by ``original`` with its compiled methods run as their Python (:func:`_as_python`),
+    each noted in ``notes``; anything else scripted by ``original``."""
     def make(original: Callable[..., Any]) -> Callable[..., Any]:
         def script(obj: Any, *args: Any, **kwargs: Any) -> Any:
+            if isinstance(obj, torch.nn.Module) and not isinstance(obj, torch.jit.ScriptModule):
+                scripted = original(obj, *args, **kwargs)
+                if isinstance(scripted, torch.jit.ScriptModule) and _as_python(scripted, obj):
+                    for method in ("save", "save_to_buffer"):
+                        scripted.__dict__[method] = _saved_without_fakes(scripted, getattr(scripted, method))
+                    notes[f"run: TorchScript module {type(obj).__qualname__} ran its Python forward (its "
+                          "scripted code kept for save, code and graph): a finding names its line inside "
+                          "it"] = None
+                return scripted
             if not inspect.isfunction(obj):
                 return original(obj, *args, **kwargs)
             notes[f"run: TorchScript function {obj.__qualname__} ran as its Python (as PYTORCH_JIT=0 runs "
@@ -154,6 +172,65 @@ def eager_script(notes: dict[str, None]) -> Callable[[Callable[..., Any]], Calla
             return obj
         return script
     return make
+
+
+def _saved_without_fakes(scripted: torch.nn.Module, save: Callable[..., Any]) -> Callable[..., Any]:
+    """A scripted module's ``save``/``save_to_buffer`` that writes each fake tensor of the fake engine
+    (which holds no data; TorchScript's writer reads it and crashes the process) as a ``meta`` tensor of
+    its shape, as ``torch.save`` of the run writes one, and puts the fake tensors back after."""
+    from placecheck.engines.compat import FakeTensor
+    from placecheck.engines.datadep import on_host
+
+    def saved(*args: Any, **kwargs: Any) -> Any:
+        modules: list[Any] = list(scripted.modules())  # each with its C++ module (_c): the slots
+        fakes = [(sub._c, key, t) for sub in modules
+                 for key, t in [*sub._parameters.items(), *sub._buffers.items()] if isinstance(t, FakeTensor)]
+        with on_host():
+            for slots, key, t in fakes:
+                slots.setattr(key, torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta"))
+        try:
+            return save(*args, **kwargs)
+        finally:
+            for slots, key, t in fakes:
+                slots.setattr(key, t)
+    return saved
+
+
+class _PythonMethod:
+    """A scripted module's method run as the Python function it was compiled from, bound to the scripted
+    module; anything else asked of it (``code``, ``graph``, ``schema``) is the compiled method's."""
+
+    def __init__(self, func: Callable[..., Any], module: torch.nn.Module, compiled: Any) -> None:
+        self.func = func
+        self.module = module
+        self.compiled = compiled
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.func(self.module, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.compiled, name)
+
+
+def _as_python(scripted: torch.nn.Module, eager: torch.nn.Module) -> bool:
+    """Each compiled method of ``scripted`` and its submodules runs as the Python method of the module it
+    was scripted from (found by its name in ``eager``); whether any does. Dunder methods stay compiled."""
+    import types
+
+    modules = dict(eager.named_modules())
+    replaced = False
+    for name, sub in scripted.named_modules():
+        source = modules.get(name)
+        compiled_names = getattr(getattr(sub, "_c", None), "_method_names", None)
+        if source is None or compiled_names is None:
+            continue
+        for method in compiled_names():
+            func = inspect.getattr_static(type(source), method, None)
+            if not isinstance(func, types.FunctionType) or method.startswith("__"):
+                continue
+            sub.__dict__[method] = _PythonMethod(func, sub, getattr(sub, method))
+            replaced = True
+    return replaced
 
 
 class OutsideSimulation(RuntimeError):

@@ -209,6 +209,8 @@ class RunRecorder:
                     (torch, "save", self.checkpoints.torch_save),
                     (torch.__future__, "set_overwrite_module_params_on_conversion",
                      self.moves.overwrite_flag),
+                    (torch.__future__, "set_swap_module_params_on_conversion", self.moves.swap_flag),
+                    (nn.Module, "load_state_dict", self.moves.load_state_dict),
                     (subprocess.Popen, "__init__", no_copies_of_the_script),
                     (torch.jit, "script", eager_script(self.notes)),
                 ]))
