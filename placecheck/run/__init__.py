@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import inspect
 import os
 import sys
 import types
@@ -332,6 +333,12 @@ class _CallableModule(types.ModuleType):
 
     def __call__(self, *args: Any, **kwargs: Any) -> Report:
         return run(*args, **kwargs)
+
+    @property
+    def __signature__(self) -> inspect.Signature:
+        """:func:`run`'s, for ``inspect.signature(placecheck.run)`` and ``help``, whichever of the two
+        ``placecheck.run`` is at the moment."""
+        return inspect.signature(run)
 
 
 sys.modules[__name__].__class__ = _CallableModule
