@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from placecheck.basics.patching import installed, patch, patched
+from placecheck.basics.patching import installed, patch, patched, patched_once_imported
 
 PACKAGE = Path(__file__).resolve().parent.parent / "placecheck"
 
@@ -96,6 +96,56 @@ def _assignments_to_imported_names(path: Path) -> list[str]:
 
 
 MODULES = sorted(p for p in PACKAGE.rglob("*.py") if p.name != "patching.py")
+
+
+def _module_file(tmp_path: Path, name: str) -> None:
+    (tmp_path / f"{name}.py").write_text("def greet():\n    return 'hello'\n", encoding="utf-8")
+
+
+def test_a_module_not_imported_yet_is_patched_once_imported_and_undone_with_the_block(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib
+    import sys
+
+    _module_file(tmp_path, "pc_lazy_target")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "pc_lazy_target", raising=False)
+    read: list[str] = []
+
+    def patches() -> list[tuple[object, str, object]]:
+        read.append("read")
+        module = sys.modules["pc_lazy_target"]
+        return [(module, "greet", lambda original: lambda: original() + ", patched")]
+
+    with patched_once_imported("pc_lazy_target", patches, "a test"):  # type: ignore[arg-type]
+        assert "pc_lazy_target" not in sys.modules and read == []  # nothing imported for it
+        module = importlib.import_module("pc_lazy_target")
+        assert module.greet() == "hello, patched" and read == ["read"]
+        assert [(p.owner, p.name) for p in installed()] == [("pc_lazy_target", "greet")]
+    assert module.greet() == "hello" and installed() == []
+    assert not any(type(f).__name__ == "_AfterImport" for f in sys.meta_path)
+    monkeypatch.delitem(sys.modules, "pc_lazy_target")
+
+
+def test_a_module_imported_already_is_patched_at_once(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib
+    import sys
+
+    _module_file(tmp_path, "pc_eager_target")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module("pc_eager_target")
+    with patched_once_imported("pc_eager_target",
+                               lambda: [(module, "greet", lambda original: lambda: "patched")], "a test"):
+        assert module.greet() == "patched"
+    assert module.greet() == "hello"
+    monkeypatch.delitem(sys.modules, "pc_eager_target")
+
+
+def test_a_module_never_imported_is_never_patched() -> None:
+    with patched_once_imported("pc_never_imported", lambda: pytest.fail("read"), "a test"):  # type: ignore[arg-type]
+        pass
+    assert installed() == []
 
 
 def test_the_rule_reads_assignments() -> None:

@@ -12,7 +12,10 @@ through this module:
   :func:`installed` while the patches are in force (``placecheck ... --debug`` and the tests read
   them), so "what has placecheck changed in torch right now" has one answer;
 - :func:`patched` installs a list of ``(owner, name, make)`` as one block, ``make(original)`` giving
-  each replacement (the wrappers of :mod:`placecheck.run.patches`).
+  each replacement (the wrappers of :mod:`placecheck.run.patches`);
+- :func:`patched_once_imported` does the same for code of a module the program may never import (FSDP
+  costs half a second to import): at once when it is imported already, else right after the program
+  imports it, and undone with the block either way.
 
 Torch-free: the owners are passed in. Not reentrant for the same ``owner.name`` from two threads;
 nested patches of the same attribute are undone innermost first, as a stack.
@@ -21,6 +24,9 @@ nested patches of the same attribute are undone innermost first, as a stack.
 from __future__ import annotations
 
 import contextlib
+import importlib.abc
+import importlib.machinery
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -82,6 +88,69 @@ def patched(patches: Sequence[Patch], why: str) -> Iterator[None]:
         for owner, name, make in patches:
             stack.enter_context(patch(owner, name, make(getattr(owner, name)), why))
         yield
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Finds ``module`` with the finders after it and calls ``then()`` once its code has run."""
+
+    def __init__(self, module: str, then: Callable[[], None]) -> None:
+        self.module = module
+        self.then = then
+
+    def find_spec(self, fullname: str, path: Any,
+                  target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname != self.module:
+            return None
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            if finder is self or find is None:
+                continue
+            spec: importlib.machinery.ModuleSpec | None = find(fullname, path, target)
+            if spec is not None:
+                if isinstance(spec.loader, importlib.abc.Loader) and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _ThenLoader(spec.loader, self.then)
+                return spec
+        return None
+
+
+class _ThenLoader(importlib.abc.Loader):
+    """``loader``, and ``then()`` after the module's code ran."""
+
+    def __init__(self, loader: importlib.abc.Loader, then: Callable[[], None]) -> None:
+        self.loader = loader
+        self.then = then
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> Any:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self.loader.exec_module(module)
+        self.then()
+
+    def __getattr__(self, name: str) -> Any:  # get_resource_reader, is_package...
+        return getattr(self.loader, name)
+
+
+@contextlib.contextmanager
+def patched_once_imported(module: str, patches: Callable[[], Sequence[Patch]], why: str) -> Iterator[None]:
+    """:func:`patched` for ``patches()`` (read when ``module`` is imported: they name its code), from now
+    when ``module`` is imported already, else from the moment the block imports it; undone with the
+    block. Nothing is imported for it: a program that never imports ``module`` never pays for it."""
+    with contextlib.ExitStack() as stack:
+        def install() -> None:
+            stack.enter_context(patched(patches(), why))
+
+        if module in sys.modules:
+            install()
+            yield
+            return
+        finder = _AfterImport(module, install)
+        sys.meta_path.insert(0, finder)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(ValueError):
+                sys.meta_path.remove(finder)
 
 
 def installed() -> list[Installed]:

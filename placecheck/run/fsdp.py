@@ -21,7 +21,8 @@ sharding (:class:`ShardedPlacement`):
   becomes an ``FSDPModule`` (``FSDP<Class>``) whose FSDP methods (``reshard``, ``unshard``, ``set_*``)
   do nothing: there is nothing to reshard or synchronise. Every module that holds ``fully_shard``
   is patched (:func:`fully_shard_homes`): the public path and the private
-  ``torch.distributed._composable.fsdp``.
+  ``torch.distributed._composable.fsdp``, once the script imports FSDP (:data:`FSDP_MODULE`; a rank
+  that never does is spared its import).
 - FSDP1's ``FullyShardedDataParallel(module, device_id=...)`` builds a subclass of itself
   (:func:`whole_wrapper`) that holds the module whole as ``_fsdp_wrapped_module``, moves what is on
   the CPU to ``device_id`` (nothing without one, as FSDP1), and marks the module's parameters as
@@ -56,6 +57,11 @@ NOTE = ("fsdp: each rank runs FSDP as its placement (fully_shard and FullySharde
 
 Placed = Callable[[torch.device, str, str, str], None]
 """``placed_at(device, what, line, where)`` of :class:`placecheck.run.ranks.RankChecks`."""
+
+
+FSDP_MODULE = "torch.distributed.fsdp"
+"""The package every FSDP import goes through (``torch.distributed._composable.fsdp`` imports from it):
+its patches are installed once the script imports it."""
 
 
 def fully_shard_homes() -> list[tuple[object, str]]:

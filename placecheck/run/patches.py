@@ -105,6 +105,7 @@ import torch
 
 from placecheck.basics.patching import Patch as Patch
 from placecheck.basics.patching import patched as patched_with_reason
+from placecheck.basics.patching import patched_once_imported as patched_once_imported_with_reason
 from placecheck.engines.compat import compiler_errors, dynamo_disabled
 
 _WHY = "placecheck run's recorder: what no mode or hook shows (placecheck.run.patches says why for each)"
@@ -115,6 +116,14 @@ def patched(patches: Sequence[Patch]) -> Iterator[None]:
     """Each ``owner.name`` replaced by ``make(original)`` for the block, then put back as it was
     (:func:`placecheck.basics.patching.patched`)."""
     with patched_with_reason(patches, _WHY):
+        yield
+
+
+@contextlib.contextmanager
+def patched_once_imported(module: str, patches: Callable[[], Sequence[Patch]]) -> Iterator[None]:
+    """:func:`patched` for code of ``module``, from when the script imports it (now, if imported
+    already): :func:`placecheck.basics.patching.patched_once_imported`."""
+    with patched_once_imported_with_reason(module, patches, _WHY):
         yield
 
 

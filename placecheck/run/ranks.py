@@ -34,6 +34,7 @@ import dataclasses
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -197,7 +198,7 @@ class RankChecks:
         from torch.distributed import distributed_c10d
         from torch.nn.parallel import DistributedDataParallel
 
-        from placecheck.run.fsdp import ShardedPlacement
+        from placecheck.run.fsdp import FSDP_MODULE, ShardedPlacement
         from placecheck.run.patches import (
             Patch,
             ddp_comm_hooks,
@@ -205,6 +206,7 @@ class RankChecks:
             fake_process_group,
             own_objects,
             patched,
+            patched_once_imported,
             watched_collective,
         )
 
@@ -219,9 +221,10 @@ class RankChecks:
         patches.append((DistributedDataParallel, "__init__", ddp_construction(self._ddp_module)))
         patches += [(DistributedDataParallel, name, make)
                     for name, make in ddp_comm_hooks().items()]
-        patches += ShardedPlacement(self.placed_at, self._sharded_forward,
-                                    lambda text: self.recorder.notes.setdefault(text, None)).patches()
-        with patched(patches):
+        sharded = ShardedPlacement(self.placed_at, self._sharded_forward,
+                                   lambda text: self.recorder.notes.setdefault(text, None))
+        # FSDP's code is patched once the script imports it: importing it costs each rank half a second
+        with patched(patches), patched_once_imported(FSDP_MODULE, sharded.patches):
             try:
                 yield
             finally:
@@ -344,28 +347,12 @@ def run_ranks(program: Program, options: RunOptions, codes: frozenset[str]) -> R
         config_path = os.path.join(tmp, "config.json")
         with open(config_path, "w", encoding="utf-8") as handle:
             json.dump(config, handle)
-        children = []
-        lock = threading.Lock()
-        for rank in range(nproc):
-            out_path = os.path.join(tmp, f"rank{rank}.json")
-            # unbuffered: the script's lines reach the terminal as the rank prints them
-            env = {**os.environ, **rank_environment(rank, nproc), "PYTHONUNBUFFERED": "1"}
-            proc = subprocess.Popen([sys.executable, "-m", "placecheck.run.rank", config_path, out_path],
-                                    env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, text=True, encoding="utf-8", errors="replace")
-            printed: list[str] = []
-            relay = threading.Thread(target=_relay, args=(rank, proc, printed, lock), daemon=True)
-            relay.start()
-            children.append((rank, proc, out_path, printed, relay))
+        start = _forked_ranks if hasattr(os, "fork") else _spawned_ranks
+        outcomes = start(config_path, tmp, nproc, timeout)
         results: list[tuple[Report, list[tuple[str, str, str]]]] = []
         crashed: list[str] = []
-        for rank, proc, out_path, printed, relay in children:
-            try:
-                rc = proc.wait(timeout=None if timeout is None else timeout + 120)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                rc = proc.wait()
-            relay.join(timeout=10)  # a process the rank left behind may hold the pipe open
+        for rank, (rc, printed) in enumerate(outcomes):
+            out_path = os.path.join(tmp, f"rank{rank}.json")
             if not os.path.exists(out_path):
                 tail = [text for text in printed if text.strip()][-1:] or [f"exit status {rc}"]
                 crashed.append(f"rank {rank}: the simulation of this rank ended without a report "
@@ -400,12 +387,82 @@ def _merge_coverage(coverages: Sequence[Coverage | None]) -> Coverage | None:
     return Coverage(most.file, most.lines, most.lines - len(not_run), tuple(sorted(not_run)), most.blocks)
 
 
-def _relay(rank: int, proc: subprocess.Popen[str], printed: list[str], lock: threading.Lock) -> None:
-    """A rank's output, line by line as it prints it, prefixed as torchrun does (``[rank1]: ...``)."""
+def _spawned_ranks(config_path: str, tmp: str, nproc: int, timeout: float | None
+                   ) -> list[tuple[int | None, list[str]]]:
+    """Each rank in a process of its own (``python -m placecheck.run.rank CONFIG OUT``): each rank's exit
+    status and the lines it printed (relayed as it prints them)."""
+    children = []
+    lock = threading.Lock()
+    for rank in range(nproc):
+        out_path = os.path.join(tmp, f"rank{rank}.json")
+        # unbuffered: the script's lines reach the terminal as the rank prints them
+        env = {**os.environ, **rank_environment(rank, nproc), "PYTHONUNBUFFERED": "1"}
+        proc = subprocess.Popen([sys.executable, "-m", "placecheck.run.rank", config_path, out_path],
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, text=True, encoding="utf-8", errors="replace")
+        printed: list[str] = []
+        relay = threading.Thread(target=_relay, args=(proc, {rank: printed}, lock, False), daemon=True)
+        relay.start()
+        children.append((proc, printed, relay))
+    outcomes: list[tuple[int | None, list[str]]] = []
+    for proc, printed, relay in children:
+        outcomes.append((_wait(proc, timeout), printed))
+        relay.join(timeout=10)  # a process the rank left behind may hold the pipe open
+    return outcomes
+
+
+def _forked_ranks(config_path: str, tmp: str, nproc: int, timeout: float | None
+                  ) -> list[tuple[int | None, list[str]]]:
+    """The ranks forked from one process that imported torch and placecheck once
+    (:func:`placecheck.run.rank.fork_ranks`): each rank's exit status and the lines it printed."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1",
+           # read by torch when it is imported: the same for every rank
+           "OMP_NUM_THREADS": rank_environment(0, nproc)["OMP_NUM_THREADS"]}
+    proc = subprocess.Popen([sys.executable, "-m", "placecheck.run.rank", "--ranks", config_path, tmp,
+                             str(nproc)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, text=True, encoding="utf-8", errors="replace",
+                            start_new_session=True)
+    printed: dict[int, list[str]] = {rank: [] for rank in range(nproc)}
+    relay = threading.Thread(target=_relay, args=(proc, printed, threading.Lock(), True), daemon=True)
+    relay.start()
+    rc = _wait(proc, timeout, group=True)
+    relay.join(timeout=10)
+    statuses: dict[str, int] = {}
+    with contextlib.suppress(OSError, ValueError), \
+            open(os.path.join(tmp, "statuses.json"), encoding="utf-8") as handle:
+        statuses = json.load(handle)
+    return [(statuses.get(str(rank), rc), printed[rank]) for rank in range(nproc)]
+
+
+def _wait(proc: subprocess.Popen[str], timeout: float | None, group: bool = False) -> int | None:
+    """``proc``'s exit status; killed (with its process group: the ranks it forked) past ``timeout``
+    and 2 minutes of grace."""
+    try:
+        return proc.wait(timeout=None if timeout is None else timeout + 120)
+    except subprocess.TimeoutExpired:
+        if group:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        proc.kill()
+        return proc.wait()
+
+
+def _relay(proc: subprocess.Popen[str], printed: dict[int, list[str]], lock: threading.Lock,
+           tagged: bool) -> None:
+    """The ranks' output, line by line as they print it, prefixed as torchrun does (``[rank1]: ...``):
+    a process of one rank (``printed`` has its one rank), or the forking process's ``RANK<TAB>line``s
+    (``tagged``)."""
     assert proc.stdout is not None
+    only = next(iter(printed))
     for line in proc.stdout:
         text = line.rstrip("\n")
-        printed.append(text)
+        rank = only
+        if tagged:
+            head, tab, rest = text.partition("\t")
+            if not (tab and head.isdigit() and int(head) in printed):
+                continue  # the forking process's own output (an import's warning): no rank's
+            rank, text = int(head), rest
+        printed[rank].append(text)
         with lock:
             print(f"[rank{rank}]: {text}", flush=True)
     proc.stdout.close()
