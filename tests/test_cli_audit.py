@@ -362,6 +362,11 @@ def test_sys_exit_in_a_factory_is_exit_2_not_its_status(runner: CliRunner, attr:
     assert_usage_error(code, out, err, needle, "if __name__ == '__main__':")
 
 
+def test_a_torchscript_module_is_exit_2_naming_what_to_audit_instead(runner: CliRunner) -> None:
+    assert_usage_error(*run(runner, f"{CLI_FIXTURES / 'scripted.py'}:scripted", "-i", "float32[4,8]"),
+                       "is a TorchScript module", "placecheck run")
+
+
 def test_argparse_at_import_is_one_line_exit_2(runner: CliRunner) -> None:
     assert_usage_error(*run(runner, f"{CLI_FIXTURES / 'argparse_at_import.py'}:Model"),
                        "called sys.exit(2)", "guard script code")

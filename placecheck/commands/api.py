@@ -443,6 +443,12 @@ def _attempt(eng: Engine, opts: _Options) -> _Attempt:
         construction.note = ("init: cpu (--wrap fsdp: each rank builds its model in the simulation, where "
                              "fully_shard places it on the rank's GPU)")
     built = construction.model
+    if isinstance(built, torch.jit.ScriptModule):
+        raise UsageError(f"{opts.name} is a TorchScript module (torch.jit.script or torch.jit.load), whose "
+                         "compiled forward no Python-level check can follow: audit the module it was "
+                         "scripted from (its class, or a factory that returns it unscripted), or check the "
+                         "script that scripts it with `placecheck run`, which runs a scripted module's "
+                         "Python forward")
     attempt = _Attempt(on_meta=construction.on_meta)
     if construction.on_meta:
         from placecheck.model.construct import COMFORTABLE_FRACTION, available_memory, state_nbytes

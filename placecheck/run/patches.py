@@ -167,6 +167,8 @@ def eager_script(notes: dict[str, None]) -> Callable[[Callable[..., Any]], Calla
         def script(obj: Any, *args: Any, **kwargs: Any) -> Any:
             if isinstance(obj, torch.nn.Module) and not isinstance(obj, torch.jit.ScriptModule):
                 scripted = original(obj, *args, **kwargs)
+                if isinstance(scripted, torch.jit.ScriptModule):
+                    _moved_by_assignment(scripted)
                 if isinstance(scripted, torch.jit.ScriptModule) and _as_python(scripted, obj):
                     for method in ("save", "save_to_buffer"):
                         scripted.__dict__[method] = _saved_without_fakes(scripted, getattr(scripted, method))
@@ -174,7 +176,9 @@ def eager_script(notes: dict[str, None]) -> Callable[[Callable[..., Any]], Calla
                           "scripted code kept for save, code and graph): a finding names its line inside "
                           "it"] = None
                 return scripted
-            if not inspect.isfunction(obj):
+            if not inspect.isfunction(obj) or "_rcb" in kwargs:
+                # _rcb: TorchScript compiling a function that a scripted module's code calls
+                # (torch.jit._recursive.try_compile_fn), which its saved code must hold compiled
                 return original(obj, *args, **kwargs)
             notes[f"run: TorchScript function {obj.__qualname__} ran as its Python (as PYTORCH_JIT=0 runs "
                   "it): a finding names its line inside it"] = None
@@ -221,6 +225,40 @@ class _PythonMethod:
         return getattr(self.compiled, name)
 
 
+def _moved_by_assignment(scripted: torch.nn.Module) -> None:
+    """``scripted.to(device)`` (and ``.cuda()``, ``.half()``) puts each moved tensor into its module's slot
+    by assignment, as ``Module._apply`` does under ``set_overwrite_module_params_on_conversion``.
+
+    Both engines' moved tensors are tensor subclasses, which ``Module._apply`` swaps into the existing
+    Parameter object (``torch.utils.swap_tensors``); a scripted module's C++ slots hold a weak reference
+    to each of its tensors, which ``swap_tensors`` refuses ("Couldn't swap RecursiveScriptModule.weight"),
+    while assigning a new Parameter to the slot (``_parameters[key] = ...``, its C++ ``setattr``) keeps
+    the subclass. Set on each scripted submodule's own ``__dict__``: the class is torch's.
+    """
+    for sub in scripted.modules():
+        sub.__dict__["_apply"] = functools.partial(_apply_by_assignment, sub)
+
+
+def _apply_by_assignment(module: torch.nn.Module, fn: Callable[[torch.Tensor], torch.Tensor],
+                         recurse: bool = True) -> torch.nn.Module:
+    """``Module._apply``'s overwriting path for a scripted module: :func:`_moved_by_assignment`."""
+    if recurse:
+        for child in module.children():
+            child._apply(fn)
+    for key, param in list(module._parameters.items()):
+        if param is None:
+            continue
+        with torch.no_grad():
+            moved = torch.nn.Parameter(fn(param), param.requires_grad)
+            if param.grad is not None:
+                moved.grad = fn(param.grad).requires_grad_(param.grad.requires_grad)
+        module._parameters[key] = moved
+    for key, buffer in list(module._buffers.items()):
+        if buffer is not None:
+            module._buffers[key] = fn(buffer)
+    return module
+
+
 def _as_python(scripted: torch.nn.Module, eager: torch.nn.Module) -> bool:
     """Each compiled method of ``scripted`` and its submodules runs as the Python method of the module it
     was scripted from (found by its name in ``eager``); whether any does. Dunder methods stay compiled."""
@@ -233,6 +271,12 @@ def _as_python(scripted: torch.nn.Module, eager: torch.nn.Module) -> bool:
         compiled_names = getattr(getattr(sub, "_c", None), "_method_names", None)
         if source is None or compiled_names is None:
             continue
+        for attr, value in list(vars(sub).items()):
+            # what TorchScript copied from the eager module bound to it (a container's __iter__,
+            # __getitem__, __len__): bound to the scripted module, so that the Python forward of a
+            # scripted Sequential runs the scripted submodules (moved with it), not the eager ones
+            if isinstance(value, types.MethodType) and value.__self__ is source:
+                sub.__dict__[attr] = types.MethodType(value.__func__, sub)
         for method in compiled_names():
             func = inspect.getattr_static(type(source), method, None)
             if not isinstance(func, types.FunctionType) or method.startswith("__"):
