@@ -281,3 +281,73 @@ def test_accelerate_and_hf_trainer_scripts_under_torchrun_find_their_bugs_on_eve
     fixed = run(os.path.relpath(frameworks / f"{name}_fixed.py"), nproc_per_node=2)
     assert failing(fixed) == [] and exit_code([fixed]) == 0
     assert dict(fixed.stats)["optimizer_steps"] == 2
+
+
+# -- the ranks' process forked from a warm server ------------------------------------------------------------
+
+@pytest.mark.skipif(not hasattr(os, "fork") or os.uname().sysname == "Darwin", reason="forks only where safe")
+def test_the_ranks_of_later_runs_fork_from_one_warm_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    from placecheck.run import ranks
+
+    monkeypatch.setattr(ranks, "_SERVERS", {})
+    first = run(script("allreduce_cpu_buggy.py"), nproc_per_node=2)
+    [server] = ranks._SERVERS.values()
+    second = run(script("allreduce_cpu_fixed.py"), nproc_per_node=2)
+    assert list(ranks._SERVERS.values()) == [server] and server.process.poll() is None
+    assert failing(first) == [("PC402", at("allreduce_cpu_buggy.py", 20), "0-1")]
+    assert failing(second) == [] and exit_code([second]) == 0
+    server.close()
+
+
+def test_without_a_warm_server_the_ranks_start_a_process_of_their_own(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from placecheck.commands import runner
+    from placecheck.run import ranks
+
+    monkeypatch.setattr(ranks, "_SERVERS", {})
+    # a server that dies at once
+    monkeypatch.setattr(runner, "_server_command", lambda modules: [sys.executable, "-c", "pass"])
+    report = run(script("allreduce_cpu_buggy.py"), nproc_per_node=2)
+    assert failing(report) == [("PC402", at("allreduce_cpu_buggy.py", 20), "0-1")]
+    assert ranks._SERVERS == {}  # the dead server was dropped
+
+
+@pytest.mark.skipif(os.name != "posix", reason="SIGINT as a terminal's Ctrl-C sends it")
+def test_ctrl_c_ends_every_rank_with_the_run(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    waits = tmp_path / "waits.py"
+    waits.write_text("import os, pathlib, time\n"
+                     "pathlib.Path(os.environ['PIDS'], os.environ['RANK']).write_text(str(os.getpid()))\n"
+                     "print('ready', flush=True)\n"
+                     "time.sleep(60)\n")
+    env = {**os.environ, "PIDS": str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, "-m", "placecheck", "run", "--nproc-per-node", "2", str(waits)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as a shell's
+    assert proc.stdout is not None
+    seen = ""
+    while "[rank0]: ready" not in seen or "[rank1]: ready" not in seen:
+        line = proc.stdout.readline()
+        assert line, seen
+        seen += line
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) == 130
+    pids = [int((tmp_path / rank).read_text()) for rank in ("0", "1")]
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in pids), "a rank outlived the interrupted run"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

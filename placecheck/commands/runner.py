@@ -354,7 +354,7 @@ class ForkServer:
                 if exited is None:
                     raise ServerGone
                 return None
-        except ServerGone:
+        except BaseException:  # the server gone, or Ctrl-C in this process: the child's session goes too
             _kill_group(pid)
             raise
         return int(exited.split()[1])

@@ -244,7 +244,7 @@ def _apply_by_assignment(module: torch.nn.Module, fn: Callable[[torch.Tensor], t
     """``Module._apply``'s overwriting path for a scripted module: :func:`_moved_by_assignment`."""
     if recurse:
         for child in module.children():
-            child._apply(fn)
+            child._apply(fn)  # type: ignore[no-untyped-call]  # torch leaves it untyped
     for key, param in list(module._parameters.items()):
         if param is None:
             continue

@@ -7,8 +7,11 @@ Where ``os.fork`` exists, one process (``python -m placecheck.run.rank --ranks C
 :mod:`placecheck.commands.worker`'s warm server forks a child per model (and for the same reason it runs
 no torch op before forking: an OpenMP thread pool started before a fork hangs the child). It relays what
 each rank prints, line by line as printed, as ``RANK<TAB>line`` on its stdout, and writes each rank's
-exit status to ``statuses.json``. Elsewhere each rank is a process of its own
-(``python -m placecheck.run.rank CONFIG OUT``, :func:`main`).
+exit status to ``statuses.json``. That process is itself a child forked from a warm server
+(:func:`served_ranks`), kept by the asking process for its next ranks' run (a test suite, a library
+caller running several scripts): torch and placecheck are imported once per asking process, not once per
+run. Elsewhere each rank is a process of its own (``python -m placecheck.run.rank CONFIG OUT``,
+:func:`main`).
 """
 
 from __future__ import annotations
@@ -60,6 +63,11 @@ def _rank_child(rank: int, nproc: int, config_path: str, out_dir: str, write: in
         from placecheck.run.ranks import rank_environment
 
         os.environ.update(rank_environment(rank, nproc))
+        threads = os.environ.get("OMP_NUM_THREADS", "")
+        if "torch" in sys.modules and threads.isdigit() and int(threads) > 0:
+            # torch was imported before the fork, maybe under another OMP_NUM_THREADS (a warm server's):
+            # the rank's share of the cores, set before its first op, as torch would read it at import
+            sys.modules["torch"].set_num_threads(int(threads))
         os.environ["PYTHONUNBUFFERED"] = "1"  # what the rank starts prints as it goes too
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(AttributeError, ValueError):
@@ -79,6 +87,21 @@ def _rank_child(rank: int, nproc: int, config_path: str, out_dir: str, write: in
             sys.stderr.flush()
         finally:
             os._exit(status)
+
+
+def served_ranks(spec_path: str, result_path: str) -> int:
+    """Entry point of a ranks' job forked from a warm server (:class:`placecheck.commands.runner.ForkServer`,
+    whose child this is, in its own session, stderr to a file the asking process reads as it grows):
+    :func:`fork_ranks` with the asking process's environment and working directory (the spec's JSON:
+    ``env``, ``cwd``, ``config``, ``dir``, ``nproc``); what it prints goes to that file too."""
+    del result_path  # the ranks write their own results (rank{K}.json, statuses.json)
+    with open(spec_path, encoding="utf-8") as handle:
+        spec = json.load(handle)
+    os.environ.clear()
+    os.environ.update(spec["env"])
+    os.chdir(spec["cwd"])
+    os.dup2(2, 1)
+    return fork_ranks(spec["config"], spec["dir"], int(spec["nproc"]))
 
 
 def fork_ranks(config_path: str, out_dir: str, nproc: int) -> int:

@@ -29,8 +29,10 @@ reported once, naming them (``on ranks 0-1, ...``; ``details["ranks"]``).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
+import io
 import json
 import os
 import re
@@ -39,7 +41,10 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -401,7 +406,9 @@ def _spawned_ranks(config_path: str, tmp: str, nproc: int, timeout: float | None
                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, text=True, encoding="utf-8", errors="replace")
         printed: list[str] = []
-        relay = threading.Thread(target=_relay, args=(proc, {rank: printed}, lock, False), daemon=True)
+        assert proc.stdout is not None
+        relay = threading.Thread(target=_relay, args=(proc.stdout, {rank: printed}, lock, False),
+                                 daemon=True)
         relay.start()
         children.append((proc, printed, relay))
     outcomes: list[tuple[int | None, list[str]]] = []
@@ -414,24 +421,111 @@ def _spawned_ranks(config_path: str, tmp: str, nproc: int, timeout: float | None
 def _forked_ranks(config_path: str, tmp: str, nproc: int, timeout: float | None
                   ) -> list[tuple[int | None, list[str]]]:
     """The ranks forked from one process that imported torch and placecheck once
-    (:func:`placecheck.run.rank.fork_ranks`): each rank's exit status and the lines it printed."""
+    (:func:`placecheck.run.rank.fork_ranks`): each rank's exit status and the lines it printed. That
+    process is forked from this process's warm server (:func:`_served`) where there is one to fork from,
+    else started (``python -m placecheck.run.rank --ranks``)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1",
            # read by torch when it is imported: the same for every rank
            "OMP_NUM_THREADS": rank_environment(0, nproc)["OMP_NUM_THREADS"]}
-    proc = subprocess.Popen([sys.executable, "-m", "placecheck.run.rank", "--ranks", config_path, tmp,
-                             str(nproc)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, text=True, encoding="utf-8", errors="replace",
-                            start_new_session=True)
     printed: dict[int, list[str]] = {rank: [] for rank in range(nproc)}
-    relay = threading.Thread(target=_relay, args=(proc, printed, threading.Lock(), True), daemon=True)
-    relay.start()
-    rc = _wait(proc, timeout, group=True)
-    relay.join(timeout=10)
+    served, rc = _served(config_path, tmp, nproc, timeout, env, printed)
+    if not served:
+        proc = subprocess.Popen([sys.executable, "-m", "placecheck.run.rank", "--ranks", config_path, tmp,
+                                 str(nproc)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, text=True, encoding="utf-8", errors="replace",
+                                start_new_session=True)
+        assert proc.stdout is not None
+        relay = threading.Thread(target=_relay, args=(proc.stdout, printed, threading.Lock(), True),
+                                 daemon=True)
+        relay.start()
+        rc = _wait(proc, timeout, group=True)
+        relay.join(timeout=10)
     statuses: dict[str, int] = {}
     with contextlib.suppress(OSError, ValueError), \
             open(os.path.join(tmp, "statuses.json"), encoding="utf-8") as handle:
         statuses = json.load(handle)
     return [(statuses.get(str(rank), rc), printed[rank]) for rank in range(nproc)]
+
+
+_SERVERS: dict[str, Any] = {}
+"""This process's warm ranks' servers (:class:`placecheck.commands.runner.ForkServer`), by the
+``PYTHONPATH`` they were started with (what their ``sys.path`` holds), each started on first use and
+stopped at exit."""
+
+_SERVER_LOCK = threading.Lock()
+
+
+def _served(config_path: str, tmp: str, nproc: int, timeout: float | None, env: dict[str, str],
+            printed: dict[int, list[str]]) -> tuple[bool, int | None]:
+    """The ranks' process forked from this process's warm server, its output relayed as it grows (the
+    server's child writes it to a file): (whether it ran so, its exit status: None when killed at
+    ``timeout`` and 2 minutes of grace). Not run where no server can fork it: the caller starts it."""
+    from placecheck.commands.runner import ForkServer, ServerGone, fork_available
+
+    if not fork_available():
+        return False, None
+    key = env.get("PYTHONPATH", "")
+    files = _JobFiles(Path(tmp) / "job.json", Path(tmp) / "job.result", Path(tmp) / "ranks.out")
+    files.spec.write_text(json.dumps({"env": env, "cwd": os.getcwd(), "config": config_path, "dir": tmp,
+                                      "nproc": nproc}), encoding="utf-8")
+    files.stderr.touch()
+    done = threading.Event()
+    relay = threading.Thread(target=_relay, args=(_grown_lines(files.stderr, done), printed,
+                                                  threading.Lock(), True), daemon=True)
+    with _SERVER_LOCK:  # one request at a time on a server's line protocol
+        server = _SERVERS.get(key)
+        if server is None or server.process.poll() is not None:
+            server = _SERVERS[key] = ForkServer(list(_RANK_MODULES), workdir=None, env=env)
+            atexit.register(server.close)
+        relay.start()
+        try:
+            status: int | None = server.run(files, _NO_TIMEOUT if timeout is None else timeout + 120,
+                                            entry="placecheck.run.rank:served_ranks")
+        except ServerGone:  # the server died (or never got warm): no rank ran, or those that ran are read
+            _SERVERS.pop(key).close()
+            status = None
+            if not os.path.exists(os.path.join(tmp, "statuses.json")):
+                printed.update({rank: [] for rank in printed})
+                return False, None
+        except BaseException:  # Ctrl-C: the server's protocol is mid-request; a later run starts anew
+            _SERVERS.pop(key).close()
+            raise
+        finally:
+            done.set()
+            relay.join(timeout=10)
+    return True, status
+
+
+_RANK_MODULES = ("torch", "torch.distributed", "torch.nn.parallel", "placecheck.run", "placecheck.run.rank",
+                 "placecheck.run.recorder", "placecheck.run.ranks", "placecheck.findings.formats.json")
+"""What the ranks' server imports before it forks: what every rank imports."""
+
+_NO_TIMEOUT = 7 * 24 * 3600.0
+
+
+@dataclass(frozen=True)
+class _JobFiles:
+    spec: Path
+    result: Path
+    stderr: Path
+
+
+def _grown_lines(path: Path, done: threading.Event) -> Iterator[str]:
+    """The lines of ``path`` as another process appends them, until ``done`` is set and all is read."""
+    with open(path, encoding="utf-8", errors="replace", newline="") as handle:
+        pending = ""
+        while True:
+            finished = done.is_set()
+            chunk = handle.read()
+            pending += chunk
+            *lines, pending = pending.split("\n")
+            yield from (line + "\n" for line in lines)
+            if finished and not chunk:
+                break
+            if not chunk:
+                time.sleep(0.02)
+        if pending:
+            yield pending
 
 
 def _wait(proc: subprocess.Popen[str], timeout: float | None, group: bool = False) -> int | None:
@@ -447,14 +541,13 @@ def _wait(proc: subprocess.Popen[str], timeout: float | None, group: bool = Fals
         return proc.wait()
 
 
-def _relay(proc: subprocess.Popen[str], printed: dict[int, list[str]], lock: threading.Lock,
+def _relay(stream: Iterable[str], printed: dict[int, list[str]], lock: threading.Lock,
            tagged: bool) -> None:
     """The ranks' output, line by line as they print it, prefixed as torchrun does (``[rank1]: ...``):
     a process of one rank (``printed`` has its one rank), or the forking process's ``RANK<TAB>line``s
     (``tagged``)."""
-    assert proc.stdout is not None
     only = next(iter(printed))
-    for line in proc.stdout:
+    for line in stream:
         text = line.rstrip("\n")
         rank = only
         if tagged:
@@ -465,7 +558,8 @@ def _relay(proc: subprocess.Popen[str], printed: dict[int, list[str]], lock: thr
         printed[rank].append(text)
         with lock:
             print(f"[rank{rank}]: {text}", flush=True)
-    proc.stdout.close()
+    if isinstance(stream, io.IOBase):
+        stream.close()
 
 
 def ranks_label(ranks: Sequence[int]) -> str:
