@@ -150,12 +150,12 @@ def test_without_its_warm_server_the_proof_starts_an_interpreter(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
 
-    from placecheck.commands import runner
+    from placecheck.basics import forkserver
     from placecheck.fix import proof
 
     monkeypatch.setattr(proof, "_may_fork", lambda: False)
     monkeypatch.setattr(proof, "_SERVER", [])
-    monkeypatch.setattr(runner, "_server_command", lambda modules: [sys.executable, "-c", "pass"])  # dies
+    monkeypatch.setattr(forkserver, "_server_command", lambda modules: [sys.executable, "-c", "pass"])  # dies
     started: list[object] = []
     real_run = proof.subprocess.run
     monkeypatch.setattr(proof.subprocess, "run", lambda *a, **k: started.append(a) or real_run(*a, **k))

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from placecheck.basics import forkserver
 from placecheck.basics.config import ModelConfig, RunConfig, parse
 from placecheck.basics.options import AuditOptions
 from placecheck.commands import runner, worker
@@ -116,7 +117,7 @@ def test_a_server_that_does_not_start_falls_back_to_spawn(monkeypatch: pytest.Mo
         started.append(modules)
         return [sys.executable, "-c", "import sys; sys.stderr.write('no torch here\\n'); sys.exit(3)"]
 
-    monkeypatch.setattr(runner, "_server_command", server_command)
+    monkeypatch.setattr(forkserver, "_server_command", server_command)
     cfg = RunConfig(path="x", models=(ModelConfig(target="a:A"), ModelConfig(target="b:B")))
     outcomes = runner.run_models(cfg, jobs=1, progress="off", isolation="fork")
     assert sorted(calls) == ["a:A", "b:B"] and not any(o.failed for o in outcomes)

@@ -303,12 +303,12 @@ def test_without_a_warm_server_the_ranks_start_a_process_of_their_own(
         monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
 
-    from placecheck.commands import runner
+    from placecheck.basics import forkserver
     from placecheck.run import ranks
 
     monkeypatch.setattr(ranks, "_SERVERS", {})
     # a server that dies at once
-    monkeypatch.setattr(runner, "_server_command", lambda modules: [sys.executable, "-c", "pass"])
+    monkeypatch.setattr(forkserver, "_server_command", lambda modules: [sys.executable, "-c", "pass"])
     report = run(script("allreduce_cpu_buggy.py"), nproc_per_node=2)
     assert failing(report) == [("PC402", at("allreduce_cpu_buggy.py", 20), "0-1")]
     assert ranks._SERVERS == {}  # the dead server was dropped

@@ -6,7 +6,7 @@ seconds of ``import torch`` per proof). PyTorch refuses some work in a forked
 child: CUDA once the parent initialised it (a real GPU), and a backward once
 the parent started autograd's device threads (a backward on CUDA, real or
 simulated). Then the proof runs in a child forked from a warm proof server
-(a :class:`placecheck.commands.runner.ForkServer` started once per process, which
+(a :class:`placecheck.basics.forkserver.ForkServer` started once per process, which
 imports torch and placecheck but runs no torch op), or where there is no
 fork, in a fresh interpreter; the audit is handed over pickled. It writes nothing to the user's
 files: the edited texts lie in a temporary directory, and inside the child
@@ -255,7 +255,7 @@ class _JobFiles:
 
 
 _SERVER: list[Any] = []
-"""This process's warm proof server (a :class:`placecheck.commands.runner.ForkServer`), once started."""
+"""This process's warm proof server (a :class:`placecheck.basics.forkserver.ForkServer`), once started."""
 
 _SERVER_LOCK = threading.Lock()
 _NO_TIMEOUT = 7 * 24 * 3600.0  # a proof has no time limit of its own, as the audit it repeats
@@ -263,7 +263,7 @@ _NO_TIMEOUT = 7 * 24 * 3600.0  # a proof has no time limit of its own, as the au
 
 def _server(env: dict[str, str]) -> Any:
     """This process's warm proof server, started on first use and stopped at exit."""
-    from placecheck.commands.runner import ForkServer
+    from placecheck.basics.forkserver import ForkServer
 
     if _SERVER and _SERVER[0].process.poll() is None:
         return _SERVER[0]
@@ -276,7 +276,7 @@ def _server(env: dict[str, str]) -> Any:
 def _from_server(folder: Path, job: bytes, env: dict[str, str]) -> tuple[int | None, str] | None:
     """Run the pickled ``job`` in a child of the warm proof server; (exit status, its stderr's last line),
     or None where there is no safe fork or the server is gone (the caller starts an interpreter)."""
-    from placecheck.commands.runner import ServerGone, fork_available
+    from placecheck.basics.forkserver import ServerGone, fork_available
 
     if not fork_available():
         return None

@@ -90,8 +90,9 @@ def _rank_child(rank: int, nproc: int, config_path: str, out_dir: str, write: in
 
 
 def served_ranks(spec_path: str, result_path: str) -> int:
-    """Entry point of a ranks' job forked from a warm server (:class:`placecheck.commands.runner.ForkServer`,
-    whose child this is, in its own session, stderr to a file the asking process reads as it grows):
+    """Entry point of a ranks' job forked from a warm server
+    (:class:`placecheck.basics.forkserver.ForkServer`, whose child this is, in its own session, stderr to a
+    file the asking process reads as it grows):
     :func:`fork_ranks` with the asking process's environment and working directory (the spec's JSON:
     ``env``, ``cwd``, ``config``, ``dir``, ``nproc``); what it prints goes to that file too."""
     del result_path  # the ranks write their own results (rank{K}.json, statuses.json)

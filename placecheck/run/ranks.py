@@ -448,7 +448,7 @@ def _forked_ranks(config_path: str, tmp: str, nproc: int, timeout: float | None
 
 
 _SERVERS: dict[str, Any] = {}
-"""This process's warm ranks' servers (:class:`placecheck.commands.runner.ForkServer`), by the
+"""This process's warm ranks' servers (:class:`placecheck.basics.forkserver.ForkServer`), by the
 ``PYTHONPATH`` they were started with (what their ``sys.path`` holds), each started on first use and
 stopped at exit."""
 
@@ -460,7 +460,7 @@ def _served(config_path: str, tmp: str, nproc: int, timeout: float | None, env: 
     """The ranks' process forked from this process's warm server, its output relayed as it grows (the
     server's child writes it to a file): (whether it ran so, its exit status: None when killed at
     ``timeout`` and 2 minutes of grace). Not run where no server can fork it: the caller starts it."""
-    from placecheck.commands.runner import ForkServer, ServerGone, fork_available
+    from placecheck.basics.forkserver import ForkServer, ServerGone, fork_available
 
     if not fork_available():
         return False, None
