@@ -47,6 +47,7 @@ CASES = {
     "testpass": ("PC201", "26"),     # the test pass after training: its input made on the CPU
     "export": ("PC207", "22"),       # .numpy() of a device tensor: a GPU raises TypeError there
     "early_stop": ("PC201", "31"),   # after the early-stopping loop: a CPU probe meets the model
+    "sparse": ("PC201", "31"),       # a test pass in the last of 30 epochs only: a CPU probe
 }
 
 
@@ -278,3 +279,26 @@ def test_the_rewritten_loops_behave_as_the_plain_ones_until_the_budget(tmp_path:
     exec(ff.code, rewritten)
     assert rewritten["out"] == plain["out"] == [0, 1, 2, "for else", ("while else", 3), 7, [0, 1, 4, 0, 0],
                                                 ["a", "b", 0, 1], [0, 0, 1, 1, 2, 2]]
+
+
+def test_the_epoch_loop_passes_over_the_epochs_between_to_reach_each_guarded_block() -> None:
+    report = run(script(FAST / "sparse_fixed.py"))
+    path = script(FAST / "sparse_fixed.py")
+    # epoch 0 spends the budget; then epoch 9 (validation) and epoch 29 (the test pass), one step each
+    assert dict(report.stats)["optimizer_steps"] == 4
+    assert (f"the loop at {path}:20-31 (`for epoch in range(config.epochs):`) ended early: 27 iterations "
+            "skipped, unchecked (27 iterations passed over to reach `if epoch % config.val_every == "
+            "config.val_every - 1` and `if epoch == config.epochs - 1`)") in " ".join(report.notes)
+
+
+def test_a_guard_that_calls_is_never_evaluated_ahead(tmp_path: Path) -> None:
+    source = tmp_path / "calls.py"
+    source.write_text("for epoch in range(30):\n"
+                      "    if should_validate(epoch):\n"
+                      "        pass\n"
+                      "    if epoch % 10 == 9:\n"
+                      "        pass\n")
+    compiled = compile_script(str(source))
+    assert compiled is not None
+    [site] = compiled[1]
+    assert [guard.text for guard in site.guards] == ["epoch % 10 == 9"]

@@ -81,6 +81,23 @@ class Site:
     """Iterations those cuts left out, where the iterable's length tells."""
     extra: int = 0
     """Iterations run after the budget to reach its unrun lines."""
+    target: str | None = None
+    """The loop variable, where a ``for`` binds one name (``for epoch in range(...)``)."""
+    guards: tuple[Guard, ...] = ()
+    """The ``if`` tests of its body (nested loops' excepted) that :func:`_pure` can evaluate ahead."""
+    passed: int = 0
+    """Iterations passed over to reach the one whose guard holds (:meth:`FastForward._jump`)."""
+    reached: tuple[str, ...] = ()
+    """The tests of the guards so reached, as written, in the order reached."""
+
+
+@dataclass(frozen=True)
+class Guard:
+    """An ``if`` of a loop's body: its test compiled alone, and the first lines of its statements."""
+
+    test: CodeType
+    lines: frozenset[int]
+    text: str
 
 
 @dataclass
@@ -100,13 +117,16 @@ class _Loop:
     """Iterations begun after the budget was spent."""
     extra: int = 0
     done: bool = False
+    frame_ref: FrameType | None = None
+    """The frame that runs it, while a guard may be evaluated ahead in it (:meth:`FastForward._jump`)."""
 
 
 class _Rewriter(ast.NodeTransformer):
     """Wraps each ``for``'s iterable and each ``while``'s test; records the sites."""
 
-    def __init__(self, text: list[str]) -> None:
+    def __init__(self, text: list[str], filename: str = "<script>") -> None:
         self.text = text
+        self.filename = filename
         self.sites: list[Site] = []
         self._scopes: list[int] = [0]
         self._loops: list[list[int]] = [[]]
@@ -140,12 +160,38 @@ class _Rewriter(ast.NodeTransformer):
 
     def visit_For(self, node: ast.For) -> Any:
         site = self._site(node, "for")
+        if isinstance(node.target, ast.Name):
+            site.target = node.target.id
+            site.guards = tuple(self._guards(node.body))
         self.generic_visit(node)
         self._inner(site)
         call = ast.Call(func=ast.Name(LOOP, ast.Load()), args=[node.iter, ast.Constant(site.index)],
                         keywords=[])
         node.iter = ast.copy_location(call, node.iter)
         return node
+
+    def _guards(self, body: list[ast.stmt]) -> Iterator[Guard]:
+        """The ``if`` statements of ``body`` (nested ones too, not those inside nested loops or functions)
+        whose test :func:`_pure` allows, compiled before the rewrite touches their bodies."""
+        todo = list(body)
+        while todo:
+            stmt = todo.pop()
+            if isinstance(stmt, ast.For | ast.AsyncFor | ast.While | ast.FunctionDef | ast.AsyncFunctionDef
+                          | ast.ClassDef):
+                continue
+            if isinstance(stmt, ast.If) and _pure(stmt.test):
+                lines = frozenset(n.lineno for part in (stmt.body, stmt.orelse) for top in part
+                                  for n in ast.walk(top) if isinstance(n, ast.stmt) and runs_code(n))
+                try:
+                    test = compile(ast.Expression(stmt.test), self.filename, "eval", dont_inherit=True)
+                except (SyntaxError, ValueError):
+                    test = None
+                if test is not None:
+                    yield Guard(test, frozenset(lines), _shorten(ast.unparse(stmt.test)))
+            for name in ("body", "orelse", "finalbody", "handlers"):
+                todo.extend(child for child in getattr(stmt, name, ()) if isinstance(child, ast.stmt))
+            for handler in getattr(stmt, "handlers", ()):
+                todo.extend(handler.body)
 
     def visit_While(self, node: ast.While) -> Any:
         site = self._site(node, "while")
@@ -161,6 +207,21 @@ class _Rewriter(ast.NodeTransformer):
         return [ast.copy_location(make, node), node]
 
 
+_PURE = (ast.Name, ast.Constant, ast.Attribute, ast.Subscript, ast.Slice, ast.BinOp, ast.UnaryOp, ast.BoolOp,
+         ast.Compare, ast.Tuple, ast.List, ast.Load, ast.operator, ast.unaryop, ast.boolop, ast.cmpop)
+
+
+def _pure(test: ast.expr) -> bool:
+    """A test made of names, constants, attributes, subscripts and operators only (``epoch % 10 == 9``,
+    ``epoch == args.epochs - 1``): no call, so evaluating it ahead, for a later value of the loop
+    variable, runs none of the script's code but what an attribute or an operator does."""
+    return all(isinstance(node, _PURE) for node in ast.walk(test))
+
+
+_LOOKAHEAD = 100_000
+"""The most later items of a loop's sequence :meth:`FastForward._jump` tries a guard on."""
+
+
 def _shorten(text: str, limit: int = 48) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
@@ -172,7 +233,7 @@ def compile_script(filename: str) -> tuple[CodeType, list[Site]] | None:
         with io.open_code(filename) as handle:  # as runpy reads it (placecheck fix's proof edits it there)
             source = handle.read()
         tree = ast.parse(source, filename)
-        rewriter = _Rewriter(source.decode("utf-8", "replace").splitlines())
+        rewriter = _Rewriter(source.decode("utf-8", "replace").splitlines(), filename)
         tree = ast.fix_missing_locations(rewriter.visit(tree))
         return compile(tree, filename, "exec", dont_inherit=True), rewriter.sites
     except (OSError, SyntaxError, ValueError, UnicodeDecodeError, RecursionError):
@@ -228,22 +289,61 @@ class FastForward:
         """``for x in __placecheck_loop__(iterable, site)``: the iterable's items until the fast-forward
         ends it."""
         iterator = iter(iterable)
-        state = _Loop(self.sites[site], id(sys._getframe(1)), not self.on, self.activity, self.steps)
+        frame = sys._getframe(1)
+        state = _Loop(self.sites[site], id(frame), not self.on, self.activity, self.steps)
+        if state.site.guards and isinstance(iterable, range | list | tuple):
+            state.frame_ref = frame
         if self.on:
             state.length = _length(iterable)
         return self._items(iterator, iterable, state)
 
     def _items(self, iterator: Iterator[Any], iterable: Iterable[Any], state: _Loop) -> Iterator[Any]:
-        for item in iterator:
-            state.items += 1
-            if self.on:
-                state.items_after += 1
-            yield item
-            if not self._again(state):
-                if state.length is None and state.before:
-                    state.length = _length(iterable)
-                self._cut(state)
-                return
+        try:
+            for item in iterator:
+                state.items += 1
+                if self.on:
+                    state.items_after += 1
+                yield item
+                extra = state.extra
+                if not self._again(state):
+                    if state.length is None and state.before:
+                        state.length = _length(iterable)
+                    self._cut(state)
+                    return
+                if state.extra != extra:  # going on to reach unrun lines: straight to where a guard holds
+                    self._jump(iterator, iterable, state)
+        finally:
+            state.frame_ref = None
+
+    def _jump(self, iterator: Iterator[Any], iterable: Iterable[Any], state: _Loop) -> None:
+        """Move the loop's iterator on to the first later item for which a guard of the unrun lines
+        (``if epoch % 10 == 9:``) holds, evaluated in the loop's frame with the loop variable set to the
+        item; leave it where it is when no later item makes one hold, or none can be told."""
+        site, frame = state.site, state.frame_ref
+        if frame is None or site.target is None or not isinstance(iterable, range | list | tuple):
+            return
+        unrun = self._unrun(site)
+        guards = [g for g in site.guards if g.lines & unrun]
+        if not guards:
+            return
+        later = iterable[state.items:state.items + _LOOKAHEAD]
+        scope = dict(frame.f_locals)
+        for index, value in enumerate(later):
+            scope[site.target] = value
+            for guard in guards:
+                try:
+                    holds = bool(eval(guard.test, frame.f_globals, scope))  # a _pure test: no call
+                except Exception:  # a name the body sets later, a tensor's truth: not told ahead
+                    continue
+                if holds:
+                    for _ in range(index):
+                        next(iterator, None)
+                    state.items += index
+                    site.passed += index
+                    site.skipped += index
+                    if guard.text not in site.reached:
+                        site.reached += (guard.text,)
+                    return
 
     def while_loop(self, site: int) -> _Loop:
         """``__placecheck_while_N__ = __placecheck_while__(site)``, just before ``while``."""
@@ -363,16 +463,26 @@ class FastForward:
                 skipped = f": {site.skipped} iteration{'s' if site.skipped != 1 else ''} skipped" \
                     if site.skipped else ""
                 out.append(f"run: fast-forward after {budget}: the loop at {span} (`{site.header}`) ended "
-                           f"early{times}{skipped}, unchecked")
+                           f"early{times}{skipped}, unchecked{self._passed(site)}")
             elif site.extra:
                 out.append(f"run: fast-forward after {budget}: the loop at {span} (`{site.header}`) ran "
                            f"{site.extra} more iteration{'s' if site.extra != 1 else ''} to reach the lines "
-                           "of its body that had not run")
+                           f"of its body that had not run{self._passed(site)}")
         for line, batches in self.loader_cuts.items():
             left = f": {batches} batch{'es' if batches != 1 else ''} skipped" if batches else ""
             out.append(f"run: fast-forward after {budget}: the iterators of the DataLoader iterated at "
                        f"{line} ended early{left}, unchecked")
         return out
+
+
+    @staticmethod
+    def _passed(site: Site) -> str:
+        """What a note says of the iterations passed over to reach a guard's (:meth:`_jump`)."""
+        if not site.passed:
+            return ""
+        plural = "s" if site.passed != 1 else ""
+        reached = " and ".join(f"`if {text}`" for text in site.reached)
+        return f" ({site.passed} iteration{plural} passed over to reach {reached})"
 
 
 def _length(iterable: Any) -> int | None:
