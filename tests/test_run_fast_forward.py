@@ -302,3 +302,35 @@ def test_a_guard_that_calls_is_never_evaluated_ahead(tmp_path: Path) -> None:
     assert compiled is not None
     [site] = compiled[1]
     assert [guard.text for guard in site.guards] == ["epoch % 10 == 9"]
+
+
+def test_a_guard_is_read_ahead_on_plain_values_only_never_calling_the_script_s_code(tmp_path: Path) -> None:
+    # `probe > 100` would call the script's __gt__ (a tensor's would be a torch op, a host sync at the
+    # guard's line): never read ahead, so the loop runs on an iteration at a time for it; `epoch % 20 == 19`
+    # is read ahead and reached at once
+    source = tmp_path / "probe.py"
+    source.write_text(
+        "import sys\n"
+        "import torch\n"
+        "model = torch.nn.Linear(4, 2).to('cuda')\n"
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "class Probe:\n"
+        "    calls = 0\n"
+        "    def __gt__(self, other):\n"
+        "        Probe.calls += 1\n"
+        "        return False\n"
+        "probe, epochs = Probe(), []\n"
+        "for epoch in range(50):\n"
+        "    for _ in range(3):\n"
+        "        optimizer.zero_grad()\n"
+        "        model(torch.randn(8, 4, device='cuda')).sum().backward()\n"
+        "        optimizer.step()\n"
+        "    epochs.append(epoch)\n"
+        "    if probe > 100:\n"
+        "        print('never')\n"
+        "    if epoch % 20 == 19:\n"
+        "        pass\n"
+        f"open({str(tmp_path / 'out.txt')!r}, 'w').write(f'{{Probe.calls}} {{epochs}}')\n")
+    run(script(source))
+    # epoch 0 spends the budget; 19 is reached by reading its guard ahead; 20 and 21 try `probe > 100`
+    assert (tmp_path / "out.txt").read_text() == "4 [0, 19, 20, 21]"

@@ -30,6 +30,8 @@ optimizer :data:`MAX_STEPS_AFTER` times past the budget is stopped as before (th
 from __future__ import annotations
 
 import ast
+import builtins
+import inspect
 import io
 import operator
 import sys
@@ -95,7 +97,7 @@ class Site:
 class Guard:
     """An ``if`` of a loop's body: its test compiled alone, and the first lines of its statements."""
 
-    test: CodeType
+    test: ast.expr
     lines: frozenset[int]
     text: str
 
@@ -182,12 +184,7 @@ class _Rewriter(ast.NodeTransformer):
             if isinstance(stmt, ast.If) and _pure(stmt.test):
                 lines = frozenset(n.lineno for part in (stmt.body, stmt.orelse) for top in part
                                   for n in ast.walk(top) if isinstance(n, ast.stmt) and runs_code(n))
-                try:
-                    test = compile(ast.Expression(stmt.test), self.filename, "eval", dont_inherit=True)
-                except (SyntaxError, ValueError):
-                    test = None
-                if test is not None:
-                    yield Guard(test, frozenset(lines), _shorten(ast.unparse(stmt.test)))
+                yield Guard(stmt.test, lines, _shorten(ast.unparse(stmt.test)))
             for name in ("body", "orelse", "finalbody", "handlers"):
                 todo.extend(child for child in getattr(stmt, name, ()) if isinstance(child, ast.stmt))
             for handler in getattr(stmt, "handlers", ()):
@@ -216,6 +213,90 @@ def _pure(test: ast.expr) -> bool:
     ``epoch == args.epochs - 1``): no call, so evaluating it ahead, for a later value of the loop
     variable, runs none of the script's code but what an attribute or an operator does."""
     return all(isinstance(node, _PURE) for node in ast.walk(test))
+
+
+class _NotTold(Exception):
+    """A guard's test :func:`_evaluate` cannot read ahead."""
+
+
+_PLAIN = (int, float, str, bool, type(None))
+_CONTAINERS = (dict, list, tuple, str)
+_BINARY: dict[type[ast.operator], Any] = {
+    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
+_COMPARE: dict[type[ast.cmpop], Any] = {
+    ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
+    ast.Gt: operator.gt, ast.GtE: operator.ge, ast.Is: operator.is_, ast.IsNot: operator.is_not,
+    ast.In: lambda a, b: a in b, ast.NotIn: lambda a, b: a not in b}
+
+
+def _plain(value: Any) -> Any:
+    """``value`` where an operator may take it: a number, a string, a bool, None, a tuple of them."""
+    if isinstance(value, _PLAIN) or (isinstance(value, tuple) and all(isinstance(v, _PLAIN) for v in value)):
+        return value
+    raise _NotTold
+
+
+def _evaluate(node: ast.expr, scope: dict[str, Any]) -> Any:
+    """A :func:`_pure` test's value, computed on plain Python values only: a name or an attribute may be any
+    object (``args.val_every``), a subscript's base only a dict, list, tuple or str, and every operand of an
+    operator a plain value, so no tensor (whose comparison would be a torch op, a host sync at the guard's
+    line) is ever touched; :class:`_NotTold` otherwise."""
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.Name):
+        if node.id not in scope:
+            raise _NotTold
+        return scope[node.id]
+    if isinstance(node, ast.Attribute):
+        value = inspect.getattr_static(_evaluate(node.value, scope), node.attr, _NotTold)
+        if value is _NotTold or hasattr(type(value), "__get__"):
+            raise _NotTold  # missing, or a property, a method, a tensor's shape: code would run
+        return value
+    if isinstance(node, ast.Subscript):
+        base = _evaluate(node.value, scope)
+        if not isinstance(base, _CONTAINERS):
+            raise _NotTold
+        try:
+            return base[_plain(_evaluate(node.slice, scope))]
+        except Exception:
+            raise _NotTold from None
+    if isinstance(node, ast.Tuple):
+        return tuple(_evaluate(e, scope) for e in node.elts)
+    if isinstance(node, ast.UnaryOp):
+        value = _plain(_evaluate(node.operand, scope))
+        if isinstance(node.op, ast.Not):
+            return not value
+        if isinstance(node.op, ast.USub | ast.UAdd) and isinstance(value, int | float):
+            return -value if isinstance(node.op, ast.USub) else value
+        raise _NotTold
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+        try:
+            return _BINARY[type(node.op)](_plain(_evaluate(node.left, scope)),
+                                          _plain(_evaluate(node.right, scope)))
+        except _NotTold:
+            raise
+        except Exception:  # 1 % 0, "a" - 1
+            raise _NotTold from None
+    if isinstance(node, ast.BoolOp):
+        values = (_plain(_evaluate(v, scope)) for v in node.values)
+        return all(values) if isinstance(node.op, ast.And) else any(values)
+    if isinstance(node, ast.Compare):
+        left = _plain(_evaluate(node.left, scope))
+        for op, right_node in zip(node.ops, node.comparators, strict=True):
+            right = _evaluate(right_node, scope)
+            if not isinstance(op, ast.In | ast.NotIn):
+                right = _plain(right)
+            elif not isinstance(right, _CONTAINERS | set | frozenset):
+                raise _NotTold
+            try:
+                if not _COMPARE[type(op)](left, right):
+                    return False
+            except Exception:
+                raise _NotTold from None
+            left = right
+        return True
+    raise _NotTold
 
 
 _LOOKAHEAD = 100_000
@@ -327,13 +408,13 @@ class FastForward:
         if not guards:
             return
         later = iterable[state.items:state.items + _LOOKAHEAD]
-        scope = dict(frame.f_locals)
+        scope = {**vars(builtins), **frame.f_globals, **frame.f_locals}
         for index, value in enumerate(later):
             scope[site.target] = value
             for guard in guards:
                 try:
-                    holds = bool(eval(guard.test, frame.f_globals, scope))  # a _pure test: no call
-                except Exception:  # a name the body sets later, a tensor's truth: not told ahead
+                    holds = bool(_plain(_evaluate(guard.test, scope)))
+                except _NotTold:  # a name the body sets later, a tensor: not told ahead
                     continue
                 if holds:
                     for _ in range(index):
