@@ -12,6 +12,7 @@ since they never run. ``from placecheck.x import y`` counts as an import of
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -195,3 +196,23 @@ def test_no_file_grows_over_800_lines() -> None:
     long = {p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py")
             if len(p.read_text(encoding="utf-8").splitlines()) > 800}
     assert long <= OVER_800
+
+
+# ---- values typed once: a device string is read by basics.values.Device, never split by hand ----------
+
+COLON_SPLITS = {
+    "basics/values.py": "Device and Site themselves",
+    "model/load.py": "a target, module:attr",
+    "findings/formats/location.py": "a target, module:attr",
+    "findings/formats/table.py": "a finding's source, path:line",
+    "run/ranks.py": "a process group's backend, cpu:gloo,cuda:nccl",
+    "commands/worker.py": "an entry point, module:function",
+    "commands/runner.py": "a target, module:attr",
+}
+"""The modules that split a string at ':' and what they split: none of them a device."""
+
+
+def test_no_device_string_is_split_by_hand() -> None:
+    splitting = {str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
+                 if re.search(r"""(split|partition)\(["']:["']""", p.read_text(encoding="utf-8"))}
+    assert splitting <= set(COLON_SPLITS), sorted(splitting - set(COLON_SPLITS))

@@ -32,6 +32,7 @@ from placecheck.basics.devices import human_bytes, normalize_device
 from placecheck.basics.errors import LoadError, PlacecheckError, UsageError, one_line
 from placecheck.basics.options import CheckpointOptions
 from placecheck.basics.quiet import quiet
+from placecheck.basics.values import Device
 from placecheck.checkpoint.compare import Comparison, TensorSpec, compare_state_dicts
 from placecheck.checkpoint.metadata import (
     CheckpointFormat,
@@ -101,8 +102,8 @@ def device_usage(meta: CheckpointMeta) -> list[DeviceUsage]:
 
 
 def _location_order(loc: str) -> tuple[str, int]:
-    kind, _, index = loc.partition(":")
-    return kind, int(index) if index.isdigit() else -1
+    device = Device.of(loc)
+    return device.type, -1 if device.index is None else device.index
 
 
 def device_table(usage: list[DeviceUsage], fmt: CheckpointFormat) -> str:
@@ -129,12 +130,12 @@ def target_gpus(device: str, engine: Any) -> int:
 
 
 def _available(location: str, device: str, gpus: int) -> bool:
-    kind, _, index = location.partition(":")
-    if kind in ("", "cpu", "meta"):
+    saved = Device.of(location)
+    if saved.type in ("", "cpu", "meta"):
         return True
-    if kind == "cuda":
-        return (int(index) if index.isdigit() else 0) < gpus
-    return kind == device.partition(":")[0]
+    if saved.type == "cuda":
+        return saved.ordinal < gpus
+    return saved.type == Device.of(device).type
 
 
 def _loader(meta: CheckpointMeta) -> str:
@@ -173,7 +174,7 @@ def device_findings(meta: CheckpointMeta, device: str, gpus: int) -> list[Findin
             why = (f"torch.export.load puts each tensor back on {u.location}, which fails on a machine "
                    f"with {have}")
         elif u.location.startswith("cuda"):
-            idx = u.location.partition(":")[2] or "0"
+            idx = Device.of(u.location).ordinal
             why = (f"{loader} without map_location raises 'Attempting to deserialize object on a CUDA "
                    "device but torch.cuda.is_available() is False'" if not gpus else
                    f"{loader} without map_location raises 'Attempting to deserialize object on CUDA "

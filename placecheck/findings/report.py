@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from placecheck.basics.devices import human_bytes
-from placecheck.basics.values import device_order
+from placecheck.basics.values import Device, device_order
 from placecheck.findings import problems
 from placecheck.findings.finding import Finding, Severity
 
@@ -283,7 +283,7 @@ class Report:
         words = ENGINE_WORDS.get(self.engine)
         if words is not None:
             return f"{self.device_label}, {words}"
-        if not self.engine or self.engine == self.device.split(":")[0]:  # a real device: no more to say
+        if not self.engine or self.engine == Device.of(self.device).type:  # a real device: no more to say
             return self.device_label
         return f"{self.device_label} ({self.engine})"
 

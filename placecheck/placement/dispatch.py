@@ -42,6 +42,7 @@ from placecheck.basics.devices import DEVICE_MAP_CHOICES, human_bytes, parse_siz
 from placecheck.basics.errors import UsageError, one_line
 from placecheck.basics.patching import patch
 from placecheck.basics.quiet import quiet
+from placecheck.basics.values import Device
 from placecheck.checks.events import Copy
 from placecheck.engines.cudaapi import cuda_queries_simulated
 from placecheck.findings.codes import Code
@@ -246,11 +247,10 @@ def _map_device(path: str, name: str, value: Any) -> int | str:
         text = value.strip().lower()
         if text in OFFLOADED:
             return text
-        if text == "cuda":
-            return 0
-        kind, _, index = text.partition(":")
-        if kind == "cuda" and index.isdigit():
-            return int(index)
+        with contextlib.suppress(UsageError):
+            device = Device.parse(text)
+            if device.type == "cuda":
+                return device.ordinal
     raise UsageError(f"--device-map {path}: {name!r} has device {value!r}: use a GPU index (0), "
                      '"cuda:N", "cpu" or "disk"')
 

@@ -21,6 +21,7 @@ import torch
 import torch.nn as nn
 
 from placecheck.basics.errors import PlacecheckError
+from placecheck.basics.values import Device
 from placecheck.checks.sources import here
 from placecheck.checks.state import replace_tensors
 from placecheck.engines.calls import as_device
@@ -210,7 +211,7 @@ class Checkpoints:
                     self.recorder.add(dataclasses.replace(finding, source=line))
                 have = f"torch.cuda.device_count() is {self.recorder.gpus}"
                 error = RuntimeError(f"Attempting to deserialize object on CUDA device "
-                                     f"{missing[0].device.partition(':')[2] or '0'} but {have}.")
+                                     f"{Device.of(missing[0].device).ordinal} but {have}.")
                 self.recorder.reported_errors.add(id(error))
                 raise error
         locations: dict[int, str] = {}

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from placecheck.basics.devices import human_bytes
+from placecheck.basics.values import Device
 from placecheck.findings.codes import Code
 from placecheck.findings.rules.registry import E, W, declare
 
@@ -182,7 +183,7 @@ def dtensor_mixed(op: str, plain: str, dtensor: str) -> tuple[str, str]:
 
 def generator_off_device(op: str, generator_device: str, device: str) -> tuple[str, str]:
     """PC201 of a ``torch.Generator`` on ``generator_device`` given to ``op``, which runs on ``device``."""
-    kind, gen_kind = device.split(":")[0], generator_device.split(":")[0]
+    kind, gen_kind = Device.of(device).type, Device.of(generator_device).type
     return (f"{op} runs on {device} with a torch.Generator on {generator_device}: a GPU raises \"Expected a "
             f"'{kind}' device type for generator but found '{gen_kind}'\"",
             f"create the generator on the op's device (torch.Generator(device={device!r})"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from placecheck.basics.values import Device
 from placecheck.findings.codes import Code
 from placecheck.findings.rules.registry import E, declare
 
@@ -89,7 +90,7 @@ def ranks_share_gpu(label: str, call: str, device: str, ranks: Sequence[int], la
     ddp = "" if call.startswith("FSDP") else "; DistributedDataParallel(model, device_ids=[local_rank])"
     return (f"on {label}, {call} runs on {device} on each of them: NCCL refuses two ranks on one GPU; on "
             f"a GPU machine this raises 'Duplicate GPU detected : rank {other} and rank {first} both on CUDA "
-            f"device {device.partition(':')[2]}' here; each rank's own GPU is cuda:LOCAL_RANK ({own}){more}",
+            f"device {Device.of(device).ordinal}' here; each rank's own GPU is cuda:LOCAL_RANK ({own}){more}",
             "call torch.cuda.set_device(local_rank) first and put the model and tensors on "
             f"torch.device('cuda', local_rank){ddp}")
 
