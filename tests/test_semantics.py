@@ -65,7 +65,7 @@ def model_class(name: str, cls: str) -> type:
 GPUS = {"dp": 2}
 """The simulated GPUs a pair needs (default 1)."""
 RUN_PAIRS = ["gan", "ema", "cache", "pack", "script", "dp", "topk", "dataset", "assign", "scriptmodule",
-             "scriptmoved"]
+             "scriptmoved", "moveback"]
 """Pairs whose ``__main__`` is a training script for ``placecheck run``."""
 
 AUDIT_PAIRS = {"cache": ("Cached", "float32[4,8]"), "pack": ("Tagger", "float32[4,6,8]"),
@@ -97,6 +97,7 @@ def test_buggy_script_is_found_at_its_line(pair: str, engine: str) -> None:
 def test_fixed_script_is_clean(pair: str, engine: str) -> None:
     report = run(script(f"{pair}_fixed.py"), engine=engine, steps=3, gpus=GPUS.get(pair, 1))
     assert serious(report) == set()
+    assert report.unfinished == "", report.notes  # ran through: no stop of the simulation either
     # the budget was spent (a GAN's iteration that spends it steps its second optimizer too before the
     # fast-forward ends the loop)
     assert dict(report.stats)["optimizer_steps"] in (3, 4)

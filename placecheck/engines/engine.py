@@ -210,6 +210,25 @@ def _alike_fakes(t1: torch.Tensor, t2: torch.Tensor) -> bool:
             and t1.requires_grad == t2.requires_grad)
 
 
+def _swapped_in_place(t1: torch.Tensor, t2: torch.Tensor) -> bool:
+    """``t1`` made what ``t2`` is (device, dtype, shape), keeping its object, where ``swap_tensors`` refuses
+    a fake parameter that the graph of a simulated backward still holds: ``t1.data = t2``, as ``.to()``
+    moves a parameter on a GPU (``Module._apply``'s ``param.data = ...``), and the fake tensor's own
+    attributes (its fake device) taken from ``t2``. Whether it could (two fake tensors whose types allow
+    the shallow copy)."""
+    from placecheck.engines.compat import FakeTensor, has_compatible_shallow_copy_type
+
+    if not (isinstance(t1, FakeTensor) and isinstance(t2, FakeTensor)
+            and has_compatible_shallow_copy_type()(t1, t2)):
+        return False
+    own = {key: value for key, value in vars(t1).items() if key == "_is_param"}
+    with torch.no_grad():
+        t1.data = t2
+    vars(t1).clear()
+    vars(t1).update({**vars(t2), **own})
+    return True
+
+
 def _forget_fake_memo(t: Any) -> None:
     """Drop the fake mode's weak references to ``t`` (its converter memo), so that it can be swapped."""
     from placecheck.engines.compat import FakeTensor
@@ -253,11 +272,14 @@ def _fake_parameters_swappable(known: Any = None) -> Iterator[None]:
         try:
             real_swap(t1, t2)
         except RuntimeError:
-            if not _alike_fakes(t1, t2):
+            # still referenced (the graph of a simulated backward holds a trained parameter)
+            if _alike_fakes(t1, t2):
+                pass  # two fake tensors of the same metadata hold no data: nothing to swap but known values
+            elif _swapped_in_place(t1, t2):
+                holders = (t1, t1)  # t1 holds t2's contents now; t2 keeps them too
+            else:
                 holders = (t1, t2)
                 raise
-            # still referenced (the graph of a simulated backward holds a trained parameter): two fake
-            # tensors of the same metadata hold no data, so the swap changes nothing but known values
         finally:
             for t, value in zip(holders, values, strict=True):
                 if value is not None:
