@@ -431,10 +431,59 @@ def cuda_queries_simulated(gpus: int, strict: bool = False) -> Iterator[None]:
         for name, legacy in _legacy_cuda_types().items():
             stack.enter_context(patch(torch.cuda, name, legacy, _WHY_LEGACY))
         stack.enter_context(_default_device_kept())
+        stack.enter_context(patch(torch, "Generator", _simulated_generator_type(), _WHY_GENERATOR))
         if CPU_ONLY_BUILD:
             stack.enter_context(warnings.catch_warnings())
             warnings.filterwarnings("ignore", message=re.escape(_AUTOCAST_DISABLED_WARNING))
         yield
+
+
+_WHY_GENERATOR = ("torch.Generator(device='cuda') needs a driver; the simulated CUDA ops draw from a CPU "
+                  "generator that says it is on the GPU, and a class has no hook for what it constructs")
+
+
+def _simulated_generator_type() -> type:
+    """What ``torch.Generator`` is in the session: ``torch.Generator(device="cuda:1")`` (or ``"cuda"``: the
+    current device, as CUDA's default) is a CPU generator whose ``device`` is ``cuda:1`` (the simulated
+    ops run on the CPU, whose kernels draw from it, and a GPU's generator check reads that device); any
+    other device is torch's own. ``isinstance(g, torch.Generator)`` and ``issubclass`` answer for torch's
+    class, which every generator of the session is."""
+    real = torch.Generator
+
+    class SimulatedCudaGenerator(real):  # type: ignore[misc,valid-type]  # torch's class is untyped
+        def __new__(cls, device: torch.device) -> SimulatedCudaGenerator:
+            made = real.__new__(cls, "cpu")  # type: ignore[call-arg]  # torch.Generator(device)
+            made.__dict__["_simulated_device"] = device
+            return made  # type: ignore[no-any-return]
+
+        def __init__(self, device: torch.device) -> None:  # made in __new__
+            pass
+
+        @property
+        def device(self) -> torch.device:
+            return self.__dict__["_simulated_device"]  # type: ignore[no-any-return]
+
+        def __repr__(self) -> str:
+            return f"<torch.Generator object on {self.device} (simulated)>"
+
+    class GeneratorType(type):
+        def __call__(cls, device: Any = "cpu") -> Any:
+            where = torch.device(device) if isinstance(device, str | int) else device
+            if isinstance(where, torch.device) and where.type == "cuda":
+                index = where.index if where.index is not None else _current[0]
+                return SimulatedCudaGenerator(torch.device("cuda", index))
+            return real(device)
+
+        def __instancecheck__(cls, obj: Any) -> bool:
+            return isinstance(obj, real)
+
+        def __subclasscheck__(cls, sub: type) -> bool:
+            return issubclass(sub, real)
+
+    class Generator(metaclass=GeneratorType):
+        """torch.Generator, under placecheck's simulated CUDA."""
+
+    return Generator
 
 
 @contextlib.contextmanager

@@ -42,7 +42,7 @@ from placecheck.basics.errors import UsageError
 from placecheck.basics.options import EngineChoice
 from placecheck.basics.patching import patch
 from placecheck.basics.values import Device
-from placecheck.engines.calls import Kind, read_placement
+from placecheck.engines.calls import Kind, as_device, read_placement
 from placecheck.engines.cudaapi import (
     CPU_ONLY_BUILD,
     SIMULATED_GPU_NAME,
@@ -208,6 +208,20 @@ def _alike_fakes(t1: torch.Tensor, t2: torch.Tensor) -> bool:
     return (isinstance(t1, FakeTensor) and isinstance(t2, FakeTensor) and t1.device == t2.device
             and t1.dtype == t2.dtype and t1.shape == t2.shape and t1.stride() == t2.stride()
             and t1.requires_grad == t2.requires_grad)
+
+
+def _check_generator(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """A GPU op given a ``torch.Generator`` of another device type raises (fake kernels never look at the
+    generator); so does this engine, as the tagged one does. The call runs where its ``device=`` says,
+    else on its first tensor's device."""
+    from placecheck.checks.classify import DeviceMismatchError, generator_off_device, tensor_arguments
+
+    device = as_device(kwargs["device"]) if kwargs.get("device") is not None else \
+        next((t.device for _, t in tensor_arguments(args, kwargs)), None)
+    generator = generator_off_device(args, kwargs, device if isinstance(device, torch.device) else None)
+    if generator is not None and isinstance(device, torch.device):
+        raise DeviceMismatchError(f"Expected a '{device.type}' device type for generator but found "
+                                  f"'{generator.device.type}'")
 
 
 def _swapped_in_place(t1: torch.Tensor, t2: torch.Tensor) -> bool:
@@ -418,6 +432,8 @@ class FakeCuda(TorchFunctionMode):
     def __torch_function__(self, func: Callable[..., Any], types: Any, args: tuple[Any, ...] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
+        if kwargs.get("generator") is not None:
+            _check_generator(args, kwargs)
         if self.script is not None:
             if self._moves_only is not None:
                 with self._moves_only:  # the script's handling calls torch too: those moves are made here
