@@ -194,7 +194,10 @@ def test_checkpoint_from_a_gpu_the_machine_has_loads_there(tmp_path: Path) -> No
 
 def test_checkpoint_loaded_with_map_location_is_clean(cuda3_checkpoint: str) -> None:
     report = run(script("resume_fixed.py"), [cuda3_checkpoint])
-    assert report.findings == ()
+    # load_state_dict copies the GPU tensors of the state into the model's CPU parameters (param.copy_,
+    # as on a GPU: the model moves only after): torch's own copy, info
+    assert [(f.code, f.severity) for f in report.findings] == [("PC204", Severity.INFO)]
+    assert "Module._load_from_state_dict (torch)" in report.findings[0].message
     assert any("ran to its end" in n for n in report.notes)
 
 

@@ -176,12 +176,13 @@ class Moves:
         return set_swap_module_params_on_conversion
 
     def load_state_dict(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        """``nn.Module.load_state_dict``: with ``assign=True``, under the script's swap flag, so that the
-        module gets new Parameter objects as on a GPU (torch's ``_load_from_state_dict``: ``setattr`` of
-        the loaded tensors, made Parameters) unless the script set the flag itself."""
+        """``nn.Module.load_state_dict`` under the script's swap flag (off unless the script set it), not
+        the session's: the loaded values are copied into the existing parameters (``param.copy_``), as on
+        a GPU, or with ``assign=True`` the module gets new Parameter objects (``setattr`` of the loaded
+        tensors). Under the session's flag every load swapped, which a parameter with a weak reference
+        refuses (an LSTM's flat weights hold one to each)."""
         def load_state_dict(module: nn.Module, state_dict: Any, *args: Any, **kwargs: Any) -> Any:
-            assign = kwargs.get("assign", args[1] if len(args) > 1 else False)
-            if not assign or self.user_swap:
+            if self.user_swap:
                 return original(module, state_dict, *args, **kwargs)
             _SET_SWAP(False)
             try:
