@@ -35,11 +35,13 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 
+from placecheck.basics.patching import Patch, patch, patched_once_imported
 from placecheck.checks.classify import refused_on_device
 from placecheck.engines.callbacks import called_back
 from placecheck.engines.datadep import REPRESENTATIVE, DataDependentMode, composite_call, on_host
@@ -211,6 +213,133 @@ class _ScriptCalls:
         return text
 
 
+_WHY_STORAGES = ("a fake tensor's storage has no data, so every one's data_ptr() is 0: a library that tells "
+                 "shared storages apart by it (transformers' save_pretrained, safetensors) takes every fake "
+                 "tensor for one shared storage; a method of torch's storage class, which no mode sees")
+_WHY_SAFETENSORS = ("safetensors reads a tensor's bytes from its memory (ctypes at data_ptr()), which a fake "
+                    "tensor has not: they are written as zeros, the file's names, shapes and dtypes right")
+
+
+@contextlib.contextmanager
+def _storages_told_apart() -> Iterator[None]:
+    """``UntypedStorage.data_ptr()`` of a storage without data (a fake tensor's, on ``meta``): a number of its
+    own, the same for every view of it (its ``_cdata``), as distinct GPU storages have distinct pointers."""
+    real = torch.UntypedStorage.data_ptr
+
+    def data_ptr(storage: torch.UntypedStorage) -> int:
+        if storage.device.type == "meta":
+            return int(storage._cdata)
+        return int(real(storage))
+
+    with patch(torch.UntypedStorage, "data_ptr", data_ptr, _WHY_STORAGES), warnings.catch_warnings():
+        # a fake tensor's own data_ptr() (such libraries read it too) is 0, with torch's warning that
+        # reading it is deprecated: the warning is about placecheck's tensors, not the script's code
+        warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
+        yield
+
+
+def _safetensors_patches() -> list[Patch]:
+    """safetensors' reader of a tensor's bytes (``_to_ndarray`` since 0.6, ``_tobytes`` before: private,
+    looked up at each save, which ``save_file`` imported by name elsewhere still calls), given a fake
+    tensor: zeros of its size (``numpy.zeros``: pages the kernel maps on reading, no memory of its own).
+    Nothing is patched where neither is there."""
+    import safetensors.torch as st
+
+    from placecheck.engines.compat import FakeTensor
+
+    def fake(tensor: Any) -> bool:
+        return isinstance(tensor, FakeTensor) or (isinstance(tensor, torch.Tensor) and tensor.is_meta)
+
+    def zeros(tensor: torch.Tensor) -> Any:
+        import numpy as np
+
+        return np.zeros(tensor.numel() * tensor.element_size(), dtype=np.uint8)
+
+    def to_ndarray(original: Callable[..., Any]) -> Callable[..., Any]:
+        def _to_ndarray(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            return (zeros(tensor), None) if fake(tensor) else original(tensor, *args, **kwargs)
+        return _to_ndarray
+
+    def tobytes(original: Callable[..., Any]) -> Callable[..., Any]:
+        def _tobytes(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            return zeros(tensor).tobytes() if fake(tensor) else original(tensor, *args, **kwargs)
+        return _tobytes
+
+    import safetensors
+
+    writers: list[Patch] = [(st, name, make) for name, make in (("_to_ndarray", to_ndarray),
+                                                                ("_tobytes", tobytes))
+                            if callable(getattr(st, name, None))]
+    readers: list[Patch] = [(owner, "safe_open", _host_opened) for owner in (safetensors, st)
+                            if hasattr(owner, "safe_open")]
+    return writers + readers
+
+
+def _host_opened(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``safe_open(filename, framework="pt", device=...)``: the file read on the host (the reader writes
+    each tensor's bytes into the memory of a tensor it makes, which a fake tensor has not: a crash), each
+    tensor then moved where ``device`` says in the session, as the reader copies it there on a GPU."""
+    def safe_open(filename: Any, framework: str, *args: Any, **kwargs: Any) -> Any:
+        device = kwargs.pop("device", args[0] if args else "cpu")
+        if framework not in ("pt", "torch"):
+            return original(filename, framework, *args, **kwargs) if args else \
+                original(filename, framework, device=device, **kwargs)
+        with on_host():
+            opened = original(filename, framework, *args[1:], device="cpu", **kwargs)
+        return _HostOpened(opened, f"cuda:{device}" if isinstance(device, int) else device)
+    return safe_open
+
+
+class _HostOpened:
+    """An open safetensors file (:func:`_host_opened`): what it reads is read on the host, then placed."""
+
+    def __init__(self, opened: Any, device: Any) -> None:
+        self._opened = opened
+        self._device = device
+
+    def __enter__(self) -> _HostOpened:
+        with on_host():
+            self._opened.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> Any:
+        return self._opened.__exit__(*exc)
+
+    def _placed(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor if torch.device(self._device).type == "cpu" else tensor.to(self._device)
+
+    def get_tensor(self, name: str) -> torch.Tensor:
+        with on_host():
+            tensor = self._opened.get_tensor(name)
+        return self._placed(tensor)
+
+    def get_tensors(self) -> dict[str, torch.Tensor]:
+        return {name: self.get_tensor(name) for name in self._opened.keys()}  # noqa: SIM118 - not a dict
+
+    def get_slice(self, name: str) -> _HostSlice:
+        with on_host():
+            return _HostSlice(self._opened.get_slice(name), self)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._opened, name)  # keys(), metadata(), offset_keys() ...
+
+
+class _HostSlice:
+    """A lazily read tensor of an open file (``get_slice``): indexed on the host, then placed."""
+
+    def __init__(self, sliced: Any, opened: _HostOpened) -> None:
+        self._sliced = sliced
+        self._opened = opened
+
+    def __getitem__(self, index: Any) -> torch.Tensor:
+        with on_host():
+            tensor = self._sliced[index]
+        return self._opened._placed(tensor)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sliced, name)  # get_shape(), get_dtype()
+
+
 @contextlib.contextmanager
 def fake_cuda(gpus: int = 1) -> Iterator[DataDependentMode]:
     """The fake engine's session for a whole script; yields the data-dependent mode (its assumptions)."""
@@ -223,7 +352,8 @@ def fake_cuda(gpus: int = 1) -> Iterator[DataDependentMode]:
     torch.__future__.set_overwrite_module_params_on_conversion(True)
     try:
         calls = _ScriptCalls()
-        with simulated_cuda(gpus, fake_mode, script=calls):
+        with simulated_cuda(gpus, fake_mode, script=calls), _storages_told_apart(), \
+                patched_once_imported("safetensors.torch", _safetensors_patches, _WHY_SAFETENSORS):
             datadep = active()
             assert datadep is not None  # simulated_cuda enters one
             calls.datadep = datadep
