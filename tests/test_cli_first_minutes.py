@@ -7,6 +7,7 @@ exit 2, and each wrong form has its working twin beside it.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -202,3 +203,16 @@ def test_ctrl_c_while_the_cli_is_imported_exits_130_with_one_line() -> None:
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert (done.returncode, done.stderr.strip()) == (130, "placecheck: interrupted")
     assert done.stdout == ""
+
+
+@pytest.mark.parametrize("argv", [["rules"], ["explain", "PC209"]])
+def test_a_closed_stdout_exits_141_quietly(argv: list[str]) -> None:
+    # `placecheck rules | head -3`: the reader has gone before placecheck writes (here, before it starts)
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        done = subprocess.run([sys.executable, "-m", "placecheck", *argv], stdout=write,
+                              stderr=subprocess.PIPE, text=True, timeout=120, check=False)
+    finally:
+        os.close(write)
+    assert (done.returncode, done.stderr) == (141, "")

@@ -29,6 +29,7 @@ from placecheck.findings.formats import OutputFormat, formatter_for
 from placecheck.findings.report import (
     EXIT_INTERNAL,
     EXIT_INTERRUPTED,
+    EXIT_STDOUT_CLOSED,
     EXIT_USAGE,
     FAIL_ON_CHOICES,
     Report,
@@ -116,6 +117,15 @@ def interrupted() -> typer.Exit:
     return typer.Exit(EXIT_INTERRUPTED)
 
 
+def stdout_closed() -> typer.Exit:
+    """The reader of stdout went away (``| head``): nothing more to say, and nobody to say it to. stdout is
+    pointed at the null device first, so that the interpreter's last flush raises nothing either."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    return typer.Exit(EXIT_STDOUT_CLOSED)
+
+
 def click_errors() -> tuple[type[Exception], ...]:
     """The base classes of click's usage errors on the typer installed.
 
@@ -177,6 +187,8 @@ def errors_reported(debug: bool = False) -> Iterator[None]:
         raise
     except KeyboardInterrupt:
         raise interrupted() from None
+    except BrokenPipeError:
+        raise stdout_closed() from None
     except PlacecheckError as exc:
         raise fail(str(exc), debug) from None
     except Exception as exc:

@@ -23,6 +23,8 @@ EXIT_INTERNAL = 3
 step does not read a crash as placement findings, nor 2, which says the user's input is wrong."""
 EXIT_INTERRUPTED = 130
 """Ctrl-C (KeyboardInterrupt): 128 + SIGINT, what a shell reports for a command it interrupted."""
+EXIT_STDOUT_CLOSED = 141
+"""The reader of stdout closed it (``placecheck rules | head``): 128 + SIGPIPE, as a shell reports it."""
 
 
 ASSUMED_BRANCHES = "assumed_branches"
