@@ -65,7 +65,7 @@ def model_class(name: str, cls: str) -> type:
 GPUS = {"dp": 2}
 """The simulated GPUs a pair needs (default 1)."""
 RUN_PAIRS = ["gan", "ema", "cache", "pack", "script", "dp", "topk", "dataset", "assign", "scriptmodule",
-             "scriptmoved", "moveback", "generator", "reload"]
+             "scriptmoved", "moveback", "generator", "reload", "schedule"]
 """Pairs whose ``__main__`` is a training script for ``placecheck run``."""
 
 AUDIT_PAIRS = {"cache": ("Cached", "float32[4,8]"), "pack": ("Tagger", "float32[4,6,8]"),

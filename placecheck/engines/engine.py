@@ -42,6 +42,7 @@ from placecheck.basics.errors import UsageError
 from placecheck.basics.options import EngineChoice
 from placecheck.basics.patching import patch
 from placecheck.basics.values import Device
+from placecheck.checks.classify import index_ops
 from placecheck.engines.calls import Kind, as_device, read_placement
 from placecheck.engines.cudaapi import (
     CPU_ONLY_BUILD,
@@ -222,6 +223,24 @@ def _check_generator(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     if generator is not None and isinstance(device, torch.device):
         raise DeviceMismatchError(f"Expected a '{device.type}' device type for generator but found "
                                   f"'{generator.device.type}'")
+
+
+def _check_indices(args: tuple[Any, ...]) -> None:
+    """Indexing a CPU tensor with a GPU index tensor (``cpu_table[cuda_ids]``) raises on a GPU machine;
+    fake tensors let it through and give a CPU result. So does this engine raise, with torch's words (a
+    GPU tensor indexed with CPU indices is legal: the indices are copied over)."""
+    from placecheck.checks.classify import DeviceMismatchError
+
+    if len(args) < 2 or not isinstance(args[0], torch.Tensor) or args[0].device.type != "cpu":
+        return
+    todo = [args[1]]
+    while todo:
+        index = todo.pop()
+        if isinstance(index, list | tuple):
+            todo.extend(index)
+        elif isinstance(index, torch.Tensor) and index.device.type not in ("cpu", "meta"):
+            raise DeviceMismatchError("indices should be either on cpu or on the same device as the indexed "
+                                      "tensor (cpu)")
 
 
 def _swapped_in_place(t1: torch.Tensor, t2: torch.Tensor) -> bool:
@@ -434,6 +453,8 @@ class FakeCuda(TorchFunctionMode):
         kwargs = kwargs or {}
         if kwargs.get("generator") is not None:
             _check_generator(args, kwargs)
+        if func in index_ops():
+            _check_indices(args)
         if self.script is not None:
             if self._moves_only is not None:
                 with self._moves_only:  # the script's handling calls torch too: those moves are made here
