@@ -241,8 +241,7 @@ def _storages_told_apart() -> Iterator[None]:
 def _safetensors_patches() -> list[Patch]:
     """safetensors' reader of a tensor's bytes (``_to_ndarray`` since 0.6, ``_tobytes`` before: private,
     looked up at each save, which ``save_file`` imported by name elsewhere still calls), given a fake
-    tensor: zeros of its size (``numpy.zeros``: pages the kernel maps on reading, no memory of its own).
-    Nothing is patched where neither is there."""
+    tensor: zeros of its size (:class:`_Zeros`). Nothing is patched where neither is there."""
     import safetensors.torch as st
 
     from placecheck.engines.compat import FakeTensor
@@ -250,19 +249,17 @@ def _safetensors_patches() -> list[Patch]:
     def fake(tensor: Any) -> bool:
         return isinstance(tensor, FakeTensor) or (isinstance(tensor, torch.Tensor) and tensor.is_meta)
 
-    def zeros(tensor: torch.Tensor) -> Any:
-        import numpy as np
-
-        return np.zeros(tensor.numel() * tensor.element_size(), dtype=np.uint8)
-
     def to_ndarray(original: Callable[..., Any]) -> Callable[..., Any]:
         def _to_ndarray(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-            return (zeros(tensor), None) if fake(tensor) else original(tensor, *args, **kwargs)
+            if not fake(tensor):
+                return original(tensor, *args, **kwargs)
+            return _Zeros(tensor.numel() * tensor.element_size()), None
         return _to_ndarray
 
     def tobytes(original: Callable[..., Any]) -> Callable[..., Any]:
         def _tobytes(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-            return zeros(tensor).tobytes() if fake(tensor) else original(tensor, *args, **kwargs)
+            return bytes(tensor.numel() * tensor.element_size()) if fake(tensor) \
+                else original(tensor, *args, **kwargs)
         return _tobytes
 
     import safetensors
@@ -273,6 +270,22 @@ def _safetensors_patches() -> list[Patch]:
     readers: list[Patch] = [(owner, "safe_open", _host_opened) for owner in (safetensors, st)
                             if hasattr(owner, "safe_open")]
     return writers + readers
+
+
+class _Zeros:
+    """``nbytes`` zero bytes where safetensors' writer reads an array's (its ``ctypes.data`` and ``nbytes``):
+    an anonymous memory map, whose untouched pages read as zeros and take no memory (a 16 GB model's
+    weights cost its file's size on disk, not in memory)."""
+
+    def __init__(self, nbytes: int) -> None:
+        import ctypes
+        import mmap
+        from types import SimpleNamespace
+
+        self._buffer = mmap.mmap(-1, max(nbytes, 1))
+        self._view = (ctypes.c_char * len(self._buffer)).from_buffer(self._buffer)
+        self.nbytes = nbytes
+        self.ctypes = SimpleNamespace(data=ctypes.addressof(self._view))
 
 
 def _host_opened(original: Callable[..., Any]) -> Callable[..., Any]:
