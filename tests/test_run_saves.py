@@ -11,7 +11,7 @@ import pytest
 
 from placecheck.run import run
 
-SCRIPT = """import torch
+TRAINED = """import torch
 import torch.nn as nn
 
 model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)).to("cuda")
@@ -21,49 +21,52 @@ for _ in range(2):
     optimizer.zero_grad()
     loss.backward()
     optimizer.step()
-with open("model.pt", "wb") as f:
+"""
+"""A model trained on the GPU; each test saves and loads it back its own way, then uses it (MARK use)."""
+
+SCRIPT = TRAINED + """with open("model.pt", "wb") as f:
     torch.save(model, f)
 with open("model.pt", "rb") as f:
     model = torch.load(f, weights_only=False)
 out = model(torch.randn(3, 4, device=DEVICE))  # MARK use
 """
 
+SAFETENSORS = TRAINED + """from safetensors.torch import load_file, save_file
 
-@pytest.mark.parametrize("engine", ["tagged", "fake"])
-@pytest.mark.parametrize(("device", "expected"), [('"cuda"', []), ('"cpu"', ["PC201"])])
-def test_a_model_saved_through_a_file_object_loads_where_it_was(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: str, device: str,
-        expected: list[str]) -> None:
-    monkeypatch.chdir(tmp_path)
-    text = SCRIPT.replace("DEVICE", device)
+save_file(model.state_dict(), "model.safetensors")
+model.load_state_dict(load_file("model.safetensors", device="cuda"))
+out = model(torch.randn(3, 4, device=DEVICE))  # MARK use
+"""
+
+USED_ON = pytest.mark.parametrize(("device", "expected"), [('"cuda"', []), ('"cpu"', ["PC201"])])
+"""The loaded model used with a GPU input (clean) or a CPU one (PC201 at the MARK)."""
+ENGINES = pytest.mark.parametrize("engine", ["tagged", "fake"])
+
+
+def _found_at_the_mark(tmp_path: Path, script: str, device: str, engine: str, expected: list[str]) -> None:
+    """``script`` (DEVICE: ``device``) run under ``engine`` through to its end, with ``expected`` the codes
+    of its warnings and errors, each at the line marked ``# MARK use``."""
+    text = script.replace("DEVICE", device)
     (tmp_path / "train.py").write_text(text, encoding="utf-8")
     report = run(str(tmp_path / "train.py"), engine=engine)
     line = next(i + 1 for i, s in enumerate(text.splitlines()) if "MARK use" in s)
     serious = [(f.code, f.source) for f in report.findings if f.severity.value != "info"]
     assert serious == [(code, f"{os.path.relpath(tmp_path / 'train.py')}:{line}") for code in expected]
     assert not report.unfinished, report.notes
+
+
+@ENGINES
+@USED_ON
+def test_a_model_saved_through_a_file_object_loads_where_it_was(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: str, device: str,
+        expected: list[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    _found_at_the_mark(tmp_path, SCRIPT, device, engine, expected)
     assert (tmp_path / "model.pt").stat().st_size > 0
 
 
-SAFETENSORS = """import torch
-import torch.nn as nn
-from safetensors.torch import load_file, save_file
-
-model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)).to("cuda")
-optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-for _ in range(2):
-    loss = model(torch.randn(3, 4, device="cuda")).sum()
-    optimizer.zero_grad()
-    loss.backward()
-    optimizer.step()
-save_file(model.state_dict(), "model.safetensors")
-model.load_state_dict(load_file("model.safetensors", device="cuda"))
-out = model(torch.randn(3, 4, device=DEVICE))  # MARK use
-"""
-
-
-@pytest.mark.parametrize("engine", ["tagged", "fake"])
-@pytest.mark.parametrize(("device", "expected"), [('"cuda"', []), ('"cpu"', ["PC201"])])
+@ENGINES
+@USED_ON
 def test_a_safetensors_save_is_written_and_loads_back(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: str, device: str,
         expected: list[str]) -> None:
@@ -71,13 +74,7 @@ def test_a_safetensors_save_is_written_and_loads_back(
     # as zeros, the names, shapes and dtypes right; before, the save was "the script's own error"
     pytest.importorskip("safetensors")
     monkeypatch.chdir(tmp_path)
-    text = SAFETENSORS.replace("DEVICE", device)
-    (tmp_path / "train.py").write_text(text, encoding="utf-8")
-    report = run(str(tmp_path / "train.py"), engine=engine)
-    line = next(i + 1 for i, s in enumerate(text.splitlines()) if "MARK use" in s)
-    serious = [(f.code, f.source) for f in report.findings if f.severity.value != "info"]
-    assert serious == [(code, f"{os.path.relpath(tmp_path / 'train.py')}:{line}") for code in expected]
-    assert not report.unfinished, report.notes
+    _found_at_the_mark(tmp_path, SAFETENSORS, device, engine, expected)
     from safetensors.torch import load_file
 
     saved = load_file(str(tmp_path / "model.safetensors"))
@@ -107,7 +104,7 @@ def test_save_pretrained_of_a_fake_model_writes_it_and_runs_on(
     assert (tmp_path / "out" / "model.safetensors").stat().st_size > 0
 
 
-@pytest.mark.parametrize("engine", ["tagged", "fake"])
+@ENGINES
 def test_a_safetensors_file_read_lazily_onto_the_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                      engine: str) -> None:
     # safetensors reads a file's bytes into the memory of a tensor it makes: under the fake engine that

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -61,6 +62,19 @@ class ChildFiles(Protocol):
     def result(self) -> Path: ...
     @property
     def stderr(self) -> Path: ...
+
+
+@dataclass(frozen=True)
+class JobFiles:
+    """The three files of one request: :class:`ChildFiles` as plain paths."""
+
+    spec: Path
+    result: Path
+    stderr: Path
+
+
+NO_TIMEOUT = 7 * 24 * 3600.0
+"""``run``'s timeout for work without a time limit of its own (a proof, a ranks' run without --timeout)."""
 
 
 class ForkServer:

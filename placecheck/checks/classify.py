@@ -283,6 +283,15 @@ def generator_off_device(args: tuple[Any, ...], kwargs: dict[str, Any], device: 
     return None
 
 
+def generator_refusal(args: tuple[Any, ...], kwargs: dict[str, Any], device: torch.device | None) -> str:
+    """What a GPU raises for a call on ``device`` given a ``torch.Generator`` of another device type
+    (:func:`generator_off_device`), in torch's words; "" when it raises nothing."""
+    generator = generator_off_device(args, kwargs, device)
+    if generator is None or device is None:
+        return ""
+    return f"Expected a '{device.type}' device type for generator but found '{generator.device.type}'"
+
+
 def _chain(exc: BaseException) -> Iterator[BaseException]:
     seen: BaseException | None = exc
     while seen is not None:

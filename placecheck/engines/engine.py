@@ -42,7 +42,7 @@ from placecheck.basics.errors import UsageError
 from placecheck.basics.options import EngineChoice
 from placecheck.basics.patching import patch
 from placecheck.basics.values import Device
-from placecheck.checks.classify import index_ops
+from placecheck.checks.classify import DeviceMismatchError, generator_refusal, index_ops, tensor_arguments
 from placecheck.engines.calls import Kind, as_device, read_placement
 from placecheck.engines.cudaapi import (
     CPU_ONLY_BUILD,
@@ -215,22 +215,17 @@ def _check_generator(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     """A GPU op given a ``torch.Generator`` of another device type raises (fake kernels never look at the
     generator); so does this engine, as the tagged one does. The call runs where its ``device=`` says,
     else on its first tensor's device."""
-    from placecheck.checks.classify import DeviceMismatchError, generator_off_device, tensor_arguments
-
     device = as_device(kwargs["device"]) if kwargs.get("device") is not None else \
         next((t.device for _, t in tensor_arguments(args, kwargs)), None)
-    generator = generator_off_device(args, kwargs, device if isinstance(device, torch.device) else None)
-    if generator is not None and isinstance(device, torch.device):
-        raise DeviceMismatchError(f"Expected a '{device.type}' device type for generator but found "
-                                  f"'{generator.device.type}'")
+    refusal = generator_refusal(args, kwargs, device if isinstance(device, torch.device) else None)
+    if refusal:
+        raise DeviceMismatchError(refusal)
 
 
 def _check_indices(args: tuple[Any, ...]) -> None:
     """Indexing a CPU tensor with a GPU index tensor (``cpu_table[cuda_ids]``) raises on a GPU machine;
     fake tensors let it through and give a CPU result. So does this engine raise, with torch's words (a
     GPU tensor indexed with CPU indices is legal: the indices are copied over)."""
-    from placecheck.checks.classify import DeviceMismatchError
-
     if len(args) < 2 or not isinstance(args[0], torch.Tensor) or args[0].device.type != "cpu":
         return
     todo = [args[1]]

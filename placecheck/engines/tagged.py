@@ -52,7 +52,7 @@ from placecheck.basics.patching import patch
 from placecheck.checks.classify import (
     DeviceMismatchError,
     copies_between_devices,
-    generator_off_device,
+    generator_refusal,
     host_arguments_on_device,
     host_outputs,
     legal_cpu_argument,
@@ -225,10 +225,9 @@ def _result_device(func: Callable[..., Any], args: tuple[Any, ...],
 
 def _check_generator(args: tuple[Any, ...], kwargs: dict[str, Any], device: torch.device) -> None:
     """A GPU op given a ``torch.Generator`` of another device type raises; so does this engine."""
-    generator = generator_off_device(args, kwargs, device)
-    if generator is not None:
-        raise SimulatedDeviceMismatchError(f"Expected a '{device.type}' device type for generator but found "
-                                           f"'{generator.device.type}'")
+    refusal = generator_refusal(args, kwargs, device)
+    if refusal:
+        raise SimulatedDeviceMismatchError(refusal)
 
 
 def _tag_all(out: Any, device: torch.device) -> Any:

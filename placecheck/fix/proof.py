@@ -247,18 +247,10 @@ def _reaudit_fresh(audit_once: Callable[[], Any], edited: dict[str, str], folder
     return outcome
 
 
-@dataclass(frozen=True)
-class _JobFiles:
-    spec: Path
-    result: Path
-    stderr: Path
-
-
 _SERVER: list[Any] = []
 """This process's warm proof server (a :class:`placecheck.basics.forkserver.ForkServer`), once started."""
 
 _SERVER_LOCK = threading.Lock()
-_NO_TIMEOUT = 7 * 24 * 3600.0  # a proof has no time limit of its own, as the audit it repeats
 
 
 def _server(env: dict[str, str]) -> Any:
@@ -276,15 +268,15 @@ def _server(env: dict[str, str]) -> Any:
 def _from_server(folder: Path, job: bytes, env: dict[str, str]) -> tuple[int | None, str] | None:
     """Run the pickled ``job`` in a child of the warm proof server; (exit status, its stderr's last line),
     or None where there is no safe fork or the server is gone (the caller starts an interpreter)."""
-    from placecheck.basics.forkserver import ServerGone, fork_available
+    from placecheck.basics.forkserver import NO_TIMEOUT, JobFiles, ServerGone, fork_available
 
     if not fork_available():
         return None
-    files = _JobFiles(folder / "job.pickle", folder / "outcome.pickle", folder / "stderr.txt")
+    files = JobFiles(folder / "job.pickle", folder / "outcome.pickle", folder / "stderr.txt")
     files.spec.write_bytes(job)
     with _SERVER_LOCK:  # one request at a time on the server's line protocol
         try:
-            status = _server(env).run(files, _NO_TIMEOUT, entry="placecheck.fix.proof:fresh_job")
+            status = _server(env).run(files, NO_TIMEOUT, entry="placecheck.fix.proof:fresh_job")
         except ServerGone:
             _SERVER.pop().close()
             return None

@@ -242,6 +242,7 @@ def _safetensors_patches() -> list[Patch]:
     """safetensors' reader of a tensor's bytes (``_to_ndarray`` since 0.6, ``_tobytes`` before: private,
     looked up at each save, which ``save_file`` imported by name elsewhere still calls), given a fake
     tensor: zeros of its size (:class:`_Zeros`). Nothing is patched where neither is there."""
+    import safetensors
     import safetensors.torch as st
 
     from placecheck.engines.compat import FakeTensor
@@ -261,8 +262,6 @@ def _safetensors_patches() -> list[Patch]:
             return bytes(tensor.numel() * tensor.element_size()) if fake(tensor) \
                 else original(tensor, *args, **kwargs)
         return _tobytes
-
-    import safetensors
 
     writers: list[Patch] = [(st, name, make) for name, make in (("_to_ndarray", to_ndarray),
                                                                 ("_tobytes", tobytes))

@@ -95,7 +95,8 @@ class Site:
 
 @dataclass(frozen=True)
 class Guard:
-    """An ``if`` of a loop's body: its test compiled alone, and the first lines of its statements."""
+    """An ``if`` of a loop's body: its test (:func:`_evaluate` reads it ahead), as written, and the first
+    lines of its statements."""
 
     test: ast.expr
     lines: frozenset[int]
@@ -126,9 +127,8 @@ class _Loop:
 class _Rewriter(ast.NodeTransformer):
     """Wraps each ``for``'s iterable and each ``while``'s test; records the sites."""
 
-    def __init__(self, text: list[str], filename: str = "<script>") -> None:
+    def __init__(self, text: list[str]) -> None:
         self.text = text
-        self.filename = filename
         self.sites: list[Site] = []
         self._scopes: list[int] = [0]
         self._loops: list[list[int]] = [[]]
@@ -148,8 +148,7 @@ class _Rewriter(ast.NodeTransformer):
 
     def _site(self, node: ast.For | ast.While, kind: str) -> Site:
         text = self.text[node.lineno - 1].strip() if node.lineno <= len(self.text) else ""
-        lines = frozenset(n.lineno for part in (node.body, node.orelse) for stmt in part
-                          for n in ast.walk(stmt) if isinstance(n, ast.stmt) and runs_code(n))
+        lines = _statement_lines(node.body, node.orelse)
         site = Site(index=len(self.sites), kind=kind, first=node.lineno, last=node.end_lineno or node.lineno,
                     header=_shorten(text), scope=self._scopes[-1], lines=lines)
         self.sites.append(site)
@@ -174,7 +173,7 @@ class _Rewriter(ast.NodeTransformer):
 
     def _guards(self, body: list[ast.stmt]) -> Iterator[Guard]:
         """The ``if`` statements of ``body`` (nested ones too, not those inside nested loops or functions)
-        whose test :func:`_pure` allows, compiled before the rewrite touches their bodies."""
+        whose test :func:`_pure` allows, read before the rewrite touches their bodies."""
         todo = list(body)
         while todo:
             stmt = todo.pop()
@@ -182,11 +181,10 @@ class _Rewriter(ast.NodeTransformer):
                           | ast.ClassDef):
                 continue
             if isinstance(stmt, ast.If) and _pure(stmt.test):
-                lines = frozenset(n.lineno for part in (stmt.body, stmt.orelse) for top in part
-                                  for n in ast.walk(top) if isinstance(n, ast.stmt) and runs_code(n))
-                yield Guard(stmt.test, lines, _shorten(ast.unparse(stmt.test)))
-            for name in ("body", "orelse", "finalbody", "handlers"):
-                todo.extend(child for child in getattr(stmt, name, ()) if isinstance(child, ast.stmt))
+                yield Guard(stmt.test, _statement_lines(stmt.body, stmt.orelse),
+                            _shorten(ast.unparse(stmt.test)))
+            for name in ("body", "orelse", "finalbody"):
+                todo.extend(getattr(stmt, name, ()))
             for handler in getattr(stmt, "handlers", ()):
                 todo.extend(handler.body)
 
@@ -303,6 +301,12 @@ _LOOKAHEAD = 100_000
 """The most later items of a loop's sequence :meth:`FastForward._jump` tries a guard on."""
 
 
+def _statement_lines(*parts: list[ast.stmt]) -> frozenset[int]:
+    """The first line of every statement in ``parts`` (nested ones too) that runs code."""
+    return frozenset(n.lineno for part in parts for top in part for n in ast.walk(top)
+                     if isinstance(n, ast.stmt) and runs_code(n))
+
+
 def _shorten(text: str, limit: int = 48) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
@@ -314,7 +318,7 @@ def compile_script(filename: str) -> tuple[CodeType, list[Site]] | None:
         with io.open_code(filename) as handle:  # as runpy reads it (placecheck fix's proof edits it there)
             source = handle.read()
         tree = ast.parse(source, filename)
-        rewriter = _Rewriter(source.decode("utf-8", "replace").splitlines(), filename)
+        rewriter = _Rewriter(source.decode("utf-8", "replace").splitlines())
         tree = ast.fix_missing_locations(rewriter.visit(tree))
         return compile(tree, filename, "exec", dont_inherit=True), rewriter.sites
     except (OSError, SyntaxError, ValueError, UnicodeDecodeError, RecursionError):
@@ -554,7 +558,6 @@ class FastForward:
             out.append(f"run: fast-forward after {budget}: the iterators of the DataLoader iterated at "
                        f"{line} ended early{left}, unchecked")
         return out
-
 
     @staticmethod
     def _passed(site: Site) -> str:

@@ -167,9 +167,10 @@ def eager_script(notes: dict[str, None]) -> Callable[[Callable[..., Any]], Calla
         def script(obj: Any, *args: Any, **kwargs: Any) -> Any:
             if isinstance(obj, torch.nn.Module) and not isinstance(obj, torch.jit.ScriptModule):
                 scripted = original(obj, *args, **kwargs)
-                if isinstance(scripted, torch.jit.ScriptModule):
-                    _moved_by_assignment(scripted)
-                if isinstance(scripted, torch.jit.ScriptModule) and _as_python(scripted, obj):
+                if not isinstance(scripted, torch.jit.ScriptModule):
+                    return scripted
+                _moved_by_assignment(scripted)
+                if _as_python(scripted, obj):
                     for method in ("save", "save_to_buffer"):
                         scripted.__dict__[method] = _saved_without_fakes(scripted, getattr(scripted, method))
                     notes[f"run: TorchScript module {type(obj).__qualname__} ran its Python forward (its "

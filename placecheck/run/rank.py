@@ -23,10 +23,6 @@ import os
 import select
 import sys
 
-_PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "placecheck.run", "placecheck.run.recorder",
-            "placecheck.run.ranks", "placecheck.findings.formats.json")
-"""What every rank imports: imported once, before the forks."""
-
 _CHILD_FAILED = 70
 """Exit status of a rank's child that could not even start (its output says why)."""
 
@@ -107,7 +103,9 @@ def served_ranks(spec_path: str, result_path: str) -> int:
 
 def fork_ranks(config_path: str, out_dir: str, nproc: int) -> int:
     """Fork the ``nproc`` ranks from this one warm process, relay their output, write their statuses."""
-    for name in _PRELOAD:
+    from placecheck.run.ranks import RANK_MODULES
+
+    for name in RANK_MODULES:
         __import__(name)
     gc.collect()
     gc.freeze()  # the imports' objects: a child's collections skip them instead of copying their pages

@@ -43,7 +43,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -447,6 +446,11 @@ def _forked_ranks(config_path: str, tmp: str, nproc: int, timeout: float | None
     return [(statuses.get(str(rank), rc), printed[rank]) for rank in range(nproc)]
 
 
+RANK_MODULES = ("torch", "torch.distributed", "torch.nn.parallel", "placecheck.run",
+                "placecheck.run.recorder", "placecheck.run.ranks", "placecheck.findings.formats.json")
+"""What every rank imports: imported once, before the ranks fork (:func:`placecheck.run.rank.fork_ranks`),
+and by the warm server the process that forks them is forked from."""
+
 _SERVERS: dict[str, Any] = {}
 """This process's warm ranks' servers (:class:`placecheck.basics.forkserver.ForkServer`), by the
 ``PYTHONPATH`` they were started with (what their ``sys.path`` holds), each started on first use and
@@ -460,12 +464,12 @@ def _served(config_path: str, tmp: str, nproc: int, timeout: float | None, env: 
     """The ranks' process forked from this process's warm server, its output relayed as it grows (the
     server's child writes it to a file): (whether it ran so, its exit status: None when killed at
     ``timeout`` and 2 minutes of grace). Not run where no server can fork it: the caller starts it."""
-    from placecheck.basics.forkserver import ForkServer, ServerGone, fork_available
+    from placecheck.basics.forkserver import NO_TIMEOUT, ForkServer, JobFiles, ServerGone, fork_available
 
     if not fork_available():
         return False, None
     key = env.get("PYTHONPATH", "")
-    files = _JobFiles(Path(tmp) / "job.json", Path(tmp) / "job.result", Path(tmp) / "ranks.out")
+    files = JobFiles(Path(tmp) / "job.json", Path(tmp) / "job.result", Path(tmp) / "ranks.out")
     files.spec.write_text(json.dumps({"env": env, "cwd": os.getcwd(), "config": config_path, "dir": tmp,
                                       "nproc": nproc}), encoding="utf-8")
     files.stderr.touch()
@@ -475,11 +479,11 @@ def _served(config_path: str, tmp: str, nproc: int, timeout: float | None, env: 
     with _SERVER_LOCK:  # one request at a time on a server's line protocol
         server = _SERVERS.get(key)
         if server is None or server.process.poll() is not None:
-            server = _SERVERS[key] = ForkServer(list(_RANK_MODULES), workdir=None, env=env)
+            server = _SERVERS[key] = ForkServer([*RANK_MODULES, "placecheck.run.rank"], workdir=None, env=env)
             atexit.register(server.close)
         relay.start()
         try:
-            status: int | None = server.run(files, _NO_TIMEOUT if timeout is None else timeout + 120,
+            status: int | None = server.run(files, NO_TIMEOUT if timeout is None else timeout + 120,
                                             entry="placecheck.run.rank:served_ranks")
         except ServerGone:  # the server died (or never got warm): no rank ran, or those that ran are read
             _SERVERS.pop(key).close()
@@ -494,20 +498,6 @@ def _served(config_path: str, tmp: str, nproc: int, timeout: float | None, env: 
             done.set()
             relay.join(timeout=10)
     return True, status
-
-
-_RANK_MODULES = ("torch", "torch.distributed", "torch.nn.parallel", "placecheck.run", "placecheck.run.rank",
-                 "placecheck.run.recorder", "placecheck.run.ranks", "placecheck.findings.formats.json")
-"""What the ranks' server imports before it forks: what every rank imports."""
-
-_NO_TIMEOUT = 7 * 24 * 3600.0
-
-
-@dataclass(frozen=True)
-class _JobFiles:
-    spec: Path
-    result: Path
-    stderr: Path
 
 
 def _grown_lines(path: Path, done: threading.Event) -> Iterator[str]:
