@@ -7,15 +7,17 @@ arguments on CUDA except those it lists as on the CPU. On a CUDA machine :func:`
 variant and records PyTorch's verdict (``ok`` or ``raises`` with the exception's type and first
 line) and how many host synchronisations ``torch.cuda.set_sync_debug_mode("warn")`` reported.
 
-Two families of cases, kept apart in the table by each row's ``verified_on``:
+Two families of cases; every row's ``verified_on`` names the GPU, torch and date of its verdict:
 
-- :data:`VERIFIED_CASES`, exactly the cases run on an NVIDIA H100 (torch 2.11.0+cu130,
-  2026-11-25; ``verified_on`` names the GPU, torch and date). Do not edit one: its GPU verdict
-  would no longer describe it. A changed case is a new case.
+- :data:`VERIFIED_CASES`, exactly the cases first run on an NVIDIA H100 (torch 2.11.0+cu130,
+  2026-11-25: their rows' ``first_verified_on``), then again on an NVIDIA H200 (2026-11-27), which
+  gave each the same verdict. Do not edit one: its GPU verdict would no longer describe it. A changed
+  case is a new case.
 - :data:`GROWN_CASES`, generated to cover the aten ops the zoos and training loops call (losses,
   optimizers' foreach and fused steps, DataLoader pinning, generators, copies and non_blocking,
-  indexing with CPU indices and masks, ops that need CPU arguments). Until a GPU has run them
-  their rows have ``verified_on: null`` and no verdict; the replay test skips them.
+  indexing with CPU indices and masks, ops that need CPU arguments), first run on the H200. A case
+  added here has rows with ``verified_on: null`` and no verdict until a GPU runs it; the replay test
+  skips those.
 
     python benchmarks/mix_table.py                  # on a GPU: writes tests/data/mix-table.json
     MIX_DEVICE=cpu python benchmarks/mix_table.py   # a dry run of every case on the CPU, writes nothing
@@ -458,10 +460,13 @@ def cpu_arguments(case: str, variant: str) -> tuple[str, ...]:
 
 
 # -- the replay through placecheck's engines (CPU) ------------------------------------------------
-SYNC_CODES = frozenset({"PC204", "PC205"})
+SYNC_CODES = frozenset({"PC202", "PC204", "PC205"})
 """What a host synchronisation the GPU reports is, among findings: the host waits for the device
-(PC204) or a CPU tensor is copied to the device per call (PC205: a blocking host-to-device copy,
-which the sync debug mode reports as well)."""
+(PC204), or a CPU tensor is copied to the device per call (PC205: a blocking host-to-device copy, which
+the sync debug mode reports as well), or a tensor the row creates on the host is copied to the device
+(PC202: "a host allocation and a blocking host-to-device copy on every call"; the rows' CPU arguments are
+attributes, never created in forward, so a PC202 here is the row's own host tensor: ``y.to("cuda")``,
+``torch.as_tensor(y, device="cuda")``, a layer built in forward and moved)."""
 RAISE_CODES = frozenset({"PC201", "PC207"})
 """An op that crashes on the GPU: a device mismatch (PC201) or another error the GPU raises (PC207)."""
 
@@ -476,6 +481,11 @@ class Replayed:
     """A host synchronisation was reported (:data:`SYNC_CODES`)."""
     codes: tuple[str, ...]
     """The forward findings' codes, sorted."""
+    says: tuple[str, ...] = ()
+    """What the PC201 findings quote PyTorch as raising on a GPU (their messages' "this raises '...'")."""
+
+
+_QUOTE = "this raises '"
 
 
 class _Row(nn.Module):
@@ -489,8 +499,11 @@ class _Row(nn.Module):
         self.on_cpu = {k: builders[k]("cpu") for k in cpu_args}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        args = {k: self.on_cpu[k] if k in self.on_cpu else build(x.device) for k, build in self.builders.items()}
-        self.fn(args)
+        # the GPU ran each row with autograd on (the loss rows call backward()); an audit's forward runs
+        # under no_grad, so the row turns it back on
+        with torch.enable_grad():
+            args = {k: self.on_cpu[k] if k in self.on_cpu else build(x.device) for k, build in self.builders.items()}
+            self.fn(args)
         return x
 
 
@@ -506,7 +519,9 @@ def replay(case: str, variant: str, engine: str) -> Replayed:
                                   inputs=["float32[1]"], select=["PC2"], library_findings=True)
     codes = tuple(sorted({f.code for f in report.findings}))
     raised = bool(RAISE_CODES & set(codes))
-    return Replayed("raises" if raised else "ok", bool(SYNC_CODES & set(codes)), codes)
+    says = tuple(sorted({f.message.split(_QUOTE, 1)[1].removesuffix("'") for f in report.findings
+                         if f.code == "PC201" and _QUOTE in f.message}))
+    return Replayed("raises" if raised else "ok", bool(SYNC_CODES & set(codes)), codes, says)
 
 
 # -- the table ------------------------------------------------------------------------------------
@@ -560,8 +575,16 @@ def main(argv: list[str] | None = None) -> int:
               f"({TABLE.relative_to(ROOT)}) stands. MIX_DEVICE=cpu dry-runs the cases.")
         return 0
     rows = generate({**VERIFIED_CASES, **GROWN_CASES})
-    payload = {"provenance": {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-                              "date": datetime.date.today().isoformat(), "generator": "benchmarks/mix_table.py"},
+    # a row whose verdict the committed table already had keeps the first GPU that gave it
+    before = {(r["case"], r["variant"]): r for r in load()["rows"]} if TABLE.exists() else {}
+    verdict = ("outcome", "syncs", "type", "message")
+    for row in rows:
+        old = before.get((row["case"], row["variant"]))
+        if old and old.get("verified_on") and all(old.get(k) == row.get(k) for k in verdict):
+            row["first_verified_on"] = old.get("first_verified_on") or old["verified_on"]
+    payload = {"provenance": {"verified": f"every row: {verified_on()}, by benchmarks/mix_table.py",
+                              "first_verified": "first_verified_on: the GPU that first gave a row the same verdict",
+                              "torch": "the GPU's; tests/test_mix_table.py replays the rows with the project's torch"},
                "rows": rows}
     Path(args.out).write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
     print(f"wrote {len(rows)} rows to {args.out}")
