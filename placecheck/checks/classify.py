@@ -111,7 +111,7 @@ def index_ops() -> frozenset[Callable[..., Any]]:
     return _INDEX_OPS
 
 
-_CROSS_DEVICE_NAMES = frozenset({"copy_", "to", "type_as", "__setitem__", "set_",
+_CROSS_DEVICE_NAMES = frozenset({"copy_", "_foreach_copy_", "to", "type_as", "__setitem__", "set_",
                                  "_has_compatible_shallow_copy_type", "new_tensor", "__deepcopy__",
                                  "__reduce_ex__"})
 """Ops that legally take tensors on two devices: they copy between them."""
@@ -122,13 +122,36 @@ _SHAPE_ONLY_NAMES = frozenset({"expand_as", "view_as", "reshape_as", "result_typ
 
 _NO_CPU_SCALARS = frozenset({
     "clamp", "clamp_", "clip", "clip_", "clamp_min", "clamp_min_", "clamp_max", "clamp_max_",
-    "logaddexp", "logaddexp2", "nextafter", "nextafter_", "igamma", "igammac", "float_power", "float_power_",
+    "logaddexp", "logaddexp2", "nextafter", "nextafter_", "igamma", "igammac",
     "cat", "concat", "concatenate", "stack", "hstack", "vstack", "dstack", "column_stack",
 })
 """Ops that refuse a 0-dim CPU tensor beside CUDA ones, where ``add`` and most binary ops take it as a
 scalar. From PyTorch's ``native_functions.yaml``: their CUDA kernels lack ``device_check: NoCheck``, so
 every tensor argument's device is checked (a GPU raises for ``clamp(x, min=t)``, ``logaddexp(x, t)``
-and ``stack`` of 0-dim tensors: tests/data/mix-table.json); ``stack`` and friends reach ``cat``."""
+and ``stack`` of 0-dim tensors: tests/data/mix-table.json); ``stack`` and friends reach ``cat``.
+Not ``float_power``: it is composite (``pow`` of both converted to float64), and ``pow`` takes the
+scalar (the H200's rows ``grown float_power 0-dim other/self``)."""
+
+_NO_CPU_SCALAR_AT: dict[str, frozenset[int]] = {
+    "lerp": frozenset({1}), "lerp_": frozenset({1}),
+    "addcmul": frozenset({0, 1}), "addcmul_": frozenset({1}),
+    "addcdiv": frozenset({0, 1, 2}), "addcdiv_": frozenset({1, 2}),
+}
+"""Ops whose argument at these positions may not be a 0-dim CPU tensor beside CUDA ones, where the
+others may: ``lerp``'s ``end`` (its CUDA kernel asserts a CUDA tensor there, while a CPU ``weight`` is
+read as a scalar); ``addcmul``'s ``self`` and ``tensor1`` (ATen's ``PointwiseOpsKernel.cu`` refuses
+them; only ``tensor2`` has a CPU-scalar path); every tensor of ``addcdiv`` (no such path). The H200's
+rows ``grown in-place lerp_ 0-dim other``, ``lerp weight 0-dim``, ``grown scalar addcdiv`` and
+``grown scalar addcmul value tensor``."""
+
+_ANY_DEVICE_AT: dict[str, frozenset[int]] = {
+    "ctc_loss": frozenset({0, 1, 2, 3}),
+    "fill_": frozenset({0, 1}), "fill": frozenset({0, 1}),
+}
+"""Ops that take tensors on any devices at these positions: ``ctc_loss`` copies its targets and lengths to
+the device of ``log_probs`` (a CPU ``log_probs`` with CUDA targets and lengths runs on the CPU), and
+``fill_(value)`` reads a 0-dim ``value`` on another device with ``value.item()`` (ATen's ``Fill.cpp``;
+its only tensors are ``self`` and that 0-dim value). A CPU tensor there is legal (PC205 when it is copied)."""
 
 _IN_PLACE_DUNDERS = frozenset({"__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__",
                                "__imod__", "__ipow__", "__iand__", "__ior__", "__ixor__", "__ilshift__",
@@ -138,6 +161,7 @@ _IN_PLACE_DUNDERS = frozenset({"__iadd__", "__isub__", "__imul__", "__itruediv__
 _HOST_ARGUMENT_NAMES: dict[str, dict[int, str]] = {
     "_pack_padded_sequence": {1: "lengths"},
     "_pad_packed_sequence": {1: "batch_sizes"},
+    "tensor_split": {1: "tensor_indices_or_sections"},
 }
 """The names of :data:`_HOST_ARGUMENTS`, for a finding's message."""
 
@@ -152,10 +176,7 @@ _HOST_OUTPUTS: dict[str, frozenset[int]] = {"_pack_padded_sequence": frozenset({
 (``batch_sizes`` of a packed sequence; the ``lengths`` ``pad_packed_sequence`` returns, made with
 ``batch_sizes``' options in ATen's ``_pad_packed_sequence``)."""
 
-_CPU_ACCEPTED: dict[str, frozenset[int]] = {
-    **_HOST_ARGUMENTS,
-    "ctc_loss": frozenset({1, 2, 3}),  # targets, input_lengths, target_lengths may stay on the CPU
-}
+_CPU_ACCEPTED: dict[str, frozenset[int]] = {**_HOST_ARGUMENTS, **_ANY_DEVICE_AT}
 """Ops that accept a CPU tensor of any shape at these positions beside CUDA ones."""
 
 _PACKED_RNNS = frozenset({"lstm", "gru", "rnn_tanh", "rnn_relu"})
@@ -192,7 +213,8 @@ def legal_cpu_argument(func: Callable[..., Any], pos: int, t: torch.Tensor) -> b
     if pos == 1 and name in _PACKED_RNNS and t.dim() == 1 and t.dtype == torch.int64:
         return True  # a packed sequence's batch_sizes, on the CPU by design
     if t.dim() == 0:
-        return name not in _NO_CPU_SCALARS and not (pos == 0 and in_place(func))
+        return name not in _NO_CPU_SCALARS and pos not in _NO_CPU_SCALAR_AT.get(name, ()) \
+            and not (pos == 0 and in_place(func))
     return func in index_ops() and pos > 0 and not (pos == 2 and name in ("index_put_", "index_put"))
 
 
@@ -237,7 +259,32 @@ def offending_arguments(func: Callable[..., Any], tensors: list[tuple[int, torch
                         device: torch.device) -> list[tuple[int, torch.Tensor]]:
     """The tensors of a call on ``device`` that a GPU op could not take: off ``device`` and not a
     legal CPU scalar or index."""
-    return [(pos, t) for pos, t in tensors if t.device != device and not legal_cpu_argument(func, pos, t)]
+    return [(pos, t) for pos, t in tensors if t.device != device
+            and (not legal_cpu_argument(func, pos, t) or _written_value(func, pos, t))]
+
+
+def _written_value(func: Callable[..., Any], pos: int, t: torch.Tensor) -> bool:
+    """The value ``x[index] = value`` writes through tensor indices, when it is not a 0-dim scalar: it must
+    be on ``x``'s device (what ``index_put_`` checks), unlike an index."""
+    return pos == 2 and _name(func) == "__setitem__" and t.dim() > 0
+
+
+def _index_write_mixed(args: tuple[Any, ...]) -> bool:
+    """``x[index] = value`` mixes devices when ``index`` holds a tensor (advanced indexing: ATen's
+    ``index_put_``) and ``value`` is a tensor of more than 0 dimensions on another device than ``x``.
+    Indices may be on any device (a device mask writing into a CPU tensor is copied to the host, a CPU
+    index into a device tensor to the device), and so may a 0-dim value (read as a scalar). Without a
+    tensor index it is a copy (``copy_``), legal between devices. The H200's rows ``grown index setitem
+    *`` and ``setitem cpu value``."""
+    import torch
+
+    if len(args) < 3 or not isinstance(args[0], torch.Tensor):
+        return False
+    self, index, value = args[0], args[1], args[2]
+    items = index if isinstance(index, tuple) else (index,)
+    if not any(isinstance(i, torch.Tensor) for i in items):
+        return False
+    return isinstance(value, torch.Tensor) and value.dim() > 0 and value.device != self.device
 
 
 def _foreach_mixed(args: tuple[Any, ...]) -> bool:
@@ -246,8 +293,13 @@ def _foreach_mixed(args: tuple[Any, ...]) -> bool:
     import torch
 
     lists = [a for a in args if isinstance(a, list | tuple) and a and isinstance(a[0], torch.Tensor)]
+    # a tensor scalar (``_foreach_mul_(xs, s)``) meets every index: a CPU one must be 0-dim, which every
+    # device reads as a scalar; one on a device must share each index's device (the H200's rows
+    # ``grown foreach mul_ scalar tensor``: "scalar tensor is expected to be on cpu")
+    scalars = [a for a in args if isinstance(a, torch.Tensor)
+               and not (a.device.type == "cpu" and a.dim() == 0)]
     for column in zip(*lists, strict=False):
-        devices = {t.device for t in column if isinstance(t, torch.Tensor)}
+        devices = {t.device for t in (*column, *scalars) if isinstance(t, torch.Tensor)}
         if len(devices) > 1:
             return True
     return False
@@ -261,6 +313,8 @@ def mixes_devices(func: Callable[..., Any], tensors: list[tuple[int, torch.Tenso
     tensor, a copy between devices) do not count. ``args`` (the call's positional arguments) lets a
     ``torch._foreach_*`` call be judged index by index, as PyTorch groups its lists.
     """
+    if args is not None and _name(func) == "__setitem__":
+        return _index_write_mixed(args)
     if copies_between_devices(func):
         return False
     if args is not None and _name(func).startswith("_foreach_"):
@@ -271,25 +325,32 @@ def mixes_devices(func: Callable[..., Any], tensors: list[tuple[int, torch.Tenso
 
 def generator_off_device(args: tuple[Any, ...], kwargs: dict[str, Any], device: torch.device | None) -> Any:
     """The ``torch.Generator`` of a call that runs on ``device`` (the device of its tensors, or of its
-    ``device=``) when the generator is on another device type: a GPU raises "Expected a 'cuda' device
-    type for generator"; None when there is none."""
+    ``device=``; None: a factory given neither, which runs on the default device) when the generator is on
+    another device type: a GPU raises "Expected a 'cuda' device type for generator"; a CPU op given a
+    CUDA generator raises "Expected a 'cpu' device type for generator" (the H200's row ``grown generator
+    cpu op cuda generator device generator``); None when there is none."""
     import torch
 
-    if device is None or device.type in ("cpu", "meta"):
+    generators = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Generator)]
+    if not generators:
         return None
-    for a in (*args, *kwargs.values()):
-        if isinstance(a, torch.Generator) and a.device.type != device.type:
-            return a
-    return None
+    if device is None:
+        device = torch.get_default_device()
+    if device.type == "meta":
+        return None
+    return next((g for g in generators if g.device.type != device.type), None)
 
 
 def generator_refusal(args: tuple[Any, ...], kwargs: dict[str, Any], device: torch.device | None) -> str:
     """What a GPU raises for a call on ``device`` given a ``torch.Generator`` of another device type
     (:func:`generator_off_device`), in torch's words; "" when it raises nothing."""
+    import torch
+
     generator = generator_off_device(args, kwargs, device)
-    if generator is None or device is None:
+    if generator is None:
         return ""
-    return f"Expected a '{device.type}' device type for generator but found '{generator.device.type}'"
+    runs_on = device if device is not None else torch.get_default_device()
+    return f"Expected a '{runs_on.type}' device type for generator but found '{generator.device.type}'"
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:
@@ -371,6 +432,15 @@ _FAKE_LIMIT_TEXTS: tuple[tuple[str, str], ...] = (
     ("cannot access data pointer of tensor", "it reads a tensor's memory (data_ptr)"),
     (".numpy() is not supported for tensor subclasses", "it reads tensor values (.numpy())"),
     ("not available for 'meta' device type", "it reads a tensor's storage"),
+    # the fake kernels of exponential_, geometric_, cauchy_, log_normal_ are torch._refs, which refuse a
+    # generator argument (the H200 ran them with a CUDA generator)
+    ("generator is not supported in refs", "a random op's fake kernel refuses its generator argument"),
+    # an op that reads the values of a fake tensor in C++ (tensor_split's CPU indices made in the fake
+    # mode); fake tensors have no data
+    ("but its data is not allocated yet",
+     "an op reads the values of a tensor, which fake tensors do not hold"),
+    # fill_ of a CPU tensor from a 0-dim device tensor (ATen reads value.item(), the fake kernel refuses)
+    ("faketensor is wrapped to wrong device", "fake tensors cannot write a value from another device here"),
 )
 
 # Errors from code that needs a real CUDA driver, which no simulation here can give.
@@ -424,7 +494,7 @@ def fake_limit(exc: BaseException, assumed: bool = False) -> str:
             why = next((reason for needle, reason in _FAKE_LIMIT_TEXTS if needle in text), "")
         if why:
             break
-    if not why and assumed:
+    if not why and assumed and not is_device_error(exc):  # a GPU refuses that whatever the values
         why = (f"the forward raised {one_line(exc)} after ops that ran on assumed values (see the notes), "
                "which real values may not give")
     if not why:

@@ -65,6 +65,15 @@ def _tensor_indices(index: Any) -> list[Any]:
     return [i for i in items if isinstance(i, torch.Tensor | list)]
 
 
+def _device_index_into_host(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """A write into a CPU tensor through indices on a device (``x_cpu[mask_cuda] = 0.0``,
+    ``x_cpu.index_put_((i_cuda,), v)``): ATen copies the indices to the host first, and the host waits for
+    them (the H200's rows ``grown index setitem bool scalar`` / ``cpu: x`` and its siblings)."""
+    if len(args) < 2 or not isinstance(args[0], torch.Tensor) or args[0].device.type != "cpu":
+        return None
+    return next((t for _, t in classify.tensor_arguments((args[1],), {}) if on_device(t) is not None), None)
+
+
 def _boolean_mask_write(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
     """The boolean mask on the device a write ``x[mask] = v`` (``x.index_put_((mask,), v)``) selects with,
     when the write makes the host wait.
@@ -133,6 +142,43 @@ def _host_device_copy(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Te
     return None
 
 
+def _foreach_host_device_copy(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """``torch._foreach_copy_(dsts, srcs)`` with a pair between the host and a device, blocking: the host
+    waits for that copy, as for ``copy_`` (the H200's row ``grown foreach copy_`` / ``cpu: v``)."""
+    if len(args) < 2 or not isinstance(args[0], list | tuple) or not isinstance(args[1], list | tuple):
+        return None
+    blocking = not (args[2] if len(args) > 2 else kwargs.get("non_blocking", False))
+    for dst, src in zip(args[0], args[1], strict=False):
+        if blocking and isinstance(dst, torch.Tensor) and isinstance(src, torch.Tensor) \
+                and (dst.device.type == "cpu") != (src.device.type == "cpu"):
+            return on_device(dst) if on_device(dst) is not None else on_device(src)
+    return None
+
+
+def _fill_from_another_device(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """``x.fill_(value)`` with a 0-dim ``value`` on a device and ``x`` elsewhere: ATen's ``Fill.cpp``
+    reads it with ``value.item()`` (the H200's row ``grown in-place fill_ into 0-dim self`` / ``cpu: x``)."""
+    value = args[1] if len(args) > 1 else kwargs.get("value")
+    if not args or not isinstance(args[0], torch.Tensor) or not isinstance(value, torch.Tensor):
+        return None
+    return on_device(value) if value.device != args[0].device else None
+
+
+def _tensor_std(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """``torch.normal(mean, std)`` with a tensor ``std`` on a device: ATen checks on the host that it has
+    no NaN and no negative entry ("normal expects all elements of std >= 0.0"; two syncs in the H200's
+    rows ``grown generator normal tensors``)."""
+    std = args[1] if len(args) > 1 else kwargs.get("std")
+    return on_device(std)
+
+
+def _variance_on_device(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """``F.gaussian_nll_loss(input, target, var)``: ``torch.any(var < 0)`` decides a Python ``if`` in
+    torch/nn/functional.py (a sync the tracer cannot see: nested in a traced call)."""
+    var = args[2] if len(args) > 2 else kwargs.get("var")
+    return on_device(var)
+
+
 def _device_tensors_in_data(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor | None:
     """``torch.tensor([t1, t2])`` of device tensors: each element is read on the host."""
     data = args[0] if args else kwargs.get("data")
@@ -163,7 +209,12 @@ def _host_syncs() -> dict[Any, tuple[str, SyncProbe]]:
         torch.where: ("torch.where(condition)", _condition_only),
         T.bincount: (".bincount()", _subject), torch.bincount: ("torch.bincount", _subject),
         T.histc: (".histc()", _subject), torch.histc: ("torch.histc", _subject),
-        torch.nn.functional.ctc_loss: ("F.ctc_loss (reads the lengths on the host)", _subject),
+        torch.nn.functional.ctc_loss: ("F.ctc_loss (reads the lengths on the host)", _any_argument),
+        torch.nn.functional.gaussian_nll_loss: ("F.gaussian_nll_loss (checks var on the host)",
+                                                _variance_on_device),
+        torch.normal: ("torch.normal with a tensor std (checks it on the host)", _tensor_std),
+        T.fill_: (".fill_() with a 0-dim value on another device", _fill_from_another_device),
+        torch._foreach_copy_: ("torch._foreach_copy_ between host and device", _foreach_host_device_copy),
         T.masked_fill: (".masked_fill() with a 0-dim device value", _device_scalar_value),
         T.masked_fill_: (".masked_fill_() with a 0-dim device value", _device_scalar_value),
         torch.masked_fill: ("torch.masked_fill with a 0-dim device value", _device_scalar_value),
@@ -174,6 +225,13 @@ def _host_syncs() -> dict[Any, tuple[str, SyncProbe]]:
         reads = indexing is T.__getitem__
         table[indexing] = ("boolean-mask indexing", _boolean_mask) if reads else \
             ("boolean-mask assignment (index_put_ with a mask)", _boolean_mask_write)
+    # torch.linalg's own documentation (torch 2.14.1): "When inputs are on a CUDA device, this function
+    # synchronizes that device with the CPU" (it checks the LAPACK info on the host; the *_ex variants
+    # do not unless check_errors=True). The H200's row ``grown matmul linalg.solve``.
+    for name in ("cholesky", "eig", "eigh", "eigvals", "eigvalsh", "inv", "ldl_factor", "lu_factor",
+                 "matrix_rank", "pinv", "solve", "svdvals"):
+        table[getattr(torch.linalg, name)] = (f"torch.linalg.{name} (checks its result on the host)",
+                                              _any_argument)
     return table
 
 
@@ -186,9 +244,16 @@ _SCALAR_INDEXING: dict[Any, tuple[str, SyncProbe]] = {
 """Indexing that reads its index on the host (the same calls as boolean-mask indexing, another probe)."""
 
 
+_HOST_INDEX_WRITES: dict[Any, tuple[str, SyncProbe]] = {
+    indexing: ("writing into a CPU tensor through device indices", _device_index_into_host)
+    for indexing in classify.index_ops() if indexing is not torch.Tensor.__getitem__}
+"""Index writes into a CPU tensor with indices on a device (the same calls, another probe); reading
+``x_cpu[i_cuda]`` raises instead (a mismatch)."""
+
+
 def host_sync(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, torch.Tensor] | None:
     """``(name, device tensor waited on)`` when this call makes the host wait for the device, else None."""
-    for table in (HOST_SYNCS, _SCALAR_INDEXING):
+    for table in (HOST_SYNCS, _SCALAR_INDEXING, _HOST_INDEX_WRITES):
         entry = table.get(func)
         if entry is not None:
             waited_on = entry[1](args, kwargs)

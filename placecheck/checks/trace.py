@@ -416,7 +416,8 @@ class Tracer:
         lengths) on the device. Recorded, then the call goes on with it fixed."""
         device = self._call_device(kwargs, tensors)
         generator = classify.generator_off_device(args, kwargs, device)
-        if generator is not None and device is not None:
+        if generator is not None:
+            device = device or torch.get_default_device()  # a factory with neither runs there
             self._record_mismatch(func, "generator", str(generator.device), None,
                                   (str(generator.device), str(device)), refused="generator",
                                   expected=str(device))
@@ -483,7 +484,7 @@ class Tracer:
             devices = sorted({str(t.device) for _, t in off} | {self.target_name})
             site = self._site(sys._getframe())
             moved: dict[int, torch.Tensor] = {}
-            for _, t in offending:
+            for pos, t in offending:
                 prov = self.provenance(t)
                 self.prov.mark(prov, "fed_mismatch")
                 stages = self.flows.stages(t) if self.flows is not None else None
@@ -492,7 +493,7 @@ class Tracer:
                     self._recorded.add(key)
                     self.events.append(Mismatch(op_name(func), tuple(devices), str(t.device), site, prov,
                                                 _dtype(t), _shape(t), expected=self.target_name,
-                                                stages=stages))
+                                                stages=stages, argument=pos))
                 moved[id(t)] = self._move(t)
             args, kwargs = classify.replace_tensors(args, moved), classify.replace_tensors(kwargs, moved)
             try:
