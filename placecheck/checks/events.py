@@ -34,6 +34,9 @@ class Mismatch:
     """Not two tensors' devices but one argument a GPU refuses there: ``generator`` (a ``torch.Generator``
     on ``device``, another device type than the op's ``expected``), or the name of an argument the op
     needs on the CPU (``lengths``), which is on ``device``."""
+    argument: int | None = None
+    """The position in the call of the argument holding the offending tensor (None: not known): which
+    text PyTorch raises depends on it in some op families (``placecheck.basics.gpu_errors``)."""
 
 
 @dataclass

@@ -243,7 +243,8 @@ def _mismatch(event: Mismatch, target: str) -> Finding:
         event.op, event.devices, event.device, _tensor(event.dtype, event.shape), _came_from(prov),
         created_on=event.device if prov.creation else "", lazy=prov.lazy,
         linked_hint=prov.linked.hint if prov.linked else "", attribute=prov.path,
-        stages=(from_stage, to_module, target) if event.stages is not None else None)
+        stages=(from_stage, to_module, target) if event.stages is not None else None,
+        argument=event.argument, dtype=event.dtype)
     details = [("op", event.op), ("devices", ", ".join(event.devices))]
     if event.stages is not None:
         details.append(("stages", f"{from_stage or '(root)'} ({event.device}) -> {to_module or '(root)'} "

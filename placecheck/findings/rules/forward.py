@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from placecheck.basics.devices import human_bytes
+from placecheck.basics.gpu_errors import gpu_error
 from placecheck.basics.values import Device
 from placecheck.findings.codes import Code
 from placecheck.findings.rules.registry import E, W, declare
@@ -78,18 +79,23 @@ def landed_on(device: str) -> str:
 
 def device_mismatch(op: str, devices: Sequence[str], device: str, tensor: str, origin_text: str, *,
                     created_on: str = "", lazy: bool = False, linked_hint: str = "",
-                    attribute: str = "", stages: tuple[str, str, str] | None = None) -> tuple[str, str]:
-    """PC201: ``op`` mixed ``devices``; its ``tensor`` argument was on ``device``. The hint follows where
+                    attribute: str = "", stages: tuple[str, str, str] | None = None,
+                    argument: int | None = None, dtype: str = "") -> tuple[str, str]:
+    """PC201: ``op`` mixed ``devices``; its ``tensor`` argument (at position ``argument`` of the call, of
+    ``dtype``) was on ``device``. The message quotes what PyTorch raises there on a GPU
+    (:func:`placecheck.basics.gpu_errors.gpu_error`). The hint follows where
     that tensor came from: created in forward on ``created_on``, a lazily built layer, a walk finding
     (its hint), or a plain ``attribute``. ``stages`` (``--device keep``) is (the stage that produced the
     tensor, the stage that received it, that stage's device): the two sides of a model-parallel mix."""
+    other = next((d for d in devices if d != device), device)
+    says = gpu_error(op, device, other, argument=argument, dtype=dtype)
     if stages is not None and not (created_on or lazy or linked_hint or attribute):
         produced_by, used_by, used_on = stages
         side = ("the forward's input" if produced_by == "(input)" else
                 f"stage {produced_by!r}" if produced_by else "the root module's forward")
         message = (f"{op} mixed {' and '.join(devices)}: its {tensor} argument comes from {side} on "
                    f"{device}, and {f'stage {used_by!r}' if used_by else 'the root module'} runs on "
-                   f"{used_on}; on the GPUs this raises 'Expected all tensors to be on the same device'")
+                   f"{used_on}; on the GPUs this raises '{says}'")
         where = f"where it enters stage {used_by!r}" if used_by else "before the call"
         return message, (f"move the activation between the stages, {where}: h = h.to({used_on!r}) "
                          "(or h.to(<a parameter of that stage>.device))")
@@ -108,7 +114,7 @@ def device_mismatch(op: str, devices: Sequence[str], device: str, tensor: str, o
     else:
         hint = "move the tensor to the input's device where it is created"
     message = (f"{op} mixed {' and '.join(devices)}: its {tensor} argument is on {device}{origin_text}; "
-               "on a GPU this raises 'Expected all tensors to be on the same device'")
+               f"on a GPU this raises '{says}'")
     return message, hint
 
 

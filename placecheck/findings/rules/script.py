@@ -10,6 +10,7 @@ Shared machinery (the rule table, the severity policy) is :mod:`.registry`'s. No
 from __future__ import annotations
 
 from placecheck.basics.devices import human_bytes
+from placecheck.basics.gpu_errors import gpu_error
 from placecheck.findings.codes import Code
 from placecheck.findings.rules.registry import W, declare
 
@@ -60,8 +61,8 @@ def script_device_mismatch(op: str, reference: str, device: str, tensor: str, *,
     else:
         what = named
         hint = f"move it to {reference} before this op (tensor.to(device))"
-    return (f"{op} mixed {reference} and {device}: {what} is on {device}; on a GPU this raises 'Expected "
-            "all tensors to be on the same device'", hint)
+    return (f"{op} mixed {reference} and {device}: {what} is on {device}; on a GPU this raises "
+            f"'{gpu_error(op, device, reference)}'", hint)
 
 
 def layer_built_in_forward(type_name: str, name: str, owner: str, devices: str,
