@@ -227,6 +227,34 @@ def state_bytes(target: Target) -> int | None:
         return None
 
 
+SIMULATED_GPUS = 8
+"""How many GPUs :func:`gpus_needed` simulates while it builds a target to see which it uses."""
+
+
+def gpus_needed(target: Target) -> int:
+    """How many GPUs the target's own code places tensors on (``pipeline:BuggyPipeline`` puts its second
+    stage on ``cuda:1``: 2); 1 for a model the audit moves to one device, a script, or a target that does
+    not build on simulated CUDA. Built on :data:`SIMULATED_GPUS` simulated GPUs, as ``audit --device
+    keep`` builds it: the devices its tensors are on decide, never its name."""
+    if target.script is not None:
+        return 1
+    from placecheck.engines.engine import simulated_cuda
+    from placecheck.placement.placed import devices_used, highest_gpu
+
+    try:
+        with _quiet(), simulated_cuda(gpus=SIMULATED_GPUS):
+            return max(1, highest_gpu(devices_used(target.factory())) + 1)
+    except Exception:
+        return 1
+
+
+def gpus_present() -> int:
+    """The CUDA GPUs this machine has (0 without CUDA)."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 def room_for(engine: str) -> int | None:
     """Bytes an engine that holds the weights can give them: the GPU's free memory for ``real``,
     half the available host memory for ``tagged`` (as ``--init auto`` judges); None for ``fake``."""
@@ -244,13 +272,19 @@ def room_for(engine: str) -> int | None:
 def audit(target: Target, engine: str) -> Audit:
     """``target`` audited for ``cuda`` on ``engine``; an audit that raises is kept as its error.
 
-    A model whose weights do not fit where ``engine`` keeps them (``llama_70b`` on one GPU) is
-    skipped, not allocated: :attr:`Audit.skipped` says why.
+    A model whose weights do not fit where ``engine`` keeps them (``llama_70b`` on one GPU), or whose
+    code places tensors on more GPUs than the machine has (``pipeline:BuggyPipeline`` on one), is
+    skipped on the real engine, not run: :attr:`Audit.skipped` says why.
     """
     import placecheck
 
     if target.script is not None:
         return run_script(target.script, engine)
+    if engine == "real":  # the reference cannot place a model on GPUs the machine lacks
+        need, have = gpus_needed(target), gpus_present()
+        if need > have:
+            return Audit(engine, [], 0.0, skipped=f"its code places tensors on {need} GPUs (cuda:0 to "
+                                                   f"cuda:{need - 1}); this machine has {have}")
     room = room_for(engine)
     if room is not None:
         need = state_bytes(target)

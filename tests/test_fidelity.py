@@ -170,3 +170,45 @@ def test_a_real_script_run_gives_its_crash_line(tmp_path: Path) -> None:
     fine = tmp_path / "fine.py"
     fine.write_text("x = 1\n")
     assert fidelity.run_script(fine, "real").rows == []
+
+
+def test_a_model_placed_on_more_gpus_than_the_machine_has_is_skipped_with_the_reason(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The H200 (one GPU) could not run ``pipeline:*Pipeline`` for real ("invalid device ordinal"): the
+    reference is skipped there, with how many GPUs the model's own code uses, and compared where it fits."""
+    targets = {t.name: t for t in fidelity.example_targets()}
+    pipeline, single = targets["pipeline:BuggyPipeline"], _fixtures("forward/pc201_plain_attribute")[0]
+    assert fidelity.gpus_needed(pipeline) == fidelity.gpus_needed(targets["pipeline:FixedPipeline"]) == 2
+    assert fidelity.gpus_needed(single) == 1
+    monkeypatch.setattr(fidelity, "gpus_present", lambda: 1)
+    skipped = fidelity.audit(pipeline, "real")
+    assert skipped.skipped == "its code places tensors on 2 GPUs (cuda:0 to cuda:1); this machine has 1"
+    assert skipped.rows == [] and not skipped.error
+    monkeypatch.setattr(fidelity, "gpus_present", lambda: 2)
+    monkeypatch.setattr(fidelity, "room_for", lambda engine: None)
+    tried = fidelity.audit(pipeline, "real")  # two GPUs: audited (here it fails: this machine has none)
+    assert tried.skipped == "" and "no CUDA GPU" in tried.error
+
+
+H200 = REPO / "benchmarks" / "results" / "gpu-h200-2026-11-27"
+
+
+def test_the_h200s_disagreements_are_documented_limits_or_need_a_second_gpu() -> None:
+    """The committed H200 run (torch 2.11.0+cu130, 2026-11-27): every disagreement is a documented limit
+    (placecheck.basics.limits) or a target whose own code places tensors on more GPUs than the H200 had,
+    which the reference now skips; every documented limit of a target it ran still differs there."""
+    from placecheck.basics.limits import fidelity_limits
+
+    known = fidelity_limits()
+    payloads = [json.loads((H200 / name).read_text(encoding="utf-8"))
+                for name in ("fidelity-core.json", "fidelity-zoo.json")]
+    examples = {t.name: t for t in fidelity.example_targets()}
+    for payload in payloads:
+        assert payload["machine"]["gpu"] == "NVIDIA H200" and payload["machine"]["torch"] == "2.11.0+cu130"
+        for d in payload["disagreements"]:
+            if (d["target"], d["engine"]) not in known:
+                assert d["target"] in examples and fidelity.gpus_needed(examples[d["target"]]) > 1, d
+    ran = {name for payload in payloads for name in payload["results"]}
+    differ = {(d["target"], d["engine"]) for payload in payloads for d in payload["disagreements"]}
+    assert {k for k in known if k[0] in ran} <= differ
+    assert len([k for k in known if k[0] in ran]) == 7  # the detection models of the torchvision zoo
