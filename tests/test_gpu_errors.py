@@ -67,3 +67,37 @@ def test_a_pc201_message_quotes_its_ops_family() -> None:
     assert message.endswith(f"on a GPU this raises '{SAME_DEVICE}'")
     script, _ = rules.script_device_mismatch("torch.conv2d", "cuda:0", "cpu", "a cpu tensor (3, 4, 3, 3)")
     assert f"raises 'Input type ({ANY}) and {ANY} type ({ANY}) should be the same'" in script
+
+
+# First lines from a device check of this branch on an NVIDIA H200 (torch 2.11.0+cu130, 2026-11-27) for
+# the placements the truth table has no row for: (op, argument, offending device, the others' device,
+# dtype) -> what the GPU raised.
+H200_CHECKED = [
+    ("torch.lstm", 0, "cpu", "cuda:0", "float32",
+     "Input and parameter tensors are not at the same device, found input tensor at cpu and parameter tensor "
+     "at cuda:0"),
+    ("torch.gru", 2, "cpu", "cuda:0", "float32",
+     "Input and parameter tensors are not at the same device, found input tensor at cuda:0 and parameter "
+     "tensor at cpu"),
+    ("torch.conv2d", 0, "cpu", "cuda:0", "float32",
+     "Expected all tensors to be on the same device, but got weight is on cuda:0, different from other "
+     "tensors on cpu (when checking argument in method wrapper_CUDA___slow_conv2d_forward)"),
+    ("torch.conv2d", 2, "cpu", "cuda:0", "float32",
+     "Input type (torch.cuda.FloatTensor) and bias type (torch.FloatTensor) should be the same"),
+    ("torch.conv2d", 1, "cpu", "cuda:0", "float16",
+     "Input type (torch.cuda.HalfTensor) and weight type (torch.HalfTensor) should be the same"),
+    ("Tensor.masked_fill", 0, "cpu", "cuda:0", "float32",
+     "expected self and mask to be on the same device, but got mask on cuda:0 and self on cpu"),
+    ("Tensor.masked_fill_", 1, "cpu", "cuda:0", "float32",
+     "expected self and mask to be on the same device, but got mask on cpu and self on cuda:0"),
+    ("torch.take_along_dim", 0, "cpu", "cuda:0", "float32",
+     "Expected tensor to have cpu Device, but got tensor with cuda:0 Device (while checking arguments for "
+     "torch.take_along_dim():)"),
+]
+
+
+@pytest.mark.parametrize("op, argument, device, other, dtype, gpu", H200_CHECKED,
+                         ids=[f"{c[0]}-{c[1]}" for c in H200_CHECKED])
+def test_the_quotes_checked_on_the_h200_beyond_the_table(op: str, argument: int, device: str, other: str,
+                                                         dtype: str, gpu: str) -> None:
+    assert matches(gpu_error(op, device, other, argument=argument, dtype=dtype), gpu)

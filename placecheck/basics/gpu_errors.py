@@ -15,11 +15,14 @@ The families, with PyTorch's first line for a CPU tensor meeting CUDA ones (as t
 - recurrent (``torch.lstm``, ``torch.gru``, ``torch.rnn_tanh``, ``torch.rnn_relu``): "Input and hidden
   tensors are not at the same device, found input tensor at cuda:0 and hidden tensor at cpu"
   (``parameter`` for the input against a weight: ATen's ``RNN.cpp``, ``check_attributes``);
-- convolution (``torch.conv1d`` ... ``torch.conv_transpose3d``, ``torch.convolution``): "Input type
-  (torch.cuda.FloatTensor) and weight type (torch.FloatTensor) should be the same" (``bias type``);
-- masked_fill (``Tensor.masked_fill(_)``, ``torch.masked_fill``), its mask: "expected self and mask to be
-  on the same device, but got mask on cpu and self on cuda:0"; ``masked_fill_``'s self: "masked_fill_:
-  Expected inputs to be on same device";
+- convolution (``torch.conv1d`` ... ``torch.conv_transpose3d``, ``torch.convolution``), its weight or
+  bias: "Input type (torch.cuda.FloatTensor) and weight type (torch.FloatTensor) should be the same"
+  (``bias type``); a CPU input gets the generic text below;
+- masked_fill (``Tensor.masked_fill(_)``, ``torch.masked_fill``): "expected self and mask to be on the
+  same device, but got mask on cpu and self on cuda:0"; ``masked_fill_`` of a CPU self given a device
+  value: "masked_fill_: Expected inputs to be on same device" (a CPU self given a device mask gets the
+  first text on a GPU, which this quote does not tell apart: the arguments' devices are not all known
+  here);
 - take_along_dim: "Expected tensor to have cuda:0 Device, but got tensor with cpu Device (while
   checking arguments for torch.take_along_dim():)";
 - multi_dot (``torch.linalg.multi_dot``, ``torch.chain_matmul``): "multi_dot(): all tensors must be on
@@ -92,15 +95,14 @@ def gpu_error(op: str, device: str, other: str, *, argument: int | None = None, 
             what = "weight" if argument == 1 else "bias"
             return (f"Input type ({_legacy_type(other, dtype)}) and {what} type "
                     f"({_legacy_type(device, dtype)}) should be the same")
-        if argument == 0:
-            return (f"Input type ({_legacy_type(device, dtype)}) and weight type "
-                    f"({_legacy_type(other, dtype)}) should be the same")
+        if argument == 0:  # a CPU input meets the device weight in ATen's own device check
+            return SAME_DEVICE
         return f"Input type ({ANY}) and {ANY} type ({ANY}) should be the same"
-    if op in _MASKED_FILL and argument == 1:  # the mask
-        return (f"expected self and mask to be on the same device, but got mask on {device} and self "
-                f"on {other}")
-    if op == "Tensor.masked_fill_" and argument == 0:  # a CPU self (a 0-dim one) given a device value
+    if op == "Tensor.masked_fill_" and argument == 0:  # a CPU self given a device value
         return "masked_fill_: Expected inputs to be on same device"
+    if op in _MASKED_FILL and argument in (0, 1):
+        mask, self = (device, other) if argument == 1 else (other, device)
+        return f"expected self and mask to be on the same device, but got mask on {mask} and self on {self}"
     if op in _TAKE_ALONG_DIM:
         expected, got = (device, other) if argument == 0 else (other, device)
         if argument is None:
