@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from placecheck.basics.gpu_errors import ANY, SAME_DEVICE, gpu_error, matches
+from placecheck.basics.gpu_errors import ANY, OR, SAME_DEVICE, gpu_error, matches
 from placecheck.findings import rules
 
 TABLE = Path(__file__).resolve().parent / "data" / "mix-table.json"
@@ -29,7 +29,15 @@ def _gpu_says(case: str, variant: str) -> str:
     ("conv1d bias", "cpu: b", "torch.conv1d", 2, "cpu", "cuda:0"),
     ("masked_fill mask", "cpu: m", "Tensor.masked_fill", 1, "cpu", "cuda:0"),
     ("take_along_dim", "cpu: i", "torch.take_along_dim", 1, "cpu", "cuda:0"),
-    ("grown matmul chain_matmul", "cpu: y", "torch.linalg.multi_dot", 1, "cpu", "cuda:0"),
+    ("grown matmul chain_matmul", "cpu: y", "torch.linalg_multi_dot", 1, "cpu", "cuda:0"),
+    ("grown index getitem long", "cpu: x", "Tensor.__getitem__", 0, "cpu", "cuda:0"),
+    ("grown index index_put accumulate", "cpu: v", "Tensor.index_put_", 2, "cpu", "cuda:0"),
+    ("index_put cpu index", "cpu: v", "Tensor.index_put_", 2, "cpu", "cuda:0"),
+    ("grown in-place lerp_ 0-dim other", "cpu: y", "Tensor.lerp_", 1, "cpu", "cuda:0"),
+    ("lerp_ cpu shadow", "cpu: p", "Tensor.lerp_", 1, "cpu", "cuda:0"),
+    ("grown foreach mul_ scalar tensor", "cpu: x, y, u, v", "torch._foreach_mul_", 0, "cpu", "cuda:0"),
+    ("grown foreach mul_ scalar tensor", "cpu: y, v", "torch._foreach_mul_", 0, "cpu", "cuda:0"),
+    ("grown in-place masked_fill_ into 0-dim self", "cpu: x", "Tensor.masked_fill_", 0, "cpu", "cuda:0"),
     ("add", "cpu: y", "Tensor.add", 1, "cpu", "cuda:0"),
     ("linear", "cpu: w", "F.linear", 1, "cpu", "cuda:0"),
 ])
@@ -55,6 +63,7 @@ def test_matches_is_a_pattern_not_a_substring() -> None:
     assert not matches(f"Expected all tensors {ANY} devices, cpu and cuda:0!", line)
     assert not matches("all tensors to be on the same device", line)  # from the start only
     assert not matches(SAME_DEVICE, _gpu_says("conv2d weight", "cpu: w"))
+    assert matches(f"no such text{OR}{SAME_DEVICE}", line) and not matches(f"no such text{OR}nor this", line)
 
 
 def test_a_pc201_message_quotes_its_ops_family() -> None:

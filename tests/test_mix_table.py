@@ -105,15 +105,23 @@ def test_a_replay_can_disagree() -> None:
     assert not mix_table.agrees(synced, mix_table.Replayed("ok", False, ()))
 
 
+GRAD_ASSIGNMENT = "attempting to assign a gradient with device type"
+"""The rows (an optimizer's parameter on the CPU, its gradient on the device) where the GPU raises at
+``p.grad = g``, which placecheck does not check: its PC201 is the first op of the step that mixes them (the
+same verdict, another op, so another text)."""
+
+
 @pytest.mark.parametrize("engine", ENGINES)
 def test_each_pc201_quotes_what_the_gpu_raised_for_that_op(engine: str) -> None:
     """Issue 42 item 9: a PC201's message quotes PyTorch's own first line for its op's family
     (placecheck.basics.gpu_errors), which must match what the GPU raised in that row, modulo device
     indices; the decision itself stays with the devices."""
+    documented = {(case, variant) for case, variant, _ in mix_table_limits()}  # differ there: a limit
     checked, wrong = 0, []
     for row in ROWS:
         got = _replays(engine)[(row["case"], row["variant"])]
-        if row["outcome"] != "raises" or not got.says:
+        if row["outcome"] != "raises" or not got.says or row["message"].startswith(GRAD_ASSIGNMENT) \
+                or (row["case"], row["variant"]) in documented:
             continue
         checked += 1
         wrong += [(row["case"], row["variant"], says, row["message"]) for says in got.says

@@ -27,6 +27,11 @@ The families, with PyTorch's first line for a CPU tensor meeting CUDA ones (as t
   checking arguments for torch.take_along_dim():)";
 - multi_dot (``torch.linalg.multi_dot``, ``torch.chain_matmul``): "multi_dot(): all tensors must be on
   the same device but tensor 0 is on cuda:0 and tensor 1 on cpu";
+- indexing a CPU tensor with device indices: "indices should be either on cpu or on the same device as
+  the indexed tensor (cpu)"; ``index_put_``'s values: "expected device cuda:0 but got device cpu for
+  value tensor" (``accumulate=True``) or the generic text; ``lerp``'s ``end``: the generic text, or for
+  a 0-dim CPU one "iter.device(arg).is_cuda() INTERNAL ASSERT FAILED"; a ``_foreach_*`` op: the generic
+  text, or "scalar tensor is expected to be on cpu but is on cuda:0" (CPU lists, a device scalar);
 - every other op: "Expected all tensors to be on the same device, but found at least two devices,
   cuda:0 and cpu!" (an elementwise op's TensorIterator) or "..., but got mat2 is on cpu, different from
   other tensors on cuda:0 (when checking argument in method wrapper_CUDA_mm)" (an op's own check).
@@ -44,6 +49,10 @@ from placecheck.basics.values import Device
 ANY = "…"
 """What a quote shows where only the op's ATen arguments decide the text; :func:`matches` takes any text."""
 
+OR = "' or '"
+"""Between two texts the op raises depending on what is not known here (a quote shows them as ``'A' or
+'B'``); :func:`matches` takes either."""
+
 SAME_DEVICE = "Expected all tensors to be on the same device"
 """Every op with no family of its own: the TensorIterator's text (elementwise ops: "..., but found at least
 two devices, cuda:0 and cpu!") and the device check ATen generates for an op's arguments ("..., but got
@@ -57,7 +66,8 @@ _CONVOLUTIONS = frozenset({f"torch.{name}" for name in (
         "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d")})
 _MASKED_FILL = frozenset({"Tensor.masked_fill", "Tensor.masked_fill_", "torch.masked_fill"})
 _TAKE_ALONG_DIM = frozenset({"torch.take_along_dim", "Tensor.take_along_dim"})
-_MULTI_DOT = frozenset({"torch.linalg.multi_dot", "torch.chain_matmul"})
+_MULTI_DOT = frozenset({"torch.linalg.multi_dot", "torch.linalg_multi_dot", "torch.chain_matmul"})
+_LERP = frozenset({"torch.lerp", "Tensor.lerp", "Tensor.lerp_"})
 
 _LEGACY_TYPES = {"float32": "Float", "float64": "Double", "float16": "Half", "bfloat16": "BFloat16",
                  "int64": "Long", "int32": "Int", "int16": "Short", "int8": "Char", "uint8": "Byte",
@@ -98,8 +108,9 @@ def gpu_error(op: str, device: str, other: str, *, argument: int | None = None, 
         if argument == 0:  # a CPU input meets the device weight in ATen's own device check
             return SAME_DEVICE
         return f"Input type ({ANY}) and {ANY} type ({ANY}) should be the same"
-    if op == "Tensor.masked_fill_" and argument == 0:  # a CPU self given a device value
-        return "masked_fill_: Expected inputs to be on same device"
+    if op == "Tensor.masked_fill_" and argument == 0:  # a CPU self: given a device value, or a device mask
+        return ("masked_fill_: Expected inputs to be on same device" + OR + "expected self and mask to be on "
+                f"the same device, but got mask on {other} and self on {device}")
     if op in _MASKED_FILL and argument in (0, 1):
         mask, self = (device, other) if argument == 1 else (other, device)
         return f"expected self and mask to be on the same device, but got mask on {mask} and self on {self}"
@@ -111,6 +122,15 @@ def gpu_error(op: str, device: str, other: str, *, argument: int | None = None, 
                 "checking arguments for torch.take_along_dim():)")
     if op in _MULTI_DOT:
         return f"multi_dot(): all tensors must be on the same device but tensor 0 is on {ANY}"
+    if op == "Tensor.__getitem__" and argument == 0:  # a CPU tensor indexed with device indices
+        return f"indices should be either on cpu or on the same device as the indexed tensor ({device})"
+    if op in ("Tensor.index_put_", "Tensor.index_put", "torch.index_put") and argument == 2:
+        # the values: accumulate=True checks them itself; otherwise the TensorIterator does
+        return f"expected device {other} but got device {device} for value tensor" + OR + SAME_DEVICE
+    if op in _LERP and argument == 1:  # a 0-dim CPU end reaches the CUDA kernel, which asserts
+        return SAME_DEVICE + OR + "iter.device(arg).is_cuda() INTERNAL ASSERT FAILED"
+    if op.startswith("torch._foreach_"):  # lists on the CPU given a device scalar tensor
+        return SAME_DEVICE + OR + f"scalar tensor is expected to be on cpu but is on {other}"
     return SAME_DEVICE
 
 
@@ -124,9 +144,13 @@ def _normal(text: str) -> str:
 
 
 def matches(quote: str, first_line: str) -> bool:
-    """True when a GPU's ``first_line`` is what ``quote`` says, modulo device indices: the quote's text
-    between its ``…`` appears in that order, the first part at the start (a quote may stop before the end
-    of the line)."""
+    """True when a GPU's ``first_line`` is what ``quote`` says, modulo device indices: the text of one of
+    its alternatives (:data:`OR`) between its ``…`` appears in that order, the first part at the start (a
+    quote may stop before the end of the line)."""
+    return any(_matches_one(alternative, first_line) for alternative in quote.split(OR))
+
+
+def _matches_one(quote: str, first_line: str) -> bool:
     parts = _normal(quote).split(ANY)
     line = _normal(first_line)
     if not line.startswith(parts[0]):
