@@ -200,8 +200,8 @@ def host_argument_on_device(op: str, argument: str, tensor: str, device: str) ->
     """PC201 of an ``argument`` (``lengths``) that ``op`` needs on the CPU, given on ``device``."""
     return (f"{op} needs its {argument} argument ({tensor}) on the CPU, but it is on {device}: a GPU raises "
             "here (the data may be on the device; this argument may not)",
-            f"keep {argument} on the CPU ({argument}.cpu(), or a list of ints): PyTorch reads it on the host "
-            "to lay out the packed batch")
+            f"keep {argument} on the CPU ({argument}.cpu(), or a list of ints): PyTorch reads it on the host"
+            + (" to lay out the packed batch" if argument in ("lengths", "batch_sizes") else ""))
 
 
 def device_mismatch_untraced(phase: str, error: str) -> tuple[str, str]:
