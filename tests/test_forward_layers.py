@@ -6,7 +6,8 @@ error means) < host_syncs (the calls that make the host wait) < calls (the one r
 placement call) < cudaapi (the simulated
 torch.cuda API) < dispatch (the one torch function mode, each call a typed Call to its subscribers)
 < tagged (the real-valued engine) < shortcuts (ops made from metadata where
-torch's fake path is slow) < datadep (fake tensors' data-dependent ops) < reuse (identical
+torch's fake path is slow) < sparse (sparse ops on the fake engine's GPU) < datadep (fake tensors'
+data-dependent ops) < reuse (identical
 module calls run once) < engine < provenance < events < hostcopies (non-blocking host copies)
 < forward_checks < trace. Each module may import only modules below it (and placecheck's
 torch-free basics); zoo imports no placecheck module, so inputs can import it.
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.cpu_build  # runs on the CPU-only torch build too (Make
 
 PACKAGE = Path(__file__).parents[1] / "placecheck"
 ORDER = ["compat", "callbacks", "sources", "classify", "host_syncs", "calls", "cudaapi", "dispatch", "tagged",
-         "shortcuts",
+         "shortcuts", "sparse",
          "datadep", "reuse", "engine", "provenance", "events", "hostcopies", "forward_checks", "trace"]
 BASICS = {"errors", "values", "patching", "finding", "codes", "rules", "devices", "walk", "options",
           "placement"}

@@ -33,7 +33,7 @@ from placecheck.engines.compat import (
 )
 from placecheck.engines.cudaapi import current_index
 from placecheck.engines.datadep import on_host
-from placecheck.engines.tagged import SimulatedTensor
+from placecheck.engines.tagged import SimulatedTensor, untagged
 
 if typing.TYPE_CHECKING:
     from placecheck.run.session import Recording
@@ -80,7 +80,7 @@ def _plain(t: torch.Tensor) -> torch.Tensor:
     its shape, strides and dtype."""
     if isinstance(t, SimulatedTensor):
         with DisableTorchFunctionSubclass():
-            return t.as_subclass(torch.Tensor)
+            return untagged(t)  # (a sparse one too: it has no storage for as_subclass)
     if isinstance(t, FakeTensor):
         with on_host():  # no mode of the run's: a plain meta tensor, which pickles
             return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
