@@ -34,20 +34,22 @@ from placecheck.run import run
 
 pytestmark = [pytest.mark.compat]
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures" / "sparse"
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+PAIR_DIRECTORY = {"gcn": "sparse", "variable": "legacy"}
 ENGINES = ("tagged", "fake")
 PAIRS = ("gcn", "variable")
 
 
 def script(name: str) -> str:
-    """A fixture's path as the user would type it from the working directory."""
-    return os.path.relpath(FIXTURES / name)
+    """A fixture's path (``gcn_fixed.py``: in ``sparse/``) as the user would type it from the working
+    directory."""
+    return os.path.relpath(FIXTURES / PAIR_DIRECTORY[name.partition("_")[0]] / name)
 
 
 def expected(name: str, command: str = "run") -> set[tuple[str, str]]:
     """(code, source) of every ``# expect PCnnn`` comment (``# expect PCnnn audit``: only ``audit``)."""
     found = set()
-    for number, text in enumerate((FIXTURES / name).read_text().splitlines(), 1):
+    for number, text in enumerate(Path(script(name)).read_text().splitlines(), 1):
         for code, only in re.findall(r"# expect (PC\d{3})(?: (audit|run))?", text):
             if only in ("", command):
                 found.add((code, f"{script(name)}:{number}"))
@@ -62,7 +64,7 @@ def serious(report: Report) -> set[tuple[str, str]]:
 
 def graph_net(name: str) -> type:
     """``GraphNet`` of fixture ``name``, imported (its ``__main__`` part does not run)."""
-    spec = importlib.util.spec_from_file_location(f"sparse_{name.removesuffix('.py')}", FIXTURES / name)
+    spec = importlib.util.spec_from_file_location(f"sparse_{name.removesuffix('.py')}", script(name))
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -60,6 +60,7 @@ from placecheck.checks.classify import (
     refused_on_device,
     tensor_arguments,
 )
+from placecheck.engines.autocast import on_gpu, simulated_autocast
 from placecheck.engines.callbacks import called_back, in_callbacks
 from placecheck.engines.calls import Kind, Placement, as_device, legacy_type_name, parsed, read_placement
 from placecheck.engines.compat import DisableTorchFunctionSubclass, tree_map_only
@@ -141,8 +142,13 @@ class SimulatedTensor(torch.Tensor):
         if refused is not None:
             raise refused
         device = _result_device(func, args, kwargs)
-        with DisableTorchFunctionSubclass():
-            out = func(*args, **kwargs)
+        if device is not None and device.type == "cuda" and torch.is_autocast_enabled("cpu") \
+                and func not in _BACKWARDS:
+            with on_gpu(), DisableTorchFunctionSubclass():  # simulated CUDA autocast casts this op's tensors
+                out = func(*args, **kwargs)
+        else:
+            with DisableTorchFunctionSubclass():
+                out = func(*args, **kwargs)
         if device is None:
             return out
         on_host = host_outputs(func)
@@ -161,6 +167,8 @@ def untagged(t: torch.Tensor) -> torch.Tensor:
 
 _TENSOR_TYPE = torch.Tensor.type
 """``Tensor.type`` as torch defines it (what ``__torch_function__`` receives)."""
+_BACKWARDS = frozenset({torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad})
+"""Autograd runs a GPU's backward outside the forward's autocast (its device threads have their own)."""
 
 
 def _deepcopy(t: SimulatedTensor, memo: dict[int, Any]) -> SimulatedTensor:
@@ -464,7 +472,7 @@ def tagged_cuda(gpus: int = 1, strict: bool = False) -> Iterator[None]:
     try:
         mode = _TaggingMode()
         with cuda_queries_simulated(gpus, strict), mode, in_callbacks(mode), _custom_functions(), \
-                _aliasing_constructors(), \
+                _aliasing_constructors(), simulated_autocast(), \
                 warnings.catch_warnings():
             # the data is on the CPU, where an LSTM with proj_size warns that oneDNN cannot run it;
             # on the GPU being simulated it would not
