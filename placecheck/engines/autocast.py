@@ -182,7 +182,7 @@ def policies() -> dict[str, str]:
 @contextlib.contextmanager
 def _cuda_policies() -> Iterator[None]:
     """CPU autocast's kernels replaced by CUDA's policies for the block (restored when it ends)."""
-    library = torch.library.Library("aten", "IMPL")  # kernels for aten's own ops
+    library = torch.library.Library("aten", "IMPL")  # type: ignore[no-untyped-call]  # for aten's own ops
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "Overriding a previously registered kernel": that is the point
@@ -193,10 +193,10 @@ def _cuda_policies() -> Iterator[None]:
                     continue  # an op this torch does not have
                 # an op CUDA autocast does not list falls through (its decomposition's ops are autocast's)
                 kernel = torch.library.fallthrough_kernel if policy == "none" else _kernel(op, policy)
-                library.impl(name, kernel, "AutocastCPU")
+                library.impl(name, kernel, "AutocastCPU")  # type: ignore[no-untyped-call]
         yield
     finally:
-        library._destroy()
+        library._destroy()  # type: ignore[no-untyped-call]
 
 
 def _enter(original: Callable[..., Any]) -> Callable[..., Any]:

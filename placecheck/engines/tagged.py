@@ -456,10 +456,10 @@ def _aliasing_constructors() -> Iterator[None]:
     """The legacy constructors that alias their input keep its simulated device (:func:`_variable_new`,
     :func:`_tensor_new`); the rest (``as_tensor``, ``Parameter``, ``detach``, views) go through the
     modes already."""
-    from torch.autograd import variable
+    from torch.autograd.variable import Variable
 
     why = "a legacy constructor aliases its tensor in C, where the simulated device is lost"
-    with patch(variable.Variable, "__new__", _variable_new(variable.Variable.__new__), why), \
+    with patch(Variable, "__new__", _variable_new(Variable.__new__), why), \
             patch(torch.Tensor, "__new__", _tensor_new(torch.Tensor.__new__), why):
         yield
 
