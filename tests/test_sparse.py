@@ -174,6 +174,14 @@ def test_sparse_tensors_are_made_and_moved_on_the_gpu_as_there(engine: str) -> N
         assert torch.eye(3).to_sparse().cuda().cpu().device.type == "cpu"
 
 
+def test_a_sparse_tensor_made_from_a_weight_passes_its_gradient_back() -> None:
+    # the real-valued engine's backward (the fake engine's gives every leaf reached a fake gradient)
+    with _session("tagged"):
+        weight = torch.eye(3, device="cuda").requires_grad_()
+        torch.sparse.mm(weight.to_sparse(), torch.ones(3, 2, device="cuda")).sum().backward()
+        assert weight.grad is not None and weight.grad.device.type == "cuda"
+
+
 # -- aliasing constructors keep their input's device ------------------------------------------------------
 
 ALIASES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {

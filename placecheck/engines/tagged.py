@@ -95,6 +95,8 @@ class SimulatedTensor(torch.Tensor):
         with DisableTorchFunctionSubclass():
             if t.layout == torch.strided:
                 tagged = t.as_subclass(SimulatedTensor)
+            elif t.grad_fn is not None and torch.is_grad_enabled():
+                return _SparseTag.apply(t, device)  # type: ignore[no-any-return]  # its graph kept
             else:
                 # a sparse (COO, CSR...) tensor has no storage for as_subclass to share: an alias of it
                 # (its indices and values shared), a leaf as the adjacency matrices of GCNs are
@@ -155,6 +157,22 @@ class SimulatedTensor(torch.Tensor):
         if on_host and isinstance(out, tuple):
             return tuple(o if i in on_host else _tag_all(o, device) for i, o in enumerate(out))
         return _tag_all(out, device)
+
+
+class _SparseTag(torch.autograd.Function):
+    """A sparse result of autograd's graph (``weight.to_sparse()``) tagged: an alias made without its
+    history (:meth:`SimulatedTensor.tag`), joined back to it here, the gradient passed through."""
+
+    @staticmethod
+    def forward(ctx: Any, t: torch.Tensor, device: torch.device) -> torch.Tensor:  # type: ignore[override]
+        with DisableTorchFunctionSubclass():
+            tagged = torch.Tensor._make_subclass(SimulatedTensor, t.detach(), False)
+        tagged._pc_device = device
+        return tagged
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+        return grad, None
 
 
 def untagged(t: torch.Tensor) -> torch.Tensor:
