@@ -23,8 +23,9 @@ and bfloat16, ``linear``, ``@``, ``bmm``, ``sigmoid`` and ``mean`` of a lower-pr
 lower precision; ``softmax``, ``log_softmax``, ``sum``, ``cumsum``, ``mse_loss``, ``cross_entropy``,
 ``nll_loss``, ``cat`` of mixed inputs and ``x + float32`` give float32.
 
-Not simulated: the cuDNN-only kernels (``_cudnn_rnn``: an ``nn.LSTM`` under CUDA autocast gives float16
-on a GPU, its CPU kernel here float32), and the cache of cast weights (the values are the same).
+Not simulated: other libraries' own CUDA autocast kernels (torchvision's ``roi_align``...), the
+cuDNN-only kernels (``_cudnn_rnn``: an ``nn.LSTM`` under CUDA autocast gives float16 on a GPU, its CPU
+kernel here float32), and the cache of cast weights (the values are the same).
 A tensor is cast only while its op runs on the simulated GPU (:func:`on_gpu` marks it): CUDA autocast
 leaves CPU tensors alone. Not reentrant: one session at a time per process.
 """
