@@ -1,15 +1,15 @@
 """The forward-pass core's layers: a lower module never imports a higher one, not even inside a function.
 
 Bottom to top: compat (torch's private API) < callbacks (the script's code autograd calls back,
-run under the session's modes) < sources (user lines) < classify (what an
-error means) < host_syncs (the calls that make the host wait) < calls (the one reading of a
-placement call) < cudaapi (the simulated
-torch.cuda API) < dispatch (the one torch function mode, each call a typed Call to its subscribers)
-< tagged (the real-valued engine) < shortcuts (ops made from metadata where
-torch's fake path is slow) < datadep (fake tensors' data-dependent ops) < reuse (identical
-module calls run once) < engine < provenance < events < hostcopies (non-blocking host copies)
-< forward_checks < trace. Each module may import only modules below it (and placecheck's
-torch-free basics); zoo imports no placecheck module, so inputs can import it.
+run under the session's modes) < sources (user lines) < classify (what an error means) < host_syncs
+(the calls that make the host wait) < calls (the one reading of a placement call) < cudaapi (the
+simulated torch.cuda API) < dispatch (the one torch function mode, each call a typed Call to its
+subscribers) < autocast (CUDA autocast's policies on the CPU) < tagged (the real-valued engine)
+< shortcuts (ops made from metadata where torch's fake path is slow) < sparse (sparse ops on the fake
+engine's GPU) < datadep (fake tensors' data-dependent ops) < reuse (identical module calls run once)
+< engine < provenance < events < hostcopies (non-blocking host copies) < forward_checks < trace. Each
+module may import only modules below it (and placecheck's torch-free basics); zoo imports no
+placecheck module, so inputs can import it.
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ import pytest
 pytestmark = pytest.mark.cpu_build  # runs on the CPU-only torch build too (Makefile: test-cpu-build)
 
 PACKAGE = Path(__file__).parents[1] / "placecheck"
-ORDER = ["compat", "callbacks", "sources", "classify", "host_syncs", "calls", "cudaapi", "dispatch", "tagged",
-         "shortcuts",
+ORDER = ["compat", "callbacks", "sources", "classify", "host_syncs", "calls", "cudaapi", "dispatch",
+         "autocast", "tagged",
+         "shortcuts", "sparse",
          "datadep", "reuse", "engine", "provenance", "events", "hostcopies", "forward_checks", "trace"]
 BASICS = {"errors", "values", "patching", "finding", "codes", "rules", "devices", "walk", "options",
           "placement"}

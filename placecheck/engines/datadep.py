@@ -50,6 +50,7 @@ from placecheck.checks.classify import DeviceMismatchError
 from placecheck.checks.sources import first_outside, where_is
 from placecheck.engines.compat import TorchDispatchMode, pad_packed_sequence_op, tree_flatten, tree_map
 from placecheck.engines.shortcuts import shortcut
+from placecheck.engines.sparse import on_fake_cuda
 
 aten = torch.ops.aten
 
@@ -189,6 +190,9 @@ class DataDependentMode(TorchDispatchMode):  # type: ignore[no-untyped-call]  # 
         if self.host_values and self._host_only(args, kwargs):
             with on_host():
                 return func(*args, **kwargs)
+        handled, out = on_fake_cuda(func, args, kwargs)  # a sparse op: fake CUDA needs a driver for it
+        if handled:
+            return out
         made = shortcut(func, args, kwargs)  # an op whose fake path is slow, made from metadata
         if made is not None:
             self._propagate(func, args, kwargs, made)
@@ -226,6 +230,8 @@ class DataDependentMode(TorchDispatchMode):  # type: ignore[no-untyped-call]  # 
     def _keep(self, fake: Any, real: Any, assumption: Assumption | None) -> None:
         if not (isinstance(fake, self._fake_type) and isinstance(real, torch.Tensor)):
             return
+        if fake.layout != torch.strided or real.layout != torch.strided:
+            return  # a sparse tensor has no one storage to watch for writes: its values are not kept
         if real.untyped_storage().nbytes() > KNOWN_BYTES_LIMIT or fake.shape != real.shape:
             self.known.pop(fake, None)  # type: ignore[no-untyped-call]
             return
@@ -251,7 +257,7 @@ class DataDependentMode(TorchDispatchMode):  # type: ignore[no-untyped-call]  # 
 
     def _forget(self, fake: Any) -> None:
         """``fake`` was written with values not known: forget it and every known view of its storage."""
-        if not isinstance(fake, self._fake_type) or not len(self.known):
+        if not isinstance(fake, self._fake_type) or not len(self.known) or fake.layout != torch.strided:
             return
         for ref in self._views.pop(fake.untyped_storage()._cdata, ()):
             other = ref()

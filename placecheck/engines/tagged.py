@@ -60,6 +60,7 @@ from placecheck.checks.classify import (
     refused_on_device,
     tensor_arguments,
 )
+from placecheck.engines.autocast import on_gpu, simulated_autocast
 from placecheck.engines.callbacks import called_back, in_callbacks
 from placecheck.engines.calls import Kind, Placement, as_device, legacy_type_name, parsed, read_placement
 from placecheck.engines.compat import DisableTorchFunctionSubclass, tree_map_only
@@ -92,7 +93,14 @@ class SimulatedTensor(torch.Tensor):
             t._pc_device = device
             return t
         with DisableTorchFunctionSubclass():
-            tagged = t.as_subclass(SimulatedTensor)
+            if t.layout == torch.strided:
+                tagged = t.as_subclass(SimulatedTensor)
+            elif t.grad_fn is not None and torch.is_grad_enabled():
+                return _SparseTag.apply(t, device)  # type: ignore[no-any-return]  # its graph kept
+            else:
+                # a sparse (COO, CSR...) tensor has no storage for as_subclass to share: an alias of it
+                # (its indices and values shared), a leaf as the adjacency matrices of GCNs are
+                tagged = torch.Tensor._make_subclass(SimulatedTensor, t, t.requires_grad)
         tagged._pc_device = device
         return tagged
 
@@ -130,14 +138,19 @@ class SimulatedTensor(torch.Tensor):
         if func is torch.Tensor.__repr__ and isinstance(args[0], SimulatedTensor):
             # through __torch_function__ (no __repr__ override), so that a mode sees printing
             with DisableTorchFunctionSubclass():
-                text = repr(args[0].as_subclass(torch.Tensor))
+                text = repr(untagged(args[0]))
             return f"{text[:-1]}, device='{args[0]._pc_device}')" if text.endswith(")") else text
         refused = refused_on_device(func, args)
         if refused is not None:
             raise refused
         device = _result_device(func, args, kwargs)
-        with DisableTorchFunctionSubclass():
-            out = func(*args, **kwargs)
+        if device is not None and device.type == "cuda" and torch.is_autocast_enabled("cpu") \
+                and func not in _BACKWARDS:
+            with on_gpu(), DisableTorchFunctionSubclass():  # simulated CUDA autocast casts this op's tensors
+                out = func(*args, **kwargs)
+        else:
+            with DisableTorchFunctionSubclass():
+                out = func(*args, **kwargs)
         if device is None:
             return out
         on_host = host_outputs(func)
@@ -146,8 +159,34 @@ class SimulatedTensor(torch.Tensor):
         return _tag_all(out, device)
 
 
+class _SparseTag(torch.autograd.Function):
+    """A sparse result of autograd's graph (``weight.to_sparse()``) tagged: an alias made without its
+    history (:meth:`SimulatedTensor.tag`), joined back to it here, the gradient passed through."""
+
+    @staticmethod
+    def forward(ctx: Any, t: torch.Tensor, device: torch.device) -> torch.Tensor:  # type: ignore[override]
+        with DisableTorchFunctionSubclass():
+            tagged = torch.Tensor._make_subclass(SimulatedTensor, t.detach(), False)
+        tagged._pc_device = device
+        return tagged
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+        return grad, None
+
+
+def untagged(t: torch.Tensor) -> torch.Tensor:
+    """A simulated tensor's data as a plain CPU tensor (call with torch functions disabled): a view
+    sharing its memory, or for a sparse tensor, which has no storage to share, a detached alias."""
+    if t.layout == torch.strided:
+        return t.as_subclass(torch.Tensor)
+    return torch.Tensor._make_subclass(torch.Tensor, t, t.requires_grad)
+
+
 _TENSOR_TYPE = torch.Tensor.type
 """``Tensor.type`` as torch defines it (what ``__torch_function__`` receives)."""
+_BACKWARDS = frozenset({torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad})
+"""Autograd runs a GPU's backward outside the forward's autocast (its device threads have their own)."""
 
 
 def _deepcopy(t: SimulatedTensor, memo: dict[int, Any]) -> SimulatedTensor:
@@ -161,7 +200,7 @@ def _deepcopy(t: SimulatedTensor, memo: dict[int, Any]) -> SimulatedTensor:
         raise RuntimeError("Only Tensors created explicitly by the user (graph leaves) support the deepcopy "
                            "protocol at the moment.")
     with torch.no_grad(), DisableTorchFunctionSubclass():
-        data = t.as_subclass(torch.Tensor).clone(memory_format=torch.preserve_format)
+        data = untagged(t).clone(memory_format=torch.preserve_format)
     copied = SimulatedTensor.tag(data, t._pc_device)
     memo[id(t)] = copied
     with DisableTorchFunctionSubclass():
@@ -242,19 +281,28 @@ def _move(placement: Placement, dest: torch.device) -> torch.Tensor:
     simulated = isinstance(source, SimulatedTensor)
     options = placement.to_options()
     with DisableTorchFunctionSubclass():
-        data = source.as_subclass(torch.Tensor) if simulated else source
+        data = untagged(source) if simulated else source
         if dest.type != "cuda":  # the CPU (or meta): a real move of the data
             out = torch.Tensor.to(data, dest, **options)
-            if simulated and out.data_ptr() == data.data_ptr():
+            if simulated and _aliases(out, data):
                 out = out.clone()  # a device-to-host copy never aliases the device tensor
             return out
         out = torch.Tensor.to(data, **options) if options else data
         if simulated and source._pc_device == dest and out is data:
             return source  # type: ignore[no-any-return]  # already there: .to() returns itself
         _cuda_used()
-        if out.data_ptr() == data.data_ptr():
+        if _aliases(out, data):
             out = out.clone()  # a host-to-device copy never aliases the host tensor
     return SimulatedTensor.tag(out, dest)
+
+
+def _aliases(out: torch.Tensor, data: torch.Tensor) -> bool:
+    """``out`` shares ``data``'s memory (``.to()`` returned it, or a view of it)."""
+    if out is data:
+        return True
+    if out.layout != torch.strided or data.layout != torch.strided:
+        return False  # a sparse tensor has no one data pointer; .to() that changed nothing returned itself
+    return bool(out.data_ptr() == data.data_ptr())
 
 
 def _cuda_used() -> None:
@@ -291,6 +339,10 @@ class _TaggingMode(TorchFunctionMode):
                 # device="cpu" given: the default device (torch's DeviceContext, below this mode) adds none
                 out = func(*args, **{**kwargs, "device": "cpu"})
             return _tag_all(out, dest)
+        if func is torch.tensor and args and isinstance(args[0], SimulatedTensor) \
+                and kwargs.get("device") is None:
+            # a copy of a tensor is made on that tensor's device (the default device is for Python data)
+            return SimulatedTensor.tag(func(*args, **kwargs), args[0]._pc_device)
         return func(*args, **kwargs)
 
 
@@ -393,6 +445,43 @@ def _custom_functions() -> Iterator[None]:
         yield
 
 
+def _variable_new(original: Any) -> Any:
+    """``torch.autograd.Variable(t)``: ``t.detach()`` with ``requires_grad`` set, made in C where no mode
+    sees it and the result is a plain tensor; of a simulated tensor it is that detached alias, on its
+    device, as on a GPU."""
+    def new(cls: type, data: Any = None, requires_grad: bool = False, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(data, SimulatedTensor) and not args and set(kwargs) <= {"volatile"}:
+            alias = data.detach()
+            with DisableTorchFunctionSubclass():
+                alias.requires_grad_(requires_grad)
+            return alias
+        return original(cls, data, requires_grad, *args, **kwargs)
+    return staticmethod(new)
+
+
+def _tensor_new(original: Any) -> Any:
+    """``torch.Tensor(t)``: an alias of ``t`` made by the legacy constructor in C (no mode sees it); of a
+    simulated tensor it keeps ``t``'s device, as ``torch.Tensor(cuda_tensor)`` does on a GPU."""
+    def new(*args: Any, **kwargs: Any) -> Any:  # any signature: torch._dynamo's polyfill checks it
+        if len(args) == 2 and args[0] is torch.Tensor and not kwargs and isinstance(args[1], SimulatedTensor):
+            return args[1].detach()
+        return original(*args, **kwargs)
+    return staticmethod(new)
+
+
+@contextlib.contextmanager
+def _aliasing_constructors() -> Iterator[None]:
+    """The legacy constructors that alias their input keep its simulated device (:func:`_variable_new`,
+    :func:`_tensor_new`); the rest (``as_tensor``, ``Parameter``, ``detach``, views) go through the
+    modes already."""
+    from torch.autograd.variable import Variable
+
+    why = "a legacy constructor aliases its tensor in C, where the simulated device is lost"
+    with patch(Variable, "__new__", _variable_new(Variable.__new__), why), \
+            patch(torch.Tensor, "__new__", _tensor_new(torch.Tensor.__new__), why):
+        yield
+
+
 @contextlib.contextmanager
 def tagged_cuda(gpus: int = 1, strict: bool = False) -> Iterator[None]:
     """The real-valued session: tagging mode, simulated ``torch.cuda`` queries, new params on ``.to()``."""
@@ -401,6 +490,7 @@ def tagged_cuda(gpus: int = 1, strict: bool = False) -> Iterator[None]:
     try:
         mode = _TaggingMode()
         with cuda_queries_simulated(gpus, strict), mode, in_callbacks(mode), _custom_functions(), \
+                _aliasing_constructors(), simulated_autocast(), \
                 warnings.catch_warnings():
             # the data is on the CPU, where an LSTM with proj_size warns that oneDNN cannot run it;
             # on the GPU being simulated it would not

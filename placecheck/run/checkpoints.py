@@ -33,7 +33,7 @@ from placecheck.engines.compat import (
 )
 from placecheck.engines.cudaapi import current_index
 from placecheck.engines.datadep import on_host
-from placecheck.engines.tagged import SimulatedTensor
+from placecheck.engines.tagged import SimulatedTensor, untagged
 
 if typing.TYPE_CHECKING:
     from placecheck.run.session import Recording
@@ -74,13 +74,31 @@ def _file_path(f: Any) -> str | None:
     return os.path.abspath(name) if isinstance(name, str) and not name.startswith("<") else None
 
 
+def _empty_coo(t: torch.Tensor) -> torch.Tensor:
+    sparse_dim = t.sparse_dim()
+    return torch.sparse_coo_tensor(torch.zeros((sparse_dim, 0), dtype=torch.int64),
+                                   torch.zeros((0, *t.shape[sparse_dim:]), dtype=t.dtype), t.shape)
+
+
+_EMPTY_SPARSE: dict[torch.layout, Callable[[torch.Tensor], torch.Tensor]] = {
+    torch.sparse_coo: _empty_coo,
+    torch.sparse_csr: lambda t: _empty_coo(t).to_sparse_csr(),
+    torch.sparse_csc: lambda t: _empty_coo(t).to_sparse_csc(),
+}
+"""A fake sparse tensor saved: an empty one of its layout (no data to write, as a fake dense tensor is
+saved as a meta one), so that the file loads as a sparse tensor."""
+
+
 def _plain(t: torch.Tensor) -> torch.Tensor:
     """A tagged tensor's data as an ordinary CPU tensor (what a real GPU would copy back to save); a fake
     tensor (the fake engine's, which has no data to write and cannot be pickled) as a ``meta`` tensor of
     its shape, strides and dtype."""
     if isinstance(t, SimulatedTensor):
         with DisableTorchFunctionSubclass():
-            return t.as_subclass(torch.Tensor)
+            return untagged(t)  # (a sparse one too: it has no storage for as_subclass)
+    if isinstance(t, FakeTensor) and t.layout in _EMPTY_SPARSE:
+        with on_host():  # an empty sparse host tensor of its layout, shape and dtype, which pickles
+            return _EMPTY_SPARSE[t.layout](t)
     if isinstance(t, FakeTensor):
         with on_host():  # no mode of the run's: a plain meta tensor, which pickles
             return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
@@ -267,7 +285,8 @@ class Checkpoints:
             def host(t: torch.Tensor) -> torch.Tensor:
                 devices.append(str(t.device))
                 plain = _plain(t)  # a fake tensor: a meta tensor of its shape (it holds no data to write)
-                if t.device.type == "cuda" and plain.untyped_storage().data_ptr():
+                if t.device.type == "cuda" and plain.layout == torch.strided \
+                        and plain.untyped_storage().data_ptr():  # (a sparse tensor has no one storage)
                     tags[plain.untyped_storage().data_ptr()] = str(t.device)
                 return plain
 
