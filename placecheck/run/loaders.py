@@ -56,10 +56,13 @@ class Loaders:
                     "workers' work in the script's process (fake tensors cannot cross into worker "
                     "processes); its batches are CPU tensors, as from workers"] = None
                 loader.num_workers = 0
+            ff = self.recorder.fastforward
+            line = here()[0]
+            if ff is not None:
+                ff.pass_began(id(loader), line)  # a loop that keeps iterating it after the budget ends
             with self.recorder.host_data():  # the sampler's shuffle and seed: real values
                 iterator = original(loader)
-            self.iterators[id(iterator)] = (bool(getattr(loader, "pin_memory", False)), here()[0])
-            ff = self.recorder.fastforward
+            self.iterators[id(iterator)] = (bool(getattr(loader, "pin_memory", False)), line)
             self.counts[id(iterator)] = [ff is None or not ff.on, 0, 0, False]
             self.loader_of[id(iterator)] = id(loader)
             return iterator
