@@ -19,7 +19,9 @@ variables the loop sets stay set:
   :data:`MAX_EXTRA_ITERATIONS` more iterations, to reach them once (validation ``if epoch % 2 == 1``);
 - a loop that starts later runs its first iteration; a heavy one (batches, forwards) at most
   :data:`MAX_BATCHES` iterations, one that steps the optimizer only the first;
-- light loops (over parameters, a config's keys, ``range(num_layers)``) are never cut.
+- light loops (over parameters, a config's keys, ``range(num_layers)``) are never cut;
+- nor is a loop that yields (a generator's: an ``IterableDataset``'s stream): its consumer decides how
+  many items it takes, and is cut itself (a DataLoader's batches stay whole).
 
 Loops the script does not own (a library's: Lightning's fit loop, a helper module's) are ended through
 their DataLoaders (:mod:`placecheck.run.loaders`): an iterator that yielded batches before the budget was
@@ -103,6 +105,8 @@ class Site:
     """Iterations passed over to reach the one whose guard holds (:meth:`FastForward._jump`)."""
     reached: tuple[str, ...] = ()
     """The tests of the guards so reached, as written, in the order reached."""
+    yields: bool = False
+    """Its body yields (nested functions' excepted): a generator's loop, never cut."""
 
 
 @dataclass(frozen=True)
@@ -162,7 +166,7 @@ class _Rewriter(ast.NodeTransformer):
         text = self.text[node.lineno - 1].strip() if node.lineno <= len(self.text) else ""
         lines = _statement_lines(node.body, node.orelse)
         site = Site(index=len(self.sites), kind=kind, first=node.lineno, last=node.end_lineno or node.lineno,
-                    header=_shorten(text), scope=self._scopes[-1], lines=lines)
+                    header=_shorten(text), scope=self._scopes[-1], lines=lines, yields=_yields(node))
         self.sites.append(site)
         self._loops[-1].append(site.index)
         self._loops.append([])
@@ -212,6 +216,18 @@ class _Rewriter(ast.NodeTransformer):
             ast.Call(func=ast.Name(AGAIN, ast.Load()), args=[ast.Name(name, ast.Load()), node.test],
                      keywords=[]), node.test)
         return [ast.copy_location(make, node), node]
+
+
+def _yields(node: ast.For | ast.While) -> bool:
+    """``node``'s body or ``else`` yields, not inside a nested function, class or lambda."""
+    todo: list[ast.AST] = [*node.body, *node.orelse]
+    while todo:
+        child = todo.pop()
+        if isinstance(child, ast.Yield | ast.YieldFrom):
+            return True
+        if not isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Lambda):
+            todo.extend(ast.iter_child_nodes(child))
+    return False
 
 
 _PURE = (ast.Name, ast.Constant, ast.Attribute, ast.Subscript, ast.Slice, ast.BinOp, ast.UnaryOp, ast.BoolOp,
@@ -485,7 +501,7 @@ class FastForward:
         if self.steps != state.steps:
             site.stepping = True
             state.steps = self.steps
-        if not self.on:
+        if not self.on or site.yields:
             return True
         if state.before:
             role = self._roles.get((state.frame, site.index), "outer")
