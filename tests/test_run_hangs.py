@@ -78,6 +78,22 @@ def test_lightning_max_steps_without_an_epoch_limit_ends(max_epochs: tuple[str, 
                                      f"{MAX_STEPS_AFTER} of them after the budget")
 
 
+@pytest.mark.parametrize("data", [(), ("stream",)], ids=["sized", "stream"])
+def test_an_hf_trainer_with_max_steps_beyond_an_epoch_ends(data: tuple[str, ...]) -> None:
+    pytest.importorskip("transformers")
+    code, report, stderr = bounded("hf_max_steps.py", *data)
+    assert code == 0 and report["summary"]["unfinished"] == "", stderr
+    assert ending(report).startswith(f"run: stopped after {2 + MAX_STEPS_AFTER} optimizer steps")
+
+
+def test_accelerate_with_the_script_s_own_while_true_loop_ends() -> None:
+    pytest.importorskip("accelerate")
+    code, report, _ = bounded("accelerate_while_true.py")
+    assert code == 0 and report["summary"]["unfinished"] == ""
+    assert ending(report).startswith("run: the script ran to its end (")
+    assert any("(`while True:`) ended early" in n for n in report["notes"])
+
+
 def test_the_script_s_own_while_true_loop_with_a_step_counter_ends() -> None:
     code, report, _ = bounded("while_true.py")
     assert code == 0 and report["stats"]["optimizer_steps"] == 2
