@@ -34,13 +34,22 @@ from placecheck.engines.compat import FAKE_TENSOR_LOGGER, torch_note
 from placecheck.findings.codes import Code
 from placecheck.findings.report import Report
 from placecheck.findings.rules import selected
-from placecheck.run.script import Outcome, Program, execute, exit_status, exited, raised, user_traceback
+from placecheck.run.script import (
+    Outcome,
+    Program,
+    Watchdog,
+    execute,
+    exit_status,
+    exited,
+    raised,
+    user_traceback,
+    watchdog_seconds,
+)
 
 if TYPE_CHECKING:
     from placecheck.run.fastforward import FastForward
     from placecheck.run.lines import ScriptLines
     from placecheck.run.recorder import RunRecorder
-    from placecheck.run.script import Watchdog
 
 
 NO_FAST_FORWARD = "PLACECHECK_NO_FAST_FORWARD"
@@ -281,9 +290,14 @@ def _rewritten(recorder: RunRecorder) -> tuple[types.CodeType, dict[str, Any]] |
 
 
 def _watchdog(recorder: RunRecorder) -> Watchdog | None:
-    """The fast-forward's watchdog (:class:`~placecheck.run.script.Watchdog`), armed when the budget is
-    spent."""
-    return recorder.fastforward.watchdog if recorder.fastforward is not None else None
+    """The run's :class:`~placecheck.run.script.Watchdog`, given to its fast-forward, which arms it when the
+    budget is spent; None without a fast-forward or when ``PLACECHECK_WATCHDOG`` is 0."""
+    ff, seconds = recorder.fastforward, watchdog_seconds()
+    if ff is None or seconds <= 0:
+        return None
+    watchdog = Watchdog(seconds, ff.progress)
+    ff.watchdog = watchdog
+    return watchdog
 
 
 def _unfinished(outcome: Outcome, limit: str, own_error: BaseException | None) -> str:
@@ -294,7 +308,7 @@ def _unfinished(outcome: Outcome, limit: str, own_error: BaseException | None) -
     if limit:
         return f"the simulation stopped{at}"
     if outcome.kind == "stopped" and outcome.unfinished:
-        return f"stopped {outcome.reason.split(':', 1)[0]}{at}"
+        return f"stopped {outcome.reason.partition(': ')[0]}{at}"
     if own_error is not None:
         return raised(own_error, outcome.line)
     if outcome.kind == "exit" and exit_status(outcome.exit_code) != 0:

@@ -47,13 +47,11 @@ import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from types import CodeType, FrameType
-from typing import Any
+from typing import Any, Protocol
 
 from placecheck.checks.sources import display_path
 from placecheck.run.coverage import runs_code
 from placecheck.run.lines import ScriptLines
-from placecheck.run.script import Watchdog, watchdog_seconds
-from placecheck.run.session import StopRun
 
 MAX_BATCHES = 2
 """Iterations of a heavy loop (or batches of a DataLoader iterator) started after the budget."""
@@ -68,6 +66,15 @@ time, before the run is stopped (a library's loop that keeps iterating it: nothi
 LOOP = "__placecheck_loop__"
 WHILE = "__placecheck_while__"
 AGAIN = "__placecheck_again__"
+
+
+class Alarm(Protocol):
+    """What the fast-forward needs of the run's watchdog (:class:`placecheck.run.script.Watchdog`)."""
+
+    enforced: bool
+
+    def arm(self) -> None:
+        """From now on a run without progress is stopped."""
 
 
 @dataclass
@@ -385,8 +392,9 @@ class FastForward:
     """id of the DataLoader whose batch the step that spent the budget trained on."""
     loader_cuts: dict[str, int] = field(default_factory=dict)
     """The line that iterated a DataLoader -> batches fast-forward left out of its iterators, where known."""
-    watchdog: Watchdog | None = None
-    """Armed when the budget is spent (:meth:`begin`); None when ``PLACECHECK_WATCHDOG`` is 0."""
+    watchdog: Alarm | None = None
+    """The run's watchdog, armed when the budget is spent (:meth:`begin`); None when
+    ``PLACECHECK_WATCHDOG`` is 0."""
     _roles: dict[tuple[int, int], str] = field(default_factory=dict)
     _passes: dict[int, tuple[int, int]] = field(default_factory=dict)
     """id of a DataLoader -> (the lines of the script that had run when its latest pass after the budget
@@ -397,9 +405,6 @@ class FastForward:
             compiled = compile_script(self.filename)
             if compiled is not None:
                 self.code, self.sites = compiled
-        seconds = watchdog_seconds()
-        if seconds > 0:
-            self.watchdog = Watchdog(seconds, self.progress)
 
     def progress(self) -> tuple[int, int]:
         """What grows while the run makes progress: optimizer steps, top-level forwards and DataLoader
@@ -580,22 +585,23 @@ class FastForward:
             return False
         return yielded_after < (1 if loader == self.training_loader else MAX_BATCHES)
 
-    def pass_began(self, loader: int, line: str) -> None:
+    def pass_began(self, loader: int, line: str) -> str:
         """A new iterator of the DataLoader whose id is ``loader`` (iterated at ``line``): after the
-        budget, raise :class:`StopRun` when it is the :data:`MAX_PASSES_AFTER`-th pass over it in a row
-        whose previous pass ran no line of the script for the first time (a loop that does not end
-        when its loader's passes are short: nothing more would be checked)."""
+        budget, why the run stops here (the caller raises ``StopRun``) when it is the
+        :data:`MAX_PASSES_AFTER`-th pass over it in a row whose previous pass ran no line of the script for
+        the first time (a loop that does not end when its loader's passes are short: nothing more would
+        be checked); "" otherwise."""
         if not self.on:
-            return
+            return ""
         lines = self._lines_run()
         before = self._passes.get(loader)
         stale = before[1] + 1 if before is not None and before[0] == lines else 0
         self._passes[loader] = (lines, stale)
-        if stale >= MAX_PASSES_AFTER:
-            where = f" iterated at {line}" if line else ""
-            raise StopRun(f"after {stale} passes in a row over the DataLoader{where} after the budget "
-                          f"(--steps {self.budget}) that ran no new line of the script: the loop iterating "
-                          "it did not end")
+        if stale < MAX_PASSES_AFTER:
+            return ""
+        where = f" iterated at {line}" if line else ""
+        return (f"after {stale} passes in a row over the DataLoader{where} after the budget (--steps "
+                f"{self.budget}) that ran no new line of the script: the loop iterating it did not end")
     # -- what it did ------------------------------------------------------------------------------------
     def notes(self, budget: str) -> list[str]:
         """One note per loop fast-forward ended early or ran on, with its lines."""
@@ -622,7 +628,7 @@ class FastForward:
         if self.watchdog is not None and not self.watchdog.enforced:
             out.append("run: the watchdog is not enforced here (it needs SIGALRM in the main thread, and the "
                        "script's own SIGALRM handler takes precedence): a run that stalls after the budget "
-                       "goes on until it ends or --timeout")
+                       "goes on until it ends")
         return out
 
     @staticmethod

@@ -11,6 +11,7 @@ from typing import Any
 from placecheck.checks import classify
 from placecheck.checks.sources import here
 from placecheck.run.origins import Origin
+from placecheck.run.session import StopRun
 from placecheck.run.sites import library_caller
 
 if typing.TYPE_CHECKING:
@@ -58,8 +59,9 @@ class Loaders:
                 loader.num_workers = 0
             ff = self.recorder.fastforward
             line = here()[0]
-            if ff is not None:
-                ff.pass_began(id(loader), line)  # a loop that keeps iterating it after the budget ends
+            stop = ff.pass_began(id(loader), line) if ff is not None else ""
+            if stop:  # a loop that keeps iterating it after the budget, with nothing new: it ends here
+                raise StopRun(stop)
             with self.recorder.host_data():  # the sampler's shuffle and seed: real values
                 iterator = original(loader)
             self.iterators[id(iterator)] = (bool(getattr(loader, "pin_memory", False)), line)
