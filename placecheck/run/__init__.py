@@ -34,7 +34,17 @@ from placecheck.engines.compat import FAKE_TENSOR_LOGGER, torch_note
 from placecheck.findings.codes import Code
 from placecheck.findings.report import Report
 from placecheck.findings.rules import selected
-from placecheck.run.script import Outcome, Program, execute, exit_status, exited, raised, user_traceback
+from placecheck.run.script import (
+    Outcome,
+    Program,
+    Watchdog,
+    execute,
+    exit_status,
+    exited,
+    raised,
+    user_traceback,
+    watchdog_seconds,
+)
 
 if TYPE_CHECKING:
     from placecheck.run.fastforward import FastForward
@@ -159,7 +169,7 @@ def _simulate(program: Program, options: RunOptions, codes: frozenset[str],
                 stack.enter_context(random_state_kept())
                 stack.enter_context(probe.capturing())
             with _environment_kept(), tagged_cuda(gpus), recorder.recording(), lines.watching():
-                outcome = execute(program, timeout, notes, _rewritten(recorder))
+                outcome = execute(program, timeout, notes, _rewritten(recorder), _watchdog(recorder))
             if probe is not None and probe.decided != "fake":
                 probe.done()
                 notes.insert(0, probe.note(f"{gpus} GPU{plural}"))
@@ -199,7 +209,7 @@ def _simulate(program: Program, options: RunOptions, codes: frozenset[str],
                 assumed = []
                 gc.collect()  # the fake run's tensors
                 with _environment_kept(), tagged_cuda(gpus), recorder.recording(), lines.watching():
-                    outcome = execute(program, timeout, notes, _rewritten(recorder))
+                    outcome = execute(program, timeout, notes, _rewritten(recorder), _watchdog(recorder))
                 finding = recorder.error_finding(outcome.error) if outcome.error is not None else None
                 choice = "tagged"
     elif outcome.error is not None:
@@ -269,7 +279,7 @@ def _run_fake(program: Program, recorder: RunRecorder, lines: ScriptLines, gpus:
     with _environment_kept(), quiet(FAKE_TENSOR_LOGGER), fake_cuda(gpus) as datadep, recorder.recording(), \
             lines.watching():
         datadep.host_values = True  # a dataset's data read from files stays real, as on the host of a GPU
-        outcome = execute(program, timeout, notes, _rewritten(recorder))
+        outcome = execute(program, timeout, notes, _rewritten(recorder), _watchdog(recorder))
     return outcome, datadep.notes(phase="run")
 
 
@@ -279,6 +289,17 @@ def _rewritten(recorder: RunRecorder) -> tuple[types.CodeType, dict[str, Any]] |
     return (ff.code, ff.script_globals()) if ff is not None and ff.code is not None else None
 
 
+def _watchdog(recorder: RunRecorder) -> Watchdog | None:
+    """The run's :class:`~placecheck.run.script.Watchdog`, given to its fast-forward, which arms it when the
+    budget is spent; None without a fast-forward or when ``PLACECHECK_WATCHDOG`` is 0."""
+    ff, seconds = recorder.fastforward, watchdog_seconds()
+    if ff is None or seconds <= 0:
+        return None
+    watchdog = Watchdog(seconds, ff.progress)
+    ff.watchdog = watchdog
+    return watchdog
+
+
 def _unfinished(outcome: Outcome, limit: str, own_error: BaseException | None) -> str:
     """Why the script did not run through, for the summary line (exit code 2 without a failing finding):
     the simulation's limit, the script's own exception (not a device error) or its own non-zero
@@ -286,6 +307,8 @@ def _unfinished(outcome: Outcome, limit: str, own_error: BaseException | None) -
     at = f" at {outcome.line}" if outcome.line else ""
     if limit:
         return f"the simulation stopped{at}"
+    if outcome.kind == "stopped" and outcome.unfinished:
+        return f"stopped {outcome.reason.partition(': ')[0]}{at}"
     if own_error is not None:
         return raised(own_error, outcome.line)
     if outcome.kind == "exit" and exit_status(outcome.exit_code) != 0:
@@ -306,6 +329,11 @@ def _ending(outcome: Outcome, steps: int, lines: ScriptLines, own_error: bool = 
     if outcome.kind == "stopped":
         again = "--steps 0 runs" if outcome.reason.startswith("after") else "a longer --timeout runs"
         unrun = lines.unrun_after_stop(outcome.stack)
+        if outcome.unfinished:  # the watchdog: the script did not run through
+            left = f": {unrun}" if unrun else ""
+            head, _, why = outcome.reason.partition(": ")
+            return (f"run: stopped {head}{at}: {why}; after {done}: the script did not run through, the code "
+                    f"after it is unchecked{left} (exit code 2 unless a finding fails the run)")
         if unrun:
             return (f"run: stopped {outcome.reason}{at}; stopping early is not an error, but the code "
                     f"after it never ran, and is unchecked: {unrun}; {again} the script to its end")

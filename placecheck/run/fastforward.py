@@ -19,12 +19,21 @@ variables the loop sets stay set:
   :data:`MAX_EXTRA_ITERATIONS` more iterations, to reach them once (validation ``if epoch % 2 == 1``);
 - a loop that starts later runs its first iteration; a heavy one (batches, forwards) at most
   :data:`MAX_BATCHES` iterations, one that steps the optimizer only the first;
-- light loops (over parameters, a config's keys, ``range(num_layers)``) are never cut.
+- light loops (over parameters, a config's keys, ``range(num_layers)``) are never cut;
+- nor is a loop that yields (a generator's: an ``IterableDataset``'s stream): its consumer decides how
+  many items it takes, and is cut itself (a DataLoader's batches stay whole).
 
 Loops the script does not own (a library's: Lightning's fit loop, a helper module's) are ended through
 their DataLoaders (:mod:`placecheck.run.loaders`): an iterator that yielded batches before the budget was
-spent ends, and later iterators yield at most :data:`MAX_BATCHES` batches. A run that still steps the
-optimizer :data:`MAX_STEPS_AFTER` times past the budget is stopped as before (the recorder's ``StopRun``).
+spent ends, and every later pass (a new iterator) still yields at least one batch, as a library expects
+of a loader (an epoch-end handler reads the last batch, a metric needs an example): one of the training
+DataLoader's, at most :data:`MAX_BATCHES` of another's. A loop that ends on its own after a number of
+steps or epochs then ends; one that does not (Lightning's ``max_steps`` without ``max_epochs``) is
+stopped (``StopRun``, an ordinary early end) once it steps the optimizer :data:`MAX_STEPS_AFTER` times
+past the budget, or once one DataLoader began :data:`MAX_PASSES_AFTER` passes in a row after the
+budget without a line of the script running for the first time (:meth:`FastForward.pass_began`).
+Beyond that the :class:`~placecheck.run.script.Watchdog`, armed when the budget is spent, stops a run
+that makes no progress at all (a script spinning, or blocked, after its training).
 """
 
 from __future__ import annotations
@@ -38,7 +47,7 @@ import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from types import CodeType, FrameType
-from typing import Any
+from typing import Any, Protocol
 
 from placecheck.checks.sources import display_path
 from placecheck.run.coverage import runs_code
@@ -50,10 +59,22 @@ MAX_EXTRA_ITERATIONS = 3
 """More iterations an outer loop (the epoch loop) may run after the budget to reach its unrun lines."""
 MAX_STEPS_AFTER = 8
 """Optimizer steps after the budget before the run is stopped (a loop no rewrite or DataLoader ends)."""
+MAX_PASSES_AFTER = 8
+"""Passes over one DataLoader in a row after the budget, each running no line of the script for the first
+time, before the run is stopped (a library's loop that keeps iterating it: nothing more is checked)."""
 
 LOOP = "__placecheck_loop__"
 WHILE = "__placecheck_while__"
 AGAIN = "__placecheck_again__"
+
+
+class Alarm(Protocol):
+    """What the fast-forward needs of the run's watchdog (:class:`placecheck.run.script.Watchdog`)."""
+
+    enforced: bool
+
+    def arm(self) -> None:
+        """From now on a run without progress is stopped."""
 
 
 @dataclass
@@ -91,6 +112,8 @@ class Site:
     """Iterations passed over to reach the one whose guard holds (:meth:`FastForward._jump`)."""
     reached: tuple[str, ...] = ()
     """The tests of the guards so reached, as written, in the order reached."""
+    yields: bool = False
+    """Its body yields (nested functions' excepted): a generator's loop, never cut."""
 
 
 @dataclass(frozen=True)
@@ -150,7 +173,7 @@ class _Rewriter(ast.NodeTransformer):
         text = self.text[node.lineno - 1].strip() if node.lineno <= len(self.text) else ""
         lines = _statement_lines(node.body, node.orelse)
         site = Site(index=len(self.sites), kind=kind, first=node.lineno, last=node.end_lineno or node.lineno,
-                    header=_shorten(text), scope=self._scopes[-1], lines=lines)
+                    header=_shorten(text), scope=self._scopes[-1], lines=lines, yields=_yields(node))
         self.sites.append(site)
         self._loops[-1].append(site.index)
         self._loops.append([])
@@ -200,6 +223,18 @@ class _Rewriter(ast.NodeTransformer):
             ast.Call(func=ast.Name(AGAIN, ast.Load()), args=[ast.Name(name, ast.Load()), node.test],
                      keywords=[]), node.test)
         return [ast.copy_location(make, node), node]
+
+
+def _yields(node: ast.For | ast.While) -> bool:
+    """``node``'s body or ``else`` yields, not inside a nested function, class or lambda."""
+    todo: list[ast.AST] = [*node.body, *node.orelse]
+    while todo:
+        child = todo.pop()
+        if isinstance(child, ast.Yield | ast.YieldFrom):
+            return True
+        if not isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Lambda):
+            todo.extend(ast.iter_child_nodes(child))
+    return False
 
 
 _PURE = (ast.Name, ast.Constant, ast.Attribute, ast.Subscript, ast.Slice, ast.BinOp, ast.UnaryOp, ast.BoolOp,
@@ -357,13 +392,27 @@ class FastForward:
     """id of the DataLoader whose batch the step that spent the budget trained on."""
     loader_cuts: dict[str, int] = field(default_factory=dict)
     """The line that iterated a DataLoader -> batches fast-forward left out of its iterators, where known."""
+    watchdog: Alarm | None = None
+    """The run's watchdog, armed when the budget is spent (:meth:`begin`); None when
+    ``PLACECHECK_WATCHDOG`` is 0."""
     _roles: dict[tuple[int, int], str] = field(default_factory=dict)
+    _passes: dict[int, tuple[int, int]] = field(default_factory=dict)
+    """id of a DataLoader -> (the lines of the script that had run when its latest pass after the budget
+    began, the passes in a row since then that ran no new line)."""
 
     def __post_init__(self) -> None:
         if self.filename is not None:
             compiled = compile_script(self.filename)
             if compiled is not None:
                 self.code, self.sites = compiled
+
+    def progress(self) -> tuple[int, int]:
+        """What grows while the run makes progress: optimizer steps, top-level forwards and DataLoader
+        batches (:attr:`activity`), and the lines of the script that ran."""
+        return self.activity, self._lines_run()
+
+    def _lines_run(self) -> int:
+        return len(self.lines.executed) if self.lines is not None else 0
 
     def script_globals(self) -> dict[str, Any]:
         """What the rewritten script's module needs: the three helpers its loops call."""
@@ -457,7 +506,7 @@ class FastForward:
         if self.steps != state.steps:
             site.stepping = True
             state.steps = self.steps
-        if not self.on:
+        if not self.on or site.yields:
             return True
         if state.before:
             role = self._roles.get((state.frame, site.index), "outer")
@@ -506,6 +555,8 @@ class FastForward:
         self.on = True
         self.began_at = at
         self.budget = self.steps
+        if self.watchdog is not None:
+            self.watchdog.arm()
         innermost = True
         # a step in a helper module of the user's (its loops run as they are): its DataLoaders end them
         elsewhere = frame is not None and frame.f_code.co_filename != self.filename
@@ -525,15 +576,32 @@ class FastForward:
         """May a DataLoader iterator (of the loader whose id is ``loader``) yield another batch? Always,
         but in a fast-forward through the DataLoaders: then an iterator that yielded batches before the
         budget was spent ends (the training loop's), a later one of the training DataLoader (the one the
-        last batch before the budget came from) yields none (its epoch ends at once, as an epoch loop
-        the script owns would end), another at most :data:`MAX_BATCHES`."""
+        last batch before the budget came from) yields one (its epoch is one step long: a library still
+        sees a batch in each epoch, its epoch-end code and metrics have one), another at most
+        :data:`MAX_BATCHES`."""
         if not (self.on and self.through_loaders):
             return True
         if started_before and yielded:
             return False
-        if loader == self.training_loader:
-            return False
-        return yielded_after < MAX_BATCHES
+        return yielded_after < (1 if loader == self.training_loader else MAX_BATCHES)
+
+    def pass_began(self, loader: int, line: str) -> str:
+        """A new iterator of the DataLoader whose id is ``loader`` (iterated at ``line``): after the
+        budget, why the run stops here (the caller raises ``StopRun``) when it is the
+        :data:`MAX_PASSES_AFTER`-th pass over it in a row whose previous pass ran no line of the script for
+        the first time (a loop that does not end when its loader's passes are short: nothing more would
+        be checked); "" otherwise."""
+        if not self.on:
+            return ""
+        lines = self._lines_run()
+        before = self._passes.get(loader)
+        stale = before[1] + 1 if before is not None and before[0] == lines else 0
+        self._passes[loader] = (lines, stale)
+        if stale < MAX_PASSES_AFTER:
+            return ""
+        where = f" iterated at {line}" if line else ""
+        return (f"after {stale} passes in a row over the DataLoader{where} after the budget (--steps "
+                f"{self.budget}) that ran no new line of the script: the loop iterating it did not end")
     # -- what it did ------------------------------------------------------------------------------------
     def notes(self, budget: str) -> list[str]:
         """One note per loop fast-forward ended early or ran on, with its lines."""
@@ -557,6 +625,10 @@ class FastForward:
             left = f": {batches} batch{'es' if batches != 1 else ''} skipped" if batches else ""
             out.append(f"run: fast-forward after {budget}: the iterators of the DataLoader iterated at "
                        f"{line} ended early{left}, unchecked")
+        if self.watchdog is not None and not self.watchdog.enforced:
+            out.append("run: the watchdog is not enforced here (it needs SIGALRM in the main thread, and the "
+                       "script's own SIGALRM handler takes precedence): a run that stalls after the budget "
+                       "goes on until it ends")
         return out
 
     @staticmethod

@@ -11,6 +11,7 @@ from typing import Any
 from placecheck.checks import classify
 from placecheck.checks.sources import here
 from placecheck.run.origins import Origin
+from placecheck.run.session import StopRun
 from placecheck.run.sites import library_caller
 
 if typing.TYPE_CHECKING:
@@ -56,10 +57,14 @@ class Loaders:
                     "workers' work in the script's process (fake tensors cannot cross into worker "
                     "processes); its batches are CPU tensors, as from workers"] = None
                 loader.num_workers = 0
+            ff = self.recorder.fastforward
+            line = here()[0]
+            stop = ff.pass_began(id(loader), line) if ff is not None else ""
+            if stop:  # a loop that keeps iterating it after the budget, with nothing new: it ends here
+                raise StopRun(stop)
             with self.recorder.host_data():  # the sampler's shuffle and seed: real values
                 iterator = original(loader)
-            self.iterators[id(iterator)] = (bool(getattr(loader, "pin_memory", False)), here()[0])
-            ff = self.recorder.fastforward
+            self.iterators[id(iterator)] = (bool(getattr(loader, "pin_memory", False)), line)
             self.counts[id(iterator)] = [ff is None or not ff.on, 0, 0, False]
             self.loader_of[id(iterator)] = id(loader)
             return iterator

@@ -5,7 +5,8 @@ The script runs as ``__main__`` through :mod:`runpy`: ``sys.argv`` is
 ``-m``) is first on ``sys.path``, the working directory is left as it is.
 What ends it: its own end, ``sys.exit``, an exception, or a
 :class:`~placecheck.run.session.StopRun` raised into it (enough optimizer
-steps, or ``--timeout`` by ``SIGALRM``). Everything is restored afterwards.
+steps, or ``--timeout`` or the :class:`Watchdog` by ``SIGALRM``). Everything
+is restored afterwards.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import runpy
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from types import CodeType, FrameType, TracebackType
@@ -103,6 +105,8 @@ class Outcome:
     error: BaseException | None = None
     stack: tuple[tuple[CodeType, int], ...] = ()
     """Where a stop found the program: each frame's code and line, outermost first."""
+    unfinished: bool = False
+    """A stop that means the script did not run through (the :class:`Watchdog`'s)."""
 
 
 @contextlib.contextmanager
@@ -121,35 +125,127 @@ def _as_main(program: Program) -> Iterator[None]:
         sys.path[:] = path
 
 
+WATCHDOG_SECONDS = 60.0
+"""How long a run may go without progress after the ``--steps`` budget before the :class:`Watchdog`
+stops it."""
+WATCHDOG_ENV = "PLACECHECK_WATCHDOG"
+"""Sets :data:`WATCHDOG_SECONDS` for a run (a number of seconds; 0 turns the watchdog off)."""
+
+
+def watchdog_seconds() -> float:
+    """The watchdog's time: ``PLACECHECK_WATCHDOG`` when it holds a number >= 0, else
+    :data:`WATCHDOG_SECONDS`."""
+    try:
+        seconds = float(os.environ.get(WATCHDOG_ENV, WATCHDOG_SECONDS))
+    except ValueError:
+        return WATCHDOG_SECONDS
+    return seconds if seconds >= 0 else WATCHDOG_SECONDS
+
+
+@dataclass
+class Watchdog:
+    """Stops a run that makes no progress for :attr:`seconds` once :meth:`arm` was called (the
+    fast-forward arms it when the ``--steps`` budget is spent): :attr:`progress` answers a value that
+    changes with every optimizer step, top-level forward, DataLoader batch and new line of the script.
+
+    Checked by the same ``SIGALRM`` as ``--timeout`` (:func:`_alarm`), about four times per
+    :attr:`seconds` (at most once a second), so it stops a script blocked in C too (``time.sleep``, a
+    queue's ``get``: Python runs the handler when the call returns with EINTR). The signal is Python's to
+    handle in the main thread only: a run started in another thread has no watchdog (the fast-forward's
+    notes say so), and a script's own thread that spins goes on after the main thread is stopped.
+    """
+
+    seconds: float
+    progress: Callable[[], object]
+    armed: bool = False
+    enforced: bool = True
+    """False when the run could not use SIGALRM (not the main thread, no ``setitimer``)."""
+    _last: object = None
+    _since: float = 0.0
+    _wake: Callable[[], None] | None = None
+
+    @property
+    def tick(self) -> float:
+        """Seconds between two checks."""
+        return max(0.01, min(1.0, self.seconds / 4))
+
+    def arm(self) -> None:
+        """From now on, a stretch of :attr:`seconds` without progress stops the run."""
+        if self.armed or self.seconds <= 0:
+            return
+        self.armed = True
+        self._last, self._since = self.progress(), time.monotonic()
+        if self._wake is not None:
+            self._wake()
+
+    def check(self, now: float) -> None:
+        """Raise the watchdog's :class:`StopRun` when nothing progressed for :attr:`seconds` by ``now``."""
+        if not self.armed:
+            return
+        value = self.progress()
+        if value != self._last:
+            self._last, self._since = value, now
+        elif now - self._since >= self.seconds:
+            self.armed = False
+            raise StopRun(f"by the watchdog: no progress for {self.seconds:g} s after the --steps budget (no "
+                          "optimizer step, forward, DataLoader batch or new line of the script; "
+                          f"{WATCHDOG_ENV} sets the time, 0 turns it off)", unfinished=True)
+
+
 @contextlib.contextmanager
-def _deadline(seconds: float | None) -> Iterator[bool]:
-    """Raise :class:`StopRun` into the program after ``seconds``; yields False when it cannot (not the
-    main thread, or no SIGALRM on this platform)."""
-    usable = (seconds is not None and seconds > 0 and hasattr(signal, "setitimer")
-              and threading.current_thread() is threading.main_thread())
-    if not usable:
+def _alarm(seconds: float | None, watchdog: Watchdog | None = None) -> Iterator[bool]:
+    """Raise :class:`StopRun` into the program after ``seconds`` (``--timeout``), or when ``watchdog``
+    finds it stalled; yields False when ``seconds`` cannot be enforced (not the main thread, or no
+    SIGALRM on this platform). One ``ITIMER_REAL``, re-armed by its handler for the nearer of the two."""
+    timed = seconds is not None and seconds > 0
+    usable = hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+    if watchdog is not None and not usable:
+        watchdog.enforced = False
+    if not usable or not (timed or watchdog is not None):
         yield seconds is None
         return
+    deadline = time.monotonic() + float(seconds) if timed and seconds is not None else None
+
+    def schedule() -> None:
+        if signal.getsignal(signal.SIGALRM) is not expire:  # the script's own SIGALRM handler: its alarms
+            if watchdog is not None:
+                watchdog.enforced = False
+            return
+        waits = [] if deadline is None else [deadline - time.monotonic()]
+        if watchdog is not None and watchdog.armed:
+            waits.append(watchdog.tick)
+        if waits:
+            signal.setitimer(signal.ITIMER_REAL, max(min(waits), 0.001))
 
     def expire(signum: int, frame: FrameType | None) -> None:
-        raise StopRun(f"at --timeout {seconds:g} s")
+        now = time.monotonic()
+        if deadline is not None and now >= deadline - 0.005:
+            raise StopRun(f"at --timeout {seconds:g} s")
+        if watchdog is not None:
+            watchdog.check(now)
+        schedule()
 
     previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, float(seconds or 0))
+    if watchdog is not None:
+        watchdog._wake = schedule  # arm() may come from any thread: the timer is the process's
+    schedule()
     try:
         yield True
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+        if watchdog is not None:
+            watchdog._wake = None
 
 
 def execute(program: Program, timeout: float | None = None, notes: list[str] | None = None,
-            code: tuple[CodeType, dict[str, Any]] | None = None) -> Outcome:
+            code: tuple[CodeType, dict[str, Any]] | None = None, watchdog: Watchdog | None = None) -> Outcome:
     """Run ``program`` to its end or until it is stopped; never raises what the program raises.
 
     ``code``: the script's code to run instead of its file's, compiled from it with its own name and
-    lines (the fast-forward's rewrite, :mod:`placecheck.run.fastforward`), and the globals it needs."""
-    with _as_main(program), _deadline(timeout) as armed:
+    lines (the fast-forward's rewrite, :mod:`placecheck.run.fastforward`), and the globals it needs.
+    ``watchdog``: stops the program when it stalls once armed (:class:`Watchdog`)."""
+    with _as_main(program), _alarm(timeout, watchdog) as armed:
         if not armed and notes is not None:
             notes.append("run: --timeout is not enforced here (it needs SIGALRM in the main thread)")
         try:
@@ -169,7 +265,8 @@ def execute(program: Program, timeout: float | None = None, notes: list[str] | N
             else:
                 runpy.run_path(target, run_name="__main__")
         except StopRun as stop:
-            return Outcome("stopped", user_line(stop), stop.reason, stack=_stack(stop.__traceback__))
+            return Outcome("stopped", user_line(stop), stop.reason, stack=_stack(stop.__traceback__),
+                           unfinished=stop.unfinished)
         except SystemExit as exc:
             return Outcome("exit", user_line(exc), exit_code=exc.code)
         except BaseException as exc:  # the program's own failure is reported, not raised

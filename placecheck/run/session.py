@@ -26,14 +26,16 @@ if TYPE_CHECKING:
 
 class StopRun(BaseException):
     """Raised into the script to end the run early (``--timeout``; ``--steps`` reached when the run cannot
-    fast-forward, or still steps the optimizer long after the budget).
+    fast-forward, or still steps the optimizer long after the budget; the watchdog).
 
-    A ``BaseException``, so the script's own ``except Exception`` does not swallow it.
+    A ``BaseException``, so the script's own ``except Exception`` does not swallow it. ``unfinished``: the
+    stop means the script did not run through (the watchdog's: exit code 2), not an ordinary early end.
     """
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, unfinished: bool = False) -> None:
         super().__init__(reason)
         self.reason = reason
+        self.unfinished = unfinished
 
 
 class RankPlacement(Protocol):
