@@ -42,6 +42,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -202,6 +203,8 @@ class RankChecks:
         from torch.distributed import distributed_c10d
         from torch.nn.parallel import DistributedDataParallel
 
+        from placecheck.run import dtensors
+        from placecheck.run.dtensors import DTENSOR_MODULE, VIEW_WARNING
         from placecheck.run.fsdp import FSDP_MODULE, ShardedPlacement
         from placecheck.run.patches import (
             Patch,
@@ -226,9 +229,14 @@ class RankChecks:
         patches += [(DistributedDataParallel, name, make)
                     for name, make in ddp_comm_hooks().items()]
         sharded = ShardedPlacement(self.placed_at, self._sharded_forward,
-                                   lambda text: self.recorder.notes.setdefault(text, None))
-        # FSDP's code is patched once the script imports it: importing it costs each rank half a second
-        with patched(patches), patched_once_imported(FSDP_MODULE, sharded.patches):
+                                   lambda text: self.recorder.notes.setdefault(text, None),
+                                   self.recorder.quiet)
+        # FSDP's code is patched once the script imports it: importing it costs each rank half a second;
+        # DTensor's (FSDP2's parameters) once it is imported (by FSDP, or by the script itself)
+        with patched(patches), patched_once_imported(DTENSOR_MODULE, dtensors.patches), \
+                patched_once_imported(FSDP_MODULE, sharded.patches), warnings.catch_warnings():
+            # the engine's results are views of their CPU data, which FSDP2 warns about for a module's output
+            warnings.filterwarnings("ignore", message=VIEW_WARNING)
             try:
                 yield
             finally:
@@ -279,12 +287,9 @@ class RankChecks:
             self.uses[(line, ALL_GATHER, str(device))] = None
 
     def limit_of(self, exc: BaseException) -> str:
-        """The note for ``exc`` when it is a limit of this rank's simulation, not the script's error ("" if
-        not): FSDP's ``DTensor`` API asked of a parameter FSDP's placement left whole
-        (:func:`placecheck.run.fsdp.dtensor_api_missing`)."""
-        from placecheck.run.fsdp import dtensor_api_missing
-
-        return dtensor_api_missing(exc, self.sharded)
+        """The note for ``exc`` when it is a limit of this rank's simulation, not the script's error: none of
+        its own (FSDP2's DTensor parameters are simulated, :mod:`placecheck.run.dtensors`)."""
+        return ""
 
     def _cpu_in_nccl(self, call: str, what: str, line: str) -> None:
         r = rule(Code.PC402)
