@@ -156,7 +156,7 @@ def test_fsdp2_gives_dtensor_shards_on_every_ranks_gpu_and_trains_through(capsys
     # shard there, full_tensor()s there (an AssertionError would be the script's error: exit 2)
     report = run(script("fsdp2_transformer_fixed.py"), nproc_per_node=2)
     assert clean(report), (failing(report), report.notes, report.unfinished)
-    assert NOTE in report.notes and report.stats["optimizer_steps"] == 2
+    assert NOTE in report.notes and dict(report.stats)["optimizer_steps"] == 2
     out = capsys.readouterr().out
     losses = re.findall(r"\[rank0\]: step \d: loss (\S+)", out)
     assert len(losses) == 2 and all(math.isfinite(float(loss)) for loss in losses)
@@ -172,6 +172,14 @@ def test_a_target_left_on_the_cpu_in_fsdp2_training_is_found_on_every_rank() -> 
     assert "cross_entropy" in finding.message and "is on cpu" in finding.message
     assert at("fsdp2_transformer_buggy.py", 82) in finding.message  # where the target was made
     assert exit_code([report]) == 1
+
+
+def test_fsdp2_cpu_offload_keeps_shards_gradients_and_optimizer_state_on_the_cpu() -> None:
+    # the script asserts it (and the gathered bfloat16 parameters on the GPU): a shard reported on the GPU
+    # would stop it with its own AssertionError (exit 2); FSDP2's copies between them are not the script's
+    report = run(script("fsdp2_offload_fixed.py"), nproc_per_node=2)
+    assert clean(report), (failing(report), report.notes, report.unfinished)
+    assert report.findings and all(f.code == "PC204" for f in report.findings)
 
 
 def test_dtensors_over_a_simulated_cuda_mesh_are_where_a_gpu_puts_them() -> None:

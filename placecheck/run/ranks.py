@@ -17,10 +17,11 @@ CUDA device, ``dist.get_rank()`` are the rank's own) that runs the script as
 - each collective and each ``DistributedDataParallel`` construction recorded with
   the GPU it ran on, so that the parent sees two ranks on one GPU, which NCCL
   refuses ("Duplicate GPU detected") (PC401).
-- FSDP (FSDP2's ``fully_shard``, FSDP1's ``FullyShardedDataParallel``, Lightning's
-  ``fsdp`` strategy) run as its placement, each rank with whole parameters on its
-  FSDP device, the first forward's all-gather recorded with its GPU
-  (:mod:`placecheck.run.fsdp`).
+- FSDP2's ``fully_shard`` sharding each rank's module into DTensors on its GPU, as
+  on a GPU (:mod:`placecheck.run.dtensors`), FSDP1's ``FullyShardedDataParallel``
+  and Lightning's ``fsdp`` strategy run as their placement, each rank with whole
+  parameters on its FSDP device; the first forward's all-gather recorded with its
+  GPU (:mod:`placecheck.run.fsdp`).
 
 The parent (:func:`run_ranks`) merges the ranks' reports into one: a finding
 that several ranks have (the same code, place and line, their own GPU aside) is
@@ -186,7 +187,7 @@ class RankChecks:
         self.first: dict[str, str] = {}
         """That GPU -> what the first of those lines did."""
         self.sharded = False
-        """The script sharded a module with FSDP (run as its placement, :mod:`placecheck.run.fsdp`)."""
+        """The script sharded a module with FSDP (:mod:`placecheck.run.fsdp`)."""
         self.where: dict[str, str] = {}
         """That GPU -> the module moved there first, or the call that made the first tensor there."""
 
