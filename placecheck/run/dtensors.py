@@ -37,6 +37,9 @@ reduce-scatters and offload copies are FSDP2's own work, not the script's calls 
 Not simulated: the values other ranks would send (a gathered tensor holds this rank's shard in every
 slot); the check that an NCCL collective gets no CPU tensor (PC402) sees ``torch.distributed``'s Python
 API, not the functional collectives DTensor calls (``full_tensor()`` of a CPU-offloaded parameter).
+
+Not reentrant: the patches are on DTensor's and the engine's classes, for the process (each rank is a
+process of its own).
 """
 
 from __future__ import annotations
