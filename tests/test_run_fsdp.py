@@ -182,6 +182,18 @@ def test_fsdp2_cpu_offload_keeps_shards_gradients_and_optimizer_state_on_the_cpu
     assert report.findings and all(f.code == "PC204" for f in report.findings)
 
 
+def test_a_sharded_parameter_read_outside_its_modules_forward_is_pc201_and_the_run_goes_on() -> None:
+    # the head was sharded and never called: its weight is a DTensor where the loop multiplies by it, which
+    # raises on the ranks ("got mixed torch.Tensor and DTensor"); decided from the arguments' types
+    report = run(script("fsdp2_outside_buggy.py"), nproc_per_node=2)
+    assert failing(report) == [("PC201", at("fsdp2_outside_buggy.py", 33), "0-1")]
+    [finding] = [f for f in report.findings if f.code == "PC201"]
+    assert dict(finding.details)["op"] == "Tensor.matmul" and "DTensor" in finding.message
+    assert any(past_the_steps(n) for n in report.notes) and not report.unfinished
+    fixed = run(script("fsdp2_outside_fixed.py"), nproc_per_node=2)
+    assert clean(fixed) and fixed.findings == (), failing(fixed)
+
+
 def test_dtensors_over_a_simulated_cuda_mesh_are_where_a_gpu_puts_them() -> None:
     # one rank in this process: DTensor's own ops, to_local(), full_tensor(), moves to the CPU and back
     from torch.distributed.device_mesh import init_device_mesh

@@ -34,6 +34,9 @@ FSDP2's device, or on the CPU with ``offload_policy=CPUOffloadPolicy()`` (the op
 and a shard FSDP2 puts in place of another (after ``to_empty``) is where the old one was. Its all-gathers,
 reduce-scatters and offload copies are FSDP2's own work, not the script's calls (not recorded).
 
+An op of the script that mixes a plain tensor with a DTensor raises on the ranks: :class:`DTensorMixes`
+reports it (PC201) and runs it on the DTensor's full value.
+
 Not simulated: the values other ranks would send (a gathered tensor holds this rank's shard in every
 slot); the check that an NCCL collective gets no CPU tensor (PC402) sees ``torch.distributed``'s Python
 API, not the functional collectives DTensor calls (``full_tensor()`` of a CPU-offloaded parameter).
@@ -301,3 +304,58 @@ def fsdp_patches(quiet: Callable[[], AbstractContextManager[Any]]) -> list[Patch
     return [*((owner, name, _fsdps_own(quiet, True)) for owner, name in fsdp2_backward_entries()),
             (unshard, name, _fsdps_own(quiet, False)),
             (fsdp2_param_class(), "to_sharded_dtensor", _sharded_on_fsdp_device)]
+
+
+class DTensorMixes:
+    """An op of the script that mixes a plain tensor (not a 0-dim scalar) with a DTensor: on the ranks it
+    raises ("got mixed torch.Tensor and DTensor", a sharded parameter read outside its own module's
+    forward); PC201 at its line, as ``audit --wrap fsdp`` reports it
+    (:class:`placecheck.placement.replicas.DTensorMixes`), and the op run on the DTensors' full values
+    (detached: no gradient reaches the DTensor through it), so that the run goes on and reports every
+    such op. Decided from the arguments' types, never from
+    DTensor's message. A handler of the dispatcher, subscribed before the recorder (which sees the call
+    first); placecheck's and FSDP2's own calls (``quieted()``) are left alone."""
+
+    def __init__(self, add: Callable[[Any], None], quiet: Callable[[], AbstractContextManager[Any]],
+                 quieted: Callable[[], bool]) -> None:
+        self.add = add
+        self.quiet = quiet
+        self.quieted = quieted
+
+    def __call__(self, call: Any) -> Any:
+        import sys
+
+        if "torch.distributed.tensor" not in sys.modules or self.quieted():
+            return call.run()
+        from torch.distributed.tensor import DTensor
+
+        tensors = [t for _, t in call.tensors]
+        dtensors = [t for t in tensors if isinstance(t, DTensor)]
+        plain = [t for t in tensors if not isinstance(t, DTensor) and t.dim() > 0]
+        if not dtensors or not plain:
+            return call.run()
+        self.add(self._finding(call.name, plain[0], dtensors[0]))
+        from placecheck.engines.compat import tree_map_only
+
+        with self.quiet():  # detached: its backward would run DTensor's collectives outside the simulation
+            full = {id(d): d.full_tensor().detach() for d in dtensors}
+        args, kwargs = tree_map_only(DTensor, lambda d: full.get(id(d), d), (call.args, call.kwargs))
+        return call.func(*args, **kwargs)
+
+    @staticmethod
+    def _finding(op: str, plain: torch.Tensor, dtensor: Any) -> Any:
+        from placecheck.checks.sources import here
+        from placecheck.findings.codes import Code
+        from placecheck.findings.finding import Finding
+        from placecheck.findings.rules import dtensor_mixed, rule
+
+        def described(t: torch.Tensor) -> str:
+            return f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}"
+
+        placements = ", ".join(str(p) for p in dtensor.placements)
+        message, hint = dtensor_mixed(op, f"{described(plain)} on {plain.device}",
+                                      f"{described(dtensor)} {placements} over {dtensor.device_mesh}")
+        r = rule(Code.PC201)
+        return Finding(code=r.code, kind=r.kind, severity=r.severity, where="", source=here()[0],
+                       device=str(plain.device), expected=str(dtensor.device), message=message, hint=hint,
+                       details=(("op", op), ("dtensor", f"{placements} over {dtensor.device_mesh}")))

@@ -204,8 +204,9 @@ class RankChecks:
         from torch.distributed import distributed_c10d
         from torch.nn.parallel import DistributedDataParallel
 
+        from placecheck.engines.dispatch import subscribed
         from placecheck.run import dtensors
-        from placecheck.run.dtensors import DTENSOR_MODULE, VIEW_WARNING
+        from placecheck.run.dtensors import DTENSOR_MODULE, VIEW_WARNING, DTensorMixes
         from placecheck.run.fsdp import FSDP_MODULE, ShardedPlacement
         from placecheck.run.patches import (
             Patch,
@@ -234,8 +235,11 @@ class RankChecks:
                                    self.recorder.quiet)
         # FSDP's code is patched once the script imports it: importing it costs each rank half a second;
         # DTensor's (FSDP2's parameters) once it is imported (by FSDP, or by the script itself)
+        # an op mixing a plain tensor with a DTensor: subscribed before the recorder, which sees it first
+        mixes = DTensorMixes(self.recorder.add, self.recorder.quiet, lambda: self.recorder.quieted)
         with patched(patches), patched_once_imported(DTENSOR_MODULE, dtensors.patches), \
-                patched_once_imported(FSDP_MODULE, sharded.patches), warnings.catch_warnings():
+                patched_once_imported(FSDP_MODULE, sharded.patches), warnings.catch_warnings(), \
+                subscribed(mixes):
             # the engine's results are views of their CPU data, which FSDP2 warns about for a module's output
             warnings.filterwarnings("ignore", message=VIEW_WARNING)
             try:
