@@ -1,6 +1,7 @@
 """``placecheck run --nproc-per-node N`` of FSDP scripts: FSDP2's ``fully_shard`` (public and private
-import paths), FSDP1's ``FullyShardedDataParallel`` and Lightning's ``fsdp`` strategy, run as each rank's
-placement (:mod:`placecheck.run.fsdp`).
+import paths) sharding each rank's module into DTensors on its simulated GPU (:mod:`placecheck.run.dtensors`),
+FSDP1's ``FullyShardedDataParallel`` and Lightning's ``fsdp`` strategy run as each rank's placement
+(:mod:`placecheck.run.fsdp`).
 
 Each buggy script in ``tests/fixtures/run/ranks/`` has its bug at a known line and a fixed twin that
 exits 0; each run starts one interpreter per rank, so each script runs once per test.
@@ -9,16 +10,16 @@ exits 0; each run starts one interpreter per rank, so each script runs once per 
 from __future__ import annotations
 
 import math
-import os
 import re
 from pathlib import Path
 
 import pytest
+import torch
 from rank_scripts import FIXTURES, at, failing, script
 
 from placecheck.findings.report import Report, exit_code
 from placecheck.run import run
-from placecheck.run.fsdp import ALL_GATHER, fully_shard_homes
+from placecheck.run.fsdp import ALL_GATHER, NOTE, fully_shard_homes
 
 
 def past_the_steps(note: str) -> bool:
@@ -147,17 +148,77 @@ def test_gathered_and_scattered_outputs_hold_the_ranks_own_values(capsys: pytest
     assert printed == {"0": "12.0", "1": "92.0"}  # each rank's arange(4) + 10 * rank, gathered twice
 
 
-def test_dtensors_api_on_a_whole_parameter_is_a_limit_of_the_simulation_not_the_scripts_error(
-        tmp_path: Path) -> None:
-    # FSDP2's usual full-state-dict save asks each sharded parameter for .full_tensor(): the placement keeps
-    # whole parameters, so that is the simulation's limit (a note, exit 2), never the script's PC207
-    saving = tmp_path / "fsdp2_save.py"
-    saving.write_text((FIXTURES / "fsdp2_fixed.py").read_text().replace(
-        "dist.destroy_process_group()",
-        "full = {k: v.full_tensor().cpu() for k, v in model.state_dict().items()}\n"
-        "dist.destroy_process_group()"))
-    report = run(os.path.relpath(saving), nproc_per_node=2, steps=0)
-    assert failing(report) == [] and exit_code([report]) == 2
-    [note] = [n for n in report.notes if "DTensor's 'full_tensor'" in n]
-    assert note.startswith(f"run: stopped at {os.path.relpath(saving)}:39: the script asks")
-    assert "limit of the simulation" in note
+# -- FSDP2's DTensor parameters, as pytorch/examples' fsdp2 example trains ----------------------------------
+
+def test_fsdp2_gives_dtensor_shards_on_every_ranks_gpu_and_trains_through(capsys: pytest.CaptureFixture[str]
+                                                                          ) -> None:
+    # the script asserts what a GPU gives: every parameter a Shard(0) DTensor on cuda:LOCAL_RANK, its local
+    # shard there, full_tensor()s there (an AssertionError would be the script's error: exit 2)
+    report = run(script("fsdp2_transformer_fixed.py"), nproc_per_node=2)
+    assert clean(report), (failing(report), report.notes, report.unfinished)
+    assert NOTE in report.notes and dict(report.stats)["optimizer_steps"] == 2
+    out = capsys.readouterr().out
+    losses = re.findall(r"\[rank0\]: step \d: loss (\S+)", out)
+    assert len(losses) == 2 and all(math.isfinite(float(loss)) for loss in losses)
+    assert "[rank0]: full state dict: 25 tensors" in out  # after the fast-forward, from the full_tensor()s
+
+
+def test_a_target_left_on_the_cpu_in_fsdp2_training_is_found_on_every_rank() -> None:
+    # launched as python -m torch.distributed.run --nproc-per-node 2 would launch it
+    report = run("torch.distributed.run", ["--nproc-per-node", "2", script("fsdp2_transformer_buggy.py")],
+                 module=True)
+    assert failing(report) == [("PC201", at("fsdp2_transformer_buggy.py", 85), "0-1")]
+    [finding] = [f for f in report.findings if f.code == "PC201"]
+    assert "cross_entropy" in finding.message and "is on cpu" in finding.message
+    assert at("fsdp2_transformer_buggy.py", 82) in finding.message  # where the target was made
+    assert exit_code([report]) == 1
+
+
+def test_fsdp2_cpu_offload_keeps_shards_gradients_and_optimizer_state_on_the_cpu() -> None:
+    # the script asserts it (and the gathered bfloat16 parameters on the GPU): a shard reported on the GPU
+    # would stop it with its own AssertionError (exit 2); FSDP2's copies between them are not the script's
+    report = run(script("fsdp2_offload_fixed.py"), nproc_per_node=2)
+    assert clean(report), (failing(report), report.notes, report.unfinished)
+    assert report.findings and all(f.code == "PC204" for f in report.findings)
+
+
+def test_a_sharded_parameter_read_outside_its_modules_forward_is_pc201_and_the_run_goes_on() -> None:
+    # the head was sharded and never called: its weight is a DTensor where the loop multiplies by it, which
+    # raises on the ranks ("got mixed torch.Tensor and DTensor"); decided from the arguments' types
+    report = run(script("fsdp2_outside_buggy.py"), nproc_per_node=2)
+    assert failing(report) == [("PC201", at("fsdp2_outside_buggy.py", 33), "0-1")]
+    [finding] = [f for f in report.findings if f.code == "PC201"]
+    assert dict(finding.details)["op"] == "Tensor.matmul" and "DTensor" in finding.message
+    assert any(past_the_steps(n) for n in report.notes) and not report.unfinished
+    fixed = run(script("fsdp2_outside_fixed.py"), nproc_per_node=2)
+    assert clean(fixed) and fixed.findings == (), failing(fixed)
+
+
+def test_dtensors_over_a_simulated_cuda_mesh_are_where_a_gpu_puts_them() -> None:
+    # one rank in this process: DTensor's own ops, to_local(), full_tensor(), moves to the CPU and back
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+
+    from placecheck.basics.patching import patched
+    from placecheck.engines.tagged import SimulatedDeviceMismatchError, tagged_cuda
+    from placecheck.placement.replicas import _fake_process_group
+    from placecheck.run import dtensors
+
+    gpu = torch.device("cuda", 1)
+    own = dict(vars(DTensor))
+    with tagged_cuda(2), _fake_process_group(1, 2), patched(dtensors.patches(), "test"):
+        torch.cuda.set_device(1)
+        mesh = init_device_mesh("cuda", (2,))
+        sharded = distribute_tensor(torch.arange(8.0, device=gpu), mesh, [Shard(0)])
+        assert (sharded.device, sharded.to_local().device, sharded.to_local().shape) == (gpu, gpu, (4,))
+        computed = sharded * 2 + 1  # DTensor's own dispatch: its new local shard stays on the GPU
+        assert isinstance(computed, DTensor) and computed.to_local().device == gpu
+        full = computed.full_tensor()
+        assert not isinstance(full, DTensor) and (full.device, full.shape) == (gpu, (8,))
+        assert sharded.redistribute(mesh, [Replicate()]).to_local().device == gpu
+        host = sharded.cpu()
+        assert host.device.type == "cpu" and (host + 1).to_local().device.type == "cpu"
+        assert host.to(gpu).to_local().device == gpu
+        with pytest.raises(SimulatedDeviceMismatchError):
+            torch.ones(4) + sharded.to_local()  # a CPU tensor meeting the GPU shard, as on a GPU
+    assert dict(vars(DTensor)) == own  # DTensor as torch has it once the session ends

@@ -70,6 +70,7 @@ if TYPE_CHECKING:
     from torch.utils._python_dispatch import (
         _get_current_dispatch_mode_stack as _get_current_dispatch_mode_stack,
     )
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass as is_traceable_wrapper_subclass
     from torch.utils._pytree import keystr as keystr
     from torch.utils._pytree import tree_flatten as tree_flatten
     from torch.utils._pytree import tree_flatten_with_path as tree_flatten_with_path
@@ -91,8 +92,8 @@ _LAZY: dict[str, str] = {
                      "UnsupportedOperatorException"), _FAKE),
     **dict.fromkeys(("keystr", "tree_flatten", "tree_flatten_with_path", "tree_leaves", "tree_map",
                      "tree_map_only", "tree_unflatten"), _PYTREE),
-    **dict.fromkeys(("TorchDispatchMode", "_disable_current_modes", "_get_current_dispatch_mode_stack"),
-                    _DISPATCH),
+    **dict.fromkeys(("TorchDispatchMode", "_disable_current_modes", "_get_current_dispatch_mode_stack",
+                     "is_traceable_wrapper_subclass"), _DISPATCH),
     "active_fake_mode": "torch._guards",
     "DisableTorchFunction": "torch._C",
     "DisableTorchFunctionSubclass": "torch._C",
@@ -342,6 +343,47 @@ def fsdp_init_module() -> Any:
     except ImportError:
         return None
     return _fsdp_init
+
+
+def fsdp2_backward_entries() -> list[tuple[Any, str]]:
+    """FSDP2's methods that autograd calls during a backward (an output's gradient hook, its
+    post-backward ``autograd.Function``, the engine's final callback), as ``(class, name)``."""
+    from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+    from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
+
+    return [(FSDPState, "_pre_backward"), (FSDPState, "_root_post_backward_final_callback"),
+            (FSDPParamGroup, "post_backward")]
+
+
+def fsdp2_unshard() -> tuple[Any, str]:
+    """FSDP2's all-gather of a parameter group (``FSDPParamGroup.unshard``), as ``(class, name)``."""
+    from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+
+    return FSDPParamGroup, "unshard"
+
+
+def fsdp2_param_class() -> Any:
+    """FSDP2's ``FSDPParam``, which builds each sharded parameter (and gradient) as a DTensor
+    (``to_sharded_dtensor``)."""
+    from torch.distributed.fsdp._fully_shard._fsdp_param import FSDPParam
+
+    return FSDPParam
+
+
+def dtensor_rng_askers() -> list[Any]:
+    """DTensor's modules that ask ``is_rng_supported_mesh(mesh)`` before a random op on a DTensor (then
+    run it under their CUDA RNG tracker)."""
+    from torch.distributed.tensor import _dispatch, _random
+
+    return [_random, _dispatch]
+
+
+def accelerator_query() -> tuple[Any, str]:
+    """Where torch asks which accelerator this build has (``torch._C._get_accelerator``: FSDP2's default
+    mesh is of its type), as ``(module, name)``."""
+    import torch
+
+    return torch._C, "_get_accelerator"
 
 
 def composable_state_keys() -> frozenset[str]:

@@ -1,45 +1,40 @@
 """FSDP under ``placecheck run --nproc-per-node N``: what each rank's FSDP places, and where.
 
-FSDP's own sharding cannot run on the real-valued engine (:mod:`placecheck.engines.tagged`): its sharded
-parameters are ``DTensor``s, wrappers whose device is the real one of their storage (the CPU; the
-engine's :class:`~placecheck.engines.tagged.SimulatedTensor` tag does not reach them), and each op on them
-runs below the engine's ``__torch_function__``, so the tag of every local shard is lost at the first one
-(``nn.Parameter(dtensor)`` detaches it). Run as is, a correct FSDP2 script got a PC207
-(``fully_shard`` asks ``torch._C._get_accelerator()``, which answers ``cpu`` without a GPU, builds a
-CPU mesh and asserts the model it finds on ``cuda:k`` was not moved there) and, past that, a PC201
-inside FSDP's ``all_gather_copy_in`` (a shard that lost its tag met the all-gather buffer on
-``cuda:k``). FSDP1's flat parameters lose the tag the same way.
+FSDP2's ``fully_shard`` runs as torch wrote it, over a mesh of the simulated GPUs: each rank's parameters
+become ``DTensor`` shards on its GPU (``placements``, ``device_mesh``, ``to_local()``, ``full_tensor()``
+as on a GPU), its forward all-gathers and its backward reduce-scatters on the fake process group. What the
+real-valued engine needs for that is in :mod:`placecheck.run.dtensors` (until then a DTensor's shard lost
+its simulated device at its first op, so ``fully_shard`` was replaced by a placement that kept whole
+parameters, and a script asking a parameter for ``placements`` stopped there). Here, around it
+(:class:`ShardedPlacement`):
 
-So each rank runs FSDP as its placement, what FSDP does to where tensors are, and none of its
-sharding (:class:`ShardedPlacement`):
-
-- FSDP2's ``fully_shard(module)`` moves the module's registered parameters and buffers to FSDP's
-  device, the rank's current GPU (``torch.cuda.current_device()``: ``cuda:0`` on every rank without
-  ``set_device``; the CPU for a CPU mesh), with the script's own ``Module.to`` (recorded and walked as
-  a move at the ``fully_shard`` line); what is on ``meta`` stays there (for ``to_empty``), and what
-  ``.to()`` does not see (a plain tensor attribute) stays where it was, as with FSDP. The module
-  becomes an ``FSDPModule`` (``FSDP<Class>``) whose FSDP methods (``reshard``, ``unshard``, ``set_*``)
-  do nothing: there is nothing to reshard or synchronise. Every module that holds ``fully_shard``
-  is patched (:func:`fully_shard_homes`): the public path and the private
-  ``torch.distributed._composable.fsdp``, once the script imports FSDP (:data:`FSDP_MODULE`; a rank
-  that never does is spared its import).
+- before FSDP2 shards a module, ``fully_shard(module)`` puts its registered parameters and buffers on
+  FSDP's device, the rank's current GPU (``torch.cuda.current_device()``: ``cuda:0`` on every rank
+  without ``set_device``; the CPU for a CPU mesh), with the script's own ``Module.to`` (recorded and
+  walked as a move at the ``fully_shard`` line, where a GPU other than the rank's is PC401): FSDP2's own
+  move (``param.data = ...``) would drop the engine's tag. What is on ``meta`` stays there (for
+  ``to_empty``), and what ``.to()`` does not see (a plain tensor attribute) stays where it was, as with
+  FSDP. Every module that holds ``fully_shard`` is patched (:func:`fully_shard_homes`): the public path
+  and the private ``torch.distributed._composable.fsdp``, once the script imports FSDP
+  (:data:`FSDP_MODULE`; a rank that never does is spared its import).
 - FSDP1's ``FullyShardedDataParallel(module, device_id=...)`` builds a subclass of itself
   (:func:`whole_wrapper`) that holds the module whole as ``_fsdp_wrapped_module``, moves what is on
   the CPU to ``device_id`` (nothing without one, as FSDP1), and marks the module's parameters as
-  FSDP-managed (``_fsdp_flattened``, which Lightning asks of the optimizer's).
+  FSDP-managed (``_fsdp_flattened``, which Lightning asks of the optimizer's): its flat parameters
+  would lose the engine's tag as DTensors did, and are not simulated.
 - The outermost sharded module's forward moves its inputs to FSDP's device first
   (as FSDP2's root, FSDP1 and DDP do), and its all-gather is
   reported, with its GPU, at that line: two ranks on one GPU are NCCL's "Duplicate GPU detected" there.
 
-Each rank keeps whole parameters, plain tensors on its GPU: its losses, ``.item()`` and branches read
-real, finite values (no all-gather reads memory the fake process group never wrote), and its
-optimizer steps as on one GPU. Not simulated: ``DTensor`` parameters and sharded state dicts, FSDP1's
-``auto_wrap_policy`` (the module is placed whole), mixed precision and CPU offload.
+The fake process group moves no data: a gathered parameter holds the rank's own shard in every slot
+(:func:`placecheck.run.patches.own_values`), so losses, ``.item()`` and branches read real, finite values,
+not another rank's. Not simulated: FSDP1's ``auto_wrap_policy`` (the module is placed whole).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -50,10 +45,15 @@ import torch.nn as nn
 ALL_GATHER = "FSDP's all-gather"
 """The collective a sharded module's forward runs first (the ``call`` of a shared-GPU PC401)."""
 
-NOTE = ("fsdp: each rank runs FSDP as its placement (fully_shard and FullyShardedDataParallel move the "
-        "module's parameters and buffers to the rank's FSDP device and its inputs there, as FSDP does), "
-        "with whole parameters: its sharding (DTensor shards, all-gather, reduce-scatter) is not simulated")
-"""Said once per run that shards a module."""
+NOTE = ("fsdp: fully_shard shards each rank's module as FSDP2 does on a GPU: DTensor parameters on the "
+        "rank's GPU, the forward's all-gathers and the backward's reduce-scatters on the fake process group "
+        "(which moves no data: a gathered parameter holds the rank's own shard in every slot)")
+"""Said once per run that shards a module with FSDP2."""
+
+NOTE_FSDP1 = ("fsdp: each rank runs FullyShardedDataParallel as its placement (the module's parameters and "
+              "buffers moved to its device_id and its inputs there, as FSDP does), with whole parameters: "
+              "its flat-parameter sharding is not simulated")
+"""Said once per run that wraps a module in FSDP1."""
 
 Placed = Callable[[torch.device, str, str, str], None]
 """``placed_at(device, what, line, where)`` of :class:`placecheck.run.ranks.RankChecks`."""
@@ -98,21 +98,29 @@ def _states(module: nn.Module) -> list[torch.Tensor]:
 
 
 class ShardedPlacement:
-    """A rank's FSDP, as its placement (see the module's docstring). ``placed_at`` is told what FSDP put
-    on a GPU, ``on_forward(device)`` each outermost sharded forward, ``note(text)`` what to say once."""
+    """A rank's FSDP (see the module's docstring). ``placed_at`` is told what FSDP put on a GPU,
+    ``on_forward(device)`` each outermost sharded forward, ``note(text)`` what to say once; FSDP2's own
+    work runs under ``quiet()`` (the recorder's: not the script's calls)."""
 
     def __init__(self, placed_at: Placed, on_forward: Callable[[torch.device], None],
-                 note: Callable[[str], None]) -> None:
+                 note: Callable[[str], None],
+                 quiet: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
+                 ) -> None:
         self.placed_at = placed_at
+        self.quiet = quiet
         self.on_forward = on_forward
         self.note = note
         self._depth = 0
         self._sharded: set[int] = set()
 
     def patches(self) -> list[tuple[object, str, Callable[[Callable[..., Any]], Callable[..., Any]]]]:
-        """The session's patches: every ``fully_shard`` and FSDP1's ``__new__``."""
+        """The session's patches: every ``fully_shard``, FSDP2's backward
+        (:func:`placecheck.run.dtensors.fsdp_patches`) and FSDP1's ``__new__``."""
+        from placecheck.run.dtensors import fsdp_patches
+
         out: list[tuple[object, str, Callable[[Callable[..., Any]], Callable[..., Any]]]] = [
             (owner, name, self._fully_shard) for owner, name in fully_shard_homes()]
+        out += fsdp_patches(self.quiet)
         wrapper = fsdp1_wrapper()
         if wrapper is not None:
             standin = whole_wrapper(wrapper, self.fsdp1)
@@ -120,19 +128,23 @@ class ShardedPlacement:
         return out
 
     def _fully_shard(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
         def fully_shard(module: Any, *args: Any, mesh: Any = None, ignored_params: Any = None,
                         **kwargs: Any) -> Any:
-            for each in module if isinstance(module, list | tuple) else [module]:
-                if isinstance(each, nn.Module):
-                    self.fsdp2(each, mesh, {id(p) for p in ignored_params or ()})
-            return module
-        fully_shard.__name__ = getattr(original, "__name__", "fully_shard")
-        fully_shard.__doc__ = getattr(original, "__doc__", None)
+            modules = [m for m in (module if isinstance(module, list | tuple) else [module])
+                       if isinstance(m, nn.Module)]
+            ignored = {id(p) for p in ignored_params or ()}
+            devices = [self.fsdp2(each, mesh, ignored) for each in modules]
+            out = original(module, *args, mesh=mesh, ignored_params=ignored_params, **kwargs)
+            for each, device in zip(modules, devices, strict=True):
+                self.note(NOTE)
+                self._sharded_forward(each, device)
+            return out
         return fully_shard
 
-    def fsdp2(self, module: nn.Module, mesh: Any, ignored: set[int] | None = None) -> None:
-        """``fully_shard(module, mesh=mesh, ignored_params=...)`` (``ignored``: their ids): its other states
-        moved to FSDP2's device, a sharded forward."""
+    def fsdp2(self, module: nn.Module, mesh: Any, ignored: set[int] | None = None) -> torch.device:
+        """What ``fully_shard(module, mesh=mesh, ignored_params=...)`` (``ignored``: their ids) places, before
+        FSDP2 shards it: its other states moved to FSDP2's device (returned)."""
         from placecheck.checks.sources import here
 
         device = fsdp_device(mesh)
@@ -147,8 +159,7 @@ class ShardedPlacement:
                 nn.Module._apply(module, place)  # type: ignore[no-untyped-call]
             else:
                 module.to(device)  # the script's own Module.to: recorded and walked at this line
-        as_fsdp_module(module)
-        self._sharded_forward(module, device)
+        return device
 
     def fsdp1(self, wrapper: nn.Module, device_id: Any) -> None:
         """``FullyShardedDataParallel(module, device_id=device_id)`` (``wrapper``, holding the module):
@@ -165,11 +176,11 @@ class ShardedPlacement:
             module.to(target)
         param = next(iter(module.parameters()), None)  # FSDP1's compute device: the module's GPU, or
         on_gpu = param is not None and param.device.type == "cuda"  # else the current one
+        self.note(NOTE_FSDP1)
         self._sharded_forward(wrapper, param.device if on_gpu and param is not None else
                               torch.device("cuda", torch.cuda.current_device()))
 
     def _sharded_forward(self, module: nn.Module, device: torch.device) -> None:
-        self.note(NOTE)
         if id(module) in self._sharded:
             return
         self._sharded.add(id(module))
@@ -208,41 +219,6 @@ def fsdp1_device(device_id: Any) -> torch.device | None:
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     return device
-
-
-_FSDP_CLASSES: dict[type, type] = {}
-
-
-def _no_op(name: str) -> Callable[..., None]:
-    def method(self: Any, *args: Any, **kwargs: Any) -> None:
-        return None
-    method.__name__ = name
-    method.__doc__ = f"``FSDPModule.{name}``: nothing to do for a rank that holds whole parameters."
-    return method
-
-
-def as_fsdp_module(module: nn.Module) -> None:
-    """``module``'s class becomes ``FSDP<Class>``, an ``FSDPModule`` as ``fully_shard`` makes it (code that
-    asks ``isinstance(m, FSDPModule)`` finds it), whose FSDP methods do nothing."""
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:
-        return
-    cls = type(module)
-    if issubclass(cls, FSDPModule):
-        return
-    if cls not in _FSDP_CLASSES:
-        names = [n for n in vars(FSDPModule)
-                 if n.startswith(("set_", "_set_")) or n in ("reshard", "unshard", "reset_iter_state")]
-        body: dict[str, Any] = {n: _no_op(n) for n in names}
-
-        def _apply(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
-            # no shards to reset
-            return nn.Module._apply(self, *args, **kwargs)  # type: ignore[no-untyped-call]
-        body["_apply"] = _apply
-        body["__module__"] = cls.__module__
-        _FSDP_CLASSES[cls] = type(f"FSDP{cls.__name__}", (FSDPModule, cls), body)
-    module.__class__ = _FSDP_CLASSES[cls]
 
 
 def whole_wrapper(wrapper: type[nn.Module], place: Callable[[nn.Module, Any], None]) -> type[nn.Module]:
@@ -291,24 +267,3 @@ def _builds(wrapper: type, standin: type, original: Callable[..., Any]) -> Calla
             return nn.Module.__new__(standin)
         return original(cls) if original is object.__new__ else original(cls, *args, **kwargs)
     return __new__
-
-
-def dtensor_api_missing(exc: BaseException, sharded: bool) -> str:
-    """The note when ``exc`` is a script's call of ``DTensor``'s API (``param.full_tensor()``,
-    ``.to_local()``, ``.placements``) on a tensor FSDP's placement left whole, in a run that sharded a
-    module: a limit of the simulation, not the script's error (decided from the exception's object and
-    the attribute ``DTensor`` has); "" otherwise."""
-    if not sharded or not isinstance(exc, AttributeError) or not isinstance(exc.obj, torch.Tensor):
-        return ""
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:
-        return ""
-    if not exc.name or not hasattr(DTensor, exc.name) or hasattr(torch.Tensor, exc.name):
-        return ""
-    from placecheck.checks.sources import user_line
-
-    line = user_line(exc)
-    return (f"run: stopped at {line or 'a DTensor call'}: the script asks a sharded parameter for DTensor's "
-            f"{exc.name!r}, and FSDP runs here as its placement, with whole parameters (no DTensor); a "
-            "limit of the simulation, not a bug of the code: the code before it was checked")

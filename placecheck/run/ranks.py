@@ -17,10 +17,11 @@ CUDA device, ``dist.get_rank()`` are the rank's own) that runs the script as
 - each collective and each ``DistributedDataParallel`` construction recorded with
   the GPU it ran on, so that the parent sees two ranks on one GPU, which NCCL
   refuses ("Duplicate GPU detected") (PC401).
-- FSDP (FSDP2's ``fully_shard``, FSDP1's ``FullyShardedDataParallel``, Lightning's
-  ``fsdp`` strategy) run as its placement, each rank with whole parameters on its
-  FSDP device, the first forward's all-gather recorded with its GPU
-  (:mod:`placecheck.run.fsdp`).
+- FSDP2's ``fully_shard`` sharding each rank's module into DTensors on its GPU, as
+  on a GPU (:mod:`placecheck.run.dtensors`), FSDP1's ``FullyShardedDataParallel``
+  and Lightning's ``fsdp`` strategy run as their placement, each rank with whole
+  parameters on its FSDP device; the first forward's all-gather recorded with its
+  GPU (:mod:`placecheck.run.fsdp`).
 
 The parent (:func:`run_ranks`) merges the ranks' reports into one: a finding
 that several ranks have (the same code, place and line, their own GPU aside) is
@@ -42,6 +43,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -185,7 +187,7 @@ class RankChecks:
         self.first: dict[str, str] = {}
         """That GPU -> what the first of those lines did."""
         self.sharded = False
-        """The script sharded a module with FSDP (run as its placement, :mod:`placecheck.run.fsdp`)."""
+        """The script sharded a module with FSDP (:mod:`placecheck.run.fsdp`)."""
         self.where: dict[str, str] = {}
         """That GPU -> the module moved there first, or the call that made the first tensor there."""
 
@@ -202,6 +204,9 @@ class RankChecks:
         from torch.distributed import distributed_c10d
         from torch.nn.parallel import DistributedDataParallel
 
+        from placecheck.engines.dispatch import subscribed
+        from placecheck.run import dtensors
+        from placecheck.run.dtensors import DTENSOR_MODULE, VIEW_WARNING, DTensorMixes
         from placecheck.run.fsdp import FSDP_MODULE, ShardedPlacement
         from placecheck.run.patches import (
             Patch,
@@ -226,9 +231,17 @@ class RankChecks:
         patches += [(DistributedDataParallel, name, make)
                     for name, make in ddp_comm_hooks().items()]
         sharded = ShardedPlacement(self.placed_at, self._sharded_forward,
-                                   lambda text: self.recorder.notes.setdefault(text, None))
-        # FSDP's code is patched once the script imports it: importing it costs each rank half a second
-        with patched(patches), patched_once_imported(FSDP_MODULE, sharded.patches):
+                                   lambda text: self.recorder.notes.setdefault(text, None),
+                                   self.recorder.quiet)
+        # FSDP's code is patched once the script imports it: importing it costs each rank half a second;
+        # DTensor's (FSDP2's parameters) once it is imported (by FSDP, or by the script itself)
+        # an op mixing a plain tensor with a DTensor: subscribed before the recorder, which sees it first
+        mixes = DTensorMixes(self.recorder.add, self.recorder.quiet, lambda: self.recorder.quieted)
+        with patched(patches), patched_once_imported(DTENSOR_MODULE, dtensors.patches), \
+                patched_once_imported(FSDP_MODULE, sharded.patches), warnings.catch_warnings(), \
+                subscribed(mixes):
+            # the engine's results are views of their CPU data, which FSDP2 warns about for a module's output
+            warnings.filterwarnings("ignore", message=VIEW_WARNING)
             try:
                 yield
             finally:
@@ -279,12 +292,9 @@ class RankChecks:
             self.uses[(line, ALL_GATHER, str(device))] = None
 
     def limit_of(self, exc: BaseException) -> str:
-        """The note for ``exc`` when it is a limit of this rank's simulation, not the script's error ("" if
-        not): FSDP's ``DTensor`` API asked of a parameter FSDP's placement left whole
-        (:func:`placecheck.run.fsdp.dtensor_api_missing`)."""
-        from placecheck.run.fsdp import dtensor_api_missing
-
-        return dtensor_api_missing(exc, self.sharded)
+        """The note for ``exc`` when it is a limit of this rank's simulation, not the script's error: none of
+        its own (FSDP2's DTensor parameters are simulated, :mod:`placecheck.run.dtensors`)."""
+        return ""
 
     def _cpu_in_nccl(self, call: str, what: str, line: str) -> None:
         r = rule(Code.PC402)
