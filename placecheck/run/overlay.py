@@ -241,7 +241,7 @@ class Overlay:
             for name in [*files, *[d for d in dirs if real_islink(os.path.join(base, d))]]:
                 up = os.path.join(base, name)
                 path = self._user_path(up, self.tree)
-                change = "overwritten" if real_lexists(path) and not self.hidden(path) else "created"
+                change = "overwritten" if real_lexists(path) else "created"
                 out[path] = FileWrite(path, change, up if keep else "")
             for name in dirs:  # a directory of the script's own (not one holding a file it wrote)
                 up = os.path.join(base, name)

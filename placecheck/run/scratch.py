@@ -192,13 +192,11 @@ def start(script: str | None, keep: bool) -> Session | None:
     return session
 
 
-@contextlib.contextmanager
-def restarted() -> Iterator[None]:
+def restarted() -> None:
     """The scratch area of the run in progress emptied: the script starts over from its beginning (auto's
     second attempt), seeing the user's files as they are."""
     if redirect._ACTIVE is not None:
         redirect._ACTIVE.reset()
-    yield
 
 
 def note(writes: Sequence[FileWrite], kept: str | None) -> list[str]:
