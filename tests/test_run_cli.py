@@ -61,8 +61,8 @@ def test_script_arguments_after_double_dash_and_steps(tmp_path: Path) -> None:
     probe = tmp_path / "probe.py"
     seen = tmp_path / "seen.txt"
     probe.write_text("import sys\nopen(sys.argv[-1], 'w').write(repr(sys.argv[1:]))\n")
-    code, out, err = invoke(str(probe), "--steps", "1", "--keep-scratch", "--format", "json", "--", "--lr", "0.1",
-                            str(seen))
+    code, out, err = invoke(str(probe), "--steps", "1", "--keep-scratch", "--format", "json", "--",
+                            "--lr", "0.1", str(seen))
     assert code == 0, err
     writes = json.loads(out)["writes"]
     try:  # the script's file is in the scratch area, kept (placecheck run never changes the user's files)

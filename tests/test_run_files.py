@@ -20,7 +20,8 @@ ENGINES = pytest.mark.parametrize("engine", ["tagged", "fake"])
 
 
 def _tree(root: Path) -> dict[str, str]:
-    """Every file under ``root`` (its path relative to it) -> the sha256 of its bytes; directories as "dir"."""
+    """Every file under ``root`` (by its path relative to it) -> the sha256 of its bytes; "dir" for a
+    directory."""
     out = {}
     for path in sorted(root.rglob("*")):
         rel = str(path.relative_to(root))
@@ -93,7 +94,8 @@ assert json.loads(open("out/sub/a.json").read()) == {"a": 1}
 np.save("out/x.npy", np.arange(4))
 np.arange(4, dtype=np.int64).tofile("out/raw.bin")
 assert np.load("out/x.npy").tolist() == [0, 1, 2, 3] and os.path.getsize("out/raw.bin") == 32
-assert sorted(glob.glob("out/**/*", recursive=True)) == ["out/raw.bin", "out/sub", "out/sub/a.json", "out/x.npy"]
+assert sorted(glob.glob("out/**/*", recursive=True)) == [
+    "out/raw.bin", "out/sub", "out/sub/a.json", "out/x.npy"]
 os.remove("keep.txt")
 assert not os.path.exists("keep.txt") and "keep.txt" not in os.listdir(".")
 os.rename("old.txt", "new.txt")
@@ -147,12 +149,12 @@ def test_keep_scratch_keeps_the_files_and_says_where(tmp_path: Path, monkeypatch
     assert write.scratch == ""
 
 
-def test_a_write_past_the_patches_is_refused_and_reported(tmp_path: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_write_past_the_patches_is_refused_and_reported(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # io.FileIO called directly opens the path itself: the audit hook refuses it
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "s.py").write_text("import io\ntry:\n    io.FileIO('evil.txt', 'w')\nexcept PermissionError:\n"
-                                   "    print('refused')\n", encoding="utf-8")
+    (tmp_path / "s.py").write_text("import io\ntry:\n    io.FileIO('evil.txt', 'w')\n"
+                                   "except PermissionError:\n    print('refused')\n", encoding="utf-8")
     report = run(str(tmp_path / "s.py"), engine="tagged")
     assert not (tmp_path / "evil.txt").exists()
     assert [(Path(w.path).name, w.change) for w in report.writes or ()] == [("evil.txt", "blocked")]
@@ -165,7 +167,8 @@ def test_a_write_nothing_in_python_saw_is_found_after_the_run(tmp_path: Path,
     # by itself; the snapshot after the run finds the file and the run says it did not run clean
     monkeypatch.chdir(tmp_path)
     (tmp_path / "s.py").write_text("import torch\nw = torch._C.PyTorchFileWriter('c.bin')\n"
-                                   "w.write_record('x', b'abc', 3)\nw.write_end_of_file()\n", encoding="utf-8")
+                                   "w.write_record('x', b'abc', 3)\nw.write_end_of_file()\n",
+                                   encoding="utf-8")
     report = run(str(tmp_path / "s.py"), engine="tagged")
     assert [(Path(w.path).name, w.change) for w in report.writes or ()] == [("c.bin", "escaped")]
     assert "changed on disk during the run" in report.unfinished
