@@ -19,7 +19,6 @@ the default here. What the run finds is described in
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import gc
 import inspect
 import os
@@ -121,10 +120,7 @@ def _protected(program: Program, options: RunOptions, codes: frozenset[str]) -> 
                 report = _simulate(program, options, codes)[0]
         if session is None:
             return report
-        writes = session.writes()
-        return dataclasses.replace(
-            report, notes=(*report.notes, *session.notes(writes)),
-            writes=tuple(writes[:scratch.WRITES_SHOWN]), unfinished=report.unfinished or scratch.unfinished(writes))
+        return session.reported(report)
     finally:
         if session is not None:
             session.close()
@@ -175,12 +171,13 @@ def _simulate(program: Program, options: RunOptions, codes: frozenset[str],
                 "as every rank of --nproc-per-node runs"
             notes.append(f"engine: CUDA simulated with real CPU values ({gpus} GPU{plural}), {why}: the "
                          "losses, .item() and data-driven branches the script reads are its real values; the "
-                         "script really runs and its side effects happen")
+                         "script really runs, its writes kept in a scratch area, never in your files")
         with contextlib.ExitStack() as stack:
             if choice == "auto" and cpu_only:
                 notes.append(f"engine: CUDA simulated with real CPU values ({gpus} GPU{plural}): --engine "
                              "auto keeps real values on a CPU-only build of torch (the fake engine of run "
-                             "needs CUDA support); the script really runs and its side effects happen")
+                             "needs CUDA support); the script really runs, its writes kept in a scratch area, never "
+                             "in your files")
             elif choice == "auto":
                 from placecheck.run.auto import Probe, memory_budget, random_state_kept
 
@@ -205,8 +202,8 @@ def _simulate(program: Program, options: RunOptions, codes: frozenset[str],
         notes.append(f"engine: CUDA simulated with fake tensors ({gpus} GPU{plural}), "
                      f"{'requested with --engine fake' if probe is None else 'chosen by --engine auto'}: the "
                      "model's parameters, activations and optimizer state hold no data; values the script "
-                     "reads on the host are known ones or assumed (a note each); the script really runs and "
-                     "its side effects happen")
+                     "reads on the host are known ones or assumed (a note each); the script really runs, its "
+                     "writes kept in a scratch area, never in your files")
         measured = None
         if probe is not None:  # auto: what a real-valued step would hold, measured under fake tensors
             from placecheck.run.auto import Probe

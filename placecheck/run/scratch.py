@@ -32,7 +32,7 @@ import stat as stat_mod
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 
-from placecheck.findings.report import FileWrite
+from placecheck.findings.report import FileWrite, Report
 from placecheck.run import redirect
 from placecheck.run.overlay import Overlay, inside
 from placecheck.run.redirect import protected
@@ -163,8 +163,16 @@ class Session:
         if not self.keep:
             shutil.rmtree(self.overlay.root, ignore_errors=True)
 
-    def notes(self, writes: Sequence[FileWrite]) -> list[str]:
-        return note(writes, self.overlay.root if self.keep else None)
+    def reported(self, report: Report) -> Report:
+        """``report`` with the writes (at most :data:`WRITES_SHOWN`), their notes, and ``unfinished`` when
+        one got past the scratch area."""
+        writes = self.writes()
+        notes = note(writes, self.overlay.root if self.keep else None)
+        if len(writes) > WRITES_SHOWN:
+            notes.append(f"files: the report lists the first {WRITES_SHOWN} of the {len(writes)} files the "
+                         "script changed")
+        return dataclasses.replace(report, notes=(*report.notes, *notes), writes=tuple(writes[:WRITES_SHOWN]),
+                                   unfinished=report.unfinished or unfinished(writes))
 
 
 def watched_dirs(script: str | None) -> tuple[str, ...]:
