@@ -308,3 +308,25 @@ def test_nothing_is_patched_after_the_run(tmp_path: Path, monkeypatch: pytest.Mo
     with open(tmp_path / "after.txt", "w") as f:  # outside a run writes go where they are told
         f.write("y")
     assert (tmp_path / "after.txt").read_text() == "y"
+
+
+RANKS = """import os
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("nccl")
+rank = dist.get_rank()
+torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+torch.save(torch.ones(2, device="cuda"), f"rank{rank}.pt")
+assert torch.load(f"rank{rank}.pt").device == torch.device("cuda", rank)
+dist.barrier()
+"""
+
+
+def test_torchrun_ranks_write_into_the_scratch_area(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.py").write_text(RANKS, encoding="utf-8")
+    report = run(str(tmp_path / "s.py"), nproc_per_node=2)
+    assert not report.unfinished, report.notes
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.py"]
+    assert sorted(Path(w.path).name for w in report.writes or ()) == ["rank0.pt", "rank1.pt"]
