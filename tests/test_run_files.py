@@ -330,3 +330,55 @@ def test_torchrun_ranks_write_into_the_scratch_area(tmp_path: Path, monkeypatch:
     assert not report.unfinished, report.notes
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.py"]
     assert sorted(Path(w.path).name for w in report.writes or ()) == ["rank0.pt", "rank1.pt"]
+
+
+CHILDREN = """import os, subprocess, sys
+from placecheck.run.scratch import child_environment
+
+bootstrapped = ("from placecheck.run.scratch import protect_from_environment\\n"
+                "with protect_from_environment():\\n"
+                "    open('child.txt', 'w').write('from the child')\\n")
+env = {**os.environ, **child_environment()}
+subprocess.run([sys.executable, "-c", bootstrapped], env=env, check=True)
+assert open("child.txt").read() == "from the child"  # the child's write, read back by the script
+subprocess.run([sys.executable, "-c", "open('plain.txt', 'w').write('past the scratch area')"], check=True)
+"""
+
+
+def test_a_spawned_child_writes_into_the_scratch_area_a_plain_one_is_found(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a Python child entering protect_from_environment (the bootstrap of a spawned child) writes into the
+    # run's scratch area; one that does not writes on disk, which the snapshot after the run reports
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]),
+                                                                    os.environ.get("PYTHONPATH")])))
+    (tmp_path / "s.py").write_text(CHILDREN, encoding="utf-8")
+    report = run(str(tmp_path / "s.py"), engine="tagged")
+    assert not (tmp_path / "child.txt").exists()
+    assert sorted((Path(w.path).name, w.change) for w in report.writes or ()) == [
+        ("child.txt", "created"), ("plain.txt", "escaped")]
+    assert "plain.txt changed on disk during the run" in report.unfinished
+
+
+ACCELERATE = """import os
+import torch
+from accelerate import Accelerator
+
+accelerator = Accelerator()
+model = torch.nn.Linear(4, 2)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+model, optimizer = accelerator.prepare(model, optimizer)
+accelerator.save_state("state")
+accelerator.load_state("state")
+assert os.path.isdir("state") and os.listdir("state")
+"""
+
+
+def test_accelerate_save_state_is_redirected(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("accelerate")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.py").write_text(ACCELERATE, encoding="utf-8")
+    report = run(str(tmp_path / "s.py"), engine="tagged")
+    assert not report.unfinished, report.notes
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.py"]
+    assert any(os.path.relpath(w.path, tmp_path).startswith("state/") for w in report.writes or ())
