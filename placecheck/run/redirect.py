@@ -545,7 +545,10 @@ def _audit(event: str, args: tuple[Any, ...]) -> None:
     if overlay is None or event not in _WRITE_EVENTS:
         return
     for path in _paths_written(event, args):
-        full = _key(path)
+        try:
+            full = _key(path)
+        except (TypeError, ValueError):  # not a path the overlay could have redirected either
+            continue
         if full is None:
             continue
         overlay.record_blocked(full)
