@@ -382,3 +382,39 @@ def test_accelerate_save_state_is_redirected(tmp_path: Path, monkeypatch: pytest
     assert not report.unfinished, report.notes
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.py"]
     assert any(os.path.relpath(w.path, tmp_path).startswith("state/") for w in report.writes or ())
+
+
+def test_pathlib_and_glob_see_the_scratch_area(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # pathlib and glob change between Python versions (3.13's glob of a Path keeps os.lstat and
+    # os.scandir in a class of its own): what they show is the script's view, on every version
+    from placecheck.run import scratch
+    from placecheck.run.redirect import protected
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a.txt").write_text("hello\n")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "k.txt").write_text("keep")
+    before = _tree(tmp_path)
+    session = scratch.start(str(tmp_path / "train.py"), keep=False)
+    assert session is not None
+    try:
+        with protected(session.overlay):
+            with Path("a.txt").open("a") as f:
+                f.write("more\n")
+            assert Path("a.txt").read_text() == "hello\nmore\n"
+            Path("a.txt").rename("b.txt")
+            assert not Path("a.txt").exists() and Path("b.txt").read_text() == "hello\nmore\n"
+            shutil.rmtree("out")
+            Path("out/deep").mkdir(parents=True)
+            Path("out/deep/p.json").write_text("{}")
+            Path("t.txt").touch()
+            assert sorted(p.name for p in Path(".").iterdir()) == ["b.txt", "out", "t.txt"]
+            assert [str(p) for p in Path(".").glob("out/**/*.json")] == ["out/deep/p.json"]
+            assert [str(p) for p in Path(".").rglob("*.txt")] in (["b.txt", "t.txt"], ["t.txt", "b.txt"])
+            assert sorted(d for d, _, _ in os.walk(".")) == [".", "./out", "./out/deep"]
+        writes = {os.path.relpath(w.path, tmp_path): w.change for w in session.writes()}
+    finally:
+        session.close()
+    assert _tree(tmp_path) == before
+    assert writes == {"a.txt": "deleted", "b.txt": "created", "out": "deleted", "out/deep": "created",
+                      "out/deep/p.json": "created", "t.txt": "created"}

@@ -6,7 +6,8 @@ patched (through :mod:`placecheck.basics.patching`): ``open`` (``builtins`` and 
 ``os.stat``, ``os.lstat``, ``os.access``, ``os.readlink``, ``os.listdir``, ``os.scandir``,
 ``os.remove``/``unlink``, ``os.rename``/``replace``, ``os.mkdir``, ``os.rmdir``, ``os.truncate``,
 ``os.chmod``, ``os.utime``, ``os.link``, ``os.symlink``, ``shutil.rmtree``; ``os.makedirs``,
-``os.path``, ``os.walk``, ``glob``, ``pathlib`` (3.11 to 3.13) and ``shutil``'s copies and moves call
+``os.path``, ``os.walk``, ``glob``, ``pathlib`` (3.11 to 3.13; 3.13's glob of a ``Path`` keeps
+``os.lstat`` and ``os.scandir`` in its class, patched there too) and ``shutil``'s copies and moves call
 those at call time. A module that took one of them by name before the block (``from os import
 remove``) has that name patched too. Code that opens a path in C or Rust is given the scratch path:
 torch's zip writer (``torch.save``), ``torch.load`` and ``UntypedStorage.from_file`` (``mmap=True``;
@@ -611,6 +612,12 @@ def protected(overlay: Overlay) -> Iterator[Overlay]:
             if hasattr(os, name):
                 install(os, name, make)
         install(shutil, "rmtree", _removed_tree)
+        import glob
+
+        globber = getattr(glob, "_StringGlobber", None)  # 3.13: pathlib's glob, with os's functions taken
+        for name in ("lstat", "scandir"):
+            if globber is not None and isinstance(vars(globber).get(name), staticmethod):
+                stack.enter_context(patch(globber, name, staticmethod(getattr(os, name)), _WHY))
         if "torch" in sys.modules:
             for owner, name, make in _c_writers():
                 install(owner, name, make, _WHY_C)
