@@ -176,8 +176,8 @@ def _simulate(program: Program, options: RunOptions, codes: frozenset[str],
             if choice == "auto" and cpu_only:
                 notes.append(f"engine: CUDA simulated with real CPU values ({gpus} GPU{plural}): --engine "
                              "auto keeps real values on a CPU-only build of torch (the fake engine of run "
-                             "needs CUDA support); the script really runs, its writes kept in a scratch area, "
-                             "never in your files")
+                             "needs CUDA support); the script really runs, its writes kept in a scratch "
+                             "area, never in your files")
             elif choice == "auto":
                 from placecheck.run.auto import Probe, memory_budget, random_state_kept
 
