@@ -108,10 +108,11 @@ def _protected(program: Program, options: RunOptions, codes: frozenset[str]) -> 
     user's files; the report says what it wrote, and what got past the scratch area."""
     from placecheck.run import scratch
     from placecheck.run.ranks import run_ranks
+    from placecheck.run.redirect import protected
 
     session = scratch.start(program.filename, options.keep_scratch)
     try:
-        with scratch.protected(session.overlay) if session is not None else contextlib.nullcontext():
+        with protected(session.overlay) if session is not None else contextlib.nullcontext():
             if options.nproc_per_node is not None:
                 # each rank keeps real values: DDP reads its parameters' data when it is built, which the
                 # fake engine has not (auto would switch a large model to fake tensors and fail there)

@@ -574,7 +574,7 @@ def _captured(originals: dict[int, tuple[Any, Any]],
               skip: frozenset[str]) -> list[tuple[object, str, Any]]:
     """``(module, name, replacement)`` for every module-level name bound to a patched original before the
     run (``from os import remove``): patched too. The owners patched themselves are in ``skip``."""
-    out = []
+    out: list[tuple[object, str, Any]] = []
     for name, module in list(sys.modules.items()):
         if module is None or name in skip or name in _OWN:
             continue
@@ -621,13 +621,13 @@ def protected(overlay: Overlay) -> Iterator[Overlay]:
         if "torch" in sys.modules:
             for owner, name, make in _c_writers():
                 install(owner, name, make, _WHY_C)
-        for module in ("safetensors", "safetensors.torch", "safetensors.numpy"):
-            if module in sys.modules:  # imported before the run: a library may hold its safe_open
-                for owner, name, make in _safetensors_patches(module):
+        for package in ("safetensors", "safetensors.torch", "safetensors.numpy"):
+            if package in sys.modules:  # imported before the run: a library may hold its safe_open
+                for owner, name, make in _safetensors_patches(package):
                     install(owner, name, make, _WHY_C)
             else:
                 stack.enter_context(patched_once_imported(
-                    module, functools.partial(_safetensors_patches, module), _WHY_C))
+                    package, functools.partial(_safetensors_patches, package), _WHY_C))
         for module, attr, wrapper in _captured(replaced, frozenset({"builtins", "io", "os", "posix", "nt",
                                                                       "shutil", "_io", "posixpath"})):
             with contextlib.suppress(AttributeError, TypeError):

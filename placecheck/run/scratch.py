@@ -35,7 +35,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from placecheck.findings.report import FileWrite, Report
 from placecheck.run import redirect
 from placecheck.run.overlay import Overlay, inside
-from placecheck.run.redirect import protected
+from placecheck.run.redirect import protected as protected
 
 SCRATCH_ENV = "PLACECHECK_SCRATCH"
 """The scratch area's root, for a spawned child (:func:`child_environment`)."""
