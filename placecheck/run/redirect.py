@@ -37,6 +37,7 @@ import io
 import os
 import shutil
 import sys
+import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -570,11 +571,13 @@ _OWN = frozenset({"placecheck.run.overlay", "placecheck.run.redirect", "placeche
 """The modules whose references to the real functions are theirs to keep: the overlay's own calls."""
 
 
-def _captured(originals: dict[int, tuple[Any, Any]],
-              skip: frozenset[str]) -> list[tuple[object, str, Any]]:
-    """``(module, name, replacement)`` for every module-level name bound to a patched original before the
-    run (``from os import remove``): patched too. The owners patched themselves are in ``skip``."""
+def _captured(originals: dict[Any, Any], skip: frozenset[str]) -> list[tuple[object, str, Any]]:
+    """``(module, name, replacement)`` for every module-level name bound to a patched original (a key of
+    ``originals``) before the run (``from os import remove``): patched too. The owners patched themselves
+    are in ``skip``. Only functions and classes are looked up (no ``id()``, which is an audit event, and
+    no other object's ``__hash__``)."""
     out: list[tuple[object, str, Any]] = []
+    kinds = {types.BuiltinFunctionType, types.FunctionType, type}
     for name, module in list(sys.modules.items()):
         if module is None or name in skip or name in _OWN:
             continue
@@ -583,9 +586,13 @@ def _captured(originals: dict[int, tuple[Any, Any]],
         except TypeError:
             continue
         for attr, value in list(namespace.items()):
-            found = originals.get(id(value))
-            if found is not None and found[0] is value:
-                out.append((module, attr, found[1]))
+            if type(value) in kinds:  # not isinstance: a deprecated object warns when its class is read
+                try:
+                    found = originals.get(value)
+                except TypeError:
+                    continue
+                if found is not None:
+                    out.append((module, attr, found))
     return out
 
 
@@ -595,7 +602,7 @@ def protected(overlay: Overlay) -> Iterator[Overlay]:
     audit hook armed, no bytecode written."""
     global _ACTIVE
     _hook_once()
-    replaced: dict[int, tuple[Any, Any]] = {}
+    replaced: dict[Any, Any] = {}  # original -> its wrapper
     with contextlib.ExitStack() as stack:
         def install(owner: object, name: str, make: Callable[[Callable[..., Any]], Callable[..., Any]],
                     why: str = _WHY) -> None:
@@ -604,7 +611,8 @@ def protected(overlay: Overlay) -> Iterator[Overlay]:
                 return
             wrapper = make(original)
             stack.enter_context(patch(owner, name, wrapper, why))
-            replaced.setdefault(id(original), (original, wrapper))
+            with contextlib.suppress(TypeError):
+                replaced.setdefault(original, wrapper)
 
         install(builtins, "open", _opened)
         stack.enter_context(patch(io, "open", builtins.open, _WHY))  # the same function, named twice
