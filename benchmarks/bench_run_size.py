@@ -9,7 +9,10 @@ the child's peak resident memory from ``os.wait4``):
 - ``import``: ``python -c 'import <the script's imports>'``, the baseline;
 - ``run``: ``placecheck run SCRIPT --steps 2`` with the default engine
   (``auto``: it starts with real values and switches to fake tensors when a
-  real-valued step would not fit), and for resnet50 also ``--engine fake``.
+  real-valued step would not fit), and for resnet50 also ``--engine fake``;
+- ``unprotected``: the same run with ``PLACECHECK_NO_SCRATCH=1``, without the
+  scratch area that keeps the user's files unchanged (:mod:`placecheck.run.scratch`):
+  what the protection costs, ``run / unprotected`` (issue 40: at most 1.1x).
 
 Targets (issue 25): resnet50 under 3x its import time; both Llama fine-tunes to
 the end of 2 steps within 4 GiB resident and under 60 s.
@@ -50,10 +53,11 @@ CASES: list[dict[str, Any]] = [
 ]
 
 
-def measure(command: list[str]) -> dict[str, Any]:
-    """Wall seconds, peak RSS (bytes) and exit status of ``command`` in a child process."""
+def measure(command: list[str], **extra: str) -> dict[str, Any]:
+    """Wall seconds, peak RSS (bytes) and exit status of ``command`` in a child process (``extra``: more
+    environment variables)."""
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    env = {**os.environ, "PYTHONPATH": path}
+    env = {**os.environ, "PYTHONPATH": path, **extra}
     started = time.perf_counter()
     child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, cwd=ROOT)
     assert child.stdout is not None
@@ -90,13 +94,17 @@ def main() -> int:
         for engine in case["engines"]:
             best: dict[str, Any] | None = None
             base: dict[str, Any] | None = None
-            for _ in range(options.repeat):  # alternated, so that load on the machine hits both alike
+            bare: dict[str, Any] | None = None
+            for _ in range(options.repeat):  # alternated, so that load on the machine hits all alike
+                command = [sys.executable, "-m", "placecheck", "run", "--format", "json", "--steps", "2",
+                           "--engine", engine, *case["script"]]
                 imp = measure([sys.executable, "-c", case["imports"]])
-                ran = measure([sys.executable, "-m", "placecheck", "run", "--format", "json", "--steps", "2",
-                               "--engine", engine, *case["script"]])
+                ran = measure(command)
+                unprotected = measure(command, PLACECHECK_NO_SCRATCH="1")
                 base = imp if base is None or imp["seconds"] < base["seconds"] else base
                 best = ran if best is None or ran["seconds"] < best["seconds"] else best
-            assert best is not None and base is not None
+                bare = unprotected if bare is None or unprotected["seconds"] < bare["seconds"] else bare
+            assert best is not None and base is not None and bare is not None
             target = case["target"]
             ratio = best["seconds"] / base["seconds"]
             met = (ratio < target["ratio"]) if "ratio" in target else \
@@ -104,17 +112,21 @@ def main() -> int:
             rows.append({"script": case["name"], "engine": engine, "ran": engine_of(best["stdout"]),
                          "exit": best["exit"], "import_s": round(base["seconds"], 2),
                          "run_s": round(best["seconds"], 2), "ratio": round(ratio, 2),
+                         "unprotected_s": round(bare["seconds"], 2),
+                         "scratch_cost": round(best["seconds"] / bare["seconds"], 3),
                          "run_rss_gib": round(best["rss"] / GIB, 2),
                          "import_rss_gib": round(base["rss"] / GIB, 2),
                          "target": f"< {target['ratio']:g}x import" if "ratio" in target else
                          f"< {target['seconds']:g} s, <= {target['rss'] / GIB:g} GiB", "met": met})
             print(json.dumps(rows[-1]), flush=True)
     print()
-    print("| script | --engine (ran) | import s | run s | run / import | peak RSS | target | met |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| script | --engine (ran) | import s | run s | run / import | peak RSS | target | met "
+          "| unprotected s | run / unprotected |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['script']} | {r['engine']} ({r['ran']}) | {r['import_s']} | {r['run_s']} | "
-              f"{r['ratio']}x | {r['run_rss_gib']} GiB | {r['target']} | {'yes' if r['met'] else 'no'} |")
+              f"{r['ratio']}x | {r['run_rss_gib']} GiB | {r['target']} | {'yes' if r['met'] else 'no'} "
+              f"| {r['unprotected_s']} | {r['scratch_cost']}x |")
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "run_size.json").write_text(json.dumps({
         "machine": {"python": platform.python_version(), "platform": platform.platform(),

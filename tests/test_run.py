@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn as nn
+from kept_scratch import kept, remove_kept
 
 import placecheck
 from placecheck.basics.errors import LoadError
@@ -760,8 +761,12 @@ def test_script_sees_its_argv_and_the_simulated_gpus(tmp_path: Path) -> None:
     probe.write_text("import sys, torch\n"
                      "open(sys.argv[2], 'w').write(f'{sys.argv[1:]} {torch.cuda.is_available()} '\n"
                      "                             f'{torch.cuda.device_count()} {__name__}')\n")
-    run(str(probe), ["--flag", str(out)], gpus=4)
-    assert out.read_text() == f"['--flag', '{out}'] True 4 __main__"
+    report = run(str(probe), ["--flag", str(out)], gpus=4, keep_scratch=True)
+    try:  # the script's file is in the scratch area (placecheck run never changes the user's files)
+        assert kept(report.writes or (), out).read_text() == f"['--flag', '{out}'] True 4 __main__"
+        assert not out.exists()
+    finally:
+        remove_kept(report.writes or ())
 
 
 def test_a_gpu_the_machine_lacks_fails_as_on_the_machine_and_two_gpus_can_mismatch() -> None:

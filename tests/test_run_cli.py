@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from cli_runner import CliRunner, separate_stderr_capture
+from kept_scratch import kept, remove_kept
 
 from placecheck.cli import app
 from placecheck.findings.formats import OutputFormat
@@ -60,9 +61,14 @@ def test_script_arguments_after_double_dash_and_steps(tmp_path: Path) -> None:
     probe = tmp_path / "probe.py"
     seen = tmp_path / "seen.txt"
     probe.write_text("import sys\nopen(sys.argv[-1], 'w').write(repr(sys.argv[1:]))\n")
-    code, _, err = invoke(str(probe), "--steps", "1", "--", "--lr", "0.1", str(seen))
+    code, out, err = invoke(str(probe), "--steps", "1", "--keep-scratch", "--format", "json", "--",
+                            "--lr", "0.1", str(seen))
     assert code == 0, err
-    assert seen.read_text() == repr(["--lr", "0.1", str(seen)])
+    writes = json.loads(out)["writes"]
+    try:  # the script's file is in the scratch area, kept (placecheck run never changes the user's files)
+        assert kept(writes, seen).read_text() == repr(["--lr", "0.1", str(seen)])
+    finally:
+        remove_kept(writes)
 
 
 @separate_stderr_capture

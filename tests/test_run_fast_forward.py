@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from cli_runner import CliRunner
+from kept_scratch import kept, remove_kept
 from report_schema import validate_report
 
 from placecheck.cli import app
@@ -331,6 +332,9 @@ def test_a_guard_is_read_ahead_on_plain_values_only_never_calling_the_script_s_c
         "    if epoch % 20 == 19:\n"
         "        pass\n"
         f"open({str(tmp_path / 'out.txt')!r}, 'w').write(f'{{Probe.calls}} {{epochs}}')\n")
-    run(script(source))
+    report = run(script(source), keep_scratch=True)
     # epoch 0 spends the budget; 19 is reached by reading its guard ahead; 20 and 21 try `probe > 100`
-    assert (tmp_path / "out.txt").read_text() == "4 [0, 19, 20, 21]"
+    try:  # written in the scratch area (placecheck run never changes the user's files)
+        assert kept(report.writes or (), tmp_path / "out.txt").read_text() == "4 [0, 19, 20, 21]"
+    finally:
+        remove_kept(report.writes or ())

@@ -321,12 +321,16 @@ def test_ctrl_c_ends_every_rank_with_the_run(tmp_path: Path) -> None:
     import sys
     import time
 
-    waits = tmp_path / "waits.py"
+    # the ranks write their pids outside the script's directory, into the temporary directory, where
+    # placecheck run writes as told (what a script writes in its own directory goes to the scratch area)
+    (tmp_path / "job").mkdir()
+    (tmp_path / "pids").mkdir()
+    waits = tmp_path / "job" / "waits.py"
     waits.write_text("import os, pathlib, time\n"
                      "pathlib.Path(os.environ['PIDS'], os.environ['RANK']).write_text(str(os.getpid()))\n"
                      "print('ready', flush=True)\n"
                      "time.sleep(60)\n")
-    env = {**os.environ, "PIDS": str(tmp_path)}
+    env = {**os.environ, "PIDS": str(tmp_path / "pids")}
     proc = subprocess.Popen([sys.executable, "-m", "placecheck", "run", "--nproc-per-node", "2", str(waits)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as a shell's
@@ -338,7 +342,7 @@ def test_ctrl_c_ends_every_rank_with_the_run(tmp_path: Path) -> None:
         seen += line
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=60) == 130
-    pids = [int((tmp_path / rank).read_text()) for rank in ("0", "1")]
+    pids = [int((tmp_path / "pids" / rank).read_text()) for rank in ("0", "1")]
     deadline = time.monotonic() + 10
     while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -1,6 +1,7 @@
 """A whole model saved through a file object and loaded back in the same run (word_language_model's
 ``with open(args.save, "wb") as f: torch.save(model, f)``): under both engines the loaded model is
-where the saved one was, as on a GPU, and the file is written (the fake engine writes meta tensors)."""
+where the saved one was, as on a GPU, and the file is written (the fake engine writes meta tensors), in
+the scratch area (``placecheck run`` never changes the user's files: read here with ``keep_scratch``)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import os
 from pathlib import Path
 
 import pytest
+from kept_scratch import kept, remove_kept
 
+from placecheck.findings.report import Report
 from placecheck.run import run
 
 TRAINED = """import torch
@@ -43,16 +46,18 @@ USED_ON = pytest.mark.parametrize(("device", "expected"), [('"cuda"', []), ('"cp
 ENGINES = pytest.mark.parametrize("engine", ["tagged", "fake"])
 
 
-def _found_at_the_mark(tmp_path: Path, script: str, device: str, engine: str, expected: list[str]) -> None:
+def _found_at_the_mark(tmp_path: Path, script: str, device: str, engine: str, expected: list[str]) -> Report:
     """``script`` (DEVICE: ``device``) run under ``engine`` through to its end, with ``expected`` the codes
-    of its warnings and errors, each at the line marked ``# MARK use``."""
+    of its warnings and errors, each at the line marked ``# MARK use``; its report (the scratch area
+    kept: :func:`remove_kept` it)."""
     text = script.replace("DEVICE", device)
     (tmp_path / "train.py").write_text(text, encoding="utf-8")
-    report = run(str(tmp_path / "train.py"), engine=engine)
+    report = run(str(tmp_path / "train.py"), engine=engine, keep_scratch=True)
     line = next(i + 1 for i, s in enumerate(text.splitlines()) if "MARK use" in s)
     serious = [(f.code, f.source) for f in report.findings if f.severity.value != "info"]
     assert serious == [(code, f"{os.path.relpath(tmp_path / 'train.py')}:{line}") for code in expected]
     assert not report.unfinished, report.notes
+    return report
 
 
 @ENGINES
@@ -61,8 +66,12 @@ def test_a_model_saved_through_a_file_object_loads_where_it_was(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: str, device: str,
         expected: list[str]) -> None:
     monkeypatch.chdir(tmp_path)
-    _found_at_the_mark(tmp_path, SCRIPT, device, engine, expected)
-    assert (tmp_path / "model.pt").stat().st_size > 0
+    report = _found_at_the_mark(tmp_path, SCRIPT, device, engine, expected)
+    try:
+        assert kept(report.writes or (), tmp_path / "model.pt").stat().st_size > 0
+        assert not (tmp_path / "model.pt").exists()
+    finally:
+        remove_kept(report.writes or ())
 
 
 @ENGINES
@@ -74,12 +83,15 @@ def test_a_safetensors_save_is_written_and_loads_back(
     # as zeros, the names, shapes and dtypes right; before, the save was "the script's own error"
     pytest.importorskip("safetensors")
     monkeypatch.chdir(tmp_path)
-    _found_at_the_mark(tmp_path, SAFETENSORS, device, engine, expected)
+    report = _found_at_the_mark(tmp_path, SAFETENSORS, device, engine, expected)
     from safetensors.torch import load_file
 
-    saved = load_file(str(tmp_path / "model.safetensors"))
-    assert {k: tuple(v.shape) for k, v in saved.items()} == {
-        "0.weight": (8, 4), "0.bias": (8,), "2.weight": (2, 8), "2.bias": (2,)}
+    try:
+        saved = load_file(str(kept(report.writes or (), tmp_path / "model.safetensors")))
+        assert {k: tuple(v.shape) for k, v in saved.items()} == {
+            "0.weight": (8, 4), "0.bias": (8,), "2.weight": (2, 8), "2.bias": (2,)}
+    finally:
+        remove_kept(report.writes or ())
 
 
 @pytest.mark.transformers
@@ -98,10 +110,13 @@ def test_save_pretrained_of_a_fake_model_writes_it_and_runs_on(
         "model.save_pretrained('out')\n"
         "print(model(input_ids=torch.randint(0, 50, (2, 6), device='cuda')).logits.shape)\n",
         encoding="utf-8")
-    report = run(str(tmp_path / "train.py"), engine="fake")
-    assert not report.unfinished, report.notes
-    assert [f.code for f in report.findings if f.severity.value != "info"] == []
-    assert (tmp_path / "out" / "model.safetensors").stat().st_size > 0
+    report = run(str(tmp_path / "train.py"), engine="fake", keep_scratch=True)
+    try:
+        assert not report.unfinished, report.notes
+        assert [f.code for f in report.findings if f.severity.value != "info"] == []
+        assert kept(report.writes or (), tmp_path / "out" / "model.safetensors").stat().st_size > 0
+    finally:
+        remove_kept(report.writes or ())
 
 
 @ENGINES
@@ -123,6 +138,9 @@ def test_a_safetensors_file_read_lazily_onto_the_gpu(tmp_path: Path, monkeypatch
         "    keys = list(f.keys())\n"
         "open('seen.txt', 'w').write(f'{row.device} {tuple(row.shape)} {whole.device} {keys}')\n",
         encoding="utf-8")
-    report = run(str(tmp_path / "read.py"), engine=engine)
-    assert not report.unfinished, report.notes
-    assert (tmp_path / "seen.txt").read_text() == "cuda:0 (1, 3) cuda:0 ['w']"
+    report = run(str(tmp_path / "read.py"), engine=engine, keep_scratch=True)
+    try:
+        assert not report.unfinished, report.notes
+        assert kept(report.writes or (), tmp_path / "seen.txt").read_text() == "cuda:0 (1, 3) cuda:0 ['w']"
+    finally:
+        remove_kept(report.writes or ())

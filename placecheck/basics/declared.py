@@ -317,6 +317,11 @@ DECLARED: tuple[Declared, ...] = (
         f"After this many optimizer steps, skip the rest of the training loop and run the rest of the "
         f"script (0: run every iteration; default: {DEFAULT_STEPS}).", minimum=0),
     Declared(
+        "keep_scratch", ("--keep-scratch",), ("run",), bool, False, FLAG, PANEL_INPUTS,
+        "Keep the scratch area the script's writes went to (placecheck run never changes your files: "
+        "each write lands there, and the script reads it back) and print its path in a note.",
+        toml="bool"),
+    Declared(
         "timeout", ("--timeout",), ("audit", "run", "fix"), float | None, None, "SECONDS", PANEL_INPUTS,
         "Seconds the work may take before it is stopped. audit TARGET: the audit runs in a child "
         "process, and running past it is an error (exit 2); audit --config: each model runs in its "

@@ -391,6 +391,9 @@ class RunOptions(CommonOptions):
     memory: int | str | None = None
     """auto's budget of a real-valued step, bytes or a size (``"8GiB"``); None: 2 GiB or half the
     available memory, or ``PLACECHECK_RUN_MEMORY`` (:mod:`placecheck.run.auto`)."""
+    keep_scratch: bool = False
+    """Keep the scratch area the script's writes went to (``--keep-scratch``; never the user's files,
+    :mod:`placecheck.run.scratch`) after the run; the report says where."""
 
     def check(self) -> None:
         # run's own engine choices first: audit's check of the field would offer "real"

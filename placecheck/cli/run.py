@@ -21,8 +21,10 @@ from placecheck.findings.report import Report
 RUN_HELP = """Run a training or inference script on a simulated GPU: every placement problem it meets.
 
 The script REALLY RUNS, as `python SCRIPT.py ARGS` would (as __main__, with
-sys.argv, its directory on sys.path, the current working directory): files it
-writes are written, data it downloads is downloaded. --steps bounds the work
+sys.argv, its directory on sys.path, the current working directory), but it
+never changes your files: what it writes lands in a scratch area it reads
+back, removed after the run (--keep-scratch keeps it); data it downloads is
+downloaded. --steps bounds the work
 (it stops after that many optimizer.step() calls), --timeout bounds the time;
 stopping early is not an error.
 

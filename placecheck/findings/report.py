@@ -208,6 +208,27 @@ class Coverage:
 
 
 @dataclass(frozen=True)
+class FileWrite:
+    """A file a script ``placecheck run`` ran changed (:mod:`placecheck.run.scratch`)."""
+
+    path: str
+    """The path the script wrote, absolute."""
+    change: str
+    """``created``, ``overwritten``, ``deleted`` (redirected to the scratch area: the real file is
+    untouched); ``blocked`` (a write that got past the redirection, refused); ``escaped`` (changed on
+    disk during the run by code nothing in Python saw: C code, another program)."""
+    scratch: str = ""
+    """Where its content went, when the scratch area is kept (``--keep-scratch``); "" otherwise."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "change": self.change, "scratch": self.scratch}
+
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> FileWrite:
+        return FileWrite(str(data["path"]), str(data["change"]), str(data.get("scratch", "")))
+
+
+@dataclass(frozen=True)
 class Report:
     """What one audit found.
 
@@ -244,6 +265,9 @@ class Report:
     stderr under its one-line error."""
     coverage: Coverage | None = None
     """Which lines of the script ``placecheck run`` ran (None for an audit, or when not measured)."""
+    writes: tuple[FileWrite, ...] | None = None
+    """What the script ``placecheck run`` ran wrote, each redirected to the scratch area, or refused, or
+    found changed on disk after the run (None for an audit)."""
 
     @staticmethod
     def build(

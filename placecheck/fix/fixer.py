@@ -391,8 +391,8 @@ def fix_run(script: str, args: Sequence[str] = (), *, options: FixOptions | None
     """``placecheck run`` ``script`` with ``args`` and offer proven edits of it and of your modules it uses.
 
     The proof runs the patched script again (in a forked child, with the same
-    ``steps``, ``gpus`` and ``timeout``): the script's side effects happen
-    twice. Besides the codes :func:`fix` rewrites, a DataLoader batch element
+    ``steps``, ``gpus`` and ``timeout``): the script runs twice, its writes in a scratch area each
+    time, never in the user's files. Besides the codes :func:`fix` rewrites, a DataLoader batch element
     the loop does not move (PC201) is moved beside its siblings. The keywords
     are fields of :class:`~placecheck.basics.options.FixOptions`; ``options=`` passes
     a whole object (``run=True``) instead. Nothing is written: see :func:`write`.

@@ -7,8 +7,9 @@
     >>> from placecheck.basics.options import RunOptions
     >>> report = placecheck.run("train.py", options=RunOptions(steps=2, select=("PC2",)))
 
-The script really runs (its side effects happen: files it writes are
-written); ``steps`` bounds the work. CUDA is simulated with real CPU values
+The script really runs, but never changes the user's files: its writes land
+in a scratch area it reads back (:mod:`placecheck.run.scratch`); ``steps``
+bounds the work. CUDA is simulated with real CPU values
 (:mod:`placecheck.engines.tagged`): scripts print losses, call ``.item()`` and branch
 on data, so the fake-tensor engine cannot run them; that is why this engine is
 the default here. What the run finds is described in
@@ -61,7 +62,8 @@ def run(target: str | Callable[[], Any], args: Sequence[str] = (), *, options: R
         module: bool = False, steps: int = DEFAULT_STEPS, gpus: int | None = None,
         timeout: float | None = None, select: Iterable[str] | None = None,
         ignore: Iterable[str] | None = None, engine: str = "auto",
-        memory: int | str | None = None, nproc_per_node: int | None = None) -> Report:
+        memory: int | str | None = None, nproc_per_node: int | None = None,
+        keep_scratch: bool = False) -> Report:
     """Run a script (path), a module (``module=True``: ``python -m target``) or a callable on a
     simulated GPU and report every placement problem the program meets.
 
@@ -75,6 +77,9 @@ def run(target: str | Callable[[], Any], args: Sequence[str] = (), *, options: R
     ``nproc_per_node``: run the script as torchrun does, once per rank in a process of its own
     (:mod:`placecheck.run.ranks`); ``run("torch.distributed.run", ["--nproc-per-node", "2",
     "train.py"], module=True)`` is the same.
+    The user's files are never changed: every write of the script lands in a scratch area it reads back
+    (:mod:`placecheck.run.scratch`), which ``keep_scratch`` keeps after the run; the report's ``writes``
+    list what it wrote and where each went.
     The keywords are the fields of :class:`~placecheck.basics.options.RunOptions`; ``options=``
     passes a whole options object instead (then give no other keyword), as ``placecheck run``
     does. Raises :class:`~placecheck.basics.errors.UsageError` for bad options and
@@ -82,11 +87,11 @@ def run(target: str | Callable[[], Any], args: Sequence[str] = (), *, options: R
     module or a syntax error; what the script raises is reported, not raised.
     """
     from placecheck.engines import cudaapi
-    from placecheck.run.ranks import TORCHRUN_MODULE, run_ranks, torchrun_command
+    from placecheck.run.ranks import TORCHRUN_MODULE, torchrun_command
 
     given = RunOptions(module=module, steps=steps, gpus=gpus, timeout=timeout,  # lists and strings too
                        select=select, ignore=ignore, engine=engine,  # type: ignore[arg-type]
-                       memory=memory, nproc_per_node=nproc_per_node)
+                       memory=memory, nproc_per_node=nproc_per_node, keep_scratch=keep_scratch)
     if options is None:
         options = given
     elif given != RunOptions():
@@ -102,14 +107,34 @@ def run(target: str | Callable[[], Any], args: Sequence[str] = (), *, options: R
                          "this torch is a CPU-only build: use --engine tagged")
     program = Program(target, tuple(args), options.module)
     program.check()
-    if options.nproc_per_node is not None:
-        if callable(target):
-            raise UsageError("nproc_per_node runs a script or a module in a process per rank: give its path "
-                             "or module name, not a callable")
-        # each rank keeps real values: DDP reads its parameters' data when it is built, which the fake
-        # engine has not (auto would switch a large model to fake tensors and fail there)
-        return run_ranks(program, options.replace(engine="tagged"), codes)
-    return _simulate(program, options, codes)[0]
+    if options.nproc_per_node is not None and callable(target):
+        raise UsageError("nproc_per_node runs a script or a module in a process per rank: give its path "
+                         "or module name, not a callable")
+    return _protected(program, options, codes)
+
+
+def _protected(program: Program, options: RunOptions, codes: frozenset[str]) -> Report:
+    """The run with the script's writes in a scratch area (:mod:`placecheck.run.scratch`), never in the
+    user's files; the report says what it wrote, and what got past the scratch area."""
+    from placecheck.run import scratch
+    from placecheck.run.ranks import run_ranks
+    from placecheck.run.redirect import protected
+
+    session = scratch.start(program.filename, options.keep_scratch)
+    try:
+        with protected(session.overlay) if session is not None else contextlib.nullcontext():
+            if options.nproc_per_node is not None:
+                # each rank keeps real values: DDP reads its parameters' data when it is built, which the
+                # fake engine has not (auto would switch a large model to fake tensors and fail there)
+                report = run_ranks(program, options.replace(engine="tagged"), codes)
+            else:
+                report = _simulate(program, options, codes)[0]
+        if session is None:
+            return report
+        return session.reported(report)
+    finally:
+        if session is not None:
+            session.close()
 
 
 def _simulate(program: Program, options: RunOptions, codes: frozenset[str],
@@ -123,6 +148,7 @@ def _simulate(program: Program, options: RunOptions, codes: frozenset[str],
     from placecheck.run.lines import ScriptLines
     from placecheck.run.ranks import RankChecks, launcher_note
     from placecheck.run.recorder import RunRecorder
+    from placecheck.run.scratch import restarted
 
     gpus, steps, timeout = options.gpu_count, options.steps, options.timeout
     choice, memory = options.engine, options.memory
@@ -156,12 +182,13 @@ def _simulate(program: Program, options: RunOptions, codes: frozenset[str],
                 "as every rank of --nproc-per-node runs"
             notes.append(f"engine: CUDA simulated with real CPU values ({gpus} GPU{plural}), {why}: the "
                          "losses, .item() and data-driven branches the script reads are its real values; the "
-                         "script really runs and its side effects happen")
+                         "script really runs, its writes kept in a scratch area, never in your files")
         with contextlib.ExitStack() as stack:
             if choice == "auto" and cpu_only:
                 notes.append(f"engine: CUDA simulated with real CPU values ({gpus} GPU{plural}): --engine "
                              "auto keeps real values on a CPU-only build of torch (the fake engine of run "
-                             "needs CUDA support); the script really runs and its side effects happen")
+                             "needs CUDA support); the script really runs, its writes kept in a scratch "
+                             "area, never in your files")
             elif choice == "auto":
                 from placecheck.run.auto import Probe, memory_budget, random_state_kept
 
@@ -178,6 +205,7 @@ def _simulate(program: Program, options: RunOptions, codes: frozenset[str],
         if probe is not None and probe.decided == "fake":
             del outcome
             notes = [probe.note()]
+            restarted()  # the script starts over: its writes so far discarded
             recorder, lines = new_recorder()
             gc.collect()  # the abandoned attempt's tensors
             choice = "fake"
@@ -185,8 +213,8 @@ def _simulate(program: Program, options: RunOptions, codes: frozenset[str],
         notes.append(f"engine: CUDA simulated with fake tensors ({gpus} GPU{plural}), "
                      f"{'requested with --engine fake' if probe is None else 'chosen by --engine auto'}: the "
                      "model's parameters, activations and optimizer state hold no data; values the script "
-                     "reads on the host are known ones or assumed (a note each); the script really runs and "
-                     "its side effects happen")
+                     "reads on the host are known ones or assumed (a note each); the script really runs, its "
+                     "writes kept in a scratch area, never in your files")
         measured = None
         if probe is not None:  # auto: what a real-valued step would hold, measured under fake tensors
             from placecheck.run.auto import Probe
@@ -205,6 +233,7 @@ def _simulate(program: Program, options: RunOptions, codes: frozenset[str],
             if fits:
                 notes = notes[:2]
                 del outcome
+                restarted()
                 recorder, lines = new_recorder()
                 assumed = []
                 gc.collect()  # the fake run's tensors

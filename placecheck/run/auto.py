@@ -172,13 +172,14 @@ class Probe:
             return (f"engine: auto chose fake tensors: a real-valued step would hold more than "
                     f"{human_bytes(self.estimate)} ({sizes}{where}), over the budget of "
                     f"{human_bytes(self.budget)} ({self.source}); the script ran again from its start "
-                    "with fake tensors, so what it did before that point happened twice")
+                    "with fake tensors, so what it did before that point happened twice (its writes to files "
+                    "were discarded: it started again from your files)")
         budget = (f"{human_bytes(self.budget)}, {self.source}" if self.source != DEFAULT_SOURCE else
                   f"{human_bytes(DEFAULT_BUDGET)} or half the memory available; {ENV} sets it")
         return (f"engine: CUDA simulated with real CPU values ({gpus}), chosen by --engine auto: a "
                 f"real-valued step holds about {human_bytes(self.estimate)}, within the budget ({budget}); "
-                "losses, .item() and branches are real values; the script really runs and its side effects "
-                "happen")
+                "losses, .item() and branches are real values; the script really runs, its writes kept in a "
+                "scratch area, never in your files")
 
 
 def real_values_fit(needed: int) -> tuple[bool, int]:

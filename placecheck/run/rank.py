@@ -32,6 +32,7 @@ def main(config_path: str, out_path: str) -> None:
     from placecheck.basics.options import RunOptions
     from placecheck.findings.formats.json import report_to_dict
     from placecheck.run import _simulate
+    from placecheck.run.scratch import protect_from_environment
     from placecheck.run.script import Program
 
     with open(config_path, encoding="utf-8") as handle:
@@ -39,8 +40,9 @@ def main(config_path: str, out_path: str) -> None:
     options = RunOptions.from_dict(config["options"])
     program = Program(config["target"], tuple(config["args"]), options.module)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    report, uses = _simulate(program, options, frozenset(config["codes"]),
-                             rank=(rank, world, int(os.environ["LOCAL_RANK"])))
+    with protect_from_environment(config.get("scratch") or {}):  # its writes: the run's scratch area
+        report, uses = _simulate(program, options, frozenset(config["codes"]),
+                                 rank=(rank, world, int(os.environ["LOCAL_RANK"])))
     with open(out_path, "w", encoding="utf-8") as handle:
         json.dump({"report": report_to_dict(report), "uses": uses}, handle)
 

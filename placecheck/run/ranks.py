@@ -355,8 +355,11 @@ def run_ranks(program: Program, options: RunOptions, codes: frozenset[str]) -> R
     from placecheck.findings.report import Report
 
     nproc, gpus, timeout = options.nproc_per_node or 1, options.gpu_count, options.timeout
+    from placecheck.run.scratch import child_environment
+
+    # the ranks write into this run's scratch area, as every process of the run does
     config = {"target": program.target, "args": list(program.args), "options": options.to_dict(),
-              "codes": sorted(codes)}
+              "codes": sorted(codes), "scratch": child_environment()}
     with tempfile.TemporaryDirectory(prefix="placecheck-ranks-") as tmp:
         config_path = os.path.join(tmp, "config.json")
         with open(config_path, "w", encoding="utf-8") as handle:

@@ -9,7 +9,7 @@ from typing import Any
 
 from placecheck.findings.finding import Finding
 from placecheck.findings.formats.base import Formatter
-from placecheck.findings.report import Coverage, DeviceMap, Report
+from placecheck.findings.report import Coverage, DeviceMap, FileWrite, Report
 
 SCHEMA_VERSION = 1
 
@@ -19,7 +19,8 @@ def report_to_dict(report: Report) -> dict[str, Any]:
 
     A report with a device map (``--device keep``) also has ``device_map`` (stages, bytes per
     device, budgets) and ``transfers`` (every cross-device copy of one forward); one of ``placecheck
-    run`` has ``coverage`` (the script's lines that ran, and those that did not).
+    run`` has ``coverage`` (the script's lines that ran, and those that did not) and ``writes`` (the
+    files the script wrote, each redirected to the scratch area, never to the user's files).
     """
     placed = {} if report.device_map is None else {
         "device_map": report.device_map.to_dict(),
@@ -36,6 +37,7 @@ def report_to_dict(report: Report) -> dict[str, Any]:
         "findings": [f.to_dict() for f in report.findings],
         **placed,
         **({"coverage": report.coverage.to_dict()} if report.coverage is not None else {}),
+        **({"writes": [w.to_dict() for w in report.writes]} if report.writes is not None else {}),
     }
 
 
@@ -57,6 +59,7 @@ def report_from_dict(data: dict[str, Any]) -> Report:
         device_map=DeviceMap.from_dict(data["device_map"], data.get("transfers"))
         if "device_map" in data else None,
         coverage=Coverage.from_dict(data["coverage"]) if "coverage" in data else None,
+        writes=tuple(FileWrite.from_dict(w) for w in data["writes"]) if "writes" in data else None,
     )
 
 
