@@ -32,7 +32,7 @@ from placecheck.basics.quiet import quiet
 from placecheck.checks import classify
 from placecheck.engines.compat import FAKE_TENSOR_LOGGER, torch_note
 from placecheck.findings.codes import Code
-from placecheck.findings.report import Report
+from placecheck.findings.report import NOTHING_CHECKED, Report
 from placecheck.findings.rules import selected
 from placecheck.run.script import Outcome, Program, execute, exit_status, exited, raised, user_traceback
 
@@ -229,10 +229,12 @@ def _simulate(program: Program, options: RunOptions, codes: frozenset[str],
     notes.extend(assumed)
     kept = [f for f in findings if f.code in codes]
     stats = {"optimizer_steps": recorder.steps, "modules_moved": len(recorder.moves.moved_modules),
-             "optimizers": len(recorder.optimizers)}
+             "optimizers": len(recorder.optimizers), "forward_passes": recorder.forward_passes,
+             "device_ops": recorder.device_ops}
     covered = coverage_of(lines.filename, lines.executed) if lines.measured and lines.filename else None
+    unfinished = _unfinished(outcome, recorder.limit, own_error) or _unchecked(outcome, stats)
     report = Report.build(program.name, recorder.target, device_name, kept, notes, stats,
-                          unfinished=_unfinished(outcome, recorder.limit, own_error),
+                          unfinished=unfinished,
                           script_traceback=user_traceback(own_error) if own_error is not None else (),
                           coverage=covered)
     return report, list(checks[0].uses) if checks else []
@@ -290,6 +292,27 @@ def _unfinished(outcome: Outcome, limit: str, own_error: BaseException | None) -
         return raised(own_error, outcome.line)
     if outcome.kind == "exit" and exit_status(outcome.exit_code) != 0:
         return exited(outcome.exit_code, outcome.line)
+    return ""
+
+
+def _unchecked(outcome: Outcome, stats: dict[str, int]) -> str:
+    """Why a run that ended without an error checked nothing (exit code 2 all the same, ``--exit-zero``
+    included: a pre-flight check must not pass what it never looked at), "" when it checked something.
+
+    Decided from what the recorder counted, never from why the script stopped: no forward pass and no
+    optimizer step before a ``sys.exit(0)`` (argparse's ``--help`` is one) or a ``--timeout`` stop, or no
+    torch call on a simulated GPU at all (a script that runs on the CPU by design). An inference script
+    (forwards on the GPU, no optimizer) checked its forwards, and passes."""
+    forwards, steps = stats.get("forward_passes", 0), stats.get("optimizer_steps", 0)
+    counted = f"{forwards} forward pass{'es' if forwards != 1 else ''}, {steps} optimizer step" \
+              f"{'s' if steps != 1 else ''}"
+    at = f" at {outcome.line}" if outcome.line else ""
+    if outcome.kind in ("exit", "stopped") and not forwards and not steps:
+        how = f"at sys.exit({outcome.exit_code!r}){at}" if outcome.kind == "exit" else f"{outcome.reason}{at}"
+        return f"the script stopped {how}, before any forward pass: {counted}{NOTHING_CHECKED}"
+    if not stats.get("device_ops", 0):
+        where = ", all on the CPU" if forwards or steps else ""
+        return f"the script ran no op on a simulated GPU ({counted}{where}){NOTHING_CHECKED}"
     return ""
 
 
