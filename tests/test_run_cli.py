@@ -59,7 +59,9 @@ def test_every_format_carries_the_run_finding_and_its_line(fmt: str) -> None:
 def test_script_arguments_after_double_dash_and_steps(tmp_path: Path) -> None:
     probe = tmp_path / "probe.py"
     seen = tmp_path / "seen.txt"
-    probe.write_text("import sys\nopen(sys.argv[-1], 'w').write(repr(sys.argv[1:]))\n")
+    # one op on the GPU: a run that checked nothing exits 2 (issue 40), this one is about the arguments
+    probe.write_text("import sys\nimport torch\ntorch.ones(1, device='cuda')\n"
+                     "open(sys.argv[-1], 'w').write(repr(sys.argv[1:]))\n")
     code, _, err = invoke(str(probe), "--steps", "1", "--", "--lr", "0.1", str(seen))
     assert code == 0, err
     assert seen.read_text() == repr(["--lr", "0.1", str(seen)])
@@ -68,7 +70,8 @@ def test_script_arguments_after_double_dash_and_steps(tmp_path: Path) -> None:
 @separate_stderr_capture
 def test_script_output_goes_to_stderr_so_json_stays_parseable() -> None:
     code, out, err = invoke(os.path.relpath(FIXTURES / "no_model.py"), "--format", "json")
-    assert code == 0
+    assert code == 2  # it ran no op on a simulated GPU: nothing was checked (issue 40)
+    assert json.loads(out)["summary"]["unfinished"].endswith("nothing was checked")
     assert "3.0" in err  # the script's print
     assert any("built no optimizer" in n for n in json.loads(out)["notes"])
 

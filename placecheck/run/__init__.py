@@ -37,6 +37,7 @@ from placecheck.findings.rules import selected
 from placecheck.run.script import Outcome, Program, execute, exit_status, exited, raised, user_traceback
 
 if TYPE_CHECKING:
+    from placecheck.run.children import Children
     from placecheck.run.fastforward import FastForward
     from placecheck.run.lines import ScriptLines
     from placecheck.run.recorder import RunRecorder
@@ -108,6 +109,7 @@ def _simulate(program: Program, options: RunOptions, codes: frozenset[str],
     torchrun launch (:mod:`placecheck.run.ranks`), whose collectives and DDP GPUs are returned too."""
     from placecheck.engines import cudaapi
     from placecheck.engines.engine import SIMULATED_CUDA, SIMULATED_CUDA_VALUES
+    from placecheck.run.children import Children
     from placecheck.run.coverage import coverage_of
     from placecheck.run.fastforward import FastForward
     from placecheck.run.lines import ScriptLines
@@ -123,6 +125,7 @@ def _simulate(program: Program, options: RunOptions, codes: frozenset[str],
     assumed: list[str] = []
 
     checks: list[RankChecks] = []  # the rank's checks of the newest recorder
+    kids: list[Children] = []  # the child processes of the newest recorder's run
 
     def new_recorder() -> tuple[RunRecorder, ScriptLines]:
         recorder = RunRecorder(gpus=gpus, steps=steps)
@@ -134,6 +137,7 @@ def _simulate(program: Program, options: RunOptions, codes: frozenset[str],
         if steps and not os.environ.get(NO_FAST_FORWARD):
             # a callable runs as it is: only its DataLoaders fast-forward
             recorder.fastforward = FastForward(program.filename, lines=lines)
+        kids[:] = [Children(recorder, lines, gpus, steps)]
         return recorder, lines
 
     recorder, lines = new_recorder()
@@ -158,7 +162,8 @@ def _simulate(program: Program, options: RunOptions, codes: frozenset[str],
                 probe = recorder.probe = Probe(*memory_budget(memory))
                 stack.enter_context(random_state_kept())
                 stack.enter_context(probe.capturing())
-            with _environment_kept(), tagged_cuda(gpus), recorder.recording(), lines.watching():
+            with _environment_kept(), tagged_cuda(gpus), recorder.recording(), lines.watching(), \
+                    kids[0].watching("tagged"):
                 outcome = execute(program, timeout, notes, _rewritten(recorder))
             if probe is not None and probe.decided != "fake":
                 probe.done()
@@ -182,7 +187,7 @@ def _simulate(program: Program, options: RunOptions, codes: frozenset[str],
             from placecheck.run.auto import Probe
 
             measured = recorder.probe = Probe(1 << 62, "measured under the fake engine")
-        outcome, assumed = _run_fake(program, recorder, lines, gpus, timeout, notes)
+        outcome, assumed = _run_fake(program, recorder, lines, gpus, timeout, notes, kids[0])
         finding = recorder.error_finding(outcome.error) if outcome.error is not None else None
         if measured is not None and recorder.limit:
             # the fake engine cannot go on here (code that needs a CUDA driver, a value it cannot give):
@@ -198,7 +203,8 @@ def _simulate(program: Program, options: RunOptions, codes: frozenset[str],
                 recorder, lines = new_recorder()
                 assumed = []
                 gc.collect()  # the fake run's tensors
-                with _environment_kept(), tagged_cuda(gpus), recorder.recording(), lines.watching():
+                with _environment_kept(), tagged_cuda(gpus), recorder.recording(), lines.watching(), \
+                        kids[0].watching("tagged"):
                     outcome = execute(program, timeout, notes, _rewritten(recorder))
                 finding = recorder.error_finding(outcome.error) if outcome.error is not None else None
                 choice = "tagged"
@@ -207,6 +213,10 @@ def _simulate(program: Program, options: RunOptions, codes: frozenset[str],
     notes.insert(1, torch_note())
     device_name = SIMULATED_CUDA_VALUES if choice == "tagged" else SIMULATED_CUDA
     findings = recorder.findings()
+    for child_finding in kids[0].findings():  # once per code, line and place, as the recorder keeps them
+        if all((f.code, f.source, f.where) != (child_finding.code, child_finding.source, child_finding.where)
+               for f in findings):
+            findings.append(child_finding)
     own_error = None
     if outcome.error is not None:
         if finding is not None and finding.code == Code.PC207 and not classify.is_device_error(outcome.error):
@@ -231,8 +241,10 @@ def _simulate(program: Program, options: RunOptions, codes: frozenset[str],
     stats = {"optimizer_steps": recorder.steps, "modules_moved": len(recorder.moves.moved_modules),
              "optimizers": len(recorder.optimizers), "forward_passes": recorder.forward_passes,
              "device_ops": recorder.device_ops}
+    lost = kids[0].add_to(stats, notes)  # their lines too, before the coverage
     covered = coverage_of(lines.filename, lines.executed) if lines.measured and lines.filename else None
-    unfinished = _unfinished(outcome, recorder.limit, own_error) or _unchecked(outcome, stats)
+    unfinished = "; ".join(u for u in (_unfinished(outcome, recorder.limit, own_error), lost) if u) \
+        or _unchecked(outcome, stats)
     report = Report.build(program.name, recorder.target, device_name, kept, notes, stats,
                           unfinished=unfinished,
                           script_traceback=user_traceback(own_error) if own_error is not None else (),
@@ -256,7 +268,7 @@ def _environment_kept() -> Iterator[None]:
 
 
 def _run_fake(program: Program, recorder: RunRecorder, lines: ScriptLines, gpus: int,
-              timeout: float | None, notes: list[str]) -> tuple[Outcome, list[str]]:
+              timeout: float | None, notes: list[str], children: Children) -> tuple[Outcome, list[str]]:
     """The program under the fake engine (:mod:`placecheck.run.fake`); its outcome and assumptions."""
     import torch
 
@@ -269,7 +281,7 @@ def _run_fake(program: Program, recorder: RunRecorder, lines: ScriptLines, gpus:
     recorder.fake_engine = True
     recorder.host_data = on_host
     with _environment_kept(), quiet(FAKE_TENSOR_LOGGER), fake_cuda(gpus) as datadep, recorder.recording(), \
-            lines.watching():
+            lines.watching(), children.watching("fake"):
         datadep.host_values = True  # a dataset's data read from files stays real, as on the host of a GPU
         outcome = execute(program, timeout, notes, _rewritten(recorder))
     return outcome, datadep.notes(phase="run")
