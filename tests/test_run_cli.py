@@ -153,7 +153,9 @@ def test_a_scripts_sys_exit_1_is_one_line_and_exit_2(tmp_path: Path) -> None:
     code, out, err = invoke(os.path.relpath(script), "--format", "json")
     assert code == 2 and json.loads(out)["findings"] == []
     assert err.strip() == f"placecheck: error: the script exited with status 1 at {os.path.relpath(script)}:4"
-    script.write_text("import sys\nimport torch\ntorch.nn.Linear(2, 2).cuda()\nsys.exit(0)\n")
+    # after a forward pass (before any, sys.exit(0) stops a run that checked nothing: issue 40, exit 2)
+    script.write_text("import sys\nimport torch\ntorch.nn.Linear(2, 2).cuda()(torch.ones(1, 2).cuda())\n"
+                      "sys.exit(0)\n")
     code, out, err = invoke(os.path.relpath(script), "--format", "json")
     assert code == 0 and "placecheck: error" not in err
 
@@ -172,7 +174,9 @@ def test_module_form(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_timeout_stops_a_hanging_script() -> None:
     code, out, err = invoke(os.path.relpath(FIXTURES / "hangs.py"), "--timeout", "0.5", "--format", "json")
-    assert code == 0, err
+    # stopped before any forward pass: nothing was checked, which is no pass (issue 40 item 3)
+    assert code == 2, err
+    assert json.loads(out)["summary"]["unfinished"].startswith("the script stopped at --timeout 0.5 s at ")
     assert any("--timeout 0.5 s" in n for n in json.loads(out)["notes"])
 
 

@@ -313,16 +313,18 @@ def _unchecked(outcome: Outcome, stats: dict[str, int]) -> str:
 
     Decided from what the recorder counted, never from why the script stopped: no forward pass and no
     optimizer step before a ``sys.exit(0)`` (argparse's ``--help`` is one) or a ``--timeout`` stop, or no
-    torch call on a simulated GPU at all (a script that runs on the CPU by design). An inference script
+    module moved and no torch call on a simulated GPU at all (a script that runs on the CPU by design). An inference script
     (forwards on the GPU, no optimizer) checked its forwards, and passes."""
     forwards, steps = stats.get("forward_passes", 0), stats.get("optimizer_steps", 0)
     counted = f"{forwards} forward pass{'es' if forwards != 1 else ''}, {steps} optimizer step" \
               f"{'s' if steps != 1 else ''}"
     at = f" at {outcome.line}" if outcome.line else ""
+    if outcome.kind == "error":  # a device error the script raised: a finding, it checked that much
+        return ""
     if outcome.kind in ("exit", "stopped") and not forwards and not steps:
         how = f"at sys.exit({outcome.exit_code!r}){at}" if outcome.kind == "exit" else f"{outcome.reason}{at}"
         return f"the script stopped {how}, before any forward pass: {counted}{NOTHING_CHECKED}"
-    if not stats.get("device_ops", 0):
+    if not stats.get("device_ops", 0) and not stats.get("modules_moved", 0):
         where = ", all on the CPU" if forwards or steps else ""
         return f"the script ran no op on a simulated GPU ({counted}{where}){NOTHING_CHECKED}"
     return ""

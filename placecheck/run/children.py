@@ -125,6 +125,12 @@ def _no_cuda_after_fork(call: Any) -> Any:
 
 def _forget_parent(session: _Session) -> None:
     """In a forked child: what the parent recorded before the fork is the parent's report's."""
+    import torch
+
+    # the simulation runs the GPU's kernels on the CPU: a parent whose OpenMP thread pool ran (its own
+    # CPU-run ops, or a test suite's) leaves a forked child that would hang in its first parallel op, where
+    # the GPU job's child runs its kernels on the GPU; one thread has no pool to hang in
+    torch.set_num_threads(1)
     recorder = session.recorder
     # forked inside Process.start, where the parent's pickling was quieted: the target is the script's
     recorder._quiet = 0
