@@ -58,8 +58,9 @@ def test_hogwild_spawned_under_the_fake_engine_is_a_limit_note_never_a_pass() ->
     report = run(script("hogwild_fixed.py"), engine="fake")
     start = f"{script('hogwild_fixed.py')}:54"
     assert report.unfinished == f"the simulation stopped at {start}"
-    assert any(n.startswith(f"run: stopped at {start}: the script starts a child process (train) with the "
-                            "spawn start method: the fake engine's tensors hold no data") for n in report.notes)
+    assert any(n.startswith(f"run: stopped at {start}: the script starts a child process (train) with "
+                            "the spawn start method: the fake engine's tensors hold no data")
+               for n in report.notes)
     assert exit_code([report], exit_zero=True) == 2
 
 
@@ -77,9 +78,9 @@ def test_forked_workers_are_checked_and_their_bug_is_in_the_parents_report(engin
     assert errors(fixed) == [] and fixed.unfinished == "" and exit_code([fixed]) == 0
     assert dict(fixed.stats)["child_processes"] == 2 and dict(fixed.stats)["device_ops"] > 0
     buggy = run(script("fork_buggy.py"), engine=engine)
-    line = marked("fork_buggy.py", "move").rpartition(":")[0] + ":" + str(int(marked("fork_buggy.py", "move")
-                                                                              .rpartition(":")[2]) + 1)
-    assert errors(buggy) == [("PC201", line, "y")]
+    # the loss's line, after the move that left the labels out
+    path, _, moved = marked("fork_buggy.py", "move").rpartition(":")
+    assert errors(buggy) == [("PC201", f"{path}:{int(moved) + 1}", "y")]
 
 
 def test_mp_spawn_workers_are_checked_and_their_bug_is_found() -> None:

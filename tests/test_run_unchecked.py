@@ -9,12 +9,12 @@ each under both engines.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import pytest
 from cli_runner import CliRunner
+from report_schema import validate_json
 
 from placecheck.cli import app
 from placecheck.findings.report import exit_code
@@ -38,7 +38,7 @@ def test_help_stops_the_script_before_anything_is_checked_exit_2_even_with_exit_
            "0 forward passes, 0 optimizer steps: nothing was checked")
     assert result.exit_code == 2, result.stderr
     assert result.stderr.strip().splitlines()[-1] == f"placecheck: error: {why}"
-    report = json.loads(result.stdout)
+    report = validate_json(result.stdout)  # the new stats keys are in the schema's integer stats
     assert report["findings"] == [] and report["summary"]["unfinished"] == why
     assert report["summary"]["line"].startswith("nothing checked on cuda:0")
     assert (report["stats"]["forward_passes"], report["stats"]["optimizer_steps"]) == (0, 0)
@@ -47,8 +47,9 @@ def test_help_stops_the_script_before_anything_is_checked_exit_2_even_with_exit_
 @ENGINES
 def test_sys_exit_0_before_the_loop_is_unfinished_and_the_loop_itself_passes(engine: str) -> None:
     stopped = run(script("train_args.py"), ["--dry-run"], engine=engine)
-    assert stopped.unfinished == (f"the script stopped at sys.exit(0) at {script('train_args.py')}:19, before "
-                                  "any forward pass: 0 forward passes, 0 optimizer steps: nothing was checked")
+    assert stopped.unfinished == (f"the script stopped at sys.exit(0) at {script('train_args.py')}:19, "
+                                  "before any forward pass: 0 forward passes, 0 optimizer steps: nothing was "
+                                  "checked")
     assert exit_code([stopped]) == exit_code([stopped], exit_zero=True) == 2
     trained = run(script("train_args.py"), engine=engine)
     assert trained.unfinished == "" and exit_code([trained]) == 0

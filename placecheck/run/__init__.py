@@ -313,8 +313,8 @@ def _unchecked(outcome: Outcome, stats: dict[str, int]) -> str:
 
     Decided from what the recorder counted, never from why the script stopped: no forward pass and no
     optimizer step before a ``sys.exit(0)`` (argparse's ``--help`` is one) or a ``--timeout`` stop, or no
-    module moved and no torch call on a simulated GPU at all (a script that runs on the CPU by design). An inference script
-    (forwards on the GPU, no optimizer) checked its forwards, and passes."""
+    module moved and no torch call on a simulated GPU at all (a script that runs on the CPU by design). An
+    inference script (forwards on the GPU, no optimizer) checked its forwards, and passes."""
     forwards, steps = stats.get("forward_passes", 0), stats.get("optimizer_steps", 0)
     counted = f"{forwards} forward pass{'es' if forwards != 1 else ''}, {steps} optimizer step" \
               f"{'s' if steps != 1 else ''}"

@@ -186,9 +186,9 @@ def _reduce_simulated(t: Any) -> tuple[Any, ...]:
     Without this, pickling falls back to ``Tensor.__reduce_ex__``, whose rebuild is ``as_subclass`` of
     the plain tensor: an alias attached to autograd's graph, so a parameter that required grad arrives
     as a non-leaf tensor, and the child's optimizer refuses it ("can't optimize a non-leaf Tensor")."""
-    from placecheck.engines.compat import DisableTorchFunctionSubclass
-
     import torch
+
+    from placecheck.engines.compat import DisableTorchFunctionSubclass
 
     with DisableTorchFunctionSubclass():
         plain = t.as_subclass(torch.Tensor).detach()
@@ -382,8 +382,8 @@ class Children:
             reasons.append(text)
         if self.started:
             notes.append(f"run: {len(self.started)} child process{'es' if len(self.started) != 1 else ''} "
-                         "ran under the simulation (multiprocessing); their findings, counts and lines are in "
-                         "this report")
+                         "ran under the simulation (multiprocessing); their findings, counts and lines are "
+                         "in this report")
         return "; ".join(reasons)
 
 
