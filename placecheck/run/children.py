@@ -298,6 +298,8 @@ class Children:
                 self._read()
 
     def _start(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        from multiprocessing import process
+
         children = self
 
         def start(proc: Any) -> None:
@@ -316,8 +318,12 @@ class Children:
                                            f"({name}) with the {method} start method: {why}; a limit of "
                                            "placecheck's simulated GPU, not a bug of the code")
                 raise StopRun(f"at a child process started with {method}")
+            cuda = children.recorder.device_ops > 0
             if target is not None:
-                proc._target = ChildTarget(target, name, cuda_in_parent=children.recorder.device_ops > 0)
+                proc._target = ChildTarget(target, name, cuda_in_parent=cuda)
+            elif method == "fork" and type(proc).run is not process.BaseProcess.run:
+                # a Process subclass's own run(): the forked child calls it through the instance
+                proc.run = ChildTarget(proc.run, type(proc).__qualname__, cuda_in_parent=cuda)
             children.started.append((proc, name))
             with children.recorder.quiet():  # pickling the process's arguments is not the script's work
                 original(proc)
@@ -343,14 +349,22 @@ class Children:
         self.results: list[dict[str, Any]] = []
         self.lost: list[str] = []
         for proc, name in self.started:
-            with contextlib.suppress(Exception):
-                proc.join(timeout=30)
+            daemon = bool(getattr(proc, "daemon", False))
+            # Python joins a child at exit as well; a daemon (a DataLoader's worker) ends with its owner
+            if not daemon:
+                with contextlib.suppress(Exception):
+                    proc.join(timeout=30)
             path = os.path.join(self.directory, f"child-{proc.pid}.json")
             if os.path.exists(path):
                 with open(path, encoding="utf-8") as handle:
                     self.results.append(json.load(handle))
-            else:
-                status = proc.exitcode
+                continue
+            status = proc.exitcode
+            if status is None and not daemon:
+                self.lost.append(f"a child process ({name}, pid {proc.pid}) was still running at the "
+                                 "script's end: its work is unchecked")
+            elif status is not None and (status > 0 or (status < 0 and not daemon)):
+                # (a daemon its owner terminated, as a DataLoader shuts its workers down, lost nothing)
                 self.lost.append(f"a child process ({name}, pid {proc.pid}) ended without its report "
                                  f"(exit status {status}): its work is unchecked")
 
@@ -432,4 +446,7 @@ def spawned_main(config_path: str, **kwds: Any) -> None:
             spawn.spawn_main(**kwds)
         except SystemExit as exc:
             code = exc.code
+        if not os.path.exists(os.path.join(config["directory"], f"child-{os.getpid()}.json")):
+            # no ChildTarget ran here (a Process subclass's own run()): what the recorder saw all the same
+            _write_result(_LIVE[-1], "Process.run", "end", None)
     sys.exit(code)

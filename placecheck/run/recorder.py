@@ -125,7 +125,7 @@ class RunRecorder:
         self.device_ops = 0
         """Torch calls of the script with a tensor on a simulated GPU among their arguments or results (a
         move, a factory with ``device="cuda"``, an op): 0 means nothing about placement on a GPU was
-        checked (:func:`placecheck.run._unfinished`)."""
+        checked (:func:`placecheck.run._unchecked`)."""
         self.step_line = ""
         self.stopped_by_steps = False
         self.found: dict[tuple[str, str, str], Finding] = {}
