@@ -117,3 +117,31 @@ def test_a_simulated_parameter_crosses_a_spawn_as_a_leaf_on_its_device() -> None
         with torch.no_grad():
             weight.add_(1.0)  # the storage is shared, as torch shares a CPU tensor's
         assert torch.equal(weight, model.weight)
+
+
+_SUBCLASS = """import sys
+import torch
+import torch.multiprocessing as mp
+
+
+class Worker(mp.Process):
+    def run(self):
+        x = torch.ones(2, device="cuda")
+        w = torch.ones(2)
+        print((x * w).sum().item())  # MARK mix
+
+
+if __name__ == "__main__":
+    mp.set_start_method(sys.argv[1], force=True)
+    worker = Worker()
+    worker.start()
+    worker.join()
+"""
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_process_subclass_whose_own_run_mixes_devices_is_found(tmp_path: Path, method: str) -> None:
+    path = tmp_path / "subclass.py"
+    path.write_text(_SUBCLASS)
+    report = run(str(path), [method], engine="tagged")
+    assert errors(report) == [("PC201", f"{path}:10", "w")]
