@@ -395,9 +395,13 @@ class Children:
         for text in self.lost:
             reasons.append(text)
         if self.started:
-            notes.append(f"run: {len(self.started)} child process{'es' if len(self.started) != 1 else ''} "
-                         "ran under the simulation (multiprocessing); their findings, counts and lines are "
-                         "in this report")
+            steps = sum(int(r["counts"].get("optimizer_steps", 0)) for r in results)
+            forwards = sum(int(r["counts"].get("forward_passes", 0)) for r in results)
+            many = len(self.started)
+            notes.append(f"run: {many} child process{'es' if many != 1 else ''} ran under the simulation "
+                         f"(multiprocessing), with {steps} optimizer step{'s' if steps != 1 else ''} and "
+                         f"{forwards} forward pass{'es' if forwards != 1 else ''} among them; their "
+                         "findings, counts and lines are in this report")
         return "; ".join(reasons)
 
 
