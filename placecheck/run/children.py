@@ -93,7 +93,8 @@ class ChildTarget:
                 from placecheck.engines.dispatch import subscribed
 
                 refusal = subscribed(_no_cuda_after_fork)
-        ended, error = "end", None
+        ended = "end"
+        error: BaseException | None = None
         try:
             with refusal:
                 return self.target(*args, **kwargs)
@@ -339,7 +340,8 @@ class Children:
             given = ", ".join(f"{k}={v!r}" for k, v in kwds.items())
             prog = (f"import sys; sys.path.insert(0, {_placecheck_path()!r}); "
                     f"from placecheck.run.children import spawned_main; spawned_main({config!r}, {given})")
-            return [spawn.get_executable(), *util._args_from_interpreter_flags(), "-c", prog,
+            flags = util._args_from_interpreter_flags()  # type: ignore[attr-defined]
+            return [spawn.get_executable(), *flags, "-c", prog,
                     "--multiprocessing-fork"]
         return get_command_line
 
