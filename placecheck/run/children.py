@@ -104,7 +104,10 @@ class ChildTarget:
         except SystemExit as exc:
             ended = "exit"
             if exc.code not in (None, 0):
-                error = exc
+                # mp.spawn's wrapper catches the target's exception and exits with status 1: the exception
+                # it handled is the one to report
+                handled = exc.__context__
+                error = handled if isinstance(handled, Exception) else exc
             raise
         except BaseException as exc:
             ended, error = "error", exc
@@ -306,7 +309,7 @@ class Children:
         def start(proc: Any) -> None:
             method = getattr(proc, "_start_method", None) or multiprocessing.get_start_method()
             target = getattr(proc, "_target", None)
-            name = getattr(target, "__qualname__", None) or type(proc).__name__
+            name = _target_name(target, getattr(proc, "_args", ())) or type(proc).__name__
             if method == "forkserver" or (method == "spawn" and children.engine != "tagged"):
                 from placecheck.checks.sources import here
 
@@ -405,6 +408,17 @@ class Children:
                          f"{forwards} forward pass{'es' if forwards != 1 else ''} among them; their "
                          "findings, counts and lines are in this report")
         return "; ".join(reasons)
+
+
+def _target_name(target: Any, args: Any) -> str:
+    """How a child is named: its target's name, or for a library's wrapper of the script's function
+    (``mp.spawn`` starts ``torch.multiprocessing``'s ``_wrap(fn, i, ...)``) that function's."""
+    from placecheck.checks.sources import is_internal, library_package
+
+    code = getattr(target, "__code__", None)
+    if code is not None and (library_package(code) or is_internal(code)) and args and callable(args[0]):
+        target = args[0]
+    return str(getattr(target, "__qualname__", "") or "")
 
 
 def _placecheck_path() -> str:
