@@ -60,7 +60,8 @@ def test_every_format_carries_the_run_finding_and_its_line(fmt: str) -> None:
 def test_script_arguments_after_double_dash_and_steps(tmp_path: Path) -> None:
     probe = tmp_path / "probe.py"
     seen = tmp_path / "seen.txt"
-    probe.write_text("import sys\nopen(sys.argv[-1], 'w').write(repr(sys.argv[1:]))\n")
+    probe.write_text("import sys\nimport torch\ntorch.ones(1, device='cuda')\n"
+                     "open(sys.argv[-1], 'w').write(repr(sys.argv[1:]))\n")
     code, out, err = invoke(str(probe), "--steps", "1", "--keep-scratch", "--format", "json", "--",
                             "--lr", "0.1", str(seen))
     assert code == 0, err
@@ -74,7 +75,8 @@ def test_script_arguments_after_double_dash_and_steps(tmp_path: Path) -> None:
 @separate_stderr_capture
 def test_script_output_goes_to_stderr_so_json_stays_parseable() -> None:
     code, out, err = invoke(os.path.relpath(FIXTURES / "no_model.py"), "--format", "json")
-    assert code == 0
+    assert code == 2  # it ran no op on a simulated GPU: nothing was checked (issue 40)
+    assert json.loads(out)["summary"]["unfinished"].endswith("nothing was checked")
     assert "3.0" in err  # the script's print
     assert any("built no optimizer" in n for n in json.loads(out)["notes"])
 
@@ -156,7 +158,9 @@ def test_a_scripts_sys_exit_1_is_one_line_and_exit_2(tmp_path: Path) -> None:
     code, out, err = invoke(os.path.relpath(script), "--format", "json")
     assert code == 2 and json.loads(out)["findings"] == []
     assert err.strip() == f"placecheck: error: the script exited with status 1 at {os.path.relpath(script)}:4"
-    script.write_text("import sys\nimport torch\ntorch.nn.Linear(2, 2).cuda()\nsys.exit(0)\n")
+    # after a forward pass (before any, sys.exit(0) stops a run that checked nothing: issue 40, exit 2)
+    script.write_text("import sys\nimport torch\ntorch.nn.Linear(2, 2).cuda()(torch.ones(1, 2).cuda())\n"
+                      "sys.exit(0)\n")
     code, out, err = invoke(os.path.relpath(script), "--format", "json")
     assert code == 0 and "placecheck: error" not in err
 
@@ -175,7 +179,9 @@ def test_module_form(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_timeout_stops_a_hanging_script() -> None:
     code, out, err = invoke(os.path.relpath(FIXTURES / "hangs.py"), "--timeout", "0.5", "--format", "json")
-    assert code == 0, err
+    # stopped before any forward pass: nothing was checked, which is no pass (issue 40 item 3)
+    assert code == 2, err
+    assert json.loads(out)["summary"]["unfinished"].startswith("the script stopped at --timeout 0.5 s at ")
     assert any("--timeout 0.5 s" in n for n in json.loads(out)["notes"])
 
 

@@ -362,6 +362,9 @@ class Report:
         The instance count is shown when grouping made it differ from the problem count.
         """
         n = len(self.findings)
+        if n == 0 and self.unfinished.endswith(NOTHING_CHECKED):
+            # "no placement problems found" would read as a pass
+            return f"nothing checked on {self.run_on}: {self.unfinished}"
         if n == 0:
             line = f"no placement problems found on {self.run_on}"
         else:
@@ -390,6 +393,12 @@ def plural(n: int, word: str) -> str:
     if word == "info":
         return f"{n} info"
     return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+NOTHING_CHECKED = ": nothing was checked"
+"""How :attr:`Report.unfinished` ends when ``placecheck run`` ran but checked nothing (no forward pass
+before a ``sys.exit(0)``, no op on a simulated GPU): the summary then says so instead of "no placement
+problems found"."""
 
 
 FAIL_ON_CHOICES = ("error", "warning", "info", "never")

@@ -33,7 +33,7 @@ from placecheck.basics.quiet import quiet
 from placecheck.checks import classify
 from placecheck.engines.compat import FAKE_TENSOR_LOGGER, torch_note
 from placecheck.findings.codes import Code
-from placecheck.findings.report import Report
+from placecheck.findings.report import NOTHING_CHECKED, Report
 from placecheck.findings.rules import selected
 from placecheck.run.script import (
     Outcome,
@@ -48,6 +48,7 @@ from placecheck.run.script import (
 )
 
 if TYPE_CHECKING:
+    from placecheck.run.children import Children
     from placecheck.run.fastforward import FastForward
     from placecheck.run.lines import ScriptLines
     from placecheck.run.recorder import RunRecorder
@@ -143,6 +144,7 @@ def _simulate(program: Program, options: RunOptions, codes: frozenset[str],
     torchrun launch (:mod:`placecheck.run.ranks`), whose collectives and DDP GPUs are returned too."""
     from placecheck.engines import cudaapi
     from placecheck.engines.engine import SIMULATED_CUDA, SIMULATED_CUDA_VALUES
+    from placecheck.run.children import Children
     from placecheck.run.coverage import coverage_of
     from placecheck.run.fastforward import FastForward
     from placecheck.run.lines import ScriptLines
@@ -159,6 +161,7 @@ def _simulate(program: Program, options: RunOptions, codes: frozenset[str],
     assumed: list[str] = []
 
     checks: list[RankChecks] = []  # the rank's checks of the newest recorder
+    kids: list[Children] = []  # the child processes of the newest recorder's run
 
     def new_recorder() -> tuple[RunRecorder, ScriptLines]:
         recorder = RunRecorder(gpus=gpus, steps=steps)
@@ -170,6 +173,7 @@ def _simulate(program: Program, options: RunOptions, codes: frozenset[str],
         if steps and not os.environ.get(NO_FAST_FORWARD):
             # a callable runs as it is: only its DataLoaders fast-forward
             recorder.fastforward = FastForward(program.filename, lines=lines)
+        kids[:] = [Children(recorder, lines, gpus, steps)]
         return recorder, lines
 
     recorder, lines = new_recorder()
@@ -195,7 +199,8 @@ def _simulate(program: Program, options: RunOptions, codes: frozenset[str],
                 probe = recorder.probe = Probe(*memory_budget(memory))
                 stack.enter_context(random_state_kept())
                 stack.enter_context(probe.capturing())
-            with _environment_kept(), tagged_cuda(gpus), recorder.recording(), lines.watching():
+            with _environment_kept(), tagged_cuda(gpus), recorder.recording(), lines.watching(), \
+                    kids[0].watching("tagged"):
                 outcome = execute(program, timeout, notes, _rewritten(recorder), _watchdog(recorder))
             if probe is not None and probe.decided != "fake":
                 probe.done()
@@ -220,7 +225,7 @@ def _simulate(program: Program, options: RunOptions, codes: frozenset[str],
             from placecheck.run.auto import Probe
 
             measured = recorder.probe = Probe(1 << 62, "measured under the fake engine")
-        outcome, assumed = _run_fake(program, recorder, lines, gpus, timeout, notes)
+        outcome, assumed = _run_fake(program, recorder, lines, gpus, timeout, notes, kids[0])
         finding = recorder.error_finding(outcome.error) if outcome.error is not None else None
         if measured is not None and recorder.limit:
             # the fake engine cannot go on here (code that needs a CUDA driver, a value it cannot give):
@@ -237,7 +242,8 @@ def _simulate(program: Program, options: RunOptions, codes: frozenset[str],
                 recorder, lines = new_recorder()
                 assumed = []
                 gc.collect()  # the fake run's tensors
-                with _environment_kept(), tagged_cuda(gpus), recorder.recording(), lines.watching():
+                with _environment_kept(), tagged_cuda(gpus), recorder.recording(), lines.watching(), \
+                        kids[0].watching("tagged"):
                     outcome = execute(program, timeout, notes, _rewritten(recorder), _watchdog(recorder))
                 finding = recorder.error_finding(outcome.error) if outcome.error is not None else None
                 choice = "tagged"
@@ -246,6 +252,10 @@ def _simulate(program: Program, options: RunOptions, codes: frozenset[str],
     notes.insert(1, torch_note())
     device_name = SIMULATED_CUDA_VALUES if choice == "tagged" else SIMULATED_CUDA
     findings = recorder.findings()
+    for child_finding in kids[0].findings():  # once per code, line and place, as the recorder keeps them
+        if all((f.code, f.source, f.where) != (child_finding.code, child_finding.source, child_finding.where)
+               for f in findings):
+            findings.append(child_finding)
     own_error = None
     if outcome.error is not None:
         if finding is not None and finding.code == Code.PC207 and not classify.is_device_error(outcome.error):
@@ -268,10 +278,14 @@ def _simulate(program: Program, options: RunOptions, codes: frozenset[str],
     notes.extend(assumed)
     kept = [f for f in findings if f.code in codes]
     stats = {"optimizer_steps": recorder.steps, "modules_moved": len(recorder.moves.moved_modules),
-             "optimizers": len(recorder.optimizers)}
+             "optimizers": len(recorder.optimizers), "forward_passes": recorder.forward_passes,
+             "device_ops": recorder.device_ops}
+    lost = kids[0].add_to(stats, notes)  # their lines too, before the coverage
     covered = coverage_of(lines.filename, lines.executed) if lines.measured and lines.filename else None
+    unfinished = "; ".join(u for u in (_unfinished(outcome, recorder.limit, own_error), lost) if u) \
+        or _unchecked(outcome, stats)
     report = Report.build(program.name, recorder.target, device_name, kept, notes, stats,
-                          unfinished=_unfinished(outcome, recorder.limit, own_error),
+                          unfinished=unfinished,
                           script_traceback=user_traceback(own_error) if own_error is not None else (),
                           coverage=covered)
     return report, list(checks[0].uses) if checks else []
@@ -293,7 +307,7 @@ def _environment_kept() -> Iterator[None]:
 
 
 def _run_fake(program: Program, recorder: RunRecorder, lines: ScriptLines, gpus: int,
-              timeout: float | None, notes: list[str]) -> tuple[Outcome, list[str]]:
+              timeout: float | None, notes: list[str], children: Children) -> tuple[Outcome, list[str]]:
     """The program under the fake engine (:mod:`placecheck.run.fake`); its outcome and assumptions."""
     import torch
 
@@ -306,7 +320,7 @@ def _run_fake(program: Program, recorder: RunRecorder, lines: ScriptLines, gpus:
     recorder.fake_engine = True
     recorder.host_data = on_host
     with _environment_kept(), quiet(FAKE_TENSOR_LOGGER), fake_cuda(gpus) as datadep, recorder.recording(), \
-            lines.watching():
+            lines.watching(), children.watching("fake"):
         datadep.host_values = True  # a dataset's data read from files stays real, as on the host of a GPU
         outcome = execute(program, timeout, notes, _rewritten(recorder), _watchdog(recorder))
     return outcome, datadep.notes(phase="run")
@@ -342,6 +356,29 @@ def _unfinished(outcome: Outcome, limit: str, own_error: BaseException | None) -
         return raised(own_error, outcome.line)
     if outcome.kind == "exit" and exit_status(outcome.exit_code) != 0:
         return exited(outcome.exit_code, outcome.line)
+    return ""
+
+
+def _unchecked(outcome: Outcome, stats: dict[str, int]) -> str:
+    """Why a run that ended without an error checked nothing (exit code 2 all the same, ``--exit-zero``
+    included: a pre-flight check must not pass what it never looked at), "" when it checked something.
+
+    Decided from what the recorder counted, never from why the script stopped: no forward pass and no
+    optimizer step before a ``sys.exit(0)`` (argparse's ``--help`` is one) or a ``--timeout`` stop, or no
+    module moved and no torch call on a simulated GPU at all (a script that runs on the CPU by design). An
+    inference script (forwards on the GPU, no optimizer) checked its forwards, and passes."""
+    forwards, steps = stats.get("forward_passes", 0), stats.get("optimizer_steps", 0)
+    counted = f"{forwards} forward pass{'es' if forwards != 1 else ''}, {steps} optimizer step" \
+              f"{'s' if steps != 1 else ''}"
+    at = f" at {outcome.line}" if outcome.line else ""
+    if outcome.kind == "error":  # a device error the script raised: a finding, it checked that much
+        return ""
+    if outcome.kind in ("exit", "stopped") and not forwards and not steps:
+        how = f"at sys.exit({outcome.exit_code!r}){at}" if outcome.kind == "exit" else f"{outcome.reason}{at}"
+        return f"the script stopped {how}, before any forward pass: {counted}{NOTHING_CHECKED}"
+    if not stats.get("device_ops", 0) and not stats.get("modules_moved", 0):
+        where = ", all on the CPU" if forwards or steps else ""
+        return f"the script ran no op on a simulated GPU ({counted}{where}){NOTHING_CHECKED}"
     return ""
 
 

@@ -120,6 +120,12 @@ class RunRecorder:
         self.target = "cuda:0"
         self.steps = 0
         """Optimizer steps completed."""
+        self.forward_passes = 0
+        """Forwards of a top-level module (one module's call, its submodules' inside it not counted)."""
+        self.device_ops = 0
+        """Torch calls of the script with a tensor on a simulated GPU among their arguments or results (a
+        move, a factory with ``device="cuda"``, an op): 0 means nothing about placement on a GPU was
+        checked (:func:`placecheck.run._unchecked`)."""
         self.step_line = ""
         self.stopped_by_steps = False
         self.found: dict[tuple[str, str, str], Finding] = {}
@@ -321,6 +327,9 @@ class RunRecorder:
             out = func(*args, **kwargs)
         except Exception as exc:
             out = self._repair(func, args, kwargs, exc)
+        if any(t.device.type == "cuda" for _, t in call.tensors) \
+                or (isinstance(out, torch.Tensor) and out.device.type == "cuda"):
+            self.device_ops += 1
         if self.probe is not None and self._forward_stack and not self.probe.decided:
             self.probe.made(out)
         if isinstance(out, torch.Tensor) and out.device.type == "cuda" \
@@ -576,6 +585,7 @@ class RunRecorder:
     def _forward_enter(self, module: nn.Module, args: Any) -> None:
         self.per_call.forward(type(module).__name__)
         if not self._forward_stack:
+            self.forward_passes += 1
             self.roots[id(module)] = module
             if self.fastforward is not None:
                 self.fastforward.activity += 1
