@@ -85,7 +85,11 @@ def test_a_resumed_checkpoint_is_never_overwritten(tmp_path: Path, monkeypatch: 
     assert torch.equal(load_file("best.safetensors")["weight"], weights["weight"])
 
 
-FILES = """import glob, json, os, pathlib, shutil
+GPU_OP = "import torch\ntorch.ones(1, device='cuda')  # one GPU op: a run that checks nothing exits 2\n"
+"""The scripts below are about files; each does one op on the simulated GPU, so that the run checked
+something (issue 40: a run that checked nothing is unfinished, exit 2)."""
+
+FILES = GPU_OP + """import glob, json, os, pathlib, shutil
 import numpy as np
 
 os.makedirs("out/sub", exist_ok=True)
@@ -153,7 +157,7 @@ def test_a_write_past_the_patches_is_refused_and_reported(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # io.FileIO called directly opens the path itself: the audit hook refuses it
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "s.py").write_text("import io\ntry:\n    io.FileIO('evil.txt', 'w')\n"
+    (tmp_path / "s.py").write_text(GPU_OP + "import io\ntry:\n    io.FileIO('evil.txt', 'w')\n"
                                    "except PermissionError:\n    print('refused')\n", encoding="utf-8")
     report = run(str(tmp_path / "s.py"), engine="tagged")
     assert not (tmp_path / "evil.txt").exists()
@@ -166,7 +170,7 @@ def test_a_write_nothing_in_python_saw_is_found_after_the_run(tmp_path: Path,
     # torch's C++ zip writer given a path by the script itself (not through torch.save): C code writing
     # by itself; the snapshot after the run finds the file and the run says it did not run clean
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "s.py").write_text("import torch\nw = torch._C.PyTorchFileWriter('c.bin')\n"
+    (tmp_path / "s.py").write_text(GPU_OP + "w = torch._C.PyTorchFileWriter('c.bin')\n"
                                    "w.write_record('x', b'abc', 3)\nw.write_end_of_file()\n",
                                    encoding="utf-8")
     report = run(str(tmp_path / "s.py"), engine="tagged")
@@ -175,7 +179,7 @@ def test_a_write_nothing_in_python_saw_is_found_after_the_run(tmp_path: Path,
     assert any("cannot redirect" in n for n in report.notes)
 
 
-LOGGED = """import logging
+LOGGED = GPU_OP + """import logging
 handler = logging.FileHandler("run.log")
 logging.getLogger("job").addHandler(handler)
 logging.getLogger("job").warning("step 1")
@@ -193,7 +197,7 @@ def test_a_logging_file_is_redirected(tmp_path: Path, monkeypatch: pytest.Monkey
     assert [(Path(w.path).name, w.change) for w in report.writes or ()] == [("run.log", "created")]
 
 
-WORKER = """import os
+WORKER = GPU_OP + """import os
 import torch
 from torch.utils.data import DataLoader, Dataset
 
@@ -332,7 +336,7 @@ def test_torchrun_ranks_write_into_the_scratch_area(tmp_path: Path, monkeypatch:
     assert sorted(Path(w.path).name for w in report.writes or ()) == ["rank0.pt", "rank1.pt"]
 
 
-CHILDREN = """import os, subprocess, sys
+CHILDREN = GPU_OP + """import os, subprocess, sys
 from placecheck.run.scratch import child_environment
 
 bootstrapped = ("from placecheck.run.scratch import protect_from_environment\\n"
