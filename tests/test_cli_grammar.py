@@ -48,7 +48,7 @@ FLAGS: dict[str, set[str]] = {
     "run": {
         "-m", "--module", "--gpus", "--engine", "--steps", "--timeout", "--select", "--ignore", "-f",
         "--format", "-o", "--output", "--no-group", "--hints", "--debug", "--fail-on", "--exit-zero",
-        "--nproc-per-node", "--nproc_per_node", "--standalone",
+        "--nproc-per-node", "--nproc_per_node", "--standalone", "--keep-scratch",
     },
     "fix": {
         "--run", "--kwargs", "--arg", "-d", "--device", "--engine", "--gpus", "--init", "-i", "--input",
@@ -85,7 +85,7 @@ VALUES: dict[str, tuple[str | None, Any]] = {
     "--no-group": (None, True), "--hints": (None, True), "--debug": (None, True),
     "--fail-on": ("error", "error"), "--exit-zero": (None, True), "--config": ("c.toml", "c.toml"),
     "--jobs": ("2", 2), "--isolation": ("spawn", "spawn"), "--progress": ("lines", "lines"),
-    "--nproc-per-node": ("2", "2"), "--standalone": (None, True),
+    "--nproc-per-node": ("2", "2"), "--standalone": (None, True), "--keep-scratch": (None, True),
     "--shard": ("1/2", "1/2"), "--baseline": ("b.json", "b.json"), "--write-baseline": ("b.json", "b.json"),
 }
 FORMAT_VALUES = {"fix": ("json", "json")}

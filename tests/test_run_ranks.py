@@ -102,7 +102,9 @@ def test_a_comm_hook_of_the_script_runs_and_its_collective_on_the_host_is_found(
     assert failing(report) == [("PC402", at("comm_hook_buggy.py", 13), "0-1")]
     fixed = run(script("comm_hook_fixed.py"), nproc_per_node=2)
     assert failing(fixed) == [] and exit_code([fixed]) == 0
-    assert dict(fixed.stats)["optimizer_steps"] == 2
+    # the budget's 2 steps, then one per later epoch whose loader still yields a batch after the budget
+    # (issue 40: a library's pass after the fast-forward sees a batch); HF Trainer's next epoch takes one
+    assert 2 <= dict(fixed.stats)["optimizer_steps"] <= 3
 
 
 def test_a_built_in_comm_hook_runs_to_the_end_of_its_steps(tmp_path: Path) -> None:
@@ -280,7 +282,9 @@ def test_accelerate_and_hf_trainer_scripts_under_torchrun_find_their_bugs_on_eve
     assert failing(buggy) == [(code, f"{buggy_path}:{line}", "0-1") for code, line in bugs]
     fixed = run(os.path.relpath(frameworks / f"{name}_fixed.py"), nproc_per_node=2)
     assert failing(fixed) == [] and exit_code([fixed]) == 0
-    assert dict(fixed.stats)["optimizer_steps"] == 2
+    # the budget's 2 steps, then one per later epoch whose loader still yields a batch after the budget
+    # (issue 40: a library's pass after the fast-forward sees a batch); HF Trainer's next epoch takes one
+    assert 2 <= dict(fixed.stats)["optimizer_steps"] <= 3
 
 
 # -- the ranks' process forked from a warm server ------------------------------------------------------------

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from placecheck.checks import classify
+from placecheck.engines.compat import foreach_copy
 
 SyncProbe = Callable[[tuple[Any, ...], dict[str, Any]], "torch.Tensor | None"]
 
@@ -214,7 +215,7 @@ def _host_syncs() -> dict[Any, tuple[str, SyncProbe]]:
                                                 _variance_on_device),
         torch.normal: ("torch.normal with a tensor std (checks it on the host)", _tensor_std),
         T.fill_: (".fill_() with a 0-dim value on another device", _fill_from_another_device),
-        torch._foreach_copy_: ("torch._foreach_copy_ between host and device", _foreach_host_device_copy),
+        foreach_copy(): ("torch._foreach_copy_ between host and device", _foreach_host_device_copy),
         T.masked_fill: (".masked_fill() with a 0-dim device value", _device_scalar_value),
         T.masked_fill_: (".masked_fill_() with a 0-dim device value", _device_scalar_value),
         torch.masked_fill: ("torch.masked_fill with a 0-dim device value", _device_scalar_value),

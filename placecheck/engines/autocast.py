@@ -17,7 +17,7 @@ lower precision on a CPU), each a Python kernel registered for the ``AutocastCPU
   reaches ``log_softmax`` and ``nll_loss``, float32).
 
 The lists are PyTorch's (``ATen/autocast_mode.h``, ``AT_FORALL_LOWER_PRECISION_FP`` and the others:
-the ops ``torch._C._dispatch_get_registrations_for_dispatch_key("AutocastCUDA")`` names);
+the ops ``_C._dispatch_get_registrations_for_dispatch_key("AutocastCUDA")`` names);
 ``tests/test_autocast.py`` holds them to that registry. Checked on an H200 (torch 2.11): under float16
 and bfloat16, ``linear``, ``@``, ``bmm``, ``sigmoid`` and ``mean`` of a lower-precision input give the
 lower precision; ``softmax``, ``log_softmax``, ``sum``, ``cumsum``, ``mse_loss``, ``cross_entropy``,
@@ -38,6 +38,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+
+from placecheck.engines.compat import dispatcher
 
 aten = torch.ops.aten
 
@@ -85,7 +87,8 @@ BANNED = {"binary_cross_entropy": (
     "safe to autocast.")}
 """Ops CUDA autocast refuses, with its message."""
 
-_KEY = torch._C.DispatchKey.AutocastCPU
+_C = dispatcher()
+_KEY = _C.DispatchKey.AutocastCPU
 _GPU_DEPTH = 0
 """How many ops on the simulated GPU are running (:func:`on_gpu`): their tensors are autocast's."""
 
@@ -125,8 +128,8 @@ def _kernel(op: Any, policy: str) -> Callable[..., Any]:
     dtype_at = next((i for i, a in enumerate(schema.arguments) if a.name == "dtype"), None)
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
-        with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(_KEY)), \
-                torch._C.DisableTorchFunction():
+        with _C._ExcludeDispatchKeyGuard(_C.DispatchKeySet(_KEY)), \
+                _C.DisableTorchFunction():
             if _GPU_DEPTH == 0:
                 return op(*args, **kwargs)
             if policy == "banned":
@@ -175,7 +178,7 @@ def policies() -> dict[str, str]:
     table.update({name: "append" for name in FP32_APPEND_DTYPE})
     table.update({name: "promote" for name in PROMOTE})
     table.update({name: "banned" for name in BANNED})
-    for registered in torch._C._dispatch_get_registrations_for_dispatch_key("AutocastCPU"):
+    for registered in _C._dispatch_get_registrations_for_dispatch_key("AutocastCPU"):
         table.setdefault(registered.removeprefix("aten::"), "none")
     return table
 

@@ -458,3 +458,27 @@ def scripted_python_function(value: Any) -> Callable[..., Any] | None:
         return None
     original = getattr(value, "_torchdynamo_inline", None)
     return original if inspect.isfunction(original) else None
+
+
+def make_subclass(cls: Any, t: Any, requires_grad: bool) -> Any:
+    """``torch.Tensor._make_subclass``: ``t``'s storage as a tensor of class ``cls`` (the tagged engine's
+    tags, and a simulated parameter rebuilt in a child process)."""
+    import torch
+
+    return torch.Tensor._make_subclass(cls, t, requires_grad)
+
+
+def foreach_copy() -> Any:
+    """``torch._foreach_copy_``, the optimizers' list copy (a host sync between host and device)."""
+    import torch
+
+    return torch._foreach_copy_
+
+
+def dispatcher() -> Any:
+    """``torch._C``, for the dispatcher's keys and guards that CUDA autocast's simulation needs
+    (:mod:`placecheck.engines.autocast`: ``DispatchKey``, ``DispatchKeySet``,
+    ``_ExcludeDispatchKeyGuard``, ``DisableTorchFunction``, the registrations of a key)."""
+    import torch
+
+    return torch._C

@@ -63,7 +63,7 @@ from placecheck.checks.classify import (
 from placecheck.engines.autocast import on_gpu, simulated_autocast
 from placecheck.engines.callbacks import called_back, in_callbacks
 from placecheck.engines.calls import Kind, Placement, as_device, legacy_type_name, parsed, read_placement
-from placecheck.engines.compat import DisableTorchFunctionSubclass, tree_map_only
+from placecheck.engines.compat import DisableTorchFunctionSubclass, make_subclass, tree_map_only
 from placecheck.engines.cudaapi import (
     cuda_initialised,
     cuda_queries_simulated,
@@ -100,7 +100,7 @@ class SimulatedTensor(torch.Tensor):
             else:
                 # a sparse (COO, CSR...) tensor has no storage for as_subclass to share: an alias of it
                 # (its indices and values shared), a leaf as the adjacency matrices of GCNs are
-                tagged = torch.Tensor._make_subclass(SimulatedTensor, t, t.requires_grad)
+                tagged = make_subclass(SimulatedTensor, t, t.requires_grad)
         tagged._pc_device = device
         return tagged
 
@@ -166,7 +166,7 @@ class _SparseTag(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, t: torch.Tensor, device: torch.device) -> torch.Tensor:  # type: ignore[override]
         with DisableTorchFunctionSubclass():
-            tagged = torch.Tensor._make_subclass(SimulatedTensor, t.detach(), False)
+            tagged = make_subclass(SimulatedTensor, t.detach(), False)
         tagged._pc_device = device
         return tagged
 
@@ -180,7 +180,7 @@ def untagged(t: torch.Tensor) -> torch.Tensor:
     sharing its memory, or for a sparse tensor, which has no storage to share, a detached alias."""
     if t.layout == torch.strided:
         return t.as_subclass(torch.Tensor)
-    return torch.Tensor._make_subclass(torch.Tensor, t, t.requires_grad)
+    return make_subclass(torch.Tensor, t, t.requires_grad)
 
 
 _TENSOR_TYPE = torch.Tensor.type

@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from placecheck.engines.compat import make_subclass
 from placecheck.run.session import StopRun
 
 if TYPE_CHECKING:
@@ -206,7 +207,7 @@ def _rebuild_simulated(plain: Any, device: str, requires_grad: bool, state: dict
 
     from placecheck.engines.tagged import SimulatedTensor
 
-    t = torch.Tensor._make_subclass(SimulatedTensor, plain, requires_grad)
+    t = make_subclass(SimulatedTensor, plain, requires_grad)
     t._pc_device = torch.device(device)
     for key, value in state.items():  # a parameter's mark (_is_param) among them
         setattr(t, key, value)
