@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import re
 import sys
 import typing
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn as nn
+from expect_comments import expected_at, serious
 from torch.nn.utils.rnn import unpad_sequence
 
 import placecheck
@@ -37,20 +37,8 @@ def script(name: str) -> str:
 
 
 def expected(name: str, command: str = "run") -> set[tuple[str, str]]:
-    """(code, source) of every ``# expect PCnnn`` comment of a fixture (``# expect PCnnn audit``: only
-    what ``audit`` reports there, as a creation's own PC202 beside the mismatch it fed)."""
-    found = set()
-    for number, text in enumerate((FIXTURES / name).read_text().splitlines(), 1):
-        for code, only in re.findall(r"# expect (PC\d{3})(?: (audit|run))?", text):
-            if only in ("", command):
-                found.add((code, f"{script(name)}:{number}"))
-    assert found, f"{name} expects nothing"
-    return found
-
-
-def serious(report: Report) -> set[tuple[str, str]]:
-    """(code, source) of every warning and error."""
-    return {(f.code, f.source) for f in report.findings if f.severity.rank >= Severity.WARNING.rank}
+    """(code, source) of every ``# expect PCnnn`` comment of fixture ``name`` (tests/expect_comments.py)."""
+    return expected_at(script(name), command)
 
 
 def model_class(name: str, cls: str) -> type:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import re
 import typing
 from collections.abc import Callable
 from pathlib import Path
@@ -24,12 +23,11 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn as nn
+from expect_comments import expected_at, serious
 from torch.autograd import Variable
 
 import placecheck
 from placecheck.engines.engine import Engine
-from placecheck.findings.finding import Severity
-from placecheck.findings.report import Report
 from placecheck.run import run
 
 pytestmark = [pytest.mark.compat]
@@ -47,19 +45,8 @@ def script(name: str) -> str:
 
 
 def expected(name: str, command: str = "run") -> set[tuple[str, str]]:
-    """(code, source) of every ``# expect PCnnn`` comment (``# expect PCnnn audit``: only ``audit``)."""
-    found = set()
-    for number, text in enumerate(Path(script(name)).read_text().splitlines(), 1):
-        for code, only in re.findall(r"# expect (PC\d{3})(?: (audit|run))?", text):
-            if only in ("", command):
-                found.add((code, f"{script(name)}:{number}"))
-    assert found, f"{name} expects nothing"
-    return found
-
-
-def serious(report: Report) -> set[tuple[str, str]]:
-    """(code, source) of every warning and error."""
-    return {(f.code, f.source) for f in report.findings if f.severity.rank >= Severity.WARNING.rank}
+    """(code, source) of every ``# expect PCnnn`` comment of fixture ``name`` (tests/expect_comments.py)."""
+    return expected_at(script(name), command)
 
 
 def graph_net(name: str) -> type:
