@@ -4,7 +4,8 @@
 engine and a recorder of their own process; their findings, counts, lines and errors come back into
 the one report. Fixtures: ``tests/fixtures/run/children/``: the Hogwild example's shape (a model on the
 GPU shared with ``share_memory()``, spawned workers with their own optimizers), workers forked from a
-parent that has not used CUDA, and a worker that raises.
+parent that has not used CUDA, and a worker that raises. Each check runs in a fresh interpreter
+(tests/fresh.py): forked workers inherit the process they start from.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch.nn as nn
 
 from placecheck.findings.report import exit_code
 from placecheck.run import run
+from fresh import fresh
 
 pytestmark = [pytest.mark.compat]
 
@@ -43,19 +45,19 @@ def errors(report: object) -> list[tuple[str, str, str]]:
 
 
 def test_hogwild_spawned_workers_train_under_the_simulation_and_their_bug_is_found_at_its_line() -> None:
-    fixed = run(script("hogwild_fixed.py"), engine="tagged")
+    fixed = fresh(run, script("hogwild_fixed.py"), engine="tagged")
     assert errors(fixed) == [] and fixed.unfinished == "" and exit_code([fixed]) == 0
     stats = dict(fixed.stats)
     # each worker's optimizer stepped to the budget (--steps 2): the shared parameters arrived as leaves
     assert stats["child_processes"] == 2 and stats["optimizer_steps"] == 4
     assert fixed.coverage is not None and fixed.coverage.not_run == ()  # train()'s lines ran in the workers
-    buggy = run(script("hogwild_buggy.py"), engine="tagged")
+    buggy = fresh(run, script("hogwild_buggy.py"), engine="tagged")
     assert errors(buggy) == [("PC201", marked("hogwild_buggy.py", "loss"), "target")]
     assert exit_code([buggy]) == 1
 
 
 def test_hogwild_spawned_under_the_fake_engine_is_a_limit_note_never_a_pass() -> None:
-    report = run(script("hogwild_fixed.py"), engine="fake")
+    report = fresh(run, script("hogwild_fixed.py"), engine="fake")
     start = f"{script('hogwild_fixed.py')}:54"
     assert report.unfinished == f"the simulation stopped at {start}"
     assert any(n.startswith(f"run: stopped at {start}: the script starts a child process (train) with "
@@ -66,7 +68,7 @@ def test_hogwild_spawned_under_the_fake_engine_is_a_limit_note_never_a_pass() ->
 
 @ENGINES
 def test_hogwild_forked_after_the_parent_used_cuda_is_cudas_fork_error_in_the_worker(engine: str) -> None:
-    report = run(script("hogwild_fixed.py"), ["--start", "fork"], engine=engine)
+    report = fresh(run, script("hogwild_fixed.py"), ["--start", "fork"], engine=engine)
     [(code, source, _)] = errors(report)
     # on a GPU the worker's first CUDA tensor raises "Cannot re-initialize CUDA in forked subprocess"
     assert (code, source) == ("PC207", f"{script('hogwild_fixed.py')}:33")
@@ -74,25 +76,25 @@ def test_hogwild_forked_after_the_parent_used_cuda_is_cudas_fork_error_in_the_wo
 
 @ENGINES
 def test_forked_workers_are_checked_and_their_bug_is_in_the_parents_report(engine: str) -> None:
-    fixed = run(script("fork_fixed.py"), engine=engine)
+    fixed = fresh(run, script("fork_fixed.py"), engine=engine)
     assert errors(fixed) == [] and fixed.unfinished == "" and exit_code([fixed]) == 0
     assert dict(fixed.stats)["child_processes"] == 2 and dict(fixed.stats)["device_ops"] > 0
-    buggy = run(script("fork_buggy.py"), engine=engine)
+    buggy = fresh(run, script("fork_buggy.py"), engine=engine)
     # the loss's line, after the move that left the labels out
     path, _, moved = marked("fork_buggy.py", "move").rpartition(":")
     assert errors(buggy) == [("PC201", f"{path}:{int(moved) + 1}", "y")]
 
 
 def test_mp_spawn_workers_are_checked_and_their_bug_is_found() -> None:
-    fixed = run(script("fork_fixed.py"), ["--spawn"], engine="tagged")
+    fixed = fresh(run, script("fork_fixed.py"), ["--spawn"], engine="tagged")
     assert errors(fixed) == [] and fixed.unfinished == "" and dict(fixed.stats)["child_processes"] == 2
-    buggy = run(script("fork_buggy.py"), ["--spawn"], engine="tagged")
+    buggy = fresh(run, script("fork_buggy.py"), ["--spawn"], engine="tagged")
     assert [(c, s) for c, s, _ in errors(buggy)] == [("PC201", f"{script('fork_buggy.py')}:20")]
 
 
 @ENGINES
 def test_a_worker_that_raises_leaves_the_run_unfinished_exit_2(engine: str) -> None:
-    report = run(script("worker_raises.py"), engine=engine)
+    report = fresh(run, script("worker_raises.py"), engine=engine)
     said = re.escape(f"raised KeyError at {marked('worker_raises.py', 'raises')}: 'scale'")
     assert re.fullmatch(rf"child process work \(pid \d+\) {said}", report.unfinished), report.unfinished
     assert exit_code([report], exit_zero=True) == 2
@@ -143,5 +145,19 @@ if __name__ == "__main__":
 def test_a_process_subclass_whose_own_run_mixes_devices_is_found(tmp_path: Path, method: str) -> None:
     path = tmp_path / "subclass.py"
     path.write_text(_SUBCLASS)
-    report = run(str(path), [method], engine="tagged")
+    report = fresh(run, str(path), [method], engine="tagged")
     assert errors(report) == [("PC201", f"{path}:10", "w")]
+
+
+def test_the_scripts_start_method_is_its_own(tmp_path: Path) -> None:
+    """A script's ``set_start_method("spawn", force=True)`` does not outlive its run: in a test suite it made
+    a later script's DataLoader workers spawn (and fail on the unguarded ``__main__``)."""
+    import multiprocessing
+
+    path = tmp_path / "subclass.py"
+    path.write_text(_SUBCLASS)
+    before = multiprocessing.get_start_method(allow_none=True)
+    assert before != "spawn"
+    report = run(str(path), ["spawn"], engine="tagged")  # in this process: its state is the question
+    assert errors(report) == [("PC201", f"{path}:10", "w")]
+    assert multiprocessing.get_start_method(allow_none=True) == before

@@ -14,6 +14,8 @@ import pytest
 
 from placecheck.run import run
 
+from fresh import fresh
+
 pytestmark = [pytest.mark.compat]
 
 ENGINES = pytest.mark.parametrize("engine", ["tagged", "fake"])
@@ -219,7 +221,8 @@ def test_a_dataloader_worker_writes_into_the_scratch_area(tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "s.py").write_text(WORKER, encoding="utf-8")
-    report = run(str(tmp_path / "s.py"), engine="tagged", steps=0)
+    # the DataLoader forks its worker: a fresh interpreter, as a command line's (tests/fresh.py)
+    report = fresh(run, str(tmp_path / "s.py"), engine="tagged", steps=0)
     assert not report.unfinished, report.notes
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.py"]
     assert sorted(Path(w.path).name for w in report.writes or ()) == ["worker0.txt", "worker1.txt"]

@@ -111,8 +111,13 @@ class Outcome:
 
 @contextlib.contextmanager
 def _as_main(program: Program) -> Iterator[None]:
-    """``sys.argv`` and ``sys.path`` as Python sets them for the program; restored afterwards."""
+    """``sys.argv`` and ``sys.path`` as Python sets them for the program; restored afterwards, with
+    ``multiprocessing``'s start method (a script's ``set_start_method("spawn", force=True)`` is its own:
+    a later run in this process, or the caller's own DataLoader workers, start as before)."""
+    import multiprocessing
+
     argv, path = sys.argv[:], sys.path[:]
+    start_method = multiprocessing.get_start_method(allow_none=True)
     target = program.target
     if isinstance(target, str):
         first = os.getcwd() if program.module else os.path.dirname(os.path.abspath(target))
@@ -123,6 +128,8 @@ def _as_main(program: Program) -> Iterator[None]:
     finally:
         sys.argv[:] = argv
         sys.path[:] = path
+        if multiprocessing.get_start_method(allow_none=True) != start_method:
+            multiprocessing.set_start_method(start_method, force=True)
 
 
 WATCHDOG_SECONDS = 60.0
