@@ -391,6 +391,40 @@ def test_accelerate_save_state_is_redirected(tmp_path: Path, monkeypatch: pytest
     assert any(os.path.relpath(w.path, tmp_path).startswith("state/") for w in report.writes or ())
 
 
+TENSORBOARD = """import os, pickle, json
+import torch
+from torch.utils.tensorboard import SummaryWriter
+model = torch.nn.Linear(2, 1).to("cuda")
+writer = SummaryWriter("runs/exp")
+for step in range(3):
+    loss = model(torch.randn(4, 2, device="cuda")).sum()
+    writer.add_scalar("loss", loss.item(), step)
+writer.close()
+with open("state.pkl", "wb") as f:
+    pickle.dump({"step": 3}, f)
+with open("metrics.json", "w") as f:
+    json.dump({"loss": loss.item()}, f)
+assert len([n for n in os.listdir("runs/exp") if n.startswith("events.out.tfevents")]) == 1
+assert pickle.load(open("state.pkl", "rb")) == {"step": 3} and "loss" in json.load(open("metrics.json"))
+"""
+
+
+@ENGINES
+def test_tensorboard_events_pickle_and_json_are_redirected(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          engine: str) -> None:
+    """TensorBoard's event file (written by its own writer thread), pickle and json dumps: the script
+    finds them where it wrote them, the user's directory has none of them."""
+    pytest.importorskip("tensorboard")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.py").write_text(TENSORBOARD, encoding="utf-8")
+    report = run(str(tmp_path / "s.py"), engine=engine)
+    assert not report.unfinished, report.notes
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.py"]
+    written = {os.path.relpath(w.path, tmp_path) for w in report.writes or ()}
+    assert {"state.pkl", "metrics.json"} <= written
+    assert any(w.startswith("runs/exp/events.out.tfevents") for w in written), written
+
+
 def test_pathlib_and_glob_see_the_scratch_area(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # pathlib and glob change between Python versions (3.13's glob of a Path keeps os.lstat and
     # os.scandir in a class of its own): what they show is the script's view, on every version
