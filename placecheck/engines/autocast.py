@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from placecheck.engines.compat import dispatcher
+from placecheck.engines.compat import autocast_cpu_key, dispatch_key_excluded, dispatch_key_registrations
 
 aten = torch.ops.aten
 
@@ -87,8 +87,7 @@ BANNED = {"binary_cross_entropy": (
     "safe to autocast.")}
 """Ops CUDA autocast refuses, with its message."""
 
-_C = dispatcher()
-_KEY = _C.DispatchKey.AutocastCPU
+_KEY = autocast_cpu_key()
 _GPU_DEPTH = 0
 """How many ops on the simulated GPU are running (:func:`on_gpu`): their tensors are autocast's."""
 
@@ -128,8 +127,7 @@ def _kernel(op: Any, policy: str) -> Callable[..., Any]:
     dtype_at = next((i for i, a in enumerate(schema.arguments) if a.name == "dtype"), None)
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
-        with _C._ExcludeDispatchKeyGuard(_C.DispatchKeySet(_KEY)), \
-                _C.DisableTorchFunction():
+        with dispatch_key_excluded(_KEY):
             if _GPU_DEPTH == 0:
                 return op(*args, **kwargs)
             if policy == "banned":
@@ -178,7 +176,7 @@ def policies() -> dict[str, str]:
     table.update({name: "append" for name in FP32_APPEND_DTYPE})
     table.update({name: "promote" for name in PROMOTE})
     table.update({name: "banned" for name in BANNED})
-    for registered in _C._dispatch_get_registrations_for_dispatch_key("AutocastCPU"):
+    for registered in dispatch_key_registrations("AutocastCPU"):
         table.setdefault(registered.removeprefix("aten::"), "none")
     return table
 

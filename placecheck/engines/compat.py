@@ -475,10 +475,25 @@ def foreach_copy() -> Any:
     return torch._foreach_copy_
 
 
-def dispatcher() -> Any:
-    """``torch._C``, for the dispatcher's keys and guards that CUDA autocast's simulation needs
-    (:mod:`placecheck.engines.autocast`: ``DispatchKey``, ``DispatchKeySet``,
-    ``_ExcludeDispatchKeyGuard``, ``DisableTorchFunction``, the registrations of a key)."""
+def autocast_cpu_key() -> Any:
+    """The dispatcher's ``AutocastCPU`` key, whose kernels CUDA autocast's simulation replaces."""
     import torch
 
-    return torch._C
+    return torch._C.DispatchKey.AutocastCPU
+
+
+@contextlib.contextmanager
+def dispatch_key_excluded(key: Any) -> Iterator[None]:
+    """Below ``key`` in the dispatcher, with no ``__torch_function__`` mode: a kernel calling the op it
+    replaces (``torch._C._ExcludeDispatchKeyGuard``, ``DisableTorchFunction``)."""
+    import torch
+
+    with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(key)), torch._C.DisableTorchFunction():
+        yield
+
+
+def dispatch_key_registrations(key: str) -> list[str]:
+    """The ops with a kernel registered for the dispatcher's ``key`` (``aten::name`` strings)."""
+    import torch
+
+    return list(torch._C._dispatch_get_registrations_for_dispatch_key(key))
