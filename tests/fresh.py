@@ -12,8 +12,9 @@ which no user's fresh ``placecheck run`` would see. Tests of forking scripts cal
 from __future__ import annotations
 
 import multiprocessing
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
-from typing import Any, Callable
+from typing import Any
 
 
 def _as_a_command_line(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn as nn
+from fresh import fresh
 
 from placecheck.findings.report import exit_code
 from placecheck.run import run
-from fresh import fresh
 
 pytestmark = [pytest.mark.compat]
 

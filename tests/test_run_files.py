@@ -11,10 +11,9 @@ import shutil
 from pathlib import Path
 
 import pytest
+from fresh import fresh
 
 from placecheck.run import run
-
-from fresh import fresh
 
 pytestmark = [pytest.mark.compat]
 

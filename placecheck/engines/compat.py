@@ -45,11 +45,12 @@ import re
 import sys
 import types
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from placecheck.basics.errors import UsageError
 
 if TYPE_CHECKING:
+    import torch
     from torch._C import DisableTorchFunction as DisableTorchFunction
     from torch._C import DisableTorchFunctionSubclass as DisableTorchFunctionSubclass
     from torch._C import _EnableTorchFunction as _EnableTorchFunction
@@ -78,6 +79,8 @@ if TYPE_CHECKING:
     from torch.utils._pytree import tree_map as tree_map
     from torch.utils._pytree import tree_map_only as tree_map_only
     from torch.utils._pytree import tree_unflatten as tree_unflatten
+
+_TensorT = TypeVar("_TensorT", bound="torch.Tensor")
 
 FLOOR = "2.10"
 """The oldest torch placecheck supports (pyproject's ``torch>=``): see the module's docstring."""
@@ -460,12 +463,13 @@ def scripted_python_function(value: Any) -> Callable[..., Any] | None:
     return original if inspect.isfunction(original) else None
 
 
-def make_subclass(cls: Any, t: Any, requires_grad: bool) -> Any:
+def make_subclass(cls: type[_TensorT], t: Any, requires_grad: bool) -> _TensorT:
     """``torch.Tensor._make_subclass``: ``t``'s storage as a tensor of class ``cls`` (the tagged engine's
     tags, and a simulated parameter rebuilt in a child process)."""
     import torch
 
-    return torch.Tensor._make_subclass(cls, t, requires_grad)
+    made: _TensorT = torch.Tensor._make_subclass(cls, t, requires_grad)
+    return made
 
 
 def foreach_copy() -> Any:
