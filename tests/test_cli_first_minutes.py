@@ -85,6 +85,39 @@ def test_a_file_that_is_not_python_is_named_as_such(project: Path, monkeypatch: 
     assert resolve("mymodel.py:Net").__name__ == "Net"  # the working twin
 
 
+@pytest.mark.parametrize("target, said", [
+    ("torchvision.models:resnet81",
+     "'torchvision.models' has no attribute 'resnet81': did you mean resnet18, resnet152, resnet101?"),
+    ("torchvison.models:resnet18", "no module named 'torchvison': did you mean torchvision?"),
+    ("torchvision.model:resnet18", "no module named 'torchvision.model': did you mean torchvision.models?"),
+    ("mymodle:Net", "no module named 'mymodle': did you mean mymodel?"),
+    ("mymodel:Nte", "'mymodel' has no attribute 'Nte': did you mean Net?"),
+    ("pc_nothing_like_it:Net", "no module named 'pc_nothing_like_it': run placecheck from the directory "
+                               "that contains it, install it, or pass path/to/file.py:ATTR"),
+])
+def test_a_typo_gets_the_closest_names(target: str, said: str, project: Path, monkeypatch: pytest.MonkeyPatch,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("torchvision")
+    monkeypatch.setenv("COLUMNS", "200")
+    assert _one_line_error(*_entrypoint(monkeypatch, capsys, "audit", target)) == f"placecheck: error: {said}"
+
+
+def test_torchvision_missing_is_placechecks_vision_extra(project: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    class NotInstalled:
+        def find_spec(self, name: str, path: object = None, target: object = None) -> None:
+            if name == "torchvision":
+                raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+    for name in [n for n in sys.modules if n == "torchvision" or n.startswith("torchvision.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setattr(sys, "meta_path", [NotInstalled(), *sys.meta_path])
+    monkeypatch.setenv("COLUMNS", "200")
+    assert _one_line_error(*_entrypoint(monkeypatch, capsys, "audit", "torchvision.models:resnet18")) == (
+        "placecheck: error: no module named 'torchvision': it is not installed: "
+        "pip install 'placecheck[vision]' (or pip install torchvision)")
+
+
 def test_pytest_double_colon_suggests_the_one_colon_form(project: Path, monkeypatch: pytest.MonkeyPatch,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
     line = _one_line_error(*_entrypoint(monkeypatch, capsys, "audit", "mymodel.py::Net"))
@@ -141,15 +174,15 @@ def test_run_of_a_binary_file_says_it_is_not_a_python_script(
 def test_a_bad_format_lists_the_choices(argv: list[str], choices: str, project: Path,
                                         monkeypatch: pytest.MonkeyPatch,
                                         capsys: pytest.CaptureFixture[str]) -> None:
-    line = _one_line_error(*_entrypoint(monkeypatch, capsys, *argv, "--format", "jsn"))
+    line = _one_line_error(*_entrypoint(monkeypatch, capsys, argv[0], "--format", "jsn", *argv[1:]))
     assert line == f"placecheck: error: unknown --format 'jsn': use one of {choices}; did you mean json?"
-    line = _one_line_error(*_entrypoint(monkeypatch, capsys, *argv, "--format", "xml"))
+    line = _one_line_error(*_entrypoint(monkeypatch, capsys, argv[0], "--format", "xml", *argv[1:]))
     assert line == f"placecheck: error: unknown --format 'xml': use one of {choices}"
 
 
 def test_a_bad_fail_on_lists_the_choices(project: Path, monkeypatch: pytest.MonkeyPatch,
                                          capsys: pytest.CaptureFixture[str]) -> None:
-    line = _one_line_error(*_entrypoint(monkeypatch, capsys, "run", "train.py", "--fail-on", "warn"))
+    line = _one_line_error(*_entrypoint(monkeypatch, capsys, "run", "--fail-on", "warn", "train.py"))
     assert line.endswith("unknown --fail-on 'warn': use one of error, warning, info, never; "
                          "did you mean warning?")
 
