@@ -185,6 +185,7 @@ def test_cuda3_on_a_one_gpu_target_is_pc301_with_the_map_location_fix(tmp_path: 
     assert finding["code"] == "PC301" and finding["device"] == "cuda:3"
     assert finding["expected"] == "cuda:0"
     assert finding["count"] == len(sd)
+    assert finding["where"] == f"<{len(sd)} tensors on cuda:3>"  # what it covers, not its first key
     assert "device_count() is 1" in finding["message"]
     assert 'map_location="cuda:0"' in finding["hint"]
     stats = report["stats"]
@@ -215,6 +216,7 @@ def test_mixed_devices_are_one_pc301(tmp_path: Path) -> None:
     (finding,) = report["findings"]
     assert finding["code"] == "PC301"
     assert finding["device"] == "cpu, cuda:0"
+    assert finding["where"] == "<8 tensors on 2 devices>"
     assert "2 devices (cpu: 6, cuda:0: 2)" in finding["message"]
 
 
@@ -223,6 +225,8 @@ def test_device_table_lists_each_device_and_the_total(tmp_path: Path) -> None:
     path = save_with_locations(sd, tmp_path / "t.pt", {"a": "cuda:1"})
     code, out, _ = run("checkpoint", str(path), "--gpus", "2")
     assert code == 1  # mixed devices
+    single = save_with_locations({"a": torch.zeros(2)}, tmp_path / "one.pt", {"a": "cuda:3"})
+    assert check_checkpoint(str(single), device="cuda", gpus=1).report.findings[0].where == "a"
     table = out[out.index("saved devices"):]
     rows = [line.split() for line in table.splitlines()[3:6]]
     assert rows == [["cpu", "2", "2", "640", "B"], ["cuda:1", "1", "1", "1.0", "KiB"],
