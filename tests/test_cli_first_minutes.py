@@ -118,6 +118,38 @@ def test_torchvision_missing_is_placechecks_vision_extra(project: Path, monkeypa
         "pip install 'placecheck[vision]' (or pip install torchvision)")
 
 
+TRAINS_AT_IMPORT = MODEL + """
+
+def train(model):
+    raise RuntimeError("diverged")
+
+
+for epoch in range(2):
+    train(build())
+"""
+
+
+def test_a_model_file_that_trains_at_import_is_named_a_script(project: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    (project / "train2.py").write_text(TRAINS_AT_IMPORT)
+    monkeypatch.setenv("COLUMNS", "400")
+    line = _one_line_error(*_entrypoint(monkeypatch, capsys, "audit", "train2.py:Net"))
+    assert line == ("placecheck: error: 'train2.py' runs code at import: line 25 (`for epoch in range(2):`) "
+                    "raised RuntimeError: diverged; it is a script: check it with "
+                    "`placecheck run train2.py`, or guard script code with `if __name__ == '__main__':` "
+                    "to audit its models")
+    # an import that fails in a definition or an import statement is the file's error, as before
+    (project / "broken_import.py").write_text("import placecheck_absent_module\n" + MODEL)
+    line = _one_line_error(*_entrypoint(monkeypatch, capsys, "audit", "broken_import.py:Net"))
+    assert line.startswith("placecheck: error: importing 'broken_import.py' raised ModuleNotFoundError") \
+        and "placecheck run" not in line, line
+    # guarded, the same file audits
+    guarded = TRAINS_AT_IMPORT.replace("for epoch", "if __name__ == '__main__':\n  for epoch")
+    (project / "train3.py").write_text(guarded)
+    code, _, err = _entrypoint(monkeypatch, capsys, "audit", "train3.py:Net", "--input", "float32[2,4]")
+    assert code == 0, err
+
+
 def test_pytest_double_colon_suggests_the_one_colon_form(project: Path, monkeypatch: pytest.MonkeyPatch,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
     line = _one_line_error(*_entrypoint(monkeypatch, capsys, "audit", "mymodel.py::Net"))

@@ -239,6 +239,45 @@ def _import_file(path_text: str) -> Any:
     return module
 
 
+def _runs_at_import(path: Path, exc: BaseException) -> str:
+    """When ``exc`` came out of a statement of ``path``'s top level that is code, not a definition (a
+    training loop, a call): ``line 16 (`for step in range(3):`)``; "" otherwise (a definition's or an
+    import's own error). Read from the traceback's frame of the file's top level, not from the message."""
+    import ast
+    import traceback
+
+    lines = [f.lineno for f in traceback.extract_tb(exc.__traceback__)
+             if f.name == "<module>" and f.lineno is not None and Path(f.filename).resolve() == path]
+    if not lines:
+        return ""
+    try:
+        tree = ast.parse(path.read_bytes(), str(path))
+    except (SyntaxError, ValueError, OSError):
+        return ""
+    line = lines[-1]
+    for node in tree.body:
+        if node.lineno <= line <= (node.end_lineno or node.lineno):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import,
+                                 ast.ImportFrom)):
+                return ""
+            text = ast.get_source_segment(path.read_text(encoding="utf-8", errors="replace"), node) or ""
+            first = text.splitlines()[0].strip() if text else ""
+            return f"line {node.lineno} (`{first}`)" if first else f"line {node.lineno}"
+    return ""
+
+
+def _import_failed(path_text: str, path: Path, exc: Exception, imported_as: str = "") -> LoadError:
+    """The LoadError for a file whose import raised ``exc``: a file that runs code at import (a script
+    that trains when imported) is named as one, with the command that checks scripts."""
+    as_name = f" (as {imported_as})" if imported_as else ""
+    at = _runs_at_import(path, exc)
+    if at:
+        return LoadError(f"{path_text!r} runs code at import: {at} raised {one_line(exc)}; it is a script: "
+                         f"check it with `placecheck run {path_text}`, or {_GUARD} to audit its models")
+    return LoadError(f"importing {path_text!r}{as_name} raised {one_line(exc)}: fix the file "
+                     "(--debug shows the traceback)")
+
+
 def _import_package_file(path_text: str, path: Path, package: tuple[str, Path]) -> Any:
     """Import ``path`` by its dotted name; None when that name is taken by another file."""
     name, root = package
@@ -251,8 +290,7 @@ def _import_package_file(path_text: str, path: Path, package: tuple[str, Path]) 
     except LoadError:
         raise
     except Exception as exc:
-        raise LoadError(f"importing {path_text!r} (as {name}) raised {one_line(exc)}: fix the file "
-                        "(--debug shows the traceback)") from exc
+        raise _import_failed(path_text, path, exc, name) from exc
     return module if _same_file(module, path) else None
 
 
@@ -274,8 +312,7 @@ def _exec_file(path_text: str, path: Path) -> Any:
         raise
     except Exception as exc:
         sys.modules.pop(name, None)
-        raise LoadError(f"importing {path_text!r} raised {one_line(exc)}: fix the file "
-                        "(--debug shows the traceback)") from exc
+        raise _import_failed(path_text, path, exc) from exc
     return module
 
 
