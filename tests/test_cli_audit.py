@@ -50,7 +50,9 @@ def test_buggy_model_exits_1(runner: CliRunner) -> None:
     assert code == 1
     assert "PC101" in out and "PC102" in out and "PC103" in out
     assert "PC201" in out and "PC202" in out and "PC203" in out  # the forward pass
-    assert out.rstrip().splitlines()[-1].startswith("18 problems in 4 modules: 17 errors, 1 warning;")
+    # one row per instance, counted as the grouped report counts them
+    assert out.rstrip().splitlines()[-1].startswith("7 problems (18 instances) in 4 modules: 7 errors;")
+    assert out.count("\nerror   PC") + out.count("\nwarning PC") == 18
 
 
 def test_buggy_model_grouped_by_root_cause(runner: CliRunner) -> None:
@@ -109,8 +111,8 @@ def test_json_format(runner: CliRunner) -> None:
     assert {"findings", "target", "device", "engine", "summary"} <= set(data)
     assert data["target"] == BUGGY
     assert (data["device"], data["engine"]) == ("cuda:0", "simulated cuda")
-    assert data["summary"]["problems"] == len(data["findings"]) == 12
-    assert data["summary"]["errors"] == 12
+    assert data["summary"]["instances"] == len(data["findings"]) == 12  # --no-group: one per instance
+    assert data["summary"]["problems"] == data["summary"]["errors"] == 5
     required = {"code", "kind", "severity", "where", "source", "device", "expected", "message", "hint"}
     for finding in data["findings"]:
         assert required <= set(finding), finding

@@ -189,6 +189,20 @@ def test_progress_lines_for_ci_logs(capsys: pytest.CaptureFixture[str]) -> None:
     assert lines[2].startswith("placecheck: [3/3] c:C: 1 problem in ") and "0 running, 1 failed" in lines[2]
 
 
+def test_the_progress_line_counts_as_the_report_does(capsys: pytest.CaptureFixture[str]) -> None:
+    def strays(model: ModelConfig, timeout: float, workdir: str | None) -> runner.ModelOutcome:
+        findings = [Finding(code="PC101", kind="stray-tensor", severity=Severity.ERROR,
+                            where=f"blocks.{i}.mask", module=f"blocks.{i}", message="m", hint="h")
+                    for i in range(3)]
+        return runner.ModelOutcome(model, Report.build(model.target, "cuda:0", "fake", findings))
+
+    outcomes = runner.run_models(RunConfig(path="x", models=(ModelConfig(target="a:A"),)), jobs=1,
+                                 progress="lines", audit_one=strays)
+    line = capsys.readouterr().err.splitlines()[0]
+    assert line.startswith("placecheck: [1/1] a:A: 1 problem (3 instances) in "), line
+    assert outcomes[0].report.grouped().summary_line().startswith("1 problem (3 instances) in 3 modules")
+
+
 def test_progress_bar_on_a_terminal(monkeypatch: pytest.MonkeyPatch,
                                     capsys: pytest.CaptureFixture[str]) -> None:
     from rich.console import Console

@@ -65,7 +65,8 @@ def test_assert_placement(pytester: pytest.Pytester) -> None:
     # (the mismatch is its own PC201 row ungrouped, or the PC101 problem's evidence grouped)
     result.stdout.fnmatch_lines(["*placecheck: Stray on cuda:0*",
                                  "*note: forward: inputs given in Python: float32?2,4?*",
-                                 "*PC101*scale*", "*Tensor.mul mixed cpu and cuda:0*", "*in 1 module*"])
+                                 "*PC101*scale*", "*Tensor.mul mixed cpu and cuda:0*",
+                                 "*2 problems in 1 module: 2 errors*"])  # the CLI's count
     assert "Traceback" not in result.stdout.str()
     # the tensor reached the audit as an object, not through a module planted in sys.modules
     assert "_placecheck_pytest" not in result.stdout.str()

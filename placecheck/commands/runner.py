@@ -455,8 +455,7 @@ def _describe(outcome: ModelOutcome) -> str:
     stopped = next((f for f in outcome.report.findings if f.code == INCOMPLETE), None)
     if stopped is not None:
         return f"{INCOMPLETE} {dict(stopped.details).get('reason', 'incomplete')}"
-    n = len(outcome.report.findings)
-    return "clean" if n == 0 else f"{n} problem{'s' if n != 1 else ''}"
+    return outcome.report.problem_count() if outcome.report.findings else "clean"  # the report's count
 
 
 class _Display:

@@ -141,7 +141,7 @@ class TableFormatter(Formatter):
         if len(reports) == 1:
             return self.format(reports[0])
         failing = sum(1 for r in reports if r.findings)
-        total = sum(len(r.findings) for r in reports)
+        total = sum(len(r.grouped().findings) for r in reports)  # problems, however the rows are grouped
         head = f"placecheck: {len(reports)} models"
         tail = (f"{head}, {failing} with problems, {plural(total, 'problem')} in all"
                 if total else f"{head}, no placement problems")
