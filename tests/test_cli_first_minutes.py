@@ -150,6 +150,18 @@ def test_a_model_file_that_trains_at_import_is_named_a_script(project: Path, mon
     assert code == 0, err
 
 
+def test_the_example_config_names_models_that_import_outside_the_clone(
+        project: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import tomllib
+
+    code, out, _ = _entrypoint(monkeypatch, capsys, "example-config")
+    assert code == 0
+    targets = [m["target"] for m in tomllib.loads(out)["models"]]
+    assert targets == ["placecheck.examples.clean:CleanNet", "placecheck.examples.buggy:BuggyNet"]
+    for target in targets:  # from a directory that is not the clone: importable, not repo-relative
+        assert resolve(target).__name__ == target.rpartition(":")[2]
+
+
 def test_pytest_double_colon_suggests_the_one_colon_form(project: Path, monkeypatch: pytest.MonkeyPatch,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
     line = _one_line_error(*_entrypoint(monkeypatch, capsys, "audit", "mymodel.py::Net"))
