@@ -162,6 +162,29 @@ def test_the_example_config_names_models_that_import_outside_the_clone(
         assert resolve(target).__name__ == target.rpartition(":")[2]
 
 
+def test_the_top_level_help_lists_each_command_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cli_runner import CliRunner
+
+    monkeypatch.setenv("COLUMNS", "80")
+    text = CliRunner().invoke(app, ["--help"]).stdout
+    commands = text.split("Commands:\n", 1)[1]
+    assert "..." not in commands
+    assert ("  audit           Load a model, move it to DEVICE as a training script would,\n"
+            "                  and report what did not follow.\n") in commands
+    assert all(len(line) <= 80 for line in text.splitlines())
+
+
+@pytest.mark.parametrize("command", ["checkpoint", "fix"])
+def test_a_commands_help_speaks_of_itself(command: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from cli_runner import CliRunner
+
+    text = " ".join(CliRunner().invoke(app, [command, "--help"]).stdout.split())
+    assert "-d, --device DEVICE Target device: cuda, cuda:N, cpu, mps or meta. [default: cuda]" in text
+    assert "audit also" not in text and "keep" not in text
+    audit = " ".join(CliRunner().invoke(app, ["audit", "--help"]).stdout.split())
+    assert "or keep (no .to(): the model is audited as its own code places it" in audit
+
+
 def test_pytest_double_colon_suggests_the_one_colon_form(project: Path, monkeypatch: pytest.MonkeyPatch,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
     line = _one_line_error(*_entrypoint(monkeypatch, capsys, "audit", "mymodel.py::Net"))

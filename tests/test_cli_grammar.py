@@ -97,6 +97,8 @@ SHARED = ("--device", "--gpus", "--engine", "--select", "--ignore", "--format", 
 DIFFERENT = {
     ("fix", "--format"): "fix prints a patch, not a report: text (the diff and summary) or json",
     ("merge", "--fail-on"): "merge's default is the shards' own --fail-on",
+    ("audit", "--device"): "audit alone takes --device keep (the model as its own code placed it)",
+    ("audit", "--gpus"): "audit's --device keep simulates 8 GPUs unless told",
     ("run", "--engine"): "run has no real-device engine (the script's own torch.cuda is what is simulated): "
                          "tagged or fake, auto picking fake when a real-valued step would not fit",
 }
