@@ -185,6 +185,31 @@ def test_a_commands_help_speaks_of_itself(command: str, monkeypatch: pytest.Monk
     assert "or keep (no .to(): the model is audited as its own code places it" in audit
 
 
+NO_NUMPY = """\
+import sys
+
+class NotInstalled:  # numpy as a fresh venv from the wheel has it: absent
+    def find_spec(self, name, path=None, target=None):
+        if name == "numpy" or name.startswith("numpy."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+sys.meta_path.insert(0, NotInstalled())
+"""
+
+
+def test_torchs_missing_numpy_warning_is_not_printed() -> None:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    torch_alone = subprocess.run([sys.executable, "-c", NO_NUMPY + "import torch\ntorch.ones(1).cpu()\n"],
+                                 capture_output=True, text=True, env=env, timeout=300)
+    if "Failed to initialize NumPy" not in torch_alone.stderr:
+        pytest.skip("this torch does not warn about a missing numpy")
+    cli = NO_NUMPY + ("sys.argv = ['placecheck', '--version']\n"
+                      "from placecheck.cli import entrypoint\nentrypoint()\n")
+    done = subprocess.run([sys.executable, "-c", cli], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0 and done.stdout.startswith("placecheck "), done.stderr
+    assert done.stderr == ""
+
+
 def test_pytest_double_colon_suggests_the_one_colon_form(project: Path, monkeypatch: pytest.MonkeyPatch,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
     line = _one_line_error(*_entrypoint(monkeypatch, capsys, "audit", "mymodel.py::Net"))

@@ -44,6 +44,19 @@ def main(
     """Find PyTorch device-placement bugs before they cost a GPU job."""
 
 
+NUMPY_MISSING = "Failed to initialize NumPy"
+"""The start of the UserWarning torch gives on its first tensor conversion when numpy is not installed:
+placecheck needs no numpy, and would print it on every command that imports torch."""
+
+
+def quiet_optional_dependencies() -> None:
+    """Silence torch's warning about a missing numpy (an optional dependency of torch that placecheck does
+    not use): a script that needs numpy still fails at its own ``import numpy``."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message=NUMPY_MISSING, category=UserWarning)
+
+
 def entrypoint() -> None:
     """Console-script entry point: click's own usage errors as one line, like placecheck's.
 
@@ -51,6 +64,7 @@ def entrypoint() -> None:
     ``--gpus`` gets ``placecheck: error: ...`` and exit 2 instead, like every
     other bad input. ``--help``, ``--version`` and bare ``placecheck`` are unchanged.
     """
+    quiet_optional_dependencies()
     if len(sys.argv) <= 1:
         app()  # no arguments: typer's help screen, as before
         return
