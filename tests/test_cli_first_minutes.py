@@ -305,6 +305,32 @@ def test_ctrl_c_exits_130_with_one_line(argv: list[str], where: str, project: Pa
         assert _entrypoint(monkeypatch, capsys, *argv)[0] == 0
 
 
+def test_ctrl_c_in_a_config_run_prints_what_was_found_so_far(project: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    from placecheck.basics.config import ModelConfig
+    from placecheck.commands import runner
+    from placecheck.findings.finding import Finding, Severity
+    from placecheck.findings.report import Report
+
+    (project / "models.toml").write_text('[[models]]\ntarget = "mymodel.py:Net"\n\n'
+                                         '[[models]]\ntarget = "mymodel.py:build"\n')
+    stray = Finding(code="PC101", kind="stray-tensor", severity=Severity.ERROR, where="mask", message="m",
+                    hint="h")
+    done = runner.ModelOutcome(ModelConfig(target="mymodel.py:Net"),
+                               Report.build("mymodel.py:Net", "cuda:0", "simulated cuda", [stray]))
+
+    def interrupted(*args: object, **kwargs: object) -> object:
+        raise runner.PartialRun([done], 2)
+
+    monkeypatch.setattr(runner, "run_models", interrupted)
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, err = _entrypoint(monkeypatch, capsys, "audit", "--config", "models.toml")
+    assert code == EXIT_INTERRUPTED
+    assert "error   PC101 mask" in out and "placecheck: mymodel.py:Net on cuda:0" in out
+    assert err.splitlines() == ["placecheck: 1 of 2 models audited, their findings above",
+                                "placecheck: interrupted"]
+
+
 def test_every_argument_is_labelled_in_capitals() -> None:
     # checkpoint's FILE, run's SCRIPT, explain's CODE: as audit's TARGET, never a parameter's name
     group = typer.main.get_command(app)

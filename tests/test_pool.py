@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -201,6 +202,23 @@ def test_the_progress_line_counts_as_the_report_does(capsys: pytest.CaptureFixtu
     line = capsys.readouterr().err.splitlines()[0]
     assert line.startswith("placecheck: [1/1] a:A: 1 problem (3 instances) in "), line
     assert outcomes[0].report.grouped().summary_line().startswith("1 problem (3 instances) in 3 modules")
+
+
+def test_ctrl_c_keeps_the_outcomes_of_the_models_that_finished() -> None:
+    def audit_one(model: ModelConfig, timeout: float, workdir: str | None) -> runner.ModelOutcome:
+        return _interrupt_main() if model.target == "b:B" else _canned(model, timeout, workdir)
+
+    with pytest.raises(runner.PartialRun) as info:
+        runner.run_models(_THREE, jobs=1, progress="off", audit_one=audit_one)
+    assert [o.model.target for o in info.value.finished] == ["a:A"] and info.value.total == 3
+
+
+def _interrupt_main() -> runner.ModelOutcome:
+    import signal
+
+    os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C arrives in the main thread, which waits on the models
+    time.sleep(5)
+    raise AssertionError("the interrupt did not arrive")
 
 
 def test_progress_bar_on_a_terminal(monkeypatch: pytest.MonkeyPatch,

@@ -24,7 +24,7 @@ belong in the model's entry. No torch import here.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 
@@ -117,6 +117,8 @@ def run_config_audit(ctx: typer.Context, target: str | None, config_path: str | 
     ``out`` holds the command line's output options; the config's ``fail_on``,
     ``group`` and ``hints`` apply where the command line does not set them.
     """
+    from placecheck.commands.runner import PartialRun
+
     debug = out.debug
     params = ctx.params
     try:
@@ -170,6 +172,8 @@ def run_config_audit(ctx: typer.Context, target: str | None, config_path: str | 
 
         outcomes = run_models(config, jobs=params["jobs"], timeout=params["timeout"],
                               isolation=params.get("isolation"), progress=params.get("progress"))
+    except PartialRun as partial:
+        _report_partial(partial, out)
     except PlacecheckError as exc:
         raise fail(str(exc), debug) from None
     except Exception as exc:  # a bug in placecheck
@@ -182,6 +186,19 @@ def run_config_audit(ctx: typer.Context, target: str | None, config_path: str | 
         baseline_path = None
     return finish_with_baseline([o.report for o in outcomes], out, baseline_path, params["write_baseline"],
                                 load_error=any(o.load_error for o in outcomes), config_run=True, run=run)
+
+
+def _report_partial(partial: Any, out: OutputOptions) -> NoReturn:
+    """Ctrl-C during a config run: the report of the models that finished (what was found so far, no
+    baseline written), then one line and exit 130."""
+    from placecheck.findings.output import interrupted
+
+    reports = [o.report for o in partial.finished]
+    if reports:
+        emit_reports(reports, out, config_run=True)
+    typer.echo(f"placecheck: {len(reports)} of {partial.total} models audited"
+               + (", their findings above" if reports else ""), err=True)
+    raise interrupted()
 
 
 def finish_with_baseline(reports: list[Report], out: OutputOptions, baseline_path: str | None,

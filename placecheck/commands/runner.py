@@ -432,15 +432,31 @@ def run_models(config: RunConfig, jobs: int | None = None, timeout: float | None
         display.finished(outcome)
         outcomes[index] = finish(outcome)
 
+    executor = ThreadPoolExecutor(max_workers=workers)
     try:
-        with ThreadPoolExecutor(max_workers=workers) as executor:
-            for future in [executor.submit(one, i) for i in range(len(models))]:
-                future.result()
+        for future in [executor.submit(one, i) for i in range(len(models))]:
+            future.result()
+    except KeyboardInterrupt:
+        finished = [o for o in outcomes if o is not None]  # before the interrupt reached the children
+        executor.shutdown(wait=False, cancel_futures=True)
+        raise PartialRun(finished, len(models)) from None
     finally:
+        executor.shutdown(wait=False, cancel_futures=True)
         display.stop()
         if pool is not None:
             pool.close()
+    executor.shutdown(wait=True)
     return [o for o in outcomes if o is not None]
+
+
+class PartialRun(KeyboardInterrupt):
+    """Ctrl-C during a run of many models: the outcomes of the models that had finished (in config
+    order), which the command still reports before it exits 130."""
+
+    def __init__(self, finished: list[ModelOutcome], total: int) -> None:
+        super().__init__()
+        self.finished = finished
+        self.total = total
 
 
 # ---- progress on stderr --------------------------------------------------------------------------
