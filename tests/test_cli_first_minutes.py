@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import typer
+from conftest import unwrapped
 
 from placecheck.basics.errors import LoadError, UsageError
 from placecheck.cli import app
@@ -59,7 +60,7 @@ def _entrypoint(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[s
 def _one_line_error(code: int, out: str, err: str) -> str:
     assert code == 2, err
     assert out == ""
-    lines = err.strip().splitlines()
+    lines = unwrapped(err).strip().splitlines()  # one line, fitted to the width
     assert len(lines) == 1 and lines[0].startswith("placecheck: error: "), err
     return lines[0]
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from cli_runner import CliRunner, separate_stderr_capture
+from conftest import unwrapped
 from kept_scratch import kept, remove_kept
 
 from placecheck.cli import app
@@ -27,7 +28,7 @@ def invoke(*args: str) -> tuple[int, str, str]:
 def assert_one_line_error(code: int, out: str, err: str, needle: str) -> None:
     assert code == 2, err
     assert out == ""
-    lines = err.strip().splitlines()
+    lines = unwrapped(err).strip().splitlines()  # one line, fitted to the width
     assert len(lines) == 1 and lines[0].startswith("placecheck: error: ") and needle in lines[0], err
 
 

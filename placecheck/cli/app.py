@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 
 from placecheck import __version__
-from placecheck.findings.output import click_errors, internal_error, interrupted
+from placecheck.findings.output import click_errors, internal_error, interrupted, say
 from placecheck.findings.report import EXIT_USAGE
 
 app = typer.Typer(
@@ -77,7 +77,7 @@ def entrypoint() -> None:
             exc.show()  # type: ignore[attr-defined]  # a subcommand's help screen, not an error
             sys.exit(EXIT_USAGE)
         message = " ".join(getattr(exc, "format_message", exc.__str__)().split())
-        typer.echo(f"placecheck: error: {message}", err=True)
+        say(f"placecheck: error: {message}")
         sys.exit(getattr(exc, "exit_code", EXIT_USAGE))
     except typer.Abort as exc:
         # click turns Ctrl-C (KeyboardInterrupt) into Abort, after ending the ^C line

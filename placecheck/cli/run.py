@@ -17,6 +17,7 @@ from placecheck.findings.output import (
     errors_reported,
     model_output_to_stderr,
     output_format,
+    say,
 )
 from placecheck.findings.report import Report
 
@@ -202,7 +203,7 @@ def _say_unfinished(report: Report, corrected: str = "") -> None:
         why = f"the script did not run through: {why} (see the notes)"
     if corrected:
         why = f"placecheck options go before the script: {corrected} ({why})"
-    typer.echo(f"placecheck: error: {why}", err=True)
+    say(f"placecheck: error: {why}")
     if report.script_traceback:
         typer.echo("Traceback of the script's own code (most recent call last):", err=True)
         for line in report.script_traceback:

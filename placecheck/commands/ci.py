@@ -31,7 +31,7 @@ import typer
 from placecheck.basics.errors import PlacecheckError, UsageError, one_line
 from placecheck.basics.options import AuditOptions, check_value, split_codes
 from placecheck.findings import baseline as baselines
-from placecheck.findings.output import OutputOptions, check_writable, emit_reports, fail, grouped
+from placecheck.findings.output import OutputOptions, check_writable, emit_reports, fail, grouped, say
 from placecheck.findings.report import EXIT_OK, EXIT_USAGE, Report
 from placecheck.findings.shards import combine, parse_shard, run_info, select
 
@@ -164,10 +164,8 @@ def run_config_audit(ctx: typer.Context, target: str | None, config_path: str | 
             config, positions = select(whole, shard)
             judged = {**overrides, "fail_on": out.fail_on, "group": out.group, "hints": out.hints}
             run = run_info(whole, shard, positions, judged, baseline_path)
-            typer.echo(f"placecheck: shard {shard}: {len(config.models)} of the config's "
-                       f"{len(whole.models)} models"
-                       + ("; the baseline is applied by `placecheck merge`" if baseline_path else ""),
-                       err=True)
+            say(f"placecheck: shard {shard}: {len(config.models)} of the config's {len(whole.models)} models"
+                + ("; the baseline is applied by `placecheck merge`" if baseline_path else ""))
         from placecheck.commands.runner import run_models
 
         outcomes = run_models(config, jobs=params["jobs"], timeout=params["timeout"],
@@ -180,8 +178,8 @@ def run_config_audit(ctx: typer.Context, target: str | None, config_path: str | 
         raise fail(f"unexpected {one_line(exc)}; rerun with --debug and report it", debug) from None
     for outcome in outcomes:
         if outcome.load_error:
-            typer.echo(f"placecheck: error: {outcome.model.label} (config line {outcome.model.line}): "
-                       f"{outcome.load_error}", err=True)
+            say(f"placecheck: error: {outcome.model.label} (config line {outcome.model.line}): "
+                f"{outcome.load_error}")
     if run is not None:  # a shard: the baseline is applied once, to the merged run
         baseline_path = None
     return finish_with_baseline([o.report for o in outcomes], out, baseline_path, params["write_baseline"],
@@ -196,8 +194,8 @@ def _report_partial(partial: Any, out: OutputOptions) -> NoReturn:
     reports = [o.report for o in partial.finished]
     if reports:
         emit_reports(reports, out, config_run=True)
-    typer.echo(f"placecheck: {len(reports)} of {partial.total} models audited"
-               + (", their findings above" if reports else ""), err=True)
+    say(f"placecheck: {len(reports)} of {partial.total} models audited"
+        + (", their findings above" if reports else ""))
     raise interrupted()
 
 
@@ -253,6 +251,6 @@ def merge_reports(paths: list[str], out: OutputOptions, fail_on: str | None, bas
     except PlacecheckError as exc:
         raise fail(str(exc), out.debug) from None
     for model, message in combined.load_errors:
-        typer.echo(f"placecheck: error: {model}: {message}", err=True)
+        say(f"placecheck: error: {model}: {message}")
     return finish_with_baseline(list(combined.reports), out, baseline_path or combined.baseline, write_path,
                                 load_error=bool(combined.load_errors), config_run=True)

@@ -514,9 +514,12 @@ class _Lines(_Display):
 
     def show_end(self, outcome: ModelOutcome) -> None:
         elapsed = time.monotonic() - self.began
-        print(f"placecheck: [{self.done}/{self.total}] {outcome.model.label}: {_describe(outcome)} in "
-              f"{outcome.seconds:.1f} s ({self.running} running, {self.failed} failed, "
-              f"{elapsed:.0f} s elapsed)", file=self.stream or sys.stderr, flush=True)
+        from placecheck.findings.output import stderr_text
+
+        line = (f"placecheck: [{self.done}/{self.total}] {outcome.model.label}: {_describe(outcome)} in "
+                f"{outcome.seconds:.1f} s ({self.running} running, {self.failed} failed, {elapsed:.0f} s "
+                "elapsed)")
+        print(stderr_text(line), file=self.stream or sys.stderr, flush=True)
 
 
 def _console() -> Any:
