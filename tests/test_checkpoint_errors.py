@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from cli_runner import CliRunner
+from conftest import unwrapped
 from safetensors.torch import save_file
 
 from placecheck.cli import app
@@ -157,7 +158,7 @@ def test_bad_file_is_exit_2_and_one_line(tmp_path: Path, make: Callable[[Path], 
     assert code == 2
     assert out == ""
     assert err.count("\n") == 1, err
-    assert err.startswith("placecheck: error: ")
+    assert unwrapped(err).startswith("placecheck: error: ")
     assert expected in err
     assert "Traceback" not in err
 
@@ -213,7 +214,8 @@ def test_missing_key_lists_the_keys_that_exist(tmp_path: Path) -> None:
     torch.save({"model": {"w": torch.zeros(1)}, "epoch": 3, "optimizer": {"state": {}}}, path)
     code, _, err = run("checkpoint", str(path), "--key", "ema")
     assert code == 2
-    assert err == "placecheck: error: --key 'ema': 'ema' not found; keys there: epoch, model, optimizer\n"
+    assert unwrapped(err) == ("placecheck: error: --key 'ema': 'ema' not found; keys there: epoch, model, "
+                              "optimizer\n")
 
 
 def test_debug_shows_the_traceback(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from cli_runner import CliRunner, separate_stderr_capture
-from conftest import BUGGY, CLEAN, TESTS, assert_usage_error
+from conftest import BUGGY, CLEAN, TESTS, assert_usage_error, unwrapped
 
 from placecheck.cli import app
 
@@ -305,7 +305,7 @@ def test_debug_shows_traceback(runner: CliRunner) -> None:
     code, _, err = run(runner, f"{TARGETS}:Raises", "--debug")
     assert code == 2
     assert "Traceback" in err and "width must be even" in err
-    assert err.strip().splitlines()[-1].startswith("placecheck: error: ")
+    assert unwrapped(err).strip().splitlines()[-1].startswith("placecheck: error: ")
 
 
 # -- the real process ---------------------------------------------------------------------
@@ -351,7 +351,7 @@ def test_what_the_model_prints_goes_to_stderr_and_json_stays_parseable(runner: C
 def test_a_load_error_after_the_model_printed_leaves_stdout_empty(runner: CliRunner) -> None:
     code, out, err = run(runner, f"{SCRIPT_LIKE}:Nope")
     assert code == 2 and out == ""
-    assert err.strip().splitlines()[-1].startswith("placecheck: error: ")
+    assert unwrapped(err).strip().splitlines()[-1].startswith("placecheck: error: ")
 
 
 @pytest.mark.parametrize("attr, needle", [("exits_zero", "called sys.exit(0)"),
@@ -377,7 +377,7 @@ def test_argparse_at_import_is_one_line_exit_2(runner: CliRunner) -> None:
 def test_debug_does_not_point_at_debug(runner: CliRunner) -> None:
     code, _, err = run(runner, f"{TARGETS}:Raises", "--debug")
     assert code == 2 and "Traceback" in err
-    last = err.strip().splitlines()[-1]
+    last = unwrapped(err).strip().splitlines()[-1]
     assert last.startswith("placecheck: error: ") and "--debug" not in last
     code, _, err = run(runner, f"{TARGETS}:Raises")
     assert code == 2 and "(--debug shows the traceback)" in err

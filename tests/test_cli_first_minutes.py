@@ -328,7 +328,7 @@ def test_ctrl_c_in_a_config_run_prints_what_was_found_so_far(project: Path, monk
     code, out, err = _entrypoint(monkeypatch, capsys, "audit", "--config", "models.toml")
     assert code == EXIT_INTERRUPTED
     assert "error   PC101 mask" in out and "placecheck: mymodel.py:Net on cuda:0" in out
-    assert err.splitlines() == ["placecheck: 1 of 2 models audited, their findings above",
+    assert unwrapped(err).splitlines() == ["placecheck: 1 of 2 models audited, their findings above",
                                 "placecheck: interrupted"]
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import unwrapped
 
 from placecheck.basics import forkserver
 from placecheck.basics.config import ModelConfig, RunConfig, parse
@@ -156,13 +157,14 @@ def test_bad_isolation_and_progress_are_one_line(tmp_path: Path) -> None:
         proc = subprocess.run([sys.executable, "-m", "placecheck", "audit", "--config", str(config), flag,
                                value], capture_output=True, text=True, cwd=REPO)
         assert proc.returncode == 2
-        assert proc.stderr == f"placecheck: error: {flag} {value!r}: use one of {choices}\n"
+        assert unwrapped(proc.stderr) == f"placecheck: error: {flag} {value!r}: use one of {choices}\n"
     config.write_text(f'isolation = "thread"\n[[models]]\ntarget = "{MODELS}:Healthy"\n')
     proc = subprocess.run([sys.executable, "-m", "placecheck", "audit", "--config", str(config)],
                           capture_output=True, text=True, cwd=REPO)
-    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
-    assert proc.stderr.startswith("placecheck: error: ") and 'c.toml:1: isolation: expected one of "fork", ' \
-        '"spawn"' in proc.stderr
+    said = unwrapped(proc.stderr)
+    assert proc.returncode == 2 and said.count("\n") == 1
+    assert said.startswith("placecheck: error: ")
+    assert 'c.toml:1: isolation: expected one of "fork", "spawn"' in said
 
 
 # ---- progress ----------------------------------------------------------------------------------
@@ -183,7 +185,7 @@ def test_progress_lines_for_ci_logs(capsys: pytest.CaptureFixture[str]) -> None:
     runner.run_models(_THREE, jobs=1, progress="lines", audit_one=_canned)
     captured = capsys.readouterr()
     assert captured.out == ""  # stdout carries the report formats only
-    lines = captured.err.splitlines()
+    lines = unwrapped(captured.err).splitlines()
     assert len(lines) == 3
     assert lines[0].startswith("placecheck: [1/3] a:A: 1 problem in ")
     assert lines[1].startswith("placecheck: [2/3] b:B: PC901 crash in ")

@@ -112,13 +112,14 @@ def test_placecheck_options_after_the_script_that_argparse_refuses_get_the_corre
     monkeypatch.setenv("COLUMNS", "200")
     code, _, err = invoke("--gpus", "1", "train.py", "--epochs", "1", "--steps", "3", "--format=json")
     assert code == 2
-    assert err.splitlines()[-1] == (
+    assert unwrapped(err).splitlines()[-1] == (
         "placecheck: error: placecheck options go before the script: placecheck run --gpus 1 --steps 3 "
         "--format=json train.py --epochs 1 (the script exited with status 2 at train.py:5)")
     # without a placecheck option after it, the script's own refusal is all there is to say
     code, _, err = invoke("train.py", "--batch", "1")
     assert code == 2
-    assert err.splitlines()[-1] == "placecheck: error: the script exited with status 2 at train.py:5"
+    assert unwrapped(err).splitlines()[-1] == (
+        "placecheck: error: the script exited with status 2 at train.py:5")
 
 
 def test_an_unknown_option_before_the_script_is_still_placechecks_error(tmp_path: Path) -> None:
@@ -174,7 +175,7 @@ def test_the_scripts_own_error_is_one_line_exit_2_and_its_own_frames_not_a_findi
     assert code == 2, err
     raises, calls = _line(_OWN_ERROR, "raises"), _line(_OWN_ERROR, "calls")
     said = f"the script raised KeyError at {name}:{raises}: 'learning_rate'"
-    lines = err.strip().splitlines()
+    lines = unwrapped(err).strip().splitlines()
     assert lines[0] == f"placecheck: error: {said}", err
     # the script's frames only, outermost first: json's own frames (the standard library) are left out
     assert lines[1:] == ["Traceback of the script's own code (most recent call last):",
@@ -192,8 +193,8 @@ def test_the_scripts_own_error_is_one_line_exit_2_and_its_own_frames_not_a_findi
     code, out, err = invoke("--format", "json", name)
     assert code == 2 and json.loads(out)["findings"] == []
     said = f"placecheck: error: the script raised JSONDecodeError at {name}:{raises}: "
-    assert err.splitlines()[0].startswith(said)
-    assert all("json/" not in line for line in err.splitlines()[1:]), err
+    assert unwrapped(err).splitlines()[0].startswith(said)
+    assert all("json/" not in line for line in unwrapped(err).splitlines()[1:]), err
 
 
 def test_a_device_error_the_script_raises_stays_a_finding(tmp_path: Path) -> None:
