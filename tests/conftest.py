@@ -112,7 +112,8 @@ def unwrapped(err: str) -> str:
     (indented two spaces, :func:`placecheck.findings.output.stderr_text`) joined to its line."""
     lines: list[str] = []
     for line in err.splitlines():
-        if line.startswith("  ") and lines and not line.startswith("    "):
+        if line.startswith("  ") and lines and lines[-1].startswith("placecheck:") \
+                and not line.startswith("   "):
             lines[-1] += " " + line[2:]
         else:
             lines.append(line)

@@ -330,7 +330,7 @@ def test_python_m_placecheck_load_error_has_no_traceback() -> None:
                           capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 2
     assert proc.stdout == ""
-    assert proc.stderr.count("\n") == 1 and "width, depth" in proc.stderr
+    assert unwrapped(proc.stderr).count("\n") == 1 and "width, depth" in proc.stderr
 
 
 # -- target code that prints, exits or lives in a package ------------------------------------
@@ -498,7 +498,7 @@ def test_an_unwritable_output_fails_before_the_model_is_built(runner: CliRunner,
     result = runner.invoke(app, ["audit", f"{model}:Net", flag, "/nonexistent/x.json"])
     assert time.monotonic() - started < 1.0
     assert result.exit_code == 2
-    assert f"cannot write {flag} '/nonexistent/x.json': No such file or directory" in result.output
+    assert f"cannot write {flag} '/nonexistent/x.json': No such file or directory" in unwrapped(result.output)
     assert not marker.exists()  # the target was never imported
 
 
@@ -508,7 +508,7 @@ def test_an_unwritable_output_fails_before_a_config_run(runner: CliRunner, tmp_p
     config.write_text('[[models]]\ntarget = "no.such.module:Net"\n')
     result = runner.invoke(app, ["audit", "--config", str(config), "-o", str(tmp_path)])
     assert result.exit_code == 2
-    assert f"cannot write --output {str(tmp_path)!r}: Is a directory" in result.output
+    assert f"cannot write --output {str(tmp_path)!r}: Is a directory" in unwrapped(result.output)
 
 
 def test_no_group_and_hints_reach_the_output_options(runner: CliRunner, monkeypatch: pytest.MonkeyPatch,

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import typer
 from cli_runner import CliRunner
-from conftest import REPO, assert_usage_error
+from conftest import REPO, assert_usage_error, unwrapped
 
 from placecheck.cli import app, common
 
@@ -431,7 +431,7 @@ def test_python_and_a_config_refuse_a_bad_value_in_the_command_lines_words(
         command_line = None
     else:
         _, _, err = _entrypoint(monkeypatch, capsys, *_argv(command, flag, bad))
-        command_line = err.strip().removeprefix("placecheck: error: ")
+        command_line = unwrapped(err).strip().removeprefix("placecheck: error: ")
     assert command_line in (None, str(python.value))
     shown = json.dumps(list(value) if isinstance(value, tuple) else value)
     toml = f"[{command}]\n{field} = {shown}\n"

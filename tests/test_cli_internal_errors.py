@@ -114,7 +114,9 @@ def test_debug_shows_the_traceback_and_keeps_exit_3(case: str, files: dict[str, 
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     argv, broken = CASES[case]
     _break(monkeypatch, broken)
-    code, out, err = _entrypoint(monkeypatch, capsys, *(a.format(**files) for a in argv), "--debug")
+    line = [a.format(**files) for a in argv]
+    # --debug before the positional arguments: after run's SCRIPT it would be the script's
+    code, out, err = _entrypoint(monkeypatch, capsys, line[0], "--debug", *line[1:])
     assert (code, out) == (EXIT_INTERNAL, ""), err
     assert "Traceback (most recent call last)" in err and "in _boom" in err
     last = unwrapped(err).strip().splitlines()[-1]

@@ -214,7 +214,8 @@ def test_a_scripts_sys_exit_1_is_one_line_and_exit_2(tmp_path: Path) -> None:
     script.write_text("import sys\nimport torch\ntorch.nn.Linear(2, 2).cuda()\nsys.exit(1)\n")
     code, out, err = invoke("--format", "json", os.path.relpath(script))
     assert code == 2 and json.loads(out)["findings"] == []
-    assert err.strip() == f"placecheck: error: the script exited with status 1 at {os.path.relpath(script)}:4"
+    assert unwrapped(err).strip() == (
+        f"placecheck: error: the script exited with status 1 at {os.path.relpath(script)}:4")
     # after a forward pass (before any, sys.exit(0) stops a run that checked nothing: issue 40, exit 2)
     script.write_text("import sys\nimport torch\ntorch.nn.Linear(2, 2).cuda()(torch.ones(1, 2).cuda())\n"
                       "sys.exit(0)\n")

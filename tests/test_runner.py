@@ -209,8 +209,8 @@ def test_timeout_and_jobs_need_a_config() -> None:
                        "spawn")
     assert proc.returncode == 2
     assert unwrapped(proc.stderr) == (
-        "placecheck: error: --shard and --isolation apply to --config runs (many models); for one TARGET drop "
-        "them\n")
+        "placecheck: error: --shard and --isolation apply to --config runs (many models); for one TARGET "
+        "drop them\n")
 
 
 def test_per_model_options_are_refused_with_a_config(tmp_path: Path) -> None:
