@@ -211,6 +211,40 @@ def test_torchs_missing_numpy_warning_is_not_printed() -> None:
     assert done.stderr == ""
 
 
+def test_an_error_fits_the_terminals_width(project: Path, monkeypatch: pytest.MonkeyPatch,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    (project / "train2.py").write_text(TRAINS_AT_IMPORT)
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, err = _entrypoint(monkeypatch, capsys, "audit", "train2.py:Net")
+    assert (code, out) == (2, "")
+    assert err == (
+        "placecheck: error: 'train2.py' runs code at import: line 25 (`for epoch in\n"
+        "  range(2):`) raised RuntimeError: diverged; it is a script: check it with\n"
+        "  `placecheck run train2.py`, or guard script code with `if __name__ ==\n"
+        "  '__main__':` to audit its models\n")
+    monkeypatch.setenv("COLUMNS", "60")
+    err = _entrypoint(monkeypatch, capsys, "audit", "train2.py:Net")[2]
+    assert max(len(line) for line in err.splitlines()) <= 60 and len(err.splitlines()) == 5
+
+
+def test_a_progress_line_fits_the_terminals_width(monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    from placecheck.basics.config import ModelConfig, RunConfig
+    from placecheck.commands import runner
+    from placecheck.findings.report import Report
+
+    def clean(model: ModelConfig, timeout: float, workdir: str | None) -> runner.ModelOutcome:
+        return runner.ModelOutcome(model, Report.build(model.target, "cuda:0", "fake", []))
+
+    monkeypatch.setenv("COLUMNS", "80")
+    config = RunConfig(path="x", models=(ModelConfig(target="placecheck/examples/transformers_models.py:"
+                                                             "tiny_llama"),))
+    runner.run_models(config, jobs=1, progress="lines", audit_one=clean)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "placecheck: [1/1] placecheck/examples/transformers_models.py:tiny_llama: clean"
+    assert lines[1].startswith("  in 0.0 s (0 running, 0 failed, 0 s elapsed)") and len(lines) == 2
+
+
 def test_pytest_double_colon_suggests_the_one_colon_form(project: Path, monkeypatch: pytest.MonkeyPatch,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
     line = _one_line_error(*_entrypoint(monkeypatch, capsys, "audit", "mymodel.py::Net"))
