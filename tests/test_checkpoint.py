@@ -15,6 +15,7 @@ import torch
 import torch.nn as nn
 from checkpoint_writer import save_with_locations
 from cli_runner import CliRunner
+from conftest import unwrapped
 from safetensors.torch import save_file
 
 from placecheck.checkpoint import CheckpointFormat, check_checkpoint, read_checkpoint
@@ -168,10 +169,10 @@ def test_key_picks_a_nested_state_dict_and_a_wrong_key_lists_what_exists(tmp_pat
 
     code, _, err = run("checkpoint", str(path), "--key", "model.emma")
     assert code == 2
-    assert err.count("\n") == 1
-    assert "'emma' not found under 'model'; keys there: ema, online" in err
+    assert unwrapped(err).count("\n") == 1
+    assert "'emma' not found under 'model'; keys there: ema, online" in unwrapped(err)
     code, _, err = run("checkpoint", str(path), "--key", "epoch")
-    assert code == 2 and "not a state_dict" in err
+    assert code == 2 and "not a state_dict" in unwrapped(err)
 
 
 # --- saved devices: PC301 ----------------------------------------------------------------------------
@@ -387,8 +388,8 @@ def test_an_empty_state_dict_says_so(tmp_path: Path, net_target: str) -> None:
     path = tmp_path / "empty_sd.pt"
     torch.save({}, path)
     code, _, err = run("checkpoint", str(path), "--model", net_target)
-    assert code == 2 and err.count("\n") == 1
-    assert "holds no tensors at all (an empty state_dict?)" in err
+    assert code == 2 and unwrapped(err).count("\n") == 1
+    assert "holds no tensors at all (an empty state_dict?)" in unwrapped(err)
     code, report = run_json("checkpoint", str(path))  # without --model: a note, not an error
     assert code == 0 and any("holds no tensors at all" in n for n in report["notes"])
 
