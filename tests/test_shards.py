@@ -140,7 +140,7 @@ def test_a_model_that_did_not_load_makes_the_merge_exit_2(tmp_path: Path) -> Non
                     {"m:B": [_finding("PC901", "", "load-error")]})
     proc = _placecheck("merge", *map(str, paths), "--format", "json")
     assert proc.returncode == 2
-    assert unwrapped(proc.stderr) == "placecheck: error: m:B: PC901 at \n"
+    assert unwrapped(proc.stderr) == "placecheck: error: m:B: PC901 at\n"  # fitted: no trailing space
     assert len(json.loads(proc.stdout)["models"]) == 3
 
 
