@@ -321,8 +321,8 @@ def test_one_target_that_hangs_is_stopped_by_timeout() -> None:
     proc = _placecheck("audit", f"{MODELS}:Hang", "--timeout", "2")
     assert proc.returncode == 2
     assert unwrapped(proc.stderr) == (
-        f"placecheck: error: {MODELS}:Hang did not finish within 2 s (a forward that hangs? if it is only slow, "
-        "raise --timeout)\n")
+        f"placecheck: error: {MODELS}:Hang did not finish within 2 s (a forward that hangs? if it is only "
+        "slow, raise --timeout)\n")
     assert proc.stdout == ""
 
 
