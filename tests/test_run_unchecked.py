@@ -32,8 +32,8 @@ def script(name: str) -> str:
 
 @ENGINES
 def test_help_stops_the_script_before_anything_is_checked_exit_2_even_with_exit_zero(engine: str) -> None:
-    result = CliRunner().invoke(app, ["run", script("train_args.py"), "--engine", engine, "--exit-zero",
-                                      "--format", "json", "--", "--help"])
+    result = CliRunner().invoke(app, ["run", "--engine", engine, "--exit-zero", "--format", "json",
+                                      script("train_args.py"), "--help"])
     why = (f"the script stopped at sys.exit(0) at {script('train_args.py')}:15, before any forward pass: "
            "0 forward passes, 0 optimizer steps: nothing was checked")
     assert result.exit_code == 2, result.stderr
