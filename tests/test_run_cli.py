@@ -80,7 +80,8 @@ def _seen_by_the_script(out: str, seen: Path) -> str:
 def test_what_follows_the_script_is_the_scripts(tmp_path: Path, argv: list[str]) -> None:
     probe, seen = tmp_path / "probe.py", tmp_path / "seen.txt"
     probe.write_text(PROBE)
-    code, out, err = invoke("--keep-scratch", "--format", "json", *(a.format(probe=probe, seen=seen) for a in argv))
+    given = [a.format(probe=probe, seen=seen) for a in argv]
+    code, out, err = invoke("--keep-scratch", "--format", "json", *given)
     assert code == 0, err
     assert _seen_by_the_script(out, seen) == repr(["--lr", "0.1", "--steps", "3", "-f", str(seen)])
 
