@@ -81,8 +81,7 @@ def measure(corpus: Path, name: str, fast: bool) -> dict[str, Any]:
     env.pop("PLACECHECK_NO_FAST_FORWARD", None)
     if not fast:
         env["PLACECHECK_NO_FAST_FORWARD"] = "1"
-    split = args.index("--") if "--" in args else len(args)
-    command = [sys.executable, "-m", "placecheck", "run", *args[:split], "--format", "json", *args[split:]]
+    command = [sys.executable, "-m", "placecheck", "run", "--format", "json", *args]
     start = time.perf_counter()
     done = subprocess.run(command, cwd=corpus / folder, env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - start

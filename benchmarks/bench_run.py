@@ -7,7 +7,7 @@ each step, and two optimizer steps. Measured, each in its own subprocess:
 
 - ``plain``: ``python train.py`` on the CPU (``torch.cuda.is_available()`` is
   False here, so the script takes its CPU path);
-- ``run``: ``placecheck run train.py --steps 2`` (CUDA simulated with real
+- ``run``: ``placecheck run --steps 2 train.py`` (CUDA simulated with real
   values: the script takes its CUDA path, every tensor op goes through the
   recorder).
 

@@ -7,7 +7,7 @@ shapes. Measured in the same run, each in its own subprocess (wall time, and
 the child's peak resident memory from ``os.wait4``):
 
 - ``import``: ``python -c 'import <the script's imports>'``, the baseline;
-- ``run``: ``placecheck run SCRIPT --steps 2`` with the default engine
+- ``run``: ``placecheck run --steps 2 SCRIPT`` with the default engine
   (``auto``: it starts with real values and switches to fake tensors when a
   real-valued step would not fit), and for resnet50 also ``--engine fake``;
 - ``unprotected``: the same run with ``PLACECHECK_NO_SCRATCH=1``, without the

@@ -41,7 +41,7 @@ def assert_placement(model: Any, inputs: Any = None, device: str = "cuda", *, fa
     given = {} if inputs is None else {"inputs": inputs}  # AuditOptions tells specs from objects
     report = audit(model, device, **given, **audit_options)
     if exit_code([report], fail_on):
-        pytest.fail(TableFormatter().format(report), pytrace=False)
+        pytest.fail(TableFormatter().format(report.grouped()), pytrace=False)  # as the CLI shows it
     return report
 
 

@@ -107,11 +107,26 @@ def read_expected_lines(path: Path) -> list[tuple[str, str, str]]:
     return sorted(rows)
 
 
+def unwrapped(err: str) -> str:
+    """stderr's lines as written before they were fitted to the terminal's width: each continuation
+    (indented two spaces, :func:`placecheck.findings.output.stderr_text`) joined to its line."""
+    lines: list[str] = []
+    for line in err.splitlines():
+        if line.startswith("  ") and lines and lines[-1].startswith("placecheck:") \
+                and not line.startswith("   "):
+            lines[-1] += " " + line[2:]
+        else:
+            lines.append(line)
+    return "\n".join(lines) + ("\n" if err.endswith("\n") else "")
+
+
 def assert_usage_error(code: int, out: str, err: str, *needles: str) -> None:
-    """Exit 2, nothing on stdout, one line on stderr (no traceback) containing each needle."""
+    """Exit 2, nothing on stdout, one line on stderr (no traceback, fitted to the width) containing each
+    needle."""
     assert code == 2, err
     assert out == ""
-    lines = err.strip().splitlines()
+    assert all(len(line) <= 80 or " " not in line.strip() for line in err.splitlines()), err
+    lines = unwrapped(err).strip().splitlines()
     assert len(lines) == 1, err
     assert lines[0].startswith("placecheck: error: ")
     assert "Traceback" not in err

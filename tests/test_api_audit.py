@@ -51,7 +51,9 @@ def test_report_api() -> None:
     assert {f.code for f in report.findings} == {"PC101", "PC102", "PC103"}
     assert dict(report.stats)["unregistered_tensors"] == 10
     table = formatter_for(OutputFormat.TABLE).format(report)
-    assert table.rstrip().endswith("12 problems in 3 modules: 12 errors; 13.1 KiB not on cuda:0")
+    # the API's report lists instances; its count is the CLI's (one grouping, one count)
+    assert table.rstrip().endswith("5 problems (12 instances) in 3 modules: 5 errors; 13.1 KiB not on cuda:0")
+    assert report.grouped().summary_line() == report.summary_line()
 
 
 def test_clean_model_is_ok() -> None:

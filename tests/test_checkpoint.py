@@ -15,6 +15,7 @@ import torch
 import torch.nn as nn
 from checkpoint_writer import save_with_locations
 from cli_runner import CliRunner
+from conftest import unwrapped
 from safetensors.torch import save_file
 
 from placecheck.checkpoint import CheckpointFormat, check_checkpoint, read_checkpoint
@@ -168,10 +169,10 @@ def test_key_picks_a_nested_state_dict_and_a_wrong_key_lists_what_exists(tmp_pat
 
     code, _, err = run("checkpoint", str(path), "--key", "model.emma")
     assert code == 2
-    assert err.count("\n") == 1
-    assert "'emma' not found under 'model'; keys there: ema, online" in err
+    assert unwrapped(err).count("\n") == 1
+    assert "'emma' not found under 'model'; keys there: ema, online" in unwrapped(err)
     code, _, err = run("checkpoint", str(path), "--key", "epoch")
-    assert code == 2 and "not a state_dict" in err
+    assert code == 2 and "not a state_dict" in unwrapped(err)
 
 
 # --- saved devices: PC301 ----------------------------------------------------------------------------
@@ -185,6 +186,7 @@ def test_cuda3_on_a_one_gpu_target_is_pc301_with_the_map_location_fix(tmp_path: 
     assert finding["code"] == "PC301" and finding["device"] == "cuda:3"
     assert finding["expected"] == "cuda:0"
     assert finding["count"] == len(sd)
+    assert finding["where"] == f"<{len(sd)} tensors on cuda:3>"  # what it covers, not its first key
     assert "device_count() is 1" in finding["message"]
     assert 'map_location="cuda:0"' in finding["hint"]
     stats = report["stats"]
@@ -215,6 +217,7 @@ def test_mixed_devices_are_one_pc301(tmp_path: Path) -> None:
     (finding,) = report["findings"]
     assert finding["code"] == "PC301"
     assert finding["device"] == "cpu, cuda:0"
+    assert finding["where"] == "<8 tensors on 2 devices>"
     assert "2 devices (cpu: 6, cuda:0: 2)" in finding["message"]
 
 
@@ -223,6 +226,8 @@ def test_device_table_lists_each_device_and_the_total(tmp_path: Path) -> None:
     path = save_with_locations(sd, tmp_path / "t.pt", {"a": "cuda:1"})
     code, out, _ = run("checkpoint", str(path), "--gpus", "2")
     assert code == 1  # mixed devices
+    single = save_with_locations({"a": torch.zeros(2)}, tmp_path / "one.pt", {"a": "cuda:3"})
+    assert check_checkpoint(str(single), device="cuda", gpus=1).report.findings[0].where == "a"
     table = out[out.index("saved devices"):]
     rows = [line.split() for line in table.splitlines()[3:6]]
     assert rows == [["cpu", "2", "2", "640", "B"], ["cuda:1", "1", "1", "1.0", "KiB"],
@@ -383,8 +388,8 @@ def test_an_empty_state_dict_says_so(tmp_path: Path, net_target: str) -> None:
     path = tmp_path / "empty_sd.pt"
     torch.save({}, path)
     code, _, err = run("checkpoint", str(path), "--model", net_target)
-    assert code == 2 and err.count("\n") == 1
-    assert "holds no tensors at all (an empty state_dict?)" in err
+    assert code == 2 and unwrapped(err).count("\n") == 1
+    assert "holds no tensors at all (an empty state_dict?)" in unwrapped(err)
     code, report = run_json("checkpoint", str(path))  # without --model: a note, not an error
     assert code == 0 and any("holds no tensors at all" in n for n in report["notes"])
 

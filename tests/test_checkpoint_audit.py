@@ -11,6 +11,7 @@ import torch
 import torch.nn as nn
 from checkpoint_writer import save_with_locations
 from cli_runner import CliRunner
+from conftest import unwrapped
 from safetensors.torch import save_file
 
 from placecheck import audit
@@ -204,5 +205,5 @@ def test_without_safetensors_a_safetensors_load_says_which_extra(tmp_path: Path,
                                       "--device", "cpu"])
     assert result.exit_code == 2, result.output
     assert result.stdout == ""
-    assert result.stderr.strip() == (f"placecheck: error: loading the tensors of {str(path)!r} needs "
-                                     "safetensors: pip install 'placecheck[safetensors]'")
+    assert unwrapped(result.stderr).strip() == (f"placecheck: error: loading the tensors of {str(path)!r} "
+                                                "needs safetensors: pip install 'placecheck[safetensors]'")

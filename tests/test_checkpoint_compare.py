@@ -120,8 +120,47 @@ def test_the_model_may_be_a_class_or_factory_built_on_meta(tmp_path: Path) -> No
     assert check_checkpoint(str(path), model=Model, device="cpu").report.findings == ()
     rows = [(f.code, f.where) for f in
             check_checkpoint(str(path), model=lambda: Model(depth=4), device="cpu").report.findings]
-    assert rows == [("PC302", "blocks.3.norm.bias"), ("PC302", "blocks.3.norm.weight"),
-                    ("PC302", "blocks.3.proj.bias"), ("PC302", "blocks.3.proj.weight")]
+    assert rows == [("PC302", "blocks.3.*")]  # a whole block the checkpoint's model did not have
+    [finding] = check_checkpoint(str(path), model=lambda: Model(depth=4), device="cpu",
+                                 group=False).report.findings
+    assert finding.count == 4 and "4 keys under 'blocks.3' (blocks.3.proj.weight, ...)" in finding.message
+
+
+def test_keys_of_another_architecture_are_grouped_as_audit_groups_instances(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from cli_runner import CliRunner
+
+    from placecheck.cli import app
+
+    path = _save(tmp_path, Model(depth=2).state_dict(), "small.pt")
+    (tmp_path / "models.py").write_text(
+        "from test_checkpoint_compare import Model\n\ndef deep():\n    return Model(depth=6)\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    monkeypatch.setenv("COLUMNS", "80")
+    result = CliRunner().invoke(app, ["checkpoint", str(path), "--model", "models.py:deep", "--device",
+                                      "cpu"])
+    assert result.exit_code == 1, result.stdout
+    out = result.stdout
+    assert ("note: state_dict: 16 keys missing, 0 unexpected: the checkpoint is probably of\n"
+            "      another architecture (whole modules differ)\n") in out
+    assert ("error   PC302 blocks.{2..5}.* (4)\n"
+            "              models.py:deep expects 4 keys under 'blocks.2'\n") in out
+    assert out.count("PC302 blocks") == 1 and "blocks.2.norm.bias" not in out
+    assert out.rstrip().endswith("1 problem (4 instances) in 1 module: 1 error")
+    # the checkpoint the model was saved from is still clean
+    same = CliRunner().invoke(app, ["checkpoint", str(_save(tmp_path, Model(depth=6).state_dict())),
+                                    "--model", "models.py:deep", "--device", "cpu"])
+    assert same.exit_code == 0 and "another architecture" not in same.stdout
+
+
+def test_a_checkpoint_of_a_larger_model_is_grouped_the_same_way(tmp_path: Path) -> None:
+    path = _save(tmp_path, Model(depth=5).state_dict())
+    result = check_checkpoint(str(path), model=Model(depth=2), device="cpu")
+    assert [(f.code, f.where, f.instances, f.count) for f in result.report.findings] == [
+        ("PC303", "blocks.2.*", ("blocks.2.*", "blocks.3.*", "blocks.4.*"), 12)]
+    assert ("state_dict: 0 keys missing, 12 unexpected: the checkpoint is probably of another architecture "
+            "(whole modules differ)") in result.report.notes
 
 
 def test_the_prefix_finding_counts_keys_and_bytes(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from cli_runner import CliRunner
+from conftest import unwrapped
 from safetensors.torch import save_file
 
 from placecheck.cli import app
@@ -156,10 +157,10 @@ def test_bad_file_is_exit_2_and_one_line(tmp_path: Path, make: Callable[[Path], 
     code, out, err = run("checkpoint", str(path))
     assert code == 2
     assert out == ""
-    assert err.count("\n") == 1, err
-    assert err.startswith("placecheck: error: ")
-    assert expected in err
-    assert "Traceback" not in err
+    assert unwrapped(err).count("\n") == 1, err
+    assert unwrapped(err).startswith("placecheck: error: ")
+    assert expected in unwrapped(err)
+    assert "Traceback" not in unwrapped(err)
 
 
 @pytest.mark.parametrize("make", [_safetensors_gap, _safetensors_trailing, _safetensors_overlap,
@@ -187,8 +188,8 @@ def test_bad_file_under_audit_is_exit_2_too(tmp_path: Path, make: Callable[[Path
     code, out, err = run("audit", "placecheck.examples.clean:CleanNet", "--checkpoint", str(make(tmp_path)),
                          "--no-forward")
     assert code == 2 and out == ""
-    assert err.count("\n") == 1, err
-    assert expected in err and "unexpected" not in err
+    assert unwrapped(err).count("\n") == 1, err
+    assert expected in unwrapped(err) and "unexpected" not in unwrapped(err)
 
 
 def test_a_corrupt_pt2_is_one_line_under_audit(tmp_path: Path) -> None:
@@ -204,8 +205,8 @@ def test_a_corrupt_pt2_is_one_line_under_audit(tmp_path: Path) -> None:
     model.write_text("import torch.nn as nn\nNet = lambda: nn.Linear(4, 3)\n", encoding="utf-8")
     code, out, err = run("audit", f"{model}:Net", "--checkpoint", str(path), "--no-forward")
     assert code == 2 and out == ""
-    assert err.count("\n") == 1, err
-    assert "weight_0 has 5 bytes but 'weight' (float32[3, 4]) needs 48" in err
+    assert unwrapped(err).count("\n") == 1, err
+    assert "weight_0 has 5 bytes but 'weight' (float32[3, 4]) needs 48" in unwrapped(err)
 
 
 def test_missing_key_lists_the_keys_that_exist(tmp_path: Path) -> None:
@@ -213,12 +214,13 @@ def test_missing_key_lists_the_keys_that_exist(tmp_path: Path) -> None:
     torch.save({"model": {"w": torch.zeros(1)}, "epoch": 3, "optimizer": {"state": {}}}, path)
     code, _, err = run("checkpoint", str(path), "--key", "ema")
     assert code == 2
-    assert err == "placecheck: error: --key 'ema': 'ema' not found; keys there: epoch, model, optimizer\n"
+    assert unwrapped(err) == ("placecheck: error: --key 'ema': 'ema' not found; keys there: epoch, model, "
+                              "optimizer\n")
 
 
 def test_debug_shows_the_traceback(tmp_path: Path) -> None:
     code, _, err = run("checkpoint", str(_empty(tmp_path)), "--debug")
-    assert code == 2 and "Traceback" in err
+    assert code == 2 and "Traceback" in unwrapped(err)
 
 
 def _digest(path: Path) -> tuple[int, str]:

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 from cli_runner import CliRunner
+from conftest import unwrapped
 
 from placecheck.checkpoint import CheckpointFormat, check_checkpoint, load_into_model, read_checkpoint
 from placecheck.checkpoint.safety import unsafe_globals
@@ -73,7 +74,7 @@ def test_hostile_checkpoint_is_not_executed_without_trust(hostile: tuple[Path, P
     assert code == 2
     assert not marker.exists()
     assert "PC306" in out and "builtins.exec" in out
-    assert err.count("\n") == 1 and "--trust" in err
+    assert unwrapped(err).count("\n") == 1 and "--trust" in unwrapped(err)
 
 
 def test_hostile_checkpoint_is_not_executed_by_audit_without_trust(
@@ -82,8 +83,8 @@ def test_hostile_checkpoint_is_not_executed_by_audit_without_trust(
     code, _, err = run("audit", net_target, "--checkpoint", str(path))
     assert code == 2
     assert not marker.exists()
-    assert err.count("\n") == 1
-    assert "builtins.exec" in err and "--trust" in err
+    assert unwrapped(err).count("\n") == 1
+    assert "builtins.exec" in unwrapped(err) and "--trust" in unwrapped(err)
 
 
 def test_reading_metadata_of_a_hostile_file_runs_nothing(hostile: tuple[Path, Path]) -> None:
@@ -214,12 +215,14 @@ def test_a_hostile_pt2_is_not_executed(tmp_path: Path, net_target: str, make) ->
     code, out, err = run("checkpoint", str(path))
     assert not marker.exists()
     assert code == 2 and "PC306" in out
-    assert err.count("\n") == 1 and "builtins.exec" in err and "--trust" in err
+    said = unwrapped(err)
+    assert said.count("\n") == 1 and "builtins.exec" in said and "--trust" in said
     code, out, err = run("audit", net_target, "--checkpoint", str(path), "--no-forward")
     assert not marker.exists()
     assert code == 2
     assert "PC306" in out  # the report first, in the chosen format
-    assert err.count("\n") == 1 and "builtins.exec" in err and "--trust" in err
+    said = unwrapped(err)
+    assert said.count("\n") == 1 and "builtins.exec" in said and "--trust" in said
 
 
 def test_the_hostile_pt2_payload_is_live(tmp_path: Path) -> None:
@@ -252,7 +255,8 @@ def test_a_hostile_legacy_file_is_not_executed(tmp_path: Path, net_target: str) 
     assert read_checkpoint(path).format is CheckpointFormat.TORCH_LEGACY
     for args in (["checkpoint", str(path)], ["audit", net_target, "--checkpoint", str(path), "--no-forward"]):
         code, out, err = run(*args)
-        assert code == 2 and "PC306" in out and err.count("\n") == 1 and "builtins.exec" in err
+        said = unwrapped(err)
+        assert code == 2 and "PC306" in out and said.count("\n") == 1 and "builtins.exec" in said
     assert not marker.exists()
 
 
@@ -269,7 +273,7 @@ def test_a_fake_torchscript_archive_still_gets_pc306(hostile: tuple[Path, Path],
     assert meta.unsafe_globals == ("builtins.exec",) and meta.needs_code_execution
     for args in (["checkpoint", str(fake)], ["audit", net_target, "--checkpoint", str(fake), "--no-forward"]):
         code, _, err = run(*args)
-        assert code == 2 and "builtins.exec" in err
+        assert code == 2 and "builtins.exec" in unwrapped(err)
     assert not marker.exists()
 
 

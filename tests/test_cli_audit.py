@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from cli_runner import CliRunner, separate_stderr_capture
-from conftest import BUGGY, CLEAN, TESTS, assert_usage_error
+from conftest import BUGGY, CLEAN, TESTS, assert_usage_error, unwrapped
 
 from placecheck.cli import app
 
@@ -50,7 +50,9 @@ def test_buggy_model_exits_1(runner: CliRunner) -> None:
     assert code == 1
     assert "PC101" in out and "PC102" in out and "PC103" in out
     assert "PC201" in out and "PC202" in out and "PC203" in out  # the forward pass
-    assert out.rstrip().splitlines()[-1].startswith("18 problems in 4 modules: 17 errors, 1 warning;")
+    # one row per instance, counted as the grouped report counts them
+    assert out.rstrip().splitlines()[-1].startswith("7 problems (18 instances) in 4 modules: 7 errors;")
+    assert out.count("\nerror   PC") + out.count("\nwarning PC") == 18
 
 
 def test_buggy_model_grouped_by_root_cause(runner: CliRunner) -> None:
@@ -109,8 +111,8 @@ def test_json_format(runner: CliRunner) -> None:
     assert {"findings", "target", "device", "engine", "summary"} <= set(data)
     assert data["target"] == BUGGY
     assert (data["device"], data["engine"]) == ("cuda:0", "simulated cuda")
-    assert data["summary"]["problems"] == len(data["findings"]) == 12
-    assert data["summary"]["errors"] == 12
+    assert data["summary"]["instances"] == len(data["findings"]) == 12  # --no-group: one per instance
+    assert data["summary"]["problems"] == data["summary"]["errors"] == 5
     required = {"code", "kind", "severity", "where", "source", "device", "expected", "message", "hint"}
     for finding in data["findings"]:
         assert required <= set(finding), finding
@@ -303,7 +305,7 @@ def test_debug_shows_traceback(runner: CliRunner) -> None:
     code, _, err = run(runner, f"{TARGETS}:Raises", "--debug")
     assert code == 2
     assert "Traceback" in err and "width must be even" in err
-    assert err.strip().splitlines()[-1].startswith("placecheck: error: ")
+    assert unwrapped(err).strip().splitlines()[-1].startswith("placecheck: error: ")
 
 
 # -- the real process ---------------------------------------------------------------------
@@ -328,7 +330,7 @@ def test_python_m_placecheck_load_error_has_no_traceback() -> None:
                           capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 2
     assert proc.stdout == ""
-    assert proc.stderr.count("\n") == 1 and "width, depth" in proc.stderr
+    assert unwrapped(proc.stderr).count("\n") == 1 and "width, depth" in proc.stderr
 
 
 # -- target code that prints, exits or lives in a package ------------------------------------
@@ -349,7 +351,7 @@ def test_what_the_model_prints_goes_to_stderr_and_json_stays_parseable(runner: C
 def test_a_load_error_after_the_model_printed_leaves_stdout_empty(runner: CliRunner) -> None:
     code, out, err = run(runner, f"{SCRIPT_LIKE}:Nope")
     assert code == 2 and out == ""
-    assert err.strip().splitlines()[-1].startswith("placecheck: error: ")
+    assert unwrapped(err).strip().splitlines()[-1].startswith("placecheck: error: ")
 
 
 @pytest.mark.parametrize("attr, needle", [("exits_zero", "called sys.exit(0)"),
@@ -375,7 +377,7 @@ def test_argparse_at_import_is_one_line_exit_2(runner: CliRunner) -> None:
 def test_debug_does_not_point_at_debug(runner: CliRunner) -> None:
     code, _, err = run(runner, f"{TARGETS}:Raises", "--debug")
     assert code == 2 and "Traceback" in err
-    last = err.strip().splitlines()[-1]
+    last = unwrapped(err).strip().splitlines()[-1]
     assert last.startswith("placecheck: error: ") and "--debug" not in last
     code, _, err = run(runner, f"{TARGETS}:Raises")
     assert code == 2 and "(--debug shows the traceback)" in err
@@ -496,7 +498,7 @@ def test_an_unwritable_output_fails_before_the_model_is_built(runner: CliRunner,
     result = runner.invoke(app, ["audit", f"{model}:Net", flag, "/nonexistent/x.json"])
     assert time.monotonic() - started < 1.0
     assert result.exit_code == 2
-    assert f"cannot write {flag} '/nonexistent/x.json': No such file or directory" in result.output
+    assert f"cannot write {flag} '/nonexistent/x.json': No such file or directory" in unwrapped(result.output)
     assert not marker.exists()  # the target was never imported
 
 
@@ -506,7 +508,7 @@ def test_an_unwritable_output_fails_before_a_config_run(runner: CliRunner, tmp_p
     config.write_text('[[models]]\ntarget = "no.such.module:Net"\n')
     result = runner.invoke(app, ["audit", "--config", str(config), "-o", str(tmp_path)])
     assert result.exit_code == 2
-    assert f"cannot write --output {str(tmp_path)!r}: Is a directory" in result.output
+    assert f"cannot write --output {str(tmp_path)!r}: Is a directory" in unwrapped(result.output)
 
 
 def test_no_group_and_hints_reach_the_output_options(runner: CliRunner, monkeypatch: pytest.MonkeyPatch,

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import typer
 from cli_runner import CliRunner
-from conftest import REPO, assert_usage_error
+from conftest import REPO, assert_usage_error, unwrapped
 
 from placecheck.cli import app, common
 
@@ -97,6 +97,8 @@ SHARED = ("--device", "--gpus", "--engine", "--select", "--ignore", "--format", 
 DIFFERENT = {
     ("fix", "--format"): "fix prints a patch, not a report: text (the diff and summary) or json",
     ("merge", "--fail-on"): "merge's default is the shards' own --fail-on",
+    ("audit", "--device"): "audit alone takes --device keep (the model as its own code placed it)",
+    ("audit", "--gpus"): "audit's --device keep simulates 8 GPUs unless told",
     ("run", "--engine"): "run has no real-device engine (the script's own torch.cuda is what is simulated): "
                          "tagged or fake, auto picking fake when a real-valued step would not fit",
 }
@@ -159,7 +161,7 @@ def test_every_flag_parses(command: str, flag: str) -> None:
     option = _options(command)[flag]
     long = max((*option.opts, *option.secondary_opts), key=len)
     typed, expected = FORMAT_VALUES.get(command, ("sarif", "sarif")) if long == "--format" else VALUES[long]
-    argv = [*POSITIONAL[command], flag, *([] if typed is None else [typed])]
+    argv = [flag, *([] if typed is None else [typed]), *POSITIONAL[command]]  # run: options before SCRIPT
     params = _parse(command, argv)
     assert params[option.name] == expected, (argv, params[option.name])
     assert params[option.name] != _plain(option.default)  # the flag, not the default, set it
@@ -312,7 +314,7 @@ BAD_VALUES = [("--gpus", "0"), ("--gpus", "two"), ("--format", "nope"), ("--step
 def test_a_usage_error_is_one_line_and_exit_2(monkeypatch: pytest.MonkeyPatch,
                                               capsys: pytest.CaptureFixture[str],
                                               command: str, argv: list[str], needle: str) -> None:
-    assert_usage_error(*_entrypoint(monkeypatch, capsys, command, *POSITIONAL[command], *argv), needle)
+    assert_usage_error(*_entrypoint(monkeypatch, capsys, command, *argv, *POSITIONAL[command]), needle)
 
 
 def test_an_option_missing_its_value_is_one_line_and_exit_2(monkeypatch: pytest.MonkeyPatch,
@@ -348,7 +350,7 @@ SCRIPT = {"fix": ["--run"]}
 def _argv(command: str, flag: str, typed: str | None = None) -> list[str]:
     """A complete line of ``command`` for ``flag`` (with ``typed``, the flag and its value)."""
     script = SCRIPT.get(command, []) if flag in ("--steps", "--timeout") else []
-    return [command, *script, *POSITIONAL[command], *([flag, typed] if typed is not None else [])]
+    return [command, *script, *([flag, typed] if typed is not None else []), *POSITIONAL[command]]
 
 
 def _built_options(monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> Any:
@@ -429,7 +431,7 @@ def test_python_and_a_config_refuse_a_bad_value_in_the_command_lines_words(
         command_line = None
     else:
         _, _, err = _entrypoint(monkeypatch, capsys, *_argv(command, flag, bad))
-        command_line = err.strip().removeprefix("placecheck: error: ")
+        command_line = unwrapped(err).strip().removeprefix("placecheck: error: ")
     assert command_line in (None, str(python.value))
     shown = json.dumps(list(value) if isinstance(value, tuple) else value)
     toml = f"[{command}]\n{field} = {shown}\n"
@@ -461,8 +463,8 @@ def test_the_command_line_a_config_table_and_python_build_equal_options(
     from placecheck.checkpoint import check_checkpoint
     from placecheck.fix import fix, fix_run
 
-    run_line = _built_options(monkeypatch, ["run", "train.py", "--gpus", "2", "--steps", "3", "--timeout",
-                                            "5", "--select", "PC2", "--ignore", "PC204,PC205"])
+    run_line = _built_options(monkeypatch, ["run", "--gpus", "2", "--steps", "3", "--timeout", "5",
+                                            "--select", "PC2", "--ignore", "PC204,PC205", "train.py"])
     run_table = config.command_options("run", '[run]\ngpus = 2\nsteps = 3\ntimeout = 5\nselect = ["PC2"]\n'
                                               'ignore = ["PC204", "PC205"]\n')
     run_python = _python_built(monkeypatch, RunOptions, lambda: placecheck.run(

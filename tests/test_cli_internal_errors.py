@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import REPO, unwrapped
 
 from placecheck import __version__
 from placecheck.findings.report import EXIT_INTERNAL
@@ -58,7 +58,7 @@ def assert_internal_error(code: int, out: str, err: str) -> None:
     --debug; no traceback."""
     assert code == EXIT_INTERNAL == 3, err
     assert out == ""
-    lines = err.strip().splitlines()
+    lines = unwrapped(err).strip().splitlines()
     assert len(lines) == 1, err
     line = lines[0]
     assert line.startswith("placecheck: internal error: unexpected RuntimeError: boom in placecheck"), line
@@ -114,10 +114,12 @@ def test_debug_shows_the_traceback_and_keeps_exit_3(case: str, files: dict[str, 
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     argv, broken = CASES[case]
     _break(monkeypatch, broken)
-    code, out, err = _entrypoint(monkeypatch, capsys, *(a.format(**files) for a in argv), "--debug")
+    line = [a.format(**files) for a in argv]
+    # --debug before the positional arguments: after run's SCRIPT it would be the script's
+    code, out, err = _entrypoint(monkeypatch, capsys, line[0], "--debug", *line[1:])
     assert (code, out) == (EXIT_INTERNAL, ""), err
     assert "Traceback (most recent call last)" in err and "in _boom" in err
-    last = err.strip().splitlines()[-1]
+    last = unwrapped(err).strip().splitlines()[-1]
     assert last.startswith("placecheck: internal error: unexpected RuntimeError"), last
     assert "traceback above" in last
 

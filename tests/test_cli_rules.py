@@ -7,6 +7,7 @@ import sys
 
 import pytest
 from cli_runner import CliRunner
+from conftest import unwrapped
 
 from placecheck.cli import app
 from placecheck.findings.rules import RULES
@@ -55,7 +56,8 @@ def test_explain_unknown_code() -> None:
     proc = subprocess.run([sys.executable, "-m", "placecheck", "explain", "PC999"], capture_output=True,
                           text=True)
     assert proc.returncode == 2
-    assert proc.stderr.startswith("placecheck: error: unknown code 'PC999': `placecheck rules` lists them")
+    assert unwrapped(proc.stderr).startswith(
+        "placecheck: error: unknown code 'PC999': `placecheck rules` lists them")
 
 
 @pytest.mark.parametrize("args", [["--help"], ["audit", "--help"], ["rules"], ["explain", "PC101"],
@@ -66,7 +68,7 @@ def test_no_torch_import(args: list[str]) -> None:
             "print('torch' in sys.modules, file=sys.stderr)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stderr.strip().splitlines()[-1] == "False"
+    assert unwrapped(proc.stderr).strip().splitlines()[-1] == "False"
 
 
 def test_explain_texts_state_what_pytorch_does() -> None:

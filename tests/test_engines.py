@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn as nn
+from conftest import unwrapped
 from forward_helpers import ungrouped  # noqa: F401 (the fixture)
 
 import placecheck
@@ -142,7 +143,7 @@ def test_gpus_fewer_than_the_device_index_needs_from_the_cli() -> None:
 
     result = CliRunner().invoke(app, ["audit", "torch.nn:Identity", "--gpus", "1", "--device", "cuda:3"])
     assert result.exit_code == 2 and result.stdout == ""
-    assert result.stderr.strip().splitlines() == [
+    assert unwrapped(result.stderr).strip().splitlines() == [
         "placecheck: error: --device cuda:3 needs at least 4 GPUs; --gpus 1 was given: "
         "use --gpus 4 or a lower device index"]
 

@@ -244,3 +244,25 @@ def test_24_blocks_with_one_stray_line_are_one_short_problem() -> None:
     text = formatter_for(OutputFormat.TABLE).format(report)
     assert "PC101 blocks.{0..23}.mask (24)" in text
     assert text.count("\n") < 20 and _widest(text) <= 80  # was 24 grid rows, 135 lines, 96 columns
+
+
+def test_no_group_hints_name_every_problem_they_cover_and_tell_roots_apart() -> None:
+    from placecheck.findings.finding import Finding, Severity
+    from placecheck.findings.formats.table import TableFormatter
+    from placecheck.findings.report import Report
+
+    def mismatch(where: str, source: str, hint: str) -> Finding:
+        return Finding(code="PC201", kind="device-mismatch", severity=Severity.ERROR, where=where,
+                       source=source, message="m", hint=hint)
+
+    findings = [mismatch("", "train.py:3", "move x"), mismatch("", "train.py:5", "move y"),
+                mismatch("", "train.py:9", "move z"), mismatch("c0", "train.py:12", "move the state"),
+                mismatch("h0", "train.py:12", "move the state")]
+    text = TableFormatter(width=80).format(Report.build("t", "cuda:0", "cuda", findings, group=False))
+    hints = text.split("how to fix (placecheck explain CODE says more):\n", 1)[1].split("\n\n", 1)[0]
+    assert hints.splitlines() == [
+        "  PC201 <root> at train.py:3: move x",
+        "  PC201 <root> at train.py:5: move y",
+        "  PC201 <root> at train.py:9: move z",
+        "  PC201 c0, h0: move the state",
+    ]

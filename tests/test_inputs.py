@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn as nn
+from conftest import unwrapped
 
 from placecheck.basics.errors import LoadError, UsageError
 from placecheck.model.inputs import (
@@ -455,7 +456,7 @@ def _cli(tmp_path: Path, *args: str) -> tuple[int, str, str]:
 
 def _one_line_error(code: int, out: str, err: str) -> str:
     assert code == 2 and out == "", err
-    lines = err.strip().splitlines()
+    lines = unwrapped(err).strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in err, err
     return lines[0]
 

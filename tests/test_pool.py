@@ -14,10 +14,12 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import unwrapped
 
 from placecheck.basics import forkserver
 from placecheck.basics.config import ModelConfig, RunConfig, parse
@@ -155,13 +157,14 @@ def test_bad_isolation_and_progress_are_one_line(tmp_path: Path) -> None:
         proc = subprocess.run([sys.executable, "-m", "placecheck", "audit", "--config", str(config), flag,
                                value], capture_output=True, text=True, cwd=REPO)
         assert proc.returncode == 2
-        assert proc.stderr == f"placecheck: error: {flag} {value!r}: use one of {choices}\n"
+        assert unwrapped(proc.stderr) == f"placecheck: error: {flag} {value!r}: use one of {choices}\n"
     config.write_text(f'isolation = "thread"\n[[models]]\ntarget = "{MODELS}:Healthy"\n')
     proc = subprocess.run([sys.executable, "-m", "placecheck", "audit", "--config", str(config)],
                           capture_output=True, text=True, cwd=REPO)
-    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
-    assert proc.stderr.startswith("placecheck: error: ") and 'c.toml:1: isolation: expected one of "fork", ' \
-        '"spawn"' in proc.stderr
+    said = unwrapped(proc.stderr)
+    assert proc.returncode == 2 and said.count("\n") == 1
+    assert said.startswith("placecheck: error: ")
+    assert 'c.toml:1: isolation: expected one of "fork", "spawn"' in said
 
 
 # ---- progress ----------------------------------------------------------------------------------
@@ -182,11 +185,42 @@ def test_progress_lines_for_ci_logs(capsys: pytest.CaptureFixture[str]) -> None:
     runner.run_models(_THREE, jobs=1, progress="lines", audit_one=_canned)
     captured = capsys.readouterr()
     assert captured.out == ""  # stdout carries the report formats only
-    lines = captured.err.splitlines()
+    lines = unwrapped(captured.err).splitlines()
     assert len(lines) == 3
     assert lines[0].startswith("placecheck: [1/3] a:A: 1 problem in ")
     assert lines[1].startswith("placecheck: [2/3] b:B: PC901 crash in ")
     assert lines[2].startswith("placecheck: [3/3] c:C: 1 problem in ") and "0 running, 1 failed" in lines[2]
+
+
+def test_the_progress_line_counts_as_the_report_does(capsys: pytest.CaptureFixture[str]) -> None:
+    def strays(model: ModelConfig, timeout: float, workdir: str | None) -> runner.ModelOutcome:
+        findings = [Finding(code="PC101", kind="stray-tensor", severity=Severity.ERROR,
+                            where=f"blocks.{i}.mask", module=f"blocks.{i}", message="m", hint="h")
+                    for i in range(3)]
+        return runner.ModelOutcome(model, Report.build(model.target, "cuda:0", "fake", findings))
+
+    outcomes = runner.run_models(RunConfig(path="x", models=(ModelConfig(target="a:A"),)), jobs=1,
+                                 progress="lines", audit_one=strays)
+    line = capsys.readouterr().err.splitlines()[0]
+    assert line.startswith("placecheck: [1/1] a:A: 1 problem (3 instances) in "), line
+    assert outcomes[0].report.grouped().summary_line().startswith("1 problem (3 instances) in 3 modules")
+
+
+def test_ctrl_c_keeps_the_outcomes_of_the_models_that_finished() -> None:
+    def audit_one(model: ModelConfig, timeout: float, workdir: str | None) -> runner.ModelOutcome:
+        return _interrupt_main() if model.target == "b:B" else _canned(model, timeout, workdir)
+
+    with pytest.raises(runner.PartialRun) as info:
+        runner.run_models(_THREE, jobs=1, progress="off", audit_one=audit_one)
+    assert [o.model.target for o in info.value.finished] == ["a:A"] and info.value.total == 3
+
+
+def _interrupt_main() -> runner.ModelOutcome:
+    import signal
+
+    os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C arrives in the main thread, which waits on the models
+    time.sleep(5)
+    raise AssertionError("the interrupt did not arrive")
 
 
 def test_progress_bar_on_a_terminal(monkeypatch: pytest.MonkeyPatch,

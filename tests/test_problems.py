@@ -122,7 +122,9 @@ def test_no_group_gives_one_finding_per_instance() -> None:
     assert [(f.code, f.where) for f in report.findings] == [
         ("PC101", "blocks.0.mask"), ("PC101", "blocks.1.mask"), ("PC201", "blocks.0")]
     assert all(f.instances == () and f.evidence == () for f in report.findings)
-    assert report.summary()["problems"] == report.summary()["instances"] == 3
+    # one count everywhere: the rows are instances, the problems are counted grouped
+    assert report.summary()["problems"] == 1 and report.summary()["instances"] == 3
+    assert report.summary_line().startswith("1 problem (3 instances) in ")
     grouped = Report.build("Net", "cuda:0", "simulated cuda", findings, group=True)
     assert grouped.summary()["problems"] == 1 and grouped.summary()["instances"] == 3
 

@@ -61,11 +61,13 @@ def test_assert_placement(pytester: pytest.Pytester) -> None:
     # a subprocess: the audit imports torch and patches torch.cuda for the model's code
     result = pytester.runpytest_subprocess("-q")  # the plugin loads through its entry point
     result.assert_outcomes(passed=2, failed=1)
-    # the failure message is the table: header, grid rows naming the stray tensor, summary
-    # (the mismatch is its own PC201 row ungrouped, or the PC101 problem's evidence grouped)
+    # the failure message is the table as the CLI shows it: header, the PC101 problem naming the stray
+    # tensor with the mismatch as its evidence (grouped), the CLI's count of problems and instances
     result.stdout.fnmatch_lines(["*placecheck: Stray on cuda:0*",
                                  "*note: forward: inputs given in Python: float32?2,4?*",
-                                 "*PC101*scale*", "*Tensor.mul mixed cpu and cuda:0*", "*in 1 module*"])
+                                 "*PC101*scale*",
+                                 "*-> crashes on a GPU at line 20 in <root>: Tensor.mul mixed cpu*",
+                                 "1 problem (2 instances) in 1 module: 1 error; 16 B not on cuda:0"])
     assert "Traceback" not in result.stdout.str()
     # the tensor reached the audit as an object, not through a module planted in sys.modules
     assert "_placecheck_pytest" not in result.stdout.str()

@@ -21,7 +21,7 @@ import pytest
 import torch
 import torch.nn as nn
 from cli_runner import CliRunner
-from conftest import TESTS, fixture_cases, load_file
+from conftest import TESTS, fixture_cases, load_file, unwrapped
 from forward_helpers import ungrouped  # noqa: F401 (the fixture)
 
 import placecheck
@@ -172,7 +172,7 @@ def test_bad_input_is_one_line_exit_2(args: list[str], needle: str) -> None:
     result = CliRunner().invoke(app, ["audit", f"{FIXTURES / 'dp_clean.py'}:Model", *args])
     assert result.exit_code == 2, result.stdout + result.stderr
     assert result.stdout == ""
-    lines = result.stderr.strip().splitlines()
+    lines = unwrapped(result.stderr).strip().splitlines()  # one line, fitted to the width
     assert len(lines) == 1 and needle in lines[0], result.stderr
 
 
@@ -293,6 +293,6 @@ def test_a_factory_building_ddp_itself_is_told_to_use_wrap_ddp(tmp_path: Path) -
     command = [sys.executable, "-m", "placecheck", "audit", "ddp_factory.py:make", "--device", "cuda"]
     done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2, done.stderr
-    lines = done.stderr.strip().splitlines()
+    lines = unwrapped(done.stderr).strip().splitlines()
     assert len(lines) == 1 and "DistributedDataParallel's constructor" in lines[0]
     assert "--wrap ddp" in lines[0] and done.stdout == ""

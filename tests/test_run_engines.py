@@ -16,6 +16,7 @@ import pytest
 import torch
 import torch.nn as nn
 from cli_runner import CliRunner
+from conftest import unwrapped
 
 from placecheck.basics.errors import UsageError
 from placecheck.cli import app
@@ -94,7 +95,7 @@ def test_fake_engine_gives_gradients_to_what_the_loss_reaches() -> None:
 
 
 def test_fixed_twin_exits_0_under_the_fake_engine() -> None:
-    result = CliRunner().invoke(app, ["run", WIDE_FIXED, "--engine", "fake"])
+    result = CliRunner().invoke(app, ["run", "--engine", "fake", WIDE_FIXED])
     assert result.exit_code == 0, result.output
     assert "PC201" not in result.stdout
 
@@ -168,9 +169,9 @@ def test_a_bad_budget_is_the_users_error(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def test_a_bad_engine_is_one_line_and_exit_2() -> None:
-    result = CliRunner().invoke(app, ["run", script(FIXTURES / "batch_fixed.py"), "--engine", "gpu"])
+    result = CliRunner().invoke(app, ["run", "--engine", "gpu", script(FIXTURES / "batch_fixed.py")])
     assert result.exit_code == 2
-    lines = result.stderr.strip().splitlines()
+    lines = unwrapped(result.stderr).strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("placecheck: error: ") and "--engine 'gpu'" in lines[0]
     assert "auto|tagged|fake" in lines[0]
     with pytest.raises(UsageError):

@@ -191,7 +191,7 @@ def test_the_table_and_the_json_carry_the_coverage() -> None:
     path = script(FAST / "validation_fixed.py")
     table = CliRunner().invoke(app, ["run", path])
     assert f"checked 27 of 27 lines of {path}" in table.output
-    result = CliRunner().invoke(app, ["run", path, "--format", "json"])
+    result = CliRunner().invoke(app, ["run", "--format", "json", path])
     data = json.loads(result.stdout)
     validate_report(data)
     assert data["coverage"] == {"file": path, "lines": 27, "lines_run": 27, "lines_not_run": [],

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import unwrapped
 
 from placecheck.engines import cudaapi
 from placecheck.findings.finding import Severity
@@ -128,7 +129,8 @@ def test_the_watchdog_stops_a_script_stalled_after_the_budget_with_exit_2(how: s
     [at] = [f"{script('stalls.py')}:{line}" for line in lines if stopped.endswith(f":{line}")]
     assert code == 2
     assert report["summary"]["unfinished"] == f"stopped by the watchdog at {at}"
-    assert f"placecheck: error: the script did not run through: stopped by the watchdog at {at}" in stderr
+    said = f"placecheck: error: the script did not run through: stopped by the watchdog at {at}"
+    assert said in unwrapped(stderr)
     assert ending(report).startswith(f"run: stopped by the watchdog at {at}: no progress for 1 s after the "
                                      "--steps budget")
     assert "the code after it is unchecked" in ending(report) and "`print(\"never\")`" in ending(report)

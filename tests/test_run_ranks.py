@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.nn as nn
 from cli_runner import CliRunner, separate_stderr_capture
+from conftest import unwrapped
 from rank_scripts import FIXTURES, at, failing, script
 from report_schema import validate_json
 
@@ -240,7 +241,7 @@ def test_json_of_the_ranks_follows_the_schema_and_the_script_output_goes_to_stde
 def test_a_bad_nproc_per_node_is_one_line_and_exit_2(value: str) -> None:
     result = CliRunner().invoke(app, ["run", "--nproc-per-node", value, script("ddp_fixed.py")])
     assert result.exit_code == 2
-    lines = result.stderr.strip().splitlines()
+    lines = unwrapped(result.stderr).strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("placecheck: error: --nproc-per-node"), result.stderr
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from cli_runner import CliRunner
+from conftest import unwrapped
 from report_schema import validate_json
 
 from placecheck.cli import app
@@ -32,12 +33,12 @@ def script(name: str) -> str:
 
 @ENGINES
 def test_help_stops_the_script_before_anything_is_checked_exit_2_even_with_exit_zero(engine: str) -> None:
-    result = CliRunner().invoke(app, ["run", script("train_args.py"), "--engine", engine, "--exit-zero",
-                                      "--format", "json", "--", "--help"])
+    result = CliRunner().invoke(app, ["run", "--engine", engine, "--exit-zero", "--format", "json",
+                                      script("train_args.py"), "--help"])
     why = (f"the script stopped at sys.exit(0) at {script('train_args.py')}:15, before any forward pass: "
            "0 forward passes, 0 optimizer steps: nothing was checked")
     assert result.exit_code == 2, result.stderr
-    assert result.stderr.strip().splitlines()[-1] == f"placecheck: error: {why}"
+    assert unwrapped(result.stderr).strip().splitlines()[-1] == f"placecheck: error: {why}"
     report = validate_json(result.stdout)  # the new stats keys are in the schema's integer stats
     assert report["findings"] == [] and report["summary"]["unfinished"] == why
     assert report["summary"]["line"].startswith("nothing checked on cuda:0")

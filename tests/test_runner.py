@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import unwrapped
 
 from placecheck.basics.config import Allow, ModelConfig, RunConfig, parse
 from placecheck.basics.options import AuditOptions
@@ -86,8 +87,8 @@ def test_crashing_hanging_and_oom_models_do_not_lose_the_healthy_ones(tmp_path: 
     assert incomplete("OutOfMemory")["reason"] == "out-of-memory"
     killed = incomplete("KilledByKernel")
     assert killed["reason"] == "out-of-memory" and "SIGKILL" in killed["message"]
-    assert "auditing" not in proc.stderr  # no progress bar when not a terminal / under CI...
-    progress = [line for line in proc.stderr.splitlines() if line.startswith("placecheck: [")]
+    assert "auditing" not in unwrapped(proc.stderr)  # no progress bar when not a terminal / under CI...
+    progress = [line for line in unwrapped(proc.stderr).splitlines() if line.startswith("placecheck: [")]
     assert len(progress) == 6 and progress[-1].startswith("placecheck: [6/6] ")  # ...a line per model
     assert "0 running, 4 failed" in progress[-1]  # Segfault, Hang, OutOfMemory, KilledByKernel
 
@@ -101,7 +102,7 @@ def test_a_model_that_does_not_load_exits_2_and_keeps_the_others(tmp_path: Path)
         """)
     proc = _placecheck("audit", "--config", str(config), "--format", "json")
     assert proc.returncode == 2
-    errors = [line for line in proc.stderr.splitlines() if not line.startswith("placecheck: [")]
+    errors = [line for line in unwrapped(proc.stderr).splitlines() if not line.startswith("placecheck: [")]
     assert len(errors) == 1 and errors[0].startswith(f"placecheck: error: {MODELS}:Missing (config line 4): ")
     models = json.loads(proc.stdout)["models"]
     assert models[0]["findings"] == []
@@ -202,29 +203,31 @@ def test_the_progress_bar_runs(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_timeout_and_jobs_need_a_config() -> None:
     proc = _placecheck("audit", "placecheck/examples/clean.py:CleanNet", "--jobs", "2")
     assert proc.returncode == 2
-    assert proc.stderr == ("placecheck: error: --jobs apply to --config runs (many models); "
-                           "for one TARGET drop them\n")
+    assert unwrapped(proc.stderr) == (
+        "placecheck: error: --jobs apply to --config runs (many models); for one TARGET drop them\n")
     proc = _placecheck("audit", "placecheck/examples/clean.py:CleanNet", "--shard", "1/2", "--isolation",
                        "spawn")
     assert proc.returncode == 2
-    assert proc.stderr == ("placecheck: error: --shard and --isolation apply to --config runs (many "
-                           "models); for one TARGET drop them\n")
+    assert unwrapped(proc.stderr) == (
+        "placecheck: error: --shard and --isolation apply to --config runs (many models); for one TARGET "
+        "drop them\n")
 
 
 def test_per_model_options_are_refused_with_a_config(tmp_path: Path) -> None:
     config = _config(tmp_path, '[[models]]\ntarget = "a:b"\n')
     proc = _placecheck("audit", "--config", str(config), "--kwargs", "{}")
     assert proc.returncode == 2
-    assert proc.stderr.startswith("placecheck: error: --kwargs describe one model: put them in the model's")
+    assert unwrapped(proc.stderr).startswith(
+        "placecheck: error: --kwargs describe one model: put them in the model's")
     proc = _placecheck("audit", "x:y", "--config", str(config))
-    assert proc.stderr == "placecheck: error: give a TARGET or --config FILE, not both\n"
+    assert unwrapped(proc.stderr) == "placecheck: error: give a TARGET or --config FILE, not both\n"
 
 
 def test_no_target_and_no_config(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "placecheck", "audit"], capture_output=True, text=True,
                           cwd=tmp_path)
     assert proc.returncode == 2
-    assert "pass --config FILE, or add [tool.placecheck] to ./pyproject.toml" in proc.stderr
+    assert "pass --config FILE, or add [tool.placecheck] to ./pyproject.toml" in unwrapped(proc.stderr)
 
 
 def test_pyproject_is_used_when_no_target_is_given(tmp_path: Path) -> None:
@@ -299,15 +302,16 @@ def test_bad_command_line_overrides_fail_once_before_any_model_runs(tmp_path: Pa
         """)
     proc = _placecheck("audit", "--config", str(config), "--device", "gpu")
     assert proc.returncode == 2
-    assert proc.stderr == ("placecheck: error: unknown device 'gpu': use cuda, cuda:N, cpu, mps, meta "
-                           "or keep\n")
+    assert unwrapped(proc.stderr) == (
+        "placecheck: error: unknown device 'gpu': use cuda, cuda:N, cpu, mps, meta or keep\n")
     proc = _placecheck("audit", "--config", str(config), "--engine", "bogus")
     assert proc.returncode == 2
     # the message a single TARGET gets (the options module's), not the config's own wording
-    assert proc.stderr == "placecheck: error: unknown engine 'bogus': use one of auto, real, fake, tagged\n"
+    assert unwrapped(proc.stderr) == (
+        "placecheck: error: unknown engine 'bogus': use one of auto, real, fake, tagged\n")
     proc = _placecheck("audit", "--config", str(config), "--init", "disk")
     assert proc.returncode == 2
-    assert proc.stderr == "placecheck: error: unknown --init 'disk': use one of auto, cpu, meta\n"
+    assert unwrapped(proc.stderr) == "placecheck: error: unknown --init 'disk': use one of auto, cpu, meta\n"
 
 
 # ---- one TARGET with --timeout --------------------------------------------------------------------
@@ -316,8 +320,9 @@ def test_bad_command_line_overrides_fail_once_before_any_model_runs(tmp_path: Pa
 def test_one_target_that_hangs_is_stopped_by_timeout() -> None:
     proc = _placecheck("audit", f"{MODELS}:Hang", "--timeout", "2")
     assert proc.returncode == 2
-    assert proc.stderr == (f"placecheck: error: {MODELS}:Hang did not finish within 2 s (a forward that "
-                           "hangs? if it is only slow, raise --timeout)\n")
+    assert unwrapped(proc.stderr) == (
+        f"placecheck: error: {MODELS}:Hang did not finish within 2 s (a forward that hangs? if it is only "
+        "slow, raise --timeout)\n")
     assert proc.stdout == ""
 
 
@@ -334,5 +339,6 @@ def test_one_target_with_timeout_reports_as_in_process() -> None:
 def test_one_target_with_timeout_that_does_not_load() -> None:
     proc = _placecheck("audit", f"{MODELS}:Missing", "--timeout", "300")
     assert proc.returncode == 2
-    assert proc.stderr.startswith("placecheck: error: ") and proc.stderr.count("\n") == 1
-    assert "Missing" in proc.stderr
+    said = unwrapped(proc.stderr)
+    assert said.startswith("placecheck: error: ") and said.count("\n") == 1
+    assert "Missing" in unwrapped(proc.stderr)

@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn as nn
 from cli_runner import CliRunner
-from conftest import BUGGY, TESTS, load_file
+from conftest import BUGGY, TESTS, load_file, unwrapped
 from forward_helpers import ungrouped  # noqa: F401 (the fixture)
 
 import placecheck
@@ -309,10 +309,10 @@ def test_cli_forward_options() -> None:
     result = runner.invoke(app, ["audit", BUGGY, "--train", "--select", "PC2", "-f", "json"])
     assert result.exit_code == 1 and json.loads(result.stdout)["engine"] == "simulated cuda (real values)"
     result = runner.invoke(app, ["audit", BUGGY, "--input", "float32[2,16"])
-    assert result.exit_code == 2 and "[NAME=]DTYPE[D0,D1,...]" in result.stderr
-    assert result.stderr.count("\n") == 1
+    assert result.exit_code == 2 and "[NAME=]DTYPE[D0,D1,...]" in unwrapped(result.stderr)
+    assert unwrapped(result.stderr).count("\n") == 1  # one line, fitted to the width
     result = runner.invoke(app, ["audit", BUGGY, "--train", "--engine", "fake"])
-    assert result.exit_code == 2 and "--engine tagged" in result.stderr
+    assert result.exit_code == 2 and "--engine tagged" in unwrapped(result.stderr)
 
 
 class Attends(nn.Module):

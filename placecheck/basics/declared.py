@@ -229,10 +229,13 @@ DECLARED: tuple[Declared, ...] = (
         config={MODELS: "allow a checkpoint that runs pickled code, as --trust"}, toml="bool"),
     # -- device and engine -------------------------------------------------------------------------
     Declared(
-        "device", ("--device", "-d"), ("audit", "checkpoint", "fix"), str, "cuda", "DEVICE", PANEL_DEVICE,
-        f"Target device: {DEVICE_HELP}; audit also takes keep (no .to(): the model is audited as "
+        "device", ("--device", "-d"), ("audit",), str, "cuda", "DEVICE", PANEL_DEVICE,
+        f"Target device: {DEVICE_HELP}; or keep (no .to(): the model is audited as "
         "its own code places it, across simulated GPUs, with a device map).",
         config={MODELS: "target device, as --device"}, toml="device"),
+    Declared(  # without keep, which is audit's alone: each command's --help speaks of itself only
+        "device", ("--device", "-d"), ("checkpoint", "fix"), str, "cuda", "DEVICE", PANEL_DEVICE,
+        f"Target device: {DEVICE_HELP}."),
     Declared(
         "engine", ("--engine",), ("audit", "checkpoint", "fix"), str, "auto", "ENGINE", PANEL_DEVICE,
         f"{'|'.join(ENGINE_CHOICES)}. auto: the real device when present, CUDA simulated with fake "
@@ -242,10 +245,14 @@ DECLARED: tuple[Declared, ...] = (
         "values: fake and tagged both simulate the target machine's GPUs.",
         config={MODELS: "as --engine"}, toml="str"),
     Declared(
-        "gpus", ("--gpus",), ("audit", "checkpoint", "run", "fix"), int | None, None, "N", PANEL_DEVICE,
+        "gpus", ("--gpus",), ("audit",), int | None, None, "N", PANEL_DEVICE,
         "Number of simulated GPUs, what torch.cuda.device_count() answers (default: enough for "
-        "--device's index, at least 1; audit --device keep: 8).", minimum=1,
+        "--device's index, at least 1; --device keep: 8).", minimum=1,
         config={MODELS: "number of simulated GPUs, as --gpus"}),
+    Declared(
+        "gpus", ("--gpus",), ("checkpoint", "run", "fix"), int | None, None, "N", PANEL_DEVICE,
+        "Number of simulated GPUs, what torch.cuda.device_count() answers (default: enough for "
+        "--device's index, at least 1).", minimum=1),
     Declared(  # after --gpus: run's --help has always listed it there
         "engine", ("--engine",), ("run",), str, "auto", "ENGINE", PANEL_DEVICE,
         "auto|tagged|fake. tagged: CUDA simulated with real CPU values (exact losses and branches; the "

@@ -64,6 +64,19 @@ class Comparison:
     fix: PrefixFix | None
     key_map: dict[str, str]
     """Checkpoint key -> model key, for keys that load cleanly (same shape)."""
+    missing: int = 0
+    """The model's keys the checkpoint lacks (after the prefix fix)."""
+    unexpected: int = 0
+    """The checkpoint's keys the model has not (after the prefix fix)."""
+
+    @property
+    def architecture_note(self) -> str:
+        """One line for a checkpoint whose keys miss or add whole modules (a PC302 or PC303 under
+        ``module.*``): it was most likely saved from another architecture; "" otherwise."""
+        if not any(f.where.endswith(".*") for f in self.findings if f.code in (Code.PC302, Code.PC303)):
+            return ""
+        return (f"state_dict: {self.missing} keys missing, {self.unexpected} unexpected: the checkpoint is "
+                "probably of another architecture (whole modules differ)")
 
 
 def _first_component(keys: list[str]) -> str | None:
@@ -101,6 +114,41 @@ def find_prefix_fix(ckpt_keys: list[str], model_keys: list[str]) -> PrefixFix | 
     if best is None or best[0] <= base or best[0] * 2 < min(len(ckpt_keys), len(model_keys)):
         return None
     return best[1]
+
+
+def whole_modules(keys: list[str], others: list[str]) -> list[tuple[str | None, list[str]]]:
+    """``keys`` (missing or unexpected), in order, gathered by the outermost module all of whose keys are
+    among them (``layer3.2`` when ``layer3.2.conv1.weight`` ... are all missing and no other key is under
+    it): ``(module, its keys)``; a key that no such module of two or more keys holds is ``(None, [key])``.
+    ``others``: the keys of the same side that are not among them."""
+    taken: set[str] = set()
+    for key in others:
+        parts = key.split(".")
+        taken.update(".".join(parts[:n]) for n in range(1, len(parts)))
+    gathered: dict[str | None, list[str]] = {}
+    singles: list[tuple[str | None, list[str]]] = []
+    order: list[str | None] = []
+    for key in keys:
+        parts = key.split(".")
+        module = next((p for p in (".".join(parts[:n]) for n in range(1, len(parts))) if p not in taken),
+                      None)
+        if module is None:
+            singles.append((None, [key]))
+            order.append(None)
+            continue
+        if module not in gathered:
+            order.append(module)
+        gathered.setdefault(module, []).append(key)
+    out: list[tuple[str | None, list[str]]] = []
+    single = iter(singles)
+    for module in order:
+        if module is None:
+            out.append(next(single))
+        elif len(gathered[module]) == 1:
+            out.append((None, gathered[module]))
+        else:
+            out.append((module, gathered[module]))
+    return out
 
 
 def nbytes(spec: TensorSpec) -> int:
@@ -155,22 +203,40 @@ def compare_state_dicts(ckpt: Mapping[str, TensorSpec], model: Mapping[str, Tens
                                           ("action", "strip" if fix.strip else "add"))))
     mapped = {k: (fix.apply(k) if fix else k) for k in ckpt_keys}
     present = set(mapped.values())
-    for key in model_keys:
-        if key not in present:
-            spec = model[key]
+    missing = [key for key in model_keys if key not in present]
+    missing_hint = ("with strict=False it keeps its initial values; check that the checkpoint belongs to "
+                    "this model and configuration")
+    for module, keys in whole_modules(missing, [k for k in model_keys if k in present]):
+        if module is None:
+            spec = model[keys[0]]
             findings.append(_finding(
-                Code.PC302, key, f"{model_name} expects {key!r} ({_fmt(spec)}) and the checkpoint lacks it",
-                "with strict=False it keeps its initial values; check that the checkpoint belongs to "
-                "this model and configuration", shape=spec[0], dtype=spec[1]))
+                Code.PC302, keys[0], f"{model_name} expects {keys[0]!r} ({_fmt(spec)}) and the checkpoint "
+                "lacks it", missing_hint, shape=spec[0], dtype=spec[1]))
+        else:
+            findings.append(_finding(
+                Code.PC302, f"{module}.*", f"{model_name} expects {len(keys)} keys under {module!r} "
+                f"({keys[0]}, ...) and the checkpoint has none of them: {model_name} has a module the "
+                "checkpoint's model did not", missing_hint, count=len(keys),
+                nbytes=sum(nbytes(model[k]) for k in keys)))
+    unexpected = [ckey for ckey, mkey in mapped.items() if mkey not in model]
+    unexpected_hint = ("drop it before load_state_dict(strict=True), or build the model the checkpoint was "
+                       "saved from")
+    for module, keys in whole_modules(unexpected, [k for k, m in mapped.items() if m in model]):
+        if module is None:
+            spec = ckpt[keys[0]]
+            findings.append(_finding(
+                Code.PC303, keys[0], f"the checkpoint has {keys[0]!r} ({_fmt(spec)}) and {model_name} has no "
+                "such key", unexpected_hint, shape=spec[0], dtype=spec[1]))
+        else:
+            findings.append(_finding(
+                Code.PC303, f"{module}.*", f"the checkpoint has {len(keys)} keys under {module!r} "
+                f"({keys[0]}, ...) and {model_name} has none of them: the checkpoint's model had a module "
+                f"{model_name} has not", unexpected_hint, count=len(keys),
+                nbytes=sum(nbytes(ckpt[k]) for k in keys)))
     key_map: dict[str, str] = {}
     for ckey, mkey in mapped.items():
         spec = ckpt[ckey]
         if mkey not in model:
-            findings.append(_finding(
-                Code.PC303, ckey,
-                f"the checkpoint has {ckey!r} ({_fmt(spec)}) and {model_name} has no such key",
-                "drop it before load_state_dict(strict=True), or build the model the checkpoint was "
-                "saved from", shape=spec[0], dtype=spec[1]))
             continue
         want = model[mkey]
         if tuple(spec[0]) != tuple(want[0]):
@@ -188,4 +254,4 @@ def compare_state_dicts(ckpt: Mapping[str, TensorSpec], model: Mapping[str, Tens
                 "load_state_dict casts silently", f"convert the model first (model.to(torch.{spec[1]})) "
                 "if the checkpoint's precision is intended", shape=spec[0], dtype=spec[1],
                 details=(("checkpoint_dtype", spec[1]), ("model_dtype", want[1]))))
-    return Comparison(tuple(findings), fix, key_map)
+    return Comparison(tuple(findings), fix, key_map, len(missing), len(unexpected))

@@ -155,6 +155,12 @@ def _tensors(n: int, nbytes: int) -> str:
         f"{n} tensors ({human_bytes(nbytes)}) were"
 
 
+def _tensors_where(u: DeviceUsage) -> str:
+    """A PC301's ``where``: the key of its one tensor, or what it covers (``<96 tensors on cuda:1>``), never
+    one key for many tensors."""
+    return u.first_key if u.tensors == 1 else f"<{u.tensors} tensors on {u.location}>"
+
+
 def device_findings(meta: CheckpointMeta, device: str, gpus: int) -> list[Finding]:
     """PC301: storages saved on devices the target machine lacks, or on several devices."""
     usage = [u for u in device_usage(meta) if u.location]
@@ -182,14 +188,15 @@ def device_findings(meta: CheckpointMeta, device: str, gpus: int) -> list[Findin
         else:
             why = f"{loader} without map_location cannot restore tensors on {u.location}"
         out.append(Finding(
-            code=r.code, kind=r.kind, severity=r.severity, where=u.first_key,
+            code=r.code, kind=r.kind, severity=r.severity, where=_tensors_where(u),
             message=f"{_tensors(u.tensors, u.nbytes)} saved on {u.location} and the "
                     f"target machine has {have}: {why}",
             hint=hint, device=u.location, expected=device, nbytes=u.nbytes, count=u.tensors))
     if not out and len(usage) > 1:
         spread = ", ".join(f"{u.location}: {u.tensors}" for u in usage)
         out.append(Finding(
-            code=r.code, kind=r.kind, severity=r.severity, where=usage[0].first_key,
+            code=r.code, kind=r.kind, severity=r.severity,
+            where=f"<{sum(u.tensors for u in usage)} tensors on {len(usage)} devices>",
             message=f"tensors were saved on {len(usage)} devices ({spread}): without map_location "
                     f"{loader} puts each back where it was saved, so the loaded state mixes devices",
             hint=hint, device=", ".join(u.location for u in usage), expected=device,
@@ -391,6 +398,8 @@ def check_checkpoint(
                                          model_state_specs(built), name)
         findings += comparison.findings
     notes = _notes(meta, sd_path, n_keys, name, state_dict_candidates(tree_meta), loaded_trusted)
+    if model is not None and comparison.architecture_note:
+        notes.append(comparison.architecture_note)
     if found is None:
         notes.append(_no_state_dict(tree_meta, path))
     if refused:
@@ -488,10 +497,10 @@ def strict_load_verdict(comparison: Comparison) -> str:
     reasons = []
     if comparison.fix is not None:
         reasons.append(f"every key is missing and unexpected (prefix {comparison.fix.prefix!r})")
-    missing = codes.count(Code.PC302) - (comparison.fix is not None)
+    missing, unexpected = comparison.missing, comparison.unexpected  # keys: a finding can cover many
     if missing:
         reasons.append(f"{missing} missing key{'s' if missing != 1 else ''}")
-    unexpected, sizes = codes.count(Code.PC303), codes.count(Code.PC304)
+    sizes = codes.count(Code.PC304)
     if unexpected:
         reasons.append(f"{unexpected} unexpected key{'s' if unexpected != 1 else ''}")
     if sizes:
@@ -556,6 +565,8 @@ def load_into_model(model: Any, path: str, *, device: str, engine: Any, key: str
     notes = [f"checkpoint {path!r} ({meta.format}) loaded into the model with map_location="
              f"{map_location!r} before .to({device!r}): {len(state)} of {len(sd_meta)} tensors loaded"
              + (f" from {sd_path!r}" if sd_path else "") + strict_load_verdict(comparison)]
+    if comparison.architecture_note:
+        notes.append(comparison.architecture_note)
     with contextlib.suppress(Exception):
         notes.append(device_table(device_usage(meta), meta.format))
     return Loaded(tuple(findings), tuple(notes))

@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 
 from placecheck import __version__
-from placecheck.findings.output import click_errors, internal_error, interrupted
+from placecheck.findings.output import click_errors, internal_error, interrupted, say
 from placecheck.findings.report import EXIT_USAGE
 
 app = typer.Typer(
@@ -44,6 +44,19 @@ def main(
     """Find PyTorch device-placement bugs before they cost a GPU job."""
 
 
+NUMPY_MISSING = "Failed to initialize NumPy"
+"""The start of the UserWarning torch gives on its first tensor conversion when numpy is not installed:
+placecheck needs no numpy, and would print it on every command that imports torch."""
+
+
+def quiet_optional_dependencies() -> None:
+    """Silence torch's warning about a missing numpy (an optional dependency of torch that placecheck does
+    not use): a script that needs numpy still fails at its own ``import numpy``."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message=NUMPY_MISSING, category=UserWarning)
+
+
 def entrypoint() -> None:
     """Console-script entry point: click's own usage errors as one line, like placecheck's.
 
@@ -51,6 +64,7 @@ def entrypoint() -> None:
     ``--gpus`` gets ``placecheck: error: ...`` and exit 2 instead, like every
     other bad input. ``--help``, ``--version`` and bare ``placecheck`` are unchanged.
     """
+    quiet_optional_dependencies()
     if len(sys.argv) <= 1:
         app()  # no arguments: typer's help screen, as before
         return
@@ -63,7 +77,7 @@ def entrypoint() -> None:
             exc.show()  # type: ignore[attr-defined]  # a subcommand's help screen, not an error
             sys.exit(EXIT_USAGE)
         message = " ".join(getattr(exc, "format_message", exc.__str__)().split())
-        typer.echo(f"placecheck: error: {message}", err=True)
+        say(f"placecheck: error: {message}")
         sys.exit(getattr(exc, "exit_code", EXIT_USAGE))
     except typer.Abort as exc:
         # click turns Ctrl-C (KeyboardInterrupt) into Abort, after ending the ^C line

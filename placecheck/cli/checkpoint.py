@@ -15,6 +15,7 @@ from placecheck.findings.output import (
     errors_reported,
     model_output_to_stderr,
     output_format,
+    say,
 )
 from placecheck.findings.report import EXIT_USAGE
 
@@ -53,8 +54,8 @@ def checkpoint(
             from placecheck.checkpoint.preflight import unsafe_globals_text
 
             names = unsafe_globals_text(result.meta)
-            typer.echo(f"placecheck: error: {file!r} would run pickled code when loaded (it names {names}); "
-                       "not loaded (pass --trust if you trust it)", err=True)
+            say(f"placecheck: error: {file!r} would run pickled code when loaded (it names {names}); "
+                "not loaded (pass --trust if you trust it)")
             code = EXIT_USAGE
     raise typer.Exit(code)
 

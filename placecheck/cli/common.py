@@ -46,6 +46,12 @@ class PanelCommand(TyperCommand):
     plain sections, the same on every typer of the supported range.
     """
 
+    def get_short_help_str(self, limit: int = 45) -> str:
+        """The command's line in ``placecheck --help``: the first paragraph of its help, whole (click
+        cuts it to ``limit`` with "..."; the command list wraps it within the width instead)."""
+        first = (self.short_help or self.help or "").strip().split("\n\n")[0]
+        return " ".join(first.split())
+
     def format_options(self, ctx: Any, formatter: Any) -> None:
         arguments: list[tuple[str, str]] = []
         panels: dict[str, list[tuple[str, str]]] = {}

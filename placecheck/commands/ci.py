@@ -24,14 +24,14 @@ belong in the model's entry. No torch import here.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 
 from placecheck.basics.errors import PlacecheckError, UsageError, one_line
 from placecheck.basics.options import AuditOptions, check_value, split_codes
 from placecheck.findings import baseline as baselines
-from placecheck.findings.output import OutputOptions, check_writable, emit_reports, fail, grouped
+from placecheck.findings.output import OutputOptions, check_writable, emit_reports, fail, grouped, say
 from placecheck.findings.report import EXIT_OK, EXIT_USAGE, Report
 from placecheck.findings.shards import combine, parse_shard, run_info, select
 
@@ -117,6 +117,8 @@ def run_config_audit(ctx: typer.Context, target: str | None, config_path: str | 
     ``out`` holds the command line's output options; the config's ``fail_on``,
     ``group`` and ``hints`` apply where the command line does not set them.
     """
+    from placecheck.commands.runner import PartialRun
+
     debug = out.debug
     params = ctx.params
     try:
@@ -162,26 +164,39 @@ def run_config_audit(ctx: typer.Context, target: str | None, config_path: str | 
             config, positions = select(whole, shard)
             judged = {**overrides, "fail_on": out.fail_on, "group": out.group, "hints": out.hints}
             run = run_info(whole, shard, positions, judged, baseline_path)
-            typer.echo(f"placecheck: shard {shard}: {len(config.models)} of the config's "
-                       f"{len(whole.models)} models"
-                       + ("; the baseline is applied by `placecheck merge`" if baseline_path else ""),
-                       err=True)
+            say(f"placecheck: shard {shard}: {len(config.models)} of the config's {len(whole.models)} models"
+                + ("; the baseline is applied by `placecheck merge`" if baseline_path else ""))
         from placecheck.commands.runner import run_models
 
         outcomes = run_models(config, jobs=params["jobs"], timeout=params["timeout"],
                               isolation=params.get("isolation"), progress=params.get("progress"))
+    except PartialRun as partial:
+        _report_partial(partial, out)
     except PlacecheckError as exc:
         raise fail(str(exc), debug) from None
     except Exception as exc:  # a bug in placecheck
         raise fail(f"unexpected {one_line(exc)}; rerun with --debug and report it", debug) from None
     for outcome in outcomes:
         if outcome.load_error:
-            typer.echo(f"placecheck: error: {outcome.model.label} (config line {outcome.model.line}): "
-                       f"{outcome.load_error}", err=True)
+            say(f"placecheck: error: {outcome.model.label} (config line {outcome.model.line}): "
+                f"{outcome.load_error}")
     if run is not None:  # a shard: the baseline is applied once, to the merged run
         baseline_path = None
     return finish_with_baseline([o.report for o in outcomes], out, baseline_path, params["write_baseline"],
                                 load_error=any(o.load_error for o in outcomes), config_run=True, run=run)
+
+
+def _report_partial(partial: Any, out: OutputOptions) -> NoReturn:
+    """Ctrl-C during a config run: the report of the models that finished (what was found so far, no
+    baseline written), then one line and exit 130."""
+    from placecheck.findings.output import interrupted
+
+    reports = [o.report for o in partial.finished]
+    if reports:
+        emit_reports(reports, out, config_run=True)
+    say(f"placecheck: {len(reports)} of {partial.total} models audited"
+        + (", their findings above" if reports else ""))
+    raise interrupted()
 
 
 def finish_with_baseline(reports: list[Report], out: OutputOptions, baseline_path: str | None,
@@ -236,6 +251,6 @@ def merge_reports(paths: list[str], out: OutputOptions, fail_on: str | None, bas
     except PlacecheckError as exc:
         raise fail(str(exc), out.debug) from None
     for model, message in combined.load_errors:
-        typer.echo(f"placecheck: error: {model}: {message}", err=True)
+        say(f"placecheck: error: {model}: {message}")
     return finish_with_baseline(list(combined.reports), out, baseline_path or combined.baseline, write_path,
                                 load_error=bool(combined.load_errors), config_run=True)

@@ -432,15 +432,31 @@ def run_models(config: RunConfig, jobs: int | None = None, timeout: float | None
         display.finished(outcome)
         outcomes[index] = finish(outcome)
 
+    executor = ThreadPoolExecutor(max_workers=workers)
     try:
-        with ThreadPoolExecutor(max_workers=workers) as executor:
-            for future in [executor.submit(one, i) for i in range(len(models))]:
-                future.result()
+        for future in [executor.submit(one, i) for i in range(len(models))]:
+            future.result()
+    except KeyboardInterrupt:
+        finished = [o for o in outcomes if o is not None]  # before the interrupt reached the children
+        executor.shutdown(wait=False, cancel_futures=True)
+        raise PartialRun(finished, len(models)) from None
     finally:
+        executor.shutdown(wait=False, cancel_futures=True)
         display.stop()
         if pool is not None:
             pool.close()
+    executor.shutdown(wait=True)
     return [o for o in outcomes if o is not None]
+
+
+class PartialRun(KeyboardInterrupt):
+    """Ctrl-C during a run of many models: the outcomes of the models that had finished (in config
+    order), which the command still reports before it exits 130."""
+
+    def __init__(self, finished: list[ModelOutcome], total: int) -> None:
+        super().__init__()
+        self.finished = finished
+        self.total = total
 
 
 # ---- progress on stderr --------------------------------------------------------------------------
@@ -455,8 +471,7 @@ def _describe(outcome: ModelOutcome) -> str:
     stopped = next((f for f in outcome.report.findings if f.code == INCOMPLETE), None)
     if stopped is not None:
         return f"{INCOMPLETE} {dict(stopped.details).get('reason', 'incomplete')}"
-    n = len(outcome.report.findings)
-    return "clean" if n == 0 else f"{n} problem{'s' if n != 1 else ''}"
+    return outcome.report.problem_count() if outcome.report.findings else "clean"  # the report's count
 
 
 class _Display:
@@ -499,9 +514,12 @@ class _Lines(_Display):
 
     def show_end(self, outcome: ModelOutcome) -> None:
         elapsed = time.monotonic() - self.began
-        print(f"placecheck: [{self.done}/{self.total}] {outcome.model.label}: {_describe(outcome)} in "
-              f"{outcome.seconds:.1f} s ({self.running} running, {self.failed} failed, "
-              f"{elapsed:.0f} s elapsed)", file=self.stream or sys.stderr, flush=True)
+        from placecheck.findings.output import stderr_text
+
+        line = (f"placecheck: [{self.done}/{self.total}] {outcome.model.label}: {_describe(outcome)} in "
+                f"{outcome.seconds:.1f} s ({self.running} running, {self.failed} failed, {elapsed:.0f} s "
+                "elapsed)")
+        print(stderr_text(line), file=self.stream or sys.stderr, flush=True)
 
 
 def _console() -> Any:

@@ -101,12 +101,27 @@ def terminal_width() -> int:
     return max(MIN_WIDTH, shutil.get_terminal_size((DEFAULT_WIDTH, 24)).columns)
 
 
+def stderr_text(line: str, width: int | None = None) -> str:
+    """``line`` (an error, a progress line) within ``width`` columns (:func:`terminal_width` by default),
+    as the report fits them: broken at spaces, each continuation indented two spaces, a word longer than
+    the width (a path) never cut. ``grep 'placecheck: error'`` still finds its first line."""
+    import textwrap
+
+    return "\n".join(textwrap.wrap(line, width=width or terminal_width(), subsequent_indent="  ",
+                                    break_long_words=False, break_on_hyphens=False)) or line
+
+
+def say(line: str) -> None:
+    """Write ``line`` to stderr within the terminal's width (:func:`stderr_text`)."""
+    typer.echo(stderr_text(line), err=True)
+
+
 def fail(message: str, debug: bool = False) -> typer.Exit:
     """Print ``placecheck: error: ...`` (and the traceback under --debug); return the exit-2 exception."""
     if debug:
         traceback.print_exc()
         message = message.replace(" (--debug shows the traceback)", "")  # it just did
-    typer.echo(f"placecheck: error: {message}", err=True)
+    say(f"placecheck: error: {message}")
     return typer.Exit(EXIT_USAGE)
 
 
@@ -168,8 +183,8 @@ def internal_error(exc: BaseException, debug: bool = False) -> typer.Exit:
         traceback.print_exc()
     ask = ("report it with the traceback above" if debug
            else "rerun with --debug for the traceback and report it")
-    typer.echo(f"placecheck: internal error: unexpected {one_line(exc)} (placecheck {__version__}, torch "
-               f"{torch_version()}): a bug in placecheck, or something it did not foresee; {ask}", err=True)
+    say(f"placecheck: internal error: unexpected {one_line(exc)} (placecheck {__version__}, torch "
+        f"{torch_version()}): a bug in placecheck, or something it did not foresee; {ask}")
     return typer.Exit(EXIT_INTERNAL)
 
 

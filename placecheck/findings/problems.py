@@ -15,7 +15,9 @@ line. :func:`group` turns such findings into one :class:`Finding` per problem:
   under a PC203's module) becomes *evidence* of that problem, as does a PC204
   on the line whose ``.cpu()`` made a PC206's output;
 - shape mismatches of one checkpoint (PC304) are one problem: a checkpoint
-  saved from a differently sized model.
+  saved from a differently sized model; so are the whole modules a checkpoint
+  lacks (PC302) or adds (PC303) at the indices of one container
+  (``layer3.{2..5}.*``).
 
 The problem keeps its first instance's fields; its severity is the worst of
 its instances and evidence (a crash found is still an error), ``nbytes`` and
@@ -47,6 +49,11 @@ _GROUPED_WHOLE = frozenset({Code.PC304})
 checkpoint says the same thing (it was saved from a model of another size)."""
 
 
+_WHOLE_MODULES = frozenset({Code.PC302, Code.PC303})
+"""Rules whose finding can cover a whole module's keys (``layer3.2.*``): the same module at other
+indices (``layer3.{2..5}.*``) is one problem, as a walk finding's instances are."""
+
+
 def collapse_indices(path: str) -> str:
     """``blocks.3.attn.mask`` -> ``blocks.*.attn.mask``; ``heads[2]`` -> ``heads[*]``."""
     return _INDEX.sub("*", path)
@@ -65,6 +72,8 @@ def _group_key(f: Finding) -> tuple[str, ...]:
     if f.code in _GROUPED_WHOLE:
         return (f.code,)
     phase = f.code[:3]
+    if f.code in _WHOLE_MODULES and f.where.endswith(".*"):
+        return (f.code, "modules", collapse_indices(f.where))
     if phase in ("PC1", "PC3"):
         if f.source:  # the assignment line: one line of code, one problem
             return (f.code, "line", f.source)

@@ -343,13 +343,24 @@ class Report:
         """The per-instance findings the problems cover (what ``--no-group`` lists), evidence included."""
         return sum(f.instance_count for f in self.findings)
 
+    def problem_count(self) -> str:
+        """``3 problems (8 instances)``: the problems of this report grouped as the CLI groups them
+        (:mod:`placecheck.findings.problems`), whether or not its findings are (an ``audit()`` report, a
+        ``--no-group`` one), and the instances when they differ; ``0 problems`` for none. Every count a
+        reader sees (the summary line, a config run's progress, the pytest plugin's message) is this one."""
+        grouped = self.grouped()
+        n, instances = len(grouped.findings), grouped.instances()
+        return plural(n, "problem") + (f" ({plural(instances, 'instance')})" if n and instances != n else "")
+
     def summary(self) -> dict[str, Any]:
-        """Machine-readable summary (used by the JSON format)."""
+        """Machine-readable summary (used by the JSON format): counts of the grouped problems, as the
+        summary line's (:meth:`problem_count`)."""
+        grouped = self.grouped()
         return {
-            "problems": len(self.findings),
-            "instances": self.instances(),
+            "problems": len(grouped.findings),
+            "instances": grouped.instances(),
             "modules": len(self.modules()),
-            **{f"{k}s" if k != "info" else k: v for k, v in self.counts().items()},
+            **{f"{k}s" if k != "info" else k: v for k, v in grouped.counts().items()},
             "bytes_off_device": self.bytes_off_device(),
             "incomplete": self.incomplete,
             "unfinished": self.unfinished,
@@ -359,7 +370,8 @@ class Report:
     def summary_line(self) -> str:
         """One line, e.g. ``3 problems (5 instances) in 2 modules: 2 errors; 1.2 MiB not on cuda:0``.
 
-        The instance count is shown when grouping made it differ from the problem count.
+        Problems and severities are counted grouped, whether or not the findings are (an ``audit()``
+        report, ``--no-group``): one count everywhere; the instance count is shown when it differs.
         """
         n = len(self.findings)
         if n == 0 and self.unfinished.endswith(NOTHING_CHECKED):
@@ -369,10 +381,8 @@ class Report:
             line = f"no placement problems found on {self.run_on}"
         else:
             mods = len(self.modules())
-            parts = [plural(v, k) for k, v in self.counts().items() if v]
-            instances = self.instances()
-            grouped = f" ({plural(instances, 'instance')})" if instances != n else ""
-            line = f"{plural(n, 'problem')}{grouped} in {plural(mods, 'module')}: {', '.join(parts)}"
+            parts = [plural(v, k) for k, v in self.grouped().counts().items() if v]
+            line = f"{self.problem_count()} in {plural(mods, 'module')}: {', '.join(parts)}"
             off = self.bytes_off_device()
             if off:
                 line += f"; {human_bytes(off)} not on " + (

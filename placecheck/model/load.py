@@ -239,6 +239,45 @@ def _import_file(path_text: str) -> Any:
     return module
 
 
+def _runs_at_import(path: Path, exc: BaseException) -> str:
+    """When ``exc`` came out of a statement of ``path``'s top level that is code, not a definition (a
+    training loop, a call): ``line 16 (`for step in range(3):`)``; "" otherwise (a definition's or an
+    import's own error). Read from the traceback's frame of the file's top level, not from the message."""
+    import ast
+    import traceback
+
+    lines = [f.lineno for f in traceback.extract_tb(exc.__traceback__)
+             if f.name == "<module>" and f.lineno is not None and Path(f.filename).resolve() == path]
+    if not lines:
+        return ""
+    try:
+        tree = ast.parse(path.read_bytes(), str(path))
+    except (SyntaxError, ValueError, OSError):
+        return ""
+    line = lines[-1]
+    for node in tree.body:
+        if node.lineno <= line <= (node.end_lineno or node.lineno):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import,
+                                 ast.ImportFrom)):
+                return ""
+            text = ast.get_source_segment(path.read_text(encoding="utf-8", errors="replace"), node) or ""
+            first = text.splitlines()[0].strip() if text else ""
+            return f"line {node.lineno} (`{first}`)" if first else f"line {node.lineno}"
+    return ""
+
+
+def _import_failed(path_text: str, path: Path, exc: Exception, imported_as: str = "") -> LoadError:
+    """The LoadError for a file whose import raised ``exc``: a file that runs code at import (a script
+    that trains when imported) is named as one, with the command that checks scripts."""
+    as_name = f" (as {imported_as})" if imported_as else ""
+    at = _runs_at_import(path, exc)
+    if at:
+        return LoadError(f"{path_text!r} runs code at import: {at} raised {one_line(exc)}; it is a script: "
+                         f"check it with `placecheck run {path_text}`, or {_GUARD} to audit its models")
+    return LoadError(f"importing {path_text!r}{as_name} raised {one_line(exc)}: fix the file "
+                     "(--debug shows the traceback)")
+
+
 def _import_package_file(path_text: str, path: Path, package: tuple[str, Path]) -> Any:
     """Import ``path`` by its dotted name; None when that name is taken by another file."""
     name, root = package
@@ -251,8 +290,7 @@ def _import_package_file(path_text: str, path: Path, package: tuple[str, Path]) 
     except LoadError:
         raise
     except Exception as exc:
-        raise LoadError(f"importing {path_text!r} (as {name}) raised {one_line(exc)}: fix the file "
-                        "(--debug shows the traceback)") from exc
+        raise _import_failed(path_text, path, exc, name) from exc
     return module if _same_file(module, path) else None
 
 
@@ -274,8 +312,7 @@ def _exec_file(path_text: str, path: Path) -> Any:
         raise
     except Exception as exc:
         sys.modules.pop(name, None)
-        raise LoadError(f"importing {path_text!r} raised {one_line(exc)}: fix the file "
-                        "(--debug shows the traceback)") from exc
+        raise _import_failed(path_text, path, exc) from exc
     return module
 
 
@@ -290,13 +327,74 @@ def _import_module(name: str) -> Any:
     except ModuleNotFoundError as exc:
         missing = exc.name or ""
         if missing and (name == missing or name.startswith(missing + ".")):
-            raise LoadError(f"no module named {missing!r}: run placecheck from the directory that "
-                            "contains it, install it, or pass path/to/file.py:ATTR") from exc
+            raise LoadError(f"no module named {missing!r}: {_missing_module_advice(missing)}") from exc
         raise LoadError(f"importing {name!r} raised {one_line(exc)}: install what it needs "
                         "(--debug shows the traceback)") from exc
     except Exception as exc:
         raise LoadError(f"importing {name!r} raised {one_line(exc)}: fix the module "
                         "(--debug shows the traceback)") from exc
+
+
+EXTRAS = {"torchvision": "vision"}
+"""Packages that an extra of placecheck installs: a missing one is advised as ``pip install
+'placecheck[EXTRA]'``."""
+
+
+def close_names(wanted: str, names: Iterable[str], cutoff: float = 0.6) -> list[str]:
+    """The names closest to ``wanted`` (a typo's likely meaning), best first; [] when none is close.
+    Module names are matched with a higher ``cutoff``: an environment has hundreds (``torchgen`` is not
+    what ``torchvison`` meant)."""
+    import difflib
+
+    return difflib.get_close_matches(wanted, sorted(set(names)), n=3, cutoff=cutoff)
+
+
+MODULE_CUTOFF = 0.8
+
+
+def _installed_top_level() -> set[str]:
+    """The top-level modules this interpreter can import: those on ``sys.path`` (installed packages and
+    the current directory's), the built-in ones, and those the installed distributions provide."""
+    import pkgutil
+    from importlib import metadata
+
+    names = {m.name for m in pkgutil.iter_modules()} | set(sys.builtin_module_names)
+    with contextlib.suppress(Exception):  # a broken distribution's metadata must not hide the error
+        names |= set(metadata.packages_distributions())
+    return {n for n in names if n.isidentifier() and not n.startswith("_")}
+
+
+def _submodules(package: str) -> set[str]:
+    """The submodules (and public module attributes) of the importable ``package``; empty otherwise."""
+    import pkgutil
+
+    try:
+        parent = importlib.import_module(package)
+    except Exception:
+        return set()
+    names = {m.name for m in pkgutil.iter_modules(getattr(parent, "__path__", None) or [])}
+    names |= {k for k, v in vars(parent).items() if isinstance(v, types.ModuleType)}
+    return {n for n in names if not n.startswith("_")}
+
+
+def _missing_module_advice(missing: str) -> str:
+    """What to do about ``missing``, a module that is not found: the closest names when it looks like a
+    typo (of an installed package, or of a submodule of one), the extra that installs it, else (a name
+    that looks like the user's own module) where to run from."""
+    parent, _, last = missing.rpartition(".")
+    if parent:
+        close = close_names(last, _submodules(parent), MODULE_CUTOFF)
+        if close:
+            return f"did you mean {', '.join(f'{parent}.{c}' for c in close)}?"
+        if parent.partition(".")[0] in _installed_top_level():
+            return f"{parent!r} has no module {last!r}; check the name (or pass path/to/file.py:ATTR)"
+    top = missing.partition(".")[0]
+    if top in EXTRAS:
+        return f"it is not installed: pip install 'placecheck[{EXTRAS[top]}]' (or pip install {top})"
+    close = [c for c in close_names(missing, _installed_top_level(), MODULE_CUTOFF) if c != missing]
+    if not parent and close:
+        return f"did you mean {', '.join(close)}?"
+    return "run placecheck from the directory that contains it, install it, or pass path/to/file.py:ATTR"
 
 
 def _candidates(module: Any) -> list[str]:
@@ -311,7 +409,7 @@ def _candidates(module: Any) -> list[str]:
         is_local_function = inspect.isfunction(value) and value.__module__ == module.__name__
         if is_module or is_local_function:
             names.append(key)
-    return sorted(names)
+    return sorted(names, key=str.lower)
 
 
 def resolve(spec: str, command: str = "audit") -> Any:
@@ -330,8 +428,12 @@ def resolve(spec: str, command: str = "audit") -> Any:
         if not hasattr(obj, part):
             hint = ""
             if len(walked) == 1:
+                close = close_names(part, (k for k, v in vars(root).items()
+                                           if not k.startswith("_") and callable(v)))
                 names = _candidates(root)
-                if names:
+                if close:
+                    hint = f": did you mean {', '.join(close)}?"
+                elif names:
                     shown = ", ".join(names[:12]) + (", ..." if len(names) > 12 else "")
                     hint = f"; it has: {shown}"
             raise LoadError(f"{module_part!r} has no attribute {'.'.join(walked)!r}{hint}")

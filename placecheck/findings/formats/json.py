@@ -78,7 +78,7 @@ def run_to_dict(reports: Sequence[Report], run: Mapping[str, Any] | None = None)
         "summary": {
             "models": len(reports),
             "models_with_problems": sum(1 for r in reports if r.findings),
-            "problems": sum(len(r.findings) for r in reports),
+            "problems": sum(len(r.grouped().findings) for r in reports),
             "instances": sum(r.instances() for r in reports),
         },
         "models": [report_to_dict(r) for r in reports],

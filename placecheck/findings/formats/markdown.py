@@ -47,7 +47,7 @@ class MarkdownFormatter(RunFormatter):
     """A verdict heading, a findings table, and each model's summary."""
 
     def format_reports(self, reports: Sequence[Report]) -> str:
-        total = sum(len(r.findings) for r in reports)
+        total = sum(len(r.grouped().findings) for r in reports)  # problems, however the rows are grouped
         failing = sum(1 for r in reports if r.findings)
         models = f"{len(reports)} model" + ("" if len(reports) == 1 else "s")
         if total:

@@ -83,18 +83,31 @@ def _problem_lines(f: Finding, width: int, hints: bool) -> list[str]:
     return lines
 
 
+def _hint_labels(covered: Sequence[Sequence[Finding]]) -> list[str]:
+    """For a rule with several fixes: each fix's label, every problem it covers named (``c0, h0``), each
+    with its line when two fixes would otherwise read alike (three fixes at ``<root>``)."""
+    def named(group: Sequence[Finding], with_source: bool) -> str:
+        names = [where_label(f) + (f" at {f.source}" if with_source and f.source else "") for f in group]
+        return ", ".join(dict.fromkeys(names))
+
+    plain = [named(group, False) for group in covered]
+    return [named(group, True) if plain.count(label) > 1 else label for group, label in zip(covered, plain,
+                                                                                              strict=True)]
+
+
 def _hint_lines(findings: Sequence[Finding], width: int) -> list[str]:
-    """Each distinct fix once, labelled with its rule (with its first problem's where, when a rule has
+    """Each distinct fix once, labelled with its rule (with the problems it covers, when a rule has
     several fixes)."""
-    by_code: dict[str, dict[str, Finding]] = {}
+    by_code: dict[str, dict[str, list[Finding]]] = {}
     for f in findings:
         if f.hint:
-            by_code.setdefault(f.code, {}).setdefault(f.hint, f)
+            by_code.setdefault(f.code, {}).setdefault(f.hint, []).append(f)
     lines = []
     for code, hints in by_code.items():
-        for hint, first in hints.items():
-            label = f"{code} {first.kind}" if len(hints) == 1 else f"{code} {where_label(first)}"
-            lines += _wrap(f"{label}: {hint}", width, "  ", "    ")
+        groups = list(hints.values())
+        labels = [groups[0][0].kind] if len(hints) == 1 else _hint_labels(groups)
+        for hint, label in zip(hints, labels, strict=True):
+            lines += _wrap(f"{code} {label}: {hint}", width, "  ", "    ")
     if lines:
         lines.insert(0, "how to fix (placecheck explain CODE says more):")
     return lines
@@ -141,7 +154,7 @@ class TableFormatter(Formatter):
         if len(reports) == 1:
             return self.format(reports[0])
         failing = sum(1 for r in reports if r.findings)
-        total = sum(len(r.findings) for r in reports)
+        total = sum(len(r.grouped().findings) for r in reports)  # problems, however the rows are grouped
         head = f"placecheck: {len(reports)} models"
         tail = (f"{head}, {failing} with problems, {plural(total, 'problem')} in all"
                 if total else f"{head}, no placement problems")
