@@ -100,6 +100,14 @@ class FixResult:
         """0 when nothing selected is left at warning or above, 1 otherwise."""
         return int(any(f.severity.rank >= Severity.WARNING.rank for f in self.remaining))
 
+    @property
+    def check_exit_code(self) -> int:
+        """``placecheck fix --check``'s status: 1 when a proven edit is left to make, 0 when none is.
+
+        Findings no edit fixes (a layer built in forward, an edit that failed its proof) do not count:
+        the check asks whether ``fix --write`` would change anything, for pre-commit and CI."""
+        return int(bool(self.edits))
+
     def diff(self) -> str:
         """A unified diff of every offered edit (``a/FILE`` against ``b/FILE``)."""
         chunks = []
