@@ -48,11 +48,64 @@ AUTOFIX: dict[str, str] = {
 """Auto-fixable codes and what the fix does. Every other code is reported, never rewritten."""
 
 NEVER: dict[str, str] = {
+    Code.PC104: (
+        "the audit sees the parameter off the device after .to(), not the code that kept it there (a custom "
+        "_apply() or to(), a re-assignment after the move): there is no line to rewrite"),
+    Code.PC105: (
+        "the audit sees the buffer off the device after .to(), not the code that kept it there (a custom "
+        "_apply() or to(), a re-assignment after the move): there is no line to rewrite"),
     Code.PC203: (
         "a layer built in forward needs its input shape to be built in __init__; use the nn.Lazy* "
         "equivalent (nn.LazyLinear(out_features)), which infers it on the first call"),
+    Code.PC204: (
+        "a host sync is legal code whose value the program uses (a branch, a print, a number): removing "
+        "or deferring it changes what the program computes, which no re-audit can judge"),
+    Code.PC205: (
+        "the index is read where it is used, not made there: an edit belongs where the index is created "
+        "(device=x.device, or a buffer), a line the audit does not name for this index"),
+    Code.PC206: (
+        "the returned tensor was not made by a torch factory on a line the audit names: moving it at the "
+        "return would hide where it is made, and the caller may want it where it is"),
+    Code.PC207: (
+        "the forward raised an error that is not a placement mistake (a shape, a dtype, a bug): there is "
+        "no placement edit to prove"),
+    Code.PC208: (
+        "each copy is there because an op reads the tensor on that device: removing one moves the op, "
+        "so which device each stage computes on is a choice of yours, not a one-line edit"),
+    Code.PC209: (
+        "moving the data once, before the loop, changes how much device memory the script holds and how "
+        "the loop indexes it: not an edit a re-run can show safe"),
+    Code.PC210: (
+        "the read and the non-blocking copy are not in one block of your code that placecheck fix can "
+        "put a synchronize between"),
+    Code.PC302: (
+        "the model and the checkpoint disagree about their keys: which one is right (rename, strict=False, "
+        "another checkpoint) is a decision about your data, not a placement edit"),
+    Code.PC303: (
+        "the model and the checkpoint disagree about their keys: which one is right (rename, strict=False, "
+        "another checkpoint) is a decision about your data, not a placement edit"),
+    Code.PC304: (
+        "the model and the checkpoint disagree about a shape: the architecture or the checkpoint is "
+        "wrong, a decision about your data, not a placement edit"),
+    Code.PC305: (
+        "the model and the checkpoint disagree about a dtype: converting either changes the numbers, a "
+        "decision about your data, not a placement edit"),
+    Code.PC306: (
+        "loading with weights_only=True refuses a checkpoint that pickles objects: whether to trust the "
+        "file is yours to decide"),
+    Code.PC308: (
+        "the optimizer's construction and the model's re-creation are not in one block of your code "
+        "where the construction can move below it"),
+    Code.PC401: (
+        "a rank's device comes from how the job is launched (LOCAL_RANK, set_device): the line and the "
+        "value depend on your launcher"),
+    Code.PC402: (
+        "the tensor or the process group may be the one to change (its device, or a cpu:gloo backend): "
+        "which is yours to choose"),
+    Code.PC901: "not a mistake in your code: the audit did not run through (its note says why)",
 }
-"""Codes deliberately not rewritten, with the reason ``explain`` gives."""
+"""Codes deliberately not rewritten (or not at the finding's line), with the reason ``explain`` and
+``placecheck fix`` give: why no edit is safe, in one line."""
 
 
 def fixable_text(code: str) -> str:

@@ -119,6 +119,10 @@ class AddDevice(AtLine):
         self.imports = imports
         self.script_device = script_device
         self.made: set[int] = set()
+        named = f"torch.{factory}" if factory else "torch factory (torch.zeros, torch.arange, ...)"
+        self.reason = (f"no {named} call at line {line} as this file imports torch: the tensor is made some "
+                       "other way (torch.from_numpy, an op on another tensor, a library call), which "
+                       "device= cannot be added to")
 
     def _device_source(self) -> str | None:
         """``"x.device"`` for the enclosing function's first tensor argument, or the script's device."""
@@ -214,6 +218,8 @@ class MapLocation(AtLine):
         super().__init__(line)
         self.location = location
         self.imports = imports
+        self.reason = (f"no torch.load call at line {line} (a helper that loads for you?): map_location "
+                       "belongs where torch.load is called")
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         if self.span is not None or not self.covers(original_node) \
@@ -276,6 +282,9 @@ class MoveBatchElement(AtLine):
         super().__init__(loop)
         self.use = use
         self.name = name
+        self.reason = (f"no for loop starts at line {loop}, where the audit saw the batches made: the batch "
+                       f"is not unpacked in a loop of this file, so there is no sibling's move to copy for "
+                       f"{name}")
 
     def leave_For(self, original_node: cst.For, updated_node: cst.For) -> cst.For:
         if self.span is not None \

@@ -34,7 +34,12 @@ from placecheck.fix.devices import (
 )
 from placecheck.fix.syntax import AtLine, Imports, NotFixable, Request, Rewrite, rewritten
 
+_HOST_MEMORY = frozenset({"from_numpy", "frombuffer"})
+"""torch functions that wrap host memory: they take no ``device=``."""
+
 _KEY = re.compile(r"^\[(\d+|'[^']*'|\"[^\"]*\")\]$")
+_KEYS = re.compile(r"\[(\d+|'[^']*'|\"[^\"]*\")\]")
+"""Each literal index of ``stages[0][1]`` / ``gains['a'][0]``: one per container level."""
 
 
 def _attribute(where: str, module: str) -> str:
@@ -67,15 +72,24 @@ def _transformer(request: Request, imports: Imports) -> AtLine | _WholeFile | No
     if code in (Code.PC102, Code.PC103):
         base, bracket, key = request.where.partition("[")
         attr = _attribute(base, request.module)
-        matched = _KEY.match(bracket + key)
-        if not attr.isidentifier() or matched is None:
-            return NotFixable("not a plain container held directly by a module attribute")
-        indexed_as = "list" if matched.group(1).isdigit() else "dict"
-        return WrapContainer(request.line, code, attr, indexed_as, imports)
+        keys = _KEYS.findall(bracket + key)
+        if not attr.isidentifier() or not keys or "".join(f"[{k}]" for k in keys) != bracket + key:
+            return NotFixable(f"`{request.where}` is not held in containers indexed by literal keys under a "
+                              "module attribute (an object's field, a set?): hold the "
+                              f"{'modules' if code == Code.PC102 else 'parameters'} in nn.ModuleList / "
+                              "nn.ModuleDict (nn.ParameterList / nn.ParameterDict) where they are built")
+        kinds = tuple("list" if k.isdigit() else "dict" for k in keys)
+        return WrapContainer(request.line, code, attr, kinds, imports)
     if code == Code.PC202:
         factory = request.op.removeprefix("torch.")
         if request.op and (not request.op.startswith("torch.") or not factory.isidentifier()):
             return NotFixable(f"{request.op} is not a torch factory function")
+        if factory in _HOST_MEMORY:
+            # torch.from_numpy, torch.frombuffer: no device= to add; a .to() after them is the PC202
+            # "created then copied" the proof would see again
+            return NotFixable(f"{request.op} takes no device= (it makes a CPU tensor from host memory): "
+                              "make it on the device another way (torch.as_tensor(array, device=x.device) "
+                              "copies once) or register it as a buffer in __init__")
         if request.script:
             return lambda module: _visit(module, AddDevice(request.line, factory, imports,
                                                            script_device(module)))
@@ -97,7 +111,7 @@ def _transformer(request: Request, imports: Imports) -> AtLine | _WholeFile | No
         return lambda module: move_model_up(module, request)
     if code in NEVER:
         return NotFixable(NEVER[code])
-    return NotFixable(f"{code} is not rewritten automatically")
+    return NotFixable(f"{code} has no rewrite in placecheck fix yet")
 
 
 def _visit(module: cst.Module, transformer: AtLine) -> Rewrite | NotFixable:

@@ -197,10 +197,24 @@ def _key(finding: Finding, maps: Mapping[str, dict[int, int]]) -> tuple[str, ...
 class _Prover:
     """Runs proofs of edit sets and keeps the reasons edits failed."""
 
-    def __init__(self, plan: Plan, audit_once: Callable[[], Report], first: list[Finding]) -> None:
+    def __init__(self, plan: Plan, audit_once: Callable[[], Report], first: list[Finding],
+                 ran_through: bool = True) -> None:
         self.plan = plan
         self.audit_once = audit_once
         self.first = Counter(_key(f, {}) for f in first)
+        self.ran_through = ran_through
+        """Whether the first audit's forward (or run's script) ran to its end: then a proof's must too."""
+
+    def stopped(self, outcome: Outcome) -> str:
+        """Why the re-audit with the edits stopped before its end where the first audit did not; ``""``.
+
+        An edit that makes the forward raise (``list + nn.ModuleList``) brings no finding, only an
+        unchecked rest: with an inferred input the audit notes the error and goes on."""
+        report = outcome.report
+        if not self.ran_through or report is None:
+            return ""
+        why = getattr(report, "incomplete", "") or getattr(report, "unfinished", "")
+        return f"with the edits the audit stopped before its end: {why}" if why else ""
 
     def prove(self, edits: list[Edit]) -> tuple[Outcome, dict[str, dict[int, int]], list[Finding]]:
         texts = patched_texts(self.plan, edits)
@@ -232,15 +246,21 @@ class _Prover:
                      for e in pending if any(still[_key(f, {})] for f in e.findings)}
             if new:
                 stuck.update(self._blame(pending, stuck, new))
+            elif self.stopped(outcome):
+                stuck.update(self._blame(pending, stuck, [], self.stopped(outcome)))
             if not stuck:
                 return pending, failed, outcome, maps
             failed.extend((e, stuck[id(e)]) for e in pending if id(e) in stuck)
             pending = [e for e in pending if id(e) not in stuck]
         return [], failed, None, {}
 
-    def _blame(self, pending: list[Edit], stuck: dict[int, str], new: list[Finding]) -> dict[int, str]:
-        """Which edits bring the new findings: each edit proven alone when there are several."""
+    def _blame(self, pending: list[Edit], stuck: dict[int, str], new: list[Finding],
+               stopped: str = "") -> dict[int, str]:
+        """Which edits bring the new findings (or stop the audit before its end, ``stopped``): each edit
+        proven alone when there are several."""
         def said(found: list[Finding]) -> str:
+            if not found:
+                return f"the re-audit {stopped.removeprefix('with the edits the audit ')}"
             f = found[0]
             return f"the re-audit reports a new finding: {f.code} at {f.where or f.source}: {f.message}"
 
@@ -254,8 +274,13 @@ class _Prover:
                 blamed[id(edit)] = f"the re-audit with this edit failed: {outcome.error}"
             elif alone_new:
                 blamed[id(edit)] = said(alone_new)
-        return blamed or {id(e): "together the edits bring " + said(new).removeprefix("the re-audit reports ")
-                          for e in candidates}
+            elif self.stopped(outcome):
+                blamed[id(edit)] = "the re-audit " + self.stopped(outcome).removeprefix(
+                    "with the edits the audit ")
+        together = ("together the edits bring " + said(new).removeprefix("the re-audit reports ") if new else
+                    "together the edits stop the audit before its end: "
+                    + stopped.removeprefix("with the edits the audit stopped before its end: "))
+        return blamed or {id(e): together for e in candidates}
 
 
 def _not_rewritten(finding: Finding) -> str:
@@ -271,8 +296,8 @@ def _not_rewritten(finding: Finding) -> str:
                     return (f"a layer built in forward needs its input shape to be built in __init__: build "
                             f"it there as nn.{lazy_equivalent(name)}, which infers the input size on the "
                             "first call (not rewritten: its other arguments are yours to choose)")
-    return NEVER.get(finding.code, f"{finding.code} is not rewritten automatically: {finding.hint}"
-                     if finding.hint else f"{finding.code} is not rewritten automatically")
+    # every code is in AUTOFIX or NEVER (tests/test_fix_reasons.py): the fallback is for a code added later
+    return NEVER.get(finding.code, f"{finding.code} has no rewrite in placecheck fix yet")
 
 
 def fix_report(report: Report, audit_once: Callable[[], Report], *, select: Iterable[str] | None = None,
@@ -299,7 +324,8 @@ def fix_report(report: Report, audit_once: Callable[[], Report], *, select: Iter
         result.not_fixable = unplanned
         result.remaining = chosen
         return result
-    prover = _Prover(plan, audit_once, list(report.findings))
+    prover = _Prover(plan, audit_once, list(report.findings),
+                     ran_through=not (report.incomplete or report.unfinished))
     result.edits, result.failed, outcome, maps = prover.settle(plan.edits)
     unplanned += [Unfixed(f, "not every tensor it mixed comes from a line placecheck fix rewrote")
                   for f in plan.via_origins]

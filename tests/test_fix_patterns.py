@@ -1,0 +1,65 @@
+"""The rewrites of issue 43 item 1, and for each, a program the edit would break: the proof refuses it.
+
+The buggy/fixed pairs themselves are fixtures under ``tests/fixtures/fix`` (collected by
+``tests/test_fix.py``); here are the rewrites alone and the programs no edit may be offered for.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("libcst")  # the fix extra
+
+from placecheck.basics.options import AuditOptions
+from placecheck.fix import fix
+from placecheck.fix.edits import NotFixable, Request, Rewrite, rewrite
+
+pytestmark = pytest.mark.compat
+
+HEAD = "import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n    def __init__(self) -> None:\n" \
+       "        super().__init__()\n        self.stem = nn.Linear(4, 4)\n"
+
+
+def _rewrite(source: str, request: Request) -> Rewrite:
+    out = rewrite(source, request)
+    assert isinstance(out, Rewrite), out
+    return out
+
+
+# -- nested containers (PC102/PC103) ------------------------------------------------------------------
+
+def test_nested_literals_are_wrapped_at_every_level() -> None:
+    src = "import torch.nn as nn\nclass M:\n    def __init__(self):\n        self.s = [[a, b], (c,)]\n"
+    assert _rewrite(src, Request("PC102", 4, where="s[1][0]")).after == \
+        "        self.s = nn.ModuleList([nn.ModuleList([a, b]), nn.ModuleList((c,))])\n"
+    params = ("from torch import nn\nclass M:\n    def __init__(self):\n"
+              "        self.g = {k: {'w': p} for k in ks}\n")
+    out = _rewrite(params, Request("PC103", 4, where="g['x']['w']"))
+    assert out.after == "        self.g = nn.ModuleDict({k: nn.ParameterDict({'w': p}) for k in ks})\n"
+    assert "ModuleDict of ParameterDicts" in out.note and "(g.<key>...," in out.note
+
+
+def test_nested_containers_not_written_here_are_refused_with_the_reason() -> None:
+    built = "import torch.nn as nn\nclass M:\n    def __init__(self):\n        self.s = make_stages()\n"
+    refused = rewrite(built, Request("PC102", 4, where="s[0][1]"))
+    assert isinstance(refused, NotFixable) and "does not write it as a list or dict literal" in refused.reason
+    starred = "import torch.nn as nn\nclass M:\n    def __init__(self):\n        self.s = [*rest, [a]]\n"
+    refused = rewrite(starred, Request("PC102", 4, where="s[1][0]"))
+    assert isinstance(refused, NotFixable) and "unpacks another container" in refused.reason
+
+
+def test_an_inner_list_the_forward_uses_as_a_list_fails_the_proof(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # `[self.stem] + stage`: list + nn.ModuleList raises; the wrapped program would not run
+    (tmp_path / "concat.py").write_text(
+        HEAD + "        self.stages = [[nn.Linear(4, 4)], [nn.Linear(4, 4)]]\n\n"
+        "    def forward(self, x: torch.Tensor) -> torch.Tensor:\n"
+        "        for layer in [self.stem] + self.stages[0]:\n            x = layer(x)\n        return x\n")
+    monkeypatch.chdir(tmp_path)
+    result = fix("concat.py:Model", AuditOptions())
+    assert [e.code for e in result.edits] == [] and [e.code for e, _ in result.failed] == ["PC102"], \
+        result.summary()
+    assert result.failed[0][1].startswith("the re-audit stopped before its end: ") and result.diff() == ""
+    assert "TypeError" in result.failed[0][1], result.failed
