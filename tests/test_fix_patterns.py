@@ -63,3 +63,35 @@ def test_an_inner_list_the_forward_uses_as_a_list_fails_the_proof(
         result.summary()
     assert result.failed[0][1].startswith("the re-audit stopped before its end: ") and result.diff() == ""
     assert "TypeError" in result.failed[0][1], result.failed
+
+
+# -- PC205 / PC206: fixed where the tensor is made ------------------------------------------------------
+
+def test_an_output_off_the_device_selected_alone_is_fixed_at_its_origin(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from conftest import TESTS
+
+    source = TESTS / "fixtures" / "fix" / "pc206_output_made_on_the_cpu.py"
+    (tmp_path / source.name).write_bytes(source.read_bytes())
+    monkeypatch.chdir(tmp_path)
+    result = fix(f"{source.name}:Model", AuditOptions(), select=["PC206"])
+    assert [(e.code, e.start) for e in result.edits] == [("PC202", 13)], result.summary()
+    assert not result.failed
+    assert [(f.code, fixed, how) for f, fixed, how in result.verdicts()] == [
+        ("PC206", True, f"edit at its origin {source.name}:13")]
+
+
+def test_an_output_the_forward_also_reads_on_the_host_fails_the_proof(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # lengths.tolist() on the host: on the device it becomes a sync per call (PC204), so no edit is offered
+    (tmp_path / "host.py").write_text(
+        HEAD + "        self.seen: list[int] = []\n\n"
+        "    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:\n"
+        "        lengths = torch.tensor([x.shape[0]])\n        self.seen += lengths.tolist()\n"
+        "        return self.stem(x), lengths\n")
+    monkeypatch.chdir(tmp_path)
+    result = fix("host.py:Model", AuditOptions())
+    assert not result.edits and [e.code for e, _ in result.failed] == ["PC202"], result.summary()
+    assert "new finding: PC204 at host.py:13" in result.failed[0][1]
+    verdicts = {f.code: how for f, _, how in result.verdicts()}
+    assert verdicts["PC206"].startswith("failed proof: the re-audit reports a new finding: PC204")

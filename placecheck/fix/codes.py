@@ -37,6 +37,12 @@ AUTOFIX: dict[str, str] = {
         "DataLoader batch element the loop does not move gets `name = name.to(...)` beside the move of "
         "its siblings, and a module whose buffer was never moved (criterion.weight) gets .to(device) "
         "where it is built"),
+    Code.PC205: (
+        "fixed where the index is made, the origin the finding names: the factory there gets device= as for "
+        "PC202 (torch.arange(n, device=x.device)), or a tensor attribute becomes a buffer as for PC101"),
+    Code.PC206: (
+        "fixed where the returned tensor is made, the origin the finding names: the factory there gets "
+        "device= as for PC202 (torch.tensor(lengths, device=x.device))"),
     Code.PC301: (
         "torch.load(path) in your code without map_location gets map_location=\"cpu\" (or the "
         "audit's device)"),
@@ -60,12 +66,6 @@ NEVER: dict[str, str] = {
     Code.PC204: (
         "a host sync is legal code whose value the program uses (a branch, a print, a number): removing "
         "or deferring it changes what the program computes, which no re-audit can judge"),
-    Code.PC205: (
-        "the index is read where it is used, not made there: an edit belongs where the index is created "
-        "(device=x.device, or a buffer), a line the audit does not name for this index"),
-    Code.PC206: (
-        "the returned tensor was not made by a torch factory on a line the audit names: moving it at the "
-        "return would hide where it is made, and the caller may want it where it is"),
     Code.PC207: (
         "the forward raised an error that is not a placement mistake (a shape, a dtype, a bug): there is "
         "no placement edit to prove"),

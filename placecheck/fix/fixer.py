@@ -32,7 +32,7 @@ from placecheck.findings.finding import Finding, Severity
 from placecheck.findings.report import Report
 from placecheck.fix.codes import AUTOFIX, NEVER, fixable_text
 from placecheck.fix.edits import lazy_equivalent
-from placecheck.fix.plan import Edit, Plan, Unfixed, make_plan, patched_texts, split_source
+from placecheck.fix.plan import VIA_ORIGIN, Edit, Plan, Unfixed, make_plan, patched_texts, split_source
 from placecheck.fix.proof import Outcome, reaudit
 
 __all__ = ["AUTOFIX", "NEVER", "Edit", "FixRefused", "FixResult", "Unfixed", "fix", "fix_report", "fix_run",
@@ -82,10 +82,10 @@ class FixResult:
             edit = by_edit.get(id(finding))
             if edit is not None:
                 lines = f"{edit.start}" if edit.start == edit.end else f"{edit.start}-{edit.end}"
-                at = "its origin " if finding.code == Code.PC201 and edit.code != Code.PC201 else ""
+                at = "its origin " if finding.code in VIA_ORIGIN and edit.code != finding.code else ""
                 out.append((finding, True, f"edit at {at}{edit.file}:{lines}"))
             elif id(finding) in gone:
-                out.append((finding, True, "gone with the edits of its origins" if finding.code == Code.PC201
+                out.append((finding, True, "gone with the edits of its origins" if finding.code in VIA_ORIGIN
                             else "gone with the edits"))
             elif id(finding) in by_reason:
                 out.append((finding, False, by_reason[id(finding)]))

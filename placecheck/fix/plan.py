@@ -156,11 +156,16 @@ def origins(finding: Finding) -> list[str]:
 
 _WALK = (Code.PC101, Code.PC102, Code.PC103)
 
+VIA_ORIGIN = frozenset({Code.PC201, Code.PC205, Code.PC206})
+"""Codes fixed where their tensor comes from (the finding's origin), not at the line that used it: a
+mismatch (PC201), a CPU index copied to the device per call (PC205), an output off the device (PC206)."""
+
 
 def origin_requests(finding: Finding, everything: Sequence[Finding], unsafe: bool,
                     script: str = "") -> list[tuple[str, Request, Finding | None]] | str:
-    """A mismatch (PC201) fixed where its tensors come from: for each origin, the file, the rewrite and the
-    finding the audit made there (a PC101 of the attribute, a PC202 of the line), if any; or why not.
+    """A mismatch (PC201), a CPU index (PC205) or an output off the device (PC206) fixed where its tensors
+    come from: for each origin, the file, the rewrite and the finding the audit made there (a PC101 of the
+    attribute, a PC202 of the line), if any; or why not.
 
     An attribute's origin is the walk finding of that attribute (its line is the assignment); a line's is
     the PC202 the audit made there, else the torch factory on that line. In the script ``placecheck run``
@@ -168,7 +173,7 @@ def origin_requests(finding: Finding, everything: Sequence[Finding], unsafe: boo
     """
     named = origins(finding)
     if not named:
-        return "the audit does not say where the mismatched tensor came from"
+        return "the audit does not say where the tensor came from: there is no line to give it a device"
     planned: list[tuple[str, Request, Finding | None]] = []
     for origin in named:
         at = split_source(origin)
@@ -187,8 +192,8 @@ def origin_requests(finding: Finding, everything: Sequence[Finding], unsafe: boo
             continue
         used = split_source(finding.source)
         holder = origin.partition(".")[0]
-        if script and used is not None and _same_file(used[0], script) and "." in origin \
-                and holder.isidentifier():
+        if finding.code == Code.PC201 and script and used is not None and _same_file(used[0], script) \
+                and "." in origin and holder.isidentifier():
             planned.append((used[0], Request(code=Code.PC201, line=used[1], where=finding.where,
                                              holder=holder, script=True), None))
             continue
@@ -284,7 +289,7 @@ def make_plan(findings: Iterable[Finding], unsafe: bool, everything: Sequence[Fi
         group[key] = (first, already + [f for f in found if all(f is not g for g in already)])
 
     for finding in findings:
-        if finding.code == Code.PC201 and not dict(finding.details).get("batch"):
+        if finding.code in VIA_ORIGIN and not dict(finding.details).get("batch"):
             planned = origin_requests(finding, everything, unsafe, script)
             if isinstance(planned, str):
                 plan.not_fixable.append(Unfixed(finding, planned))
