@@ -95,3 +95,84 @@ def test_an_output_the_forward_also_reads_on_the_host_fails_the_proof(
     assert "new finding: PC204 at host.py:13" in result.failed[0][1]
     verdicts = {f.code: how for f, _, how in result.verdicts()}
     assert verdicts["PC206"].startswith("failed proof: the re-audit reports a new finding: PC204")
+
+
+# -- fix --run: the scripts' pairs audit as expected under both run engines ---------------------------
+
+RUN = Path(__file__).parent / "fixtures" / "fix" / "run"
+RUN_PAIRS = {"pc201_discarded_move": "PC201", "pc308_optimizer_before_reload": "PC308"}
+"""The run pairs of issue 43: the code the buggy script shows; its .fixed.py shows nothing."""
+
+
+@pytest.mark.parametrize("engine", ["tagged", "fake"])
+@pytest.mark.parametrize("name", sorted(RUN_PAIRS))
+def test_run_pair_buggy_reports_and_fixed_is_clean_under_each_engine(
+        name: str, engine: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from placecheck.basics.options import RunOptions
+    from placecheck.run import run
+
+    monkeypatch.chdir(tmp_path)
+    for suffix in (".py", ".fixed.py"):
+        (tmp_path / f"{name}{suffix}").write_bytes((RUN / f"{name}{suffix}").read_bytes())
+    options = RunOptions(engine=engine)
+    buggy = run(f"{name}.py", ["unused.pt"], options=options)
+    assert RUN_PAIRS[name] in {f.code for f in buggy.findings} and not buggy.unfinished, buggy.findings
+    fixed = run(f"{name}.fixed.py", ["unused.pt"], options=options)
+    assert (fixed.findings, fixed.unfinished) == ((), ""), fixed.findings
+
+
+def test_a_discarded_move_whose_tensor_is_read_on_the_host_after_fails_the_proof(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from placecheck.fix import fix_run
+
+    # x.numpy() after the loop: with x on the device it raises, so `x = x.to(device)` is not offered
+    script = (RUN / "pc201_discarded_move.py").read_text() + "print(float(x.numpy().mean()))\n"
+    (tmp_path / "host_after.py").write_text(script)
+    monkeypatch.chdir(tmp_path)
+    result = fix_run("host_after.py", ["unused.pt"])
+    assert not result.edits and [e.code for e, _ in result.failed] == ["PC201"], result.summary()
+    assert "can't convert cuda:0 device type tensor to numpy" in result.failed[0][1]
+    assert (tmp_path / "host_after.py").read_text() == script
+
+
+def test_a_discarded_move_is_bound_only_when_nothing_binds_the_name_between() -> None:
+    src = "import torch\ndevice = 'cuda'\nx = torch.ones(2).numpy()\nx = torch.from_numpy(x)\nx.cuda()\n" \
+          "y = model(x)\n"
+    assert _rewrite(src, Request("PC201", 6, where="x", rebind="x", script=True)).after == "x = x.cuda()\n"
+    rebound = src.replace("x.cuda()\n", "x.cuda()\nfor x in xs:\n    pass\n")
+    refused = rewrite(rebound, Request("PC201", 8, where="x", rebind="x", script=True))
+    assert isinstance(refused, NotFixable) and "bound again at line 6" in refused.reason
+    none = rewrite(src.replace("x.cuda()\n", ""), Request("PC201", 5, where="x", rebind="x", script=True))
+    assert isinstance(none, NotFixable) and "throws its result away" in none.reason
+
+
+# -- PC308: the optimizer built after the model it steps is re-created ---------------------------------
+
+OPTIMIZER_FIRST = ("import torch\nimport torch.nn as nn\nmodel = nn.Linear(8, 2)\n"
+                   "optimizer = torch.optim.SGD(model.parameters(), lr=lr)\n"
+                   "model = nn.Linear(8, 2).cuda()\nfor _ in range(2):\n    optimizer.step()\n")
+
+
+def test_the_optimizer_goes_below_the_models_re_creation() -> None:
+    out = _rewrite(OPTIMIZER_FIRST, Request("PC308", 4, where="SGD", script=True))
+    assert out.source == OPTIMIZER_FIRST.replace(
+        "optimizer = torch.optim.SGD(model.parameters(), lr=lr)\nmodel = nn.Linear(8, 2).cuda()\n",
+        "model = nn.Linear(8, 2).cuda()\noptimizer = torch.optim.SGD(model.parameters(), lr=lr)\n")
+    assert (out.start, out.end) == (4, 5)
+
+
+@pytest.mark.parametrize("between, said", [
+    # a scheduler built on the optimizer before the re-creation: moving the optimizer alone breaks it
+    ("sched = torch.optim.lr_scheduler.StepLR(optimizer, 1)\n", "`optimizer` is used at line 5, before the "
+                                                                 "model is re-created at line 6"),
+    # the learning rate changes between: the moved construction would read another value
+    ("lr = 0.5\n", "`lr`, which the optimizer at line 4 reads, is bound again before line 6"),
+], ids=["used-before", "reads-rebound"])
+def test_an_optimizer_move_that_would_change_the_program_is_refused(between: str, said: str) -> None:
+    made = "model = nn.Linear(8, 2).cuda()\n"
+    src = OPTIMIZER_FIRST.replace(made, between + made)
+    refused = rewrite(src, Request("PC308", 4, where="SGD", script=True))
+    assert isinstance(refused, NotFixable) and said in refused.reason, refused
+    nested = OPTIMIZER_FIRST.replace("model = nn.Linear(8, 2).cuda()\n", "if resume:\n    model = load()\n")
+    refused = rewrite(nested, Request("PC308", 4, where="SGD", script=True))
+    assert isinstance(refused, NotFixable) and "re-creates or reloads model" in refused.reason

@@ -50,6 +50,11 @@ AUTOFIX: dict[str, str] = {
         "in fix --run: optimizer.load_state_dict(...) before model.to(device) in the same block: the "
         "move goes up, just before the load (load_state_dict casts the state to where the parameters "
         "are at that moment)"),
+    Code.PC308: (
+        "in fix --run: an optimizer built before the model it steps is re-created or reloaded in the same "
+        "block (model = Net(), model = torch.load(...), model.load_state_dict(sd, assign=True)): the "
+        "construction goes down, after the last re-creation before the optimizer's first use; refused when "
+        "something uses the optimizer before that, or a name it reads is bound again"),
 }
 """Auto-fixable codes and what the fix does. Every other code is reported, never rewritten."""
 
@@ -93,9 +98,6 @@ NEVER: dict[str, str] = {
     Code.PC306: (
         "loading with weights_only=True refuses a checkpoint that pickles objects: whether to trust the "
         "file is yours to decide"),
-    Code.PC308: (
-        "the optimizer's construction and the model's re-creation are not in one block of your code "
-        "where the construction can move below it"),
     Code.PC401: (
         "a rank's device comes from how the job is launched (LOCAL_RANK, set_device): the line and the "
         "value depend on your launcher"),

@@ -400,6 +400,50 @@ def move_holder(module: cst.Module, request: Request) -> Rewrite | NotFixable:
     return rewritten(module.code, new.code, line, end, "")
 
 
+def _discards_move(statement: cst.SimpleStatementLine, name: str) -> bool:
+    """Whether ``statement`` is ``name.to(...)`` / ``name.cuda(...)`` alone, its result thrown away."""
+    if len(statement.body) != 1 or not isinstance(statement.body[0], cst.Expr):
+        return False
+    call = statement.body[0].value
+    return isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) \
+        and call.func.attr.value in _FOLDED and isinstance(call.func.value, cst.Name) \
+        and call.func.value.value == name
+
+
+def bind_discarded_move(module: cst.Module, request: Request) -> Rewrite | NotFixable:
+    """PC201 in a script: ``x.to(device)`` alone on its line (Tensor.to returns a moved copy and leaves
+    ``x`` where it is) before a use of ``x`` unmoved -> ``x = x.to(device)``.
+
+    The last such statement before the use, when nothing binds ``x`` again between them. On a module
+    the edit changes nothing (Module.to moves in place and returns the module)."""
+    name = request.rebind
+    lines = _statement_lines(module)
+    moves = [(s, line, end) for s, line, end in lines if end < request.line and _discards_move(s, name)]
+    if not moves:
+        return NotFixable(f"`{name}` is used unmoved at line {request.line} and no `{name}.to(device)` "
+                          f"before it throws its result away: move {name} to the device where it is made")
+    statement, line, end = moves[-1]
+    wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
+    positions = wrapper.resolve(PositionProvider)
+    for node in all_nodes(module):
+        bound: set[str] = set()
+        if isinstance(node, cst.SimpleStatementLine):
+            bound = _scan(node).assigned
+        elif isinstance(node, (cst.For, cst.With)):
+            targets = [node.target] if isinstance(node, cst.For) else \
+                [item.asname.name for item in node.items if item.asname is not None]
+            bound = set().union(*(_bound_names(t) for t in targets))
+        at = positions[node].start.line if node in positions else 0
+        if name in bound and end < at < request.line:
+            return NotFixable(f"`{name}` is bound again at line {at}, between its `{name}.to(...)` at line "
+                              f"{line} and its use at line {request.line}: move it where that value is made")
+    small = statement.body[0]
+    assert isinstance(small, cst.Expr)
+    assign = cst.Assign([cst.AssignTarget(cst.Name(name))], small.value, semicolon=small.semicolon)
+    new = module.visit(Replace(statement, [statement.with_changes(body=[assign])], {}))
+    return rewritten(module.code, new.code, line, end, "")
+
+
 def _move_target(statement: cst.BaseStatement) -> str:
     """``model.to(device)`` / ``model.cuda()`` / ``model = model.to(device)`` -> ``"model"``; else ``""``."""
     if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
@@ -481,3 +525,105 @@ class _Reorder(cst.CSTTransformer):
         if original_node is self.drop:
             return cst.RemovalSentinel.REMOVE
         return updated_node
+
+
+def _reloads(statement: cst.BaseStatement, models: set[str]) -> str:
+    """The model ``statement`` re-creates or reloads (``model = Net()``, ``model =
+    torch.load(...)``, ``model.load_state_dict(sd, assign=True)``: new Parameter objects), or ``""``."""
+    if not isinstance(statement, cst.SimpleStatementLine):
+        return ""
+    assigned = _scan(statement).assigned & models
+    if assigned:
+        return sorted(assigned)[0]
+    for small in statement.body:
+        call = small.value if isinstance(small, cst.Expr) else None
+        if isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) \
+                and call.func.attr.value == "load_state_dict" and isinstance(call.func.value, cst.Name) \
+                and call.func.value.value in models \
+                and any(a.keyword is not None and a.keyword.value == "assign"
+                        and isinstance(a.value, cst.Name) and a.value.value == "True" for a in call.args):
+            return call.func.value.value
+    return ""
+
+
+def build_optimizer_later(module: cst.Module, request: Request) -> Rewrite | NotFixable:
+    """PC308: ``optimizer = SGD(model.parameters(), ...)`` before ``model = Net()`` (or ``torch.load``, or
+    ``model.load_state_dict(sd, assign=True)``) in the same block: the construction goes down, just after
+    the last re-creation before the optimizer's first use, so it holds the Parameters the script trains.
+
+    Refused when the optimizer is used before the model is re-created (a scheduler built on it, a
+    ``load_state_dict``: moving the construction alone would break them), or when a name the construction
+    reads is bound again in between (``lr = ...``: the optimizer would change)."""
+    wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
+    positions = wrapper.resolve(PositionProvider)
+    owners: list[cst.Module | cst.IndentedBlock] = [module]
+    owners += [n for n in all_nodes(module) if isinstance(n, cst.IndentedBlock)]
+    for owner in owners:
+        block = list(owner.body)
+        at = next((i for i, s in enumerate(block) if isinstance(s, cst.SimpleStatementLine)
+                   and positions[s].start.line <= request.line <= positions[s].end.line), None)
+        if at is not None:
+            break
+    else:
+        return NotFixable(f"line {request.line}, where the optimizer is built, is not a statement of its own")
+    built = block[at]
+    assert isinstance(built, cst.SimpleStatementLine)
+    small = built.body[0] if len(built.body) == 1 else None
+    if not isinstance(small, cst.Assign) or len(small.targets) != 1 \
+            or not isinstance(small.targets[0].target, cst.Name):
+        return NotFixable(f"line {request.line} does not build the optimizer as `name = Optimizer(...)` by "
+                          "itself: build it after the model is re-created or reloaded")
+    name = small.targets[0].target.value
+    code = module.code_for_node(small.value)
+    models = set(re.findall(r"\b(\w+)\.(?:named_)?parameters\(", code))
+    if not models:
+        return NotFixable(f"the optimizer at line {request.line} is not built from `model.parameters()`: "
+                          "build it from the model the script trains, after that model is made")
+    used = next((j for j in range(at + 1, len(block)) if name in _names(block[j])), len(block))
+    again = [j for j in range(at + 1, used) if _reloads(block[j], models)]
+    if not again:
+        later = next((j for j in range(used, len(block)) if _reloads(block[j], models)), None)
+        if later is not None:
+            use_line, made_line = positions[block[used]].start.line, positions[block[later]].start.line
+            return NotFixable(f"`{name}` is used at line {use_line}, before the model is re-created at line "
+                              f"{made_line}: build the optimizer (and what uses it) after that line")
+        return NotFixable(f"no statement after line {request.line} in the same block re-creates or reloads "
+                          f"{' or '.join(sorted(models))}: build the optimizer after the model is made")
+    last = again[-1]
+    read = _names(built) - models - {name}
+    rebound = sorted(read & set().union(*(_scan(block[j]).assigned for j in range(at + 1, last + 1))))
+    if rebound:
+        return NotFixable(f"`{rebound[0]}`, which the optimizer at line {request.line} reads, is bound again "
+                          f"before line {positions[block[last]].start.line}: moving the construction there "
+                          "would change the optimizer")
+    comments = [e for e in built.leading_lines if e.comment]
+    blanks = [e for e in built.leading_lines if not e.comment]
+    moved = built.with_changes(leading_lines=comments)
+    new_block = [*block[:at], *block[at + 1:last + 1], moved, *block[last + 1:]]
+    follower = new_block[at]
+    new_block[at] = follower.with_changes(leading_lines=[*blanks, *follower.leading_lines])
+    new = module.visit(_NewBody(owner, new_block))
+    start, end = positions[built].start.line, positions[block[last]].end.line
+    return rewritten(module.code, new.code, start, end, "")
+
+
+def _names(node: cst.CSTNode) -> set[str]:
+    names = _Names()
+    node.visit(names)
+    return names.names
+
+
+class _NewBody(cst.CSTTransformer):
+    """``body`` in place of ``owner``'s statements."""
+
+    def __init__(self, owner: cst.Module | cst.IndentedBlock, body: list[cst.BaseStatement]) -> None:
+        super().__init__()
+        self.owner = owner
+        self.body = body
+
+    def leave_IndentedBlock(self, original_node: cst.IndentedBlock,
+                            updated_node: cst.IndentedBlock) -> cst.IndentedBlock:
+        return updated_node.with_changes(body=self.body) if original_node is self.owner else updated_node
+
+    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
+        return updated_node.with_changes(body=self.body) if original_node is self.owner else updated_node

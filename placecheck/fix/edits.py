@@ -28,6 +28,8 @@ from placecheck.fix.devices import (
     AddDevice,
     MapLocation,
     MoveBatchElement,
+    bind_discarded_move,
+    build_optimizer_later,
     move_holder,
     move_model_up,
     script_device,
@@ -97,6 +99,8 @@ def _transformer(request: Request, imports: Imports) -> AtLine | _WholeFile | No
     if code == Code.PC201:
         if request.holder:
             return lambda module: move_holder(module, request)
+        if request.rebind:
+            return lambda module: bind_discarded_move(module, request)
         if not request.batch:
             return NotFixable("the audit names no origin of the mismatched tensor that placecheck fix can "
                               "rewrite: fix it where the tensor comes from")
@@ -109,6 +113,8 @@ def _transformer(request: Request, imports: Imports) -> AtLine | _WholeFile | No
         return MapLocation(request.line, location, imports)
     if code == Code.PC307:
         return lambda module: move_model_up(module, request)
+    if code == Code.PC308:
+        return lambda module: build_optimizer_later(module, request)
     if code in NEVER:
         return NotFixable(NEVER[code])
     return NotFixable(f"{code} has no rewrite in placecheck fix yet")

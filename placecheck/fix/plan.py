@@ -172,6 +172,12 @@ def origin_requests(finding: Finding, everything: Sequence[Finding], unsafe: boo
     ran, a module's buffer the script never moved (``criterion.weight``) is moved where it is built.
     """
     named = origins(finding)
+    used = split_source(finding.source)
+    if not named and finding.code == Code.PC201 and script and used is not None \
+            and _same_file(used[0], script) and finding.where.isidentifier():
+        # a name of the script used unmoved: its `x.to(device)` may have thrown the result away
+        return [(used[0], Request(code=Code.PC201, line=used[1], where=finding.where, rebind=finding.where,
+                                  script=True), None)]
     if not named:
         return "the audit does not say where the tensor came from: there is no line to give it a device"
     planned: list[tuple[str, Request, Finding | None]] = []
@@ -190,7 +196,6 @@ def origin_requests(finding: Finding, everything: Sequence[Finding], unsafe: boo
         if walked is not None and located is not None:
             planned.append((located[0], request_for(walked, located[1], unsafe, script), walked))
             continue
-        used = split_source(finding.source)
         holder = origin.partition(".")[0]
         if finding.code == Code.PC201 and script and used is not None and _same_file(used[0], script) \
                 and "." in origin and holder.isidentifier():
@@ -211,6 +216,8 @@ def _request_key(request: Request) -> tuple[object, ...]:
         return request.code, request.line, request.where.partition("[")[0]
     if request.code == Code.PC101:  # blocks.0.mask and blocks.1.mask, cache['k'] and cache['v']: one edit
         return request.code, request.line, re.split(r"[.\[]", _attribute(request.where, request.module))[0]
+    if request.rebind:  # `x` used unmoved at several lines: its one discarded move
+        return request.code, "rebind", request.rebind
     if request.batch or request.holder:  # `labels` used unmoved at several lines: one move in the loop
         return request.code, request.line, request.where, request.holder
     return request.code, request.line, request.op
