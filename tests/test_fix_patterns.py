@@ -100,7 +100,8 @@ def test_an_output_the_forward_also_reads_on_the_host_fails_the_proof(
 # -- fix --run: the scripts' pairs audit as expected under both run engines ---------------------------
 
 RUN = Path(__file__).parent / "fixtures" / "fix" / "run"
-RUN_PAIRS = {"pc201_discarded_move": "PC201", "pc308_optimizer_before_reload": "PC308"}
+RUN_PAIRS = {"pc201_discarded_move": "PC201", "pc210_read_before_synchronize": "PC210",
+             "pc308_optimizer_before_reload": "PC308"}
 """The run pairs of issue 43: the code the buggy script shows; its .fixed.py shows nothing."""
 
 
@@ -176,3 +177,29 @@ def test_an_optimizer_move_that_would_change_the_program_is_refused(between: str
     nested = OPTIMIZER_FIRST.replace("model = nn.Linear(8, 2).cuda()\n", "if resume:\n    model = load()\n")
     refused = rewrite(nested, Request("PC308", 4, where="SGD", script=True))
     assert isinstance(refused, NotFixable) and "re-creates or reloads model" in refused.reason
+
+
+# -- PC210: a synchronize before the host reads a non_blocking copy ------------------------------------
+
+def test_the_synchronize_goes_before_the_reading_statement_guarded_for_machines_without_cuda() -> None:
+    src = ("import torch as th\nfor s in range(2):\n    h = loss.to('cpu', non_blocking=True)\n"
+           "    if h.item() > 0: print(h)\n")
+    out = _rewrite(src, Request("PC210", 4, script=True))
+    sync = ("    if th.cuda.is_available():  # the non_blocking copy must land before the host reads it\n"
+            "        th.cuda.current_stream().synchronize()\n")
+    assert out.source == src.replace("    if h.item()", sync + "    if h.item()")
+    refused = rewrite("from torch import ones\nprint(h.item())\n", Request("PC210", 2, script=True))
+    assert isinstance(refused, NotFixable) and "does not import torch as a module" in refused.reason
+
+
+def test_the_synchronized_script_still_runs_where_there_is_no_cuda(tmp_path: Path) -> None:
+    # the guard is what keeps a script with a CPU fallback working: torch.cuda.current_stream() raises
+    # without CUDA. Plain python, no placecheck: on this machine's CPU (or its GPU, where there is one).
+    import subprocess
+    import sys
+
+    fixed = RUN / "pc210_read_before_synchronize.fixed.py"
+    done = subprocess.run([sys.executable, str(fixed)], capture_output=True, text=True, cwd=tmp_path,
+                          check=False, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("step 0: loss ") and "step 1: loss " in done.stdout

@@ -43,6 +43,10 @@ AUTOFIX: dict[str, str] = {
     Code.PC206: (
         "fixed where the returned tensor is made, the origin the finding names: the factory there gets "
         "device= as for PC202 (torch.tensor(lengths, device=x.device))"),
+    Code.PC210: (
+        "just before the statement that reads the non_blocking copy on the host: `if "
+        "torch.cuda.is_available(): torch.cuda.current_stream().synchronize()` (guarded: without CUDA the "
+        "copy was host to host, and the call would raise)"),
     Code.PC301: (
         "torch.load(path) in your code without map_location gets map_location=\"cpu\" (or the "
         "audit's device)"),
@@ -80,9 +84,6 @@ NEVER: dict[str, str] = {
     Code.PC209: (
         "moving the data once, before the loop, changes how much device memory the script holds and how "
         "the loop indexes it: not an edit a re-run can show safe"),
-    Code.PC210: (
-        "the read and the non-blocking copy are not in one block of your code that placecheck fix can "
-        "put a synchronize between"),
     Code.PC302: (
         "the model and the checkpoint disagree about their keys: which one is right (rename, strict=False, "
         "another checkpoint) is a decision about your data, not a placement edit"),

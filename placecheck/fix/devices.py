@@ -627,3 +627,44 @@ class _NewBody(cst.CSTTransformer):
 
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
         return updated_node.with_changes(body=self.body) if original_node is self.owner else updated_node
+
+
+_SYNCHRONIZE = """if {torch}.cuda.is_available():  # the non_blocking copy must land before the host reads it
+    {torch}.cuda.current_stream().synchronize()
+"""
+"""PC210's statement. Guarded: on a machine without CUDA the copy was host to host, and
+torch.cuda.current_stream() would raise there (a script with a CPU fallback would break)."""
+
+
+def synchronize_before(module: cst.Module, request: Request, imports: Imports) -> Rewrite | NotFixable:
+    """PC210: a host read of a tensor a ``non_blocking=True`` copy from the GPU is still filling: the
+    stream is synchronised just before the statement that reads it (the read comes after the copy, so
+    anything before the read's statement waits for it)."""
+    if not imports.torch:
+        return NotFixable("the file does not import torch as a module, so there is no name to reach "
+                          "torch.cuda.current_stream()")
+    wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
+    positions = wrapper.resolve(PositionProvider)
+    owners: list[cst.Module | cst.IndentedBlock] = [module]
+    owners += [n for n in all_nodes(module) if isinstance(n, cst.IndentedBlock)]
+    found: tuple[int, cst.Module | cst.IndentedBlock, int] | None = None
+    for owner in owners:
+        for index, statement in enumerate(owner.body):
+            pos = positions[statement]
+            span = pos.end.line - pos.start.line
+            if pos.start.line <= request.line <= pos.end.line and (found is None or span < found[0]):
+                found = (span, owner, index)
+    if found is None:
+        return NotFixable(f"no statement of this file spans line {request.line}, where the host reads the "
+                          "copy: the file changed since the audit")
+    _, owner, index = found
+    block = list(owner.body)
+    read = block[index]  # a compound statement when the read is in its header: the sync goes before it
+    lines = list(read.leading_lines)
+    split = next((i for i, e in enumerate(lines) if e.comment), len(lines))
+    sync = cst.parse_statement(_SYNCHRONIZE.format(torch=imports.torch[0]))
+    sync = sync.with_changes(leading_lines=lines[:split])
+    new_block = [*block[:index], sync, read.with_changes(leading_lines=lines[split:]), *block[index + 1:]]
+    new = module.visit(_NewBody(owner, new_block))
+    line = positions[read].start.line
+    return rewritten(module.code, new.code, line, line, "")

@@ -33,6 +33,7 @@ from placecheck.fix.devices import (
     move_holder,
     move_model_up,
     script_device,
+    synchronize_before,
 )
 from placecheck.fix.syntax import AtLine, Imports, NotFixable, Request, Rewrite, rewritten
 
@@ -115,6 +116,8 @@ def _transformer(request: Request, imports: Imports) -> AtLine | _WholeFile | No
         return lambda module: move_model_up(module, request)
     if code == Code.PC308:
         return lambda module: build_optimizer_later(module, request)
+    if code == Code.PC210:
+        return lambda module: synchronize_before(module, request, imports)
     if code in NEVER:
         return NotFixable(NEVER[code])
     return NotFixable(f"{code} has no rewrite in placecheck fix yet")
