@@ -174,7 +174,11 @@ class AddDevice(AtLine):
             given = next((a for a in updated_node.args if a.keyword is not None
                           and a.keyword.value == "device"), None)
             if given is None or not self._captured(given.value):
-                self.reason = f"torch.{self.factory or 'factory'} at line {self.line} already passes device="
+                named = f"torch.{self.factory}" if self.factory else "the torch factory"
+                spelled = cst.Module([]).code_for_node(given.value) if given is not None else "**kwargs"
+                self.reason = (f"{named} at line {self.line} already passes device= ({spelled}): the code "
+                               "chose that device, or moves the tensor after (.cpu()), on purpose as far as "
+                               "placecheck fix can tell")
                 return updated_node
             device = self._device_source()
             if device is None:
