@@ -48,7 +48,7 @@ MODEL = ("import torch\nimport numpy as np\nfrom torch import nn\nclass M(nn.Mod
     (Request("PC101", 7, where="mask"), "line 7 does not assign `self.mask = ...` by itself (setattr"),
     (Request("PC102", 7, where="heads[0]"), "line 7 does not assign `self.heads = ...` by itself (setattr"),
     (Request("PC202", 9, op="torch.zeros"), "no torch.zeros call at line 9"),
-    (Request("PC202", 9, op="torch.from_numpy"), "torch.from_numpy takes no device= (it makes a CPU tensor"),
+    (Request("PC202", 9, op="torch.from_numpy"), "torch.from_numpy takes no device= and shares the array's"),
     (Request("PC202", 9), "made some other way (torch.from_numpy"),
     (Request("PC301", 9), "no torch.load call at line 9"),
     (Request("PC201", 9, where="y", batch="batch[1]", use=9), "no for loop starts at line 9"),

@@ -88,11 +88,11 @@ def _transformer(request: Request, imports: Imports) -> AtLine | _WholeFile | No
         if request.op and (not request.op.startswith("torch.") or not factory.isidentifier()):
             return NotFixable(f"{request.op} is not a torch factory function")
         if factory in _HOST_MEMORY:
-            # torch.from_numpy, torch.frombuffer: no device= to add; a .to() after them is the PC202
-            # "created then copied" the proof would see again
-            return NotFixable(f"{request.op} takes no device= (it makes a CPU tensor from host memory): "
-                              "make it on the device another way (torch.as_tensor(array, device=x.device) "
-                              "copies once) or register it as a buffer in __init__")
+            # torch.from_numpy, torch.frombuffer: no device= to add; torch.as_tensor(a, device=...) copies,
+            # and a proof compares findings, not values: a later write to the array would go unseen
+            return NotFixable(f"{request.op} takes no device= and shares the array's memory: a copy on the "
+                              "device (torch.as_tensor(array, device=x.device)) would not see later writes "
+                              "to the array, which no re-audit can check; make that choice by hand")
         if request.script:
             return lambda module: _visit(module, AddDevice(request.line, factory, imports,
                                                            script_device(module)))
