@@ -154,9 +154,10 @@ class WrapContainer(AtLine):
             self.reason = "the file does not import torch, so there is no name to reach nn." + wrapper
             return None
         if not innermost:
-            value = self._wrap_inner(value, level, wrappers)
-            if value is None:
+            inner = self._wrap_inner(value, level, wrappers)
+            if inner is None:
                 return None
+            value = inner
         wrappers.insert(0, wrapper)  # outermost first
         if isinstance(value, cst.Tuple) and not value.lpar:
             value = value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])

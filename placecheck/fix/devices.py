@@ -605,10 +605,16 @@ def build_optimizer_later(module: cst.Module, request: Request) -> Rewrite | Not
     moved = built.with_changes(leading_lines=comments)
     new_block = [*block[:at], *block[at + 1:last + 1], moved, *block[last + 1:]]
     follower = new_block[at]
-    new_block[at] = follower.with_changes(leading_lines=[*blanks, *follower.leading_lines])
+    new_block[at] = follower.with_changes(leading_lines=[*blanks, *_leading(follower)])
     new = module.visit(_NewBody(owner, new_block))
     start, end = positions[built].start.line, positions[block[last]].end.line
     return rewritten(module.code, new.code, start, end, "")
+
+
+def _leading(statement: cst.BaseStatement) -> list[cst.EmptyLine]:
+    """The blank and comment lines above ``statement`` (every statement has them; BaseStatement does not
+    say so)."""
+    return list(getattr(statement, "leading_lines", ()))
 
 
 def _names(node: cst.CSTNode) -> set[str]:
@@ -664,7 +670,7 @@ def synchronize_before(module: cst.Module, request: Request, imports: Imports) -
     _, owner, index = found
     block = list(owner.body)
     read = block[index]  # a compound statement when the read is in its header: the sync goes before it
-    lines = list(read.leading_lines)
+    lines = _leading(read)
     split = next((i for i, e in enumerate(lines) if e.comment), len(lines))
     sync = cst.parse_statement(_SYNCHRONIZE.format(torch=imports.torch[0]))
     sync = sync.with_changes(leading_lines=lines[:split])
