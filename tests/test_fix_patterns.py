@@ -145,6 +145,15 @@ def test_a_discarded_move_is_bound_only_when_nothing_binds_the_name_between() ->
     assert isinstance(refused, NotFixable) and "bound again at line 6" in refused.reason
     none = rewrite(src.replace("x.cuda()\n", ""), Request("PC201", 5, where="x", rebind="x", script=True))
     assert isinstance(none, NotFixable) and "throws its result away" in none.reason
+    # a dtype conversion thrown away is not a move: binding it would change the numbers, unseen by a proof
+    dtype = rewrite(src.replace("x.cuda()", "x.to(torch.float16)"),
+                    Request("PC201", 6, where="x", rebind="x", script=True))
+    assert isinstance(dtype, NotFixable), dtype
+    for move in ("x.to(device)", "x.to('cuda:0')", "x.to(y.device, non_blocking=True)", "x.to(device=d)",
+                 "x.to(torch.device('cuda'))"):
+        script = src.replace("x.cuda()", move).replace("x = torch.ones", "model.to(device)\nx = torch.ones")
+        moved = _rewrite(script, Request("PC201", 7, where="x", rebind="x", script=True))
+        assert moved.after == f"x = {move}\n", move
 
 
 # -- PC308: the optimizer built after the model it steps is re-created ---------------------------------

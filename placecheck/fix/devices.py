@@ -404,14 +404,28 @@ def move_holder(module: cst.Module, request: Request) -> Rewrite | NotFixable:
     return rewritten(module.code, new.code, line, end, "")
 
 
-def _discards_move(statement: cst.SimpleStatementLine, name: str) -> bool:
-    """Whether ``statement`` is ``name.to(...)`` / ``name.cuda(...)`` alone, its result thrown away."""
+def _discards_move(statement: cst.SimpleStatementLine, name: str, device: str) -> bool:
+    """Whether ``statement`` is ``name.to(<a device>)`` / ``name.cuda(...)`` alone, its result thrown away.
+
+    A device is ``device=...``, a string, ``<t>.device``, ``torch.device(...)`` or the script's device
+    expression (``device``): ``x.to(torch.float16)`` thrown away is left alone, as binding it would change
+    the dtype, which a proof of placement does not check."""
     if len(statement.body) != 1 or not isinstance(statement.body[0], cst.Expr):
         return False
     call = statement.body[0].value
-    return isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) \
-        and call.func.attr.value in _FOLDED and isinstance(call.func.value, cst.Name) \
-        and call.func.value.value == name
+    if not isinstance(call, cst.Call) or not isinstance(call.func, cst.Attribute) \
+            or call.func.attr.value not in _FOLDED or not isinstance(call.func.value, cst.Name) \
+            or call.func.value.value != name:
+        return False
+    if call.func.attr.value == "cuda" or any(a.keyword is not None and a.keyword.value == "device"
+                                             for a in call.args):
+        return True
+    given = call.args[0] if call.args else None
+    first = given.value if given is not None and given.keyword is None and not given.star else None
+    spelled = cst.Module([]).code_for_node(first) if first is not None else ""
+    return isinstance(first, (cst.SimpleString, cst.FormattedString)) or spelled == device \
+        or (isinstance(first, cst.Attribute) and first.attr.value == "device") \
+        or (isinstance(first, cst.Call) and cst.Module([]).code_for_node(first.func).endswith("device"))
 
 
 def bind_discarded_move(module: cst.Module, request: Request) -> Rewrite | NotFixable:
@@ -422,7 +436,9 @@ def bind_discarded_move(module: cst.Module, request: Request) -> Rewrite | NotFi
     the edit changes nothing (Module.to moves in place and returns the module)."""
     name = request.rebind
     lines = _statement_lines(module)
-    moves = [(s, line, end) for s, line, end in lines if end < request.line and _discards_move(s, name)]
+    device = script_device(module)
+    moves = [(s, line, end) for s, line, end in lines
+             if end < request.line and _discards_move(s, name, device)]
     if not moves:
         return NotFixable(f"`{name}` is used unmoved at line {request.line} and no `{name}.to(device)` "
                           f"before it throws its result away: move {name} to the device where it is made")
