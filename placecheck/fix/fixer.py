@@ -8,8 +8,9 @@
 The audit runs once; :mod:`placecheck.fix.plan` turns the selected findings
 into libcst edits (:mod:`placecheck.fix.edits`); :mod:`placecheck.fix.proof`
 audits the edited sources again in a forked child, with the same options. An
-edit is offered only when its findings are gone and no new finding appeared;
-the others are listed with the reason. The user's files change only in
+edit is offered only when its findings are gone, no new finding appeared, and
+the re-audit ran to its end where the first did; the others are listed with
+the reason. The user's files change only in
 :func:`write`, which refuses when a file changed on disk since the audit.
 """
 
