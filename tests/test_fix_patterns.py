@@ -212,3 +212,23 @@ def test_the_synchronized_script_still_runs_where_there_is_no_cuda(tmp_path: Pat
                           check=False, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("step 0: loss ") and "step 1: loss " in done.stdout
+
+
+# -- PC202: the nearest tensor a function without a tensor argument has ---------------------------------
+
+def test_a_factory_in_a_forward_without_a_tensor_argument_takes_the_device_of_the_tensor_it_reads() -> None:
+    src = ("import torch\nclass M:\n    def forward(self, batch: dict[str, torch.Tensor]):\n"
+           "        h = self.embed(batch['ids'])\n        pos = torch.arange(h.shape[1])\n"
+           "        m = torch.ones(h.size(0), 3)\n        z = torch.zeros(3)\n"
+           "        return h + pos + m + z\n")
+
+    def after(source: str, line: int) -> str:
+        return _rewrite(source, Request("PC202", line)).after.strip()
+
+    # dict[str, Tensor] is not a tensor: batch.device would raise
+    assert after(src, 5) == "pos = torch.arange(h.shape[1], device=h.device)"
+    assert after(src, 6) == "m = torch.ones(h.size(0), 3, device=h.device)"
+    refused = rewrite(src, Request("PC202", 7))  # reads no tensor: nothing says which one is meant
+    assert isinstance(refused, NotFixable) and "read no tensor's shape or size" in refused.reason
+    optional = src.replace("batch: dict[str, torch.Tensor]", "batch: Optional[torch.Tensor]")
+    assert after(optional, 7) == "z = torch.zeros(3, device=batch.device)"

@@ -27,7 +27,8 @@ AUTOFIX: dict[str, str] = {
         "nn.ParameterDict; state_dict() gains their keys"),
     Code.PC202: (
         "a torch factory without device= gets device=<t>.device, <t> the first tensor argument of the "
-        "function it is in (forward, another method, or a helper function; a method's self skipped); "
+        "function it is in (forward, another method, or a helper function; a method's self skipped), else "
+        "the tensor whose shape or size the factory's arguments read (torch.arange(h.shape[1])); "
         "a device the module captured at construction (device=self.device) becomes <t>.device; a "
         ".to(<t>.device) or .cuda() right after it is folded into the call; in the script of fix --run, "
         "outside such a function, device=<the script's device expression>"),

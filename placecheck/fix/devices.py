@@ -90,12 +90,32 @@ def _may_be_tensor(param: cst.Param) -> bool:
     """Whether ``param`` may hold a tensor: annotated ``Tensor`` (or ``Tensor | None``), or not annotated
     and without a default that is a number, a string or a bool."""
     if param.annotation is not None:
+        # Tensor, torch.Tensor | None, Optional[Tensor]; not dict[str, Tensor] or list[Tensor]
         spelled = cst.Module([]).code_for_node(param.annotation.annotation)
-        return any(part.strip().split(".")[-1] == "Tensor" for part in re.split(r"[|\[\],]", spelled))
+        parts = [re.sub(r"^(typing\.)?Optional\[(.*)\]$", r"\2", p.strip()) for p in spelled.split("|")]
+        return any(part.strip().split(".")[-1] == "Tensor" for part in parts)
     default = param.default
     return not isinstance(default, (cst.Integer, cst.Float, cst.SimpleString, cst.ConcatenatedString,
                                     cst.UnaryOperation)) and not (isinstance(default, cst.Name)
                                                                   and default.value in ("True", "False"))
+
+
+_TENSOR_FACTS = frozenset({"shape", "device", "dtype", "ndim"})
+_TENSOR_METHODS = frozenset({"size", "dim", "numel"})
+
+
+def _tensor_read(call: cst.Call) -> str:
+    """The first plain name whose tensor facts the call's arguments read (``h.shape[1]``,
+    ``h.size(1)``: ``h``), or ``""``: the nearest tensor a function with no tensor argument has."""
+    for node in all_nodes(cst.Module([]).with_changes(body=[cst.SimpleStatementLine([cst.Expr(
+            cst.Tuple([cst.Element(a.value) for a in call.args]))])])):
+        if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) \
+                and node.attr.value in _TENSOR_FACTS:
+            return node.value.value
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) \
+                and isinstance(node.func.value, cst.Name) and node.func.attr.value in _TENSOR_METHODS:
+            return node.func.value.value
+    return ""
 
 
 class AddDevice(AtLine):
@@ -124,8 +144,9 @@ class AddDevice(AtLine):
                        "other way (torch.from_numpy, an op on another tensor, a library call), which "
                        "device= cannot be added to")
 
-    def _device_source(self) -> str | None:
-        """``"x.device"`` for the enclosing function's first tensor argument, or the script's device."""
+    def _device_source(self, call: cst.Call) -> str | None:
+        """``"x.device"`` for the enclosing function's first tensor argument, else for a tensor the
+        factory's own arguments read (``torch.arange(h.shape[1])``: ``h``), or the script's device."""
         if self.functions:
             function = self.functions[-1]
             params = [*function.params.posonly_params, *function.params.params]
@@ -134,13 +155,17 @@ class AddDevice(AtLine):
             for param in params:
                 if _may_be_tensor(param):
                     return f"{param.name.value}.device"
+            read = _tensor_read(call)
+            if read:
+                return f"{read}.device"
         if self.script_device:
             return self.script_device
         if not self.functions:
             self.reason = (f"line {self.line} is outside any function: there is no input to take a device "
                            "from")
         elif self.functions[-1].name.value == "forward":
-            self.reason = "the forward has no tensor argument to take the device from"
+            self.reason = ("the forward has no tensor argument, and the factory's arguments read no tensor's "
+                           "shape or size, to take the device from")
         else:
             name = self.functions[-1].name.value
             self.reason = (f"{name}() has no tensor argument to take the device from: pass the input (or "
@@ -180,13 +205,13 @@ class AddDevice(AtLine):
                                "chose that device, or moves the tensor after (.cpu()), on purpose as far as "
                                "placecheck fix can tell")
                 return updated_node
-            device = self._device_source()
+            device = self._device_source(updated_node)
             if device is None:
                 return updated_node
             new = updated_node.with_changes(args=[a.with_changes(value=cst.parse_expression(device))
                                                   if a is given else a for a in updated_node.args])
         else:
-            device = self._device_source()
+            device = self._device_source(updated_node)
             if device is None:
                 return updated_node
             new = _with_keyword(updated_node, "device", cst.parse_expression(device))
