@@ -52,7 +52,7 @@ FLAGS: dict[str, set[str]] = {
     },
     "fix": {
         "--run", "--kwargs", "--arg", "-d", "--device", "--engine", "--gpus", "--init", "-i", "--input",
-        "--example-inputs", "--steps", "--timeout", "--diff", "--write", "--unsafe", "--select",
+        "--example-inputs", "--steps", "--timeout", "--diff", "--write", "--check", "--unsafe", "--select",
         "--ignore", "-f", "--format", "--debug",
     },
     "merge": {
@@ -80,6 +80,7 @@ VALUES: dict[str, tuple[str | None, Any]] = {
     "--train": (None, True), "--no-forward": (None, True), "--no-reuse-calls": (None, True),
     "--timeout": ("2.5", 2.5), "--steps": ("0", 0), "--module": ("pkg.train", "pkg.train"),
     "--fix": (None, True), "--run": (None, True), "--diff": (None, True), "--write": (None, True),
+    "--check": (None, True),
     "--unsafe": (None, True), "--select": ("PC2,PC301", ["PC2,PC301"]), "--ignore": ("PC204", ["PC204"]),
     "--library-findings": (None, True), "--output": ("r.json", "r.json"),
     "--no-group": (None, True), "--hints": (None, True), "--debug": (None, True),

@@ -350,6 +350,11 @@ DECLARED: tuple[Declared, ...] = (
         "Write the proven edits into the files (each replaced whole, atomically); refused, "
         "writing nothing, when a file changed since the audit.", param="write_files"),
     Declared(
+        "check", ("--check",), ("fix",), bool, False, FLAG, PANEL_FIX,
+        "Print what would be fixed, as without --write, and exit 1 when a proven edit is left to "
+        "make, 0 when none is (findings no edit fixes do not count); never writes. For pre-commit "
+        "and CI.", param="check_only"),
+    Declared(
         "unsafe", ("--unsafe",), ("fix",), bool, False, FLAG, PANEL_FIX,
         "Register stray tensors as persistent buffers: state_dict() gains their keys, and "
         "checkpoints saved before lack them."),

@@ -5,7 +5,8 @@ options become a :class:`~placecheck.basics.options.FixOptions`; the result is p
 diff and a summary (or JSON), and ``--write`` applies it. Exit 0 when no
 selected finding is left, 1 when some are, 2 for usage errors, a target that
 does not load, or a file changed since the audit (FixRefused: nothing written then),
-3 for an internal error.
+3 for an internal error. ``--check`` prints the same and never writes; its 1 means a proven edit is
+left to make (0: none is, whatever else the audit reports).
 """
 
 from __future__ import annotations
@@ -50,10 +51,11 @@ def fix(
     instances, P of Q problems, with K edits; what is not fixed, and why);
     --write applies it. Exit status: 0 when nothing selected is left, 1 when
     findings remain, 2 for usage errors and targets that do not load, 3 for an
-    internal error.
+    internal error. With --check (pre-commit, CI): the same output, nothing
+    written, exit 1 when a proven edit is left to make, 0 when none is.
     """
     debug, fmt, kwargs, arg = given["debug"], given["fmt"], given["kwargs"], given["arg"]
-    run_script, write_files = given["run_script"], given["write_files"]
+    run_script, write_files, check_only = given["run_script"], given["write_files"], given["check_only"]
     with errors_reported(debug):
         if fmt not in {f.value for f in FixFormat}:
             raise unknown_choice("--format", fmt, (f.value for f in FixFormat))
@@ -61,6 +63,9 @@ def fix(
             if given["show_diff"] and write_files:
                 raise UsageError("--diff and --write cannot be combined: --diff prints the patch, --write "
                                  "applies it")
+            if check_only and write_files:
+                raise UsageError("--check and --write cannot be combined: --check never writes (it exits 1 "
+                                 "when an edit is left to make); --write applies the edits")
             from placecheck.fix import fix as run_fix
             from placecheck.fix import fix_run, write
             from placecheck.model.load import parse_kwargs, split_target
@@ -96,7 +101,7 @@ def fix(
             else:
                 typer.echo(result.diff(), nl=False)
             typer.echo(result.summary(written=write_files, width=terminal_width()), nl=False)
-        raise typer.Exit(result.exit_code)
+        raise typer.Exit(result.check_exit_code if check_only else result.exit_code)
 
 
 def fix_and_write(target: str, constructor_kwargs: dict[str, Any], options: AuditOptions) -> Report:

@@ -43,6 +43,9 @@ class RegisterBuffer(AtLine):
         super().__init__(line)
         self.attr = attr
         self.persistent = persistent
+        self.reason = (f"no statement at line {line} assigns the attribute `{attr}`: the tensor reaches it "
+                       "some other way (setattr, a loop, another object), so there is no assignment to make "
+                       "a register_buffer call")
 
     def leave_SimpleStatementLine(self, original_node: cst.SimpleStatementLine,
                                   updated_node: cst.SimpleStatementLine) -> cst.SimpleStatementLine:
@@ -54,7 +57,9 @@ class RegisterBuffer(AtLine):
             return updated_node
         index = _self_assignment(updated_node, self_name, self.attr)
         if index < 0:
-            self.reason = f"line {self.line} is not a plain `{self_name}.{self.attr} = ...` assignment"
+            self.reason = (f"line {self.line} does not assign `{self_name}.{self.attr} = ...` by itself "
+                           "(setattr, unpacking, a chained or annotated assignment): there is no one value "
+                           "to register as a buffer")
             return updated_node
         assign = updated_node.body[index]
         assert isinstance(assign, cst.Assign)
@@ -82,15 +87,25 @@ class WrapContainer(AtLine):
 
     The container kind comes from the literal when there is one (``[...]``,
     ``(...)``, ``{...}``, comprehensions), else from how the audit indexed it
-    (``heads[0]`` a list, ``heads['a']`` a dict).
+    (``heads[0]`` a list, ``heads['a']`` a dict). Containers nested in it
+    (``stages[0][1]``: ``indexed_as`` has one kind per level) are wrapped too,
+    each inner literal where it is written: ``[[a, b], [c]]`` ->
+    ``nn.ModuleList([nn.ModuleList([a, b]), nn.ModuleList([c])])``; parameters
+    nested so become an nn.ModuleList / nn.ModuleDict of nn.ParameterLists /
+    nn.ParameterDicts (a Parameter container is a module). An inner container
+    not written as a literal there (a name, a call) is refused: it is built
+    elsewhere.
     """
 
-    def __init__(self, line: int, code: str, attr: str, indexed_as: str, imports: Imports) -> None:
+    def __init__(self, line: int, code: str, attr: str, indexed_as: tuple[str, ...],
+                 imports: Imports) -> None:
         super().__init__(line)
         self.code = code
         self.attr = attr
         self.indexed_as = indexed_as
         self.imports = imports
+        self.reason = (f"no statement at line {line} assigns the container `{attr}`: it is filled some other "
+                       "way (setattr, a loop, another object), so there is no assignment to wrap")
 
     def leave_SimpleStatementLine(self, original_node: cst.SimpleStatementLine,
                                   updated_node: cst.SimpleStatementLine) -> cst.SimpleStatementLine:
@@ -102,31 +117,80 @@ class WrapContainer(AtLine):
             return updated_node
         index = _self_assignment(updated_node, self_name, self.attr)
         if index < 0:
-            self.reason = f"line {self.line} is not a plain `{self_name}.{self.attr} = ...` assignment"
+            self.reason = (f"line {self.line} does not assign `{self_name}.{self.attr} = ...` by itself "
+                           "(setattr, unpacking, a chained or annotated assignment): there is no one "
+                           "container to wrap")
             return updated_node
         assign = updated_node.body[index]
         assert isinstance(assign, cst.Assign)
-        value = assign.value
+        wrappers: list[str] = []
+        call = self._wrap(assign.value, 0, wrappers)
+        if call is None:
+            return updated_node
+        body = list(updated_node.body)
+        body[index] = assign.with_changes(value=call)
+        self.mark(original_node)
+        inner = sorted(set(wrappers[1:]))
+        made = wrappers[0] + (f" of {' and '.join(w + 's' for w in inner)}" if inner else "")
+        first_key = "0" if wrappers[0].endswith("List") else "<key>"
+        self.note = (f"'{self.attr}' becomes a {made}: state_dict() gains its keys "
+                     f"({self.attr}.{first_key}..., which checkpoints saved before the fix lack) and the "
+                     "optimizer sees its parameters")
+        return updated_node.with_changes(body=body)
+
+    def _wrap(self, value: cst.BaseExpression, level: int, wrappers: list[str]) -> cst.Call | None:
+        """``value`` (the container at nesting ``level``) in its nn container, its inner literals wrapped
+        first; None (and :attr:`reason`) when an inner container is not a literal written here."""
         if isinstance(value, (cst.List, cst.ListComp, cst.Tuple, cst.GeneratorExp)):
             kind = "list"
         elif isinstance(value, (cst.Dict, cst.DictComp)):
             kind = "dict"
         else:
-            kind = self.indexed_as
-        wrapper = _WRAPPERS[(self.code, kind)]
+            kind = self.indexed_as[level]
+        innermost = level == len(self.indexed_as) - 1
+        wrapper = _WRAPPERS[(self.code if innermost else Code.PC102, kind)]
         spelled = self.imports.nn_ref(wrapper)
         if spelled is None:
             self.reason = "the file does not import torch, so there is no name to reach nn." + wrapper
-            return updated_node
+            return None
+        if not innermost:
+            inner = self._wrap_inner(value, level, wrappers)
+            if inner is None:
+                return None
+            value = inner
+        wrappers.insert(0, wrapper)  # outermost first
         if isinstance(value, cst.Tuple) and not value.lpar:
             value = value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
-        call = cst.Call(func=cst.parse_expression(spelled), args=[cst.Arg(value=value)])
-        body = list(updated_node.body)
-        body[index] = assign.with_changes(value=call)
-        self.mark(original_node)
-        self.note = (f"'{self.attr}' becomes a {wrapper}: state_dict() gains its keys ({self.attr}.0..., "
-                     "which checkpoints saved before the fix lack) and the optimizer sees its parameters")
-        return updated_node.with_changes(body=body)
+        return cst.Call(func=cst.parse_expression(spelled), args=[cst.Arg(value=value)])
+
+    def _wrap_inner(self, value: cst.BaseExpression, level: int,
+                    wrappers: list[str]) -> cst.BaseExpression | None:
+        """``value``, a container at ``level``, with each container it holds wrapped."""
+        held: list[str] = []
+        if isinstance(value, (cst.ListComp, cst.GeneratorExp, cst.DictComp)):
+            inner = self._wrap(value.value if isinstance(value, cst.DictComp) else value.elt, level + 1, held)
+            if inner is None:
+                return None
+            wrappers.extend(held)
+            return value.with_changes(value=inner) if isinstance(value, cst.DictComp) \
+                else value.with_changes(elt=inner)
+        if isinstance(value, (cst.List, cst.Tuple, cst.Dict)):
+            elements = []
+            for element in value.elements:
+                if not isinstance(element, (cst.Element, cst.DictElement)):  # *rest, **more
+                    self.reason = (f"`{self.attr}` unpacks another container into itself (* or **): its "
+                                   "inner containers are built elsewhere; wrap them where they are built")
+                    return None
+                inner = self._wrap(element.value, level + 1, held)
+                if inner is None:
+                    return None
+                elements.append(element.with_changes(value=inner))
+            wrappers.extend(held)
+            return value.with_changes(elements=elements)
+        self.reason = (f"`{self.attr}` holds containers in containers, and line {self.line} does not write "
+                       "it as a list or dict literal (a name, a call): the inner containers are built "
+                       "elsewhere; wrap each in nn.ModuleList / nn.ModuleDict where it is built")
+        return None
 
 
 class _Uses(cst.CSTVisitor):
@@ -235,7 +299,8 @@ class _Located(cst.CSTVisitor):
 def _in_init(located: _Located) -> tuple[cst.SimpleStatementLine, cst.ClassDef, str] | NotFixable:
     """The statement at the line, its class and the name of ``self``, when the line is in ``__init__``."""
     if located.found is None:
-        return NotFixable(f"nothing at line {located.line} that placecheck fix knows how to rewrite")
+        return NotFixable(f"no statement of this file spans line {located.line}, the line the audit names: "
+                          "the file changed since the audit, or the line is generated")
     statement, stack = located.found
     if len(stack) < 2 or not isinstance(stack[-1], cst.FunctionDef) or stack[-1].name.value != "__init__" \
             or not isinstance(stack[-2], cst.ClassDef) or not stack[-1].params.params:

@@ -90,12 +90,32 @@ def _may_be_tensor(param: cst.Param) -> bool:
     """Whether ``param`` may hold a tensor: annotated ``Tensor`` (or ``Tensor | None``), or not annotated
     and without a default that is a number, a string or a bool."""
     if param.annotation is not None:
+        # Tensor, torch.Tensor | None, Optional[Tensor]; not dict[str, Tensor] or list[Tensor]
         spelled = cst.Module([]).code_for_node(param.annotation.annotation)
-        return any(part.strip().split(".")[-1] == "Tensor" for part in re.split(r"[|\[\],]", spelled))
+        parts = [re.sub(r"^(typing\.)?Optional\[(.*)\]$", r"\2", p.strip()) for p in spelled.split("|")]
+        return any(part.strip().split(".")[-1] == "Tensor" for part in parts)
     default = param.default
     return not isinstance(default, (cst.Integer, cst.Float, cst.SimpleString, cst.ConcatenatedString,
                                     cst.UnaryOperation)) and not (isinstance(default, cst.Name)
                                                                   and default.value in ("True", "False"))
+
+
+_TENSOR_FACTS = frozenset({"shape", "device", "dtype", "ndim"})
+_TENSOR_METHODS = frozenset({"size", "dim", "numel"})
+
+
+def _tensor_read(call: cst.Call) -> str:
+    """The first plain name whose tensor facts the call's arguments read (``h.shape[1]``,
+    ``h.size(1)``: ``h``), or ``""``: the nearest tensor a function with no tensor argument has."""
+    for node in all_nodes(cst.Module([]).with_changes(body=[cst.SimpleStatementLine([cst.Expr(
+            cst.Tuple([cst.Element(a.value) for a in call.args]))])])):
+        if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) \
+                and node.attr.value in _TENSOR_FACTS:
+            return node.value.value
+        if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute) \
+                and isinstance(node.func.value, cst.Name) and node.func.attr.value in _TENSOR_METHODS:
+            return node.func.value.value
+    return ""
 
 
 class AddDevice(AtLine):
@@ -119,9 +139,14 @@ class AddDevice(AtLine):
         self.imports = imports
         self.script_device = script_device
         self.made: set[int] = set()
+        named = f"torch.{factory}" if factory else "torch factory (torch.zeros, torch.arange, ...)"
+        self.reason = (f"no {named} call at line {line} as this file imports torch: the tensor is made some "
+                       "other way (torch.from_numpy, an op on another tensor, a library call), which "
+                       "device= cannot be added to")
 
-    def _device_source(self) -> str | None:
-        """``"x.device"`` for the enclosing function's first tensor argument, or the script's device."""
+    def _device_source(self, call: cst.Call) -> str | None:
+        """``"x.device"`` for the enclosing function's first tensor argument, else for a tensor the
+        factory's own arguments read (``torch.arange(h.shape[1])``: ``h``), or the script's device."""
         if self.functions:
             function = self.functions[-1]
             params = [*function.params.posonly_params, *function.params.params]
@@ -130,13 +155,17 @@ class AddDevice(AtLine):
             for param in params:
                 if _may_be_tensor(param):
                     return f"{param.name.value}.device"
+            read = _tensor_read(call)
+            if read:
+                return f"{read}.device"
         if self.script_device:
             return self.script_device
         if not self.functions:
             self.reason = (f"line {self.line} is outside any function: there is no input to take a device "
                            "from")
         elif self.functions[-1].name.value == "forward":
-            self.reason = "the forward has no tensor argument to take the device from"
+            self.reason = ("the forward has no tensor argument, and the factory's arguments read no tensor's "
+                           "shape or size, to take the device from")
         else:
             name = self.functions[-1].name.value
             self.reason = (f"{name}() has no tensor argument to take the device from: pass the input (or "
@@ -170,15 +199,19 @@ class AddDevice(AtLine):
             given = next((a for a in updated_node.args if a.keyword is not None
                           and a.keyword.value == "device"), None)
             if given is None or not self._captured(given.value):
-                self.reason = f"torch.{self.factory or 'factory'} at line {self.line} already passes device="
+                named = f"torch.{self.factory}" if self.factory else "the torch factory"
+                spelled = cst.Module([]).code_for_node(given.value) if given is not None else "**kwargs"
+                self.reason = (f"{named} at line {self.line} already passes device= ({spelled}): the code "
+                               "chose that device, or moves the tensor after (.cpu()), on purpose as far as "
+                               "placecheck fix can tell")
                 return updated_node
-            device = self._device_source()
+            device = self._device_source(updated_node)
             if device is None:
                 return updated_node
             new = updated_node.with_changes(args=[a.with_changes(value=cst.parse_expression(device))
                                                   if a is given else a for a in updated_node.args])
         else:
-            device = self._device_source()
+            device = self._device_source(updated_node)
             if device is None:
                 return updated_node
             new = _with_keyword(updated_node, "device", cst.parse_expression(device))
@@ -214,6 +247,8 @@ class MapLocation(AtLine):
         super().__init__(line)
         self.location = location
         self.imports = imports
+        self.reason = (f"no torch.load call at line {line} (a helper that loads for you?): map_location "
+                       "belongs where torch.load is called")
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         if self.span is not None or not self.covers(original_node) \
@@ -276,6 +311,9 @@ class MoveBatchElement(AtLine):
         super().__init__(loop)
         self.use = use
         self.name = name
+        self.reason = (f"no for loop starts at line {loop}, where the audit saw the batches made: the batch "
+                       f"is not unpacked in a loop of this file, so there is no sibling's move to copy for "
+                       f"{name}")
 
     def leave_For(self, original_node: cst.For, updated_node: cst.For) -> cst.For:
         if self.span is not None \
@@ -391,6 +429,66 @@ def move_holder(module: cst.Module, request: Request) -> Rewrite | NotFixable:
     return rewritten(module.code, new.code, line, end, "")
 
 
+def _discards_move(statement: cst.SimpleStatementLine, name: str, device: str) -> bool:
+    """Whether ``statement`` is ``name.to(<a device>)`` / ``name.cuda(...)`` alone, its result thrown away.
+
+    A device is ``device=...``, a string, ``<t>.device``, ``torch.device(...)`` or the script's device
+    expression (``device``): ``x.to(torch.float16)`` thrown away is left alone, as binding it would change
+    the dtype, which a proof of placement does not check."""
+    if len(statement.body) != 1 or not isinstance(statement.body[0], cst.Expr):
+        return False
+    call = statement.body[0].value
+    if not isinstance(call, cst.Call) or not isinstance(call.func, cst.Attribute) \
+            or call.func.attr.value not in _FOLDED or not isinstance(call.func.value, cst.Name) \
+            or call.func.value.value != name:
+        return False
+    if call.func.attr.value == "cuda" or any(a.keyword is not None and a.keyword.value == "device"
+                                             for a in call.args):
+        return True
+    given = call.args[0] if call.args else None
+    first = given.value if given is not None and given.keyword is None and not given.star else None
+    spelled = cst.Module([]).code_for_node(first) if first is not None else ""
+    return isinstance(first, (cst.SimpleString, cst.FormattedString)) or spelled == device \
+        or (isinstance(first, cst.Attribute) and first.attr.value == "device") \
+        or (isinstance(first, cst.Call) and cst.Module([]).code_for_node(first.func).endswith("device"))
+
+
+def bind_discarded_move(module: cst.Module, request: Request) -> Rewrite | NotFixable:
+    """PC201 in a script: ``x.to(device)`` alone on its line (Tensor.to returns a moved copy and leaves
+    ``x`` where it is) before a use of ``x`` unmoved -> ``x = x.to(device)``.
+
+    The last such statement before the use, when nothing binds ``x`` again between them. On a module
+    the edit changes nothing (Module.to moves in place and returns the module)."""
+    name = request.rebind
+    lines = _statement_lines(module)
+    device = script_device(module)
+    moves = [(s, line, end) for s, line, end in lines
+             if end < request.line and _discards_move(s, name, device)]
+    if not moves:
+        return NotFixable(f"`{name}` is used unmoved at line {request.line} and no `{name}.to(device)` "
+                          f"before it throws its result away: move {name} to the device where it is made")
+    statement, line, end = moves[-1]
+    wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
+    positions = wrapper.resolve(PositionProvider)
+    for node in all_nodes(module):
+        bound: set[str] = set()
+        if isinstance(node, cst.SimpleStatementLine):
+            bound = _scan(node).assigned
+        elif isinstance(node, (cst.For, cst.With)):
+            targets = [node.target] if isinstance(node, cst.For) else \
+                [item.asname.name for item in node.items if item.asname is not None]
+            bound = set().union(*(_bound_names(t) for t in targets))
+        at = positions[node].start.line if node in positions else 0
+        if name in bound and end < at < request.line:
+            return NotFixable(f"`{name}` is bound again at line {at}, between its `{name}.to(...)` at line "
+                              f"{line} and its use at line {request.line}: move it where that value is made")
+    small = statement.body[0]
+    assert isinstance(small, cst.Expr)
+    assign = cst.Assign([cst.AssignTarget(cst.Name(name))], small.value, semicolon=small.semicolon)
+    new = module.visit(Replace(statement, [statement.with_changes(body=[assign])], {}))
+    return rewritten(module.code, new.code, line, end, "")
+
+
 def _move_target(statement: cst.BaseStatement) -> str:
     """``model.to(device)`` / ``model.cuda()`` / ``model = model.to(device)`` -> ``"model"``; else ``""``."""
     if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
@@ -472,3 +570,152 @@ class _Reorder(cst.CSTTransformer):
         if original_node is self.drop:
             return cst.RemovalSentinel.REMOVE
         return updated_node
+
+
+def _reloads(statement: cst.BaseStatement, models: set[str]) -> str:
+    """The model ``statement`` re-creates or reloads (``model = Net()``, ``model =
+    torch.load(...)``, ``model.load_state_dict(sd, assign=True)``: new Parameter objects), or ``""``."""
+    if not isinstance(statement, cst.SimpleStatementLine):
+        return ""
+    assigned = _scan(statement).assigned & models
+    if assigned:
+        return sorted(assigned)[0]
+    for small in statement.body:
+        call = small.value if isinstance(small, cst.Expr) else None
+        if isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) \
+                and call.func.attr.value == "load_state_dict" and isinstance(call.func.value, cst.Name) \
+                and call.func.value.value in models \
+                and any(a.keyword is not None and a.keyword.value == "assign"
+                        and isinstance(a.value, cst.Name) and a.value.value == "True" for a in call.args):
+            return call.func.value.value
+    return ""
+
+
+def build_optimizer_later(module: cst.Module, request: Request) -> Rewrite | NotFixable:
+    """PC308: ``optimizer = SGD(model.parameters(), ...)`` before ``model = Net()`` (or ``torch.load``, or
+    ``model.load_state_dict(sd, assign=True)``) in the same block: the construction goes down, just after
+    the last re-creation before the optimizer's first use, so it holds the Parameters the script trains.
+
+    Refused when the optimizer is used before the model is re-created (a scheduler built on it, a
+    ``load_state_dict``: moving the construction alone would break them), or when a name the construction
+    reads is bound again in between (``lr = ...``: the optimizer would change)."""
+    wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
+    positions = wrapper.resolve(PositionProvider)
+    owners: list[cst.Module | cst.IndentedBlock] = [module]
+    owners += [n for n in all_nodes(module) if isinstance(n, cst.IndentedBlock)]
+    for owner in owners:
+        block = list(owner.body)
+        at = next((i for i, s in enumerate(block) if isinstance(s, cst.SimpleStatementLine)
+                   and positions[s].start.line <= request.line <= positions[s].end.line), None)
+        if at is not None:
+            break
+    else:
+        return NotFixable(f"line {request.line}, where the optimizer is built, is not a statement of its own")
+    built = block[at]
+    assert isinstance(built, cst.SimpleStatementLine)
+    small = built.body[0] if len(built.body) == 1 else None
+    if not isinstance(small, cst.Assign) or len(small.targets) != 1 \
+            or not isinstance(small.targets[0].target, cst.Name):
+        return NotFixable(f"line {request.line} does not build the optimizer as `name = Optimizer(...)` by "
+                          "itself: build it after the model is re-created or reloaded")
+    name = small.targets[0].target.value
+    code = module.code_for_node(small.value)
+    models = set(re.findall(r"\b(\w+)\.(?:named_)?parameters\(", code))
+    if not models:
+        return NotFixable(f"the optimizer at line {request.line} is not built from `model.parameters()`: "
+                          "build it from the model the script trains, after that model is made")
+    used = next((j for j in range(at + 1, len(block)) if name in _names(block[j])), len(block))
+    again = [j for j in range(at + 1, used) if _reloads(block[j], models)]
+    if not again:
+        later = next((j for j in range(used, len(block)) if _reloads(block[j], models)), None)
+        if later is not None:
+            use_line, made_line = positions[block[used]].start.line, positions[block[later]].start.line
+            return NotFixable(f"`{name}` is used at line {use_line}, before the model is re-created at line "
+                              f"{made_line}: build the optimizer (and what uses it) after that line")
+        return NotFixable(f"no statement after line {request.line} in the same block re-creates or reloads "
+                          f"{' or '.join(sorted(models))}: build the optimizer after the model is made")
+    last = again[-1]
+    read = _names(built) - models - {name}
+    rebound = sorted(read & set().union(*(_scan(block[j]).assigned for j in range(at + 1, last + 1))))
+    if rebound:
+        return NotFixable(f"`{rebound[0]}`, which the optimizer at line {request.line} reads, is bound again "
+                          f"before line {positions[block[last]].start.line}: moving the construction there "
+                          "would change the optimizer")
+    comments = [e for e in built.leading_lines if e.comment]
+    blanks = [e for e in built.leading_lines if not e.comment]
+    moved = built.with_changes(leading_lines=comments)
+    new_block = [*block[:at], *block[at + 1:last + 1], moved, *block[last + 1:]]
+    follower = new_block[at]
+    new_block[at] = follower.with_changes(leading_lines=[*blanks, *_leading(follower)])
+    new = module.visit(_NewBody(owner, new_block))
+    start, end = positions[built].start.line, positions[block[last]].end.line
+    return rewritten(module.code, new.code, start, end, "")
+
+
+def _leading(statement: cst.BaseStatement) -> list[cst.EmptyLine]:
+    """The blank and comment lines above ``statement`` (every statement has them; BaseStatement does not
+    say so)."""
+    return list(getattr(statement, "leading_lines", ()))
+
+
+def _names(node: cst.CSTNode) -> set[str]:
+    names = _Names()
+    node.visit(names)
+    return names.names
+
+
+class _NewBody(cst.CSTTransformer):
+    """``body`` in place of ``owner``'s statements."""
+
+    def __init__(self, owner: cst.Module | cst.IndentedBlock, body: list[cst.BaseStatement]) -> None:
+        super().__init__()
+        self.owner = owner
+        self.body = body
+
+    def leave_IndentedBlock(self, original_node: cst.IndentedBlock,
+                            updated_node: cst.IndentedBlock) -> cst.IndentedBlock:
+        return updated_node.with_changes(body=self.body) if original_node is self.owner else updated_node
+
+    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
+        return updated_node.with_changes(body=self.body) if original_node is self.owner else updated_node
+
+
+_SYNCHRONIZE = """if {torch}.cuda.is_available():  # the non_blocking copy must land before the host reads it
+    {torch}.cuda.current_stream().synchronize()
+"""
+"""PC210's statement. Guarded: on a machine without CUDA the copy was host to host, and
+torch.cuda.current_stream() would raise there (a script with a CPU fallback would break)."""
+
+
+def synchronize_before(module: cst.Module, request: Request, imports: Imports) -> Rewrite | NotFixable:
+    """PC210: a host read of a tensor a ``non_blocking=True`` copy from the GPU is still filling: the
+    stream is synchronised just before the statement that reads it (the read comes after the copy, so
+    anything before the read's statement waits for it)."""
+    if not imports.torch:
+        return NotFixable("the file does not import torch as a module, so there is no name to reach "
+                          "torch.cuda.current_stream()")
+    wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
+    positions = wrapper.resolve(PositionProvider)
+    owners: list[cst.Module | cst.IndentedBlock] = [module]
+    owners += [n for n in all_nodes(module) if isinstance(n, cst.IndentedBlock)]
+    found: tuple[int, cst.Module | cst.IndentedBlock, int] | None = None
+    for owner in owners:
+        for index, statement in enumerate(owner.body):
+            pos = positions[statement]
+            span = pos.end.line - pos.start.line
+            if pos.start.line <= request.line <= pos.end.line and (found is None or span < found[0]):
+                found = (span, owner, index)
+    if found is None:
+        return NotFixable(f"no statement of this file spans line {request.line}, where the host reads the "
+                          "copy: the file changed since the audit")
+    _, owner, index = found
+    block = list(owner.body)
+    read = block[index]  # a compound statement when the read is in its header: the sync goes before it
+    lines = _leading(read)
+    split = next((i for i, e in enumerate(lines) if e.comment), len(lines))
+    sync = cst.parse_statement(_SYNCHRONIZE.format(torch=imports.torch[0]))
+    sync = sync.with_changes(leading_lines=lines[:split])
+    new_block = [*block[:index], sync, read.with_changes(leading_lines=lines[split:]), *block[index + 1:]]
+    new = module.visit(_NewBody(owner, new_block))
+    line = positions[read].start.line
+    return rewritten(module.code, new.code, line, line, "")

@@ -28,13 +28,21 @@ from placecheck.fix.devices import (
     AddDevice,
     MapLocation,
     MoveBatchElement,
+    bind_discarded_move,
+    build_optimizer_later,
     move_holder,
     move_model_up,
     script_device,
+    synchronize_before,
 )
 from placecheck.fix.syntax import AtLine, Imports, NotFixable, Request, Rewrite, rewritten
 
+_HOST_MEMORY = frozenset({"from_numpy", "frombuffer"})
+"""torch functions that wrap host memory: they take no ``device=``."""
+
 _KEY = re.compile(r"^\[(\d+|'[^']*'|\"[^\"]*\")\]$")
+_KEYS = re.compile(r"\[(\d+|'[^']*'|\"[^\"]*\")\]")
+"""Each literal index of ``stages[0][1]`` / ``gains['a'][0]``: one per container level."""
 
 
 def _attribute(where: str, module: str) -> str:
@@ -67,15 +75,24 @@ def _transformer(request: Request, imports: Imports) -> AtLine | _WholeFile | No
     if code in (Code.PC102, Code.PC103):
         base, bracket, key = request.where.partition("[")
         attr = _attribute(base, request.module)
-        matched = _KEY.match(bracket + key)
-        if not attr.isidentifier() or matched is None:
-            return NotFixable("not a plain container held directly by a module attribute")
-        indexed_as = "list" if matched.group(1).isdigit() else "dict"
-        return WrapContainer(request.line, code, attr, indexed_as, imports)
+        keys = _KEYS.findall(bracket + key)
+        if not attr.isidentifier() or not keys or "".join(f"[{k}]" for k in keys) != bracket + key:
+            return NotFixable(f"`{request.where}` is not held in containers indexed by literal keys under a "
+                              "module attribute (an object's field, a set?): hold the "
+                              f"{'modules' if code == Code.PC102 else 'parameters'} in nn.ModuleList / "
+                              "nn.ModuleDict (nn.ParameterList / nn.ParameterDict) where they are built")
+        kinds = tuple("list" if k.isdigit() else "dict" for k in keys)
+        return WrapContainer(request.line, code, attr, kinds, imports)
     if code == Code.PC202:
         factory = request.op.removeprefix("torch.")
         if request.op and (not request.op.startswith("torch.") or not factory.isidentifier()):
             return NotFixable(f"{request.op} is not a torch factory function")
+        if factory in _HOST_MEMORY:
+            # torch.from_numpy, torch.frombuffer: no device= to add; torch.as_tensor(a, device=...) copies,
+            # and a proof compares findings, not values: a later write to the array would go unseen
+            return NotFixable(f"{request.op} takes no device= and shares the array's memory: a copy on the "
+                              "device (torch.as_tensor(array, device=x.device)) would not see later writes "
+                              "to the array, which no re-audit can check; make that choice by hand")
         if request.script:
             return lambda module: _visit(module, AddDevice(request.line, factory, imports,
                                                            script_device(module)))
@@ -83,6 +100,8 @@ def _transformer(request: Request, imports: Imports) -> AtLine | _WholeFile | No
     if code == Code.PC201:
         if request.holder:
             return lambda module: move_holder(module, request)
+        if request.rebind:
+            return lambda module: bind_discarded_move(module, request)
         if not request.batch:
             return NotFixable("the audit names no origin of the mismatched tensor that placecheck fix can "
                               "rewrite: fix it where the tensor comes from")
@@ -95,9 +114,13 @@ def _transformer(request: Request, imports: Imports) -> AtLine | _WholeFile | No
         return MapLocation(request.line, location, imports)
     if code == Code.PC307:
         return lambda module: move_model_up(module, request)
+    if code == Code.PC308:
+        return lambda module: build_optimizer_later(module, request)
+    if code == Code.PC210:
+        return lambda module: synchronize_before(module, request, imports)
     if code in NEVER:
         return NotFixable(NEVER[code])
-    return NotFixable(f"{code} is not rewritten automatically")
+    return NotFixable(f"{code} has no rewrite in placecheck fix yet")
 
 
 def _visit(module: cst.Module, transformer: AtLine) -> Rewrite | NotFixable:

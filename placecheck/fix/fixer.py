@@ -8,8 +8,9 @@
 The audit runs once; :mod:`placecheck.fix.plan` turns the selected findings
 into libcst edits (:mod:`placecheck.fix.edits`); :mod:`placecheck.fix.proof`
 audits the edited sources again in a forked child, with the same options. An
-edit is offered only when its findings are gone and no new finding appeared;
-the others are listed with the reason. The user's files change only in
+edit is offered only when its findings are gone, no new finding appeared, and
+the re-audit ran to its end where the first did; the others are listed with
+the reason. The user's files change only in
 :func:`write`, which refuses when a file changed on disk since the audit.
 """
 
@@ -32,7 +33,7 @@ from placecheck.findings.finding import Finding, Severity
 from placecheck.findings.report import Report
 from placecheck.fix.codes import AUTOFIX, NEVER, fixable_text
 from placecheck.fix.edits import lazy_equivalent
-from placecheck.fix.plan import Edit, Plan, Unfixed, make_plan, patched_texts, split_source
+from placecheck.fix.plan import VIA_ORIGIN, Edit, Plan, Unfixed, make_plan, patched_texts, split_source
 from placecheck.fix.proof import Outcome, reaudit
 
 __all__ = ["AUTOFIX", "NEVER", "Edit", "FixRefused", "FixResult", "Unfixed", "fix", "fix_report", "fix_run",
@@ -82,10 +83,10 @@ class FixResult:
             edit = by_edit.get(id(finding))
             if edit is not None:
                 lines = f"{edit.start}" if edit.start == edit.end else f"{edit.start}-{edit.end}"
-                at = "its origin " if finding.code == Code.PC201 and edit.code != Code.PC201 else ""
+                at = "its origin " if finding.code in VIA_ORIGIN and edit.code != finding.code else ""
                 out.append((finding, True, f"edit at {at}{edit.file}:{lines}"))
             elif id(finding) in gone:
-                out.append((finding, True, "gone with the edits of its origins" if finding.code == Code.PC201
+                out.append((finding, True, "gone with the edits of its origins" if finding.code in VIA_ORIGIN
                             else "gone with the edits"))
             elif id(finding) in by_reason:
                 out.append((finding, False, by_reason[id(finding)]))
@@ -99,6 +100,14 @@ class FixResult:
     def exit_code(self) -> int:
         """0 when nothing selected is left at warning or above, 1 otherwise."""
         return int(any(f.severity.rank >= Severity.WARNING.rank for f in self.remaining))
+
+    @property
+    def check_exit_code(self) -> int:
+        """``placecheck fix --check``'s status: 1 when a proven edit is left to make, 0 when none is.
+
+        Findings no edit fixes (a layer built in forward, an edit that failed its proof) do not count:
+        the check asks whether ``fix --write`` would change anything, for pre-commit and CI."""
+        return int(bool(self.edits))
 
     def diff(self) -> str:
         """A unified diff of every offered edit (``a/FILE`` against ``b/FILE``)."""
@@ -189,10 +198,24 @@ def _key(finding: Finding, maps: Mapping[str, dict[int, int]]) -> tuple[str, ...
 class _Prover:
     """Runs proofs of edit sets and keeps the reasons edits failed."""
 
-    def __init__(self, plan: Plan, audit_once: Callable[[], Report], first: list[Finding]) -> None:
+    def __init__(self, plan: Plan, audit_once: Callable[[], Report], first: list[Finding],
+                 ran_through: bool = True) -> None:
         self.plan = plan
         self.audit_once = audit_once
         self.first = Counter(_key(f, {}) for f in first)
+        self.ran_through = ran_through
+        """Whether the first audit's forward (or run's script) ran to its end: then a proof's must too."""
+
+    def stopped(self, outcome: Outcome) -> str:
+        """Why the re-audit with the edits stopped before its end where the first audit did not; ``""``.
+
+        An edit that makes the forward raise (``list + nn.ModuleList``) brings no finding, only an
+        unchecked rest: with an inferred input the audit notes the error and goes on."""
+        report = outcome.report
+        if not self.ran_through or report is None:
+            return ""
+        why = getattr(report, "incomplete", "") or getattr(report, "unfinished", "")
+        return f"with the edits the audit stopped before its end: {why}" if why else ""
 
     def prove(self, edits: list[Edit]) -> tuple[Outcome, dict[str, dict[int, int]], list[Finding]]:
         texts = patched_texts(self.plan, edits)
@@ -224,15 +247,21 @@ class _Prover:
                      for e in pending if any(still[_key(f, {})] for f in e.findings)}
             if new:
                 stuck.update(self._blame(pending, stuck, new))
+            elif self.stopped(outcome):
+                stuck.update(self._blame(pending, stuck, [], self.stopped(outcome)))
             if not stuck:
                 return pending, failed, outcome, maps
             failed.extend((e, stuck[id(e)]) for e in pending if id(e) in stuck)
             pending = [e for e in pending if id(e) not in stuck]
         return [], failed, None, {}
 
-    def _blame(self, pending: list[Edit], stuck: dict[int, str], new: list[Finding]) -> dict[int, str]:
-        """Which edits bring the new findings: each edit proven alone when there are several."""
+    def _blame(self, pending: list[Edit], stuck: dict[int, str], new: list[Finding],
+               stopped: str = "") -> dict[int, str]:
+        """Which edits bring the new findings (or stop the audit before its end, ``stopped``): each edit
+        proven alone when there are several."""
         def said(found: list[Finding]) -> str:
+            if not found:
+                return f"the re-audit {stopped.removeprefix('with the edits the audit ')}"
             f = found[0]
             return f"the re-audit reports a new finding: {f.code} at {f.where or f.source}: {f.message}"
 
@@ -246,8 +275,13 @@ class _Prover:
                 blamed[id(edit)] = f"the re-audit with this edit failed: {outcome.error}"
             elif alone_new:
                 blamed[id(edit)] = said(alone_new)
-        return blamed or {id(e): "together the edits bring " + said(new).removeprefix("the re-audit reports ")
-                          for e in candidates}
+            elif self.stopped(outcome):
+                blamed[id(edit)] = "the re-audit " + self.stopped(outcome).removeprefix(
+                    "with the edits the audit ")
+        together = ("together the edits bring " + said(new).removeprefix("the re-audit reports ") if new else
+                    "together the edits stop the audit before its end: "
+                    + stopped.removeprefix("with the edits the audit stopped before its end: "))
+        return blamed or {id(e): together for e in candidates}
 
 
 def _not_rewritten(finding: Finding) -> str:
@@ -263,8 +297,8 @@ def _not_rewritten(finding: Finding) -> str:
                     return (f"a layer built in forward needs its input shape to be built in __init__: build "
                             f"it there as nn.{lazy_equivalent(name)}, which infers the input size on the "
                             "first call (not rewritten: its other arguments are yours to choose)")
-    return NEVER.get(finding.code, f"{finding.code} is not rewritten automatically: {finding.hint}"
-                     if finding.hint else f"{finding.code} is not rewritten automatically")
+    # every code is in AUTOFIX or NEVER (tests/test_fix_reasons.py): the fallback is for a code added later
+    return NEVER.get(finding.code, f"{finding.code} has no rewrite in placecheck fix yet")
 
 
 def fix_report(report: Report, audit_once: Callable[[], Report], *, select: Iterable[str] | None = None,
@@ -291,7 +325,8 @@ def fix_report(report: Report, audit_once: Callable[[], Report], *, select: Iter
         result.not_fixable = unplanned
         result.remaining = chosen
         return result
-    prover = _Prover(plan, audit_once, list(report.findings))
+    prover = _Prover(plan, audit_once, list(report.findings),
+                     ran_through=not (report.incomplete or report.unfinished))
     result.edits, result.failed, outcome, maps = prover.settle(plan.edits)
     unplanned += [Unfixed(f, "not every tensor it mixed comes from a line placecheck fix rewrote")
                   for f in plan.via_origins]

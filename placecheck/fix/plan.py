@@ -156,19 +156,30 @@ def origins(finding: Finding) -> list[str]:
 
 _WALK = (Code.PC101, Code.PC102, Code.PC103)
 
+VIA_ORIGIN = frozenset({Code.PC201, Code.PC205, Code.PC206})
+"""Codes fixed where their tensor comes from (the finding's origin), not at the line that used it: a
+mismatch (PC201), a CPU index copied to the device per call (PC205), an output off the device (PC206)."""
+
 
 def origin_requests(finding: Finding, everything: Sequence[Finding], unsafe: bool,
                     script: str = "") -> list[tuple[str, Request, Finding | None]] | str:
-    """A mismatch (PC201) fixed where its tensors come from: for each origin, the file, the rewrite and the
-    finding the audit made there (a PC101 of the attribute, a PC202 of the line), if any; or why not.
+    """A mismatch (PC201), a CPU index (PC205) or an output off the device (PC206) fixed where its tensors
+    come from: for each origin, the file, the rewrite and the finding the audit made there (a PC101 of the
+    attribute, a PC202 of the line), if any; or why not.
 
     An attribute's origin is the walk finding of that attribute (its line is the assignment); a line's is
     the PC202 the audit made there, else the torch factory on that line. In the script ``placecheck run``
     ran, a module's buffer the script never moved (``criterion.weight``) is moved where it is built.
     """
     named = origins(finding)
+    used = split_source(finding.source)
+    if not named and finding.code == Code.PC201 and script and used is not None \
+            and _same_file(used[0], script) and finding.where.isidentifier():
+        # a name of the script used unmoved: its `x.to(device)` may have thrown the result away
+        return [(used[0], Request(code=Code.PC201, line=used[1], where=finding.where, rebind=finding.where,
+                                  script=True), None)]
     if not named:
-        return "the audit does not say where the mismatched tensor came from"
+        return "the audit does not say where the tensor came from: there is no line to give it a device"
     planned: list[tuple[str, Request, Finding | None]] = []
     for origin in named:
         at = split_source(origin)
@@ -185,10 +196,9 @@ def origin_requests(finding: Finding, everything: Sequence[Finding], unsafe: boo
         if walked is not None and located is not None:
             planned.append((located[0], request_for(walked, located[1], unsafe, script), walked))
             continue
-        used = split_source(finding.source)
         holder = origin.partition(".")[0]
-        if script and used is not None and _same_file(used[0], script) and "." in origin \
-                and holder.isidentifier():
+        if finding.code == Code.PC201 and script and used is not None and _same_file(used[0], script) \
+                and "." in origin and holder.isidentifier():
             planned.append((used[0], Request(code=Code.PC201, line=used[1], where=finding.where,
                                              holder=holder, script=True), None))
             continue
@@ -206,6 +216,8 @@ def _request_key(request: Request) -> tuple[object, ...]:
         return request.code, request.line, request.where.partition("[")[0]
     if request.code == Code.PC101:  # blocks.0.mask and blocks.1.mask, cache['k'] and cache['v']: one edit
         return request.code, request.line, re.split(r"[.\[]", _attribute(request.where, request.module))[0]
+    if request.rebind:  # `x` used unmoved at several lines: its one discarded move
+        return request.code, "rebind", request.rebind
     if request.batch or request.holder:  # `labels` used unmoved at several lines: one move in the loop
         return request.code, request.line, request.where, request.holder
     return request.code, request.line, request.op
@@ -284,7 +296,7 @@ def make_plan(findings: Iterable[Finding], unsafe: bool, everything: Sequence[Fi
         group[key] = (first, already + [f for f in found if all(f is not g for g in already)])
 
     for finding in findings:
-        if finding.code == Code.PC201 and not dict(finding.details).get("batch"):
+        if finding.code in VIA_ORIGIN and not dict(finding.details).get("batch"):
             planned = origin_requests(finding, everything, unsafe, script)
             if isinstance(planned, str):
                 plan.not_fixable.append(Unfixed(finding, planned))

@@ -43,6 +43,9 @@ class Request:
     holder: str = ""
     """PC201 in ``placecheck run``: the script's name of a module whose buffer was not moved
     (``criterion`` of ``criterion.weight``)."""
+    rebind: str = ""
+    """PC201 in ``placecheck run``: the script's name of the tensor used unmoved (``x``), whose
+    ``x.to(device)`` before the use threw its result away."""
 
 
 
