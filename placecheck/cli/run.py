@@ -15,6 +15,7 @@ from placecheck.findings.output import (
     OutputOptions,
     emit,
     errors_reported,
+    interrupted,
     model_output_to_stderr,
     output_format,
     say,
@@ -165,9 +166,14 @@ def run(
         options = configured(ctx, options)  # ./pyproject.toml's [tool.placecheck.run] for what is not given
         options.check()  # a bad selector fails before the script runs (and before torch loads)
         from placecheck.run import run as run_program
+        from placecheck.run.script import RunInterrupted
 
-        with model_output_to_stderr():
-            report = run_program(target, args, options=options)
+        try:
+            with model_output_to_stderr():
+                report = run_program(target, args, options=options)
+        except RunInterrupted as stop:  # Ctrl-C while the script ran: what was found so far, then the line
+            emit(stop.report, out)
+            raise interrupted() from None
         code = emit(report, out)
         if report.unfinished:
             _say_unfinished(report, _corrected(ctx, report, args))

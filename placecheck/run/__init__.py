@@ -38,6 +38,7 @@ from placecheck.findings.rules import selected
 from placecheck.run.script import (
     Outcome,
     Program,
+    RunInterrupted,
     Watchdog,
     execute,
     exit_status,
@@ -85,7 +86,9 @@ def run(target: str | Callable[[], Any], args: Sequence[str] = (), *, options: R
     passes a whole options object instead (then give no other keyword), as ``placecheck run``
     does. Raises :class:`~placecheck.basics.errors.UsageError` for bad options and
     :class:`~placecheck.basics.errors.LoadError` for a missing script or
-    module or a syntax error; what the script raises is reported, not raised.
+    module or a syntax error; what the script raises is reported, not raised. Ctrl-C during the script
+    raises :class:`~placecheck.run.script.RunInterrupted` (a KeyboardInterrupt) whose ``report`` holds
+    what was found until then.
     """
     from placecheck.engines import cudaapi
     from placecheck.run.ranks import TORCHRUN_MODULE, torchrun_command
@@ -133,6 +136,10 @@ def _protected(program: Program, options: RunOptions, codes: frozenset[str]) -> 
         if session is None:
             return report
         return session.reported(report)
+    except RunInterrupted as stop:  # what was found so far, with the writes until then
+        if session is not None:
+            stop.report = session.reported(stop.report)
+        raise
     finally:
         if session is not None:
             session.close()
@@ -227,7 +234,7 @@ def _simulate(program: Program, options: RunOptions, codes: frozenset[str],
             measured = recorder.probe = Probe(1 << 62, "measured under the fake engine")
         outcome, assumed = _run_fake(program, recorder, lines, gpus, timeout, notes, kids[0])
         finding = recorder.error_finding(outcome.error) if outcome.error is not None else None
-        if measured is not None and recorder.limit:
+        if measured is not None and recorder.limit and outcome.kind != "interrupted":
             # the fake engine cannot go on here (code that needs a CUDA driver, a value it cannot give):
             # auto does not give up while real values fit in memory
             from placecheck.engines.tagged import tagged_cuda
@@ -288,6 +295,8 @@ def _simulate(program: Program, options: RunOptions, codes: frozenset[str],
                           unfinished=unfinished,
                           script_traceback=user_traceback(own_error) if own_error is not None else (),
                           coverage=covered)
+    if outcome.kind == "interrupted":
+        raise RunInterrupted(report)
     return report, list(checks[0].uses) if checks else []
 
 
@@ -348,6 +357,8 @@ def _unfinished(outcome: Outcome, limit: str, own_error: BaseException | None) -
     the simulation's limit, the script's own exception (not a device error) or its own non-zero
     ``sys.exit``; "" otherwise."""
     at = f" at {outcome.line}" if outcome.line else ""
+    if outcome.kind == "interrupted":
+        return f"interrupted by Ctrl-C{at}"
     if limit:
         return f"the simulation stopped{at}"
     if outcome.kind == "stopped" and outcome.unfinished:
@@ -386,6 +397,11 @@ def _ending(outcome: Outcome, steps: int, lines: ScriptLines, own_error: bool = 
             ff: FastForward | None = None) -> str:
     at = f" at {outcome.line}" if outcome.line else ""
     done = f"{steps} optimizer step{'s' if steps != 1 else ''}"
+    if outcome.kind == "interrupted":  # the fast-forward's story would say the rest of the script ran
+        unrun = lines.unrun_after_stop(outcome.stack)
+        left = f": {unrun}" if unrun else ""
+        return (f"run: interrupted by Ctrl-C{at}, after {done}: the findings are those made until then, the "
+                f"code after it is unchecked{left}")
     if ff is not None and ff.on:
         done = (f"{done}, the last {steps - ff.budget} after a fast-forward from {ff.began_at} (--steps "
                 f"{ff.budget}): the rest of the training loop skipped, the rest of the script run; --steps 0 "

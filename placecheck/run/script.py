@@ -22,11 +22,14 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from types import CodeType, FrameType, TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from placecheck.basics.errors import LoadError
 from placecheck.checks.sources import display_path, is_internal, library_package, user_line
 from placecheck.run.session import StopRun
+
+if TYPE_CHECKING:
+    from placecheck.findings.report import Report
 
 
 @dataclass(frozen=True)
@@ -96,7 +99,8 @@ class Outcome:
     """How the program ended."""
 
     kind: str
-    """``end`` (it finished), ``exit`` (sys.exit), ``stopped`` (steps or timeout), ``error``."""
+    """``end`` (it finished), ``exit`` (sys.exit), ``stopped`` (steps or timeout), ``error``,
+    ``interrupted`` (Ctrl-C: a KeyboardInterrupt raised in the program)."""
     line: str = ""
     """The user's line where it stopped or raised ("" when unknown)."""
     reason: str = ""
@@ -106,7 +110,17 @@ class Outcome:
     stack: tuple[tuple[CodeType, int], ...] = ()
     """Where a stop found the program: each frame's code and line, outermost first."""
     unfinished: bool = False
-    """A stop that means the script did not run through (the :class:`Watchdog`'s)."""
+    """A stop that means the script did not run through (the :class:`Watchdog`'s, Ctrl-C's)."""
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a run: the report of what the run found until then (marked unfinished), which
+    ``placecheck run`` prints before it exits 130; a caller that does not look at it sees the
+    KeyboardInterrupt it always saw."""
+
+    def __init__(self, report: Report) -> None:
+        super().__init__()
+        self.report = report
 
 
 @contextlib.contextmanager
@@ -276,9 +290,12 @@ def execute(program: Program, timeout: float | None = None, notes: list[str] | N
                            unfinished=stop.unfinished)
         except SystemExit as exc:
             return Outcome("exit", user_line(exc), exit_code=exc.code)
+        except KeyboardInterrupt as exc:
+            # Ctrl-C ends the run as a stop does: what was found so far is reported (the caller raises
+            # RunInterrupted with that report, so Ctrl-C still interrupts whoever called the run)
+            return Outcome("interrupted", user_line(exc), "by Ctrl-C", stack=_stack(exc.__traceback__),
+                           unfinished=True)
         except BaseException as exc:  # the program's own failure is reported, not raised
-            if isinstance(exc, KeyboardInterrupt):
-                raise
             return Outcome("error", user_line(exc), error=exc)
     return Outcome("end")
 
