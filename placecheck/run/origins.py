@@ -13,6 +13,9 @@ import weakref
 from dataclasses import dataclass
 
 import torch
+import torch.nn as nn
+
+from placecheck.checks.walk import storage_key
 
 MAX_TRACKED = 50_000
 """Tags kept before the dead ones are dropped (a long stretch without optimizer steps)."""
@@ -45,21 +48,37 @@ class Origins:
 
     def __init__(self) -> None:
         self._tracked: dict[int, _Tracked] = {}
+        self._created: dict[int, tuple[str, tuple[int, ...], Origin]] = {}
+        """A created tensor's storage (its data pointer) -> its dtype, shape and origin: a parameter made
+        on the same data (``nn.Parameter(torch.full(...))``, which outlives the factory's own tensor)
+        came from the same line."""
 
     def __bool__(self) -> bool:
         return bool(self._tracked)
 
     def track(self, t: torch.Tensor, origin: Origin) -> None:
         self._tracked[id(t)] = _Tracked(weakref.ref(t), origin)
+        if origin.kind == "created":
+            key = storage_key(t)
+            if key is not None:
+                self._created[key] = (str(t.dtype), tuple(t.shape), origin)  # the newest on that memory
         if len(self._tracked) > MAX_TRACKED:
             self.prune()
 
     def of(self, t: torch.Tensor) -> Origin | None:
         tracked = self._tracked.get(id(t))
-        if tracked is None or tracked.ref() is not t:
-            return None
-        return tracked.origin
+        if tracked is not None and tracked.ref() is t:
+            return tracked.origin
+        if isinstance(t, nn.Parameter) and self._created:
+            # nn.Parameter(data) is a new tensor object on data's storage, made by no torch function call
+            key = storage_key(t)
+            made = self._created.get(key) if key is not None else None
+            if made is not None and made[:2] == (str(t.dtype), tuple(t.shape)):
+                return made[2]
+        return None
 
     def prune(self) -> None:
         """Forget tensors that no longer exist (their ids may be reused)."""
         self._tracked = {k: v for k, v in self._tracked.items() if v.ref() is not None}
+        if len(self._created) > MAX_TRACKED:  # the oldest first: a parameter is made before its loop
+            self._created = dict(list(self._created.items())[MAX_TRACKED // 2:])

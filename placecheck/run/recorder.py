@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
+import sys
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
@@ -51,7 +52,7 @@ import torch.nn as nn
 from placecheck.basics.errors import one_line
 from placecheck.checks import classify
 from placecheck.checks.host_syncs import HOST_SYNCS, host_sync
-from placecheck.checks.hostcopies import PendingCopies, PendingCopy
+from placecheck.checks.hostcopies import PendingCopies, PendingCopy, nonblocking_host_copy
 from placecheck.checks.provenance import CallCounts
 from placecheck.checks.sources import here, user_line
 from placecheck.checks.state import Registry
@@ -80,6 +81,8 @@ from placecheck.run.sites import called_from_user, library_caller, names_of
 
 _MOVES = frozenset({torch.Tensor.to, torch.Tensor.cuda})
 _BACKWARDS = frozenset({torch.Tensor.backward, torch.autograd.backward})
+_DEVICE_TO_HOST = frozenset({torch.Tensor.to, torch.Tensor.type_as})
+"""Calls that copy a device tensor to the host when asked for the CPU (``.cpu()`` is in the sync table)."""
 _FACTORIES = frozenset(getattr(torch, name) for name in (
     "zeros", "ones", "empty", "full", "tensor", "as_tensor", "arange", "linspace", "rand", "randn",
     "randint", "randperm", "eye", "zeros_like", "ones_like", "empty_like", "full_like", "rand_like",
@@ -139,6 +142,11 @@ class RunRecorder:
         self.loaders = Loaders(self)
         self.checkpoints = Checkpoints(self)
         self._forward_stack: list[nn.Module] = []
+        self._registered: set[int] = set()
+        """ids of the parameters registered during a forward (one PC203 each)."""
+        self.registered_lines: set[str] = set()
+        """Lines that registered a parameter during a forward (PC203): the tensor made there is that
+        parameter's data, not a creation of its own (PC202)."""
         self._held: set[int] = set()
         """ids of the modules the outermost module running held when its forward began."""
         self._backwards_seen = 0
@@ -192,6 +200,7 @@ class RunRecorder:
             module_mod.register_module_forward_pre_hook(self._forward_enter),
             module_mod.register_module_forward_hook(self._forward_exit, always_call=True),
             module_mod.register_module_module_registration_hook(self._module_registered),
+            module_mod.register_module_parameter_registration_hook(self._parameter_registered),
         ]
         if self.probe is not None:
             probe = self.probe
@@ -219,6 +228,7 @@ class RunRecorder:
                     (nn.Module, "load_state_dict", self.moves.load_state_dict),
                     (subprocess.Popen, "__init__", no_copies_of_the_script),
                     (torch.jit, "script", eager_script(self.notes)),
+                    (torch, "from_numpy", self._host_factory), (torch, "frombuffer", self._host_factory),
                 ]))
                 stack.enter_context(eager_compile(self._compiled))
                 stack.enter_context(data_parallel_simulated(self.gpus, self.quiet))
@@ -232,6 +242,20 @@ class RunRecorder:
             for handle in handles:
                 handle.remove()
             torch.__future__.set_swap_module_params_on_conversion(swap)
+
+    def _host_factory(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        """``torch.from_numpy``/``torch.frombuffer``, which no torch function mode sees (as audit's tracer
+        wraps them): a tensor the user's own line made on the host is a creation there."""
+        def factory(*args: Any, **kwargs: Any) -> Any:
+            out = original(*args, **kwargs)
+            if self._quiet or not isinstance(out, torch.Tensor) or not self.is_host_tensor(out):
+                return out
+            line, frame = here()
+            if line and frame is sys._getframe(1):  # the user's line called it, not a library for it
+                module = type(self._forward_stack[-1]).__name__ if self._forward_stack else ""
+                self.origins.track(out, Origin("created", f"torch.{original.__name__}", line, module=module))
+            return out
+        return factory
 
     def _compiled(self) -> None:
         """The script called ``torch.compile``: what runs is its eager code (:func:`eager_compile`)."""
@@ -338,6 +362,12 @@ class RunRecorder:
         if self.ranks is not None and isinstance(out, torch.Tensor) \
                 and (func in _MOVES or func in _FACTORIES):
             self.ranks.placed(func, out)
+        if func in _DEVICE_TO_HOST and isinstance(out, torch.Tensor) and args \
+                and isinstance(args[0], torch.Tensor) and args[0].device.type != "cpu" \
+                and out.device.type == "cpu" and nonblocking_host_copy(func, args, kwargs, out) is None:
+            self._record_sync(f".{func.__name__}()", args[0])  # a blocking device-to-host copy, as audit's
+        if self.moves.strays and isinstance(out, torch.Tensor):
+            self.moves.derived(out, [t for _, t in call.tensors], func in _MOVES)
         if func in _MOVES and isinstance(out, torch.Tensor) and args and isinstance(args[0], torch.Tensor):
             self._record_move(func, args, kwargs, args[0], out)
         elif isinstance(out, torch.Tensor) and self.is_host_tensor(out):
@@ -396,6 +426,7 @@ class RunRecorder:
     def _prune(self) -> None:
         """Forget tensors that no longer exist (their ids may be reused)."""
         self.origins.prune()
+        self.moves.prune()
         self.copies = {k: v for k, v in self.copies.items() if v.ref() is not None or len(v.steps) > 1}
 
     def _repair(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -424,6 +455,7 @@ class RunRecorder:
             line, frame = here()
             moved: dict[int, torch.Tensor] = {}
             for t in offending:
+                self.moves.fed(t)
                 self._mismatch(func, t, reference, line, frame)
                 with self.quiet():
                     moved[id(t)] = t.to(reference)
@@ -462,6 +494,10 @@ class RunRecorder:
             loader_at=origin.line if origin is not None else "", owner=owner,
             created_by=origin.path if origin is not None and not batch else "",
             created_at=origin.line if origin is not None else "", in_forward=in_module is not None)
+        if origin is not None and origin.kind == "created" and not self.moves.is_stray(t) \
+                and origin.line not in self.registered_lines:
+            # (a stray attribute's line is its PC101's, a parameter built in forward its PC203's)
+            self._created_then_fed(origin, t, str(reference))
         self.add(Finding(
             code=r.code, kind=r.kind, severity=r.severity, where=where, message=message, hint=hint,
             source=line, device=str(t.device), expected=str(reference),
@@ -533,6 +569,21 @@ class RunRecorder:
             device="cpu", expected=device, dtype=str(t.dtype).removeprefix("torch."), shape=tuple(t.shape),
             nbytes=_nbytes(t), count=1, origin=origin.line, message=message, hint=hint))
 
+    def _created_then_fed(self, origin: Origin, t: torch.Tensor, device: str) -> None:
+        """PC202 at the line that made ``t`` on the host without ``device=``: the cause of the mismatch it
+        fed, the line to edit, as audit reports a forward's creation; a tensor the script itself made
+        (``torch.full(...)`` later made a trainable parameter) is reported at its line the same way."""
+        r = rule(Code.PC202)
+        if origin.module:
+            message, hint = rules.created_off_device(origin.path, _tensor(t), "cpu", device, fed=True)
+        else:
+            message, hint = rules.created_in_script(origin.path, _tensor(t), "cpu", device)
+        self.add(Finding(
+            code=r.code, kind=r.kind, severity=r.severity, where=origin.module, source=origin.line,
+            device="cpu", expected=device, dtype=str(t.dtype).removeprefix("torch."), shape=tuple(t.shape),
+            nbytes=_nbytes(t), count=1, origin=origin.line, message=message, hint=hint,
+            details=(("op", origin.path),)), key_extra=f"{origin.module}|fed")
+
     def _implicit_index(self, func: Callable[..., Any], args: tuple[Any, ...]) -> None:
         """PC205: a CPU index tensor indexing a device tensor (a host-to-device copy per call)."""
         index = args[1] if len(args) > 1 else None
@@ -545,9 +596,18 @@ class RunRecorder:
             return
         target = str(args[0].device)
         origin = self.origins.of(cpu[0])
-        # a forward's creation is named as audit names it (audit sees no other); the creation itself is
-        # not a second finding here (audit also reports it as PC202)
+        # a forward's creation is named as audit names it (audit sees no other), and, as audit, the
+        # creation is a finding of its own (PC202 at its line: a host allocation and a copy per call)
         in_forward = origin is not None and origin.kind == "created" and bool(origin.module)
+        self.moves.fed(cpu[0])
+        if in_forward and origin is not None:
+            r = rule(Code.PC202)
+            message, hint = rules.created_off_device(origin.path, _tensor(cpu[0]), "cpu", target)
+            self.add(Finding(
+                code=r.code, kind=r.kind, severity=r.severity, where=origin.module, source=origin.line,
+                device="cpu", expected=target, dtype=str(cpu[0].dtype).removeprefix("torch."),
+                shape=tuple(cpu[0].shape), nbytes=_nbytes(cpu[0]), count=1, origin=origin.line,
+                message=message, hint=hint, details=(("op", origin.path),)), key_extra=f"{origin.module}|met")
         r = rule(Code.PC205)
         came_from = rules.came_from(created_by=origin.path, created_at=origin.line) \
             if origin is not None and in_forward else ""
@@ -581,6 +641,26 @@ class RunRecorder:
             code=r.code, kind=r.kind, severity=rules.severity(r.code, "on-target" if on_target else None),
             where=f"{type(owner).__name__}.{name}", source=line, device=", ".join(devices),
             expected=target, message=message, hint=hint))
+
+    def _parameter_registered(self, owner: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        """PC203: a parameter registered on a module the forward held, during that forward (as audit
+        reports it); the line that made its data is this finding's, not a creation's (PC202)."""
+        if not self._forward_stack or param is None or id(owner) not in self._held or self._quiet \
+                or id(param) in self._registered:
+            return
+        self._registered.add(id(param))  # kept alive by its module: the id is not reused
+        line, _ = here()
+        target = next((str(t.device) for m in self._forward_stack for t in m.parameters()
+                       if t.device.type == "cuda"), "")
+        on_target = str(param.device) == target
+        self.registered_lines.add(line)
+        r = rule(Code.PC203)
+        message, hint = rules.created_in_forward("parameter", f"{type(owner).__name__}.{name}", "Parameter",
+                                                 str(param.device), on_target)
+        self.add(Finding(
+            code=r.code, kind=r.kind, severity=rules.severity(r.code, "on-target" if on_target else None),
+            where=f"{type(owner).__name__}.{name}", source=line, device=str(param.device), expected=target,
+            message=message, hint=hint))
 
     def _forward_enter(self, module: nn.Module, args: Any) -> None:
         self.per_call.forward(type(module).__name__)

@@ -65,6 +65,14 @@ def script_device_mismatch(op: str, reference: str, device: str, tensor: str, *,
             f"'{gpu_error(op, device, reference)}'", hint)
 
 
+def created_in_script(op: str, tensor: str, device: str, target: str) -> tuple[str, str]:
+    """PC202 in a script: the script's own ``op`` (outside any forward) made ``tensor`` on ``device`` without
+    ``device=``, and it then fed a device mismatch on ``target`` (the cause: the line to edit)."""
+    return (f"{op} creates {tensor} on {device}, not {target}: it then fed a device mismatch",
+            f"create it on the device: {op}(..., device=device) (a tensor later wrapped in nn.Parameter "
+            "too: the parameter keeps the device its data was made on)")
+
+
 def layer_built_in_forward(type_name: str, name: str, owner: str, devices: str,
                            on_target: bool) -> tuple[str, str]:
     """PC203 in a script: a ``type_name`` layer ``name`` built during ``owner``'s forward on ``devices``."""
