@@ -233,3 +233,18 @@ def test_every_tensor_that_crashes_an_op_is_an_error_with_its_crash_line(pair: s
     fixed = f"{pair}_fixed.py"
     assert _serious(placecheck.audit(_model(fixed).Model, "cuda", engine=engine, inputs=model.INPUTS)) == set()
     assert _serious(run(_pair(fixed), steps=2, engine=engine)) == set()
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_zero_dim_label_built_per_call_is_info_a_real_tensor_a_warning(engine: str) -> None:
+    # issue 42 item 11: torch.tensor(1).fill_(v).type(input.type()).to(input.device), a GAN loss's own fix
+    name = "gan_label_scalar.py"
+    model = _model(name)
+    label, weights = _line(name, "label = torch.tensor(1)"), _line(name, "weights = torch.tensor(")
+    for cls, args, line, severity in (("Model", [], label, "info"), ("Weighted", ["weighted"], weights, "warning")):
+        audited = placecheck.audit(getattr(model, cls), "cuda", engine=engine, inputs=model.INPUTS)
+        ran = run(_pair(name), args, steps=2, engine=engine)
+        for report in (audited, ran):
+            assert [(f.code, f.source, f.severity) for f in report.findings] == [("PC202", line, severity)]
+            [created] = report.findings
+            assert ("one scalar copy per call" in created.message) == (severity == "info")

@@ -494,9 +494,10 @@ class RunRecorder:
             loader_at=origin.line if origin is not None else "", owner=owner,
             created_by=origin.path if origin is not None and not batch else "",
             created_at=origin.line if origin is not None else "", in_forward=in_module is not None)
-        if origin is not None and origin.kind == "created" and not self.moves.is_stray(t) \
+        if origin is not None and origin.kind == "created" and not owner and not self.moves.is_stray(t) \
                 and origin.line not in self.registered_lines:
-            # (a stray attribute's line is its PC101's, a parameter built in forward its PC203's)
+            # (a module's buffer is fixed by moving the module, a stray attribute's line is its PC101's, a
+            # parameter built in forward its PC203's)
             self._created_then_fed(origin, t, str(reference))
         self.add(Finding(
             code=r.code, kind=r.kind, severity=r.severity, where=where, message=message, hint=hint,
@@ -562,10 +563,12 @@ class RunRecorder:
         """PC202: made on the host in a forward, then copied to the device at ``copied_at``, on every call."""
         r = rule(Code.PC202)
         self.per_call.created(origin.line, origin.path, _tensor(t), device, copied_at)
+        scalar = t.dim() == 0  # one scalar copy per call, as PyTorch's own code makes (issue 42 item 11)
         message, hint = rules.created_off_device(origin.path, _tensor(t), "cpu", device, copied_to=device,
-                                                 copied_at=copied_at)
+                                                 copied_at=copied_at, scalar=scalar)
         self.add(Finding(
-            code=r.code, kind=r.kind, severity=r.severity, where=origin.module, source=origin.line,
+            code=r.code, kind=r.kind, severity=rules.severity(r.code, "scalar") if scalar else r.severity,
+            where=origin.module, source=origin.line,
             device="cpu", expected=device, dtype=str(t.dtype).removeprefix("torch."), shape=tuple(t.shape),
             nbytes=_nbytes(t), count=1, origin=origin.line, message=message, hint=hint))
 
