@@ -20,6 +20,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -116,8 +117,9 @@ def _models() -> list[Any]:
     for folder in ("forward", "walk", "seeds"):
         for path in sorted((FIXTURES / folder).glob("*.py")):
             name = f"{folder}/{path.stem}"
-            cases.extend(pytest.param(path, engine, id=f"{name}-{getattr(engine, 'values', [engine])[0]}")
-                         for engine in ENGINES)
+            for engine in ENGINES:
+                value, marks = (engine.values[0], engine.marks) if hasattr(engine, "values") else (engine, ())
+                cases.append(pytest.param(path, value, marks=marks, id=f"{name}-{value}"))
     return cases
 
 
@@ -200,8 +202,8 @@ def test_a_tensor_the_script_made_without_device_is_the_cause_at_its_line(engine
     buggy = "script_created_buggy.py"
     report = run(_pair(buggy), steps=2, engine=engine)
     full, ones = _line(buggy, "torch.full("), _line(buggy, "torch.ones(")
-    assert _serious(report) == {("PC201", _line(buggy, "/ temperature")), ("PC201", _line(buggy, "* weights")),
-                                ("PC202", full), ("PC202", ones)}
+    assert _serious(report) == {("PC201", _line(buggy, "/ temperature")),
+                                ("PC201", _line(buggy, "* weights")), ("PC202", full), ("PC202", ones)}
     created = {f.source: f for f in report.findings if f.code == "PC202"}
     assert "torch.full creates float32[1] on cpu" in created[full].message
     assert "device=device" in created[full].hint
@@ -231,7 +233,8 @@ def test_every_tensor_that_crashes_an_op_is_an_error_with_its_crash_line(pair: s
             assert problems[line].severity == "error"
             assert [(e.code, e.source) for e in problems[line].evidence] == [("PC201", crash)]
     fixed = f"{pair}_fixed.py"
-    assert _serious(placecheck.audit(_model(fixed).Model, "cuda", engine=engine, inputs=model.INPUTS)) == set()
+    audited_fix = placecheck.audit(_model(fixed).Model, "cuda", engine=engine, inputs=model.INPUTS)
+    assert _serious(audited_fix) == set()
     assert _serious(run(_pair(fixed), steps=2, engine=engine)) == set()
 
 
@@ -241,10 +244,97 @@ def test_a_zero_dim_label_built_per_call_is_info_a_real_tensor_a_warning(engine:
     name = "gan_label_scalar.py"
     model = _model(name)
     label, weights = _line(name, "label = torch.tensor(1)"), _line(name, "weights = torch.tensor(")
-    for cls, args, line, severity in (("Model", [], label, "info"), ("Weighted", ["weighted"], weights, "warning")):
+    cases = (("Model", [], label, "info"), ("Weighted", ["weighted"], weights, "warning"))
+    for cls, args, line, severity in cases:
         audited = placecheck.audit(getattr(model, cls), "cuda", engine=engine, inputs=model.INPUTS)
         ran = run(_pair(name), args, steps=2, engine=engine)
         for report in (audited, ran):
             assert [(f.code, f.source, f.severity) for f in report.findings] == [("PC202", line, severity)]
             [created] = report.findings
             assert ("one scalar copy per call" in created.message) == (severity == "info")
+
+
+# -- the line to edit, not only the line that crashes (issue 42 item 8) ---------------------------------
+
+_LOSSYLIB = '''"""An installed package's loss, as timm's SoftTargetCrossEntropy."""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class SoftTargetCrossEntropy(nn.Module):
+    def forward(self, x, target):
+        loss = torch.sum(-target * F.log_softmax(x, dim=-1), dim=-1)
+        return loss.mean()
+'''
+
+
+@pytest.fixture
+def lossylib(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """``lossylib``, installed in a site-packages directory of its own; yields its file's line of the loss
+    (as tests/test_trace.py installs its ``fakelib``)."""
+    from placecheck.checks import sources
+
+    site = tmp_path / "site-packages"
+    (site / "lossylib").mkdir(parents=True)
+    (site / "lossylib" / "__init__.py").write_text(_LOSSYLIB, encoding="utf-8")
+    monkeypatch.setattr(sources, "_SITE_DIRS", (str(site) + os.sep,))
+    sources._library_of.cache_clear()  # answers cached under the real site-packages
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.delitem(sys.modules, "lossylib", raising=False)
+    yield f"{sources.display_path(str(site / 'lossylib' / '__init__.py'))}:9"
+    sources._library_of.cache_clear()
+
+
+def _mismatches(report: placecheck.Report) -> list[Any]:
+    return [f for f in report.findings if f.code == "PC201"]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_discarded_move_is_named_as_the_line_to_edit(engine: str) -> None:
+    buggy = "discarded_move_buggy.py"
+    move = _line(buggy, "x.to(device)  #")
+    [found] = _mismatches(run(_pair(buggy), steps=2, engine=engine))
+    assert found.source == _line(buggy, "model(x)") and found.origin == move
+    assert f"moved at {move} but that result was thrown away" in found.message
+    assert found.hint == f"at {move}, keep the moved copy: x = x.to(device)"
+    assert ("discarded move", move) in found.details
+    # the move is the line to edit, not the creation: no PC202 at torch.randn
+    assert [f.code for f in run(_pair(buggy), steps=2, engine=engine).findings] == ["PC201"]
+    assert run(_pair("discarded_move_fixed.py"), steps=2, engine=engine).findings == ()
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_batch_sent_to_the_current_device_is_blamed_not_the_model_on_another(engine: str) -> None:
+    buggy = "current_device_buggy.py"
+    move = _line(buggy, '.to("cuda")')
+    [found] = _mismatches(run(_pair(buggy), steps=2, engine=engine, gpus=2))
+    assert (found.where, found.device, found.expected, found.origin) == ("images", "cuda:0", "cuda:1", move)
+    assert f'sent to "cuda" at {move}, which means the current device (cuda:0), not the model\'s (cuda:1)' \
+        in found.message
+    assert found.hint.startswith(f"at {move}, move it to the model's device: .to('cuda:1')")
+    assert "model.0" not in found.hint
+    assert run(_pair("current_device_fixed.py"), steps=2, engine=engine, gpus=2).findings == ()
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_mismatch_inside_an_installed_library_is_at_the_users_line(engine: str, lossylib: str) -> None:
+    buggy = "library_loss_buggy.py"
+    report = run(_pair(buggy), steps=2, engine=engine)
+    [found] = _mismatches(report)
+    assert found.source == _line(buggy, "criterion(model(x), target)")
+    assert f"it crashes inside lossylib at {lossylib}" in found.message
+    assert ("crashes at", lossylib) in found.details
+    assert found.origin == _line(buggy, "torch.randn(16, 4)")
+    assert "in forward" not in found.hint  # made by the script, not in a forward
+    assert _serious(run(_pair("library_loss_fixed.py"), steps=2, engine=engine)) == set()
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_label_of_a_dict_batch_is_named_by_the_scripts_expression(engine: str) -> None:
+    buggy = "dict_batch_buggy.py"
+    [found] = _mismatches(run(_pair(buggy), steps=2, engine=engine))
+    assert found.source == _line(buggy, 'crit(logits, batch["y"])')
+    assert found.where == 'batch["y"]' and '`batch["y"]`' in found.message
+    assert found.hint.startswith('move it to the device where the op takes it: batch["y"].to(device)')
+    assert run(_pair("dict_batch_fixed.py"), steps=2, engine=engine).findings == ()

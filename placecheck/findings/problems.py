@@ -113,10 +113,10 @@ def _causes_of(symptom: Finding, causes: Sequence[Finding]) -> list[int]:
     for origin in (o for o in origins if o):
         for i, cause in enumerate(causes):
             paths = cause.instances or (cause.where,)
-            if (cause.code.startswith("PC1") and any(_under(origin, w) for w in paths)) \
-                    or (cause.code == Code.PC202 and origin in (cause.source, cause.origin)) \
-                    or (cause.code == Code.PC203 and (_under(origin, cause.module) or _under(origin, cause.where)
-                                                      or origin == cause.source)):
+            lazy = cause.code == Code.PC203 and (_under(origin, cause.module) or _under(origin, cause.where)
+                                                 or origin == cause.source)
+            if lazy or (cause.code.startswith("PC1") and any(_under(origin, w) for w in paths)) \
+                    or (cause.code == Code.PC202 and origin in (cause.source, cause.origin)):
                 if i not in found:
                     found.append(i)
                 break

@@ -55,7 +55,6 @@ from placecheck.checks.host_syncs import HOST_SYNCS, host_sync
 from placecheck.checks.hostcopies import PendingCopies, PendingCopy, nonblocking_host_copy
 from placecheck.checks.provenance import CallCounts
 from placecheck.checks.sources import here, user_line
-from placecheck.checks.state import Registry
 from placecheck.engines.callbacks import in_callbacks
 from placecheck.engines.dispatch import Call, op_name, subscribed
 from placecheck.findings import rules
@@ -63,6 +62,7 @@ from placecheck.findings.codes import Code
 from placecheck.findings.finding import Finding
 from placecheck.findings.rules import rule
 from placecheck.placement.replicas import data_parallel_simulated
+from placecheck.run.causes import Causes, crash_site, expression_of, module_owner
 from placecheck.run.checkpoints import Checkpoints
 from placecheck.run.fastforward import MAX_STEPS_AFTER, FastForward
 from placecheck.run.loaders import PIN_WARNING, Loaders
@@ -137,6 +137,7 @@ class RunRecorder:
         """(source, call) -> [count, in-forward module name or "", device, optimizer steps it ran in]."""
         self.copies: dict[tuple[str, int], _Copies] = {}
         self.origins = Origins()
+        self.causes = Causes()
         self.moves = Moves(self)
         self.optimizers = Optimizers(self)
         self.loaders = Loaders(self)
@@ -369,6 +370,8 @@ class RunRecorder:
         if self.moves.strays and isinstance(out, torch.Tensor):
             self.moves.derived(out, [t for _, t in call.tensors], func in _MOVES)
         if func in _MOVES and isinstance(out, torch.Tensor) and args and isinstance(args[0], torch.Tensor):
+            if out.device != args[0].device and out.device.type == "cuda":
+                self.causes.moved(func, args, kwargs, out, *here())
             self._record_move(func, args, kwargs, args[0], out)
         elif isinstance(out, torch.Tensor) and self.is_host_tensor(out):
             if func in _FACTORIES:
@@ -427,6 +430,7 @@ class RunRecorder:
         """Forget tensors that no longer exist (their ids may be reused)."""
         self.origins.prune()
         self.moves.prune()
+        self.causes.prune()
         self.copies = {k: v for k, v in self.copies.items() if v.ref() is not None or len(v.steps) > 1}
 
     def _repair(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -448,15 +452,19 @@ class RunRecorder:
             on_cuda = [t.device for _, t in tensors if t.device.type == "cuda"]
             if not on_cuda:
                 raise exc
-            reference = max(set(on_cuda), key=on_cuda.count)
+            # the model's device when a parameter takes part (a batch sent to "cuda" is what is off), else
+            # the devices most arguments are on
+            held = [t.device for _, t in tensors if isinstance(t, nn.Parameter) and t.device.type == "cuda"]
+            reference = max(set(held or on_cuda), key=(held or on_cuda).count)
             offending = [t for _, t in classify.offending_arguments(func, tensors, reference)]
             if not offending:
                 raise exc
             line, frame = here()
+            crash = crash_site(sys._getframe())
             moved: dict[int, torch.Tensor] = {}
             for t in offending:
                 self.moves.fed(t)
-                self._mismatch(func, t, reference, line, frame)
+                self._mismatch(func, t, reference, line, frame, crash)
                 with self.quiet():
                     moved[id(t)] = t.to(reference)
             args, kwargs = classify.replace_tensors(args, moved), classify.replace_tensors(kwargs, moved)
@@ -467,13 +475,15 @@ class RunRecorder:
         raise exc
 
     def _mismatch(self, func: Callable[..., Any], t: torch.Tensor, reference: torch.device, line: str,
-                  frame: FrameType | None) -> None:
-        """PC201 for one offending argument: what it is and where it came from."""
+                  frame: FrameType | None, crash: tuple[str, str] = ("", "")) -> None:
+        """PC201 for one offending argument: what it is, where it came from, and the line to edit
+        (:mod:`~placecheck.run.causes`); ``crash``: the installed package and line where the op ran."""
         r = rule(Code.PC201)
         names = names_of(t, frame)
-        name = names[0] if names else ""
+        name = names[0] if names else expression_of(t, frame)
         origin = self.origins.of(t)
-        owner = self._module_owner(t, frame)
+        owner = module_owner(t, frame)
+        discarded, current = self.causes.discarded_move(t), self.causes.current_device_move(t)
         in_module = self._forward_stack[-1] if self._forward_stack else None
         batch = origin is not None and origin.kind == "batch"
         if batch and origin is not None:
@@ -488,14 +498,24 @@ class RunRecorder:
         details: tuple[tuple[str, str], ...] = (("op", op),)
         if batch and origin is not None:  # placecheck fix moves it beside its siblings
             details += (("batch", origin.path),)
+        cause = discarded or current
+        if cause is not None and not owner:  # the move to edit is the origin
+            origin_text = cause.line
+            details += (("discarded move" if discarded else "current-device move", cause.line),)
+        if crash[1]:
+            details += (("crashes at", crash[1]),)
         message, hint = rules.script_device_mismatch(
             op, str(reference), str(t.device), f"a {t.device} tensor {tuple(t.shape)}", name=name,
             batch=origin.path if batch and origin is not None else "",
             loader_at=origin.line if origin is not None else "", owner=owner,
             created_by=origin.path if origin is not None and not batch else "",
-            created_at=origin.line if origin is not None else "", in_forward=in_module is not None)
+            created_at=origin.line if origin is not None else "",
+            in_forward=bool(origin.module) if origin is not None and not batch else in_module is not None,
+            discarded_at=discarded.line if discarded is not None and not owner else "",
+            current_at=current.line if current is not None and not owner else "",
+            library=crash[0], crashes_at=crash[1])
         if origin is not None and origin.kind == "created" and not owner and not self.moves.is_stray(t) \
-                and origin.line not in self.registered_lines:
+                and origin.line not in self.registered_lines and discarded is None:
             # (a module's buffer is fixed by moving the module, a stray attribute's line is its PC101's, a
             # parameter built in forward its PC203's)
             self._created_then_fed(origin, t, str(reference))
@@ -505,24 +525,6 @@ class RunRecorder:
             dtype=str(t.dtype).removeprefix("torch."),
             shape=tuple(t.shape), nbytes=_nbytes(t), count=1, origin=origin_text,
             details=details), key_extra=f"{where}|{origin_text}")
-
-    def _module_owner(self, t: torch.Tensor, frame: FrameType | None) -> str:
-        """``criterion.weight`` when ``t`` is a parameter or buffer of a module the script names."""
-        scopes: list[dict[str, Any]] = []
-        scan = frame
-        while scan is not None and len(scopes) < 6:
-            scopes.append(scan.f_locals)
-            scan = scan.f_back
-        if frame is not None:
-            scopes.append(frame.f_globals)
-        for scope in scopes:
-            for name, value in list(scope.items()):
-                if isinstance(value, nn.Module) and not name.startswith("_"):
-                    registry = Registry.of(value)
-                    for tname, owned in [*registry.buffers, *registry.parameters]:
-                        if owned is t:
-                            return f"{name}.{tname}"
-        return ""
 
     def _record_sync(self, call: str, t: torch.Tensor) -> None:
         line, _ = here()
