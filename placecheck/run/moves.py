@@ -182,10 +182,6 @@ class Moves:
         """Forget the results of strays that no longer exist (their ids may be reused)."""
         self._derived = {k: v for k, v in self._derived.items() if v[0]() is not None}
 
-    def is_stray(self, t: torch.Tensor) -> bool:
-        """``t`` is (or was computed from) a stray tensor a move left behind (PC101)."""
-        return self._stray_of(t) is not None
-
     def fed(self, t: torch.Tensor) -> None:
         """``t`` fed a device mismatch, or was a CPU index copied to a device: if it is (or came from) a
         stray, that stray's finding stands."""

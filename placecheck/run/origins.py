@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
+from types import FrameType
 
 import torch
 import torch.nn as nn
@@ -35,6 +36,15 @@ class Origin:
     """The batch came from a DataLoader with ``pin_memory=True``."""
     module: str = ""
     """For a creation: the class of the module whose forward made it ("" outside any forward)."""
+    init: bool = False
+    """For a creation: made while a module's ``__init__`` ran (its state: the walk after a move reports
+    what ``.to()`` leaves behind, PC101, at the attribute's line)."""
+
+
+def in_module_init(frame: FrameType | None) -> bool:
+    """``frame`` runs an ``nn.Module``'s ``__init__`` (``self`` is a module)."""
+    return frame is not None and frame.f_code.co_name == "__init__" \
+        and isinstance(frame.f_locals.get("self"), nn.Module)
 
 
 @dataclass

@@ -68,7 +68,7 @@ from placecheck.run.fastforward import MAX_STEPS_AFTER, FastForward
 from placecheck.run.loaders import PIN_WARNING, Loaders
 from placecheck.run.moves import Moves, raised_by_swap
 from placecheck.run.optimizers import Optimizers
-from placecheck.run.origins import Origin, Origins
+from placecheck.run.origins import Origin, Origins, in_module_init
 from placecheck.run.patches import (
     OutsideSimulation,
     eager_compile,
@@ -254,7 +254,8 @@ class RunRecorder:
             line, frame = here()
             if line and frame is sys._getframe(1):  # the user's line called it, not a library for it
                 module = type(self._forward_stack[-1]).__name__ if self._forward_stack else ""
-                self.origins.track(out, Origin("created", f"torch.{original.__name__}", line, module=module))
+                self.origins.track(out, Origin("created", f"torch.{original.__name__}", line, module=module,
+                                               init=in_module_init(frame)))
             return out
         return factory
 
@@ -378,14 +379,15 @@ class RunRecorder:
                 line = called_from_user()
                 if line:
                     module = type(self._forward_stack[-1]).__name__ if self._forward_stack else ""
-                    self.origins.track(out, Origin("created", op_name(func), line, module=module))
+                    self.origins.track(out, Origin("created", op_name(func), line, module=module,
+                                                   init=not module and in_module_init(here()[1])))
             elif self.origins:
-                for _, t in classify.tensor_arguments(args, kwargs):
-                    origin = self.origins.of(t)
-                    if origin is not None:
-                        # a view or a cast of a batch element keeps its origin
-                        self.origins.track(out, origin)
-                        break
+                # a view or a cast of a batch element keeps its origin; of several, a module's state made
+                # in its __init__ is the walk's (PC101), so the other one is the result's
+                found = (self.origins.of(t) for _, t in classify.tensor_arguments(args, kwargs))
+                known = [o for o in found if o is not None]
+                if known:
+                    self.origins.track(out, next((o for o in known if not o.init), known[0]))
         return out
 
     def _unrun_backwards(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -514,10 +516,11 @@ class RunRecorder:
             discarded_at=discarded.line if discarded is not None and not owner else "",
             current_at=current.line if current is not None and not owner else "",
             library=crash[0], crashes_at=crash[1])
-        if origin is not None and origin.kind == "created" and not owner and not self.moves.is_stray(t) \
-                and origin.line not in self.registered_lines and discarded is None:
-            # (a module's buffer is fixed by moving the module, a stray attribute's line is its PC101's, a
-            # parameter built in forward its PC203's)
+        if origin is not None and origin.kind == "created" and not owner and not origin.init \
+                and id(t) not in self.moves.strays and origin.line not in self.registered_lines \
+                and discarded is None:
+            # (a module's buffer is fixed by moving the module, its state made in __init__ by registering
+            # it (PC101), a parameter built in forward at its PC203's line, a discarded move at its line)
             self._created_then_fed(origin, t, str(reference))
         self.add(Finding(
             code=r.code, kind=r.kind, severity=r.severity, where=where, message=message, hint=hint,
