@@ -7,8 +7,8 @@ builds the model, calls ``model.to("cuda")``, moves the inputs and steps SGD on 
 output's floating-point tensors. The rows ``(code, severity, line)`` of the errors and warnings at
 lines of the model's own file must be the same from ``placecheck.audit`` and from ``placecheck.run``,
 under each engine. Where they differ, :data:`KNOWN` lists the difference and why: what ``run``
-legitimately knows that ``audit`` cannot (the script never lets the tensor meet the GPU), or a limit
-of one engine; an unlisted difference, or a listed one that went away, fails.
+legitimately knows that ``audit`` cannot (the script never lets the tensor meet the GPU); an unlisted
+difference, or a listed one that went away, fails.
 
 The pairs below (``tests/fixtures/one_answer``) check the causes' lines and severities: a tensor made
 without ``device=`` is the line to edit (PC202 at its line, in a forward or in the script itself),
@@ -97,14 +97,6 @@ KNOWN: dict[tuple[str, str], Known] = {
         _rows(("PC207", "error", 16)), _rows(),
         "the script's own error ends the run: the report is unfinished and names the line (exit 2), "
         "where audit reports the forward's error as PC207 and goes on"),
-    ("forward/pc201_clamp_cpu_scalar", "fake"): Known(
-        _rows(("PC201", "error", 14), ("PC202", "warning", 13)), _rows(),
-        "a limit of run's fake engine: its fake kernels accept a 0-dim CPU tensor as clamp's bound, so "
-        "run under --engine fake does not see the mix that the tagged engine and a GPU refuse"),
-    ("forward/pc204_host_sync_kinds", "fake"): Known(
-        _rows(("PC204", "warning", 13)), _rows(),
-        "a limit of run's fake engine: .tolist() of a fake tensor is answered by its data-dependent "
-        "layer before the recorder sees the call"),
 }
 """Every difference the consistency test accepts, by (fixture, engine or ``*``), with its reason."""
 

@@ -77,7 +77,7 @@ from placecheck.run.patches import (
     patched,
 )
 from placecheck.run.session import EngineProbe, RankPlacement, StopRun
-from placecheck.run.sites import called_from_user, library_caller, names_of
+from placecheck.run.sites import called_from_user, fake_tolist, library_caller, names_of
 
 _MOVES = frozenset({torch.Tensor.to, torch.Tensor.cuda})
 _BACKWARDS = frozenset({torch.Tensor.backward, torch.autograd.backward})
@@ -350,6 +350,10 @@ class RunRecorder:
                 and args[0].device.type == "cuda":
             self._implicit_index(func, args)
         try:
+            if self.fake_engine and len({t.device for _, t in call.tensors}) > 1 \
+                    and classify.mixes_devices(func, list(call.tensors), args):
+                # decided before the call, as audit does: fake tensors take a 0-dim CPU tensor in clamp
+                raise classify.DeviceMismatchError(f"{op_name(func)} mixed devices")
             out = func(*args, **kwargs)
         except Exception as exc:
             out = self._repair(func, args, kwargs, exc)
@@ -535,6 +539,8 @@ class RunRecorder:
             return
         module = type(self._forward_stack[-1]).__name__ if self._forward_stack else ""
         via = library_caller()
+        if via and self.fake_engine and fake_tolist():  # the user's .tolist(), as torch runs it on fakes
+            call, via = ".tolist()", ""
         if via:
             call = f"{call} in {via}"
         entry = self.syncs.setdefault((line, call),

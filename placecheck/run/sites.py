@@ -69,3 +69,19 @@ def names_of(value: object, frame: FrameType | None) -> list[str]:
     if not found and frame.f_globals is not frame.f_locals:
         found = [name for name, v in frame.f_globals.items() if v is value and not name.startswith("_")]
     return found
+
+
+def fake_tolist() -> bool:
+    """The call being handled is the fake engine's own ``FakeTensor.tolist`` reading each element with
+    ``.item()`` for the user's ``.tolist()`` (torch implements it so): the user's one sync, not a
+    library's. Decided by the identity of torch's code, below the user's frame."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    code = getattr(FakeTensor.tolist, "__code__", None)
+    user = frames(sys._getframe(1)).user
+    scan = sys._getframe(1)
+    while scan is not None and scan is not user:
+        if scan.f_code is code:
+            return True
+        scan = scan.f_back
+    return False
