@@ -350,9 +350,11 @@ class RunRecorder:
                 and args[0].device.type == "cuda":
             self._implicit_index(func, args)
         try:
-            if self.fake_engine and len({t.device for _, t in call.tensors}) > 1 \
+            if self.fake_engine and any(t.dim() == 0 and t.device.type == "cpu" for _, t in call.tensors) \
+                    and len({t.device for _, t in call.tensors}) > 1 \
                     and classify.mixes_devices(func, list(call.tensors), args):
-                # decided before the call, as audit does: fake tensors take a 0-dim CPU tensor in clamp
+                # decided before the call, as audit does: fake tensors take a 0-dim CPU tensor (clamp's
+                # bound) that a GPU refuses as a tensor argument
                 raise classify.DeviceMismatchError(f"{op_name(func)} mixed devices")
             out = func(*args, **kwargs)
         except Exception as exc:
@@ -539,8 +541,9 @@ class RunRecorder:
             return
         module = type(self._forward_stack[-1]).__name__ if self._forward_stack else ""
         via = library_caller()
-        if via and self.fake_engine and fake_tolist():  # the user's .tolist(), as torch runs it on fakes
-            call, via = ".tolist()", ""
+        tolist = fake_tolist() if via and self.fake_engine else None
+        if tolist is not None:  # a .tolist(), which torch runs on fake tensors as one .item() per element
+            call, via = ".tolist()", tolist
         if via:
             call = f"{call} in {via}"
         entry = self.syncs.setdefault((line, call),

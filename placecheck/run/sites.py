@@ -71,17 +71,21 @@ def names_of(value: object, frame: FrameType | None) -> list[str]:
     return found
 
 
-def fake_tolist() -> bool:
-    """The call being handled is the fake engine's own ``FakeTensor.tolist`` reading each element with
-    ``.item()`` for the user's ``.tolist()`` (torch implements it so): the user's one sync, not a
-    library's. Decided by the identity of torch's code, below the user's frame."""
+def fake_tolist() -> str | None:
+    """When the call being handled is the fake engine's own ``FakeTensor.tolist`` reading each element
+    with ``.item()`` for a ``.tolist()`` (torch implements it so on fake tensors): who called that
+    ``.tolist()``, as :func:`library_caller` names it ("" for the user's own line); None otherwise.
+    Decided by the identity of torch's code, below the user's frame."""
     from torch._subclasses.fake_tensor import FakeTensor
 
     code = getattr(FakeTensor.tolist, "__code__", None)
     user = frames(sys._getframe(1)).user
-    scan = sys._getframe(1)
+    scan, outermost = sys._getframe(1), None
     while scan is not None and scan is not user:
         if scan.f_code is code:
-            return True
+            outermost = scan
         scan = scan.f_back
-    return False
+    if outermost is None:
+        return None
+    caller = outermost.f_back
+    return "" if caller is None or caller is user else _function(caller)
