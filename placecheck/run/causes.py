@@ -120,8 +120,9 @@ def expression_of(t: torch.Tensor, frame: FrameType | None) -> str:
         container = frame.f_locals[name] if name in frame.f_locals else frame.f_globals.get(name)
         if not isinstance(container, dict | list | tuple):
             continue
+        key: Any = node.slice.value
         try:
-            value = container[node.slice.value]
+            value = container[key]
         except (KeyError, IndexError, TypeError):
             continue
         if value is t:

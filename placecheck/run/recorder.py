@@ -372,7 +372,8 @@ class RunRecorder:
             self.ranks.placed(func, out)
         if func in _DEVICE_TO_HOST and isinstance(out, torch.Tensor) and args \
                 and isinstance(args[0], torch.Tensor) and args[0].device.type != "cpu" \
-                and out.device.type == "cpu" and nonblocking_host_copy(func, args, kwargs, out) is None:
+                and out.device.type == "cpu" and nonblocking_host_copy(func, args, kwargs, out) is None \
+                and called_from_user():  # (a library's own copies differ with the engine's tensors)
             self._record_sync(f".{func.__name__}()", args[0])  # a blocking device-to-host copy, as audit's
         if self.moves.strays and isinstance(out, torch.Tensor):
             self.moves.derived(out, [t for _, t in call.tensors], func in _MOVES)

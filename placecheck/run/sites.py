@@ -80,7 +80,8 @@ def fake_tolist() -> str | None:
 
     code = getattr(FakeTensor.tolist, "__code__", None)
     user = frames(sys._getframe(1)).user
-    scan, outermost = sys._getframe(1), None
+    scan: FrameType | None = sys._getframe(1)
+    outermost: FrameType | None = None
     while scan is not None and scan is not user:
         if scan.f_code is code:
             outermost = scan
