@@ -342,7 +342,8 @@ class Report:
     def instances(self) -> int:
         """The per-instance findings the problems cover (what ``--no-group`` lists), evidence included,
         once each: an op that two problems' tensors crashed is evidence of both, one finding all the same."""
-        evidence = {(e.code, e.source, e.where, e.origin, e.message) for f in self.findings for e in f.evidence}
+        evidence = {(e.code, e.source, e.where, e.origin, e.message)
+                    for f in self.findings for e in f.evidence}
         return sum(max(1, len(f.instances)) for f in self.findings) + len(evidence)
 
     def summary(self) -> dict[str, Any]:

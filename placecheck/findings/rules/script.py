@@ -88,8 +88,8 @@ def created_in_script(op: str, tensor: str, device: str, target: str) -> tuple[s
     """PC202 in a script: the script's own ``op`` (outside any forward) made ``tensor`` on ``device`` without
     ``device=``, and it then fed a device mismatch on ``target`` (the cause: the line to edit)."""
     return (f"{op} creates {tensor} on {device}, not {target}: it then fed a device mismatch",
-            f"create it on the device: {op}(..., device=device) (a tensor later wrapped in nn.Parameter "
-            "too: the parameter keeps the device its data was made on)")
+            f"create it on the device ({op}(..., device=device)), or move it once before the loop "
+            "(nn.Parameter keeps the device of its data); a metric can also accumulate Python numbers")
 
 
 def layer_built_in_forward(type_name: str, name: str, owner: str, devices: str,
