@@ -10,7 +10,8 @@ it from what the script did, never from a message's text:
 - the script's own expression for the offending tensor (``batch["y"]``), read from its line, for the
   hint;
 - the line inside an installed package where the op crashed, while the finding stays at the user's
-  own line (the one they can edit).
+  own line (the one they can edit);
+- the creation itself (PC202 at the line that made the tensor on the host), built here for the recorder.
 """
 
 from __future__ import annotations
@@ -29,6 +30,11 @@ import torch.nn as nn
 from placecheck.checks.sources import frames, library_package, where_is
 from placecheck.checks.state import Registry
 from placecheck.engines.calls import read_placement
+from placecheck.findings import rules
+from placecheck.findings.codes import Code
+from placecheck.findings.finding import Finding
+from placecheck.findings.rules import rule
+from placecheck.run.origins import Origin
 
 
 @dataclass(frozen=True)
@@ -159,3 +165,21 @@ def module_owner(t: torch.Tensor, frame: FrameType | None) -> str:
                     if owned is t:
                         return f"{name}.{tname}"
     return ""
+
+
+def creation_cause(origin: Origin, t: torch.Tensor, device: str, *, fed: bool) -> Finding:
+    """PC202 at the line that made ``t`` on the host without ``device=``, as audit reports a forward's
+    creation: the cause, the line to edit. ``fed``: it fed a device mismatch on ``device`` (a tensor the
+    script itself made, ``torch.full(...)`` later made a trainable parameter, is reported at its line the
+    same way); otherwise a forward's CPU index copied to ``device`` at each call."""
+    r = rule(Code.PC202)
+    tensor = f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}"
+    if origin.module or not fed:
+        message, hint = rules.created_off_device(origin.path, tensor, "cpu", device, fed=fed)
+    else:
+        message, hint = rules.created_in_script(origin.path, tensor, "cpu", device)
+    return Finding(
+        code=r.code, kind=r.kind, severity=r.severity, where=origin.module, source=origin.line,
+        device="cpu", expected=device, dtype=str(t.dtype).removeprefix("torch."), shape=tuple(t.shape),
+        nbytes=t.numel() * t.element_size(), count=1, origin=origin.line, message=message, hint=hint,
+        details=(("op", origin.path),))

@@ -62,7 +62,7 @@ from placecheck.findings.codes import Code
 from placecheck.findings.finding import Finding
 from placecheck.findings.rules import rule
 from placecheck.placement.replicas import data_parallel_simulated
-from placecheck.run.causes import Causes, crash_site, expression_of, module_owner
+from placecheck.run.causes import Causes, crash_site, creation_cause, expression_of, module_owner
 from placecheck.run.checkpoints import Checkpoints
 from placecheck.run.fastforward import MAX_STEPS_AFTER, FastForward
 from placecheck.run.loaders import PIN_WARNING, Loaders
@@ -528,7 +528,7 @@ class RunRecorder:
                 and discarded is None:
             # (a module's buffer is fixed by moving the module, its state made in __init__ by registering
             # it (PC101), a parameter built in forward at its PC203's line, a discarded move at its line)
-            self._created_then_fed(origin, t, str(reference))
+            self.add(creation_cause(origin, t, str(reference), fed=True), key_extra=f"{origin.module}|fed")
         self.add(Finding(
             code=r.code, kind=r.kind, severity=r.severity, where=where, message=message, hint=hint,
             source=line, device=str(t.device), expected=str(reference),
@@ -587,21 +587,6 @@ class RunRecorder:
             device="cpu", expected=device, dtype=str(t.dtype).removeprefix("torch."), shape=tuple(t.shape),
             nbytes=_nbytes(t), count=1, origin=origin.line, message=message, hint=hint))
 
-    def _created_then_fed(self, origin: Origin, t: torch.Tensor, device: str) -> None:
-        """PC202 at the line that made ``t`` on the host without ``device=``: the cause of the mismatch it
-        fed, the line to edit, as audit reports a forward's creation; a tensor the script itself made
-        (``torch.full(...)`` later made a trainable parameter) is reported at its line the same way."""
-        r = rule(Code.PC202)
-        if origin.module:
-            message, hint = rules.created_off_device(origin.path, _tensor(t), "cpu", device, fed=True)
-        else:
-            message, hint = rules.created_in_script(origin.path, _tensor(t), "cpu", device)
-        self.add(Finding(
-            code=r.code, kind=r.kind, severity=r.severity, where=origin.module, source=origin.line,
-            device="cpu", expected=device, dtype=str(t.dtype).removeprefix("torch."), shape=tuple(t.shape),
-            nbytes=_nbytes(t), count=1, origin=origin.line, message=message, hint=hint,
-            details=(("op", origin.path),)), key_extra=f"{origin.module}|fed")
-
     def _implicit_index(self, func: Callable[..., Any], args: tuple[Any, ...]) -> None:
         """PC205: a CPU index tensor indexing a device tensor (a host-to-device copy per call)."""
         index = args[1] if len(args) > 1 else None
@@ -619,13 +604,7 @@ class RunRecorder:
         in_forward = origin is not None and origin.kind == "created" and bool(origin.module)
         self.moves.fed(cpu[0])
         if in_forward and origin is not None:
-            r = rule(Code.PC202)
-            message, hint = rules.created_off_device(origin.path, _tensor(cpu[0]), "cpu", target)
-            self.add(Finding(
-                code=r.code, kind=r.kind, severity=r.severity, where=origin.module, source=origin.line,
-                device="cpu", expected=target, dtype=str(cpu[0].dtype).removeprefix("torch."),
-                shape=tuple(cpu[0].shape), nbytes=_nbytes(cpu[0]), count=1, origin=origin.line,
-                message=message, hint=hint, details=(("op", origin.path),)), key_extra=f"{origin.module}|met")
+            self.add(creation_cause(origin, cpu[0], target, fed=False), key_extra=f"{origin.module}|met")
         r = rule(Code.PC205)
         came_from = rules.came_from(created_by=origin.path, created_at=origin.line) \
             if origin is not None and in_forward else ""
