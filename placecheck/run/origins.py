@@ -9,6 +9,7 @@ inherits an origin.
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from dataclasses import dataclass
 from types import FrameType
@@ -58,10 +59,11 @@ class Origins:
 
     def __init__(self) -> None:
         self._tracked: dict[int, _Tracked] = {}
-        self._created: dict[int, tuple[str, tuple[int, ...], Origin]] = {}
-        """A created tensor's storage (its data pointer) -> its dtype, shape and origin: a parameter made
-        on the same data (``nn.Parameter(torch.full(...))``, which outlives the factory's own tensor)
-        came from the same line."""
+        self._created: dict[int, tuple[weakref.ref[torch.UntypedStorage], str, tuple[int, ...], Origin]] = {}
+        """A created tensor's storage (its data pointer) -> the storage, its dtype, shape and origin: a tensor
+        made on the same data by no torch function call (``nn.Parameter(torch.full(...))``, which outlives
+        the factory's own tensor; ``Variable(t)``) came from the same line. The storage is held weakly
+        and compared, so memory freed and reused by another tensor is not taken for it."""
 
     def __bool__(self) -> bool:
         return bool(self._tracked)
@@ -71,7 +73,9 @@ class Origins:
         if origin.kind == "created":
             key = storage_key(t)
             if key is not None:
-                self._created[key] = (str(t.dtype), tuple(t.shape), origin)  # the newest on that memory
+                with contextlib.suppress(TypeError):  # (a storage that takes no weak reference: not kept)
+                    storage = weakref.ref(t.untyped_storage())
+                    self._created[key] = (storage, str(t.dtype), tuple(t.shape), origin)  # the newest there
         if len(self._tracked) > MAX_TRACKED:
             self.prune()
 
@@ -79,16 +83,17 @@ class Origins:
         tracked = self._tracked.get(id(t))
         if tracked is not None and tracked.ref() is t:
             return tracked.origin
-        if isinstance(t, nn.Parameter) and self._created:
-            # nn.Parameter(data) is a new tensor object on data's storage, made by no torch function call
+        if self._created:
+            # nn.Parameter(data), Variable(data): a new tensor object on data's storage, made by no torch
+            # function call
             key = storage_key(t)
             made = self._created.get(key) if key is not None else None
-            if made is not None and made[:2] == (str(t.dtype), tuple(t.shape)):
-                return made[2]
+            if made is not None and made[1:3] == (str(t.dtype), tuple(t.shape)) \
+                    and made[0]() is t.untyped_storage():
+                return made[3]
         return None
 
     def prune(self) -> None:
         """Forget tensors that no longer exist (their ids may be reused)."""
         self._tracked = {k: v for k, v in self._tracked.items() if v.ref() is not None}
-        if len(self._created) > MAX_TRACKED:  # the oldest first: a parameter is made before its loop
-            self._created = dict(list(self._created.items())[MAX_TRACKED // 2:])
+        self._created = {k: v for k, v in self._created.items() if v[0]() is not None}
