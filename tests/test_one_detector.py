@@ -77,7 +77,7 @@ def test_run_leaves_torch_as_it_found_it() -> None:
               (torch.optim.Optimizer, "load_state_dict"), (dataloader.DataLoader, "__iter__"),
               (dataloader._BaseDataLoaderIter, "__next__"), (torch, "load"), (torch, "save"),
               (torch.__future__, "set_overwrite_module_params_on_conversion"), (torch, "compile"),
-              (subprocess.Popen, "__init__")]
+              (subprocess.Popen, "__init__"), (torch, "from_numpy"), (torch, "frombuffer")]
     before = [vars(owner).get(name) for owner, name in owners]
 
     def raises() -> None:

@@ -82,14 +82,17 @@ def test_forked_workers_are_checked_and_their_bug_is_in_the_parents_report(engin
     buggy = fresh(run, script("fork_buggy.py"), engine=engine)
     # the loss's line, after the move that left the labels out
     path, _, moved = marked("fork_buggy.py", "move").rpartition(":")
-    assert errors(buggy) == [("PC201", f"{path}:{int(moved) + 1}", "y")]
+    # and the line to edit: the labels made without device= the line before the move (PC202)
+    assert errors(buggy) == [("PC201", f"{path}:{int(moved) + 1}", "y"),
+                             ("PC202", f"{path}:{int(moved) - 1}", "")]
 
 
 def test_mp_spawn_workers_are_checked_and_their_bug_is_found() -> None:
     fixed = fresh(run, script("fork_fixed.py"), ["--spawn"], engine="tagged")
     assert errors(fixed) == [] and fixed.unfinished == "" and dict(fixed.stats)["child_processes"] == 2
     buggy = fresh(run, script("fork_buggy.py"), ["--spawn"], engine="tagged")
-    assert [(c, s) for c, s, _ in errors(buggy)] == [("PC201", f"{script('fork_buggy.py')}:20")]
+    assert [(c, s) for c, s, _ in errors(buggy)] == [("PC201", f"{script('fork_buggy.py')}:20"),
+                                                     ("PC202", f"{script('fork_buggy.py')}:18")]
 
 
 @ENGINES
@@ -146,7 +149,7 @@ def test_a_process_subclass_whose_own_run_mixes_devices_is_found(tmp_path: Path,
     path = tmp_path / "subclass.py"
     path.write_text(_SUBCLASS)
     report = fresh(run, str(path), [method], engine="tagged")
-    assert errors(report) == [("PC201", f"{path}:10", "w")]
+    assert errors(report) == [("PC201", f"{path}:10", "w"), ("PC202", f"{path}:9", "")]  # w's creation too
 
 
 def test_the_scripts_start_method_is_its_own(tmp_path: Path) -> None:
@@ -159,5 +162,5 @@ def test_the_scripts_start_method_is_its_own(tmp_path: Path) -> None:
     before = multiprocessing.get_start_method(allow_none=True)
     assert before != "spawn"
     report = run(str(path), ["spawn"], engine="tagged")  # in this process: its state is the question
-    assert errors(report) == [("PC201", f"{path}:10", "w")]
+    assert errors(report) == [("PC201", f"{path}:10", "w"), ("PC202", f"{path}:9", "")]  # w's creation too
     assert multiprocessing.get_start_method(allow_none=True) == before

@@ -314,7 +314,9 @@ def test_auto_does_not_give_up_where_the_fake_engine_needs_a_cuda_driver(
     report = json.loads(out)
     assert code == 1, err
     loss, legacy = _line(_LEGACY_CAST, "loss"), _line(_LEGACY_CAST, "legacy")
-    assert [(f["code"], f["source"]) for f in report["findings"]] == [("PC201", f"{name}:{loss}")]
+    # the labels' creation without device= (PC202, the line to edit), the loss's crash its evidence
+    assert [(f["code"], f["source"], [(e["code"], e["source"]) for e in f["evidence"]])
+            for f in report["findings"]] == [("PC202", f"{name}:{loss - 1}", [("PC201", f"{name}:{loss}")])]
     assert any(n.startswith("engine: auto chose fake tensors") for n in report["notes"])
     # the fake engine stopped in the kernel (the bug after it out of its reach): said in a note
     assert any(n.startswith("engine: auto went back to real values") and f"{name}:{legacy}" in n

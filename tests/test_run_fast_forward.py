@@ -42,13 +42,14 @@ def failing(report: Report) -> list[tuple[str, str]]:
 
 
 CASES = {
-    # name: the finding of the buggy script, with the default --steps 2
-    "validation": ("PC201", "23"),   # per-epoch validation: the labels stay on the CPU
-    "periodic": ("PC201", "27"),     # validation every second epoch: a CPU accumulator
-    "testpass": ("PC201", "26"),     # the test pass after training: its input made on the CPU
-    "export": ("PC207", "22"),       # .numpy() of a device tensor: a GPU raises TypeError there
-    "early_stop": ("PC201", "31"),   # after the early-stopping loop: a CPU probe meets the model
-    "sparse": ("PC201", "31"),       # a test pass in the last of 30 epochs only: a CPU probe
+    # name: the findings of the buggy script, with the default --steps 2: the op that crashed (PC201)
+    # and, for a tensor the script made on the CPU, its creation's line (PC202: the line to edit)
+    "validation": [("PC201", "23")],  # per-epoch validation: the labels stay on the CPU
+    "periodic": [("PC201", "27"), ("PC202", "24")],  # validation every second epoch: a CPU accumulator
+    "testpass": [("PC201", "26"), ("PC202", "25")],  # the test pass after training: its input made on the CPU
+    "export": [("PC207", "22")],  # .numpy() of a device tensor: a GPU raises TypeError there
+    "early_stop": [("PC201", "31"), ("PC202", "30")],  # after early stopping: a CPU probe meets the model
+    "sparse": [("PC201", "31"), ("PC202", "30")],  # a test pass in the last of 30 epochs only: a CPU probe
 }
 
 
@@ -56,7 +57,7 @@ CASES = {
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_the_code_after_the_steps_is_found_at_its_line_and_its_twin_is_clean(name: str, engine: str) -> None:
     buggy = run(script(FAST / f"{name}_buggy.py"), engine=engine)
-    assert failing(buggy) == [CASES[name]]
+    assert failing(buggy) == CASES[name]
     assert buggy.unfinished == "" and dict(buggy.stats)["optimizer_steps"] >= 2
     fixed = run(script(FAST / f"{name}_fixed.py"), engine=engine)
     assert failing(fixed) == []
@@ -99,7 +100,7 @@ def test_the_epoch_loop_runs_once_more_to_reach_a_validation_it_has_not_run() ->
 def test_steps_0_runs_every_iteration_and_finds_the_same() -> None:
     path = script(FAST / "testpass_buggy.py")
     whole = run(path, steps=0)
-    assert failing(whole) == [CASES["testpass"]]
+    assert failing(whole) == CASES["testpass"]
     assert dict(whole.stats)["optimizer_steps"] == 1000
     assert not any("fast-forward" in n for n in whole.notes)
 
@@ -155,7 +156,8 @@ def test_a_training_loop_the_script_does_not_own_ends_through_its_dataloader() -
         model(torch.randn(2, 4))  # after training: a CPU input
 
     report = run(main)
-    assert [f.code for f in report.findings] == ["PC201"] and seen == [1]
+    # the crash, and the CPU input's creation at its line (the line to edit)
+    assert sorted(f.code for f in report.findings) == ["PC201", "PC202"] and seen == [1]
     assert any("the iterators of the DataLoader iterated at" in n for n in report.notes)
 
 

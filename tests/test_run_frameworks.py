@@ -53,8 +53,10 @@ def clean(report: Report) -> bool:
 
 def test_compiled_model_and_function_run_eagerly_and_the_bug_is_found_in_the_eager_code() -> None:
     report = run(script("compile_buggy.py"))
-    assert above_info(report) == [("PC201", "positions", at("compile_buggy.py", 14))]
-    [finding] = report.findings
+    # the crash, and the line to edit: the forward's torch.arange without device= (PC202, as audit)
+    assert above_info(report) == [("PC201", "positions", at("compile_buggy.py", 14)),
+                                  ("PC202", "Encoder", at("compile_buggy.py", 13))]
+    [finding] = [f for f in report.findings if f.code == "PC201"]
     assert finding.origin == at("compile_buggy.py", 13)  # the torch.arange line
     assert any("torch.compile ran eagerly" in n and "not the compiled graph" in n for n in report.notes)
 
@@ -92,8 +94,10 @@ def dynamo_config() -> Any:
 @pytest.mark.skipif(not hasattr(torch, "accelerator"), reason="torch.accelerator is new in torch 2.6")
 def test_torch_accelerator_sees_the_simulated_gpus_and_the_bug_is_found() -> None:
     report = run(script("accelerator_buggy.py"), gpus=2)
-    assert above_info(report) == [("PC201", "labels", at("accelerator_buggy.py", 14))]
-    [finding] = report.findings
+    # the crash, and the labels' creation without device= (PC202: the line to edit)
+    assert above_info(report) == [("PC201", "labels", at("accelerator_buggy.py", 14)),
+                                  ("PC202", "", at("accelerator_buggy.py", 12))]
+    [finding] = [f for f in report.findings if f.code == "PC201"]
     assert finding.expected == "cuda:1"  # set_device_index(device_count() - 1), then .to(device)
 
 
@@ -167,7 +171,8 @@ def test_accelerate_fixed_twin_is_clean() -> None:
 def test_lightning_training_step_noise_made_on_the_cpu() -> None:
     pytest.importorskip("lightning")
     report = run(script("lightning_buggy.py"))
-    assert above_info(report) == [("PC201", "noise", at("lightning_buggy.py", 17))]
+    assert above_info(report) == [("PC201", "noise", at("lightning_buggy.py", 17)),
+                                  ("PC202", "", at("lightning_buggy.py", 16))]  # the line to edit
     [finding] = [f for f in report.findings if f.code == "PC201"]
     assert finding.origin == at("lightning_buggy.py", 16)
 

@@ -131,7 +131,8 @@ def test_fsdp1_without_device_id_leaves_the_model_on_the_cpu() -> None:
 def test_lightning_fsdp_at_two_devices_runs_as_two_ranks_and_finds_the_bug_on_both() -> None:
     pytest.importorskip("lightning")
     report = run(script("lightning_fsdp_buggy.py"), nproc_per_node=2)
-    assert failing(report) == [("PC201", at("lightning_fsdp_buggy.py", 17), "0-1")]
+    assert failing(report) == [("PC201", at("lightning_fsdp_buggy.py", 17), "0-1"),
+                               ("PC202", at("lightning_fsdp_buggy.py", 16), "0-1")]  # the line to edit
     fixed = run(script("lightning_fsdp_fixed.py"), nproc_per_node=2)
     assert clean(fixed), (failing(fixed), fixed.notes)
     assert not any("copies of itself" in n for n in fixed.notes)
@@ -167,7 +168,9 @@ def test_a_target_left_on_the_cpu_in_fsdp2_training_is_found_on_every_rank() -> 
     # launched as python -m torch.distributed.run --nproc-per-node 2 would launch it
     report = run("torch.distributed.run", ["--nproc-per-node", "2", script("fsdp2_transformer_buggy.py")],
                  module=True)
-    assert failing(report) == [("PC201", at("fsdp2_transformer_buggy.py", 85), "0-1")]
+    # the crash, and the target's creation without device= (PC202: the line to edit)
+    assert failing(report) == [("PC201", at("fsdp2_transformer_buggy.py", 85), "0-1"),
+                               ("PC202", at("fsdp2_transformer_buggy.py", 82), "0-1")]
     [finding] = [f for f in report.findings if f.code == "PC201"]
     assert "cross_entropy" in finding.message and "is on cpu" in finding.message
     assert at("fsdp2_transformer_buggy.py", 82) in finding.message  # where the target was made

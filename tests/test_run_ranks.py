@@ -54,7 +54,9 @@ def test_a_correct_ddp_script_runs_clean_on_every_rank_and_the_rank_0_guard_runs
 
 def test_only_rank_0_takes_its_guarded_branch_and_only_rank_0_has_its_bug() -> None:
     report = run(script("rank0_buggy.py"), nproc_per_node=2)
-    assert failing(report) == [("PC201", at("rank0_buggy.py", 18), "0")]
+    # the op that crashed, and the line to edit: the offset made without device= (PC202)
+    assert failing(report) == [("PC201", at("rank0_buggy.py", 18), "0"),
+                               ("PC202", at("rank0_buggy.py", 17), "0")]
     fixed = run(script("rank0_fixed.py"), nproc_per_node=2)
     assert failing(fixed) == [] and exit_code([fixed]) == 0
 
@@ -228,8 +230,10 @@ def test_json_of_the_ranks_follows_the_schema_and_the_script_output_goes_to_stde
                                       script("rank0_buggy.py")])
     assert result.exit_code == 1, result.stderr
     data = validate_json(result.stdout)
-    [finding] = [f for f in data["findings"] if f["code"] == "PC201"]
-    assert finding["details"]["ranks"] == "0" and finding["source"] == at("rank0_buggy.py", 18)
+    # grouped: the offset's creation (PC202) is the problem, the op it crashed its evidence
+    [finding] = [f for f in data["findings"] if f["code"] == "PC202"]
+    assert finding["details"]["ranks"] == "0" and finding["source"] == at("rank0_buggy.py", 17)
+    assert [(e["code"], e["source"]) for e in finding["evidence"]] == [("PC201", at("rank0_buggy.py", 18))]
     assert data["device"] == "cuda:0, cuda:1" and data["stats"]["ranks"] == 2
     # what rank 0 printed, with torchrun's prefix, on stderr (stdout stays parseable)
     assert any(line.startswith("[rank0]: ") for line in result.stderr.splitlines())
@@ -250,7 +254,8 @@ def test_a_bad_nproc_per_node_is_one_line_and_exit_2(value: str) -> None:
 def test_lightning_ddp_at_two_devices_runs_as_two_ranks_and_finds_the_bug_on_both() -> None:
     pytest.importorskip("lightning")
     report = run(script("lightning_ddp_buggy.py"), nproc_per_node=2)
-    assert failing(report) == [("PC201", at("lightning_ddp_buggy.py", 17), "0-1")]
+    assert failing(report) == [("PC201", at("lightning_ddp_buggy.py", 17), "0-1"),
+                               ("PC202", at("lightning_ddp_buggy.py", 16), "0-1")]  # the line to edit
     fixed = run(script("lightning_ddp_fixed.py"), nproc_per_node=2)
     assert failing(fixed) == [] and exit_code([fixed]) == 0
     assert any(past_the_steps(n) for n in fixed.notes)

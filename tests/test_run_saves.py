@@ -41,8 +41,9 @@ model.load_state_dict(load_file("model.safetensors", device="cuda"))
 out = model(torch.randn(3, 4, device=DEVICE))  # MARK use
 """
 
-USED_ON = pytest.mark.parametrize(("device", "expected"), [('"cuda"', []), ('"cpu"', ["PC201"])])
-"""The loaded model used with a GPU input (clean) or a CPU one (PC201 at the MARK)."""
+USED_ON = pytest.mark.parametrize(("device", "expected"), [('"cuda"', []), ('"cpu"', ["PC201", "PC202"])])
+"""The loaded model used with a GPU input (clean) or a CPU one (PC201 at the MARK, and PC202 there: the
+input's creation on the CPU, the line to edit)."""
 ENGINES = pytest.mark.parametrize("engine", ["tagged", "fake"])
 
 

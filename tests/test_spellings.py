@@ -76,9 +76,11 @@ def _model(line: str) -> Spelling:
     return Spelling(f"module: {line}", {"model": line}, {"model": "net.train()"})
 
 
-def _batch(line: str, cpu: str = "x = torch.randn(5, 4)") -> Spelling:
-    """A batch placement: taken out, the batch stays on the CPU."""
-    return Spelling(f"batch: {line}", {"batch": line}, {"batch": cpu})
+def _batch(line: str) -> Spelling:
+    """A batch placement: taken out, the batch stays on the CPU. The run names the line to edit as audit
+    names a forward's creation: PC202 at ``torch.randn``'s line (the cause), beside the op it crashed."""
+    return Spelling(f"batch: {line}", {"batch": line}, {"batch": "x = torch.randn(5, 4)"},
+                    (("PC201", "mark"), ("PC202", "batch")))
 
 
 RUN_SPELLINGS = [
@@ -115,7 +117,8 @@ RUN_SPELLINGS = [
              {"batch": "with torch.device('cpu'):\n        x = torch.randn(5, 4)"}),
     Spelling("batch: with torch.cuda.device(0)",
              {"batch": "with torch.cuda.device(0):\n        x = torch.randn(5, 4).cuda()"},
-             {"batch": "with torch.cuda.device(0):\n        x = torch.randn(5, 4)"}),
+             {"batch": "with torch.cuda.device(0):\n        x = torch.randn(5, 4)"},
+             (("PC201", "mark"), ("PC202", "batch:1"))),
     Spelling("module built in with torch.device(device)",
              {"build": f"with torch.device(device):\n    {NET}", "model": ""}, {"build": NET}),
     Spelling("torch.set_default_device(device)",
@@ -136,7 +139,7 @@ RUN_SPELLINGS = [
     Spelling("copy.deepcopy of a tensor and of an optimizer",
              {"batch": "x = copy.deepcopy(torch.randn(5, 4, device=device))",
               "after": "saved = copy.deepcopy(opt)\nsaved.step()"},
-             {"batch": "x = copy.deepcopy(torch.randn(5, 4))"}),
+             {"batch": "x = copy.deepcopy(torch.randn(5, 4))"}, (("PC201", "mark"), ("PC202", "batch"))),
 ]
 
 

@@ -204,11 +204,15 @@ def _creation(event: Creation, target: str) -> Finding:
         return _make(Code.PC202, event.site, rules.severity(Code.PC202, "cache"), device=event.device,
                      expected=target, dtype=event.dtype, shape=event.shape, origin=event.site.source,
                      message=message, hint=hint, details=(("op", event.op), ("kept_in", event.kept_in)))
+    copied_at = event.moved_at.source if event.moved and event.moved_at else ""
+    scalar = bool(copied_at) and not fed and event.shape == ()
     message, hint = rules.created_off_device(
         event.op, _tensor(event.dtype, event.shape), event.device, target, fed=fed,
-        copied_to=event.moved_to, copied_at=event.moved_at.source if event.moved and event.moved_at else "")
-    # always the rule's severity (one truth with the rule table): the mismatch it fed is its own PC201 error
-    return _make(Code.PC202, event.site, None, device=event.device, expected=target,
+        copied_to=event.moved_to, copied_at=copied_at, scalar=scalar)
+    # the rule's severity (one truth with the rule table): the mismatch it fed is its own PC201 error; a
+    # 0-dim tensor copied to the device is one scalar copy per call (issue 42 item 11)
+    return _make(Code.PC202, event.site, rules.severity(Code.PC202, "scalar") if scalar else None,
+                 device=event.device, expected=target,
                  dtype=event.dtype, shape=event.shape, origin=event.site.source, message=message, hint=hint,
                  details=(("op", event.op),))
 

@@ -114,25 +114,27 @@ def _under(path: str, prefix: str) -> bool:
     return bool(prefix) and (path == prefix or path.startswith((prefix + ".", prefix + "[")))
 
 
-def _cause_of(symptom: Finding, causes: Sequence[Finding]) -> int | None:
-    """The index in ``causes`` of the problem ``symptom`` is evidence of, if any."""
+def _causes_of(symptom: Finding, causes: Sequence[Finding]) -> list[int]:
+    """The indices in ``causes`` of the problems ``symptom`` is evidence of, the first first: one per
+    origin it names (an op that received ``h0`` and ``c0``, each made off the device, crashed on both)."""
     origins = [symptom.origin, *dict(symptom.details).get("origins", "").split(", ")]
+    found: list[int] = []
     for origin in (o for o in origins if o):
         for i, cause in enumerate(causes):
             paths = cause.instances or (cause.where,)
-            if cause.code.startswith("PC1") and any(_under(origin, w) for w in paths):
-                return i
-            if cause.code == Code.PC202 and origin in (cause.source, cause.origin):
-                return i
-            if cause.code == Code.PC203 and (_under(origin, cause.module) or _under(origin, cause.where)
-                                          or origin == cause.source):
-                return i
-    if symptom.code == Code.PC204 and symptom.source:
+            lazy = cause.code == Code.PC203 and (_under(origin, cause.module) or _under(origin, cause.where)
+                                                 or origin == cause.source)
+            if lazy or (cause.code.startswith("PC1") and any(_under(origin, w) for w in paths)) \
+                    or (cause.code == Code.PC202 and origin in (cause.source, cause.origin)):
+                if i not in found:
+                    found.append(i)
+                break
+    if not found and symptom.code == Code.PC204 and symptom.source:
         # the .cpu() that made an output off the device: the output is the problem, the sync its cost
         for i, cause in enumerate(causes):
             if cause.code == Code.PC206 and symptom.source in (cause.origin, cause.source):
-                return i
-    return None
+                return [i]
+    return found
 
 
 def group(findings: Iterable[Finding]) -> list[Finding]:
@@ -143,10 +145,13 @@ def group(findings: Iterable[Finding]) -> list[Finding]:
         groups.setdefault(_group_key(f), []).append(f)
     problems = [_merge(members) for members in groups.values()]
     parent: dict[int, int] = {}
+    shared: dict[int, list[int]] = {}
+    """A symptom -> the other causes it is evidence of too (each gets its own copy of the evidence)."""
     for i, p in enumerate(problems):
-        cause = _cause_of(p, problems) if p.code in _SYMPTOM_CODES else None
-        if cause is not None and cause != i:
-            parent[i] = cause
+        causes = [c for c in _causes_of(p, problems) if c != i] if p.code in _SYMPTOM_CODES else []
+        if causes:
+            parent[i] = causes[0]
+            shared[i] = causes[1:]
     evidence: dict[int, list[Finding]] = {}
     absorbed: set[int] = set()
     for i in parent:
@@ -158,6 +163,9 @@ def group(findings: Iterable[Finding]) -> list[Finding]:
         if root != i and root not in parent:
             evidence.setdefault(root, []).append(problems[i])
             absorbed.add(i)
+            for other in shared.get(i, []):
+                if other not in parent and other != root:
+                    evidence.setdefault(other, []).append(problems[i])
     out = []
     for i, p in enumerate(problems):
         if i in absorbed:

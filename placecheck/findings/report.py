@@ -340,8 +340,11 @@ class Report:
         return sum(f.nbytes for f in self.findings if f.device and f.device != f.expected)
 
     def instances(self) -> int:
-        """The per-instance findings the problems cover (what ``--no-group`` lists), evidence included."""
-        return sum(f.instance_count for f in self.findings)
+        """The per-instance findings the problems cover (what ``--no-group`` lists), evidence included,
+        once each: an op that two problems' tensors crashed is evidence of both, one finding all the same."""
+        evidence = {(e.code, e.source, e.where, e.origin, e.message)
+                    for f in self.findings for e in f.evidence}
+        return sum(max(1, len(f.instances)) for f in self.findings) + len(evidence)
 
     def problem_count(self) -> str:
         """``3 problems (8 instances)``: the problems of this report grouped as the CLI groups them

@@ -80,6 +80,15 @@ class Moves:
         self.used: set[tuple[str, str, str]] = set()
         self._owners: dict[tuple[str, str, str], type | None] = {}
         """Each stray's finding key -> the class of the module holding the stray."""
+        self._derived: dict[int, tuple[weakref.ref[torch.Tensor], tuple[str, str, str]]] = {}
+        """``id()`` of each tensor a torch call computed from a stray -> (the tensor, the stray's key)."""
+        self._fed: set[tuple[str, str, str]] = set()
+        """Strays that (themselves or through a result) fed a device mismatch or a CPU index copied to
+        the device: the evidence that keeps their finding as it is."""
+        self._moved: set[tuple[str, str, str]] = set()
+        """Strays whose results the script copied to the device (``.to(x.device)``)."""
+        self._not_scalar: set[tuple[str, str, str]] = set()
+        """Strays used at least once as something other than a 0-dim scalar."""
 
     def module_to(self, original: Callable[..., Any]) -> Callable[..., Any]:
         """``nn.Module.to``: the move, then its walk."""
@@ -145,13 +154,53 @@ class Moves:
             key = self.strays.get(id(t))
             if key is not None:
                 self.used.add(key)
+                if t.dim() != 0:
+                    self._not_scalar.add(key)
+
+    def _stray_of(self, t: torch.Tensor) -> tuple[str, str, str] | None:
+        """The key of the stray ``t`` is, or was computed from (None: neither)."""
+        key = self.strays.get(id(t))
+        if key is not None:
+            return key
+        derived = self._derived.get(id(t))
+        return derived[1] if derived is not None and derived[0]() is t else None
+
+    def derived(self, out: torch.Tensor, inputs: Iterable[torch.Tensor], moved: bool) -> None:
+        """A torch call computed ``out`` from ``inputs``: a result of a stray is followed as the stray
+        (``moved``: the call was a ``.to()``/``.cuda()``, and ``out`` is on a device)."""
+        for t in inputs:
+            key = self._stray_of(t)
+            if key is None:
+                continue
+            if moved and out.device.type != "cpu":
+                self._moved.add(key)
+            elif out.device.type == "cpu" and id(out) not in self.strays:
+                self._derived[id(out)] = (weakref.ref(out), key)
+            return
+
+    def prune(self) -> None:
+        """Forget the results of strays that no longer exist (their ids may be reused)."""
+        self._derived = {k: v for k, v in self._derived.items() if v[0]() is not None}
+
+    def fed(self, t: torch.Tensor) -> None:
+        """``t`` fed a device mismatch, or was a CPU index copied to a device: if it is (or came from) a
+        stray, that stray's finding stands."""
+        key = self._stray_of(t)
+        if key is not None:
+            self._fed.add(key)
 
     def verdict(self, key: tuple[str, str, str], finding: Finding) -> Finding:
-        """A stray's finding (PC101) as the whole run shows it: one the script never used, held by a
-        module an installed package defines, is ``info`` naming the package (as ``audit`` says it of
-        a forward that never used it, :func:`placecheck.checks.provenance.stray_verdict`)."""
-        if key not in self._owners or key in self.used:
+        """A stray's finding (PC101) as the whole run shows it, decided as ``audit`` decides it from its
+        forward (:func:`placecheck.checks.provenance.stray_verdict`): one the script used but never let
+        meet a device tensor (it used it only on the host or as a 0-dim scalar, or copied the results
+        to the device) is ``info`` saying how; one it never used, held by a module an installed package
+        defines, is ``info`` naming the package."""
+        if key not in self._owners or key in self._fed:
             return finding
+        if key in self.used:
+            how = ("moved-copies" if key in self._moved else
+                   "scalar" if key not in self._not_scalar else "cpu-only")
+            return stray_verdict(finding, how, finding.expected, self._owners[key])
         return stray_verdict(finding, "unused-run", finding.expected, self._owners[key])
 
     def unswappable(self, line: str) -> None:

@@ -9,10 +9,15 @@ inherits an origin.
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from dataclasses import dataclass
+from types import FrameType
 
 import torch
+import torch.nn as nn
+
+from placecheck.checks.walk import storage_key
 
 MAX_TRACKED = 50_000
 """Tags kept before the dead ones are dropped (a long stretch without optimizer steps)."""
@@ -32,6 +37,15 @@ class Origin:
     """The batch came from a DataLoader with ``pin_memory=True``."""
     module: str = ""
     """For a creation: the class of the module whose forward made it ("" outside any forward)."""
+    init: bool = False
+    """For a creation: made while a module's ``__init__`` ran (its state: the walk after a move reports
+    what ``.to()`` leaves behind, PC101, at the attribute's line)."""
+
+
+def in_module_init(frame: FrameType | None) -> bool:
+    """``frame`` runs an ``nn.Module``'s ``__init__`` (``self`` is a module)."""
+    return frame is not None and frame.f_code.co_name == "__init__" \
+        and isinstance(frame.f_locals.get("self"), nn.Module)
 
 
 @dataclass
@@ -45,21 +59,41 @@ class Origins:
 
     def __init__(self) -> None:
         self._tracked: dict[int, _Tracked] = {}
+        self._created: dict[int, tuple[weakref.ref[torch.UntypedStorage], str, tuple[int, ...], Origin]] = {}
+        """A created tensor's storage (its data pointer) -> the storage, its dtype, shape and origin: a tensor
+        made on the same data by no torch function call (``nn.Parameter(torch.full(...))``, which outlives
+        the factory's own tensor; ``Variable(t)``) came from the same line. The storage is held weakly
+        and compared, so memory freed and reused by another tensor is not taken for it."""
 
     def __bool__(self) -> bool:
         return bool(self._tracked)
 
     def track(self, t: torch.Tensor, origin: Origin) -> None:
         self._tracked[id(t)] = _Tracked(weakref.ref(t), origin)
+        if origin.kind == "created":
+            key = storage_key(t)
+            if key is not None:
+                with contextlib.suppress(TypeError):  # (a storage that takes no weak reference: not kept)
+                    storage = weakref.ref(t.untyped_storage())
+                    self._created[key] = (storage, str(t.dtype), tuple(t.shape), origin)  # the newest there
         if len(self._tracked) > MAX_TRACKED:
             self.prune()
 
     def of(self, t: torch.Tensor) -> Origin | None:
         tracked = self._tracked.get(id(t))
-        if tracked is None or tracked.ref() is not t:
-            return None
-        return tracked.origin
+        if tracked is not None and tracked.ref() is t:
+            return tracked.origin
+        if self._created:
+            # nn.Parameter(data), Variable(data): a new tensor object on data's storage, made by no torch
+            # function call
+            key = storage_key(t)
+            made = self._created.get(key) if key is not None else None
+            if made is not None and made[1:3] == (str(t.dtype), tuple(t.shape)) \
+                    and made[0]() is t.untyped_storage():
+                return made[3]
+        return None
 
     def prune(self) -> None:
         """Forget tensors that no longer exist (their ids may be reused)."""
         self._tracked = {k: v for k, v in self._tracked.items() if v.ref() is not None}
+        self._created = {k: v for k, v in self._created.items() if v[0]() is not None}

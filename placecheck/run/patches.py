@@ -51,6 +51,9 @@ What none of them shows, and so is patched here, for the recorder's session only
   TorchScript refuses is refused), and each of its compiled methods and its
   submodules' runs as the Python method it was compiled from, on the scripted
   module's own state (what it saves). A scripted class is scripted as asked.
+- ``torch.from_numpy`` / ``torch.frombuffer``: they never reach a torch function mode (audit's tracer
+  wraps them for the same reason), so a tensor the user's line makes from NumPy data would have no
+  origin: its creation line is the cause of the mismatch it feeds (PC202).
 
 - For ``--nproc-per-node N`` (:mod:`placecheck.run.ranks`), in each rank's process:
   ``torch.distributed.init_process_group`` (:func:`fake_process_group`): NCCL

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
+import sys
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
@@ -51,10 +52,9 @@ import torch.nn as nn
 from placecheck.basics.errors import one_line
 from placecheck.checks import classify
 from placecheck.checks.host_syncs import HOST_SYNCS, host_sync
-from placecheck.checks.hostcopies import PendingCopies, PendingCopy
+from placecheck.checks.hostcopies import PendingCopies, PendingCopy, nonblocking_host_copy
 from placecheck.checks.provenance import CallCounts
 from placecheck.checks.sources import here, user_line
-from placecheck.checks.state import Registry
 from placecheck.engines.callbacks import in_callbacks
 from placecheck.engines.dispatch import Call, op_name, subscribed
 from placecheck.findings import rules
@@ -62,12 +62,13 @@ from placecheck.findings.codes import Code
 from placecheck.findings.finding import Finding
 from placecheck.findings.rules import rule
 from placecheck.placement.replicas import data_parallel_simulated
+from placecheck.run.causes import Causes, crash_site, creation_cause, expression_of, module_owner
 from placecheck.run.checkpoints import Checkpoints
 from placecheck.run.fastforward import MAX_STEPS_AFTER, FastForward
 from placecheck.run.loaders import PIN_WARNING, Loaders
 from placecheck.run.moves import Moves, raised_by_swap
 from placecheck.run.optimizers import Optimizers
-from placecheck.run.origins import Origin, Origins
+from placecheck.run.origins import Origin, Origins, in_module_init
 from placecheck.run.patches import (
     OutsideSimulation,
     eager_compile,
@@ -76,10 +77,12 @@ from placecheck.run.patches import (
     patched,
 )
 from placecheck.run.session import EngineProbe, RankPlacement, StopRun
-from placecheck.run.sites import called_from_user, library_caller, names_of
+from placecheck.run.sites import called_from_user, fake_tolist, library_caller, names_of
 
 _MOVES = frozenset({torch.Tensor.to, torch.Tensor.cuda})
 _BACKWARDS = frozenset({torch.Tensor.backward, torch.autograd.backward})
+_DEVICE_TO_HOST = frozenset({torch.Tensor.to, torch.Tensor.type_as})
+"""Calls that copy a device tensor to the host when asked for the CPU (``.cpu()`` is in the sync table)."""
 _FACTORIES = frozenset(getattr(torch, name) for name in (
     "zeros", "ones", "empty", "full", "tensor", "as_tensor", "arange", "linspace", "rand", "randn",
     "randint", "randperm", "eye", "zeros_like", "ones_like", "empty_like", "full_like", "rand_like",
@@ -134,11 +137,17 @@ class RunRecorder:
         """(source, call) -> [count, in-forward module name or "", device, optimizer steps it ran in]."""
         self.copies: dict[tuple[str, int], _Copies] = {}
         self.origins = Origins()
+        self.causes = Causes()
         self.moves = Moves(self)
         self.optimizers = Optimizers(self)
         self.loaders = Loaders(self)
         self.checkpoints = Checkpoints(self)
         self._forward_stack: list[nn.Module] = []
+        self._registered: set[int] = set()
+        """ids of the parameters registered during a forward (one PC203 each)."""
+        self.registered_lines: set[str] = set()
+        """Lines that registered a parameter during a forward (PC203): the tensor made there is that
+        parameter's data, not a creation of its own (PC202)."""
         self._held: set[int] = set()
         """ids of the modules the outermost module running held when its forward began."""
         self._backwards_seen = 0
@@ -192,6 +201,7 @@ class RunRecorder:
             module_mod.register_module_forward_pre_hook(self._forward_enter),
             module_mod.register_module_forward_hook(self._forward_exit, always_call=True),
             module_mod.register_module_module_registration_hook(self._module_registered),
+            module_mod.register_module_parameter_registration_hook(self._parameter_registered),
         ]
         if self.probe is not None:
             probe = self.probe
@@ -219,6 +229,7 @@ class RunRecorder:
                     (nn.Module, "load_state_dict", self.moves.load_state_dict),
                     (subprocess.Popen, "__init__", no_copies_of_the_script),
                     (torch.jit, "script", eager_script(self.notes)),
+                    (torch, "from_numpy", self._host_factory), (torch, "frombuffer", self._host_factory),
                 ]))
                 stack.enter_context(eager_compile(self._compiled))
                 stack.enter_context(data_parallel_simulated(self.gpus, self.quiet))
@@ -232,6 +243,21 @@ class RunRecorder:
             for handle in handles:
                 handle.remove()
             torch.__future__.set_swap_module_params_on_conversion(swap)
+
+    def _host_factory(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        """``torch.from_numpy``/``torch.frombuffer``, which no torch function mode sees (as audit's tracer
+        wraps them): a tensor the user's own line made on the host is a creation there."""
+        def factory(*args: Any, **kwargs: Any) -> Any:
+            out = original(*args, **kwargs)
+            if self._quiet or not isinstance(out, torch.Tensor) or not self.is_host_tensor(out):
+                return out
+            line, frame = here()
+            if line and frame is sys._getframe(1):  # the user's line called it, not a library for it
+                module = type(self._forward_stack[-1]).__name__ if self._forward_stack else ""
+                self.origins.track(out, Origin("created", f"torch.{original.__name__}", line, module=module,
+                                               init=in_module_init(frame)))
+            return out
+        return factory
 
     def _compiled(self) -> None:
         """The script called ``torch.compile``: what runs is its eager code (:func:`eager_compile`)."""
@@ -324,6 +350,12 @@ class RunRecorder:
                 and args[0].device.type == "cuda":
             self._implicit_index(func, args)
         try:
+            if self.fake_engine and any(t.dim() == 0 and t.device.type == "cpu" for _, t in call.tensors) \
+                    and len({t.device for _, t in call.tensors}) > 1 \
+                    and classify.mixes_devices(func, list(call.tensors), args):
+                # decided before the call, as audit does: fake tensors take a 0-dim CPU tensor (clamp's
+                # bound) that a GPU refuses as a tensor argument
+                raise classify.DeviceMismatchError(f"{op_name(func)} mixed devices")
             out = func(*args, **kwargs)
         except Exception as exc:
             out = self._repair(func, args, kwargs, exc)
@@ -338,21 +370,31 @@ class RunRecorder:
         if self.ranks is not None and isinstance(out, torch.Tensor) \
                 and (func in _MOVES or func in _FACTORIES):
             self.ranks.placed(func, out)
+        if func in _DEVICE_TO_HOST and isinstance(out, torch.Tensor) and args \
+                and isinstance(args[0], torch.Tensor) and args[0].device.type != "cpu" \
+                and out.device.type == "cpu" and nonblocking_host_copy(func, args, kwargs, out) is None \
+                and called_from_user():  # (a library's own copies differ with the engine's tensors)
+            self._record_sync(f".{func.__name__}()", args[0])  # a blocking device-to-host copy, as audit's
+        if self.moves.strays and isinstance(out, torch.Tensor):
+            self.moves.derived(out, [t for _, t in call.tensors], func in _MOVES)
         if func in _MOVES and isinstance(out, torch.Tensor) and args and isinstance(args[0], torch.Tensor):
+            if out.device != args[0].device and out.device.type == "cuda":
+                self.causes.moved(func, args, kwargs, out, *here())
             self._record_move(func, args, kwargs, args[0], out)
         elif isinstance(out, torch.Tensor) and self.is_host_tensor(out):
             if func in _FACTORIES:
                 line = called_from_user()
                 if line:
                     module = type(self._forward_stack[-1]).__name__ if self._forward_stack else ""
-                    self.origins.track(out, Origin("created", op_name(func), line, module=module))
+                    self.origins.track(out, Origin("created", op_name(func), line, module=module,
+                                                   init=not module and in_module_init(here()[1])))
             elif self.origins:
-                for _, t in classify.tensor_arguments(args, kwargs):
-                    origin = self.origins.of(t)
-                    if origin is not None:
-                        # a view or a cast of a batch element keeps its origin
-                        self.origins.track(out, origin)
-                        break
+                # a view or a cast of a batch element keeps its origin; of several, a module's state made
+                # in its __init__ is the walk's (PC101), so the other one is the result's
+                found = (self.origins.of(t) for _, t in classify.tensor_arguments(args, kwargs))
+                known = [o for o in found if o is not None]
+                if known:
+                    self.origins.track(out, next((o for o in known if not o.init), known[0]))
         return out
 
     def _unrun_backwards(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -396,6 +438,8 @@ class RunRecorder:
     def _prune(self) -> None:
         """Forget tensors that no longer exist (their ids may be reused)."""
         self.origins.prune()
+        self.moves.prune()
+        self.causes.prune()
         self.copies = {k: v for k, v in self.copies.items() if v.ref() is not None or len(v.steps) > 1}
 
     def _repair(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -417,14 +461,19 @@ class RunRecorder:
             on_cuda = [t.device for _, t in tensors if t.device.type == "cuda"]
             if not on_cuda:
                 raise exc
-            reference = max(set(on_cuda), key=on_cuda.count)
+            # the model's device when a parameter takes part (a batch sent to "cuda" is what is off), else
+            # the devices most arguments are on
+            held = [t.device for _, t in tensors if isinstance(t, nn.Parameter) and t.device.type == "cuda"]
+            reference = max(set(held or on_cuda), key=(held or on_cuda).count)
             offending = [t for _, t in classify.offending_arguments(func, tensors, reference)]
             if not offending:
                 raise exc
             line, frame = here()
+            crash = crash_site(sys._getframe())
             moved: dict[int, torch.Tensor] = {}
             for t in offending:
-                self._mismatch(func, t, reference, line, frame)
+                self.moves.fed(t)
+                self._mismatch(func, t, reference, line, frame, crash)
                 with self.quiet():
                     moved[id(t)] = t.to(reference)
             args, kwargs = classify.replace_tensors(args, moved), classify.replace_tensors(kwargs, moved)
@@ -435,13 +484,15 @@ class RunRecorder:
         raise exc
 
     def _mismatch(self, func: Callable[..., Any], t: torch.Tensor, reference: torch.device, line: str,
-                  frame: FrameType | None) -> None:
-        """PC201 for one offending argument: what it is and where it came from."""
+                  frame: FrameType | None, crash: tuple[str, str] = ("", "")) -> None:
+        """PC201 for one offending argument: what it is, where it came from, and the line to edit
+        (:mod:`~placecheck.run.causes`); ``crash``: the installed package and line where the op ran."""
         r = rule(Code.PC201)
         names = names_of(t, frame)
-        name = names[0] if names else ""
+        name = names[0] if names else expression_of(t, frame)
         origin = self.origins.of(t)
-        owner = self._module_owner(t, frame)
+        owner = module_owner(t, frame)
+        discarded, current = self.causes.discarded_move(t), self.causes.current_device_move(t)
         in_module = self._forward_stack[-1] if self._forward_stack else None
         batch = origin is not None and origin.kind == "batch"
         if batch and origin is not None:
@@ -456,12 +507,28 @@ class RunRecorder:
         details: tuple[tuple[str, str], ...] = (("op", op),)
         if batch and origin is not None:  # placecheck fix moves it beside its siblings
             details += (("batch", origin.path),)
+        cause = discarded or current
+        if cause is not None and not owner:  # the move to edit is the origin
+            origin_text = cause.line
+            details += (("discarded move" if discarded else "current-device move", cause.line),)
+        if crash[1]:
+            details += (("crashes at", crash[1]),)
         message, hint = rules.script_device_mismatch(
             op, str(reference), str(t.device), f"a {t.device} tensor {tuple(t.shape)}", name=name,
             batch=origin.path if batch and origin is not None else "",
             loader_at=origin.line if origin is not None else "", owner=owner,
             created_by=origin.path if origin is not None and not batch else "",
-            created_at=origin.line if origin is not None else "", in_forward=in_module is not None)
+            created_at=origin.line if origin is not None else "",
+            in_forward=bool(origin.module) if origin is not None and not batch else in_module is not None,
+            discarded_at=discarded.line if discarded is not None and not owner else "",
+            current_at=current.line if current is not None and not owner else "",
+            library=crash[0], crashes_at=crash[1])
+        if origin is not None and origin.kind == "created" and not owner and not origin.init \
+                and id(t) not in self.moves.strays and origin.line not in self.registered_lines \
+                and discarded is None:
+            # (a module's buffer is fixed by moving the module, its state made in __init__ by registering
+            # it (PC101), a parameter built in forward at its PC203's line, a discarded move at its line)
+            self.add(creation_cause(origin, t, str(reference), fed=True), key_extra=f"{origin.module}|fed")
         self.add(Finding(
             code=r.code, kind=r.kind, severity=r.severity, where=where, message=message, hint=hint,
             source=line, device=str(t.device), expected=str(reference),
@@ -469,30 +536,15 @@ class RunRecorder:
             shape=tuple(t.shape), nbytes=_nbytes(t), count=1, origin=origin_text,
             details=details), key_extra=f"{where}|{origin_text}")
 
-    def _module_owner(self, t: torch.Tensor, frame: FrameType | None) -> str:
-        """``criterion.weight`` when ``t`` is a parameter or buffer of a module the script names."""
-        scopes: list[dict[str, Any]] = []
-        scan = frame
-        while scan is not None and len(scopes) < 6:
-            scopes.append(scan.f_locals)
-            scan = scan.f_back
-        if frame is not None:
-            scopes.append(frame.f_globals)
-        for scope in scopes:
-            for name, value in list(scope.items()):
-                if isinstance(value, nn.Module) and not name.startswith("_"):
-                    registry = Registry.of(value)
-                    for tname, owned in [*registry.buffers, *registry.parameters]:
-                        if owned is t:
-                            return f"{name}.{tname}"
-        return ""
-
     def _record_sync(self, call: str, t: torch.Tensor) -> None:
         line, _ = here()
         if not line:
             return
         module = type(self._forward_stack[-1]).__name__ if self._forward_stack else ""
         via = library_caller()
+        tolist = fake_tolist() if via and self.fake_engine else None
+        if tolist is not None:  # a .tolist(), which torch runs on fake tensors as one .item() per element
+            call, via = ".tolist()", tolist
         if via:
             call = f"{call} in {via}"
         entry = self.syncs.setdefault((line, call),
@@ -526,10 +578,12 @@ class RunRecorder:
         """PC202: made on the host in a forward, then copied to the device at ``copied_at``, on every call."""
         r = rule(Code.PC202)
         self.per_call.created(origin.line, origin.path, _tensor(t), device, copied_at)
+        scalar = t.dim() == 0  # one scalar copy per call, as PyTorch's own code makes (issue 42 item 11)
         message, hint = rules.created_off_device(origin.path, _tensor(t), "cpu", device, copied_to=device,
-                                                 copied_at=copied_at)
+                                                 copied_at=copied_at, scalar=scalar)
         self.add(Finding(
-            code=r.code, kind=r.kind, severity=r.severity, where=origin.module, source=origin.line,
+            code=r.code, kind=r.kind, severity=rules.severity(r.code, "scalar") if scalar else r.severity,
+            where=origin.module, source=origin.line,
             device="cpu", expected=device, dtype=str(t.dtype).removeprefix("torch."), shape=tuple(t.shape),
             nbytes=_nbytes(t), count=1, origin=origin.line, message=message, hint=hint))
 
@@ -545,9 +599,12 @@ class RunRecorder:
             return
         target = str(args[0].device)
         origin = self.origins.of(cpu[0])
-        # a forward's creation is named as audit names it (audit sees no other); the creation itself is
-        # not a second finding here (audit also reports it as PC202)
+        # a forward's creation is named as audit names it (audit sees no other), and, as audit, the
+        # creation is a finding of its own (PC202 at its line: a host allocation and a copy per call)
         in_forward = origin is not None and origin.kind == "created" and bool(origin.module)
+        self.moves.fed(cpu[0])
+        if in_forward and origin is not None:
+            self.add(creation_cause(origin, cpu[0], target, fed=False), key_extra=f"{origin.module}|met")
         r = rule(Code.PC205)
         came_from = rules.came_from(created_by=origin.path, created_at=origin.line) \
             if origin is not None and in_forward else ""
@@ -581,6 +638,26 @@ class RunRecorder:
             code=r.code, kind=r.kind, severity=rules.severity(r.code, "on-target" if on_target else None),
             where=f"{type(owner).__name__}.{name}", source=line, device=", ".join(devices),
             expected=target, message=message, hint=hint))
+
+    def _parameter_registered(self, owner: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        """PC203: a parameter registered on a module the forward held, during that forward (as audit
+        reports it); the line that made its data is this finding's, not a creation's (PC202)."""
+        if not self._forward_stack or param is None or id(owner) not in self._held or self._quiet \
+                or id(param) in self._registered:
+            return
+        self._registered.add(id(param))  # kept alive by its module: the id is not reused
+        line, _ = here()
+        target = next((str(t.device) for m in self._forward_stack for t in m.parameters()
+                       if t.device.type == "cuda"), "")
+        on_target = str(param.device) == target
+        self.registered_lines.add(line)
+        r = rule(Code.PC203)
+        message, hint = rules.created_in_forward("parameter", f"{type(owner).__name__}.{name}", "Parameter",
+                                                 str(param.device), on_target)
+        self.add(Finding(
+            code=r.code, kind=r.kind, severity=rules.severity(r.code, "on-target" if on_target else None),
+            where=f"{type(owner).__name__}.{name}", source=line, device=str(param.device), expected=target,
+            message=message, hint=hint))
 
     def _forward_enter(self, module: nn.Module, args: Any) -> None:
         self.per_call.forward(type(module).__name__)

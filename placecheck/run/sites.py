@@ -69,3 +69,24 @@ def names_of(value: object, frame: FrameType | None) -> list[str]:
     if not found and frame.f_globals is not frame.f_locals:
         found = [name for name, v in frame.f_globals.items() if v is value and not name.startswith("_")]
     return found
+
+
+def fake_tolist() -> str | None:
+    """When the call being handled is the fake engine's own ``FakeTensor.tolist`` reading each element
+    with ``.item()`` for a ``.tolist()`` (torch implements it so on fake tensors): who called that
+    ``.tolist()``, as :func:`library_caller` names it ("" for the user's own line); None otherwise.
+    Decided by the identity of torch's code, below the user's frame."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    code = getattr(FakeTensor.tolist, "__code__", None)
+    user = frames(sys._getframe(1)).user
+    scan: FrameType | None = sys._getframe(1)
+    outermost: FrameType | None = None
+    while scan is not None and scan is not user:
+        if scan.f_code is code:
+            outermost = scan
+        scan = scan.f_back
+    if outermost is None:
+        return None
+    caller = outermost.f_back
+    return "" if caller is None or caller is user else _function(caller)

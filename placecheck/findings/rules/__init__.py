@@ -69,6 +69,7 @@ from placecheck.findings.rules.registry import (
     severity_changes,
 )
 from placecheck.findings.rules.script import (
+    created_in_script,
     layer_built_in_forward,
     loop_sync,
     repeated_copy,
@@ -96,7 +97,8 @@ seal()  # every family above declared its rules: sort them, and refuse a Code wi
 
 __all__ = [
     "RAISED_BY_EVIDENCE", "RULES", "SEVERITY_CHANGES", "Code", "Rule", "SeverityChange", "buffer_off_device",
-    "came_from", "collective_on_host", "created_in_forward", "created_off_device", "created_then_cached",
+    "came_from", "collective_on_host", "created_in_forward", "created_in_script", "created_off_device",
+    "created_then_cached",
     "device_mismatch", "device_mismatch_untraced", "dtensor_mixed", "expand", "forward_error",
     "generator_off_device", "gradient_off_device", "host_argument_on_device", "host_sync",
     "implicit_transfer", "in_library", "landed_on", "layer_built_in_forward", "left_out_of_sharding",

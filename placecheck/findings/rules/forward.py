@@ -255,9 +255,16 @@ def created_then_cached(op: str, tensor: str, device: str, copied_to: str, copie
 
 
 def created_off_device(op: str, tensor: str, device: str, target: str, *, fed: bool = False,
-                       copied_to: str = "", copied_at: str = "") -> tuple[str, str]:
+                       copied_to: str = "", copied_at: str = "", scalar: bool = False) -> tuple[str, str]:
     """PC202: ``op`` in forward made ``tensor`` on ``device``; it then fed a mismatch (``fed``), or was
-    copied to ``copied_to`` at ``copied_at`` (correct, but a host allocation and a copy per call)."""
+    copied to ``copied_to`` at ``copied_at`` (correct, but a host allocation and a copy per call; for a
+    0-dim ``scalar``, one small copy, as PyTorch's own code makes)."""
+    if copied_at and not fed and scalar:
+        return (f"{op} in forward creates the 0-dim {tensor} on {device}, then copies it to "
+                f"{copied_to or target} at {copied_at}: one scalar copy per call, as PyTorch's own code "
+                "makes; correct, and cheap",
+                "nothing required; to skip the copy, build it on the device (x.new_tensor(value), or "
+                "torch.tensor(value, device=x.device))")
     if copied_at and not fed:
         return (f"{op} in forward creates {tensor} on {device}, then copies it to {copied_to or target} at "
                 f"{copied_at}: a host allocation and a blocking host-to-device copy on every call",

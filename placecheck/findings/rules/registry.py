@@ -107,6 +107,8 @@ SEVERITY_CHANGES: dict[str, tuple[SeverityChange, ...]] = {
         _LIBRARY, _API,
         SeverityChange("cache", I, "a cache: the forward keeps the device copy in a module attribute, or "
                                    "placecheck run saw it made in fewer forwards than its module ran"),
+        SeverityChange("scalar", I, "it is a 0-dim tensor copied to the device (a label or a constant: one "
+                                    "scalar copy per call, as PyTorch's own code makes)"),
     ),
     Code.PC203: (SeverityChange("on-target", W, "created on the target device (it cannot crash; only an "
                                              "optimizer built before misses it)"),),

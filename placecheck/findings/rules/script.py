@@ -36,18 +36,23 @@ for step in range(steps):
 
 def script_device_mismatch(op: str, reference: str, device: str, tensor: str, *, batch: str = "",
                            loader_at: str = "", name: str = "", owner: str = "", created_by: str = "",
-                           created_at: str = "", in_forward: bool = False) -> tuple[str, str]:
+                           created_at: str = "", in_forward: bool = False, discarded_at: str = "",
+                           current_at: str = "", library: str = "", crashes_at: str = "") -> tuple[str, str]:
     """PC201 in a script: ``op`` mixed ``reference`` and ``device``; its argument, ``tensor`` (the
-    script's variable ``name`` when one names it), is the batch element ``batch`` of the DataLoader
-    iterated at ``loader_at``, or the buffer or parameter ``owner`` (``criterion.weight``) of a module the
-    script holds, or was created by ``created_by`` at ``created_at`` (``in_forward``: in a module's
-    forward)."""
+    script's variable or expression ``name`` when one names it), is the batch element ``batch`` of the
+    DataLoader iterated at ``loader_at``, or the buffer or parameter ``owner`` (``criterion.weight``) of a
+    module the script holds, or was created by ``created_by`` at ``created_at`` (``in_forward``: in a
+    module's forward). The line to edit, when it is another (issue 42 item 8): ``discarded_at``, a move
+    of it whose result the script threw away; ``current_at``, a move to ``"cuda"`` without an index (the
+    current device, not the model's). ``crashes_at``: the line inside the installed ``library`` where the
+    op ran."""
     named = f"`{name}`" if name else tensor
+    variable = name or "x"
+    element = "[" in name  # the script's expression for it (batch["y"]): move it where the op takes it
     if batch:
         what = f"{named} ({batch}, from the DataLoader at {loader_at})"
-        variable = name or "x"
-        hint = (f"move every tensor of the batch to the device, not only the inputs: "
-                f"{variable} = {variable}.to(device)")
+        hint = ("move every tensor of the batch to the device, not only the inputs: "
+                + (f"{name}.to(device)" if element else f"{variable} = {variable}.to(device)"))
     elif owner:
         what = f"`{owner}`"
         hint = (f"call {owner.rsplit('.', 1)[0]}.to(device) as for the model: .to() moves a module's "
@@ -58,11 +63,33 @@ def script_device_mismatch(op: str, reference: str, device: str, tensor: str, *,
                 if in_forward else
                 f"create it on the device ({created_by}(..., device=device)), or move it once before "
                 "the loop; a metric can also accumulate Python numbers")
+        if element:
+            hint = f"move it to the device where the op takes it: {name}.to(device); or {hint}"
     else:
         what = named
-        hint = f"move it to {reference} before this op (tensor.to(device))"
-    return (f"{op} mixed {reference} and {device}: {what} is on {device}; on a GPU this raises "
+        hint = (f"move it to the device where the op takes it: {name}.to(device)" if element
+                else f"move it to {reference} before this op (tensor.to(device))")
+    if discarded_at:
+        what += (f", moved at {discarded_at} but that result was thrown away (a tensor's .to() returns a "
+                 "moved copy: it does not move the tensor in place),")
+        hint = f"at {discarded_at}, keep the moved copy: {variable} = {variable}.to(device)"
+    if current_at:
+        what += (f", sent to \"cuda\" at {current_at}, which means the current device ({device}), not the "
+                 f"model's ({reference}),")
+        hint = (f"at {current_at}, move it to the model's device: .to({reference!r}) or "
+                f".to(next(model.parameters()).device); or make {reference} the current device first "
+                f"(torch.cuda.set_device({reference!r}))")
+    inside = f"; it crashes inside {library} at {crashes_at}" if crashes_at else ""
+    return (f"{op} mixed {reference} and {device}: {what} is on {device}{inside}; on a GPU this raises "
             f"'{gpu_error(op, device, reference)}'", hint)
+
+
+def created_in_script(op: str, tensor: str, device: str, target: str) -> tuple[str, str]:
+    """PC202 in a script: the script's own ``op`` (outside any forward) made ``tensor`` on ``device`` without
+    ``device=``, and it then fed a device mismatch on ``target`` (the cause: the line to edit)."""
+    return (f"{op} creates {tensor} on {device}, not {target}: it then fed a device mismatch",
+            f"create it on the device ({op}(..., device=device)), or move it once before the loop "
+            "(nn.Parameter keeps the device of its data); a metric can also accumulate Python numbers")
 
 
 def layer_built_in_forward(type_name: str, name: str, owner: str, devices: str,
