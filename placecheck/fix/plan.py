@@ -173,8 +173,9 @@ def origin_requests(finding: Finding, everything: Sequence[Finding], unsafe: boo
     """
     named = origins(finding)
     used = split_source(finding.source)
-    if not named and finding.code == Code.PC201 and script and used is not None \
-            and _same_file(used[0], script) and finding.where.isidentifier():
+    discarded = split_source(dict(finding.details).get("discarded move", ""))
+    if finding.code == Code.PC201 and script and used is not None and _same_file(used[0], script) \
+            and finding.where.isidentifier() and (not named or discarded is not None):
         # a name of the script used unmoved: its `x.to(device)` may have thrown the result away
         return [(used[0], Request(code=Code.PC201, line=used[1], where=finding.where, rebind=finding.where,
                                   script=True), None)]
