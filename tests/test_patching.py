@@ -127,6 +127,30 @@ def test_a_module_not_imported_yet_is_patched_once_imported_and_undone_with_the_
     monkeypatch.delitem(sys.modules, "pc_lazy_target")
 
 
+def test_two_rooms_waiting_for_one_module_both_patch_it(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scratch area and the fake engine both wait for ``safetensors.torch``: each finder asked the other,
+    which asked it back, until Python's recursion limit (a fresh ``run --engine fake`` of any script that
+    imports safetensors stopped at its import)."""
+    import importlib
+    import sys
+
+    _module_file(tmp_path, "pc_shared_target")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "pc_shared_target", raising=False)
+
+    def adding(suffix: str):  # type: ignore[no-untyped-def]
+        return lambda: [(sys.modules["pc_shared_target"], "greet",
+                         lambda original: lambda: original() + suffix)]
+
+    with patched_once_imported("pc_shared_target", adding(", first"), "a test"), \
+            patched_once_imported("pc_shared_target", adding(", second"), "a test"):
+        module = importlib.import_module("pc_shared_target")
+        assert module.greet() in ("hello, first, second", "hello, second, first")
+    assert module.greet() == "hello" and installed() == []
+    monkeypatch.delitem(sys.modules, "pc_shared_target")
+
+
 def test_a_module_imported_already_is_patched_at_once(tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     import importlib

@@ -96,21 +96,29 @@ class _AfterImport(importlib.abc.MetaPathFinder):
     def __init__(self, module: str, then: Callable[[], None]) -> None:
         self.module = module
         self.then = then
+        self._searching = False
 
     def find_spec(self, fullname: str, path: Any,
                   target: Any = None) -> importlib.machinery.ModuleSpec | None:
-        if fullname != self.module:
+        # two rooms waiting for the same module (the scratch area's and the fake engine's safetensors
+        # patches) each ask the finders after them, the other among them: the one already searching
+        # answers None, the other finds the module, and each wraps the loader with its `then`
+        if fullname != self.module or self._searching:
             return None
-        for finder in sys.meta_path:
-            find = getattr(finder, "find_spec", None)
-            if finder is self or find is None:
-                continue
-            spec: importlib.machinery.ModuleSpec | None = find(fullname, path, target)
-            if spec is not None:
-                if isinstance(spec.loader, importlib.abc.Loader) and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _ThenLoader(spec.loader, self.then)
-                return spec
-        return None
+        self._searching = True
+        try:
+            for finder in sys.meta_path:
+                find = getattr(finder, "find_spec", None)
+                if finder is self or find is None:
+                    continue
+                spec: importlib.machinery.ModuleSpec | None = find(fullname, path, target)
+                if spec is not None:
+                    if isinstance(spec.loader, importlib.abc.Loader) and hasattr(spec.loader, "exec_module"):
+                        spec.loader = _ThenLoader(spec.loader, self.then)
+                    return spec
+            return None
+        finally:
+            self._searching = False
 
 
 class _ThenLoader(importlib.abc.Loader):
