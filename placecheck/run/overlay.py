@@ -95,6 +95,7 @@ class Overlay:
         self.protected = tuple(p for p in (os.path.abspath(d) for d in protected) if p not in temp)
         """Always redirected: the script's directory and the working directory (not the temporary
         directory itself, whose other files a library writes)."""
+        self._covers: dict[str, bool] = {}
         for d in (self.tree, self.gone):
             _makedirs(d)
 
@@ -104,6 +105,14 @@ class Overlay:
         """Whether a write to ``path`` (absolute) is redirected: the deepest of :attr:`protected` and
         :attr:`passed` holding it decides (a ``tmp_path`` under the temporary directory is protected, a
         ``TMPDIR`` inside the project is not); never the scratch area itself."""
+        # asked of every path the process reads (linecache's and realpath's stats of each frame's file
+        # included): the answer depends on the path alone, so it is computed once per path
+        known = self._covers.get(path)
+        if known is None:
+            known = self._covers[path] = self._decide_covers(path)
+        return known
+
+    def _decide_covers(self, path: str) -> bool:
         if inside(path, (self.root,)):
             return False
         passed = max((len(r) for r in self.passed if inside(path, (r,))), default=-1)
