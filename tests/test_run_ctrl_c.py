@@ -4,8 +4,8 @@ A KeyboardInterrupt raised while the script runs ends the run as a stop does: th
 recorder found until then, marked unfinished ("interrupted by Ctrl-C at FILE:LINE"), in the chosen
 format, then ``placecheck: interrupted`` and exit 130; the script's writes stay in the scratch area,
 which is removed. Each case runs ``python -m placecheck run`` in a subprocess whose script interrupts
-itself after a real finding (a tensor attribute ``.to()`` leaves on the CPU), as a terminal's Ctrl-C
-would: SIGINT to the process, or the KeyboardInterrupt it becomes.
+itself after a real finding (a tensor attribute ``.to()`` leaves on the CPU, used with a GPU tensor), as
+a terminal's Ctrl-C would: SIGINT to the process, or the KeyboardInterrupt it becomes.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class Net(nn.Module):
         self.scale = torch.ones(2)
 
     def forward(self, x):
-        return self.fc(x) * self.scale.to(x.device)
+        return self.fc(x) * self.scale  # the GPU raises here: scale stayed on the CPU
 
 
 model = Net().to("cuda")
@@ -121,7 +121,7 @@ def test_a_caller_of_run_still_gets_the_keyboard_interrupt_with_the_report() -> 
             self.scale = torch.ones(2)
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.fc(x) * self.scale.to(x.device)
+            return self.fc(x) * self.scale  # the GPU raises here: scale stayed on the CPU
 
     def program() -> None:
         model = Net().to("cuda")
