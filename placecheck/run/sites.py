@@ -76,7 +76,7 @@ def fake_tolist() -> str | None:
     with ``.item()`` for a ``.tolist()`` (torch implements it so on fake tensors): who called that
     ``.tolist()``, as :func:`library_caller` names it ("" for the user's own line); None otherwise.
     Decided by the identity of torch's code, below the user's frame."""
-    from torch._subclasses.fake_tensor import FakeTensor
+    from placecheck.engines.compat import FakeTensor
 
     code = getattr(FakeTensor.tolist, "__code__", None)
     user = frames(sys._getframe(1)).user
