@@ -210,8 +210,16 @@ def test_ctrl_c_keeps_the_outcomes_of_the_models_that_finished() -> None:
     def audit_one(model: ModelConfig, timeout: float, workdir: str | None) -> runner.ModelOutcome:
         return _interrupt_main() if model.target == "b:B" else _canned(model, timeout, workdir)
 
-    with pytest.raises(runner.PartialRun) as info:
-        runner.run_models(_THREE, jobs=1, progress="off", audit_one=audit_one)
+    import signal
+
+    # Python's own Ctrl-C handler, whatever an earlier test in this worker left installed (Lightning sets
+    # SIGINT to SIG_IGN in its interrupt handling and in fabric's distributed teardown: the signal was lost)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(runner.PartialRun) as info:
+            runner.run_models(_THREE, jobs=1, progress="off", audit_one=audit_one)
+    finally:
+        signal.signal(signal.SIGINT, before)
     assert [o.model.target for o in info.value.finished] == ["a:A"] and info.value.total == 3
 
 

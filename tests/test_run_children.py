@@ -164,3 +164,17 @@ def test_the_scripts_start_method_is_its_own(tmp_path: Path) -> None:
     report = run(str(path), ["spawn"], engine="tagged")  # in this process: its state is the question
     assert errors(report) == [("PC201", f"{path}:10", "w"), ("PC202", f"{path}:9", "")]  # w's creation too
     assert multiprocessing.get_start_method(allow_none=True) == before
+
+
+def test_the_scripts_sigint_handler_is_its_own(tmp_path: Path) -> None:
+    """A script (or a framework in it: Lightning's interrupt handling) that leaves SIGINT ignored does not
+    take the caller's Ctrl-C with it."""
+    import signal
+
+    path = tmp_path / "ignores.py"
+    path.write_text("import signal\nimport torch\ntorch.ones(1, device='cuda')\n"
+                    "signal.signal(signal.SIGINT, signal.SIG_IGN)\n")
+    before = signal.getsignal(signal.SIGINT)
+    assert before is not signal.SIG_IGN
+    run(str(path), engine="tagged")
+    assert signal.getsignal(signal.SIGINT) is before

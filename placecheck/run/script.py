@@ -126,12 +126,17 @@ class RunInterrupted(KeyboardInterrupt):
 @contextlib.contextmanager
 def _as_main(program: Program) -> Iterator[None]:
     """``sys.argv`` and ``sys.path`` as Python sets them for the program; restored afterwards, with
-    ``multiprocessing``'s start method (a script's ``set_start_method("spawn", force=True)`` is its own:
-    a later run in this process, or the caller's own DataLoader workers, start as before)."""
+    the SIGINT handler and ``multiprocessing``'s start method (a script's
+    ``set_start_method("spawn", force=True)`` is its own: a later run in this process, or the caller's
+    own DataLoader workers, start as before)."""
     import multiprocessing
 
     argv, path = sys.argv[:], sys.path[:]
     start_method = multiprocessing.get_start_method(allow_none=True)
+    # Ctrl-C's handler too: a framework may leave SIGINT ignored (Lightning does in its interrupt
+    # handling), which would lose the caller's next Ctrl-C; signals are the main thread's to set
+    main = threading.current_thread() is threading.main_thread()
+    sigint = signal.getsignal(signal.SIGINT) if main else None
     target = program.target
     if isinstance(target, str):
         first = os.getcwd() if program.module else os.path.dirname(os.path.abspath(target))
@@ -144,6 +149,8 @@ def _as_main(program: Program) -> Iterator[None]:
         sys.path[:] = path
         if multiprocessing.get_start_method(allow_none=True) != start_method:
             multiprocessing.set_start_method(start_method, force=True)
+        if main and sigint is not None and signal.getsignal(signal.SIGINT) is not sigint:
+            signal.signal(signal.SIGINT, sigint)
 
 
 WATCHDOG_SECONDS = 60.0
