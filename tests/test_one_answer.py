@@ -207,6 +207,20 @@ def test_a_tensor_the_script_made_without_device_is_the_cause_at_its_line(engine
     assert _serious(fixed) == set() and fixed.unfinished == ""
 
 
+@pytest.mark.parametrize("engine", ENGINES)
+def test_host_data_sliced_into_batches_is_a_missing_move_not_a_creation(engine: str) -> None:
+    # a corpus made on the host once and sliced per step (word_language_model without its move): the
+    # creation is where data belongs; the batch that reached the op is the finding, naming its origin
+    buggy = "host_corpus_buggy.py"
+    report = run(_pair(buggy), steps=2, engine=engine)
+    crash, made = _line(buggy, "model(data)"), _line(buggy, "torch.tensor(")
+    assert _serious(report) == {("PC201", crash)}
+    (finding,) = [f for f in report.findings if f.code == "PC201"]
+    assert finding.origin == made and f"created by torch.tensor at {made}" in finding.message
+    fixed = run(_pair("host_corpus_fixed.py"), steps=2, engine=engine)
+    assert _serious(fixed) == set() and fixed.unfinished == ""
+
+
 @pytest.mark.parametrize("pair", ["lstm_state", "scoring"])
 @pytest.mark.parametrize("engine", ENGINES)
 def test_every_tensor_that_crashes_an_op_is_an_error_with_its_crash_line(pair: str, engine: str) -> None:

@@ -10,9 +10,11 @@ inherits an origin.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
-from types import FrameType
+from types import CodeType, FrameType
 
 import torch
 import torch.nn as nn
@@ -40,6 +42,12 @@ class Origin:
     init: bool = False
     """For a creation: made while a module's ``__init__`` ran (its state: the walk after a move reports
     what ``.to()`` leaves behind, PC101, at the attribute's line)."""
+    scope: CodeType | None = None
+    """For a creation: the code of the user's function (or module) that made it."""
+    elsewhere: bool = False
+    """For a creation outside any forward: the tensor was computed from the created one in another function
+    than the one that made it (a corpus tokenized into one tensor by a data class, sliced into batches by
+    the script)."""
 
 
 def in_module_init(frame: FrameType | None) -> bool:
@@ -78,6 +86,14 @@ class Origins:
                     self._created[key] = (storage, str(t.dtype), tuple(t.shape), origin)  # the newest there
         if len(self._tracked) > MAX_TRACKED:
             self.prune()
+
+    def derive(self, out: torch.Tensor, origin: Origin, scope: Callable[[], CodeType | None]) -> None:
+        """``out`` was computed from a tensor whose origin is ``origin``, in the user's function
+        ``scope()`` (asked only of a creation not yet seen elsewhere): ``out`` has that origin too."""
+        if origin.kind == "created" and not origin.module and not origin.elsewhere \
+                and origin.scope is not None and scope() is not origin.scope:
+            origin = dataclasses.replace(origin, elsewhere=True)
+        self.track(out, origin)
 
     def of(self, t: torch.Tensor) -> Origin | None:
         tracked = self._tracked.get(id(t))

@@ -43,7 +43,7 @@ import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from types import FrameType
+from types import CodeType, FrameType
 from typing import Any
 
 import torch
@@ -103,6 +103,12 @@ class _Copies:
 def _tensor(t: torch.Tensor) -> str:
     """``int64[3]``: a tensor as a finding's message names it."""
     return f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}"
+
+
+def _scope() -> CodeType | None:
+    """The code of the user's function running now (a creation's, or where a tensor is computed)."""
+    frame = here()[1]
+    return frame.f_code if frame is not None else None
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -255,7 +261,7 @@ class RunRecorder:
             if line and frame is sys._getframe(1):  # the user's line called it, not a library for it
                 module = type(self._forward_stack[-1]).__name__ if self._forward_stack else ""
                 self.origins.track(out, Origin("created", f"torch.{original.__name__}", line, module=module,
-                                               init=in_module_init(frame)))
+                                               init=in_module_init(frame), scope=frame.f_code))
             return out
         return factory
 
@@ -386,15 +392,17 @@ class RunRecorder:
                 line = called_from_user()
                 if line:
                     module = type(self._forward_stack[-1]).__name__ if self._forward_stack else ""
+                    frame = here()[1]
                     self.origins.track(out, Origin("created", op_name(func), line, module=module,
-                                                   init=not module and in_module_init(here()[1])))
+                                                   init=not module and in_module_init(frame),
+                                                   scope=frame.f_code if frame is not None else None))
             elif self.origins:
                 # a view or a cast of a batch element keeps its origin; of several, a module's state made
                 # in its __init__ is the walk's (PC101), so the other one is the result's
                 found = (self.origins.of(t) for _, t in classify.tensor_arguments(args, kwargs))
                 known = [o for o in found if o is not None]
                 if known:
-                    self.origins.track(out, next((o for o in known if not o.init), known[0]))
+                    self.origins.derive(out, next((o for o in known if not o.init), known[0]), _scope)
         return out
 
     def _unrun_backwards(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -525,9 +533,12 @@ class RunRecorder:
             library=crash[0], crashes_at=crash[1])
         if origin is not None and origin.kind == "created" and not owner and not origin.init \
                 and id(t) not in self.moves.strays and origin.line not in self.registered_lines \
-                and discarded is None:
+                and discarded is None and not origin.elsewhere:
             # (a module's buffer is fixed by moving the module, its state made in __init__ by registering
-            # it (PC101), a parameter built in forward at its PC203's line, a discarded move at its line)
+            # it (PC101), a parameter built in forward at its PC203's line, a discarded move at its line;
+            # the script's data made on the host and sliced into batches later (a corpus tokenized into one
+            # tensor) is where data belongs: the batch's missing move is the fix, and the PC201 names the
+            # creation as its origin)
             self.add(creation_cause(origin, t, str(reference), fed=True), key_extra=f"{origin.module}|fed")
         self.add(Finding(
             code=r.code, kind=r.kind, severity=r.severity, where=where, message=message, hint=hint,
