@@ -22,6 +22,7 @@ from placecheck.findings.output import (
     emit,
     errors_reported,
     fail,
+    interrupted,
     model_output_to_stderr,
     output_format,
 )
@@ -58,6 +59,7 @@ def audit(
             from placecheck.commands.ci import run_config_audit
 
             raise typer.Exit(run_config_audit(ctx, target, config, out))
+        from placecheck.commands.api import AuditInterrupted
         from placecheck.commands.ci import audit_with_timeout, finish_with_baseline, reject_run_options
         from placecheck.findings.output import check_writable
         from placecheck.model.load import parse_kwargs
@@ -76,6 +78,9 @@ def audit(
                 report = audit_with_timeout(target, constructor_kwargs, options, timeout)
             else:
                 report = run_audit(target, constructor_kwargs, options)
+        except AuditInterrupted as stop:  # Ctrl-C in the forward: what was found so far, then the line
+            emit(stop.report, out)
+            raise interrupted() from None
         except PlacecheckError as exc:
             refused = getattr(exc, "report", None)  # --checkpoint would run code: its PC306 report, then
             if refused is not None:                 # the line

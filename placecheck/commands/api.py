@@ -41,7 +41,13 @@ from placecheck.findings.codes import Code
 from placecheck.findings.finding import Finding
 from placecheck.findings.report import ASSUMED_BRANCHES, DeviceMap, Report
 from placecheck.findings.rules import rule, selected
-from placecheck.model.construct import construct, leftovers_to_default_device, move_from_meta, parse_init
+from placecheck.model.construct import (
+    construct,
+    leftovers_to_default_device,
+    materialise_lazy,
+    move_from_meta,
+    parse_init,
+)
 from placecheck.placement.replicas import Replica, devices, merge, merged_notes, no_replicas, plan, unwrap
 
 if TYPE_CHECKING:
@@ -223,7 +229,9 @@ def audit(
     ``example_inputs``.
 
     Raises :class:`~placecheck.basics.errors.UsageError` for bad options and
-    :class:`~placecheck.basics.errors.LoadError` when the model cannot be built.
+    :class:`~placecheck.basics.errors.LoadError` when the model cannot be built. Ctrl-C during the
+    forward raises :class:`AuditInterrupted` (a ``KeyboardInterrupt``) whose ``report`` holds what was
+    found until then; elsewhere a plain ``KeyboardInterrupt``.
     """
     given = AuditOptions(
         device=device, engine=engine, gpus=gpus,
@@ -311,6 +319,16 @@ def _audit_replicas(model: ModelOrFactory, opts: AuditOptions) -> Report:
                         incomplete=incomplete)
 
 
+class AuditInterrupted(KeyboardInterrupt):
+    """Ctrl-C during the forward of :func:`audit`: ``report`` holds what was found until then (the walk,
+    judged on the part of the forward that ran, and that part's findings; its ``incomplete`` names the
+    line). A ``KeyboardInterrupt``, so Ctrl-C still interrupts whoever called the audit."""
+
+    def __init__(self, report: Report) -> None:
+        super().__init__()
+        self.report = report
+
+
 class _WrapperBuilt(Exception):
     """The factory of a model audited unreplicated built a DataParallel/DDP wrapper: audit its replicas."""
 
@@ -354,7 +372,7 @@ def _audit_on(model: ModelOrFactory, opts: AuditOptions, replica: Replica | None
     options = _Options(opts, model, dev, _init_for(eng, init_choice, keep), str(name), run_forward,
                        replica=replica)
     attempt = _replica_attempt(eng, options)
-    if attempt.fallback and choice is EngineChoice.AUTO and attempt.fits_in_memory:
+    if attempt.fallback and choice is EngineChoice.AUTO and attempt.fits_in_memory:  # (never after Ctrl-C)
         eng = fallback_engine(eng, attempt.fallback)
         attempt = _replica_attempt(eng, dataclasses.replace(options, init=_init_for(eng, init_choice, keep)))
     elif attempt.fallback:
@@ -366,8 +384,11 @@ def _audit_on(model: ModelOrFactory, opts: AuditOptions, replica: Replica | None
     found = replica.explained(attempt.findings) if replica is not None else attempt.findings
     findings = [f for f in found if f.code in codes]
     notes = [f"engine: {eng.name}: {eng.reason}", torch_note(), *attempt.notes]
-    return Report.build(str(name), dev, eng.name, findings, notes, attempt.stats,
-                        incomplete=attempt.incomplete, device_map=attempt.device_map)
+    report = Report.build(str(name), dev, eng.name, findings, notes, attempt.stats,
+                          incomplete=attempt.incomplete, device_map=attempt.device_map)
+    if attempt.interrupted:
+        raise AuditInterrupted(report)
+    return report
 
 
 def _init_for(eng: Engine, init: Any, keep: bool = False) -> Any:
@@ -415,6 +436,8 @@ class _Attempt:
     """The weights fit in this machine's memory (always true for a CPU build)."""
     device_map: DeviceMap | None = None
     """``--device keep``: the stages' devices and bytes, and the copies between devices of the forward."""
+    interrupted: bool = False
+    """Ctrl-C stopped the forward: the report says so, then :class:`AuditInterrupted` carries it."""
 
 
 def _replica_attempt(eng: Engine, opts: _Options) -> _Attempt:
@@ -478,7 +501,7 @@ def _attempt(eng: Engine, opts: _Options) -> _Attempt:
         inputs = resolve_inputs(built, opts.given.inputs, opts.given.example_inputs)
         attempt.notes.append(f"forward: {inputs[2]}" + ("; training mode, then a backward of the summed "
                                                          "floating outputs" if opts.given.train else ""))
-        if _materialise_lazy(built, inputs, "meta" if construction.on_meta else "cpu"):
+        if materialise_lazy(built, inputs, "meta" if construction.on_meta else "cpu"):
             attempt.notes.append("forward: nn.Lazy* parameters materialised by one forward before .to() "
                                  "(they follow .to() either way)")
     if not opts.keep:
@@ -508,6 +531,7 @@ def _attempt(eng: Engine, opts: _Options) -> _Attempt:
                                     else contextlib.nullcontext)
         attempt.notes.extend(checked.notes)
         attempt.fallback, attempt.incomplete = checked.fallback, checked.stopped
+        attempt.interrupted = bool(checked.interrupted)
         if placement is not None:
             from placecheck.placement.devicemap import device_map
 
@@ -532,6 +556,8 @@ class _Checked:
     """Where and why the forward stopped at a limit of the simulation ("" when it did not)."""
     copies: list[Copy] = field(default_factory=list)
     """Placed models: every copy between devices the forward made."""
+    interrupted: str = ""
+    """Ctrl-C stopped the forward (:attr:`_ForwardResult.interrupted`)."""
 
 
 def _walk_and_forward(
@@ -556,7 +582,7 @@ def _walk_and_forward(
     if traced.assumed_branches:  # the summary then says that paths other values take did not run
         stats = {**stats, ASSUMED_BRANCHES: traced.assumed_branches}
     return _Checked([*walk_findings, *traced.findings], [*result.notes, *traced.notes], stats,
-                    traced.fallback, traced.stopped, traced.copies)
+                    traced.fallback, traced.stopped or traced.interrupted, traced.copies, traced.interrupted)
 
 
 def _note_collapsed(model: nn.Module, target: str, attempt: _Attempt) -> None:
@@ -596,34 +622,6 @@ def _placement(model: nn.Module, eng: Engine, opts: _Options, attempt: _Attempt)
     return Placement(model)
 
 
-def _materialise_lazy(model: nn.Module, inputs: tuple[tuple[Any, ...], dict[str, Any], str],
-                      device: str) -> bool:
-    """Give uninitialised ``nn.Lazy*`` parameters their shapes with one forward on ``device`` (where
-    the model was built: cpu, or meta); True if it ran.
-
-    Neither simulated engine can move an uninitialised parameter and keep it
-    uninitialised (``.to()`` makes a plain 0-element tensor of it), and a
-    lazy module materialises on whatever device its parameters report; the
-    placement after ``.to()`` is the same either way: lazy parameters follow it.
-    """
-    from torch.nn.parameter import UninitializedBuffer, UninitializedParameter
-
-    lazy = (UninitializedParameter, UninitializedBuffer)
-    if not any(isinstance(t, lazy) for t in [*model.parameters(), *model.buffers()]):
-        return False
-    from placecheck.model.inputs import move_inputs
-
-    was_training = model.training
-    try:
-        with torch.no_grad():
-            model.eval()(*move_inputs(inputs[0], device), **move_inputs(inputs[1], device))
-    except Exception:
-        return False  # the traced forward will report what is wrong
-    finally:
-        model.train(was_training)
-    return True
-
-
 @dataclass
 class _ForwardResult:
     findings: list[Finding]
@@ -640,6 +638,8 @@ class _ForwardResult:
     assumed_branches: int = 0
     """Lines where the code branched on a value the fake engine assumed: a path another value takes
     there did not run."""
+    interrupted: str = ""
+    """Ctrl-C stopped the forward: ``interrupted by Ctrl-C at model.py:41 ...`` ("" when it did not)."""
 
 
 def _forward(model: nn.Module, eng: Engine, result: WalkResult, snapshot: Snapshot,
@@ -676,10 +676,14 @@ def _forward(model: nn.Module, eng: Engine, result: WalkResult, snapshot: Snapsh
         from placecheck.engines.reuse import CallReuse
 
         reuse = CallReuse(model, lambda: tracer.activity, mode, tracer.module_paths)
-    why = limit = ""
+    why = limit = interrupted = ""
     try:
         with quiet(FAKE_TENSOR_LOGGER):
             tracer.run(args, kwargs, train=train, reuse=reuse)
+    except KeyboardInterrupt as exc:  # Ctrl-C: what the forward did until then is judged, then reported
+        line = user_line(exc)
+        interrupted = f"interrupted by Ctrl-C{f' at {line}' if line else ''}"
+        notes.append(f"forward: {interrupted}: the findings are judged on the part of the forward that ran")
     except Exception as exc:
         # after ops that ran on assumed values, any error but a device mismatch may be the assumption's
         assumed = mode is not None and bool(mode.assumptions) and not tracer.is_mismatch(exc)
@@ -704,7 +708,8 @@ def _forward(model: nn.Module, eng: Engine, result: WalkResult, snapshot: Snapsh
     all_notes = [*notes, *tracer.notes(), *reuse_notes, *assumption_notes]
     return _ForwardResult(findings, why, all_notes, handled, limit,
                           tracer.flows.copies if tracer.flows is not None else [],
-                          assumed_branches=len(mode.branched()) if mode is not None else 0)
+                          assumed_branches=len(mode.branched()) if mode is not None else 0,
+                          interrupted=interrupted)
 
 
 # ---- --device-map ---------------------------------------------------------------------------------
@@ -785,5 +790,8 @@ def _audit_device_map(model: ModelOrFactory, opts: AuditOptions) -> Report:
     findings = [f for f in dispatch.offload_findings(findings, checked.copies, plan, offloaded)
                 if f.code in codes]
     device_map = dispatch.report_map(plan, checked.copies)
-    return Report.build(str(name), "device-map", eng.name, findings, notes, checked.stats,
-                        incomplete=incomplete, device_map=device_map)
+    report = Report.build(str(name), "device-map", eng.name, findings, notes, checked.stats,
+                          incomplete=incomplete, device_map=device_map)
+    if checked.interrupted:
+        raise AuditInterrupted(report)
+    return report

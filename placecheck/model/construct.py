@@ -307,3 +307,29 @@ def leftovers_to_default_device(model: nn.Module, snapshot: Any = None,
                     table[id(new)] = table[old_id]
             snapshot.keep.append(new)
     return len(materialiser.replaced)
+
+
+def materialise_lazy(model: nn.Module, inputs: tuple[tuple[Any, ...], dict[str, Any], str],
+                      device: str) -> bool:
+    """Give uninitialised ``nn.Lazy*`` parameters their shapes with one forward on ``device`` (where
+    the model was built: cpu, or meta); True if it ran.
+
+    Neither simulated engine can move an uninitialised parameter and keep it
+    uninitialised (``.to()`` makes a plain 0-element tensor of it), and a
+    lazy module materialises on whatever device its parameters report; the
+    placement after ``.to()`` is the same either way: lazy parameters follow it.
+    """
+    lazy = (UninitializedParameter, UninitializedBuffer)
+    if not any(isinstance(t, lazy) for t in [*model.parameters(), *model.buffers()]):
+        return False
+    from placecheck.model.inputs import move_inputs
+
+    was_training = model.training
+    try:
+        with torch.no_grad():
+            model.eval()(*move_inputs(inputs[0], device), **move_inputs(inputs[1], device))
+    except Exception:
+        return False  # the traced forward will report what is wrong
+    finally:
+        model.train(was_training)
+    return True
