@@ -267,9 +267,9 @@ def test_audit_fix_writes_like_fix_write_and_reports_what_remains(
         "        self.extra: nn.Linear | None = None\n\n"
         "    def forward(self, x: torch.Tensor) -> torch.Tensor:\n"
         "        x = self.proj(x) + torch.randn(x.shape)\n        if self.extra is None:\n"
-        "            self.extra = nn.Linear(4, 4)\n        return self.extra(x) * self.mask\n")
+        "            self.extra = nn.Linear(x.shape[-1], 4)\n        return self.extra(x) * self.mask\n")
     left = runner.invoke(app, ["audit", "lazy.py:Model", "--fix", "--select", "PC2"])
-    assert left.exit_code == 1, left.output  # the layer built in forward (PC203) is not rewritten
+    assert left.exit_code == 1, left.output  # the layer built in forward from the input's size (PC203) stays
     assert "PC203" in left.stdout and "PC101" not in left.stdout and "--fix: wrote lazy.py" in left.stdout
     assert "torch.randn(x.shape, device=x.device)" in (tmp_path / "lazy.py").read_text(), left.stdout
     assert "self.mask = torch.ones(4)" in (tmp_path / "lazy.py").read_text(), "--select PC2 rewrote PC101"
@@ -345,7 +345,7 @@ def test_explain_says_whether_a_code_is_auto_fixable() -> None:
 
     assert said("PC102").startswith(" auto-fixable: ") and "nn.ModuleList" in said("PC102")
     lazy = said("PC203")
-    assert "not auto-fixable" in lazy and "nn.Lazy" in lazy
+    assert lazy.startswith(" auto-fixable: ") and "__init__" in lazy and "nn.Lazy" in lazy
     stray = said("PC101")  # the forms: a plain attribute, a list or dict literal, a helper class
     assert "register_buffer" in stray and "list or dict literal" in stray and "helper class" in stray
     made = said("PC202")

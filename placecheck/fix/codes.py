@@ -38,6 +38,12 @@ AUTOFIX: dict[str, str] = {
         "DataLoader batch element the loop does not move gets `name = name.to(...)` beside the move of "
         "its siblings, and a module whose buffer was never moved (criterion.weight) gets .to(device) "
         "where it is built"),
+    Code.PC203: (
+        "a layer or parameter built in a method with sizes it knows without the input "
+        "(self.head = nn.Linear(8, 2)) is built in __init__ instead: in place of its `self.head = None` "
+        "placeholder, else at the end of __init__ (a guard in forward stays; a device= read from the input "
+        "is dropped, since .to() moves it); one whose size reads the input is left, naming its nn.Lazy* "
+        "twin (nn.LazyLinear), which infers it on the first call"),
     Code.PC205: (
         "fixed where the index is made, the origin the finding names: the factory there gets device= as for "
         "PC202 (torch.arange(n, device=x.device)), or a tensor attribute becomes a buffer as for PC101"),
@@ -70,9 +76,6 @@ NEVER: dict[str, str] = {
     Code.PC105: (
         "the audit sees the buffer off the device after .to(), not the code that kept it there (a custom "
         "_apply() or to(), a re-assignment after the move): there is no line to rewrite"),
-    Code.PC203: (
-        "a layer built in forward needs its input shape to be built in __init__; use the nn.Lazy* "
-        "equivalent (nn.LazyLinear(out_features)), which infers it on the first call"),
     Code.PC204: (
         "a host sync is legal code whose value the program uses (a branch, a print, a number): removing "
         "or deferring it changes what the program computes, which no re-audit can judge"),

@@ -10,7 +10,8 @@ alone and says why in ``reason``; :func:`rewrite` turns that into a
 This module picks the rewrite for a request and runs it; the rewrites live by
 what they fix: :mod:`.buffers` (state ``.to()`` does not reach, PC101-PC103),
 :mod:`.devices` (where tensors are made, moved and loaded: PC202, PC201, PC301,
-PC307), on :mod:`.syntax` (the request, the outcome, reading a file).
+PC307), :mod:`.layers` (a layer built in forward, PC203), on :mod:`.syntax` (the
+request, the outcome, reading a file).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from placecheck.fix.devices import (
     script_device,
     synchronize_before,
 )
+from placecheck.fix.layers import build_in_init, lazy_equivalent
 from placecheck.fix.syntax import AtLine, Imports, NotFixable, Request, Rewrite, rewritten
 
 _HOST_MEMORY = frozenset({"from_numpy", "frombuffer"})
@@ -109,6 +111,8 @@ def _transformer(request: Request, imports: Imports) -> AtLine | _WholeFile | No
             return NotFixable(f"the batch element ({request.batch}) has no name of its own in the loop: move "
                               "the batch to the device where it is unpacked")
         return MoveBatchElement(request.line, request.use, request.where)
+    if code == Code.PC203:
+        return lambda module: build_in_init(module, request)
     if code == Code.PC301:
         location = request.device if request.device in ("cpu", "meta") else "cpu"
         return MapLocation(request.line, location, imports)
@@ -151,17 +155,6 @@ def rewrite(source: str, request: Request) -> Rewrite | NotFixable:
     if isinstance(transformer, AtLine):
         return _visit(module, transformer)
     return transformer(module)
-
-
-def lazy_equivalent(created: str) -> str:
-    """``Linear`` -> ``LazyLinear``: the torch.nn class that infers its input size, or ``""``."""
-    return f"Lazy{created}" if created in _LAZY else ""
-
-
-_LAZY = frozenset({"Linear", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d",
-                   "ConvTranspose3d", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "InstanceNorm1d",
-                   "InstanceNorm2d", "InstanceNorm3d"})
-"""torch.nn's layers with an ``nn.Lazy*`` twin (torch 2.4 and later)."""
 
 
 __all__ = ["NotFixable", "Request", "Rewrite", "lazy_equivalent", "rewrite", "script_device"]

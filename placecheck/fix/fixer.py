@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import difflib
 import os
-import re
 import shutil
 import tempfile
 from collections import Counter
@@ -28,11 +27,9 @@ from typing import Any
 
 from placecheck.basics.errors import LoadError, PlacecheckError
 from placecheck.basics.options import AuditOptions, FixOptions, RunOptions
-from placecheck.findings.codes import Code
 from placecheck.findings.finding import Finding, Severity
 from placecheck.findings.report import Report
 from placecheck.fix.codes import AUTOFIX, NEVER, fixable_text
-from placecheck.fix.edits import lazy_equivalent
 from placecheck.fix.plan import VIA_ORIGIN, Edit, Plan, Unfixed, make_plan, patched_texts, split_source
 from placecheck.fix.proof import Outcome, reaudit
 
@@ -285,18 +282,7 @@ class _Prover:
 
 
 def _not_rewritten(finding: Finding) -> str:
-    """Why a code without a rewrite is left; for PC203 the nn.Lazy* class that would build the layer."""
-    if finding.code == Code.PC203:
-        located = split_source(finding.source)
-        if located is not None and os.path.isfile(located[0]):
-            with open(located[0], encoding="utf-8", errors="replace") as handle:
-                lines = handle.read().splitlines()
-            text = lines[located[1] - 1] if 0 < located[1] <= len(lines) else ""
-            for name in re.findall(r"(\w+)\s*\(", text):
-                if lazy_equivalent(name):
-                    return (f"a layer built in forward needs its input shape to be built in __init__: build "
-                            f"it there as nn.{lazy_equivalent(name)}, which infers the input size on the "
-                            "first call (not rewritten: its other arguments are yours to choose)")
+    """Why a code without a rewrite is left."""
     # every code is in AUTOFIX or NEVER (tests/test_fix_reasons.py): the fallback is for a code added later
     return NEVER.get(finding.code, f"{finding.code} has no rewrite in placecheck fix yet")
 
