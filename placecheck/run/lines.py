@@ -93,6 +93,11 @@ class ScriptLines:
             return lines
 
         def calls(frame: FrameType, event: str, arg: Any) -> Any:
+            # asked of every Python call: the module's __file__ first, since reading f_code is an audit
+            # event (3.11+), and run's scratch area keeps an audit hook (2 million calls for a resnet50 run)
+            file = frame.f_globals.get("__file__")
+            if not isinstance(file, str) or not self._is_script(file):
+                return None
             return lines if self._is_script(frame.f_code.co_filename) else None
 
         sys.settrace(calls)

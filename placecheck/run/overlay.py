@@ -21,6 +21,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import errno
+import mmap
 import os
 import shutil
 import stat as stat_mod
@@ -98,6 +99,19 @@ class Overlay:
         self._covers: dict[str, bool] = {}
         for d in (self.tree, self.gone):
             _makedirs(d)
+        self._touched = _shared_flag(os.path.join(self.root, "touched"))
+        """One byte every process of the run maps: 0 until the script first writes or removes something
+        (:meth:`for_write`, :meth:`remove`, before the change). Until then every read is of the real path,
+        with no look into the scratch area: most reads of a run (imports, ``realpath`` and ``linecache``
+        of every source file) come before its first write, or in a run that writes nothing."""
+
+    def touched(self) -> bool:
+        """The script wrote or removed something (in any process of the run)."""
+        return self._touched[0] != 0
+
+    def _touch(self) -> None:
+        if self._touched[0] == 0:
+            self._touched[0] = 1
 
     # -- which paths ------------------------------------------------------------------------------
 
@@ -130,6 +144,8 @@ class Overlay:
 
     def hidden(self, path: str) -> bool:
         """``path`` or a directory above it was removed by the script (a mark in :attr:`gone`)."""
+        if not self._touched[0]:
+            return False
         mark = self.gone
         drive, rest = os.path.splitdrive(path)
         parts = ([drive.rstrip(":")] if drive else []) + [p for p in rest.split(os.sep) if p]
@@ -146,6 +162,8 @@ class Overlay:
     def resolve(self, path: str) -> str | None:
         """Where a read of ``path`` goes: its scratch copy, the real path, or None (removed). A
         directory both in the scratch area and real is read as the real one (its listing is merged)."""
+        if not self._touched[0]:
+            return path
         up = self.upper(path)
         try:
             st = _lstat(up)
@@ -160,6 +178,8 @@ class Overlay:
 
     def exists(self, path: str) -> bool:
         """``path`` exists as the script sees it (a link counts, whatever it points to)."""
+        if not self._touched[0]:
+            return real_lexists(path)
         return real_lexists(self.upper(path)) or self._lower_visible(path)
 
     def is_dir(self, path: str) -> bool:
@@ -184,6 +204,8 @@ class Overlay:
 
     def plain(self, path: str) -> bool:
         """Nothing of the script's is at or under ``path``: the real call may answer as it is."""
+        if not self._touched[0]:
+            return True
         return not real_lexists(self.upper(path)) and not real_lexists(self._mark(path)) \
             and not self.hidden(path)
 
@@ -192,6 +214,7 @@ class Overlay:
     def for_write(self, path: str, copy: bool = False, given: Any = None) -> str:
         """The scratch path a write of ``path`` goes to, its directories made; ``copy``: the real
         file's content copied there first (appending, updating)."""
+        self._touch()
         parent = os.path.dirname(path)
         if parent != path and not self.is_dir(parent):
             raise missing(given if given is not None else path)
@@ -203,6 +226,7 @@ class Overlay:
 
     def remove(self, path: str) -> None:
         """``path`` (a file, a link or an empty directory) gone for the script."""
+        self._touch()
         up = self.upper(path)
         if real_lexists(up):
             if real_isdir(up) and not real_islink(up):
@@ -282,6 +306,14 @@ class Overlay:
             _makedirs(d)
         with contextlib.suppress(OSError):
             _unlink(self.blocked_log)
+        self._touched[0] = 0
+
+    def close(self) -> None:
+        """Before the scratch area is removed: on Windows, unmap the shared flag (a mapped file cannot be
+        deleted there). Elsewhere the mapping stays, for a thread of the script still in a wrapper."""
+        if os.name == "nt":
+            with contextlib.suppress(BufferError, ValueError):
+                self._touched.close()
 
 
 def _makedirs(path: str) -> None:
@@ -293,6 +325,18 @@ def _makedirs(path: str) -> None:
         _makedirs(parent)
     with contextlib.suppress(FileExistsError):
         _mkdir(path)
+
+
+def _shared_flag(path: str) -> mmap.mmap:
+    """One byte of ``path`` (made, 0, when missing), mapped shared: what a process writes there every
+    process that maps it reads at once (forked children inherit the mapping, spawned ones map the file)."""
+    fd = _os_open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        if os.fstat(fd).st_size < 1:
+            os.ftruncate(fd, 1)
+        return mmap.mmap(fd, 1)
+    finally:
+        os.close(fd)
 
 
 def copy_file(src: str, dst: str) -> None:

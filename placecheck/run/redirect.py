@@ -80,8 +80,21 @@ def _key(path: Any) -> str | None:
         return None
     if not text:
         return None
-    full = os.path.abspath(text)
+    if os.path.isabs(text):  # (asked of the same source files over and over: linecache, realpath)
+        known = _ABSOLUTE.get(text)
+        if known is None:
+            if len(_ABSOLUTE) > 10_000:
+                _ABSOLUTE.clear()
+            known = _ABSOLUTE[text] = os.path.normpath(text)
+        full = known
+    else:
+        full = os.path.abspath(text)
     return full if overlay.covers(full) else None
+
+
+_ABSOLUTE: dict[str, str] = {}
+"""An absolute path as given -> normalised: what :func:`os.path.abspath` gives for it, whatever the
+working directory."""
 
 
 def _same_kind(given: Any, path: str) -> Any:

@@ -160,6 +160,7 @@ class Session:
         return tuple(p for p in self.overlay.passed if not any(inside(w, (p,)) for w in self.watched))
 
     def close(self) -> None:
+        self.overlay.close()
         if not self.keep:
             shutil.rmtree(self.overlay.root, ignore_errors=True)
 
