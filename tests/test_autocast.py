@@ -105,7 +105,15 @@ def test_the_policies_cover_every_op_cuda_autocast_registers() -> None:
     listed = {name for name, policy in autocast.policies().items() if policy != "none"}
     assert registered <= listed, "ops CUDA autocast casts that the simulation does not know"
     known_elsewhere = {"rms_norm", "nuclear_norm", "nuclear_norm.dim"} | set(autocast.LOWER_PRECISION)
-    assert listed - registered <= known_elsewhere
+
+    def exists(name: str) -> bool:  # an op of a newer torch (linalg_matrix_sqrth) is not one of this torch's
+        try:
+            autocast._overload(name)
+        except AttributeError:
+            return False
+        return True
+
+    assert {name for name in listed - registered if exists(name)} <= known_elsewhere
 
 
 # -- a training script ---------------------------------------------------------------------------------

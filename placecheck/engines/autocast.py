@@ -71,6 +71,14 @@ FP32_SET_OPT_DTYPE = ("prod", "prod.dim_int", "softmax.int", "log_softmax.int", 
                       "sum.dim_IntList")
 """CUDA autocast's ``fp32_set_opt_dtype`` ops: ``dtype=torch.float32`` when none is given."""
 
+NAMED_SET_OPT_DTYPE = ("softmax.Dimname", "log_softmax.Dimname", "prod.dim_Dimname", "cumprod.dimname",
+                       "cumsum.dimname", "sum.dim_DimnameList")
+"""The named-dimension overloads of :data:`FP32_SET_OPT_DTYPE`'s ops, which CUDA autocast lists in some
+torch releases (2.10) and not in others (2.14): given that policy only where this torch registers them."""
+
+NAMED_FP32 = ("norm.names_ScalarOpt_dim",)
+"""``fp32_append_dtype`` where listed (its ``_dtype`` twin is gone from newer torch): float32 too."""
+
 FP32_APPEND_DTYPE = {"norm.Scalar": aten.norm.ScalarOpt_dtype,
                      "norm.ScalarOpt_dim": aten.norm.ScalarOpt_dim_dtype}
 """CUDA autocast's ``fp32_append_dtype`` ops: called as their overload taking a dtype, float32."""
@@ -176,6 +184,12 @@ def policies() -> dict[str, str]:
     table.update({name: "append" for name in FP32_APPEND_DTYPE})
     table.update({name: "promote" for name in PROMOTE})
     table.update({name: "banned" for name in BANNED})
+    try:
+        cuda = {r.removeprefix("aten::") for r in dispatch_key_registrations("AutocastCUDA")}
+    except RuntimeError:  # a build without that dispatch key
+        cuda = set()
+    table.update({name: "set_opt_dtype" for name in NAMED_SET_OPT_DTYPE if name in cuda})
+    table.update({name: "fp32" for name in NAMED_FP32 if name in cuda})
     for registered in dispatch_key_registrations("AutocastCPU"):
         table.setdefault(registered.removeprefix("aten::"), "none")
     return table
