@@ -37,7 +37,8 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FuturesTimeout
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
@@ -435,7 +436,7 @@ def run_models(config: RunConfig, jobs: int | None = None, timeout: float | None
     executor = ThreadPoolExecutor(max_workers=workers)
     try:
         for future in [executor.submit(one, i) for i in range(len(models))]:
-            future.result()
+            _wait_interruptibly(future)
     except KeyboardInterrupt:
         finished = [o for o in outcomes if o is not None]  # before the interrupt reached the children
         executor.shutdown(wait=False, cancel_futures=True)
@@ -447,6 +448,18 @@ def run_models(config: RunConfig, jobs: int | None = None, timeout: float | None
             pool.close()
     executor.shutdown(wait=True)
     return [o for o in outcomes if o is not None]
+
+
+def _wait_interruptibly(future: Future[None]) -> None:
+    """Wait for one model, waking now and then: a Ctrl-C the kernel delivers to a worker thread only
+    sets Python's flag, which the main thread, blocked on a lock without a timeout, would not see until
+    every model had finished (CI once saw all three outcomes of an interrupted run)."""
+    while True:
+        try:
+            future.result(timeout=0.2)
+            return
+        except FuturesTimeout:
+            continue
 
 
 class PartialRun(KeyboardInterrupt):
