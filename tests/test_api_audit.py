@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn as nn
@@ -158,3 +160,19 @@ def test_an_audit_draws_the_same_random_values_every_time_and_leaves_the_callers
     placecheck.audit(Draws, device="cuda", engine="fake", init="cpu", forward=False)
     assert len(drawn) == 2 and drawn[0] == drawn[1]
     assert torch.equal(torch.rand(3), expected_next)  # the caller's generator is where it was
+
+
+def test_the_public_functions_stand_side_by_side_at_the_root(tmp_path: Path) -> None:
+    # audit, run and check_checkpoint are placecheck's attributes, loaded on first use (importing the
+    # package stays torch-free: tests/test_architecture.py)
+    import placecheck.checkpoint
+    import placecheck.commands.api
+    import placecheck.run
+
+    assert placecheck.audit is placecheck.commands.api.audit
+    assert callable(placecheck.run)
+    assert placecheck.check_checkpoint is placecheck.checkpoint.check_checkpoint
+    path = tmp_path / "w.pt"
+    torch.save({"w": torch.zeros(2)}, path)
+    result = placecheck.check_checkpoint(str(path), device="cuda", engine="fake")
+    assert result.report.findings == () and not result.refused

@@ -111,7 +111,7 @@ def _cycles() -> list[list[str]]:
 def test_the_graph_is_read() -> None:
     # a reader that found nothing would pass the tests below vacuously
     assert "placecheck.commands.api" in GRAPH["placecheck.cli.audit"]
-    assert "placecheck.findings.output" in GRAPH["placecheck.commands.ci"]  # a lazy import inside a function
+    assert "placecheck.commands.runner" in GRAPH["placecheck.cli.ci"]  # a lazy import inside a function
     assert "placecheck.cli.audit" in GRAPH["placecheck.cli"]
     assert "placecheck.run.session" in GRAPH["placecheck.run.moves"]  # under TYPE_CHECKING
 
@@ -124,7 +124,7 @@ def test_no_import_cycles() -> None:
 
 TORCH_FREE = ("basics", "findings")
 """What the CLI's --help, `rules`, a config check and a report rendering use: never imports torch."""
-TOP = {"commands.api": 1, "fix": 2, "commands.runner": 2, "commands.worker": 2, "commands.ci": 3,
+TOP = {"commands.api": 1, "fix": 2, "commands.runner": 2, "commands.worker": 2,
        "pytest_plugin": 3, "cli": 4, "__main__": 5}
 """The layers above the engine's (which is 0: engines, checks, model, run, checkpoint, placement; the
 torch-free layer below it is -1)."""
@@ -150,6 +150,15 @@ def test_the_torch_free_layer_stays_torch_free(module: str) -> None:
 def test_a_lower_layer_never_imports_a_higher_one(module: str) -> None:
     higher = {m for m in GRAPH[module] if m != "placecheck" and _layer(m) > _layer(module)}
     assert higher == set()
+
+
+def test_typer_lives_only_in_the_cli() -> None:
+    # the command line's machinery (typer, click, exits) stays in cli/: a Python caller of audit(), run(),
+    # fix() or check_checkpoint() gets a report or an exception, never a SystemExit
+    assert "typer" in _imports("placecheck.cli.app")[1]  # the reader sees it
+    below = sorted(m for m in MODULES if m.split(".")[1:2] != ["cli"]
+                   and {"typer", "click"} & _imports(m)[1])
+    assert below == []
 
 
 # ---- interception: where torch function modes may be defined ---------------------------------------

@@ -151,7 +151,7 @@ def test_a_complete_run_calls_entries_of_absent_models_stale(tmp_path: Path) -> 
 def test_a_config_run_reports_entries_of_models_no_longer_listed(tmp_path: Path,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
     from placecheck.cli import OutputOptions
-    from placecheck.commands.ci import finish_with_baseline
+    from placecheck.cli.ci import finish_with_baseline
 
     path = tmp_path / "b.json"
     baseline.write(path, [_report("a:A"), _report("gone:G", _f("PC101", "x"))])

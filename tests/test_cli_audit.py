@@ -516,7 +516,7 @@ def test_no_group_and_hints_reach_the_output_options(runner: CliRunner, monkeypa
     # the formats read OutputOptions.group / .hints: the command line and a config set them
     from placecheck.basics.config import ModelConfig
     from placecheck.cli import audit as audit_command
-    from placecheck.commands import ci
+    from placecheck.cli import ci
     from placecheck.commands import runner as model_runner
     from placecheck.findings.output import OutputOptions
     from placecheck.findings.report import Report

@@ -335,7 +335,7 @@ GOOD: dict[str, tuple[str, str, Any]] = {
     "--timeout": ("2.5", "timeout", 2.5),
 }
 NOT_A_FIELD = {("audit", "--timeout"): "audit's --timeout bounds the child process the audit runs in "
-                                        "(placecheck.commands.ci), not the audit"}
+                                        "(placecheck.cli.ci), not the audit"}
 """A shared option a command has that is not a field of its options object, and why."""
 BAD = [("--device", "gpu"), ("--engine", "warp"), ("--gpus", "0"), ("--gpus", "two"), ("--select", "PC9999"),
        ("--ignore", "XX1"), ("--steps", "-1"), ("--timeout", "0"), ("--fail-on", "bogus"),

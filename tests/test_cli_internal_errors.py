@@ -85,12 +85,12 @@ def files(tmp_path: Path) -> dict[str, str]:
 CASES = {
     "audit": (["audit", "{model}", "--arg", "in_features=2", "--arg", "out_features=2"],
               "placecheck.cli.audit.run_audit"),
-    "audit --config": (["audit", "--config", "{config}"], "placecheck.commands.ci.run_config_audit"),
+    "audit --config": (["audit", "--config", "{config}"], "placecheck.cli.ci.run_config_audit"),
     "run": (["run", "{script}"], "placecheck.run.run"),
     "fix": (["fix", "{model}"], "placecheck.fix.fix"),
     "fix --run": (["fix", "--run", "{script}"], "placecheck.fix.fix_run"),
     "checkpoint": (["checkpoint", "{checkpoint}"], "placecheck.cli.checkpoint.run_checkpoint"),
-    "merge": (["merge", "{shard}"], "placecheck.commands.ci.merge_reports"),
+    "merge": (["merge", "{shard}"], "placecheck.cli.ci.merge_reports"),
     "rules": (["rules"], "placecheck.cli.rules.rules_text"),
     "explain": (["explain", "PC101"], "placecheck.cli.rules.explain_text"),
     "example-config": (["example-config"], "placecheck.cli.example_config.example_config_text"),
@@ -135,7 +135,7 @@ def test_placecheck_errors_stay_exit_2_inside_the_guard(files: dict[str, str],
     def not_loadable(*args: object, **kwargs: object) -> object:
         raise LoadError("cannot load shard.json: not a shard report")
 
-    monkeypatch.setattr(importlib.import_module("placecheck.commands.ci"), "merge_reports", not_loadable)
+    monkeypatch.setattr(importlib.import_module("placecheck.cli.ci"), "merge_reports", not_loadable)
     code, out, err = _entrypoint(monkeypatch, capsys, "merge", files["shard"])
     assert (code, out) == (2, "")
     assert err.strip() == "placecheck: error: cannot load shard.json: not a shard report"

@@ -414,8 +414,7 @@ def test_a_config_runs_overrides_are_audit_options_and_config_keys() -> None:
     import typer
 
     from placecheck.basics.options import OPTION_NAMES
-    from placecheck.cli import app
-    from placecheck.commands import ci
+    from placecheck.cli import app, ci
 
     assert set(ci.MODEL_OVERRIDES) <= set(OPTION_NAMES) & set(config.MODEL_KEYS)
     params = {p.name for p in typer.main.get_command(app).commands["audit"].params}

@@ -279,7 +279,7 @@ def test_sarif_exact_duplicates_get_an_occurrence_index() -> None:
 
 def test_json_config_run_shape_does_not_depend_on_the_number_of_models(tmp_path: Path) -> None:
     from placecheck.cli import OutputOptions
-    from placecheck.commands.ci import finish_with_baseline
+    from placecheck.cli.ci import finish_with_baseline
 
     shapes = []
     for reports in ([RUN[0]], RUN[:2]):

@@ -73,7 +73,7 @@ def test_the_options_module_does_not_import_torch() -> None:
             "from placecheck.basics.options import RunOptions, FixOptions, CheckpointOptions\n"
             "RunOptions(select='PC2').check(); FixOptions(run=True, steps=3).check()\n"
             "CheckpointOptions(device='cuda:1').check()\n"
-            "import placecheck.basics.config, placecheck.commands.ci, placecheck.commands.runner\n"
+            "import placecheck.basics.config, placecheck.cli.ci, placecheck.commands.runner\n"
             "import placecheck.findings.output\n"
             "placecheck.basics.config.command_options('run', '[run]\\nsteps = 3\\n')\n"
             "print('torch' in sys.modules)")

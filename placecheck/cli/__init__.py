@@ -6,7 +6,7 @@ a frozen object, the same ``audit()`` Python users call does the work, a
 formatter renders the report (:mod:`placecheck.findings.output`) and
 :func:`placecheck.findings.report.exit_code` decides the exit status (0 clean, 1
 findings at or above ``--fail-on``, 2 usage or load error, 3 an internal error:
-:func:`placecheck.findings.output.errors_reported` guards every command). The options
+:func:`placecheck.cli.output.errors_reported` guards every command). The options
 several commands share are declared once, in :mod:`placecheck.cli.common`.
 torch is imported only when an audit actually runs, so ``--help`` is fast.
 """
@@ -14,7 +14,8 @@ torch is imported only when an audit actually runs, so ``--help`` is fast.
 from __future__ import annotations
 
 from placecheck.cli.app import app, entrypoint
-from placecheck.findings.output import OutputOptions, emit, emit_reports, fail
+from placecheck.cli.output import fail
+from placecheck.findings.output import OutputOptions, emit, emit_reports
 
 # each import registers its command(s) on `app`, in the order --help lists them
 from placecheck.cli import audit as audit  # isort: skip

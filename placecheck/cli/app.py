@@ -13,7 +13,8 @@ from typing import Annotated
 import typer
 
 from placecheck import __version__
-from placecheck.findings.output import click_errors, internal_error, interrupted, say
+from placecheck.cli.output import click_errors, internal_error, interrupted
+from placecheck.findings.output import say
 from placecheck.findings.report import EXIT_USAGE
 
 app = typer.Typer(

@@ -4,7 +4,7 @@ A thin adapter: the command line becomes an :class:`~placecheck.basics.options.A
 and an :class:`~placecheck.findings.output.OutputOptions`; :func:`run_audit` calls the
 same :func:`placecheck.audit` Python users call; :func:`placecheck.findings.output.emit`
 formats the report and gives the exit code. ``--config`` runs, ``--timeout``
-and baselines go through :mod:`placecheck.commands.ci`.
+and baselines go through :mod:`placecheck.cli.ci`.
 """
 
 from __future__ import annotations
@@ -17,15 +17,8 @@ from placecheck.basics.errors import PlacecheckError
 from placecheck.basics.options import AuditOptions
 from placecheck.cli.app import app
 from placecheck.cli.common import PanelCommand, declared_options, options_from
-from placecheck.findings.output import (
-    OutputOptions,
-    emit,
-    errors_reported,
-    fail,
-    interrupted,
-    model_output_to_stderr,
-    output_format,
-)
+from placecheck.cli.output import errors_reported, fail, interrupted
+from placecheck.findings.output import OutputOptions, emit, model_output_to_stderr, output_format
 from placecheck.findings.report import Report
 
 
@@ -56,11 +49,11 @@ def audit(
             raise fail("--fix fixes one TARGET: it does not go with --config, --timeout, --baseline or "
                        "--write-baseline", debug)
         if target is None or config is not None:
-            from placecheck.commands.ci import run_config_audit
+            from placecheck.cli.ci import run_config_audit
 
             raise typer.Exit(run_config_audit(ctx, target, config, out))
+        from placecheck.cli.ci import audit_with_timeout, finish_with_baseline, reject_run_options
         from placecheck.commands.api import AuditInterrupted
-        from placecheck.commands.ci import audit_with_timeout, finish_with_baseline, reject_run_options
         from placecheck.findings.output import check_writable
         from placecheck.model.load import parse_kwargs
 

@@ -9,14 +9,8 @@ import typer
 from placecheck.basics.options import CheckpointOptions
 from placecheck.cli.app import app
 from placecheck.cli.common import PanelCommand, configured, declared_options, options_from
-from placecheck.findings.output import (
-    OutputOptions,
-    emit,
-    errors_reported,
-    model_output_to_stderr,
-    output_format,
-    say,
-)
+from placecheck.cli.output import errors_reported
+from placecheck.findings.output import OutputOptions, emit, model_output_to_stderr, output_format, say
 from placecheck.findings.report import EXIT_USAGE
 
 

@@ -9,7 +9,7 @@ import typer
 
 from placecheck.cli.app import app
 from placecheck.cli.common import PanelCommand, declared_options
-from placecheck.findings.output import errors_reported
+from placecheck.cli.output import errors_reported
 
 EXAMPLE_CONFIG = "configs/example.toml"
 """The example's path inside the installed package (package data)."""

@@ -22,7 +22,8 @@ from placecheck.basics.errors import UsageError
 from placecheck.basics.options import SCRIPT_ONLY, AuditOptions, FixOptions, unknown_choice
 from placecheck.cli.app import app
 from placecheck.cli.common import PanelCommand, configured, declared_options, options_from
-from placecheck.findings.output import errors_reported, model_output_to_stderr, terminal_width
+from placecheck.cli.output import errors_reported
+from placecheck.findings.output import model_output_to_stderr, terminal_width
 from placecheck.findings.report import Report
 
 

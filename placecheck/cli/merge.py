@@ -8,7 +8,8 @@ import typer
 
 from placecheck.cli.app import app
 from placecheck.cli.common import PanelCommand, declared_options
-from placecheck.findings.output import OutputOptions, errors_reported, output_format
+from placecheck.cli.output import errors_reported
+from placecheck.findings.output import OutputOptions, output_format
 
 MERGE_HELP = """Combine the JSON reports of a config's shards into one run's report.
 
@@ -36,7 +37,7 @@ def merge(
 ) -> None:
     debug = given["debug"]
     with errors_reported(debug):
-        from placecheck.commands.ci import merge_reports
+        from placecheck.cli.ci import merge_reports
 
         out = OutputOptions(format=output_format(given["fmt"]), output=given["output"],
                             exit_zero=given["exit_zero"], debug=debug)

@@ -13,7 +13,8 @@ import typer
 
 from placecheck.cli.app import app
 from placecheck.cli.common import PanelCommand, declared_options
-from placecheck.findings.output import errors_reported, fail, terminal_width
+from placecheck.cli.output import errors_reported, fail
+from placecheck.findings.output import terminal_width
 
 
 @app.command("rules", cls=PanelCommand)

@@ -11,15 +11,8 @@ import typer
 from placecheck.basics.options import RunOptions
 from placecheck.cli.app import app
 from placecheck.cli.common import PanelCommand, configured, declared_options, options_from
-from placecheck.findings.output import (
-    OutputOptions,
-    emit,
-    errors_reported,
-    interrupted,
-    model_output_to_stderr,
-    output_format,
-    say,
-)
+from placecheck.cli.output import errors_reported, interrupted
+from placecheck.findings.output import OutputOptions, emit, model_output_to_stderr, output_format, say
 from placecheck.findings.report import Report
 
 RUN_HELP = """Run a training or inference script on a simulated GPU: every placement problem it meets.

@@ -1,11 +1,9 @@
-"""Writing a report where the user asked and turning it into an exit code; one-line errors.
+"""Writing a report where the user asked and turning it into an exit code.
 
 Every command ends here: :func:`emit_reports` renders the reports with the
 chosen formatter, writes them to stdout or ``--output`` and returns the exit
-code from :func:`placecheck.findings.report.exit_code`; :func:`fail` prints
-``placecheck: error: ...`` and gives the exit-2 exception. This module sits
-below :mod:`placecheck.cli` and :mod:`placecheck.commands.ci` (both use it) and never
-imports torch.
+code from :func:`placecheck.findings.report.exit_code` (a number: raising the
+exit is the CLI's, :mod:`placecheck.cli.output`). Never imports torch or typer.
 """
 
 from __future__ import annotations
@@ -15,26 +13,15 @@ import errno
 import os
 import shutil
 import sys
-import traceback
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import typer
-
-from placecheck.basics.errors import PlacecheckError, UsageError, one_line
+from placecheck.basics.errors import UsageError
 from placecheck.basics.options import unknown_choice
 from placecheck.findings.formats import OutputFormat, formatter_for
-from placecheck.findings.report import (
-    EXIT_INTERNAL,
-    EXIT_INTERRUPTED,
-    EXIT_STDOUT_CLOSED,
-    EXIT_USAGE,
-    FAIL_ON_CHOICES,
-    Report,
-    exit_code,
-)
+from placecheck.findings.report import FAIL_ON_CHOICES, Report, exit_code
 
 
 @dataclass(frozen=True)
@@ -113,52 +100,7 @@ def stderr_text(line: str, width: int | None = None) -> str:
 
 def say(line: str) -> None:
     """Write ``line`` to stderr within the terminal's width (:func:`stderr_text`)."""
-    typer.echo(stderr_text(line), err=True)
-
-
-def fail(message: str, debug: bool = False) -> typer.Exit:
-    """Print ``placecheck: error: ...`` (and the traceback under --debug); return the exit-2 exception."""
-    if debug:
-        traceback.print_exc()
-        message = message.replace(" (--debug shows the traceback)", "")  # it just did
-    say(f"placecheck: error: {message}")
-    return typer.Exit(EXIT_USAGE)
-
-
-def interrupted() -> typer.Exit:
-    """Ctrl-C: print ``placecheck: interrupted``; return the exit-130 exception (128 + SIGINT, the status
-    a shell gives a command it interrupted, as ruff and pip exit)."""
-    typer.echo("placecheck: interrupted", err=True)
-    return typer.Exit(EXIT_INTERRUPTED)
-
-
-def stdout_closed() -> typer.Exit:
-    """The reader of stdout went away (``| head``): nothing more to say, and nobody to say it to. stdout is
-    pointed at the null device first, so that the interpreter's last flush raises nothing either."""
-    with contextlib.suppress(OSError, ValueError):
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-    return typer.Exit(EXIT_STDOUT_CLOSED)
-
-
-def click_errors() -> tuple[type[Exception], ...]:
-    """The base classes of click's usage errors on the typer installed.
-
-    typer before 0.27 runs on click itself (``click.exceptions.ClickException``); 0.27.0 and 0.27.1
-    carry their own copy of click (``typer._click``) and export none of its errors; from 0.27.2
-    that copy's errors derive from the public ``typer.TyperException``. Each is looked up where it
-    exists: beside a new typer, a click installed for another package is harmless here.
-    """
-    import importlib
-
-    errors: list[type[Exception]] = []
-    vendored = getattr(typer, "TyperException", None)
-    if isinstance(vendored, type) and issubclass(vendored, Exception):
-        errors.append(vendored)
-    for module in ("typer._click.exceptions", "click.exceptions"):
-        with contextlib.suppress(ImportError):
-            errors.append(importlib.import_module(module).ClickException)
-    return tuple(errors)
+    print(stderr_text(line), file=sys.stderr, flush=True)
 
 
 def torch_version() -> str:
@@ -172,44 +114,6 @@ def torch_version() -> str:
         return metadata.version("torch")
     except metadata.PackageNotFoundError:
         return "not installed"
-
-
-def internal_error(exc: BaseException, debug: bool = False) -> typer.Exit:
-    """Print one line for an unexpected error (the traceback first under --debug); return the exit-3
-    exception (:data:`~placecheck.findings.report.EXIT_INTERNAL`: neither "clean" nor "findings")."""
-    from placecheck import __version__
-
-    if debug:
-        traceback.print_exc()
-    ask = ("report it with the traceback above" if debug
-           else "rerun with --debug for the traceback and report it")
-    say(f"placecheck: internal error: unexpected {one_line(exc)} (placecheck {__version__}, torch "
-        f"{torch_version()}): a bug in placecheck, or something it did not foresee; {ask}")
-    return typer.Exit(EXIT_INTERNAL)
-
-
-@contextlib.contextmanager
-def errors_reported(debug: bool = False) -> Iterator[None]:
-    """Around a command's work: placecheck's own errors (bad input, a target that does not load) end
-    in one line and exit 2, anything unexpected in one line and exit 3; a traceback only with --debug.
-    Ctrl-C ends in ``placecheck: interrupted`` and exit 130.
-
-    The exits a command raises itself, and click's usage errors, pass through.
-    """
-    try:
-        yield
-    except (typer.Exit, typer.Abort):
-        raise
-    except KeyboardInterrupt:
-        raise interrupted() from None
-    except BrokenPipeError:
-        raise stdout_closed() from None
-    except PlacecheckError as exc:
-        raise fail(str(exc), debug) from None
-    except Exception as exc:
-        if isinstance(exc, click_errors()):
-            raise
-        raise internal_error(exc, debug) from None
 
 
 @contextlib.contextmanager
@@ -256,5 +160,5 @@ def emit_reports(reports: list[Report], out: OutputOptions, config_run: bool = F
         try:
             Path(out.output).write_text(text, encoding="utf-8")
         except OSError as exc:
-            raise fail(f"cannot write --output {out.output!r}: {exc.strerror or exc}") from None
+            raise UsageError(f"cannot write --output {out.output!r}: {exc.strerror or exc}") from None
     return exit_code(reports, out.fail_on, out.exit_zero)

@@ -1,6 +1,6 @@
 """The multi-model side of ``placecheck audit``: ``--config``, ``--jobs``, ``--timeout``, baselines, shards.
 
-Kept out of :mod:`placecheck.cli` so that the command stays thin: the command
+Kept out of :mod:`placecheck.cli.audit` so that the command stays thin: the command
 parses options, this module turns a config into per-model audits
 (:mod:`placecheck.commands.runner`), applies a baseline (:mod:`placecheck.findings.baseline`),
 writes the formatted run and returns one exit code for every model:
@@ -30,8 +30,9 @@ import typer
 
 from placecheck.basics.errors import PlacecheckError, UsageError, one_line
 from placecheck.basics.options import AuditOptions, check_value, split_codes
+from placecheck.cli.output import fail, interrupted
 from placecheck.findings import baseline as baselines
-from placecheck.findings.output import OutputOptions, check_writable, emit_reports, fail, grouped, say
+from placecheck.findings.output import OutputOptions, check_writable, emit_reports, grouped, say
 from placecheck.findings.report import EXIT_OK, EXIT_USAGE, Report
 from placecheck.findings.shards import combine, parse_shard, run_info, select
 
@@ -189,7 +190,6 @@ def run_config_audit(ctx: typer.Context, target: str | None, config_path: str | 
 def _report_partial(partial: Any, out: OutputOptions) -> NoReturn:
     """Ctrl-C during a config run: the report of the models that finished (what was found so far, no
     baseline written), then one line and exit 130."""
-    from placecheck.findings.output import interrupted
 
     reports = [o.report for o in partial.finished]
     if reports:
