@@ -15,10 +15,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from placecheck.basics.options import AuditOptions, CheckpointOptions, FixOptions, RunOptions
+from placecheck.basics.version import VERSION
 from placecheck.findings.finding import Finding, Severity
 from placecheck.findings.report import Report
 
-__version__ = "0.1.0"
+__version__ = VERSION
 
 if TYPE_CHECKING:
     from placecheck.checkpoint import check_checkpoint

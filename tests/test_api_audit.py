@@ -176,3 +176,9 @@ def test_the_public_functions_stand_side_by_side_at_the_root(tmp_path: Path) -> 
     torch.save({"w": torch.zeros(2)}, path)
     result = placecheck.check_checkpoint(str(path), device="cuda", engine="fake")
     assert result.report.findings == () and not result.refused
+
+
+def test_the_version_is_the_distributions() -> None:
+    from importlib import metadata
+
+    assert placecheck.__version__ == metadata.version("placecheck")

@@ -152,6 +152,42 @@ def test_a_lower_layer_never_imports_a_higher_one(module: str) -> None:
     assert higher == set()
 
 
+PACKAGE_ORDER = ["examples", "basics", "findings", "engines", "checks", "model", "placement", "checkpoint",
+                 "run", "commands", "fix", "", "pytest_plugin", "cli", "__main__"]
+"""The packages bottom to top: each imports only packages before it, counting lazy and ``TYPE_CHECKING``
+imports (issue 41: the folders show the layers). ``examples`` are the bundled models, importing no
+placecheck module; "" is the package root, the public API's surface."""
+
+
+def _package(module: str) -> str:
+    return module.split(".")[1] if "." in module else ""
+
+
+def _package_edges() -> dict[tuple[str, str], list[str]]:
+    edges: dict[tuple[str, str], list[str]] = {}
+    for module, imported in GRAPH.items():
+        for other in imported:
+            if _package(module) != _package(other):
+                edges.setdefault((_package(module), _package(other)), []).append(f"{module} -> {other}")
+    return edges
+
+
+def test_every_package_is_in_the_order() -> None:
+    assert {_package(m) for m in MODULES} == set(PACKAGE_ORDER)
+
+
+def test_no_package_imports_a_package_that_imports_it() -> None:
+    edges = _package_edges()
+    assert ("cli", "commands") in edges  # the reader sees the packages' imports
+    assert sorted(pair for pair in edges if pair[::-1] in edges) == []
+
+
+def test_a_package_imports_only_the_packages_below_it() -> None:
+    upward = {pair: found for pair, found in _package_edges().items()
+              if PACKAGE_ORDER.index(pair[1]) > PACKAGE_ORDER.index(pair[0])}
+    assert upward == {}
+
+
 def test_typer_lives_only_in_the_cli() -> None:
     # the command line's machinery (typer, click, exits) stays in cli/: a Python caller of audit(), run(),
     # fix() or check_checkpoint() gets a report or an exception, never a SystemExit

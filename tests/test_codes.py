@@ -1,9 +1,9 @@
-"""``placecheck.findings.codes.Code``: the one typed home of the finding codes.
+"""``placecheck.basics.codes.Code``: the one typed home of the finding codes.
 
 A check names a code as ``Code.PC201``; a string ``"PC201"`` written in the
 package would let a typo match nothing, silently. The scan below reads every
 module with ``ast`` and fails on a string constant that is exactly a code,
-outside the rules package and ``findings/codes.py``.
+outside the rules package and ``basics/codes.py``.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 import placecheck
-from placecheck.findings.codes import Code
+from placecheck.basics.codes import Code
 from placecheck.findings.rules import RULES, rule
 
-HOMES = ("findings/codes.py", "findings/rules/")
+HOMES = ("basics/codes.py", "findings/rules/")
 """Where a code may be written as a string: the enum, and the rules that declare each code."""
 
 _CODE = re.compile(r"PC\d{3}")
@@ -43,14 +43,14 @@ def code_strings(root: Path) -> Counter[str]:
 
 def test_no_code_is_written_as_a_string_outside_its_home() -> None:
     found = code_strings(Path(placecheck.__file__).parent)
-    assert dict(found) == {}, "name the code as placecheck.findings.codes.Code.PCnnn, not as a string"
+    assert dict(found) == {}, "name the code as placecheck.basics.codes.Code.PCnnn, not as a string"
 
 
 def test_the_scan_finds_a_code_written_as_a_string(tmp_path: Path) -> None:
     (tmp_path / "findings" / "rules").mkdir(parents=True)
     (tmp_path / "findings" / "rules" / "walk.py").write_text('declare("PC101")\n')  # a home: skipped
     (tmp_path / "check.py").write_text('"""PC201 in a docstring is prose."""\n'
-                                       'from placecheck.findings.codes import Code\n'
+                                       'from placecheck.basics.codes import Code\n'
                                        'ok = f.code == Code.PC201  # PC201 in a comment\n'
                                        'bad = f.code == "PC201" or f.code in ("PC104", "pc105")\n'
                                        'typo = rule("PC299")\n'

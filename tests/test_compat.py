@@ -14,8 +14,8 @@ import torch
 
 import placecheck
 from placecheck.basics.errors import UsageError
-from placecheck.checks.classify import is_engine_mismatch
 from placecheck.engines import compat
+from placecheck.engines.classify import is_engine_mismatch
 
 pytestmark = pytest.mark.compat
 

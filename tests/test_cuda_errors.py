@@ -19,7 +19,7 @@ from torch.nn.utils.rnn import pack_padded_sequence
 from torch.utils.data import DataLoader, TensorDataset
 
 import placecheck
-from placecheck.checks.classify import FORKED_CUDA, ForkedCudaError, InvalidDeviceError, simulation_limit
+from placecheck.engines.classify import FORKED_CUDA, ForkedCudaError, InvalidDeviceError, simulation_limit
 from placecheck.engines.cudaapi import cuda_queries_simulated
 
 pytestmark = pytest.mark.cpu_build  # runs on the CPU-only torch build too (Makefile: test-cpu-build)

@@ -167,7 +167,7 @@ def test_one_fake_mode_per_engine_shared_by_its_sessions() -> None:
 def test_fake_limit_recognises_fake_tensor_limits_only() -> None:
     from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 
-    from placecheck.checks.classify import fake_limit
+    from placecheck.engines.classify import fake_limit
 
     assert "reads tensor values" in fake_limit(DataDependentOutputException(torch.ops.aten.nonzero.default))
     assert "output shape depends" in fake_limit(DynamicOutputShapeException(torch.ops.aten.nonzero.default))
@@ -199,7 +199,7 @@ def test_an_error_mentioning_fake_is_the_models_own_pc207_not_a_fallback() -> No
 
 
 def test_is_simulation_limit_names_driver_errors_only() -> None:
-    from placecheck.checks.classify import simulation_limit as is_simulation_limit
+    from placecheck.engines.classify import simulation_limit as is_simulation_limit
 
     note = is_simulation_limit(RuntimeError("Found no NVIDIA driver on your system."))
     assert "needs a real CUDA driver" in note and "Found no NVIDIA driver" in note

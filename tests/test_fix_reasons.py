@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("libcst")  # the fix extra
 
-from placecheck.findings.codes import Code
+from placecheck.basics.codes import Code
 from placecheck.fix.codes import AUTOFIX, NEVER, fixable_text
 from placecheck.fix.edits import NotFixable, Request, rewrite
 

@@ -27,10 +27,10 @@ ORDER = ["compat", "callbacks", "sources", "classify", "host_syncs", "calls", "c
          "shortcuts", "sparse",
          "datadep", "reuse", "engine", "provenance", "events", "hostcopies", "forward_checks", "trace"]
 BASICS = {"errors", "values", "patching", "finding", "codes", "rules", "devices", "walk", "options",
-          "placement"}
+          "expected", "flows"}
 """Modules any layer may use: torch-free basics (a finding, its code and rule), the walk's result the
-tracer starts from, and ``placement`` (``--device keep``): each module's expected device (the walk's
-too) and the flows of a forward across devices, whose copies are events."""
+tracer starts from, and ``--device keep``'s ``expected`` (each module's expected device, the walk's too)
+and ``flows`` (the flows of a forward across devices, whose copies are events)."""
 
 
 LAYER_PACKAGES = {"basics", "findings", "engines", "checks", "model", "commands"}
@@ -43,7 +43,7 @@ def _path(module: str) -> Path:
 
 
 def _name(dotted: str) -> str:
-    """``placecheck.checks.trace`` -> ``trace``; ``placecheck.placement.expected`` -> ``placement``."""
+    """``placecheck.checks.trace`` -> ``trace``; ``placecheck.checks.expected`` -> ``placement``."""
     parts = dotted.split(".")[1:]
     return parts[1] if parts[0] in LAYER_PACKAGES and len(parts) > 1 else parts[0]
 

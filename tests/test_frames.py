@@ -12,7 +12,7 @@ import torch
 import typer
 
 import placecheck
-from placecheck.checks.sources import Frames, first_outside, frames, user_frame
+from placecheck.engines.sources import Frames, first_outside, frames, user_frame
 
 PLACECHECK_FILE = os.path.join(os.path.dirname(placecheck.__file__), "engines", "dispatch.py")
 TORCH_FILE = os.path.join(os.path.dirname(torch.__file__), "functional.py")

@@ -179,7 +179,7 @@ def test_every_device_mismatch_is_pc201(case: Case, argument: str, engine: str) 
 
 
 def test_the_decision_is_from_devices_not_from_the_message() -> None:
-    from placecheck.checks import classify
+    from placecheck.engines import classify
 
     cuda = torch.empty(2, device="meta")  # stands for any second device
     cpu = torch.ones(2)

@@ -279,7 +279,7 @@ class SoftTargetCrossEntropy(nn.Module):
 def lossylib(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """``lossylib``, installed in a site-packages directory of its own; yields its file's line of the loss
     (as tests/test_trace.py installs its ``fakelib``)."""
-    from placecheck.checks import sources
+    from placecheck.engines import sources
 
     site = tmp_path / "site-packages"
     (site / "lossylib").mkdir(parents=True)

@@ -21,9 +21,9 @@ from test_forward_fixtures import fixture_inputs, forward_rows
 
 import placecheck
 from placecheck.basics.errors import UsageError
+from placecheck.checks.expected import Placement
 from placecheck.cli import app
 from placecheck.findings.formats import OutputFormat, formatter_for
-from placecheck.placement.expected import Placement
 
 FIXTURES = TESTS / "fixtures" / "placement"
 CASES = fixture_cases(FIXTURES)

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from placecheck.findings.codes import Code
+from placecheck.basics.codes import Code
 from placecheck.findings.finding import Severity
 from placecheck.findings.rules import RULES, expand, rule, selected
 from placecheck.findings.rules.registry import declare

@@ -20,8 +20,8 @@ from conftest import BUGGY, TESTS, load_file, unwrapped
 from forward_helpers import ungrouped  # noqa: F401 (the fixture)
 
 import placecheck
-from placecheck.checks.sources import display_path
 from placecheck.cli import app
+from placecheck.engines.sources import display_path
 
 pytestmark = [pytest.mark.usefixtures("ungrouped"), pytest.mark.cpu_build]
 
@@ -442,7 +442,7 @@ class Rotary(nn.Module):
 @pytest.fixture
 def fake_library(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """``fakelib``, installed in a site-packages directory of its own; yields its file."""
-    from placecheck.checks import sources as trace
+    from placecheck.engines import sources as trace
 
     site = tmp_path / "site-packages"
     (site / "fakelib").mkdir(parents=True)

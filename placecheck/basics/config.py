@@ -34,9 +34,11 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from placecheck.basics import declared
+from placecheck.basics.choices import FAIL_ON_CHOICES
+from placecheck.basics.codes import expand
 from placecheck.basics.declared import ISOLATION_CHOICES as ISOLATION_CHOICES
 from placecheck.basics.declared import PROGRESS_CHOICES as PROGRESS_CHOICES
 from placecheck.basics.errors import UsageError
@@ -49,14 +51,26 @@ from placecheck.basics.options import (
     check_value,
     flag_of,
 )
-from placecheck.findings.finding import Finding
-from placecheck.findings.report import FAIL_ON_CHOICES
-from placecheck.findings.rules import expand
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
+
+
+
+class Allowable(Protocol):
+    """What an ``allow`` entry is matched against: a finding's code and ``where`` (the report's
+    :class:`placecheck.findings.finding.Finding`, which this layer, below the findings, does not import)."""
+
+    @property
+    def code(self) -> str: ...
+
+    @property
+    def where(self) -> str: ...
+
+
+F = TypeVar("F", bound=Allowable)
 
 DEFAULT_JOBS = 1
 DEFAULT_TIMEOUT = 600.0
@@ -77,7 +91,7 @@ class Allow:
     line: int = 0
     """Line of the entry in the config file, for messages."""
 
-    def matches(self, finding: Finding) -> bool:
+    def matches(self, finding: Allowable) -> bool:
         """True when ``finding`` is the one this entry allows."""
         if finding.code not in expand([self.code]):
             return False
@@ -644,11 +658,11 @@ def find_pyproject(directory: str | Path = ".") -> Path | None:
     return candidate if isinstance(tool, dict) and "placecheck" in tool else None
 
 
-def apply_allows(findings: tuple[Finding, ...], allows: tuple[Allow, ...]
-                 ) -> tuple[list[Finding], list[tuple[Finding, Allow]], list[Allow]]:
+def apply_allows(findings: tuple[F, ...], allows: tuple[Allow, ...]
+                 ) -> tuple[list[F], list[tuple[F, Allow]], list[Allow]]:
     """Split findings into kept and allowed; also return the allow entries that matched nothing."""
-    kept: list[Finding] = []
-    allowed: list[tuple[Finding, Allow]] = []
+    kept: list[F] = []
+    allowed: list[tuple[F, Allow]] = []
     used: set[int] = set()
     for finding in findings:
         for i, entry in enumerate(allows):

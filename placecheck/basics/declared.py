@@ -25,11 +25,10 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from placecheck.basics.choices import FAIL_ON_CHOICES, OutputFormat
 from placecheck.basics.devices import DEVICE_MAP_HELP
 from placecheck.basics.errors import UsageError
 from placecheck.basics.values import DEVICE_HELP
-from placecheck.findings.formats.choices import OutputFormat
-from placecheck.findings.report import FAIL_ON_CHOICES
 
 # -- the choices and values the options' help names ---------------------------------------------
 

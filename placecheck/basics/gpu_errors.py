@@ -2,7 +2,7 @@
 quotes, so that a user who searches a GPU job's log for it finds it (issue 42 item 9).
 
 Only the text shown to the user comes from here. Whether an op mixes devices is decided from the devices
-of its arguments (:func:`placecheck.checks.classify.mixes_devices`), never from a message.
+of its arguments (:func:`placecheck.engines.classify.mixes_devices`), never from a message.
 
 Each family's text is PyTorch's own first line, with the devices filled in where the op's family
 decides them and ``…`` where only the op's ATen arguments do (which argument ATen names first, the

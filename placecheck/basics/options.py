@@ -42,7 +42,7 @@ from placecheck.basics.declared import WrapChoice as WrapChoice
 from placecheck.basics.declared import flag_of as flag_of
 from placecheck.basics.declared import nproc_value as nproc_value
 from placecheck.basics.devices import KEEP
-from placecheck.basics.errors import UsageError
+from placecheck.basics.errors import UsageError, unknown_choice
 
 
 @dataclass(frozen=True)
@@ -70,18 +70,6 @@ def _check_int(flag: str, value: Any, least: int, why: str = "") -> None:
         raise UsageError(f"{flag} {value!r}: expected an integer >= {least}{why}")
 
 
-def unknown_choice(flag: str, value: Any, choices: Iterable[str]) -> UsageError:
-    """The error of a value that is not one of ``choices``: every choice listed, and the close one
-    when there is one (``unknown --format 'jsn': use one of table, json, ...; did you mean json?``), as
-    ruff and pip-audit list the possible values."""
-    import difflib
-
-    names = list(choices)
-    close = difflib.get_close_matches(str(value), names, n=1)
-    guess = f"; did you mean {close[0]}?" if close else ""
-    return UsageError(f"unknown {flag} {value!r}: use one of {', '.join(names)}{guess}")
-
-
 def _check_choice(flag: str, choices: tuple[str, ...]) -> Callable[[Any], None]:
     def check(value: Any) -> None:
         if value not in choices:
@@ -100,7 +88,7 @@ def _check_device(value: Any) -> None:
 
 def _check_codes(flag: str) -> Callable[[Any], None]:
     def check(value: Any) -> None:
-        from placecheck.findings.rules import expand
+        from placecheck.basics.codes import expand
 
         if isinstance(value, (str, bytes)) or not all(isinstance(v, str) for v in value):
             raise UsageError(f"{flag} {value!r}: expected code prefixes such as PC1, PC204 or ALL")

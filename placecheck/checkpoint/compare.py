@@ -19,7 +19,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from placecheck.findings.codes import Code
+from placecheck.basics.codes import Code
 from placecheck.findings.finding import Finding
 from placecheck.findings.rules import rule
 

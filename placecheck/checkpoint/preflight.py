@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from placecheck.basics.codes import Code
 from placecheck.basics.devices import human_bytes, normalize_device
 from placecheck.basics.errors import LoadError, PlacecheckError, UsageError, one_line
 from placecheck.basics.options import CheckpointOptions
@@ -46,7 +47,6 @@ from placecheck.checkpoint.metadata import (
 )
 from placecheck.checkpoint.pt2 import load_pt2_state_dict
 from placecheck.engines.compat import torch_note
-from placecheck.findings.codes import Code
 from placecheck.findings.finding import Finding
 from placecheck.findings.report import Report
 from placecheck.findings.rules import rule, selected

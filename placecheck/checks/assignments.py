@@ -7,7 +7,7 @@ factory with ``nn.Module.__setattr__`` and the ``register_*`` methods
 wrapped, and records, per module object and attribute name, the innermost
 frame of the user's code that made the assignment (outside torch, placecheck
 and installed packages; with none, the innermost outside torch and
-placecheck, as for forward findings, see :mod:`placecheck.checks.sources`). A
+placecheck, as for forward findings, see :mod:`placecheck.engines.sources`). A
 container is recorded where it was assigned (``self.heads = [...]``), so a
 tensor appended to it later points at that line too.
 
@@ -39,7 +39,7 @@ from typing import Any, TypeVar
 import torch.nn as nn
 
 from placecheck.basics.patching import patch
-from placecheck.checks.sources import (
+from placecheck.engines.sources import (
     display_path,
     frames,
     internal_file,

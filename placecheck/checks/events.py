@@ -11,7 +11,7 @@ import typing
 from dataclasses import dataclass
 
 from placecheck.checks.provenance import Creation, Provenance
-from placecheck.checks.sources import Site
+from placecheck.engines.sources import Site
 
 
 @dataclass

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from placecheck.basics.codes import Code
 from placecheck.checks.events import (
     Copy,
     Event,
@@ -31,9 +32,8 @@ from placecheck.checks.events import (
     StaleRead,
 )
 from placecheck.checks.provenance import Creation, Provenance
-from placecheck.checks.sources import NOWHERE, Site
+from placecheck.engines.sources import NOWHERE, Site
 from placecheck.findings import rules
-from placecheck.findings.codes import Code
 from placecheck.findings.finding import Finding, Severity
 
 _PERFORMANCE_CODES = frozenset({Code.PC202, Code.PC204, Code.PC205})

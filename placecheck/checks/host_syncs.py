@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from placecheck.checks import classify
+from placecheck.engines import classify
 from placecheck.engines.compat import foreach_copy
 
 SyncProbe = Callable[[tuple[Any, ...], dict[str, Any]], "torch.Tensor | None"]

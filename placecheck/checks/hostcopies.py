@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from placecheck.basics.patching import patch
-from placecheck.checks.classify import in_place, tensor_arguments
+from placecheck.engines.classify import in_place, tensor_arguments
 
 _METADATA = frozenset({torch.Tensor.dim, torch.Tensor.size, torch.Tensor.numel, torch.Tensor.stride,
                        torch.Tensor.is_contiguous, torch.Tensor.__len__, torch.Tensor.__hash__,
@@ -93,7 +93,7 @@ class PendingCopy:
     device: str
     """The device the copy came from."""
     copied_at: Any
-    """Where the copy was made (the caller's site object: a :class:`~placecheck.checks.sources.Site`)."""
+    """Where the copy was made (the caller's site object: a :class:`~placecheck.engines.sources.Site`)."""
 
 
 class PendingCopies:

@@ -17,9 +17,9 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from placecheck.checks.sources import NOWHERE, Site, library_of_class
+from placecheck.basics.codes import Code
 from placecheck.checks.walk import WalkResult, storage_key
-from placecheck.findings.codes import Code
+from placecheck.engines.sources import NOWHERE, Site, library_of_class
 from placecheck.findings.finding import Finding
 from placecheck.findings.rules import (
     created_then_cached,

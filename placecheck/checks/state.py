@@ -36,7 +36,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from placecheck.checks.sources import library_of_file
+from placecheck.engines.sources import library_of_file
 
 MODULE_INTERNALS = frozenset(vars(nn.Module())) | {"_flat_weight_refs"}
 """Attributes every nn.Module has (hooks, registries, flags), and the RNN
@@ -313,7 +313,7 @@ def _reaches(value: Any, modules: set[int], depth: int, seen: set[int], budget: 
 
 def _package_of_module(name: str) -> str:
     """The installed package whose file is the Python module ``name`` ("lightning"), or "" (the user's,
-    or unknown; :func:`~placecheck.checks.sources.library_of_file` caches per file)."""
+    or unknown; :func:`~placecheck.engines.sources.library_of_file` caches per file)."""
     filename = getattr(sys.modules.get(name), "__file__", None)
     return library_of_file(filename) if isinstance(filename, str) else ""
 

@@ -8,12 +8,12 @@ afterwards and turn them into findings PC201-PC207.
 
 The tracer sees every torch call before dispatch. When a call fails and its
 tensor arguments are on two devices (decided from the tensors, by
-:mod:`placecheck.checks.classify`, whatever PyTorch's message says), the tracer
+:mod:`placecheck.engines.classify`, whatever PyTorch's message says), the tracer
 records the mismatch (op, devices, module, user line, where the offending
 tensor came from), moves the offending argument to the target and runs the
 call again, so one forward reports every mismatch.
 
-Where an event happened is :mod:`placecheck.checks.sources`' answer; where an
+Where an event happened is :mod:`placecheck.engines.sources`' answer; where an
 off-target tensor came from is :mod:`placecheck.checks.provenance`'s.
 
 Cost: a clean op costs a dictionary lookup and a scan of its arguments (plus,
@@ -39,7 +39,6 @@ import torch.nn as nn
 
 from placecheck.basics.errors import one_line
 from placecheck.basics.patching import patch
-from placecheck.checks import classify
 from placecheck.checks.events import (
     Event,
     ForwardError,
@@ -51,11 +50,19 @@ from placecheck.checks.events import (
     Registration,
     StaleRead,
 )
+from placecheck.checks.expected import Placement
+from placecheck.checks.flows import Flows
 from placecheck.checks.forward_checks import ForwardFindings, forward_findings
 from placecheck.checks.host_syncs import HOST_SYNCS, host_sync
 from placecheck.checks.hostcopies import PendingCopies, PendingCopy, nonblocking_host_copy
 from placecheck.checks.provenance import Creation, Provenance, Provenances, StrayVerdict
-from placecheck.checks.sources import (
+from placecheck.checks.walk import WalkResult, join
+from placecheck.engines import classify, compat
+from placecheck.engines.compat import DisableTorchFunction
+from placecheck.engines.cudaapi import missing_gpu
+from placecheck.engines.datadep import composite_call
+from placecheck.engines.dispatch import Call, op_name, subscribed
+from placecheck.engines.sources import (
     NOWHERE,
     Attribution,
     Site,
@@ -63,15 +70,7 @@ from placecheck.checks.sources import (
     module_being_built,
     treat_as_user_code,
 )
-from placecheck.checks.walk import WalkResult, join
-from placecheck.engines import compat
-from placecheck.engines.compat import DisableTorchFunction
-from placecheck.engines.cudaapi import missing_gpu
-from placecheck.engines.datadep import composite_call
-from placecheck.engines.dispatch import Call, op_name, subscribed
 from placecheck.findings.finding import Finding
-from placecheck.placement.expected import Placement
-from placecheck.placement.flows import Flows
 
 if typing.TYPE_CHECKING:
     from placecheck.engines.reuse import CallReuse

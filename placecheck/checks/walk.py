@@ -25,8 +25,10 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from placecheck.basics.codes import Code
 from placecheck.basics.devices import human_bytes
 from placecheck.checks.assignments import Assignments
+from placecheck.checks.expected import Placement
 from placecheck.checks.state import (
     ATOMS,
     MAX_DEPTH,
@@ -40,10 +42,8 @@ from placecheck.checks.state import (
 )
 from placecheck.checks.state import reachable_tensors as reachable_tensors  # the API's copy uses it from here
 from placecheck.findings import rules
-from placecheck.findings.codes import Code
 from placecheck.findings.finding import Finding, Severity
 from placecheck.findings.rules import rule
-from placecheck.placement.expected import Placement
 
 __all__ = ["MAX_DEPTH", "Snapshot", "WalkResult", "join", "reachable_tensors", "storage_key",
            "tensor_device", "tensor_nbytes", "walk"]

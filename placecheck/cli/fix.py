@@ -18,8 +18,8 @@ from typing import Annotated, Any
 
 import typer
 
-from placecheck.basics.errors import UsageError
-from placecheck.basics.options import SCRIPT_ONLY, AuditOptions, FixOptions, unknown_choice
+from placecheck.basics.errors import UsageError, unknown_choice
+from placecheck.basics.options import SCRIPT_ONLY, AuditOptions, FixOptions
 from placecheck.cli.app import app
 from placecheck.cli.common import PanelCommand, configured, declared_options, options_from
 from placecheck.cli.output import errors_reported

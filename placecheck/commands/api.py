@@ -19,15 +19,15 @@ from typing import TYPE_CHECKING, Any, Union
 import torch
 import torch.nn as nn
 
+from placecheck.basics.codes import Code
 from placecheck.basics.devices import KEEP, normalize_device
 from placecheck.basics.errors import LoadError, UsageError, one_line
 from placecheck.basics.options import AuditOptions, WrapChoice
 from placecheck.basics.patching import patch
 from placecheck.basics.quiet import quiet
-from placecheck.checks import classify
 from placecheck.checks.provenance import stray_owner, stray_verdict
-from placecheck.checks.sources import treat_as_user_code, user_line
 from placecheck.checks.walk import Snapshot, WalkResult, reachable_tensors, walk
+from placecheck.engines import classify
 from placecheck.engines.compat import FAKE_TENSOR_LOGGER, torch_note
 from placecheck.engines.engine import (
     Engine,
@@ -37,7 +37,7 @@ from placecheck.engines.engine import (
     fallback_engine,
     move_model,
 )
-from placecheck.findings.codes import Code
+from placecheck.engines.sources import treat_as_user_code, user_line
 from placecheck.findings.finding import Finding
 from placecheck.findings.report import ASSUMED_BRANCHES, DeviceMap, Report
 from placecheck.findings.rules import rule, selected
@@ -52,7 +52,7 @@ from placecheck.placement.replicas import Replica, devices, merge, merged_notes,
 
 if TYPE_CHECKING:
     from placecheck.checks.events import Copy
-    from placecheck.placement.expected import Placement
+    from placecheck.checks.expected import Placement
 
 ModelOrFactory = Union[nn.Module, Callable[[], nn.Module]]
 
@@ -90,7 +90,7 @@ def _build(model: ModelOrFactory, engine: Engine, copy_model: bool, in_session: 
 @contextlib.contextmanager
 def _module_classes_are_user_code() -> Iterator[None]:
     """While a factory builds the model, every module class it builds is code under audit
-    (:func:`placecheck.checks.sources.treat_as_user_code`), so that its lines are sources even when it lives
+    (:func:`placecheck.engines.sources.treat_as_user_code`), so that its lines are sources even when it lives
     in placecheck's own package (the examples), from its first ``__init__`` line on."""
     original = nn.Module.__init__
 
@@ -600,8 +600,8 @@ def _note_collapsed(model: nn.Module, target: str, attempt: _Attempt) -> None:
 def _placement(model: nn.Module, eng: Engine, opts: _Options, attempt: _Attempt) -> Placement:
     """``--device keep``: the devices the model's code used (checked against ``--gpus``) and each module's
     expected device; the report's notes say what was found."""
+    from placecheck.checks.expected import Placement
     from placecheck.placement import DEFAULT_GPUS
-    from placecheck.placement.expected import Placement
     from placecheck.placement.placed import devices_used, highest_gpu
 
     used = devices_used(model)

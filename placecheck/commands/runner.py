@@ -43,11 +43,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
+from placecheck.basics.codes import Code
 from placecheck.basics.config import ISOLATION_CHOICES, PROGRESS_CHOICES, ModelConfig, RunConfig, apply_allows
 from placecheck.basics.devices import normalize_device
 from placecheck.basics.errors import UsageError, one_line
 from placecheck.basics.forkserver import ChildFiles, ForkServer, ServerGone, fork_available
-from placecheck.findings.codes import Code
 from placecheck.findings.finding import Finding
 from placecheck.findings.formats.json import finding_from_dict, report_from_dict
 from placecheck.findings.report import Report

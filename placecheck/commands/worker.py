@@ -41,8 +41,8 @@ from typing import Any
 
 from placecheck.basics.errors import PlacecheckError, one_line
 from placecheck.basics.options import AuditOptions
-from placecheck.checks.classify import out_of_memory
 from placecheck.engines import compat
+from placecheck.engines.classify import out_of_memory
 
 WARM_MODULES = ("torch", "placecheck.commands.api", "placecheck.model.load",
                 "placecheck.findings.formats.json", "placecheck.checks.trace", "placecheck.model.inputs",

@@ -36,8 +36,8 @@ import torch
 
 from placecheck.basics.devices import device_index
 from placecheck.basics.patching import patch
-from placecheck.checks.classify import FORKED_CUDA, ForkedCudaError, InvalidDeviceError, RefusedOnDeviceError
 from placecheck.engines.calls import as_device, legacy_type
+from placecheck.engines.classify import FORKED_CUDA, ForkedCudaError, InvalidDeviceError, RefusedOnDeviceError
 from placecheck.engines.compat import cudnn_disabled, default_device, legacy_tensor_types
 
 _WHY_QUERIES = ("model code asks torch.cuda / torch.accelerator how many GPUs there are and which is "

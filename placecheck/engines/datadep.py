@@ -46,10 +46,10 @@ from typing import Any
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from placecheck.checks.classify import DeviceMismatchError
-from placecheck.checks.sources import first_outside, where_is
+from placecheck.engines.classify import DeviceMismatchError
 from placecheck.engines.compat import TorchDispatchMode, pad_packed_sequence_op, tree_flatten, tree_map
 from placecheck.engines.shortcuts import shortcut
+from placecheck.engines.sources import first_outside, where_is
 from placecheck.engines.sparse import on_fake_cuda
 
 aten = torch.ops.aten

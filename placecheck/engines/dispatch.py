@@ -27,8 +27,8 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from placecheck.checks.classify import tensor_arguments
 from placecheck.engines.calls import Placement, read_placement
+from placecheck.engines.classify import tensor_arguments
 from placecheck.engines.compat import _get_current_function_mode_stack
 from placecheck.engines.cudaapi import current_index
 
@@ -71,7 +71,7 @@ class Call:
 
     @property
     def tensors(self) -> list[tuple[int, torch.Tensor]]:
-        """The tensor arguments, with their positions (:func:`placecheck.checks.classify.tensor_arguments`:
+        """The tensor arguments, with their positions (:func:`placecheck.engines.classify.tensor_arguments`:
         keyword arguments and nested lists included)."""
         if self._tensors is None:
             self._tensors = list(tensor_arguments(self.args, self.kwargs))

@@ -11,7 +11,7 @@ device properties, memory statistics, autocast) answers harmlessly (see
 :mod:`placecheck.engines.cudaapi`); cuDNN is off, so recurrent layers take
 PyTorch's native kernels. All sessions of one engine share one fake mode: a
 model whose ``__init__`` creates CUDA tensors is built in it, then moved in it.
-:mod:`placecheck.checks.classify` says when an error was the fake engine's limit or
+:mod:`placecheck.engines.classify` says when an error was the fake engine's limit or
 code needing a real CUDA driver.
 
 The real-valued engine (:mod:`placecheck.engines.tagged`) keeps real CPU data in
@@ -42,8 +42,8 @@ from placecheck.basics.errors import UsageError
 from placecheck.basics.options import EngineChoice
 from placecheck.basics.patching import patch
 from placecheck.basics.values import Device
-from placecheck.checks.classify import DeviceMismatchError, generator_refusal, index_ops, tensor_arguments
 from placecheck.engines.calls import Kind, as_device, read_placement
+from placecheck.engines.classify import DeviceMismatchError, generator_refusal, index_ops, tensor_arguments
 from placecheck.engines.cudaapi import (
     CPU_ONLY_BUILD,
     SIMULATED_GPU_NAME,

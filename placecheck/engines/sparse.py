@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from placecheck.checks.classify import DeviceMismatchError
+from placecheck.engines.classify import DeviceMismatchError
 from placecheck.engines.compat import tree_flatten, tree_map
 
 aten = torch.ops.aten

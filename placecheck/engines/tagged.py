@@ -49,7 +49,10 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from placecheck.basics.patching import patch
-from placecheck.checks.classify import (
+from placecheck.engines.autocast import on_gpu, simulated_autocast
+from placecheck.engines.callbacks import called_back, in_callbacks
+from placecheck.engines.calls import Kind, Placement, as_device, legacy_type_name, parsed, read_placement
+from placecheck.engines.classify import (
     DeviceMismatchError,
     copies_between_devices,
     generator_refusal,
@@ -60,9 +63,6 @@ from placecheck.checks.classify import (
     refused_on_device,
     tensor_arguments,
 )
-from placecheck.engines.autocast import on_gpu, simulated_autocast
-from placecheck.engines.callbacks import called_back, in_callbacks
-from placecheck.engines.calls import Kind, Placement, as_device, legacy_type_name, parsed, read_placement
 from placecheck.engines.compat import DisableTorchFunctionSubclass, make_subclass, tree_map_only
 from placecheck.engines.cudaapi import (
     cuda_initialised,
@@ -349,7 +349,7 @@ class _TaggingMode(TorchFunctionMode):
 def torchs_own(fn: Any) -> bool:
     """``fn`` is torch's (or placecheck's) own code, by where it is defined: torch's hooks and Functions
     run as torch wrote them for the engine; the script's and its libraries' are simulated."""
-    from placecheck.checks.sources import is_internal
+    from placecheck.engines.sources import is_internal
 
     fn = getattr(fn, "func", fn)  # functools.partial
     code = getattr(fn, "__code__", None) or getattr(type(fn).__call__, "__code__", None)

@@ -37,9 +37,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from placecheck import __version__
+from placecheck.basics.codes import Code
 from placecheck.basics.errors import UsageError
-from placecheck.findings.codes import Code
+from placecheck.basics.version import VERSION
 from placecheck.findings.finding import Finding
 from placecheck.findings.formats.location import repo_path, split_source
 from placecheck.findings.problems import identity
@@ -127,7 +127,7 @@ def write(path: str | Path, reports: Sequence[Report]) -> int:
     entries = [{"model": k[0], "code": k[1], "where": k[2], "file": k[3], "count": n,
                 "instance": firsts[k].where, "message": firsts[k].message}
                for k, n in sorted(counts.items())]
-    data = {"placecheck_baseline": BASELINE_VERSION, "placecheck_version": __version__,
+    data = {"placecheck_baseline": BASELINE_VERSION, "placecheck_version": VERSION,
             "entries": entries}
     try:
         Path(path).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")

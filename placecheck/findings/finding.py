@@ -11,8 +11,8 @@ import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from placecheck.basics.codes import Code
 from placecheck.basics.values import Site
-from placecheck.findings.codes import Code
 
 
 class Severity(str, enum.Enum):

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from placecheck.basics.errors import UsageError
-from placecheck.basics.options import unknown_choice
+from placecheck.basics.choices import FAIL_ON_CHOICES
+from placecheck.basics.errors import UsageError, unknown_choice
 from placecheck.findings.formats import OutputFormat, formatter_for
-from placecheck.findings.report import FAIL_ON_CHOICES, Report, exit_code
+from placecheck.findings.report import Report, exit_code
 
 
 @dataclass(frozen=True)

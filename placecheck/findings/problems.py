@@ -31,7 +31,7 @@ import dataclasses
 import re
 from collections.abc import Iterable, Sequence
 
-from placecheck.findings.codes import Code
+from placecheck.basics.codes import Code
 from placecheck.findings.finding import Evidence, Finding, natural_key
 
 _INDEX = re.compile(r"(?<=\.)\d+(?=\.|$)|(?<=\[)\d+(?=\])")

@@ -414,9 +414,6 @@ before a ``sys.exit(0)``, no op on a simulated GPU): the summary then says so in
 problems found"."""
 
 
-FAIL_ON_CHOICES = ("error", "warning", "info", "never")
-
-
 def exit_code(reports: Iterable[Report], fail_on: str = "warning", exit_zero: bool = False) -> int:
     """0 when no finding is at or above ``fail_on``, 1 when one is; 2 when none is but a script
     ``placecheck run`` ran did not run through (:attr:`Report.unfinished`): nothing was found in

@@ -30,10 +30,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from placecheck import __version__
+from placecheck.basics.codes import Code
 from placecheck.basics.config import RunConfig
 from placecheck.basics.errors import UsageError
-from placecheck.findings.codes import Code
+from placecheck.basics.version import VERSION
 from placecheck.findings.formats.json import report_from_dict
 from placecheck.findings.report import Report
 
@@ -84,7 +84,7 @@ def run_info(config: RunConfig, shard: Shard, positions: Sequence[int], options:
     applies (the command line's, else the config's).
     """
     return {
-        "placecheck_version": __version__,
+        "placecheck_version": VERSION,
         "config": config.path,
         "config_sha256": hashlib.sha256(config.text.encode("utf-8")).hexdigest(),
         "options": dict(options),

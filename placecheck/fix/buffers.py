@@ -17,7 +17,7 @@ from typing import Any
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from placecheck.findings.codes import Code
+from placecheck.basics.codes import Code
 from placecheck.fix.syntax import AtLine, Imports, NotFixable, Replace, Request, Rewrite, all_nodes, rewritten
 
 

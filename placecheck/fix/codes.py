@@ -6,7 +6,7 @@ no libcst here: ``explain`` stays fast.
 
 from __future__ import annotations
 
-from placecheck.findings.codes import Code
+from placecheck.basics.codes import Code
 
 AUTOFIX: dict[str, str] = {
     Code.PC101: (

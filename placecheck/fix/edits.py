@@ -22,7 +22,7 @@ from collections.abc import Callable
 import libcst as cst
 from libcst.metadata import MetadataWrapper
 
-from placecheck.findings.codes import Code
+from placecheck.basics.codes import Code
 from placecheck.fix.buffers import RegisterBuffer, WrapContainer, container_buffers, helper_module
 from placecheck.fix.codes import NEVER
 from placecheck.fix.devices import (

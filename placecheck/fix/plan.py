@@ -17,8 +17,8 @@ import sysconfig
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
+from placecheck.basics.codes import Code
 from placecheck.basics.values import Site
-from placecheck.findings.codes import Code
 from placecheck.findings.finding import Finding
 from placecheck.fix.edits import NotFixable, Request, Rewrite, rewrite
 

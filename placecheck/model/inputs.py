@@ -425,7 +425,7 @@ def _move_tensor(t: torch.Tensor, device: str) -> torch.Tensor:
     try:
         return t.to(device)
     except (RuntimeError, AssertionError) as exc:
-        from placecheck.checks.classify import needs_cuda_driver  # a lower layer, with torch-free import
+        from placecheck.engines.classify import needs_cuda_driver  # a lower layer, with torch-free import
 
         if not needs_cuda_driver(exc):
             raise

@@ -10,8 +10,8 @@ import torch.nn as nn
 
 from placecheck.basics.values import device_order
 from placecheck.checks.events import Copy
+from placecheck.checks.expected import Placement
 from placecheck.findings.report import DeviceMap, StageRow, Transfer
-from placecheck.placement.expected import Placement
 
 
 def transfers(copies: Iterable[Copy]) -> tuple[Transfer, ...]:
@@ -27,7 +27,7 @@ def transfers(copies: Iterable[Copy]) -> tuple[Transfer, ...]:
 
 def device_map(model: nn.Module, placement: Placement, copies: Iterable[Copy] = ()) -> DeviceMap:
     """Per stage (each child of the root, or for a child spanning several devices its outermost
-    descendants on one: :meth:`~placecheck.placement.expected.Placement.stage_of`; and the root's own
+    descendants on one: :meth:`~placecheck.checks.expected.Placement.stage_of`; and the root's own
     state), its devices and the bytes of its parameters and buffers; with the copies between devices of
     one forward."""
     seen: set[int] = set()

@@ -38,17 +38,17 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from placecheck.basics.codes import Code
 from placecheck.basics.devices import DEVICE_MAP_CHOICES, human_bytes, parse_size
 from placecheck.basics.errors import UsageError, one_line
 from placecheck.basics.patching import patch
 from placecheck.basics.quiet import quiet
 from placecheck.basics.values import Device
 from placecheck.checks.events import Copy
+from placecheck.checks.expected import Expected, Placement
 from placecheck.engines.cudaapi import cuda_queries_simulated
-from placecheck.findings.codes import Code
 from placecheck.findings.finding import Finding
 from placecheck.findings.report import DeviceMap, StageRow
-from placecheck.placement.expected import Expected, Placement
 
 INSTALL_HINT = "pip install 'placecheck[accelerate]'"
 
@@ -399,7 +399,7 @@ class MappedPlacement(Placement):
     """Where each module of a dispatched model computes: the device of the map entry holding it, and
     for entries offloaded to ``cpu`` or ``disk`` the execution device their hooks load the weights to.
     Modules no entry covers (the root, when the map names its children) are judged from their state,
-    as :class:`~placecheck.placement.expected.Placement` does.
+    as :class:`~placecheck.checks.expected.Placement` does.
 
     ``held`` are the copies of offloaded weights the hooks keep (:func:`offloaded_copies`): copying one
     in forward copies that weight (PC208).

@@ -9,9 +9,9 @@ import torch
 import torch.nn as nn
 
 from placecheck.basics.values import Device, device_order
+from placecheck.checks.expected import Placement
 from placecheck.checks.state import reachable_tensors
 from placecheck.engines.dispatch import Call, subscribed
-from placecheck.placement.expected import Placement
 
 
 def devices_used(model: nn.Module) -> list[str]:

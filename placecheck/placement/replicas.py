@@ -62,15 +62,15 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from placecheck.basics.codes import Code
 from placecheck.basics.errors import UsageError
 from placecheck.basics.options import AuditOptions, WrapChoice
 from placecheck.basics.patching import patch
-from placecheck.checks.sources import Attribution, Site
 from placecheck.engines.compat import tree_map_only
 from placecheck.engines.cudaapi import CPU_ONLY_BUILD, current_device
 from placecheck.engines.dispatch import Call, subscribed
 from placecheck.engines.engine import current_device_moves
-from placecheck.findings.codes import Code
+from placecheck.engines.sources import Attribution, Site
 from placecheck.findings.finding import Finding
 from placecheck.findings.rules import dtensor_mixed, left_out_of_sharding, on_replicas, rule
 

@@ -27,12 +27,12 @@ import types
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from placecheck.basics.codes import Code
 from placecheck.basics.errors import UsageError
 from placecheck.basics.options import DEFAULT_STEPS, RunOptions
 from placecheck.basics.quiet import quiet
-from placecheck.checks import classify
+from placecheck.engines import classify
 from placecheck.engines.compat import FAKE_TENSOR_LOGGER, torch_note
-from placecheck.findings.codes import Code
 from placecheck.findings.report import NOTHING_CHECKED, Report
 from placecheck.findings.rules import selected
 from placecheck.run.script import (

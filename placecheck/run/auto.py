@@ -126,7 +126,7 @@ class Probe:
 
     def _check(self) -> None:
         if self.estimate > self.budget:
-            from placecheck.checks.sources import here
+            from placecheck.engines.sources import here
 
             self.decided = "fake"
             self.at = here()[0]

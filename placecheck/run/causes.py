@@ -27,11 +27,11 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from placecheck.checks.sources import frames, library_package, where_is
+from placecheck.basics.codes import Code
 from placecheck.checks.state import Registry
 from placecheck.engines.calls import read_placement
+from placecheck.engines.sources import frames, library_package, where_is
 from placecheck.findings import rules
-from placecheck.findings.codes import Code
 from placecheck.findings.finding import Finding
 from placecheck.findings.rules import rule
 from placecheck.run.origins import Origin

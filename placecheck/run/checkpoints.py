@@ -22,7 +22,6 @@ import torch.nn as nn
 
 from placecheck.basics.errors import PlacecheckError
 from placecheck.basics.values import Device
-from placecheck.checks.sources import here
 from placecheck.checks.state import replace_tensors
 from placecheck.engines.calls import as_device
 from placecheck.engines.compat import (
@@ -33,6 +32,7 @@ from placecheck.engines.compat import (
 )
 from placecheck.engines.cudaapi import current_index
 from placecheck.engines.datadep import on_host
+from placecheck.engines.sources import here
 from placecheck.engines.tagged import SimulatedTensor, untagged
 
 if typing.TYPE_CHECKING:

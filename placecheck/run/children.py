@@ -122,7 +122,7 @@ def _no_cuda_after_fork(call: Any) -> Any:
     a factory's ``device="cuda"``), where the real-valued engine raises it."""
     placement = call.placement
     if placement is not None and placement.to_cuda:
-        from placecheck.checks.classify import FORKED_CUDA, ForkedCudaError
+        from placecheck.engines.classify import FORKED_CUDA, ForkedCudaError
 
         raise ForkedCudaError(FORKED_CUDA)
     return call.run()
@@ -151,9 +151,9 @@ def _forget_parent(session: _Session) -> None:
 
 def _write_result(session: _Session, name: str, ended: str, error: BaseException | None) -> None:
     """The child's findings, counts, lines run and ending, as JSON in the run's directory."""
-    from placecheck.checks import classify
-    from placecheck.checks.sources import user_line
-    from placecheck.findings.codes import Code
+    from placecheck.basics.codes import Code
+    from placecheck.engines import classify
+    from placecheck.engines.sources import user_line
     from placecheck.run.script import exit_status, exited, raised
 
     recorder = session.recorder
@@ -312,7 +312,7 @@ class Children:
             target = getattr(proc, "_target", None)
             name = _target_name(target, getattr(proc, "_args", ())) or type(proc).__name__
             if method == "forkserver" or (method == "spawn" and children.engine != "tagged"):
-                from placecheck.checks.sources import here
+                from placecheck.engines.sources import here
 
                 line = here()[0] or "an unknown line"
                 why = ("the forkserver start method forks its children from a server started outside the "
@@ -414,7 +414,7 @@ class Children:
 def _target_name(target: Any, args: Any) -> str:
     """How a child is named: its target's name, or for a library's wrapper of the script's function
     (``mp.spawn`` starts ``torch.multiprocessing``'s ``_wrap(fn, i, ...)``) that function's."""
-    from placecheck.checks.sources import is_internal, library_package
+    from placecheck.engines.sources import is_internal, library_package
 
     code = getattr(target, "__code__", None)
     if code is not None and (library_package(code) or is_internal(code)) and args and callable(args[0]):

@@ -13,7 +13,7 @@ import ast
 import io
 from collections.abc import Iterator
 
-from placecheck.checks.sources import display_path
+from placecheck.engines.sources import display_path
 from placecheck.findings.report import Coverage
 
 _MAX_BLOCKS = 8

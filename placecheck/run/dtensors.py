@@ -147,8 +147,8 @@ def _dtensors(value: Any) -> Iterator[Any]:
 def _input_device(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.device | None:
     """Where an op on DTensors computes: a ``device=`` it is given, else its first DTensor argument's (a
     plain tensor beside it is a 0-dim scalar, which may be on the CPU), else None."""
-    from placecheck.checks.classify import tensor_arguments
     from placecheck.engines.calls import as_device
+    from placecheck.engines.classify import tensor_arguments
 
     if kwargs.get("device") is not None:
         return as_device(kwargs["device"])  # type: ignore[no-any-return]
@@ -344,8 +344,8 @@ class DTensorMixes:
 
     @staticmethod
     def _finding(op: str, plain: torch.Tensor, dtensor: Any) -> Any:
-        from placecheck.checks.sources import here
-        from placecheck.findings.codes import Code
+        from placecheck.basics.codes import Code
+        from placecheck.engines.sources import here
         from placecheck.findings.finding import Finding
         from placecheck.findings.rules import dtensor_mixed, rule
 

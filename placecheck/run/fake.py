@@ -42,8 +42,8 @@ from typing import Any
 import torch
 
 from placecheck.basics.patching import Patch, patch, patched_once_imported
-from placecheck.checks.classify import refused_on_device
 from placecheck.engines.callbacks import called_back
+from placecheck.engines.classify import refused_on_device
 from placecheck.engines.datadep import REPRESENTATIVE, DataDependentMode, composite_call, on_host
 
 _BACKWARDS = frozenset({torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad})

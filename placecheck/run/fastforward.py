@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from types import CodeType, FrameType
 from typing import Any, Protocol
 
-from placecheck.checks.sources import display_path
+from placecheck.engines.sources import display_path
 from placecheck.run.coverage import runs_code
 from placecheck.run.lines import ScriptLines
 

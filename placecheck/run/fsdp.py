@@ -145,7 +145,7 @@ class ShardedPlacement:
     def fsdp2(self, module: nn.Module, mesh: Any, ignored: set[int] | None = None) -> torch.device:
         """What ``fully_shard(module, mesh=mesh, ignored_params=...)`` (``ignored``: their ids) places, before
         FSDP2 shards it: its other states moved to FSDP2's device (returned)."""
-        from placecheck.checks.sources import here
+        from placecheck.engines.sources import here
 
         device = fsdp_device(mesh)
         ignored = ignored or set()
@@ -164,7 +164,7 @@ class ShardedPlacement:
     def fsdp1(self, wrapper: nn.Module, device_id: Any) -> None:
         """``FullyShardedDataParallel(module, device_id=device_id)`` (``wrapper``, holding the module):
         what is on the CPU moved to ``device_id`` (left there without one), a sharded forward."""
-        from placecheck.checks.sources import here
+        from placecheck.engines.sources import here
 
         module = wrapper._fsdp_wrapped_module
         assert isinstance(module, nn.Module)

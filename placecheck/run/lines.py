@@ -23,7 +23,7 @@ from collections.abc import Iterator, Sequence
 from types import CodeType, FrameType
 from typing import Any
 
-from placecheck.checks.sources import display_path
+from placecheck.engines.sources import display_path
 
 _MAX_RANGES = 5
 _MAX_TEXT = 48

@@ -8,8 +8,8 @@ import typing
 from collections.abc import Callable
 from typing import Any
 
-from placecheck.checks import classify
-from placecheck.checks.sources import here
+from placecheck.engines import classify
+from placecheck.engines.sources import here
 from placecheck.run.origins import Origin
 from placecheck.run.session import StopRun
 from placecheck.run.sites import library_caller

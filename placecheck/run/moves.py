@@ -23,12 +23,12 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from placecheck.basics.codes import Code
 from placecheck.checks.provenance import stray_owner, stray_verdict
-from placecheck.checks.sources import here
 from placecheck.checks.walk import Snapshot, walk
 from placecheck.engines.calls import read_module_move
 from placecheck.engines.cudaapi import current_index
-from placecheck.findings.codes import Code
+from placecheck.engines.sources import here
 from placecheck.findings.finding import Finding
 
 _SET_SWAP = torch.__future__.set_swap_module_params_on_conversion

@@ -24,9 +24,9 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from placecheck.checks.sources import here
+from placecheck.basics.codes import Code
+from placecheck.engines.sources import here
 from placecheck.findings import rules
-from placecheck.findings.codes import Code
 from placecheck.findings.finding import Finding
 from placecheck.findings.rules import rule
 

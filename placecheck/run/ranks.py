@@ -50,11 +50,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from placecheck.basics.codes import Code
 from placecheck.basics.errors import UsageError
 from placecheck.basics.options import nproc_value
-from placecheck.checks.sources import here
+from placecheck.engines.sources import here
 from placecheck.findings import rules
-from placecheck.findings.codes import Code
 from placecheck.findings.finding import Finding
 from placecheck.findings.rules import rule
 
@@ -125,7 +125,7 @@ def launcher_note(error: BaseException | None) -> str:
     without them; "" otherwise."""
     if error is None or any(name in os.environ for name in ("RANK", "LOCAL_RANK")):
         return ""
-    from placecheck.checks.sources import frames_of
+    from placecheck.engines.sources import frames_of
 
     missing = isinstance(error, KeyError) and bool(error.args) and error.args[0] in TORCHRUN_VARIABLES
     in_init = any(f.f_code.co_name == "init_process_group"

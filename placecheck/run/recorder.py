@@ -10,8 +10,8 @@ It runs on the real-valued engine (:func:`placecheck.engines.tagged.tagged_cuda`
 values are real (a script prints losses, calls ``.item()``, branches on
 data) and backward runs, while every tensor reports its simulated device.
 A problem of a model's forward is decided as ``audit`` decides it: the same
-classifier (:mod:`placecheck.checks.classify`), host-sync table
-(:mod:`placecheck.checks.host_syncs`), source attribution (:mod:`placecheck.checks.sources`),
+classifier (:mod:`placecheck.engines.classify`), host-sync table
+(:mod:`placecheck.checks.host_syncs`), source attribution (:mod:`placecheck.engines.sources`),
 traversal and rule messages. This module records, per torch call:
 
 - an op mixing devices, with the user's line and which tensor was off (a batch
@@ -49,16 +49,16 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from placecheck.basics.codes import Code
 from placecheck.basics.errors import one_line
-from placecheck.checks import classify
 from placecheck.checks.host_syncs import HOST_SYNCS, host_sync
 from placecheck.checks.hostcopies import PendingCopies, PendingCopy, nonblocking_host_copy
 from placecheck.checks.provenance import CallCounts
-from placecheck.checks.sources import here, user_line
+from placecheck.engines import classify
 from placecheck.engines.callbacks import in_callbacks
 from placecheck.engines.dispatch import Call, op_name, subscribed
+from placecheck.engines.sources import here, user_line
 from placecheck.findings import rules
-from placecheck.findings.codes import Code
 from placecheck.findings.finding import Finding
 from placecheck.findings.rules import rule
 from placecheck.placement.replicas import data_parallel_simulated
@@ -408,7 +408,7 @@ class RunRecorder:
     def _unrun_backwards(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Under the fake engine, a backward through a custom ``autograd.Function``: a note that its
         backward code did not run (the first two backward calls are looked at)."""
-        from placecheck.checks.sources import display_path
+        from placecheck.engines.sources import display_path
         from placecheck.run.fake import custom_backwards
 
         self._backwards_seen += 1
@@ -454,7 +454,7 @@ class RunRecorder:
                 exc: Exception) -> Any:
         """Record a device mismatch, move the offending arguments to the majority device, run again.
 
-        The mismatch is :mod:`placecheck.checks.classify`'s decision, as in ``audit``: the engine raised its
+        The mismatch is :mod:`placecheck.engines.classify`'s decision, as in ``audit``: the engine raised its
         mismatch type, and the devices of the arguments mix in a way no GPU kernel accepts; never an
         error's text. Any other error is the script's and propagates.
         """
@@ -753,7 +753,7 @@ class RunRecorder:
         return f"{'once' if count == 1 else f'{count} times'} in {n} optimizer step{'s' if n != 1 else ''}"
 
     def error_finding(self, exc: BaseException) -> Finding | None:
-        """The script's own exception, as :mod:`placecheck.checks.classify` decides for ``audit``: PC201 when
+        """The script's own exception, as :mod:`placecheck.engines.classify` decides for ``audit``: PC201 when
         it mixed devices, PC207 otherwise; None when already reported, or when it is a limit of the
         simulation (then :attr:`limit` says what could not be simulated, and where)."""
         seen: BaseException | None = exc

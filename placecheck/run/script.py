@@ -25,7 +25,7 @@ from types import CodeType, FrameType, TracebackType
 from typing import TYPE_CHECKING, Any
 
 from placecheck.basics.errors import LoadError
-from placecheck.checks.sources import display_path, is_internal, library_package, user_line
+from placecheck.engines.sources import display_path, is_internal, library_package, user_line
 from placecheck.run.session import StopRun
 
 if TYPE_CHECKING:

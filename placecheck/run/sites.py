@@ -1,7 +1,7 @@
 """What only a whole script asks of its frames: which call the user made, which library made one, and
 which of the script's variables name a tensor.
 
-Which frame is the user's, and how its line is written, is :mod:`placecheck.checks.sources`' one decision,
+Which frame is the user's, and how its line is written, is :mod:`placecheck.engines.sources`' one decision,
 shared with ``audit``; this module builds on it.
 """
 
@@ -13,7 +13,7 @@ from types import FrameType
 
 import torch
 
-from placecheck.checks.sources import frames, library_of_file, own_file, where_is
+from placecheck.engines.sources import frames, library_of_file, own_file, where_is
 
 # torch's own dispatch of a Tensor method to a torch function mode (Tensor.__format__ -> overrides):
 # the call is still the caller's

@@ -1,7 +1,7 @@
 """Output formats: a str enum of choices and the formatter for each.
 
 Adding a format: one file with a :class:`Formatter` subclass, one enum member (in
-``choices.py``), one ``case`` below; ``tests/test_formats.py`` checks every choice has one.
+:mod:`placecheck.basics.choices`), one ``case`` below; ``tests/test_formats.py`` checks every choice has one.
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
+from placecheck.basics.choices import OutputFormat as OutputFormat
 from placecheck.findings.formats.base import Formatter
-from placecheck.findings.formats.choices import OutputFormat as OutputFormat
 
 
 def assert_never(value: NoReturn) -> NoReturn:

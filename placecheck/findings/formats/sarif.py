@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from placecheck import __version__
+from placecheck.basics.version import VERSION
 from placecheck.findings.finding import Finding, Severity
 from placecheck.findings.formats.base import RunFormatter
 from placecheck.findings.formats.location import repo_path, split_source, target_file
@@ -168,8 +168,8 @@ def sarif_log(reports: Sequence[Report]) -> dict[str, Any]:
         "runs": [{
             "tool": {"driver": {
                 "name": "placecheck",
-                "version": __version__,
-                "semanticVersion": __version__,
+                "version": VERSION,
+                "semanticVersion": VERSION,
                 "rules": [_rule_descriptor(r) for r in rules],
             }},
             "automationDetails": {"id": "placecheck/"},

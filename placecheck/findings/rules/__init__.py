@@ -16,7 +16,7 @@ PyTorch does"), not the folklore of the seed articles.
 | :mod:`.incomplete` | PC9xx: an audit that did not finish |
 | :mod:`.registry` | the rule table, the severity policy, lookups and code selectors |
 
-The codes themselves are :class:`placecheck.findings.codes.Code` (re-exported
+The codes themselves are :class:`placecheck.basics.codes.Code` (re-exported
 here); importing this package refuses a code without a rule. Callers import
 from the package (``from placecheck.findings import rules``), not from a
 family. This package must not import torch.
@@ -24,7 +24,7 @@ family. This package must not import torch.
 
 from __future__ import annotations
 
-from placecheck.findings.codes import Code
+from placecheck.basics.codes import Code, expand
 from placecheck.findings.rules import incomplete as incomplete  # declares PC901; no builders
 from placecheck.findings.rules.forward import (
     came_from,
@@ -61,7 +61,6 @@ from placecheck.findings.rules.registry import (
     SEVERITY_CHANGES,
     Rule,
     SeverityChange,
-    expand,
     rule,
     seal,
     selected,

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from placecheck.basics.codes import Code
 from placecheck.basics.devices import human_bytes
 from placecheck.basics.gpu_errors import gpu_error
 from placecheck.basics.values import Device
-from placecheck.findings.codes import Code
 from placecheck.findings.rules.registry import E, W, declare
 
 declare(Code.PC201, "device-mismatch", E, "forward", "an op mixed tensors on different devices", """

@@ -7,7 +7,7 @@ Shared machinery (the rule table, the severity policy) is :mod:`.registry`'s. No
 
 from __future__ import annotations
 
-from placecheck.findings.codes import Code
+from placecheck.basics.codes import Code
 from placecheck.findings.rules.registry import E, declare
 
 declare(Code.PC901, "audit-incomplete", E, "run", "the audit of this model did not finish", """

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from placecheck.basics.codes import Code
 from placecheck.basics.values import Device
-from placecheck.findings.codes import Code
 from placecheck.findings.rules.registry import E, declare
 
 declare(Code.PC401, "rank-device", E, "run", "a rank's tensors or module on a GPU other than its own", """

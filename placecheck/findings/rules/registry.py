@@ -9,11 +9,10 @@ This module must not import torch.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from placecheck.findings.codes import Code
+from placecheck.basics.codes import Code, expand
 from placecheck.findings.finding import Severity
 
 
@@ -148,28 +147,6 @@ def severity(code: str, change: str | None = None) -> Severity:
 def severity_changes(code: str) -> tuple[SeverityChange, ...]:
     """The declared exceptions to ``code``'s default severity (none for most rules)."""
     return SEVERITY_CHANGES.get(code.upper(), ())
-
-
-_SELECTOR = re.compile(r"^(ALL|PC\d{0,3})$")
-
-
-def expand(selectors: Iterable[str]) -> set[str]:
-    """Expand code prefixes (``PC2``, ``PC204``, ``ALL``) to the codes they name.
-
-    Raises ``ValueError`` naming a selector that matches no rule.
-    """
-    codes: set[str] = set()
-    for raw in selectors:
-        sel = raw.strip().upper()
-        if not sel:
-            continue
-        if not _SELECTOR.match(sel):
-            raise ValueError(f"invalid code selector {raw!r}: use a code prefix such as PC2, PC204 or ALL")
-        matched = set(RULES) if sel == "ALL" else {c for c in RULES if c.startswith(sel)}
-        if not matched:
-            raise ValueError(f"code selector {raw!r} matches no rule (see `placecheck rules`)")
-        codes |= matched
-    return codes
 
 
 def selected(select: Iterable[str] | None, ignore: Iterable[str] | None) -> frozenset[str]:

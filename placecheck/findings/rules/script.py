@@ -9,9 +9,9 @@ Shared machinery (the rule table, the severity policy) is :mod:`.registry`'s. No
 
 from __future__ import annotations
 
+from placecheck.basics.codes import Code
 from placecheck.basics.devices import human_bytes
 from placecheck.basics.gpu_errors import gpu_error
-from placecheck.findings.codes import Code
 from placecheck.findings.rules.registry import W, declare
 
 declare(Code.PC209, "repeated-transfer", W, "run", "the same host tensor copied to the device every step", """

@@ -9,8 +9,8 @@ Shared machinery (the rule table, the severity policy) is :mod:`.registry`'s. No
 
 from __future__ import annotations
 
+from placecheck.basics.codes import Code
 from placecheck.basics.devices import human_bytes
-from placecheck.findings.codes import Code
 from placecheck.findings.rules.registry import E, W, declare
 
 declare(Code.PC301, "checkpoint-device", E, "checkpoint", "checkpoint saved on devices the target lacks", """

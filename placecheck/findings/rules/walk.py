@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from placecheck.findings.codes import Code
+from placecheck.basics.codes import Code
 from placecheck.findings.rules.registry import E, declare
 
 declare(Code.PC101, "stray-tensor", E, "walk", "tensor attribute that .to() does not move", """

@@ -10,14 +10,16 @@ anywhere else in the package.
 
 A ``Code`` is a ``str`` whose value is its name: it compares, hashes, sorts
 and serialises (JSON, SARIF, baselines, configs) as the plain ``"PC201"``.
-Here, not in the rules package, since :mod:`placecheck.findings.finding`
-needs it and the rules package needs ``finding``. No imports: the CLI's
-``--help`` path reads it.
+Here, at the bottom of the layers, not in the rules package: :mod:`placecheck.findings.finding`
+needs it, and the options check ``--select`` and ``--ignore`` with :func:`expand`. No placecheck
+imports: the CLI's ``--help`` path reads it.
 """
 
 from __future__ import annotations
 
 import enum
+import re
+from collections.abc import Iterable
 
 
 class Code(str, enum.Enum):
@@ -62,3 +64,26 @@ class Code(str, enum.Enum):
 
     def __format__(self, spec: str) -> str:
         return str.__format__(self, spec)
+
+
+_SELECTOR = re.compile(r"^(ALL|PC\d{0,3})$")
+
+
+def expand(selectors: Iterable[str]) -> set[str]:
+    """Expand code prefixes (``PC2``, ``PC204``, ``ALL``) to the codes they name (every member has its
+    rule: :func:`placecheck.findings.rules.registry.seal`).
+
+    Raises ``ValueError`` naming a selector that matches no rule.
+    """
+    codes: set[str] = set()
+    for raw in selectors:
+        sel = raw.strip().upper()
+        if not sel:
+            continue
+        if not _SELECTOR.match(sel):
+            raise ValueError(f"invalid code selector {raw!r}: use a code prefix such as PC2, PC204 or ALL")
+        matched = set(Code) if sel == "ALL" else {c for c in Code if c.startswith(sel)}
+        if not matched:
+            raise ValueError(f"code selector {raw!r} matches no rule (see `placecheck rules`)")
+        codes |= matched
+    return codes

@@ -16,7 +16,7 @@ Three answers, each from the best evidence there is:
 
 Call arguments are traversed with torch's pytree (:mod:`placecheck.engines.compat`), as PyTorch's flop
 counter and fake tensors do. This module imports nothing of placecheck above
-:mod:`placecheck.checks.sources`, and that and torch only inside its functions (the
+:mod:`placecheck.engines.sources`, and that and torch only inside its functions (the
 CLI's parent process, which calls :func:`out_of_memory`, never imports torch).
 """
 
@@ -499,7 +499,7 @@ def fake_limit(exc: BaseException, assumed: bool = False) -> str:
                "which real values may not give")
     if not why:
         return ""
-    from placecheck.checks.sources import user_line  # a lower layer, imported here: it imports torch
+    from placecheck.engines.sources import user_line  # a lower layer, imported here: it imports torch
 
     line = user_line(exc)
     return f"{why} at {line}" if line else why
@@ -515,7 +515,7 @@ def simulation_limit(exc: BaseException, phase: str = "forward") -> str:
     the model's placement, so it belongs in the report's notes, not in a PC207
     that blames the user's code.
     """
-    from placecheck.checks.sources import user_line  # a lower layer, imported here: it imports torch
+    from placecheck.engines.sources import user_line  # a lower layer, imported here: it imports torch
 
     if is_missing_device(exc) or any(isinstance(e, ForkedCudaError) or FORKED_CUDA in str(e)
                                      for e in _chain(exc)):
@@ -552,7 +552,7 @@ def simulation_failure(exc: BaseException) -> str:
     (:func:`is_engine_mismatch`) is never one.
     """
 
-    from placecheck.checks.sources import placecheck_file
+    from placecheck.engines.sources import placecheck_file
 
     if is_engine_mismatch(exc):
         return ""

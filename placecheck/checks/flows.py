@@ -37,8 +37,8 @@ from torch.utils.hooks import RemovableHandle
 from torch.utils.weak import WeakIdKeyDictionary
 
 from placecheck.checks.events import Copy
-from placecheck.checks.sources import Site
-from placecheck.placement.expected import INPUT, Placement
+from placecheck.checks.expected import INPUT, Placement
+from placecheck.engines.sources import Site
 
 _MOVES = frozenset({torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.cpu, torch.Tensor.type_as})
 
@@ -142,7 +142,7 @@ class Flows:
 
     def stages(self, t: torch.Tensor) -> tuple[str, str]:
         """(the stage that produced ``t``, the stage of the module running now): the two sides of a
-        mismatch. The first is :data:`~placecheck.placement.expected.INPUT` for the forward's inputs, the
+        mismatch. The first is :data:`~placecheck.checks.expected.INPUT` for the forward's inputs, the
         stage holding it for a registered parameter or buffer, ``""`` for the root's own work."""
         here = self.placement.stage_of(self.current)
         flow = self._flow(t)
