@@ -78,3 +78,31 @@ def test_a_mistyped_code_fails_at_once() -> None:
         Code.PC2011  # type: ignore[attr-defined]  # noqa: B018
     with pytest.raises(ValueError, match="not a valid Code"):
         Code("PC299")
+
+
+FINDING_BUILDERS = {"findings/rules/registry.py": "make_finding: a finding of a rule",
+                    "findings/finding.py": "Finding.from_dict: a finding read back from a report"}
+"""The only modules that call ``Finding(...)`` (issue 41 item 4: a rule is a place)."""
+
+
+def finding_calls(root: Path) -> Counter[str]:
+    """How many calls of ``Finding(...)`` each module under ``root`` makes."""
+    found: Counter[str] = Counter()
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call):
+                name = node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", "")
+                if name == "Finding":
+                    found[path.relative_to(root).as_posix()] += 1
+    return found
+
+
+def test_findings_are_built_only_by_the_rules() -> None:
+    calls = finding_calls(Path(placecheck.__file__).parent)
+    assert set(calls) == set(FINDING_BUILDERS), "build a finding with rules.make_finding(Code.PCnnn, ...)"
+
+
+def test_the_finding_scan_sees_a_call(tmp_path: Path) -> None:
+    (tmp_path / "check.py").write_text("from placecheck.findings import finding\n"
+                                       "a = Finding(code=c)\nb = finding.Finding(code=c)\nFinding\n")
+    assert finding_calls(tmp_path) == {"check.py": 2}

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from placecheck.basics.codes import Code
 from placecheck.findings.finding import Finding
-from placecheck.findings.rules import rule
+from placecheck.findings.rules import make_finding
 
 TensorSpec = tuple[tuple[int, ...], str]
 """``(shape, dtype)`` of one state_dict entry; dtype without ``torch.``."""
@@ -170,10 +170,9 @@ def _fmt(spec: TensorSpec) -> str:
 def _finding(code: str, where: str, message: str, hint: str, *, expected: str = "", shape: tuple[int, ...] |
              None = None, dtype: str = "", count: int = 0, nbytes: int = 0,
              details: tuple[tuple[str, str], ...] = ()) -> Finding:
-    r = rule(code)
-    return Finding(code=r.code, kind=r.kind, severity=r.severity, where=where, message=message,
-                   hint=hint, expected=expected, shape=shape, dtype=dtype, count=count, nbytes=nbytes,
-                   details=details)
+    return make_finding(code, where=where, message=message,
+                        hint=hint, expected=expected, shape=shape, dtype=dtype, count=count, nbytes=nbytes,
+                        details=details)
 
 
 def compare_state_dicts(ckpt: Mapping[str, TensorSpec], model: Mapping[str, TensorSpec],

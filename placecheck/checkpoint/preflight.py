@@ -49,7 +49,7 @@ from placecheck.checkpoint.pt2 import load_pt2_state_dict
 from placecheck.engines.compat import torch_note
 from placecheck.findings.finding import Finding
 from placecheck.findings.report import Report
-from placecheck.findings.rules import rule, selected
+from placecheck.findings.rules import make_finding, selected
 
 
 class UnsafeCheckpointError(LoadError):
@@ -164,7 +164,6 @@ def _tensors_where(u: DeviceUsage) -> str:
 def device_findings(meta: CheckpointMeta, device: str, gpus: int) -> list[Finding]:
     """PC301: storages saved on devices the target machine lacks, or on several devices."""
     usage = [u for u in device_usage(meta) if u.location]
-    r = rule(Code.PC301)
     have = f"{gpus} GPU{'s' if gpus != 1 else ''}" if gpus else "no GPU"
     if meta.format is CheckpointFormat.TORCH_EXPORT:
         hint = (f"torch.export.load has no map_location: export the program from a model on {device} "
@@ -187,15 +186,15 @@ def device_findings(meta: CheckpointMeta, device: str, gpus: int) -> list[Findin
                    f"device {idx} but torch.cuda.device_count() is {gpus}'")
         else:
             why = f"{loader} without map_location cannot restore tensors on {u.location}"
-        out.append(Finding(
-            code=r.code, kind=r.kind, severity=r.severity, where=_tensors_where(u),
+        out.append(make_finding(
+            Code.PC301, where=_tensors_where(u),
             message=f"{_tensors(u.tensors, u.nbytes)} saved on {u.location} and the "
                     f"target machine has {have}: {why}",
             hint=hint, device=u.location, expected=device, nbytes=u.nbytes, count=u.tensors))
     if not out and len(usage) > 1:
         spread = ", ".join(f"{u.location}: {u.tensors}" for u in usage)
-        out.append(Finding(
-            code=r.code, kind=r.kind, severity=r.severity,
+        out.append(make_finding(
+            Code.PC301,
             where=f"<{sum(u.tensors for u in usage)} tensors on {len(usage)} devices>",
             message=f"tensors were saved on {len(usage)} devices ({spread}): without map_location "
                     f"{loader} puts each back where it was saved, so the loaded state mixes devices",
@@ -211,7 +210,6 @@ def unsafe_globals_text(meta: CheckpointMeta) -> str:
 
 def unsafe_finding(meta: CheckpointMeta, trusted: bool, loaded: bool = True) -> Finding:
     """PC306 for a pickle that names globals outside torch's weights_only allowlist."""
-    r = rule(Code.PC306)
     names = unsafe_globals_text(meta)
     if not trusted:
         done = "placecheck did not load it"
@@ -219,8 +217,8 @@ def unsafe_finding(meta: CheckpointMeta, trusted: bool, loaded: bool = True) -> 
         done = "loaded with weights_only=False because --trust was given: its code ran"
     else:
         done = "--trust was given, but placecheck did not need to load it"
-    return Finding(
-        code=r.code, kind=r.kind, severity=r.severity, where="",
+    return make_finding(
+        Code.PC306, where="",
         message=f"loading needs weights_only=False, which runs code named in the file ({names}); {done}",
         hint="if you trust the file, pass --trust; better, re-save it as a state_dict "
              "(torch.save(model.state_dict(), ...)) or as safetensors",

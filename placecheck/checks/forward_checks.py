@@ -35,6 +35,7 @@ from placecheck.checks.provenance import Creation, Provenance
 from placecheck.engines.sources import NOWHERE, Site
 from placecheck.findings import rules
 from placecheck.findings.finding import Finding, Severity
+from placecheck.findings.rules import make_finding
 
 _PERFORMANCE_CODES = frozenset({Code.PC202, Code.PC204, Code.PC205})
 
@@ -284,7 +285,6 @@ def _also_in(first: Finding, where: str) -> Finding:
 def _make(code: str, site: Site, severity: Severity | None, where: str | None = None,
           **fields: Any) -> Finding:
     """A finding of rule ``code`` at ``site``; ``where`` defaults to the module whose forward ran the line."""
-    r = rules.rule(code)
     fields.setdefault("module", site.where)
-    return Finding(code=code, kind=r.kind, severity=severity or r.severity,
-                   where=site.where if where is None else where, source=site.source, **fields)
+    return make_finding(code, severity=severity,
+                        where=site.where if where is None else where, source=site.source, **fields)

@@ -43,7 +43,7 @@ from placecheck.checks.state import (
 from placecheck.checks.state import reachable_tensors as reachable_tensors  # the API's copy uses it from here
 from placecheck.findings import rules
 from placecheck.findings.finding import Finding, Severity
-from placecheck.findings.rules import rule
+from placecheck.findings.rules import make_finding
 
 __all__ = ["MAX_DEPTH", "Snapshot", "WalkResult", "join", "reachable_tensors", "storage_key",
            "tensor_device", "tensor_nbytes", "walk"]
@@ -358,8 +358,8 @@ class _Walker:
             object_class=parent.class_name if parent and in_object else "",
             object_path=_holder_name(path) if in_object else "",
             in_dict=parent is not None and parent.kind == "dict", reported_elsewhere=already)
-        finding = Finding(
-            code=Code.PC102, kind=rule(Code.PC102).kind, severity=rule(Code.PC102).severity,
+        finding = make_finding(
+            Code.PC102,
             where=path, module=owner, source=source(), device=", ".join(devices),
             expected=self.expected(owner),
             nbytes=nbytes, count=len(counted), message=message, hint=hint,
@@ -370,9 +370,8 @@ class _Walker:
 
     def _finding(self, code: str, where: str, owner: str, t: torch.Tensor, message: str,
                  hint: str, source: str = "", severity: Severity | None = None) -> Finding:
-        r = rule(code)
-        return Finding(
-            code=code, kind=r.kind, severity=severity or r.severity, where=where, module=owner, source=source,
+        return make_finding(
+            code, severity=severity, where=where, module=owner, source=source,
             device=tensor_device(t), expected=self.expected(owner), dtype=_dtype(t), shape=_shape(t),
             nbytes=tensor_nbytes(t), count=1, message=message, hint=hint,
         )

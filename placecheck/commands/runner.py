@@ -48,10 +48,9 @@ from placecheck.basics.config import ISOLATION_CHOICES, PROGRESS_CHOICES, ModelC
 from placecheck.basics.devices import normalize_device
 from placecheck.basics.errors import UsageError, one_line
 from placecheck.basics.forkserver import ChildFiles, ForkServer, ServerGone, fork_available
-from placecheck.findings.finding import Finding
 from placecheck.findings.formats.json import finding_from_dict, report_from_dict
 from placecheck.findings.report import Report
-from placecheck.findings.rules import expand, rule
+from placecheck.findings.rules import expand, make_finding
 
 __all__ = ["INCOMPLETE", "ChildFiles", "ForkServer", "ModelOutcome", "ServerGone", "WarmPool",
            "audit_in_subprocess", "finding_from_dict", "finish", "fork_available", "preload_modules",
@@ -85,7 +84,6 @@ class ModelOutcome:
 
 
 def _incomplete(model: ModelConfig, reason: str, message: str, stderr: str = "") -> Report:
-    r = rule(INCOMPLETE)
     hints = {
         "timeout": "raise --timeout (or the model's timeout), or make the model smaller to build",
         "crash": "run `placecheck audit` on this model alone with --debug; the interpreter's last "
@@ -97,8 +95,8 @@ def _incomplete(model: ModelConfig, reason: str, message: str, stderr: str = "")
     details = [("reason", reason)]
     if stderr:
         details.append(("stderr", stderr))
-    finding = Finding(code=r.code, kind=r.kind, severity=r.severity, where="", message=message,
-                      hint=hints[reason], details=tuple(details))
+    finding = make_finding(INCOMPLETE, where="", message=message,
+                           hint=hints[reason], details=tuple(details))
     try:
         device = normalize_device(model.options.device, keep=True)
     except UsageError:

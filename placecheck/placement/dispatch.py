@@ -49,6 +49,7 @@ from placecheck.checks.expected import Expected, Placement
 from placecheck.engines.cudaapi import cuda_queries_simulated
 from placecheck.findings.finding import Finding
 from placecheck.findings.report import DeviceMap, StageRow
+from placecheck.findings.rules import make_finding
 
 INSTALL_HINT = "pip install 'placecheck[accelerate]'"
 
@@ -457,17 +458,16 @@ def offload_findings(findings: Iterable[Finding], copies: Iterable[Copy], device
     for c in copies:
         if c.weights in offloaded:
             by_entry.setdefault(_entry_of(c.weights, placed), []).append(c)
-    rule = rules.rule(Code.PC208)
     for entry, moved in by_entry.items():
         device = str(placed[entry])
         nbytes = sum(c.nbytes for c in moved)
         weights = list(dict.fromkeys(c.weights for c in moved))
         message, hint = rules.offloaded_weights(entry, device, main, nbytes, len(weights))
         site = moved[0].site
-        kept.append(Finding(code=rule.code, kind=rule.kind, severity=rule.severity, where=entry, module=entry,
-                            source=site.source, device=device, expected=main, nbytes=nbytes,
-                            count=len(weights), origin=entry, message=message, hint=hint,
-                            details=(("offloaded", device), ("weights", ", ".join(weights)))))
+        kept.append(make_finding(Code.PC208, where=entry, module=entry,
+                                 source=site.source, device=device, expected=main, nbytes=nbytes,
+                                 count=len(weights), origin=entry, message=message, hint=hint,
+                                 details=(("offloaded", device), ("weights", ", ".join(weights)))))
     return kept
 
 

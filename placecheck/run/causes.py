@@ -33,7 +33,7 @@ from placecheck.engines.calls import read_placement
 from placecheck.engines.sources import frames, library_package, where_is
 from placecheck.findings import rules
 from placecheck.findings.finding import Finding
-from placecheck.findings.rules import rule
+from placecheck.findings.rules import make_finding
 from placecheck.run.origins import Origin
 
 
@@ -172,14 +172,13 @@ def creation_cause(origin: Origin, t: torch.Tensor, device: str, *, fed: bool) -
     creation: the cause, the line to edit. ``fed``: it fed a device mismatch on ``device`` (a tensor the
     script itself made, ``torch.full(...)`` later made a trainable parameter, is reported at its line the
     same way); otherwise a forward's CPU index copied to ``device`` at each call."""
-    r = rule(Code.PC202)
     tensor = f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}"
     if origin.module or not fed:
         message, hint = rules.created_off_device(origin.path, tensor, "cpu", device, fed=fed)
     else:
         message, hint = rules.created_in_script(origin.path, tensor, "cpu", device)
-    return Finding(
-        code=r.code, kind=r.kind, severity=r.severity, where=origin.module, source=origin.line,
+    return make_finding(
+        Code.PC202, where=origin.module, source=origin.line,
         device="cpu", expected=device, dtype=str(t.dtype).removeprefix("torch."), shape=tuple(t.shape),
         nbytes=t.numel() * t.element_size(), count=1, origin=origin.line, message=message, hint=hint,
         details=(("op", origin.path),))

@@ -346,8 +346,7 @@ class DTensorMixes:
     def _finding(op: str, plain: torch.Tensor, dtensor: Any) -> Any:
         from placecheck.basics.codes import Code
         from placecheck.engines.sources import here
-        from placecheck.findings.finding import Finding
-        from placecheck.findings.rules import dtensor_mixed, rule
+        from placecheck.findings.rules import dtensor_mixed, make_finding
 
         def described(t: torch.Tensor) -> str:
             return f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}"
@@ -355,7 +354,6 @@ class DTensorMixes:
         placements = ", ".join(str(p) for p in dtensor.placements)
         message, hint = dtensor_mixed(op, f"{described(plain)} on {plain.device}",
                                       f"{described(dtensor)} {placements} over {dtensor.device_mesh}")
-        r = rule(Code.PC201)
-        return Finding(code=r.code, kind=r.kind, severity=r.severity, where="", source=here()[0],
-                       device=str(plain.device), expected=str(dtensor.device), message=message, hint=hint,
-                       details=(("op", op), ("dtensor", f"{placements} over {dtensor.device_mesh}")))
+        return make_finding(Code.PC201, where="", source=here()[0], device=str(plain.device),
+                            expected=str(dtensor.device), message=message, hint=hint,
+                            details=(("op", op), ("dtensor", f"{placements} over {dtensor.device_mesh}")))

@@ -27,8 +27,7 @@ import torch.nn as nn
 from placecheck.basics.codes import Code
 from placecheck.engines.sources import here
 from placecheck.findings import rules
-from placecheck.findings.finding import Finding
-from placecheck.findings.rules import rule
+from placecheck.findings.rules import make_finding
 
 if typing.TYPE_CHECKING:
     from placecheck.run.session import Recording
@@ -82,7 +81,6 @@ class Optimizers:
 
     def _check_state(self, opt: torch.optim.Optimizer) -> None:
         """PC307: optimizer state on another device than its parameter (a resume loaded before the move)."""
-        r = rule(Code.PC307)
         for index, group in enumerate(opt.param_groups):
             off_bytes, off_count, devices, param_devices = 0, 0, set(), set()
             for p in group["params"]:
@@ -108,8 +106,8 @@ class Optimizers:
             line = self.resumed.get(opt) or self.built.get(opt, "")
             state_on, params_on = ", ".join(sorted(devices)), ", ".join(sorted(param_devices))
             message, hint = rules.optimizer_state_off_device(off_count, off_bytes, index, state_on, params_on)
-            self.recorder.add(Finding(
-                code=r.code, kind=r.kind, severity=r.severity,
+            self.recorder.add(make_finding(
+                Code.PC307,
                 where=f"{type(opt).__name__}.param_groups[{index}]", message=message, hint=hint,
                 source=line, device=state_on, expected=params_on, nbytes=off_bytes, count=off_count,
                 details=(("optimizer", type(opt).__name__),)))
@@ -135,7 +133,6 @@ class Optimizers:
         if not stale:
             return
         self.reported.add((id(opt), "stale"))
-        r = rule(Code.PC308)
         stepped = {id(p) for o in list(self.built) for g in o.param_groups for p in g["params"]}
         roots = list(self.recorder.roots.values())
         unstepped = {id(p): (type(m).__name__, name) for m in roots for name, p in m.named_parameters()
@@ -146,8 +143,8 @@ class Optimizers:
         line = self.built.get(opt, "")
         message, hint = rules.stale_optimizer(type(opt).__name__, line, len(stale), model,
                                               len(unstepped), shown)
-        self.recorder.add(Finding(
-            code=r.code, kind=r.kind, severity=r.severity, where=f"{type(opt).__name__}",
+        self.recorder.add(make_finding(
+            Code.PC308, where=f"{type(opt).__name__}",
             message=message, hint=hint,
             source=line, count=len(stale), module=model,
             details=(("optimizer", type(opt).__name__), ("parameters", shown))))

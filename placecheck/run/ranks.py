@@ -56,7 +56,7 @@ from placecheck.basics.options import nproc_value
 from placecheck.engines.sources import here
 from placecheck.findings import rules
 from placecheck.findings.finding import Finding
-from placecheck.findings.rules import rule
+from placecheck.findings.rules import make_finding
 
 if TYPE_CHECKING:
     from placecheck.basics.options import RunOptions
@@ -297,11 +297,10 @@ class RankChecks:
         return ""
 
     def _cpu_in_nccl(self, call: str, what: str, line: str) -> None:
-        r = rule(Code.PC402)
         message, hint = rules.collective_on_host(call, what, str(self.backend))
-        self.recorder.add(Finding(code=r.code, kind=r.kind, severity=r.severity, where=call, source=line,
-                                  device="cpu", expected=str(self.own), message=message, hint=hint,
-                                  details=(("call", call),)), key_extra=call)
+        self.recorder.add(make_finding(Code.PC402, where=call, source=line,
+                                       device="cpu", expected=str(self.own), message=message, hint=hint,
+                                       details=(("call", call),)), key_extra=call)
 
     def placed(self, func: Any, out: torch.Tensor) -> None:
         """A tensor created or moved by the script: on a GPU other than the rank's own, remembered."""
@@ -326,23 +325,21 @@ class RankChecks:
                           if t.device.type == "cuda" and t.device != self.own})
         if not devices or not line:
             return
-        r = rule(Code.PC401)
         message, hint = rules.rank_loaded_off_device(", ".join(devices), str(self.own))
-        self.recorder.add(Finding(code=r.code, kind=r.kind, severity=r.severity, where="torch.load",
-                                  source=line, device=", ".join(devices), expected=str(self.own),
-                                  message=message, hint=hint, details=(("call", "torch.load"),)),
+        self.recorder.add(make_finding(Code.PC401, where="torch.load",
+                                       source=line, device=", ".join(devices), expected=str(self.own),
+                                       message=message, hint=hint, details=(("call", "torch.load"),)),
                           key_extra="torch.load")
 
     def findings(self) -> list[Finding]:
         """PC401 for each GPU other than its own the rank put tensors on, at the first line that did."""
-        r = rule(Code.PC401)
         out = []
         for device, lines in self.misplaced.items():
             message, hint = rules.rank_off_device(self.first[device], device, str(self.own), lines[1:])
-            out.append(Finding(code=r.code, kind=r.kind, severity=r.severity, where=self.where[device],
-                               source=lines[0],
-                               device=device, expected=str(self.own), count=len(lines), message=message,
-                               hint=hint, details=(("lines", ", ".join(lines)),)))
+            out.append(make_finding(Code.PC401, where=self.where[device],
+                                    source=lines[0],
+                                    device=device, expected=str(self.own), count=len(lines), message=message,
+                                    hint=hint, details=(("lines", ", ".join(lines)),)))
         return out
 
 
@@ -605,7 +602,6 @@ def _shared_gpus(uses: Sequence[Sequence[tuple[str, str, str]]]) -> list[Finding
     for rank, rank_uses in enumerate(uses):
         for line, call, device in rank_uses:
             by_site.setdefault((line, call), {}).setdefault(device, set()).add(rank)
-    r = rule(Code.PC401)
     shared = [(line, call, device, sorted(ranks)) for (line, call), devices in by_site.items()
               for device, ranks in sorted(devices.items()) if len(ranks) >= 2]
     if not shared:
@@ -616,9 +612,9 @@ def _shared_gpus(uses: Sequence[Sequence[tuple[str, str, str]]]) -> list[Finding
     message, hint = rules.ranks_share_gpu(label, call, device, ranks, len(shared) - 1)
     off = [k for k in ranks if device != f"cuda:{k}"]
     where = "DDP" if call.startswith("DistributedDataParallel") else call
-    return [Finding(code=r.code, kind=r.kind, severity=r.severity, where=where, source=line, device=device,
-                    expected=", ".join(f"cuda:{k}" for k in off), count=len(ranks), message=message,
-                    hint=hint, details=(("call", call), ("ranks", label.split(" ", 1)[1])))]
+    return [make_finding(Code.PC401, where=where, source=line, device=device,
+                         expected=", ".join(f"cuda:{k}" for k in off), count=len(ranks), message=message,
+                         hint=hint, details=(("call", call), ("ranks", label.split(" ", 1)[1])))]
 
 
 def _describe_ranks(nproc: int, gpus: int) -> str:

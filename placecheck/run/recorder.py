@@ -60,7 +60,7 @@ from placecheck.engines.dispatch import Call, op_name, subscribed
 from placecheck.engines.sources import here, user_line
 from placecheck.findings import rules
 from placecheck.findings.finding import Finding
-from placecheck.findings.rules import rule
+from placecheck.findings.rules import make_finding, rule
 from placecheck.placement.replicas import data_parallel_simulated
 from placecheck.run.causes import Causes, crash_site, creation_cause, expression_of, module_owner
 from placecheck.run.checkpoints import Checkpoints
@@ -429,12 +429,11 @@ class RunRecorder:
             return
         known = HOST_SYNCS.get(func)
         op = known[0] if known is not None else op_name(func)
-        r = rule(Code.PC210)
         copied_at = str(copy.copied_at)
         message, hint = rules.unsynchronized_read(op, copy.device, copied_at)
-        self.add(Finding(code=r.code, kind=r.kind, severity=r.severity, where="", message=message, hint=hint,
-                         source=line, device=copy.device, expected="cpu", origin=copied_at,
-                         details=(("op", op), ("copied_at", copied_at))), key_extra=copied_at)
+        self.add(make_finding(Code.PC210, where="", message=message, hint=hint,
+                              source=line, device=copy.device, expected="cpu", origin=copied_at,
+                              details=(("op", op), ("copied_at", copied_at))), key_extra=copied_at)
 
     def no_such_gpu(self, device: torch.device) -> RuntimeError:
         """What CUDA raises for a device index the machine lacks (--gpus sets how many it has): the
@@ -495,7 +494,6 @@ class RunRecorder:
                   frame: FrameType | None, crash: tuple[str, str] = ("", "")) -> None:
         """PC201 for one offending argument: what it is, where it came from, and the line to edit
         (:mod:`~placecheck.run.causes`); ``crash``: the installed package and line where the op ran."""
-        r = rule(Code.PC201)
         names = names_of(t, frame)
         name = names[0] if names else expression_of(t, frame)
         origin = self.origins.of(t)
@@ -540,8 +538,8 @@ class RunRecorder:
             # tensor) is where data belongs: the batch's missing move is the fix, and the PC201 names the
             # creation as its origin)
             self.add(creation_cause(origin, t, str(reference), fed=True), key_extra=f"{origin.module}|fed")
-        self.add(Finding(
-            code=r.code, kind=r.kind, severity=r.severity, where=where, message=message, hint=hint,
+        self.add(make_finding(
+            Code.PC201, where=where, message=message, hint=hint,
             source=line, device=str(t.device), expected=str(reference),
             dtype=str(t.dtype).removeprefix("torch."),
             shape=tuple(t.shape), nbytes=_nbytes(t), count=1, origin=origin_text,
@@ -592,8 +590,8 @@ class RunRecorder:
         scalar = t.dim() == 0  # one scalar copy per call, as PyTorch's own code makes (issue 42 item 11)
         message, hint = rules.created_off_device(origin.path, _tensor(t), "cpu", device, copied_to=device,
                                                  copied_at=copied_at, scalar=scalar)
-        self.add(Finding(
-            code=r.code, kind=r.kind, severity=rules.severity(r.code, "scalar") if scalar else r.severity,
+        self.add(make_finding(
+            r.code, severity=rules.severity(r.code, "scalar") if scalar else r.severity,
             where=origin.module, source=origin.line,
             device="cpu", expected=device, dtype=str(t.dtype).removeprefix("torch."), shape=tuple(t.shape),
             nbytes=_nbytes(t), count=1, origin=origin.line, message=message, hint=hint))
@@ -616,12 +614,11 @@ class RunRecorder:
         self.moves.fed(cpu[0])
         if in_forward and origin is not None:
             self.add(creation_cause(origin, cpu[0], target, fed=False), key_extra=f"{origin.module}|met")
-        r = rule(Code.PC205)
         came_from = rules.came_from(created_by=origin.path, created_at=origin.line) \
             if origin is not None and in_forward else ""
         message, hint = rules.implicit_transfer(op_name(func), False, _tensor(cpu[0]), target, came_from)
-        self.add(Finding(
-            code=r.code, kind=r.kind, severity=r.severity, source=line, device="cpu",
+        self.add(make_finding(
+            Code.PC205, source=line, device="cpu",
             where=type(self._forward_stack[-1]).__name__ if self._forward_stack else "",
             expected=target, dtype=str(cpu[0].dtype).removeprefix("torch."),
             shape=tuple(cpu[0].shape), nbytes=_nbytes(cpu[0]), count=1,
@@ -642,11 +639,10 @@ class RunRecorder:
         target = next((str(t.device) for m in self._forward_stack for t in m.parameters()
                        if t.device.type == "cuda"), "")
         on_target = devices == [target]
-        r = rule(Code.PC203)
         message, hint = rules.layer_built_in_forward(type(submodule).__name__, name, type(owner).__name__,
                                                      ", ".join(devices), on_target)
-        self.add(Finding(
-            code=r.code, kind=r.kind, severity=rules.severity(r.code, "on-target" if on_target else None),
+        self.add(make_finding(
+            Code.PC203, severity=rules.severity(Code.PC203, "on-target" if on_target else None),
             where=f"{type(owner).__name__}.{name}", source=line, device=", ".join(devices),
             expected=target, message=message, hint=hint))
 
@@ -662,11 +658,10 @@ class RunRecorder:
                        if t.device.type == "cuda"), "")
         on_target = str(param.device) == target
         self.registered_lines.add(line)
-        r = rule(Code.PC203)
         message, hint = rules.created_in_forward("parameter", f"{type(owner).__name__}.{name}", "Parameter",
                                                  str(param.device), on_target)
-        self.add(Finding(
-            code=r.code, kind=r.kind, severity=rules.severity(r.code, "on-target" if on_target else None),
+        self.add(make_finding(
+            Code.PC203, severity=rules.severity(Code.PC203, "on-target" if on_target else None),
             where=f"{type(owner).__name__}.{name}", source=line, device=str(param.device), expected=target,
             message=message, hint=hint))
 
@@ -707,18 +702,17 @@ class RunRecorder:
             else:
                 message, hint = rules.loop_sync(call, device, self._rate(count, steps), inside)
                 severity = rules.severity(r.code, "loop")
-            out.append(Finding(code=r.code, kind=r.kind, severity=severity, where=module, source=line,
-                               device=device, expected=device, count=count, message=message, hint=hint,
-                               details=details))
-        r = rule(Code.PC209)
+            out.append(make_finding(r.code, severity=severity, where=module, source=line,
+                                    device=device, expected=device, count=count, message=message, hint=hint,
+                                    details=details))
         repeated: dict[str, _Copies] = {}
         for (line, _), copies in self.copies.items():
             if len(copies.steps) >= 2 and copies.nbytes > repeated.get(line, copies).nbytes - 1:
                 repeated[line] = copies
         for line, copies in repeated.items():
             message, hint = rules.repeated_copy(copies.nbytes, copies.device, len(copies.steps))
-            out.append(Finding(
-                code=r.code, kind=r.kind, severity=r.severity, where="", source=line, device="cpu",
+            out.append(make_finding(
+                Code.PC209, where="", source=line, device="cpu",
                 expected=copies.device, nbytes=copies.nbytes, count=len(copies.steps), message=message,
                 hint=hint, details=(("bytes per step", str(copies.nbytes)),)))
         return out
@@ -791,7 +785,6 @@ class RunRecorder:
             return None
         line = user_line(exc)
         mismatch = classify.is_engine_mismatch(exc)
-        r = rule(Code.PC201 if mismatch else Code.PC207)
         message, hint = rules.script_error(one_line(exc), mismatch=mismatch)
-        return Finding(code=r.code, kind=r.kind, severity=r.severity, where="", source=line, message=message,
-                       hint=hint, details=() if mismatch else (("exception", type(exc).__name__),))
+        return make_finding((Code.PC201 if mismatch else Code.PC207), where="", source=line, message=message,
+                            hint=hint, details=() if mismatch else (("exception", type(exc).__name__),))

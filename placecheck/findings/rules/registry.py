@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from placecheck.basics.codes import Code, expand
-from placecheck.findings.finding import Severity
+from placecheck.findings.finding import Finding, Severity
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,14 @@ def severity(code: str, change: str | None = None) -> Severity:
 def severity_changes(code: str) -> tuple[SeverityChange, ...]:
     """The declared exceptions to ``code``'s default severity (none for most rules)."""
     return SEVERITY_CHANGES.get(code.upper(), ())
+
+
+def make_finding(code: str, /, *, severity: Severity | None = None, **fields: Any) -> Finding:
+    """A finding of rule ``code``: its code and kind from the rule table, its severity the rule's unless
+    ``severity`` (a declared change, :func:`severity`) is given, the rest (``where``, ``message``...) as
+    given. Every finding placecheck reports is built here (``tests/test_codes.py`` scans for others)."""
+    r = rule(code)
+    return Finding(code=r.code, kind=r.kind, severity=severity or r.severity, **fields)
 
 
 def selected(select: Iterable[str] | None, ignore: Iterable[str] | None) -> frozenset[str]:
