@@ -188,6 +188,20 @@ def test_a_package_imports_only_the_packages_below_it() -> None:
     assert upward == {}
 
 
+def test_one_class_per_name() -> None:
+    # issue 41 item 6: three classes were called Site and two Placement; a reader (and a grep) should
+    # find one class behind a name. The bundled examples are user models, named as users name them.
+    homes: dict[str, list[str]] = {}
+    for module, path in MODULES.items():
+        if module.startswith("placecheck.examples"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                homes.setdefault(node.name, []).append(module)
+    assert "Site" in homes and "EventSite" in homes  # the reader sees the classes
+    assert {name: where for name, where in homes.items() if len(where) > 1} == {}
+
+
 def test_typer_lives_only_in_the_cli() -> None:
     # the command line's machinery (typer, click, exits) stays in cli/: a Python caller of audit(), run(),
     # fix() or check_checkpoint() gets a report or an exception, never a SystemExit

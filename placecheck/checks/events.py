@@ -11,7 +11,7 @@ import typing
 from dataclasses import dataclass
 
 from placecheck.checks.provenance import Creation, Provenance
-from placecheck.engines.sources import Site
+from placecheck.engines.sources import EventSite
 
 
 @dataclass
@@ -21,7 +21,7 @@ class Mismatch:
     op: str
     devices: tuple[str, ...]
     device: str
-    site: Site
+    site: EventSite
     provenance: Provenance
     dtype: str
     shape: tuple[int, ...] | None
@@ -45,7 +45,7 @@ class HostSync:
 
     op: str
     device: str
-    site: Site
+    site: EventSite
 
 
 @dataclass
@@ -54,7 +54,7 @@ class ImplicitTransfer:
 
     op: str
     scalar: bool
-    site: Site
+    site: EventSite
     provenance: Provenance
     dtype: str
     shape: tuple[int, ...] | None
@@ -71,7 +71,7 @@ class Registration:
     path: str
     type_name: str
     device: str
-    site: Site
+    site: EventSite
     on_target: bool = False
     """Built on the target (``device=x.device``): placed right, still unknown to an earlier optimizer."""
     expected: str = ""
@@ -100,7 +100,7 @@ class ForwardError:
     phase: str
     """``forward`` or ``backward``."""
     message: str
-    site: Site
+    site: EventSite
     mismatch: bool = False
     """The error is a device mismatch the tracer could not repair (PC201)."""
 
@@ -118,7 +118,7 @@ class Copy:
     src: str
     dst: str
     nbytes: int
-    site: Site
+    site: EventSite
     from_stage: str
     """The stage whose forward produced the copied tensor ("" for the root or the inputs)."""
     to_stage: str = ""
@@ -138,9 +138,9 @@ class StaleRead:
     op: str
     device: str
     """The device the copy came from."""
-    site: Site
+    site: EventSite
     """Where the host read it."""
-    copied_at: Site
+    copied_at: EventSite
     """Where the non-blocking copy was made."""
 
 

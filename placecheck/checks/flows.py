@@ -38,7 +38,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from placecheck.checks.events import Copy
 from placecheck.checks.expected import INPUT, Placement
-from placecheck.engines.sources import Site
+from placecheck.engines.sources import EventSite
 
 _MOVES = frozenset({torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.cpu, torch.Tensor.type_as})
 
@@ -169,7 +169,7 @@ class Flows:
 
     def after_call(self, func: Callable[..., Any], args: tuple[Any, ...],
                    tensors: list[tuple[int, torch.Tensor]], out: Any,
-                   site: Callable[[Any], Site]) -> Copy | None:
+                   site: Callable[[Any], EventSite]) -> Copy | None:
         """Give ``out`` its flow; return the copy ``func`` made between devices, if it made one."""
         import sys
 

@@ -32,7 +32,7 @@ from placecheck.checks.events import (
     StaleRead,
 )
 from placecheck.checks.provenance import Creation, Provenance
-from placecheck.engines.sources import NOWHERE, Site
+from placecheck.engines.sources import NOWHERE, EventSite
 from placecheck.findings import rules
 from placecheck.findings.finding import Finding, Severity
 from placecheck.findings.rules import make_finding
@@ -67,7 +67,7 @@ def forward_findings(events: list[Event], target: str, library_findings: bool = 
     library: dict[tuple[str, str, str], str] = {}
     apis: dict[tuple[str, str, str], str] = {}
     """Findings made inside a torch (or installed) function the user's line called, on tensors it made
-    itself (``Site.api``): the API's own work, at ``info``, naming it."""
+    itself (``EventSite.api``): the API's own work, at ``info``, naming it."""
     crashes: set[tuple[str, str, str]] = set()
     """Creations that fed a mismatch: the cause of an error, never downgraded as library performance."""
     lazy_lines = {e.site.source for e in events if isinstance(e, Registration)}
@@ -88,9 +88,9 @@ def forward_findings(events: list[Event], target: str, library_findings: bool = 
         if isinstance(event, Creation) and event.fed_mismatch:
             crashes.add(key)
         site = getattr(event, "site", None)
-        if isinstance(site, Site) and site.library:
+        if isinstance(site, EventSite) and site.library:
             library[key] = site.library
-        elif isinstance(site, Site) and site.api \
+        elif isinstance(site, EventSite) and site.api \
                 and isinstance(event, HostSync | ImplicitTransfer | Creation):
             apis[key] = site.api
         elif isinstance(event, Creation) and event.moved_at is not None and event.moved_at.api:
@@ -282,7 +282,7 @@ def _also_in(first: Finding, where: str) -> Finding:
     return dataclasses.replace(first, details=tuple(details.items()))
 
 
-def _make(code: str, site: Site, severity: Severity | None, where: str | None = None,
+def _make(code: str, site: EventSite, severity: Severity | None, where: str | None = None,
           **fields: Any) -> Finding:
     """A finding of rule ``code`` at ``site``; ``where`` defaults to the module whose forward ran the line."""
     fields.setdefault("module", site.where)

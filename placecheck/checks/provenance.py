@@ -19,7 +19,7 @@ import torch.nn as nn
 
 from placecheck.basics.codes import Code
 from placecheck.checks.walk import WalkResult, storage_key
-from placecheck.engines.sources import NOWHERE, Site, library_of_class
+from placecheck.engines.sources import NOWHERE, EventSite, library_of_class
 from placecheck.findings.finding import Finding
 from placecheck.findings.rules import (
     created_then_cached,
@@ -36,7 +36,7 @@ class Creation:
 
     op: str
     device: str
-    site: Site
+    site: EventSite
     dtype: str
     shape: tuple[int, ...] | None
     fed_mismatch: bool = False
@@ -46,7 +46,7 @@ class Creation:
     met_device: bool = False
     """True once a tensor from here met the device legally: a CPU index copied to it (PC205), or
     returned from forward (PC206). Never met, moved or mismatched, it was CPU-side work: no finding."""
-    moved_at: Site | None = None
+    moved_at: EventSite | None = None
     """The line that first copied a tensor from here to the target."""
     moved_to: str = ""
     """The device it was copied to (the target, or the device a hard-coded ``.cuda()`` chose)."""
@@ -61,7 +61,8 @@ class Creation:
     (built when empty or stale, as pytorch/examples' Transformer builds its mask), not a copy on every
     call."""
 
-    def mark(self, attr: str, seen: set[int] | None = None, at: Site | None = None, to: str = "") -> None:
+    def mark(self, attr: str, seen: set[int] | None = None, at: EventSite | None = None,
+             to: str = "") -> None:
         """Set ``moved`` or ``fed_mismatch`` here and on every creation merged into this one."""
         seen = seen if seen is not None else set()
         if id(self) in seen:
@@ -86,7 +87,7 @@ class Provenance:
     """The tensor belongs to a module or parameter created during forward."""
     also: tuple[Provenance, ...] = ()
     """The other origins combined into this tensor (``torch.cat((created, self.stray))``)."""
-    host_copy: Site | None = None
+    host_copy: EventSite | None = None
     """Where forward copied the tensor to the host (``.cpu()``, ``.to("cpu")``)."""
 
     @property
@@ -99,7 +100,7 @@ class Provenance:
         return self.linked.where if self.linked else self.path
 
     @property
-    def site(self) -> Site:
+    def site(self) -> EventSite:
         """The line in forward that made the tensor, when forward made it."""
         if self.creation is not None:
             return self.creation.site
@@ -191,7 +192,7 @@ class Provenances:
                 self.scalar_only[stray] = self.scalar_only.get(stray, True) and as_scalar
 
     def mark(self, prov: Provenance, what: str, creations: bool = True, seen: set[int] | None = None,
-             at: Site | None = None, to: str = "") -> None:
+             at: EventSite | None = None, to: str = "") -> None:
         """``what`` (``moved``, ``fed_mismatch`` or ``met_device``) happened to a tensor of provenance
         ``prov``: note it on its creations (PC202) and, but ``met_device``, on its stray attributes
         (PC101), combined origins included."""

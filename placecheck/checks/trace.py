@@ -65,7 +65,7 @@ from placecheck.engines.dispatch import Call, op_name, subscribed
 from placecheck.engines.sources import (
     NOWHERE,
     Attribution,
-    Site,
+    EventSite,
     frames_of,
     module_being_built,
     treat_as_user_code,
@@ -464,7 +464,7 @@ class Tracer:
                                              if not classify.legal_cpu_argument(func, pos, t)]
         if not copied:
             return
-        site: Site | None = None
+        site: EventSite | None = None
         for _, t in copied:
             prov = self.provenance(t)
             if prov.creation is not None or prov.path or prov.also:
@@ -587,7 +587,7 @@ class Tracer:
     def _record_stale_read(self, func: Callable[..., Any], copy: PendingCopy) -> None:
         """PC210: ``func`` read on the host a tensor that a non-blocking copy was still filling."""
         site = self._site(sys._getframe())
-        copied_at: Site = copy.copied_at
+        copied_at: EventSite = copy.copied_at
         key = ("stale", site.source, copied_at.source)
         if key in self._recorded:
             return
@@ -638,7 +638,7 @@ class Tracer:
         """Where ``t`` came from: created in forward, derived from, or itself an attribute."""
         return self.prov.of(t)
 
-    def _site(self, frame: typing.Any) -> Site:
+    def _site(self, frame: typing.Any) -> EventSite:
         return self.attribution.site(frame)
 
     def _unregistered_path(self, module: nn.Module) -> str:

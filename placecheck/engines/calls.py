@@ -76,7 +76,7 @@ class Kind(enum.Enum):
 
 
 @dataclass(frozen=True)
-class Placement:
+class Destination:
     """Where one call places its result."""
 
     kind: Kind
@@ -230,21 +230,22 @@ def _cuda_index(value: Any, current: int) -> torch.device | None:
     return device if device is not None and device.type == "cuda" else None
 
 
-def _tensor_move(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], current: int) -> Placement | None:
+def _tensor_move(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                 current: int) -> Destination | None:
     source = args[0] if args else None
     if func is torch.Tensor.cpu:
-        return Placement(Kind.MOVE, torch.device("cpu"), source=source)
+        return Destination(Kind.MOVE, torch.device("cpu"), source=source)
     if func is torch.Tensor.cuda:
         device = _cuda_index(args[1] if len(args) > 1 else kwargs.get("device"), current)
         non_blocking = bool(args[2] if len(args) > 2 else kwargs.get("non_blocking", False))
         fmt = kwargs.get("memory_format")
-        return None if device is None else Placement(Kind.MOVE, device, non_blocking=non_blocking,
+        return None if device is None else Destination(Kind.MOVE, device, non_blocking=non_blocking,
                                                       memory_format=fmt, source=source)
     if func is torch.Tensor.type_as:
         other = args[1] if len(args) > 1 else kwargs.get("other")
         if not isinstance(other, torch.Tensor):
             return None
-        return Placement(Kind.MOVE, other.device, other.dtype, source=source)
+        return Destination(Kind.MOVE, other.device, other.dtype, source=source)
     if func is _TENSOR_TYPE or func is torch.Tensor.type:
         wanted = legacy_type(args[1] if len(args) > 1 else kwargs.get("dtype"))
         if wanted is None:  # no argument (the name asked), or a torch.dtype: the device stays
@@ -255,29 +256,29 @@ def _tensor_move(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], curre
             device = here if here is not None and here.type == "cuda" else torch.device("cuda", current)
         else:
             device = torch.device("cpu")
-        return Placement(Kind.MOVE, device, dtype, source=source)
+        return Destination(Kind.MOVE, device, dtype, source=source)
     read = _read_to(args[1:], kwargs, current)
     if read is None:
         return None
     device, dtype, non_blocking, memory_format, copy = read
-    return Placement(Kind.MOVE, device, dtype, non_blocking, copy, memory_format, source)
+    return Destination(Kind.MOVE, device, dtype, non_blocking, copy, memory_format, source)
 
 
 def read_module_move(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
-                     current: int = 0) -> Placement | None:
+                     current: int = 0) -> Destination | None:
     """``Module.to/cuda/cpu(*args[1:], **kwargs)``: where the module's tensors go (None: the call is refused
     by torch, which will raise its own error)."""
     module = args[0] if args else None
     if func is nn.Module.cpu:
-        return Placement(Kind.MODULE_MOVE, torch.device("cpu"), source=module)
+        return Destination(Kind.MODULE_MOVE, torch.device("cpu"), source=module)
     if func is nn.Module.cuda:
         device = _cuda_index(args[1] if len(args) > 1 else kwargs.get("device"), current)
-        return None if device is None else Placement(Kind.MODULE_MOVE, device, source=module)
+        return None if device is None else Destination(Kind.MODULE_MOVE, device, source=module)
     read = _read_to(args[1:], kwargs, current)
     if read is None:
         return None
     device, dtype, non_blocking, memory_format, _ = read
-    return Placement(Kind.MODULE_MOVE, device, dtype, non_blocking, False, memory_format, module)
+    return Destination(Kind.MODULE_MOVE, device, dtype, non_blocking, False, memory_format, module)
 
 
 @functools.cache
@@ -286,7 +287,7 @@ def _constructors() -> frozenset[Any]:
 
 
 def read_placement(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
-                   current: int = 0) -> Placement | None:
+                   current: int = 0) -> Destination | None:
     """What ``func(*args, **kwargs)`` does to devices, or None when it places nothing.
 
     ``current``: the (simulated) current CUDA index, where ``"cuda"`` without an index goes.
@@ -304,24 +305,24 @@ def read_placement(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict
         if read is None:
             return None
         device, dtype, non_blocking, memory_format, _ = read
-        return Placement(Kind.PARSE, device, dtype, non_blocking, False, memory_format)
+        return Destination(Kind.PARSE, device, dtype, non_blocking, False, memory_format)
     if func in _INTO:
         holder = args[0] if args else None
         if isinstance(holder, torch.Tensor):
-            return Placement(Kind.INTO, holder.device, source=holder)
+            return Destination(Kind.INTO, holder.device, source=holder)
         return None
     if "device" in kwargs and kwargs["device"] is not None:
         if takes_device(func):
             device = as_device(kwargs["device"], current)
-            return None if device is None else Placement(Kind.FACTORY, device, kwargs.get("dtype"))
+            return None if device is None else Destination(Kind.FACTORY, device, kwargs.get("dtype"))
         return None
     if func in _constructors():
         default = default_device()
         if default is not None:
-            return Placement(Kind.FACTORY, resolved(default, current), kwargs.get("dtype"))
+            return Destination(Kind.FACTORY, resolved(default, current), kwargs.get("dtype"))
     return None
 
 
-def parsed(placement: Placement) -> tuple[Any, ...]:
+def parsed(placement: Destination) -> tuple[Any, ...]:
     """What ``torch._C._nn._parse_to`` returns for ``placement`` (:attr:`Kind.PARSE`)."""
     return placement.device, placement.dtype, placement.non_blocking, placement.memory_format

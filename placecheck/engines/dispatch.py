@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from placecheck.engines.calls import Placement, read_placement
+from placecheck.engines.calls import Destination, read_placement
 from placecheck.engines.classify import tensor_arguments
 from placecheck.engines.compat import _get_current_function_mode_stack
 from placecheck.engines.cudaapi import current_index
@@ -83,13 +83,13 @@ class Call:
         return [t.device for _, t in self.tensors]
 
     @property
-    def placement(self) -> Placement | None:
+    def placement(self) -> Destination | None:
         """The placement the call asks for (a move, a factory's ``device=``, ``Module.to``'s parse), read
         with PyTorch's own parsers, ``"cuda"`` resolved to the simulated current device; None for any
         other call."""
         if self._placement is _UNREAD:
             self._placement = read_placement(self.func, self.args, self.kwargs, current_index())
-        placement: Placement | None = self._placement
+        placement: Destination | None = self._placement
         return placement
 
     def run(self) -> Any:

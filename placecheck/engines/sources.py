@@ -290,7 +290,7 @@ def user_line(exc: BaseException) -> str:
 
 
 @dataclass
-class Site:
+class EventSite:
     """Where an event happened: the user's ``file:line`` and the module whose forward ran it."""
 
     source: str
@@ -306,14 +306,14 @@ class Site:
     (a device-side way out: pass it where the API wants it)."""
 
 
-NOWHERE = Site("", "")
+NOWHERE = EventSite("", "")
 
 _CALL_CODES = frozenset({nn.Module._call_impl.__code__, nn.Module._wrapped_call_impl.__code__})
 """``Module.__call__``'s frames: the innermost one on the stack names the module whose forward runs."""
 
 
 class Attribution:
-    """Turns a Python frame into a :class:`Site` for one traced forward.
+    """Turns a Python frame into a :class:`EventSite` for one traced forward.
 
     ``stop`` is the code object of the function that ran the forward: the
     search for the user's line never looks beyond it. ``module_paths`` maps
@@ -328,7 +328,7 @@ class Attribution:
         self.module_paths = module_paths
         self.unregistered = unregistered
 
-    def site(self, frame: FrameType | None, subject: Any = None) -> Site:
+    def site(self, frame: FrameType | None, subject: Any = None) -> EventSite:
         """Where the call at ``frame`` happened, looking outwards no further than the forward.
 
         ``source`` is the innermost frame outside torch, placecheck and
@@ -348,10 +348,10 @@ class Attribution:
         module = self.running_module(shown or frame)
         where = self.module_path(module) if module is not None else ""
         if shown is not None:
-            return Site(f"{display_path(shown.f_code.co_filename)}:{shown.f_lineno}", where,
+            return EventSite(f"{display_path(shown.f_code.co_filename)}:{shown.f_lineno}", where,
                         "" if user is not None else library_package(shown.f_code),
                         api=api_call(found.callee, subject) if subject is not None else "")
-        return Site(class_definition(module), where)
+        return EventSite(class_definition(module), where)
 
     def module_path(self, module: nn.Module) -> str:
         """The dotted path of ``module``: registered, or named by the caller's ``unregistered``."""

@@ -51,7 +51,7 @@ from torch.overrides import TorchFunctionMode
 from placecheck.basics.patching import patch
 from placecheck.engines.autocast import on_gpu, simulated_autocast
 from placecheck.engines.callbacks import called_back, in_callbacks
-from placecheck.engines.calls import Kind, Placement, as_device, legacy_type_name, parsed, read_placement
+from placecheck.engines.calls import Destination, Kind, as_device, legacy_type_name, parsed, read_placement
 from placecheck.engines.classify import (
     DeviceMismatchError,
     copies_between_devices,
@@ -274,7 +274,7 @@ def _tag_all(out: Any, device: torch.device) -> Any:
     return tree_map_only(torch.Tensor, lambda t: SimulatedTensor.tag(t, device), out)
 
 
-def _move(placement: Placement, dest: torch.device) -> torch.Tensor:
+def _move(placement: Destination, dest: torch.device) -> torch.Tensor:
     """A tensor move (``.to(dest)``/``.cuda()``/``.cpu()``/``.type(...)``) with a real device's
     semantics: a copy when the device changes, the tensor itself when nothing does."""
     source = placement.source

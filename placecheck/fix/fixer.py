@@ -31,7 +31,7 @@ from placecheck.findings.finding import Finding, Severity
 from placecheck.findings.report import Report
 from placecheck.fix.codes import AUTOFIX, NEVER, fixable_text
 from placecheck.fix.plan import VIA_ORIGIN, Edit, Plan, Unfixed, make_plan, patched_texts, split_source
-from placecheck.fix.proof import Outcome, reaudit
+from placecheck.fix.proof import ProofOutcome, reaudit
 
 __all__ = ["AUTOFIX", "NEVER", "Edit", "FixRefused", "FixResult", "Unfixed", "fix", "fix_report", "fix_run",
            "fixable_text", "write"]
@@ -203,7 +203,7 @@ class _Prover:
         self.ran_through = ran_through
         """Whether the first audit's forward (or run's script) ran to its end: then a proof's must too."""
 
-    def stopped(self, outcome: Outcome) -> str:
+    def stopped(self, outcome: ProofOutcome) -> str:
         """Why the re-audit with the edits stopped before its end where the first audit did not; ``""``.
 
         An edit that makes the forward raise (``list + nn.ModuleList``) brings no finding, only an
@@ -214,7 +214,7 @@ class _Prover:
         why = getattr(report, "incomplete", "") or getattr(report, "unfinished", "")
         return f"with the edits the audit stopped before its end: {why}" if why else ""
 
-    def prove(self, edits: list[Edit]) -> tuple[Outcome, dict[str, dict[int, int]], list[Finding]]:
+    def prove(self, edits: list[Edit]) -> tuple[ProofOutcome, dict[str, dict[int, int]], list[Finding]]:
         texts = patched_texts(self.plan, edits)
         outcome = reaudit(self.audit_once, texts)
         maps = {path: _line_map(self.plan.originals[path], text) for path, text in texts.items()}
@@ -228,7 +228,7 @@ class _Prover:
                 new.append(finding)
         return outcome, maps, new
 
-    def settle(self, edits: list[Edit]) -> tuple[list[Edit], list[tuple[Edit, str]], Outcome | None,
+    def settle(self, edits: list[Edit]) -> tuple[list[Edit], list[tuple[Edit, str]], ProofOutcome | None,
                                                   dict[str, dict[int, int]]]:
         """The largest set of ``edits`` this finds that passes the proof together, and the failures."""
         pending = list(edits)

@@ -47,7 +47,7 @@ from placecheck.model.load import forget_imported_files
 
 
 @dataclass(frozen=True)
-class Outcome:
+class ProofOutcome:
     """What the re-audit reported: every finding (all codes), or why it did not finish."""
 
     findings: tuple[Finding, ...] = ()
@@ -143,14 +143,14 @@ def _child(conn: Connection, audit_once: Callable[[], Any], edited: dict[str, st
             return
         _serve_edited(edited)
         report = audit_once()
-        conn.send(Outcome(tuple(report.findings), report=report))
+        conn.send(ProofOutcome(tuple(report.findings), report=report))
     except BaseException as exc:  # anything the edited model raises is the proof's answer, not a crash
-        conn.send(Outcome(error=one_line(exc)))
+        conn.send(ProofOutcome(error=one_line(exc)))
     finally:
         conn.close()
 
 
-_FORK_REFUSED = Outcome(error="a forked child of this process cannot run the audit (CUDA or autograd's "
+_FORK_REFUSED = ProofOutcome(error="a forked child of this process cannot run the audit (CUDA or autograd's "
                               "threads started here)")
 
 
@@ -163,7 +163,7 @@ def _edited_copies(texts: dict[str, str], folder: str) -> dict[str, str]:
     return edited
 
 
-def reaudit(audit_once: Callable[[], Any], texts: dict[str, str]) -> Outcome:
+def reaudit(audit_once: Callable[[], Any], texts: dict[str, str]) -> ProofOutcome:
     """Run ``audit_once`` (returns a Report) in a child process that sees ``texts`` as the files' sources.
 
     ``texts`` maps a file path to its edited text. The child is forked from
@@ -188,7 +188,7 @@ def _may_fork() -> bool:
     return torch is None or not torch.cuda.is_initialized()
 
 
-def _reaudit_forked(audit_once: Callable[[], Any], edited: dict[str, str]) -> Outcome:
+def _reaudit_forked(audit_once: Callable[[], Any], edited: dict[str, str]) -> ProofOutcome:
     context = multiprocessing.get_context("fork")
     receiver, sender = context.Pipe(duplex=False)
     child = context.Process(target=_child, args=(sender, audit_once, edited), daemon=True)
@@ -203,16 +203,16 @@ def _reaudit_forked(audit_once: Callable[[], Any], edited: dict[str, str]) -> Ou
         gc.unfreeze()
     sender.close()
     try:
-        outcome: Outcome = receiver.recv()
+        outcome: ProofOutcome = receiver.recv()
     except EOFError:
-        outcome = Outcome(error=f"the re-audit's process ended without an answer (exit code "
+        outcome = ProofOutcome(error=f"the re-audit's process ended without an answer (exit code "
                                 f"{child.exitcode})")
     child.join()
     receiver.close()
     return outcome
 
 
-def _reaudit_fresh(audit_once: Callable[[], Any], edited: dict[str, str], folder: str) -> Outcome:
+def _reaudit_fresh(audit_once: Callable[[], Any], edited: dict[str, str], folder: str) -> ProofOutcome:
     """The proof in a process that has run no torch work: ``audit_once`` goes pickled.
 
     Where fork is safe, a child forked from this process's warm proof server (:func:`_server`: torch
@@ -222,7 +222,7 @@ def _reaudit_fresh(audit_once: Callable[[], Any], edited: dict[str, str], folder
     try:
         job = pickle.dumps((audit_once, edited))
     except Exception as exc:  # a closure or a lambda: only a forked child could run it
-        return Outcome(error=f"the re-audit cannot run in a fresh process ({one_line(exc)}) and this "
+        return ProofOutcome(error=f"the re-audit cannot run in a fresh process ({one_line(exc)}) and this "
                              "process cannot fork one")
     answer = Path(folder) / "outcome.pickle"
     paths = [p for p in sys.path if isinstance(p, str)]
@@ -240,10 +240,10 @@ def _reaudit_fresh(audit_once: Callable[[], Any], edited: dict[str, str], folder
         said = (done.returncode, lines[-1] if lines else "")
     if not answer.is_file():
         status, last = said
-        return Outcome(error=f"the re-audit's process ended without an answer (exit code {status}"
+        return ProofOutcome(error=f"the re-audit's process ended without an answer (exit code {status}"
                              + (f": {last}" if last else "") + ")")
     with answer.open("rb") as handle:
-        outcome: Outcome = pickle.load(handle)  # written by our own child just now
+        outcome: ProofOutcome = pickle.load(handle)  # written by our own child just now
     return outcome
 
 
@@ -285,20 +285,20 @@ def _from_server(folder: Path, job: bytes, env: dict[str, str]) -> tuple[int | N
 
 
 def _run_job(stream: IO[bytes], answer_path: str) -> None:
-    """Run the pickled ``(audit_once, edited)`` from ``stream``; pickle its Outcome to ``answer_path``."""
+    """Run the pickled ``(audit_once, edited)`` from ``stream``; pickle its outcome to ``answer_path``."""
     try:
         audit_once, edited = pickle.load(stream)
         _serve_edited(edited)
         report = audit_once()
-        outcome = Outcome(tuple(report.findings), report=report)
+        outcome = ProofOutcome(tuple(report.findings), report=report)
     except BaseException as exc:  # anything the edited model raises is the proof's answer, not a crash
-        outcome = Outcome(error=one_line(exc))
+        outcome = ProofOutcome(error=one_line(exc))
     with open(answer_path, "wb") as handle:
         pickle.dump(outcome, handle)
 
 
 def fresh_child() -> None:
-    """Entry point of a fresh proof process: the job on stdin, the Outcome pickled to ``argv[1]``."""
+    """Entry point of a fresh proof process: the job on stdin, the ProofOutcome pickled to ``argv[1]``."""
     stdin = sys.stdin.buffer
     sys.path[:0] = [p for p in pickle.load(stdin) if p not in sys.path]
     _run_job(stdin, sys.argv[1])

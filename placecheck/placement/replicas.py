@@ -70,7 +70,7 @@ from placecheck.engines.compat import tree_map_only
 from placecheck.engines.cudaapi import CPU_ONLY_BUILD, current_device
 from placecheck.engines.dispatch import Call, subscribed
 from placecheck.engines.engine import current_device_moves
-from placecheck.engines.sources import Attribution, Site
+from placecheck.engines.sources import Attribution, EventSite
 from placecheck.findings.finding import Finding
 from placecheck.findings.rules import dtensor_mixed, left_out_of_sharding, make_finding, on_replicas
 
@@ -244,7 +244,7 @@ class Mix:
     """An op that mixed a plain tensor with a DTensor, where the user's code ran it."""
 
     op: str
-    site: Site
+    site: EventSite
     plain: str
     dtensor: str
     device: str

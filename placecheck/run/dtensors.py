@@ -34,7 +34,7 @@ FSDP2's device, or on the CPU with ``offload_policy=CPUOffloadPolicy()`` (the op
 and a shard FSDP2 puts in place of another (after ``to_empty``) is where the old one was. Its all-gathers,
 reduce-scatters and offload copies are FSDP2's own work, not the script's calls (not recorded).
 
-An op of the script that mixes a plain tensor with a DTensor raises on the ranks: :class:`DTensorMixes`
+An op of the script that mixes a plain tensor with a DTensor raises on the ranks: :class:`ScriptDTensorMixes`
 reports it (PC201) and runs it on the DTensor's full value.
 
 Not simulated: the values other ranks would send (a gathered tensor holds this rank's shard in every
@@ -306,7 +306,7 @@ def fsdp_patches(quiet: Callable[[], AbstractContextManager[Any]]) -> list[Patch
             (fsdp2_param_class(), "to_sharded_dtensor", _sharded_on_fsdp_device)]
 
 
-class DTensorMixes:
+class ScriptDTensorMixes:
     """An op of the script that mixes a plain tensor (not a 0-dim scalar) with a DTensor: on the ranks it
     raises ("got mixed torch.Tensor and DTensor", a sharded parameter read outside its own module's
     forward); PC201 at its line, as ``audit --wrap fsdp`` reports it

@@ -206,7 +206,7 @@ class RankChecks:
 
         from placecheck.engines.dispatch import subscribed
         from placecheck.run import dtensors
-        from placecheck.run.dtensors import DTENSOR_MODULE, VIEW_WARNING, DTensorMixes
+        from placecheck.run.dtensors import DTENSOR_MODULE, VIEW_WARNING, ScriptDTensorMixes
         from placecheck.run.fsdp import FSDP_MODULE, ShardedPlacement
         from placecheck.run.patches import (
             Patch,
@@ -236,7 +236,7 @@ class RankChecks:
         # FSDP's code is patched once the script imports it: importing it costs each rank half a second;
         # DTensor's (FSDP2's parameters) once it is imported (by FSDP, or by the script itself)
         # an op mixing a plain tensor with a DTensor: subscribed before the recorder, which sees it first
-        mixes = DTensorMixes(self.recorder.add, self.recorder.quiet, lambda: self.recorder.quieted)
+        mixes = ScriptDTensorMixes(self.recorder.add, self.recorder.quiet, lambda: self.recorder.quieted)
         with patched(patches), patched_once_imported(DTENSOR_MODULE, dtensors.patches), \
                 patched_once_imported(FSDP_MODULE, sharded.patches), warnings.catch_warnings(), \
                 subscribed(mixes):
