@@ -102,6 +102,23 @@ class Model(nn.Module):
             self.tail = nn.Conv1d(self.width, 2, 1)
         setattr(self, "other", nn.Linear(4, 4))
         return self.head(x)
+
+
+class Wrapper(nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+
+class Applied(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.f = None
+
+    def forward(self, x):
+        if self.f is None:
+            self.f = Wrapper(lambda t: t * 2)
+        return self.f.fn(x)
 '''
 
 
@@ -111,7 +128,9 @@ class Model(nn.Module):
                           "call"),
     ("nn.Parameter(", "class Gate has no __init__ of its own to build the parameter in"),
     ("setattr(", "does not build it as `self.name = Layer(...)` by itself"),
-], ids=["size-from-the-input", "no-init", "not-an-assignment"])
+    ("Wrapper(lambda", "a layer built in forward whose arguments make a function (a lambda) cannot move to "
+                       "__init__ as it is"),
+], ids=["size-from-the-input", "no-init", "not-an-assignment", "a-lambda"])
 def test_where_no_edit_is_safe_the_refusal_says_why_in_one_line(text: str, said: str) -> None:
     out = rewrite(REFUSED, Request("PC203", _line(REFUSED, text), where="head"))
     assert isinstance(out, NotFixable), out

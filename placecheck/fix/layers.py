@@ -85,10 +85,12 @@ def build_in_init(module: cst.Module, request: Request) -> Rewrite | NotFixable:
         if arg.keyword is not None and arg.keyword.value == "device" and (local or unknown):
             continue  # .to() moves the layer with the model
         if local or unknown:
-            what = f"`{local[0]}`" if local else f"`self.{unknown[0]}`, which __init__ does not set first,"
+            what = ("make a function (a lambda)" if local and local[0] == "lambda"  # _Reads' mark for one
+                    else f"read `{local[0]}`" if local
+                    else f"read `self.{unknown[0]}`, which __init__ does not set first,")
             instead = (f"build it there as nn.{lazy}, which infers the input size on the first call" if lazy
                        else "build it there from sizes __init__ knows")
-            return NotFixable(f"a {kind} built in {method.name.value} whose arguments read {what} cannot "
+            return NotFixable(f"a {kind} built in {method.name.value} whose arguments {what} cannot "
                               f"move to __init__ as it is: {instead}")
         kept.append(arg)
     if kept and kept[-1].comma is not cst.MaybeSentinel.DEFAULT:
