@@ -131,6 +131,25 @@ def test_batch_element_moved_beside_its_sibling_or_before_an_inline_use() -> Non
     assert isinstance(not_batch, NotFixable) and "origin" in not_batch.reason
 
 
+def test_a_dict_batch_item_is_moved_where_it_is_read_with_its_siblings_arguments() -> None:
+    src = ("for batch in loader:\n    out = model(batch['x'].to(dev, non_blocking=True))\n"
+           "    loss = crit(out, batch['y']) + aux(batch['y'])\n    batch['y'] = 0\n")
+    out = _rewrite(src, Request("PC201", 1, where='batch["y"]', batch="batch['y']", use=3))
+    # every read in the statement, written as the script writes it; the sibling's non_blocking kept
+    assert out.after == ("    loss = crit(out, batch['y'].to(dev, non_blocking=True)) "
+                         "+ aux(batch['y'].to(dev, non_blocking=True))\n")
+    no_sibling = "device = 'cuda'\nmodel.to(device)\nfor b in loader:\n    crit(model(b[0]), b[1])\n"
+    assert _rewrite(no_sibling, Request("PC201", 3, where="b[1]", batch="batch[1]", use=4)).after == \
+        "    crit(model(b[0]), b[1].to(device))\n"  # the script's own device expression
+    nothing = rewrite("for b in loader:\n    crit(model(b[0]), b[1])\n",
+                      Request("PC201", 1, where="b[1]", batch="batch[1]", use=2))
+    assert isinstance(nothing, NotFixable) and "which device" in nothing.reason
+    written = rewrite(src, Request("PC201", 1, where='batch["y"]', batch="batch['y']", use=4))
+    assert isinstance(written, NotFixable)  # line 4 writes batch['y']: no read to move
+    elsewhere = rewrite(src, Request("PC201", 1, where='batch["z"]', batch="batch['z']", use=3))
+    assert isinstance(elsewhere, NotFixable) and "does not read" in elsewhere.reason
+
+
 def test_proof_runs_in_a_fresh_interpreter_where_this_process_cannot_fork_one(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # a real GPU initialised here, or autograd's device threads started: a forked child cannot run the audit
@@ -184,7 +203,7 @@ def test_a_child_forked_after_autograd_threads_started_is_refused_and_answered_f
     monkeypatch.setattr(proof, "_fork_refused", lambda: True)  # what the probe says in such a child
     fresh: list[object] = []
     monkeypatch.setattr(proof, "_reaudit_fresh", lambda audit_once, edited, folder: fresh.append(edited)
-                        or proof.Outcome(error="answered fresh"))
+                        or proof.ProofOutcome(error="answered fresh"))
     assert proof.reaudit(lambda: None, {"x.py": "x = 1\n"}).error == "answered fresh" and fresh
 
 

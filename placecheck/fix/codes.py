@@ -36,8 +36,8 @@ AUTOFIX: dict[str, str] = {
         "fixed where the tensor comes from, the origin the finding names: the attribute's PC101/PC102/"
         "PC103 rewrite, or the factory at the origin line given device= as for PC202; in fix --run, a "
         "DataLoader batch element the loop does not move gets `name = name.to(...)` beside the move of "
-        "its siblings, and a module whose buffer was never moved (criterion.weight) gets .to(device) "
-        "where it is built"),
+        "its siblings (an element of a dict batch, batch[\"y\"], gets their .to(...) where it is read), "
+        "and a module whose buffer was never moved (criterion.weight) gets .to(device) where it is built"),
     Code.PC203: (
         "a layer or parameter built in a method with sizes it knows without the input "
         "(self.head = nn.Linear(8, 2)) is built in __init__ instead: in place of its `self.head = None` "

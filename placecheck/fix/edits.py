@@ -23,6 +23,7 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper
 
 from placecheck.basics.codes import Code
+from placecheck.fix.batches import move_batch_item
 from placecheck.fix.buffers import RegisterBuffer, WrapContainer, container_buffers, helper_module
 from placecheck.fix.codes import NEVER
 from placecheck.fix.devices import (
@@ -107,9 +108,8 @@ def _transformer(request: Request, imports: Imports) -> AtLine | _WholeFile | No
         if not request.batch:
             return NotFixable("the audit names no origin of the mismatched tensor that placecheck fix can "
                               "rewrite: fix it where the tensor comes from")
-        if not request.where.isidentifier():
-            return NotFixable(f"the batch element ({request.batch}) has no name of its own in the loop: move "
-                              "the batch to the device where it is unpacked")
+        if not request.where.isidentifier():  # batch["y"]: moved where the loop reads it
+            return lambda module: move_batch_item(module, request)
         return MoveBatchElement(request.line, request.use, request.where)
     if code == Code.PC203:
         return lambda module: build_in_init(module, request)
