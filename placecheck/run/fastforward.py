@@ -78,7 +78,7 @@ class Alarm(Protocol):
 
 
 @dataclass
-class Loop:
+class LoopStatement:
     """One ``for``/``while`` statement of the script."""
 
     index: int
@@ -130,7 +130,7 @@ class Guard:
 class _Loop:
     """One running of a loop site."""
 
-    site: Loop
+    site: LoopStatement
     frame: int
     """id of the frame that runs it."""
     before: bool
@@ -152,7 +152,7 @@ class _Rewriter(ast.NodeTransformer):
 
     def __init__(self, text: list[str]) -> None:
         self.text = text
-        self.sites: list[Loop] = []
+        self.sites: list[LoopStatement] = []
         self._scopes: list[int] = [0]
         self._loops: list[list[int]] = [[]]
 
@@ -169,17 +169,18 @@ class _Rewriter(ast.NodeTransformer):
         finally:
             self._scopes.pop()
 
-    def _site(self, node: ast.For | ast.While, kind: str) -> Loop:
+    def _site(self, node: ast.For | ast.While, kind: str) -> LoopStatement:
         text = self.text[node.lineno - 1].strip() if node.lineno <= len(self.text) else ""
         lines = _statement_lines(node.body, node.orelse)
-        site = Loop(index=len(self.sites), kind=kind, first=node.lineno, last=node.end_lineno or node.lineno,
-                    header=_shorten(text), scope=self._scopes[-1], lines=lines, yields=_yields(node))
+        site = LoopStatement(index=len(self.sites), kind=kind, first=node.lineno,
+                             last=node.end_lineno or node.lineno, header=_shorten(text),
+                             scope=self._scopes[-1], lines=lines, yields=_yields(node))
         self.sites.append(site)
         self._loops[-1].append(site.index)
         self._loops.append([])
         return site
 
-    def _inner(self, site: Loop) -> None:
+    def _inner(self, site: LoopStatement) -> None:
         site.inner = tuple(self._loops.pop())
 
     def visit_For(self, node: ast.For) -> Any:
@@ -346,7 +347,7 @@ def _shorten(text: str, limit: int = 48) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-def compile_script(filename: str) -> tuple[CodeType, list[Loop]] | None:
+def compile_script(filename: str) -> tuple[CodeType, list[LoopStatement]] | None:
     """The script's code with its loops rewritten, and its loop sites; None when it cannot be read (the
     script then runs as it is, and only its DataLoaders fast-forward)."""
     try:
@@ -377,7 +378,7 @@ class FastForward:
     """Optimizer steps, DataLoader batches and top-level forwards so far (the recorder counts them)."""
     steps: int = 0
     """Optimizer steps so far."""
-    sites: list[Loop] = field(default_factory=list)
+    sites: list[LoopStatement] = field(default_factory=list)
     code: CodeType | None = None
     """The rewritten script (None: it runs as it is)."""
     began_at: str = ""
@@ -523,7 +524,7 @@ class FastForward:
             return True
         return state.items_after < (1 if site.stepping else MAX_BATCHES)
 
-    def _unrun(self, site: Loop) -> set[int]:
+    def _unrun(self, site: LoopStatement) -> set[int]:
         """The statements of ``site``'s body that never ran, the bodies of the loops in it that step
         excepted (their lines are the training the budget skips)."""
         lines = set(site.lines)
@@ -632,7 +633,7 @@ class FastForward:
         return out
 
     @staticmethod
-    def _passed(site: Loop) -> str:
+    def _passed(site: LoopStatement) -> str:
         """What a note says of the iterations passed over to reach a guard's (:meth:`_jump`)."""
         if not site.passed:
             return ""
