@@ -40,3 +40,19 @@ def test_seed_001_some_tensor_finding_says_how_to_fix_it() -> None:
     assert (finding.device, finding.expected, finding.shape) == ("cpu", "cuda:0", (5, 5))
     assert "register_buffer" in finding.hint
     assert not report.ok
+
+
+def test_a_repaired_call_that_still_fails_on_the_inferred_input_stops_the_forward() -> None:
+    """Seed 001 with the inferred batch of 2: a GPU raises the mismatch at the add (PC201 there), and
+    with the devices agreeing the add still fails (a [5, 5] tensor does not broadcast to [2, 5]), so
+    the forward did not get past that line: the report says so, as for any stop on an inferred input."""
+    report = placecheck.audit(load_file(FIXTURES / "seed_001_some_tensor.py"), device="cuda",
+                              engine="fake")
+    assert sorted(f.code for f in report.findings) == ["PC101", "PC201"]
+    crash = next(f for f in report.findings if f.code == "PC201")
+    assert crash.source.endswith(":13")
+    assert "stopped at" in report.incomplete and ":13" in report.incomplete
+    assert "broadcast" in report.incomplete
+    given = placecheck.audit(load_file(FIXTURES / "seed_001_some_tensor.py"), device="cuda",
+                             engine="fake", inputs="float32[5,10]")
+    assert not given.incomplete  # an input the model fits runs through

@@ -158,6 +158,9 @@ class Tracer:
         """``id()`` of each device copy of a tensor created in forward -> it and its creation."""
         self._mismatch_errors: list[BaseException] = []
         """Errors of ops whose arguments mixed devices that the tracer could not repair."""
+        self._after_repair: list[BaseException] = []
+        """Errors a repaired call raised once its devices agreed (a shape the input does not fit): the
+        forward stops there for a reason of its own, after the mismatch a GPU raises first."""
         self._move = move or (lambda t: t.to(self.target))
         self.pending = PendingCopies()
         """Non-blocking device-to-host copies no synchronize has covered yet (PC210)."""
@@ -284,6 +287,12 @@ class Tracer:
                 return True
             chain = chain.__cause__ or chain.__context__
         return classify.is_engine_mismatch(exc)
+
+    def failed_after_repair(self, exc: BaseException) -> bool:
+        """True when ``exc`` is what a call raised once :meth:`_repair` had put its arguments on one
+        device: a GPU raises the mismatch there first (its PC201 is recorded), and the call fails for
+        another reason after it, so the forward did not get past that line."""
+        return any(exc is known for known in self._after_repair)
 
     def record_error(self, exc: BaseException, phase: str = "forward") -> None:
         """Record what the forward (or backward) raised, at the innermost user frame of its traceback."""
@@ -500,6 +509,7 @@ class Tracer:
             except Exception as again:
                 tensors = list(classify.tensor_arguments(args, kwargs))
                 if not classify.mixes_devices(func, tensors, args):
+                    self._after_repair.append(again)
                     raise
                 exc = again
                 off = [(pos, t) for pos, t in tensors if t.device != self.target]

@@ -691,7 +691,9 @@ def _forward(model: nn.Module, eng: Engine, result: WalkResult, snapshot: Snapsh
         # code correct on a GPU that needs the real driver (an unsimulated torch.cuda API) is the
         # simulation's limit, not a PC207 against the user's code
         limit = classify.simulation_limit(exc) if eng.simulated and not why else ""
-        if not limit and not why and inferred and not tracer.is_mismatch(exc) \
+        # a call that still fails once its devices agree stopped the forward too (after its PC201)
+        if not limit and not why and inferred \
+                and (not tracer.is_mismatch(exc) or tracer.failed_after_repair(exc)) \
                 and not classify.is_missing_device(exc):  # no input makes a missing GPU exist
             line = user_line(exc)
             limit = (f"forward: stopped{f' at {line}' if line else ''} with the inferred input "
