@@ -22,7 +22,7 @@ import pytest
 pytestmark = pytest.mark.cpu_build  # runs on the CPU-only torch build too (Makefile: test-cpu-build)
 
 PACKAGE = Path(__file__).parents[1] / "placecheck"
-ORDER = ["compat", "callbacks", "sources", "classify", "host_syncs", "calls", "cudaapi", "dispatch",
+ORDER = ["compat", "callbacks", "sources", "classify", "repair", "host_syncs", "calls", "cudaapi", "dispatch",
          "autocast", "tagged",
          "shortcuts", "sparse",
          "datadep", "reuse", "engine", "provenance", "events", "hostcopies", "forward_checks", "trace"]

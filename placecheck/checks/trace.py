@@ -62,6 +62,7 @@ from placecheck.engines.compat import DisableTorchFunction
 from placecheck.engines.cudaapi import missing_gpu
 from placecheck.engines.datadep import composite_call
 from placecheck.engines.dispatch import Call, op_name, subscribed
+from placecheck.engines.repair import repaired
 from placecheck.engines.sources import (
     NOWHERE,
     Attribution,
@@ -124,8 +125,6 @@ class Tracer:
     devices are recorded (:class:`~placecheck.checks.events.Copy`, :attr:`flows`), not
     taken for tensors created off the target.
     """
-
-    _MAX_RETRIES = 8
 
     def __init__(self, model: nn.Module, target: str, walk: WalkResult | None = None,
                  move: Callable[[torch.Tensor], torch.Tensor] | None = None,
@@ -389,7 +388,7 @@ class Tracer:
                 if off and classify.is_engine_mismatch(exc):
                     return self._accepted_mix(func, args, kwargs, off, exc)
                 raise
-            out = self._repair(func, args, kwargs, off, exc)
+            out = self._repair(func, args, kwargs, exc)
             off = []
         if isinstance(out, torch.Tensor) and out.device != target:
             missing = missing_gpu(out.device)
@@ -483,12 +482,14 @@ class Tracer:
                 self._device_copies[id(out)] = (out, prov.creation)
 
     def _repair(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
-                off: list[tuple[int, torch.Tensor]], exc: Exception) -> Any:
-        """Record the mismatch, move the offending arguments to the target, and run the call again."""
-        for _ in range(self._MAX_RETRIES):
+                exc: Exception) -> Any:
+        """Record the mismatch, move the offending arguments to the target, and run the call again
+        (:func:`placecheck.engines.repair.repaired`)."""
+        def fix(tensors: list[tuple[int, torch.Tensor]], _: Exception) -> dict[int, torch.Tensor]:
+            off = [(pos, t) for pos, t in tensors if t.device != self.target]
             offending = classify.offending_arguments(func, off, self.target)
             if not offending:
-                break
+                return {}
             devices = sorted({str(t.device) for _, t in off} | {self.target_name})
             site = self._site(sys._getframe())
             moved: dict[int, torch.Tensor] = {}
@@ -503,18 +504,12 @@ class Tracer:
                                                 _dtype(t), _shape(t), expected=self.target_name,
                                                 stages=stages, argument=pos))
                 moved[id(t)] = self._move(t)
-            args, kwargs = classify.replace_tensors(args, moved), classify.replace_tensors(kwargs, moved)
-            try:
-                return func(*args, **kwargs)
-            except Exception as again:
-                tensors = list(classify.tensor_arguments(args, kwargs))
-                if not classify.mixes_devices(func, tensors, args):
-                    self._after_repair.append(again)
-                    raise
-                exc = again
-                off = [(pos, t) for pos, t in tensors if t.device != self.target]
-        self._mismatch_errors.append(exc)
-        raise exc
+            return moved
+
+        def gave_up(error: Exception, after_repair: bool) -> None:
+            (self._after_repair if after_repair else self._mismatch_errors).append(error)
+
+        return repaired(func, args, kwargs, exc, fix, gave_up)
 
     def _off_target_result(self, func: Callable[..., Any], args: tuple[Any, ...],
                            off: list[tuple[int, torch.Tensor]], out: torch.Tensor,

@@ -57,6 +57,7 @@ from placecheck.checks.provenance import CallCounts
 from placecheck.engines import classify
 from placecheck.engines.callbacks import in_callbacks
 from placecheck.engines.dispatch import Call, op_name, subscribed
+from placecheck.engines.repair import repaired
 from placecheck.engines.sources import here, user_line
 from placecheck.findings import rules
 from placecheck.findings.finding import Finding
@@ -87,7 +88,6 @@ _FACTORIES = frozenset(getattr(torch, name) for name in (
     "zeros", "ones", "empty", "full", "tensor", "as_tensor", "arange", "linspace", "rand", "randn",
     "randint", "randperm", "eye", "zeros_like", "ones_like", "empty_like", "full_like", "rand_like",
     "randn_like"))
-_MAX_RETRIES = 4
 
 
 @dataclass
@@ -451,30 +451,26 @@ class RunRecorder:
 
     def _repair(self, func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
                 exc: Exception) -> Any:
-        """Record a device mismatch, move the offending arguments to the majority device, run again.
+        """Record a device mismatch, move the offending arguments to the majority device, run again
+        (:func:`placecheck.engines.repair.repaired`, audit's loop).
 
         The mismatch is :mod:`placecheck.engines.classify`'s decision, as in ``audit``: the engine raised its
         mismatch type, and the devices of the arguments mix in a way no GPU kernel accepts; never an
         error's text. Any other error is the script's and propagates.
         """
-        for _ in range(_MAX_RETRIES):
-            tensors = list(classify.tensor_arguments(args, kwargs))
-            if not classify.mixes_devices(func, tensors):
-                raise exc
+        def fix(tensors: list[tuple[int, torch.Tensor]], error: Exception) -> dict[int, torch.Tensor]:
             # the fake engine checks an in-place op's own device apart, with another exception type
             # (``cpu_total += cuda_loss``): the arguments' devices decide there
-            if not classify.is_engine_mismatch(exc) and not self.fake_engine:
-                raise exc
+            if not classify.is_engine_mismatch(error) and not self.fake_engine:
+                return {}
             on_cuda = [t.device for _, t in tensors if t.device.type == "cuda"]
             if not on_cuda:
-                raise exc
+                return {}
             # the model's device when a parameter takes part (a batch sent to "cuda" is what is off), else
             # the devices most arguments are on
             held = [t.device for _, t in tensors if isinstance(t, nn.Parameter) and t.device.type == "cuda"]
             reference = max(set(held or on_cuda), key=(held or on_cuda).count)
             offending = [t for _, t in classify.offending_arguments(func, tensors, reference)]
-            if not offending:
-                raise exc
             line, frame = here()
             crash = crash_site(sys._getframe())
             moved: dict[int, torch.Tensor] = {}
@@ -483,12 +479,9 @@ class RunRecorder:
                 self._mismatch(func, t, reference, line, frame, crash)
                 with self.quiet():
                     moved[id(t)] = t.to(reference)
-            args, kwargs = classify.replace_tensors(args, moved), classify.replace_tensors(kwargs, moved)
-            try:
-                return func(*args, **kwargs)
-            except Exception as again:
-                exc = again
-        raise exc
+            return moved
+
+        return repaired(func, args, kwargs, exc, fix)
 
     def _mismatch(self, func: Callable[..., Any], t: torch.Tensor, reference: torch.device, line: str,
                   frame: FrameType | None, crash: tuple[str, str] = ("", "")) -> None:
