@@ -259,13 +259,61 @@ class Mix:
                             details=(("op", self.op), ("dtensor", self.dtensor)))
 
 
+@dataclass(frozen=True)
+class DTensorMix:
+    """A call that mixes a plain tensor (not a 0-dim scalar) with a DTensor, which DTensor refuses on the
+    ranks ("got mixed torch.Tensor and DTensor"): decided from the arguments' types, never from
+    DTensor's message. One decision for audit (:class:`DTensorMixes`) and run
+    (:class:`placecheck.run.dtensors.ScriptDTensorMixes`)."""
+
+    op: str
+    dtensors: tuple[Any, ...]
+    plain: torch.Tensor
+
+    @staticmethod
+    def of(call: Call) -> DTensorMix | None:
+        """The mix ``call`` makes; None when it makes none (or only reads a DTensor's metadata)."""
+        if "torch.distributed.tensor" not in sys.modules or call.func in _DTENSOR_METADATA:
+            return None
+        from torch.distributed.tensor import DTensor
+
+        tensors = [t for _, t in call.tensors]
+        dtensors = tuple(t for t in tensors if isinstance(t, DTensor))
+        plain = [t for t in tensors if not isinstance(t, DTensor) and t.dim() > 0]
+        return DTensorMix(call.name, dtensors, plain[0]) if dtensors and plain else None
+
+    @property
+    def dtensor(self) -> Any:
+        return self.dtensors[0]
+
+    @property
+    def placements(self) -> str:
+        """``Shard(dim=0) over DeviceMesh(...)``: how the first DTensor is laid out."""
+        return f"{', '.join(str(p) for p in self.dtensor.placements)} over {self.dtensor.device_mesh}"
+
+    @property
+    def described(self) -> tuple[str, str]:
+        """The plain tensor and the DTensor, for the rule's message."""
+        return (f"{_describe(self.plain)} on {self.plain.device}",
+                f"{_describe(self.dtensor)} {self.placements}")
+
+    def full_values(self, detach: bool = False) -> dict[int, torch.Tensor]:
+        """``id(dtensor) -> its full value`` (detached: no gradient reaches the DTensor through it)."""
+        return {id(d): d.full_tensor().detach() if detach else d.full_tensor() for d in self.dtensors}
+
+    @staticmethod
+    def run_on(call: Call, full: dict[int, torch.Tensor]) -> Any:
+        """``call`` run with its DTensors replaced by their ``full`` values, so the forward goes on."""
+        args, kwargs = tree_map_only(torch.Tensor, lambda x: full.get(id(x), x), (call.args, call.kwargs))
+        return call.func(*args, **kwargs)
+
+
 class DTensorMixes:
-    """Records every op that mixes a plain tensor with a DTensor, and runs it on the DTensor's full
-    value instead, so that the forward goes on and one run reports every such op.
+    """Records every op that mixes a plain tensor with a DTensor (:class:`DTensorMix`), and runs it on the
+    DTensor's full value instead, so that the forward goes on and one run reports every such op.
 
     A handler of the dispatcher, subscribed before the tracer, so the tracer sees the call as the
-    model made it and this handler sees it just before the engine. Decided from the arguments' types
-    (a DTensor among plain tensors), never from PyTorch's message.
+    model made it and this handler sees it just before the engine.
     """
 
     def __init__(self, model: nn.Module, found: list[Mix]) -> None:
@@ -280,26 +328,15 @@ class DTensorMixes:
         self.seen: set[tuple[str, str]] = set()
 
     def __call__(self, call: Call) -> Any:
-        from torch.distributed.tensor import DTensor
-
-        func, args, kwargs = call.func, call.args, call.kwargs
-        tensors = [t for _, t in call.tensors]
-        dtensors = [t for t in tensors if isinstance(t, DTensor)]
-        plain = [t for t in tensors if not isinstance(t, DTensor) and t.dim() > 0]
-        if not dtensors or not plain or func in _DTENSOR_METADATA:
+        mix = DTensorMix.of(call)
+        if mix is None:
             return call.run()
         site = self.attribution.site(sys._getframe(1))
-        op = call.name
-        if (site.source, op) not in self.seen:
-            self.seen.add((site.source, op))
-            d, t = dtensors[0], plain[0]
-            self.found.append(Mix(
-                op, site, f"{_describe(t)} on {t.device}",
-                f"{_describe(d)} {', '.join(str(p) for p in d.placements)} over {d.device_mesh}",
-                str(d.device), self.parameters.get(id(d), "")))
-        full = {id(d): d.full_tensor() for d in dtensors}
-        return func(*tree_map_only(torch.Tensor, lambda x: full.get(id(x), x), (args, kwargs))[0],
-                    **tree_map_only(torch.Tensor, lambda x: full.get(id(x), x), kwargs))
+        if (site.source, mix.op) not in self.seen:
+            self.seen.add((site.source, mix.op))
+            self.found.append(Mix(mix.op, site, *mix.described, str(mix.dtensor.device),
+                                  self.parameters.get(id(mix.dtensor), "")))
+        return mix.run_on(call, mix.full_values())
 
 
 _DTENSOR_METADATA = frozenset({torch.Tensor.dim, torch.Tensor.size, torch.Tensor.numel, torch.Tensor.stride,

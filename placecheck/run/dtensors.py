@@ -323,37 +323,23 @@ class ScriptDTensorMixes:
         self.quieted = quieted
 
     def __call__(self, call: Any) -> Any:
-        import sys
+        from placecheck.placement.replicas import DTensorMix
 
-        if "torch.distributed.tensor" not in sys.modules or self.quieted():
+        mix = None if self.quieted() else DTensorMix.of(call)
+        if mix is None:
             return call.run()
-        from torch.distributed.tensor import DTensor
-
-        tensors = [t for _, t in call.tensors]
-        dtensors = [t for t in tensors if isinstance(t, DTensor)]
-        plain = [t for t in tensors if not isinstance(t, DTensor) and t.dim() > 0]
-        if not dtensors or not plain:
-            return call.run()
-        self.add(self._finding(call.name, plain[0], dtensors[0]))
-        from placecheck.engines.compat import tree_map_only
-
+        self.add(self._finding(mix))
         with self.quiet():  # detached: its backward would run DTensor's collectives outside the simulation
-            full = {id(d): d.full_tensor().detach() for d in dtensors}
-        args, kwargs = tree_map_only(DTensor, lambda d: full.get(id(d), d), (call.args, call.kwargs))
-        return call.func(*args, **kwargs)
+            full = mix.full_values(detach=True)
+        return mix.run_on(call, full)
 
     @staticmethod
-    def _finding(op: str, plain: torch.Tensor, dtensor: Any) -> Any:
+    def _finding(mix: Any) -> Any:
         from placecheck.basics.codes import Code
         from placecheck.engines.sources import here
         from placecheck.findings.rules import dtensor_mixed, make_finding
 
-        def described(t: torch.Tensor) -> str:
-            return f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}"
-
-        placements = ", ".join(str(p) for p in dtensor.placements)
-        message, hint = dtensor_mixed(op, f"{described(plain)} on {plain.device}",
-                                      f"{described(dtensor)} {placements} over {dtensor.device_mesh}")
-        return make_finding(Code.PC201, where="", source=here()[0], device=str(plain.device),
-                            expected=str(dtensor.device), message=message, hint=hint,
-                            details=(("op", op), ("dtensor", f"{placements} over {dtensor.device_mesh}")))
+        message, hint = dtensor_mixed(mix.op, *mix.described)
+        return make_finding(Code.PC201, where="", source=here()[0], device=str(mix.plain.device),
+                            expected=str(mix.dtensor.device), message=message, hint=hint,
+                            details=(("op", mix.op), ("dtensor", mix.placements)))
