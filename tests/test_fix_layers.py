@@ -97,7 +97,7 @@ class Model(nn.Module):
 
     def forward(self, x):
         if self.head is None:
-            self.head = nn.Linear(x.shape[-1], 2)
+            self.head = nn.Linear(x.shape[-1], x.shape[-1] // 2)
         if self.tail is None:
             self.tail = nn.Conv1d(self.width, 2, 1)
         setattr(self, "other", nn.Linear(4, 4))
@@ -137,8 +137,38 @@ def test_where_no_edit_is_safe_the_refusal_says_why_in_one_line(text: str, said:
     assert said in out.reason and "\n" not in out.reason
 
 
+@pytest.mark.parametrize("built, lazy", [
+    ("nn.Linear(x.shape[-1], 2)", "nn.LazyLinear(2)"),
+    ("nn.Linear(in_features=x.size(-1), out_features=2, bias=False)",
+     "nn.LazyLinear(out_features=2, bias=False)"),
+    ("nn.Conv2d(x.shape[1], 16, 3, padding=1)", "nn.LazyConv2d(16, 3, padding=1)"),
+    ("nn.BatchNorm1d(x.shape[1], momentum=0.01)", "nn.LazyBatchNorm1d(momentum=0.01)"),
+], ids=["linear", "keywords", "conv", "norm"])
+def test_a_layer_whose_input_size_alone_reads_the_input_is_built_as_its_lazy_twin(built: str,
+                                                                                  lazy: str) -> None:
+    source = GUARDED.replace("nn.Linear(8, 2, device=x.device)", built)
+    out = _rewritten(source, "self.head = nn.")
+    assert out.after == f"        self.head = {lazy}\n"
+    assert "nn.Lazy" in out.note and "input size" in out.note
+
+
+@pytest.mark.parametrize("built, said", [
+    ("nn.Linear(x.shape[-1], x.shape[-1] // 2)", "read `x`"),  # the output size too: no twin infers it
+    ("Linear(x.shape[-1], 2)", "read `x`"),  # a bare name: its twin may not be imported
+    ("nn.Dropout(x.shape[-1] / 100)", "build it there from sizes __init__ knows"),  # no twin at all
+], ids=["output-size", "bare-name", "no-twin"])
+def test_a_size_other_than_the_input_size_read_from_the_input_is_refused(built: str, said: str) -> None:
+    source = GUARDED.replace("nn.Linear(8, 2, device=x.device)", built)
+    if built.startswith("Linear("):
+        source = source.replace("import torch.nn as nn\n",
+                                "import torch.nn as nn\nfrom torch.nn import Linear\n")
+    out = rewrite(source, Request("PC203", _line(source, f"self.head = {built}"), where="head"))
+    assert isinstance(out, NotFixable), out
+    assert said in out.reason
+
+
 def test_an_attribute_init_sets_after_the_placeholder_is_not_read_before_it_is_set() -> None:
     # self.width is set after self.head's placeholder: building the layer there would read it unset
-    source = REFUSED.replace("nn.Linear(x.shape[-1], 2)", "nn.Linear(self.width, 2)")
+    source = REFUSED.replace("nn.Linear(x.shape[-1], x.shape[-1] // 2)", "nn.Linear(self.width, 2)")
     out = rewrite(source, Request("PC203", _line(source, "nn.Linear(self.width"), where="head"))
     assert isinstance(out, NotFixable) and "`self.width`, which __init__ does not set first" in out.reason

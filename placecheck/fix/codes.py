@@ -42,8 +42,9 @@ AUTOFIX: dict[str, str] = {
         "a layer or parameter built in a method with sizes it knows without the input "
         "(self.head = nn.Linear(8, 2)) is built in __init__ instead: in place of its `self.head = None` "
         "placeholder, else at the end of __init__ (a guard in forward stays; a device= read from the input "
-        "is dropped, since .to() moves it); one whose size reads the input is left, naming its nn.Lazy* "
-        "twin (nn.LazyLinear), which infers it on the first call"),
+        "is dropped, since .to() moves it); when only its input size reads the input it is built as its "
+        "nn.Lazy* twin without it (nn.Linear(x.shape[-1], 2) -> nn.LazyLinear(2)); one whose other sizes "
+        "read the input is left, naming the twin"),
     Code.PC205: (
         "fixed where the index is made, the origin the finding names: the factory there gets device= as for "
         "PC202 (torch.arange(n, device=x.device)), or a tensor attribute becomes a buffer as for PC101"),

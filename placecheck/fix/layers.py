@@ -6,8 +6,10 @@ an optimizer built before the first forward see it: it replaces ``self.head = No
 ``__init__`` has that placeholder, else it ends ``__init__``. A guard stays (it is never true again); a
 construction on every call leaves the method. Only when the construction reads nothing of the method:
 literals, names of the module (imports, constants), builtins and attributes ``__init__`` sets before it;
-a ``device=`` read from the input is dropped, since ``.to()`` moves the layer with the model. A size read
-from the input is refused, naming the ``nn.Lazy*`` twin when torch has one. No torch here.
+a ``device=`` read from the input is dropped, since ``.to()`` moves the layer with the model. When only
+the input size (the first argument of a layer with an ``nn.Lazy*`` twin) reads the input, the layer is
+built as that twin without it (``nn.Linear(x.shape[-1], 2)`` -> ``nn.LazyLinear(2)``); any other size read
+from the input is refused, naming the twin when torch has one. No torch here.
 """
 
 from __future__ import annotations
@@ -29,6 +31,10 @@ _LAZY = frozenset({"Linear", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "C
                    "ConvTranspose3d", "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "InstanceNorm1d",
                    "InstanceNorm2d", "InstanceNorm3d"})
 """torch.nn's layers with an ``nn.Lazy*`` twin (torch 2.4 and later)."""
+
+
+_INPUT_SIZE = frozenset({"in_features", "in_channels", "num_features"})
+"""The keyword of the first argument of those layers: the size their ``nn.Lazy*`` twin infers."""
 
 
 def lazy_equivalent(created: str) -> str:
@@ -78,12 +84,18 @@ def build_in_init(module: cst.Module, request: Request) -> Rewrite | NotFixable:
     lazy = lazy_equivalent(created)
     kind = "parameter" if created == "Parameter" else "layer"
     kept: list[cst.Arg] = []
-    for arg in call.args:
+    inferred = False  # the input size, left to the layer's nn.Lazy* twin
+    for index, arg in enumerate(call.args):
         reads = _reads(arg.value, me)
         local = sorted(n for n in reads.names if n not in module_names and n not in _BUILTINS)
         unknown = sorted(a for a in reads.attrs if a not in before_attrs)
         if arg.keyword is not None and arg.keyword.value == "device" and (local or unknown):
             continue  # .to() moves the layer with the model
+        if local and not unknown and "lambda" not in local and lazy and isinstance(func, cst.Attribute) \
+                and not inferred \
+                and (arg.keyword.value in _INPUT_SIZE if arg.keyword is not None else index == 0):
+            inferred = True  # nn.Linear(x.shape[-1], 2) -> nn.LazyLinear(2): the first call gives it
+            continue
         if local or unknown:
             what = ("make a function (a lambda)" if local and local[0] == "lambda"  # _Reads' mark for one
                     else f"read `{local[0]}`" if local
@@ -99,6 +111,9 @@ def build_in_init(module: cst.Module, request: Request) -> Rewrite | NotFixable:
         return NotFixable(f"class {cls.name.value} has no __init__ of its own to build the {kind} in: add "
                           "one (super().__init__() first) that builds it")
     built = call.with_changes(args=kept)
+    if inferred:
+        assert isinstance(func, cst.Attribute)
+        built = built.with_changes(func=func.with_changes(attr=cst.Name(lazy)))
     new_init_body = list(init.body.body)
     if placeholder is not None:
         small = placeholder.body[0]
@@ -126,9 +141,10 @@ def build_in_init(module: cst.Module, request: Request) -> Rewrite | NotFixable:
     new = module.deep_replace(cls, new_cls)
     assert isinstance(new, cst.Module)
     start, end = min(s for s, _ in span), max(e for _, e in span)
+    lazily = f" as nn.{lazy}, whose first call gives it the input size" if inferred else ""
     return rewritten(module.code, new.code, start, end,
-                     f"self.{attr} is built in __init__: state_dict() holds its keys from construction on, "
-                     "not only after the first forward")
+                     f"self.{attr} is built in __init__{lazily}: state_dict() holds its keys from "
+                     "construction on, not only after the first forward")
 
 
 def _method_at(module: cst.Module, line: int, lines: _Lines) -> tuple[cst.ClassDef, cst.FunctionDef] | None:
