@@ -286,9 +286,11 @@ def test_audit_fix_writes_like_fix_write_and_reports_what_remains(
         "        self.extra: nn.Linear | None = None\n\n"
         "    def forward(self, x: torch.Tensor) -> torch.Tensor:\n"
         "        x = self.proj(x) + torch.randn(x.shape)\n        if self.extra is None:\n"
-        "            self.extra = nn.Linear(x.shape[-1], 4)\n        return self.extra(x) * self.mask\n")
+        "            self.extra = nn.Linear(x.shape[-1], x.shape[-1])\n"
+        "        return self.extra(x) * self.mask\n")
     left = runner.invoke(app, ["audit", "lazy.py:Model", "--fix", "--select", "PC2"])
-    assert left.exit_code == 1, left.output  # the layer built in forward from the input's size (PC203) stays
+    # the layer built in forward with sizes from the input (PC203) stays
+    assert left.exit_code == 1, left.output
     assert "PC203" in left.stdout and "PC101" not in left.stdout and "--fix: wrote lazy.py" in left.stdout
     assert "torch.randn(x.shape, device=x.device)" in (tmp_path / "lazy.py").read_text(), left.stdout
     assert "self.mask = torch.ones(4)" in (tmp_path / "lazy.py").read_text(), "--select PC2 rewrote PC101"

@@ -46,7 +46,7 @@ class Model(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.extra is None:
-            self.extra = nn.Linear(x.shape[-1], 4)  # its size read from the input: no edit moves it
+            self.extra = nn.Linear(x.shape[-1], x.shape[-1])  # sizes read from the input: no edit moves it
         return self.extra(self.proj(x))
 '''
 
