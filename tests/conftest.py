@@ -10,12 +10,19 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    # started with Ctrl-C ignored (a background job of a shell without job control, ``(cmd &)``): the
+    # Ctrl-C tests need it delivered, to this process and to the placecheck processes it starts, which
+    # inherit an ignored signal but not a handler
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
