@@ -138,14 +138,21 @@ COMPAT_REQS = $(1)/bin/python -c 'import tomllib; p = tomllib.load(open("pyproje
 	$(@D)/bin/python -m pip install --quiet --no-deps -e .
 	touch $@
 
-# A venv of its own beside the pinned torch (constraints.txt's torch lines: its other pins would fix
-# transformers): placecheck tells installed packages (site-packages) from the user's code, so
-# transformers must be installed, not put on PYTHONPATH. transformers X.Y is its newest X.Y.*,
-# transformers 5 its newest 5.*.
-.venv-transformers-%/.placecheck-installed: pyproject.toml constraints.txt
-	test -x $(@D)/bin/python || $(PYTHON) -m venv $(@D)
+# A venv of its own beside the pinned torch: placecheck tells installed packages (site-packages) from
+# the user's code, so transformers must be installed, not put on PYTHONPATH. The main venv's packages
+# (the pinned torch among them, 6 GB) are hard-linked into it, which costs no disk: pip only adds and
+# removes files, never rewrites one in place, so the main venv is never changed. Where hard links
+# cannot be made (another file system), the venv installs them instead (constraints.txt's torch
+# lines: its other pins would fix transformers). transformers X.Y is its newest X.Y.*, transformers 5
+# its newest 5.*.
+SITE_OF = $(1) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'
+.venv-transformers-%/.placecheck-installed: pyproject.toml constraints.txt | install
+	rm -rf $(@D)
+	$(PYTHON) -m venv --without-pip $(@D)
 	$(call COMPAT_REQS,$(@D))
 	grep -E '^torch' constraints.txt > $(@D)/constraints.txt
+	cp -al "$$($(call SITE_OF,$(PY)))/." "$$($(call SITE_OF,$(@D)/bin/python))/" 2>/dev/null || \
+	  { echo "no hard links from $(VENV): $(@D) installs its own torch"; $(@D)/bin/python -m ensurepip --quiet; }
 	$(@D)/bin/python -m pip install --quiet -c $(@D)/constraints.txt torch 'transformers~=$*.0' \
 	  -r $(@D)/requirements.txt
 	$(@D)/bin/python -m pip install --quiet --no-deps -e .
@@ -157,19 +164,26 @@ COMPAT_REQS = $(1)/bin/python -c 'import tomllib; p = tomllib.load(open("pyproje
 	$(PY) -m pip install --quiet --target $(@D) '$(if $(filter newest,$*),typer,typer==$*)'
 	touch $@
 
-test-compat: install $(foreach v,$(COMPAT_TORCH),.venv-torch-$(v)/.placecheck-installed) \
-             $(foreach v,$(COMPAT_TRANSFORMERS),.venv-transformers-$(v)/.placecheck-installed) \
-             $(foreach v,$(COMPAT_TYPER),.venv-typer-$(v)/.stamp)
+# Each venv is built just before its leg; COMPAT_KEEP=0 (.ci/run: a clean clone that is thrown away)
+# removes it after its leg, so that the matrix needs the disk of one venv at a time, not of five.
+COMPAT_KEEP ?= 1
+COMPAT_DONE = $(if $(filter 0,$(COMPAT_KEEP)),rm -rf $(1),true)
+test-compat: install
 	@set -e; for v in $(COMPAT_TORCH); do \
+	  $(MAKE) --no-print-directory .venv-torch-$$v/.placecheck-installed; \
 	  echo "== test-compat: torch $$(.venv-torch-$$v/bin/python -c 'import torch; print(torch.__version__)')"; \
-	  .venv-torch-$$v/bin/python -m pytest $(COMPAT_PYTEST) -m compat; done
+	  .venv-torch-$$v/bin/python -m pytest $(COMPAT_PYTEST) -m compat; \
+	  $(call COMPAT_DONE,.venv-torch-$$v); done
 	@echo "== test-compat: torch $$($(PY) -c 'import torch; print(torch.__version__)') (the main venv)"
 	$(PY) -m pytest $(COMPAT_PYTEST) -m compat
 	@set -e; for v in $(COMPAT_TRANSFORMERS); do \
+	  $(MAKE) --no-print-directory .venv-transformers-$$v/.placecheck-installed; \
 	  echo "== test-compat: transformers $$(.venv-transformers-$$v/bin/python -c \
 	    'import transformers; print(transformers.__version__)')"; \
-	  .venv-transformers-$$v/bin/python -m pytest $(COMPAT_PYTEST) -m transformers; done
+	  .venv-transformers-$$v/bin/python -m pytest $(COMPAT_PYTEST) -m transformers; \
+	  $(call COMPAT_DONE,.venv-transformers-$$v); done
 	@set -e; for v in $(COMPAT_TYPER); do \
+	  $(MAKE) --no-print-directory .venv-typer-$$v/.stamp; \
 	  echo "== test-compat: typer $$(PYTHONPATH=$(CURDIR)/.venv-typer-$$v $(PY) -c \
 	    'import importlib.metadata as m; print(m.version("typer"))')"; \
 	  PYTHONPATH=$(CURDIR)/.venv-typer-$$v $(PY) -m pytest $(COMPAT_PYTEST) -m cli; done
