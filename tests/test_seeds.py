@@ -56,3 +56,18 @@ def test_a_repaired_call_that_still_fails_on_the_inferred_input_stops_the_forwar
     given = placecheck.audit(load_file(FIXTURES / "seed_001_some_tensor.py"), device="cuda",
                              engine="fake", inputs="float32[5,10]")
     assert not given.incomplete  # an input the model fits runs through
+
+
+@pytest.mark.parametrize("engine", ["fake", "tagged"])
+def test_a_repaired_call_that_still_fails_on_a_given_input_is_its_own_error(engine: str) -> None:
+    """The same add with an input the user gave (batch 2): the add's shape error is the model's, for
+    that input, once the device is fixed. It is a PC207 at the add beside the PC101 and its crash,
+    never folded into the crash (which would read as a forward checked to its end)."""
+    report = placecheck.audit(load_file(FIXTURES / "seed_001_some_tensor.py"), device="cuda",
+                              engine=engine, inputs="float32[2,10]")
+    codes = sorted(f.code for f in report.findings)
+    assert codes == ["PC101", "PC201", "PC207"], codes
+    error = next(f for f in report.findings if f.code == "PC207")
+    assert error.source.endswith(":13") and error.severity == "error"
+    assert "RuntimeError" in error.message and "once that is fixed the call still fails" in error.message
+    assert not report.incomplete  # the input is the user's: the error is a finding, not a guess gone wrong

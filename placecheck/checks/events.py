@@ -103,6 +103,9 @@ class ForwardError:
     site: EventSite
     mismatch: bool = False
     """The error is a device mismatch the tracer could not repair (PC201)."""
+    after_repair: bool = False
+    """The call raised it once its arguments had been put on one device: a GPU raises the call's device
+    mismatch first (its PC201), and with the devices fixed the call still fails (PC207)."""
 
 
 @dataclass

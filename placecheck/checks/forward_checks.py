@@ -179,7 +179,7 @@ def _finding(event: Event, target: str, lazy_lines: set[str],
         if event.mismatch:
             message, hint = rules.device_mismatch_untraced(event.phase, event.message)
             return _make(Code.PC201, event.site, None, expected=target, message=message, hint=hint)
-        message, hint = rules.forward_error(event.phase, event.message)
+        message, hint = rules.forward_error(event.phase, event.message, after_repair=event.after_repair)
         return _make(Code.PC207, event.site, None, expected=target, message=message, hint=hint,
                      details=(("phase", event.phase),))
     if isinstance(event, StaleRead):

@@ -297,7 +297,10 @@ class Tracer:
         """Record what the forward (or backward) raised, at the innermost user frame of its traceback."""
         frames = frames_of(exc.__traceback__)
         site = self._site(frames[-1]) if frames else NOWHERE
-        self.events.append(ForwardError(phase, one_line(exc), site, mismatch=self.is_mismatch(exc)))
+        # an error raised after the repair chains the mismatch (its __context__), which has its PC201 already
+        after = self.failed_after_repair(exc)
+        mismatch = self.is_mismatch(exc) and not after
+        self.events.append(ForwardError(phase, one_line(exc), site, mismatch=mismatch, after_repair=after))
 
     def backward(self, output: Any) -> None:
         """Backward of the summed floating outputs; then every gradient must be on the target."""

@@ -408,8 +408,15 @@ placecheck audit net:Net --input float32[1,3,224,224]
 """)
 
 
-def forward_error(phase: str, error: str) -> tuple[str, str]:
-    """PC207: the ``phase`` (forward or backward) raised ``error``, not a placement error."""
+def forward_error(phase: str, error: str, after_repair: bool = False) -> tuple[str, str]:
+    """PC207: the ``phase`` (forward or backward) raised ``error``, not a placement error;
+    ``after_repair``: a call raised it once its devices agreed, after its device mismatch (PC201)."""
+    if after_repair:
+        return (f"the {phase} raised {error} at a call whose devices placecheck had made agree: a GPU raises "
+                f"the device mismatch there first, and once that is fixed the call still fails; the rest of "
+                f"the {phase} did not run",
+                "check the input (--input, --example-inputs) and the call's shapes; findings before this "
+                "point are still reported")
     return (f"the {phase} raised {error}",
             "check the input (--input, --example-inputs); findings before this point are still reported")
 
