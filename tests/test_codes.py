@@ -102,6 +102,46 @@ def test_findings_are_built_only_by_the_rules() -> None:
     assert set(calls) == set(FINDING_BUILDERS), "build a finding with rules.make_finding(Code.PCnnn, ...)"
 
 
+ROOMS_BUILDING_FINDINGS = {
+    "checks/forward_checks.py": 1, "checks/walk.py": 2, "commands/runner.py": 1, "placement/dispatch.py": 1,
+    "placement/replicas.py": 1, "run/causes.py": 1, "run/dtensors.py": 1, "run/optimizers.py": 2,
+    "run/ranks.py": 4, "run/recorder.py": 9,
+}
+"""Modules outside ``findings/rules/`` that still call ``make_finding`` themselves, and how often: the rest of
+issue 41 item 4 (the checkpoint rules build their own findings since 2026-11-28). The count may only fall:
+a new check's finding is built by its rule family."""
+
+
+def make_finding_calls(root: Path) -> Counter[str]:
+    """How many calls of ``make_finding(...)`` each module under ``root`` makes, ``findings/rules/`` aside."""
+    found: Counter[str] = Counter()
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if rel.startswith("findings/rules/"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call):
+                name = node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", "")
+                if name == "make_finding":
+                    found[rel] += 1
+    return found
+
+
+def test_rooms_building_their_own_findings_only_get_fewer() -> None:
+    calls = make_finding_calls(Path(placecheck.__file__).parent)
+    grown = {m: n for m, n in calls.items() if n > ROOMS_BUILDING_FINDINGS.get(m, 0)}
+    assert not grown, f"build these findings in a family of findings/rules/, not in the room: {grown}"
+    shrunk = {m: n for m, n in ROOMS_BUILDING_FINDINGS.items() if calls.get(m, 0) < n}
+    assert not shrunk, f"fewer make_finding calls than recorded: set ROOMS_BUILDING_FINDINGS to {dict(calls)}"
+
+
+def test_the_make_finding_scan_sees_a_call_and_skips_the_rules(tmp_path: Path) -> None:
+    (tmp_path / "findings" / "rules").mkdir(parents=True)
+    (tmp_path / "findings" / "rules" / "walk.py").write_text("f = make_finding(c)\n")
+    (tmp_path / "room.py").write_text("a = rules.make_finding(c)\nb = make_finding(c)\nmake_finding\n")
+    assert make_finding_calls(tmp_path) == {"room.py": 2}
+
+
 def test_the_finding_scan_sees_a_call(tmp_path: Path) -> None:
     (tmp_path / "check.py").write_text("from placecheck.findings import finding\n"
                                        "a = Finding(code=c)\nb = finding.Finding(code=c)\nFinding\n")

@@ -20,8 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from placecheck.basics.codes import Code
+from placecheck.findings import rules
 from placecheck.findings.finding import Finding
-from placecheck.findings.rules import make_finding
 
 TensorSpec = tuple[tuple[int, ...], str]
 """``(shape, dtype)`` of one state_dict entry; dtype without ``torch.``."""
@@ -162,19 +162,6 @@ def nbytes(spec: TensorSpec) -> int:
     return numel * itemsize
 
 
-def _fmt(spec: TensorSpec) -> str:
-    shape, dtype = spec
-    return f"{dtype}{list(shape)}"
-
-
-def _finding(code: str, where: str, message: str, hint: str, *, expected: str = "", shape: tuple[int, ...] |
-             None = None, dtype: str = "", count: int = 0, nbytes: int = 0,
-             details: tuple[tuple[str, str], ...] = ()) -> Finding:
-    return make_finding(code, where=where, message=message,
-                        hint=hint, expected=expected, shape=shape, dtype=dtype, count=count, nbytes=nbytes,
-                        details=details)
-
-
 def compare_state_dicts(ckpt: Mapping[str, TensorSpec], model: Mapping[str, TensorSpec],
                         model_name: str = "the model") -> Comparison:
     """Compare a checkpoint's state_dict with a model's, keys in their original order."""
@@ -184,54 +171,21 @@ def compare_state_dicts(ckpt: Mapping[str, TensorSpec], model: Mapping[str, Tens
     if fix is not None:
         affected = sum(fix.apply(k) != k for k in ckpt_keys)
         origin = KNOWN_PREFIXES.get(fix.prefix, "the model was wrapped differently when saved")
-        if fix.strip:
-            msg = (f"{affected} checkpoint keys start with {fix.prefix!r} and {model_name}'s do not "
-                   f"({origin}): load_state_dict(strict=True) fails with every key missing and unexpected")
-            hint = (f"strip the prefix before loading: {fix.code()} (or "
-                    f"torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(state, "
-                    f"{fix.prefix!r}))")
-        else:
-            msg = (f"{model_name}'s keys start with {fix.prefix!r} and the checkpoint's {affected} keys "
-                   f"do not ({origin}): load_state_dict(strict=True) fails with every key missing "
-                   "and unexpected")
-            hint = (f"load into the unwrapped model (model.{fix.prefix.rstrip('.').split('.')[0]}), "
-                    f"or add the prefix: {fix.code()}")
-        findings.append(_finding(Code.PC302, f"<prefix {fix.prefix}>", msg, hint, count=affected,
-                                 nbytes=sum(nbytes(ckpt[k]) for k in ckpt_keys if fix.apply(k) != k),
-                                 details=(("prefix", fix.prefix),
-                                          ("action", "strip" if fix.strip else "add"))))
+        findings.append(rules.key_prefix(fix.prefix, origin, affected,
+                                         sum(nbytes(ckpt[k]) for k in ckpt_keys if fix.apply(k) != k),
+                                         strip=fix.strip, model=model_name, fix_code=fix.code()))
     mapped = {k: (fix.apply(k) if fix else k) for k in ckpt_keys}
     present = set(mapped.values())
     missing = [key for key in model_keys if key not in present]
-    missing_hint = ("with strict=False it keeps its initial values; check that the checkpoint belongs to "
-                    "this model and configuration")
     for module, keys in whole_modules(missing, [k for k in model_keys if k in present]):
-        if module is None:
-            spec = model[keys[0]]
-            findings.append(_finding(
-                Code.PC302, keys[0], f"{model_name} expects {keys[0]!r} ({_fmt(spec)}) and the checkpoint "
-                "lacks it", missing_hint, shape=spec[0], dtype=spec[1]))
-        else:
-            findings.append(_finding(
-                Code.PC302, f"{module}.*", f"{model_name} expects {len(keys)} keys under {module!r} "
-                f"({keys[0]}, ...) and the checkpoint has none of them: {model_name} has a module the "
-                "checkpoint's model did not", missing_hint, count=len(keys),
-                nbytes=sum(nbytes(model[k]) for k in keys)))
+        findings.append(rules.missing_key(keys[0], model[keys[0]], model=model_name) if module is None else
+                        rules.missing_module(module, keys, sum(nbytes(model[k]) for k in keys),
+                                             model=model_name))
     unexpected = [ckey for ckey, mkey in mapped.items() if mkey not in model]
-    unexpected_hint = ("drop it before load_state_dict(strict=True), or build the model the checkpoint was "
-                       "saved from")
     for module, keys in whole_modules(unexpected, [k for k, m in mapped.items() if m in model]):
-        if module is None:
-            spec = ckpt[keys[0]]
-            findings.append(_finding(
-                Code.PC303, keys[0], f"the checkpoint has {keys[0]!r} ({_fmt(spec)}) and {model_name} has no "
-                "such key", unexpected_hint, shape=spec[0], dtype=spec[1]))
-        else:
-            findings.append(_finding(
-                Code.PC303, f"{module}.*", f"the checkpoint has {len(keys)} keys under {module!r} "
-                f"({keys[0]}, ...) and {model_name} has none of them: the checkpoint's model had a module "
-                f"{model_name} has not", unexpected_hint, count=len(keys),
-                nbytes=sum(nbytes(ckpt[k]) for k in keys)))
+        findings.append(rules.unexpected_key(keys[0], ckpt[keys[0]], model=model_name) if module is None else
+                        rules.unexpected_module(module, keys, sum(nbytes(ckpt[k]) for k in keys),
+                                                model=model_name))
     key_map: dict[str, str] = {}
     for ckey, mkey in mapped.items():
         spec = ckpt[ckey]
@@ -239,18 +193,9 @@ def compare_state_dicts(ckpt: Mapping[str, TensorSpec], model: Mapping[str, Tens
             continue
         want = model[mkey]
         if tuple(spec[0]) != tuple(want[0]):
-            findings.append(_finding(
-                Code.PC304, mkey, f"checkpoint shape {list(spec[0])} for {mkey!r}, {model_name} has "
-                f"{list(want[0])}: load_state_dict raises 'size mismatch' even with strict=False",
-                "build the model with the checkpoint's configuration, or drop the key and "
-                "re-initialise it", shape=spec[0], dtype=spec[1],
-                details=(("checkpoint_shape", str(list(spec[0]))), ("model_shape", str(list(want[0]))))))
+            findings.append(rules.shape_mismatch(mkey, spec, want, model=model_name))
             continue
         key_map[ckey] = mkey
         if spec[1] != want[1]:
-            findings.append(_finding(
-                Code.PC305, mkey, f"checkpoint dtype {spec[1]} for {mkey!r}, {model_name} has {want[1]}: "
-                "load_state_dict casts silently", f"convert the model first (model.to(torch.{spec[1]})) "
-                "if the checkpoint's precision is intended", shape=spec[0], dtype=spec[1],
-                details=(("checkpoint_dtype", spec[1]), ("model_dtype", want[1]))))
+            findings.append(rules.dtype_mismatch(mkey, spec, want, model=model_name))
     return Comparison(tuple(findings), fix, key_map, len(missing), len(unexpected))

@@ -47,9 +47,10 @@ from placecheck.checkpoint.metadata import (
 )
 from placecheck.checkpoint.pt2 import load_pt2_state_dict
 from placecheck.engines.compat import torch_note
+from placecheck.findings import rules
 from placecheck.findings.finding import Finding
 from placecheck.findings.report import Report
-from placecheck.findings.rules import make_finding, selected
+from placecheck.findings.rules import selected
 
 
 class UnsafeCheckpointError(LoadError):
@@ -150,56 +151,17 @@ def _load_call(meta: CheckpointMeta, device: str) -> str:
     return f'torch.load({json.dumps(meta.path)}, map_location="{device}", weights_only=True)'
 
 
-def _tensors(n: int, nbytes: int) -> str:
-    return f"{n} tensor ({human_bytes(nbytes)}) was" if n == 1 else \
-        f"{n} tensors ({human_bytes(nbytes)}) were"
-
-
-def _tensors_where(u: DeviceUsage) -> str:
-    """A PC301's ``where``: the key of its one tensor, or what it covers (``<96 tensors on cuda:1>``), never
-    one key for many tensors."""
-    return u.first_key if u.tensors == 1 else f"<{u.tensors} tensors on {u.location}>"
-
-
 def device_findings(meta: CheckpointMeta, device: str, gpus: int) -> list[Finding]:
     """PC301: storages saved on devices the target machine lacks, or on several devices."""
     usage = [u for u in device_usage(meta) if u.location]
-    have = f"{gpus} GPU{'s' if gpus != 1 else ''}" if gpus else "no GPU"
-    if meta.format is CheckpointFormat.TORCH_EXPORT:
-        hint = (f"torch.export.load has no map_location: export the program from a model on {device} "
-                "(or on the CPU and move the loaded module)")
-    else:
-        hint = f"load with map_location: {_load_call(meta, device)}"
-    out = []
     loader = _loader(meta)
-    for u in usage:
-        if _available(u.location, device, gpus):
-            continue
-        if meta.format is CheckpointFormat.TORCH_EXPORT:  # no map_location: each tensor goes .to(saved)
-            why = (f"torch.export.load puts each tensor back on {u.location}, which fails on a machine "
-                   f"with {have}")
-        elif u.location.startswith("cuda"):
-            idx = Device.of(u.location).ordinal
-            why = (f"{loader} without map_location raises 'Attempting to deserialize object on a CUDA "
-                   "device but torch.cuda.is_available() is False'" if not gpus else
-                   f"{loader} without map_location raises 'Attempting to deserialize object on CUDA "
-                   f"device {idx} but torch.cuda.device_count() is {gpus}'")
-        else:
-            why = f"{loader} without map_location cannot restore tensors on {u.location}"
-        out.append(make_finding(
-            Code.PC301, where=_tensors_where(u),
-            message=f"{_tensors(u.tensors, u.nbytes)} saved on {u.location} and the "
-                    f"target machine has {have}: {why}",
-            hint=hint, device=u.location, expected=device, nbytes=u.nbytes, count=u.tensors))
+    hint = rules.checkpoint_load_hint(loader, _load_call(meta, device), device)
+    out = [rules.checkpoint_on_absent_device(u.location, u.tensors, u.nbytes, u.first_key, loader=loader,
+                                             gpus=gpus, target=device, hint=hint)
+           for u in usage if not _available(u.location, device, gpus)]
     if not out and len(usage) > 1:
-        spread = ", ".join(f"{u.location}: {u.tensors}" for u in usage)
-        out.append(make_finding(
-            Code.PC301,
-            where=f"<{sum(u.tensors for u in usage)} tensors on {len(usage)} devices>",
-            message=f"tensors were saved on {len(usage)} devices ({spread}): without map_location "
-                    f"{loader} puts each back where it was saved, so the loaded state mixes devices",
-            hint=hint, device=", ".join(u.location for u in usage), expected=device,
-            nbytes=sum(u.nbytes for u in usage), count=sum(u.tensors for u in usage)))
+        out.append(rules.checkpoint_on_several_devices([(u.location, u.tensors, u.nbytes) for u in usage],
+                                                       loader=loader, target=device, hint=hint))
     return out
 
 
@@ -210,19 +172,7 @@ def unsafe_globals_text(meta: CheckpointMeta) -> str:
 
 def unsafe_finding(meta: CheckpointMeta, trusted: bool, loaded: bool = True) -> Finding:
     """PC306 for a pickle that names globals outside torch's weights_only allowlist."""
-    names = unsafe_globals_text(meta)
-    if not trusted:
-        done = "placecheck did not load it"
-    elif loaded:
-        done = "loaded with weights_only=False because --trust was given: its code ran"
-    else:
-        done = "--trust was given, but placecheck did not need to load it"
-    return make_finding(
-        Code.PC306, where="",
-        message=f"loading needs weights_only=False, which runs code named in the file ({names}); {done}",
-        hint="if you trust the file, pass --trust; better, re-save it as a state_dict "
-             "(torch.save(model.state_dict(), ...)) or as safetensors",
-        details=tuple(("global", g) for g in meta.unsafe_globals))
+    return rules.unsafe_checkpoint(meta.unsafe_globals, trusted=trusted, loaded=loaded)
 
 
 def _spec(t: Any) -> TensorSpec:

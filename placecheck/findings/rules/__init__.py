@@ -78,8 +78,19 @@ from placecheck.findings.rules.script import (
     sync_in_installed_forward,
 )
 from placecheck.findings.rules.training import (
+    checkpoint_load_hint,
+    checkpoint_on_absent_device,
+    checkpoint_on_several_devices,
+    dtype_mismatch,
+    key_prefix,
+    missing_key,
+    missing_module,
     optimizer_state_off_device,
+    shape_mismatch,
     stale_optimizer,
+    unexpected_key,
+    unexpected_module,
+    unsafe_checkpoint,
 )
 from placecheck.findings.rules.walk import (
     buffer_off_device,
@@ -97,15 +108,16 @@ seal()  # every family above declared its rules: sort them, and refuse a Code wi
 
 __all__ = [
     "RAISED_BY_EVIDENCE", "RULES", "SEVERITY_CHANGES", "Code", "Rule", "SeverityChange", "buffer_off_device",
-    "came_from", "collective_on_host", "created_in_forward", "created_in_script", "created_off_device",
-    "created_then_cached",
-    "device_mismatch", "device_mismatch_untraced", "dtensor_mixed", "expand", "forward_error",
-    "generator_off_device", "gradient_off_device", "host_argument_on_device", "host_sync",
-    "implicit_transfer", "in_library", "landed_on", "layer_built_in_forward", "left_out_of_sharding",
-    "library_state_hint", "loop_sync", "made_by_api", "make_finding", "offloaded_weights", "on_replicas",
-    "optimizer_state_off_device", "output_off_device", "param_off_device", "ping_pong", "placed_stray",
-    "rank_loaded_off_device", "rank_off_device", "ranks_share_gpu", "repeated_copy", "rule",
-    "script_device_mismatch", "script_error", "selected", "severity", "severity_changes", "stale_optimizer",
-    "stray_handled_by_forward", "stray_tensor", "sync_in_installed_forward", "unregistered_module",
-    "unregistered_parameter", "unsynchronized_read",
+    "came_from", "checkpoint_load_hint", "checkpoint_on_absent_device", "checkpoint_on_several_devices",
+    "collective_on_host", "created_in_forward", "created_in_script", "created_off_device",
+    "created_then_cached", "device_mismatch", "device_mismatch_untraced", "dtensor_mixed", "dtype_mismatch",
+    "expand", "forward_error", "generator_off_device", "gradient_off_device", "host_argument_on_device",
+    "host_sync", "implicit_transfer", "in_library", "key_prefix", "landed_on", "layer_built_in_forward",
+    "left_out_of_sharding", "library_state_hint", "loop_sync", "made_by_api", "make_finding", "missing_key",
+    "missing_module", "offloaded_weights", "on_replicas", "optimizer_state_off_device", "output_off_device",
+    "param_off_device", "ping_pong", "placed_stray", "rank_loaded_off_device", "rank_off_device",
+    "ranks_share_gpu", "repeated_copy", "rule", "script_device_mismatch", "script_error", "selected",
+    "severity", "severity_changes", "shape_mismatch", "stale_optimizer", "stray_handled_by_forward",
+    "stray_tensor", "sync_in_installed_forward", "unexpected_key", "unexpected_module", "unregistered_module",
+    "unregistered_parameter", "unsafe_checkpoint", "unsynchronized_read",
 ]
