@@ -24,10 +24,8 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from placecheck.basics.codes import Code
 from placecheck.engines.sources import here
 from placecheck.findings import rules
-from placecheck.findings.rules import make_finding
 
 if typing.TYPE_CHECKING:
     from placecheck.run.session import Recording
@@ -105,12 +103,8 @@ class Optimizers:
             self.reported.add(report_key)
             line = self.resumed.get(opt) or self.built.get(opt, "")
             state_on, params_on = ", ".join(sorted(devices)), ", ".join(sorted(param_devices))
-            message, hint = rules.optimizer_state_off_device(off_count, off_bytes, index, state_on, params_on)
-            self.recorder.add(make_finding(
-                Code.PC307,
-                where=f"{type(opt).__name__}.param_groups[{index}]", message=message, hint=hint,
-                source=line, device=state_on, expected=params_on, nbytes=off_bytes, count=off_count,
-                details=(("optimizer", type(opt).__name__),)))
+            self.recorder.add(rules.optimizer_state_off_device(
+                type(opt).__name__, index, off_count, off_bytes, state_on, params_on, line=line))
 
     def _check_params(self, opt: torch.optim.Optimizer) -> None:
         """PC308: the optimizer holds Parameter objects no live module registers any more (replaced)."""
@@ -141,13 +135,8 @@ class Optimizers:
         shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
         model = ", ".join(sorted({cls for cls, _ in unstepped.values()}))
         line = self.built.get(opt, "")
-        message, hint = rules.stale_optimizer(type(opt).__name__, line, len(stale), model,
-                                              len(unstepped), shown)
-        self.recorder.add(make_finding(
-            Code.PC308, where=f"{type(opt).__name__}",
-            message=message, hint=hint,
-            source=line, count=len(stale), module=model,
-            details=(("optimizer", type(opt).__name__), ("parameters", shown))))
+        self.recorder.add(rules.stale_optimizer(type(opt).__name__, line, len(stale), model, len(unstepped),
+                                                shown))
 
 
 class _Held:

@@ -3,11 +3,10 @@ code (PC301-PC306), and an optimizer whose state or parameters are not the model
 (PC307, PC308).
 
 Each rule's declaration (code, kind, default severity, title, explanation, wrong and right
-code) comes first, then its builders: plain data in. The checkpoint rules' builders (PC301-PC306)
-return the finding itself, so that ``placecheck.checkpoint`` only gathers the evidence (issue 41 item 4:
-a finding is built by its rule; ``tests/test_codes.py`` counts the rooms that still build their own);
-the optimizer rules' return (message, hint). Shared machinery (the rule table, the severity policy) is
-:mod:`.registry`'s. No torch here.
+code) comes first, then its builders: plain data in, the finding out, so that ``placecheck.checkpoint``
+and ``placecheck.run.optimizers`` only gather the evidence (issue 41 item 4: a finding is built by its
+rule; ``tests/test_codes.py`` counts the rooms that still build their own). Shared machinery (the rule
+table, the severity policy) is :mod:`.registry`'s. No torch here.
 """
 
 from __future__ import annotations
@@ -262,20 +261,24 @@ optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 """)
 
 
-def optimizer_state_off_device(count: int, nbytes: int, group: int, state_on: str,
-                               params_on: str) -> tuple[str, str]:
-    """PC307: ``count`` state tensors of param group ``group`` on ``state_on``, its parameters on
-    ``params_on``."""
+def optimizer_state_off_device(optimizer: str, group: int, count: int, nbytes: int, state_on: str,
+                               params_on: str, *, line: str) -> Finding:
+    """PC307: ``count`` state tensors of ``optimizer``'s param group ``group`` on ``state_on``, its
+    parameters on ``params_on``; ``line``: where the state was loaded (or the optimizer built)."""
     plural = count != 1
-    return (f"{count} state tensor{'s' if plural else ''} ({human_bytes(nbytes)}) of param group {group} "
-            f"{'are' if plural else 'is'} on {state_on} while the parameters are on {params_on}: the first "
-            "step mixes devices",
-            "load_state_dict casts the state to where the parameters are at that moment: move the model to "
-            "the device before optimizer.load_state_dict (or build the optimizer after the move)")
+    return make_finding(
+        Code.PC307, where=f"{optimizer}.param_groups[{group}]",
+        message=f"{count} state tensor{'s' if plural else ''} ({human_bytes(nbytes)}) of param group "
+                f"{group} {'are' if plural else 'is'} on {state_on} while the parameters are on "
+                f"{params_on}: the first step mixes devices",
+        hint="load_state_dict casts the state to where the parameters are at that moment: move the model to "
+             "the device before optimizer.load_state_dict (or build the optimizer after the move)",
+        source=line, device=state_on, expected=params_on, nbytes=nbytes, count=count,
+        details=(("optimizer", optimizer),))
 
 
 def stale_optimizer(optimizer: str, built_at: str, held: int, model: str, unstepped: int,
-                    shown: str) -> tuple[str, str]:
+                    shown: str) -> Finding:
     """PC308: ``optimizer`` built at ``built_at`` holds ``held`` parameters no live module registers any
     more; the ``model`` the script runs has ``unstepped`` (``shown``) no optimizer steps (when
     ``unstepped`` is 0, ``shown`` names the replaced parameters)."""
@@ -287,6 +290,9 @@ def stale_optimizer(optimizer: str, built_at: str, held: int, model: str, unstep
                    f"({shown})")
     else:
         message = f"{replaced}: {shown}"
-    return (message,
-            "build the optimizer from the model the script trains, after the model is re-created, reloaded "
-            "or moved: optimizer = Optim(model.parameters()) last")
+    return make_finding(
+        Code.PC308, where=optimizer, message=message,
+        hint="build the optimizer from the model the script trains, after the model is re-created, reloaded "
+             "or moved: optimizer = Optim(model.parameters()) last",
+        source=built_at, count=held, module=model,
+        details=(("optimizer", optimizer), ("parameters", shown)))
