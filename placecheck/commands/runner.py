@@ -48,9 +48,10 @@ from placecheck.basics.config import ISOLATION_CHOICES, PROGRESS_CHOICES, ModelC
 from placecheck.basics.devices import normalize_device
 from placecheck.basics.errors import UsageError, one_line
 from placecheck.basics.forkserver import ChildFiles, ForkServer, ServerGone, fork_available
+from placecheck.findings import rules
 from placecheck.findings.formats.json import finding_from_dict, report_from_dict
 from placecheck.findings.report import Report
-from placecheck.findings.rules import expand, make_finding
+from placecheck.findings.rules import expand
 
 __all__ = ["INCOMPLETE", "ChildFiles", "ForkServer", "ModelOutcome", "ServerGone", "WarmPool",
            "audit_in_subprocess", "finding_from_dict", "finish", "fork_available", "preload_modules",
@@ -84,19 +85,7 @@ class ModelOutcome:
 
 
 def _incomplete(model: ModelConfig, reason: str, message: str, stderr: str = "") -> Report:
-    hints = {
-        "timeout": "raise --timeout (or the model's timeout), or make the model smaller to build",
-        "crash": "run `placecheck audit` on this model alone with --debug; the interpreter's last "
-                 "stack lines are in the finding's details (--format json or junit)",
-        "out-of-memory": "give the runner more memory, or build the model with --init meta",
-        "load-error": "fix the model's entry in the config (target, kwargs, inputs)",
-        "error": "rerun this model alone with --debug and report it",
-    }
-    details = [("reason", reason)]
-    if stderr:
-        details.append(("stderr", stderr))
-    finding = make_finding(INCOMPLETE, where="", message=message,
-                           hint=hints[reason], details=tuple(details))
+    finding = rules.audit_incomplete(reason, message, stderr)
     try:
         device = normalize_device(model.options.device, keep=True)
     except UsageError:

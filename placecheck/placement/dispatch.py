@@ -47,9 +47,9 @@ from placecheck.basics.values import Device
 from placecheck.checks.events import Copy
 from placecheck.checks.expected import Expected, Placement
 from placecheck.engines.cudaapi import cuda_queries_simulated
+from placecheck.findings import rules
 from placecheck.findings.finding import Finding
 from placecheck.findings.report import DeviceMap, StageRow
-from placecheck.findings.rules import make_finding
 
 INSTALL_HINT = "pip install 'placecheck[accelerate]'"
 
@@ -448,8 +448,6 @@ def offload_findings(findings: Iterable[Finding], copies: Iterable[Copy], device
     """``findings`` with one PC208 per offloaded map entry whose weights the forward copied, in the
     rule's words for an offload, instead of the per-line PC208s of those copies: what a user decides
     on is the entry, not each of its tensors. Decided from the copies the forward made."""
-    from placecheck.findings import rules
-
     placed = device_map.as_accelerate()
     main = main_device(device_map)
     kept = [f for f in findings
@@ -462,12 +460,7 @@ def offload_findings(findings: Iterable[Finding], copies: Iterable[Copy], device
         device = str(placed[entry])
         nbytes = sum(c.nbytes for c in moved)
         weights = list(dict.fromkeys(c.weights for c in moved))
-        message, hint = rules.offloaded_weights(entry, device, main, nbytes, len(weights))
-        site = moved[0].site
-        kept.append(make_finding(Code.PC208, where=entry, module=entry,
-                                 source=site.source, device=device, expected=main, nbytes=nbytes,
-                                 count=len(weights), origin=entry, message=message, hint=hint,
-                                 details=(("offloaded", device), ("weights", ", ".join(weights)))))
+        kept.append(rules.offloaded_weights(entry, device, main, weights, nbytes, moved[0].site.source))
     return kept
 
 

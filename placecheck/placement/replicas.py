@@ -72,7 +72,7 @@ from placecheck.engines.dispatch import Call, subscribed
 from placecheck.engines.engine import current_device_moves
 from placecheck.engines.sources import Attribution, EventSite
 from placecheck.findings.finding import Finding
-from placecheck.findings.rules import dtensor_mixed, left_out_of_sharding, make_finding, on_replicas
+from placecheck.findings.rules import dtensor_mixed, left_out_of_sharding, on_replicas
 
 __all__ = ["Replica", "Replicas", "data_parallel_simulated", "devices", "merge", "merged_notes",
            "no_replicas", "plan", "unwrap"]
@@ -252,11 +252,8 @@ class Mix:
 
     def finding(self, target: str) -> Finding:
         """PC201 (see :func:`placecheck.findings.rules.dtensor_mixed` for why that code)."""
-        message, hint = dtensor_mixed(self.op, self.plain, self.dtensor)
-        return make_finding(Code.PC201, where=self.site.where,
-                            source=self.site.source, device=self.device, expected=target, origin=self.origin,
-                            module=self.site.where, message=message, hint=hint,
-                            details=(("op", self.op), ("dtensor", self.dtensor)))
+        return dtensor_mixed(self.op, self.plain, self.dtensor, self.dtensor, where=self.site.where,
+                             source=self.site.source, device=self.device, expected=target, origin=self.origin)
 
 
 @dataclass(frozen=True)

@@ -335,11 +335,9 @@ class ScriptDTensorMixes:
 
     @staticmethod
     def _finding(mix: Any) -> Any:
-        from placecheck.basics.codes import Code
         from placecheck.engines.sources import here
-        from placecheck.findings.rules import dtensor_mixed, make_finding
+        from placecheck.findings.rules import dtensor_mixed
 
-        message, hint = dtensor_mixed(mix.op, *mix.described)
-        return make_finding(Code.PC201, where="", source=here()[0], device=str(mix.plain.device),
-                            expected=str(mix.dtensor.device), message=message, hint=hint,
-                            details=(("op", mix.op), ("dtensor", mix.placements)))
+        plain, dtensor = mix.described
+        return dtensor_mixed(mix.op, plain, dtensor, mix.placements, where="", source=here()[0],
+                             device=str(mix.plain.device), expected=str(mix.dtensor.device))

@@ -25,7 +25,6 @@ family. This package must not import torch.
 from __future__ import annotations
 
 from placecheck.basics.codes import Code, expand
-from placecheck.findings.rules import incomplete as incomplete  # declares PC901; no builders
 from placecheck.findings.rules.forward import (
     came_from,
     created_in_forward,
@@ -49,6 +48,7 @@ from placecheck.findings.rules.forward import (
     ping_pong,
     unsynchronized_read,
 )
+from placecheck.findings.rules.incomplete import audit_incomplete
 from placecheck.findings.rules.ranks import (
     collective_on_host,
     rank_loaded_off_device,
@@ -107,7 +107,8 @@ from placecheck.findings.rules.walk import (
 seal()  # every family above declared its rules: sort them, and refuse a Code without one
 
 __all__ = [
-    "RAISED_BY_EVIDENCE", "RULES", "SEVERITY_CHANGES", "Code", "Rule", "SeverityChange", "buffer_off_device",
+    "RAISED_BY_EVIDENCE", "RULES", "SEVERITY_CHANGES", "Code", "Rule", "SeverityChange", "audit_incomplete",
+    "buffer_off_device",
     "came_from", "checkpoint_load_hint", "checkpoint_on_absent_device", "checkpoint_on_several_devices",
     "collective_on_host", "created_in_forward", "created_in_script", "created_off_device",
     "created_then_cached", "device_mismatch", "device_mismatch_untraced", "dtensor_mixed", "dtype_mismatch",

@@ -17,7 +17,8 @@ from placecheck.basics.codes import Code
 from placecheck.basics.devices import human_bytes
 from placecheck.basics.gpu_errors import gpu_error
 from placecheck.basics.values import Device
-from placecheck.findings.rules.registry import E, W, declare
+from placecheck.findings.finding import Finding
+from placecheck.findings.rules.registry import E, W, declare, make_finding
 
 declare(Code.PC201, "device-mismatch", E, "forward", "an op mixed tensors on different devices", """
 An operation received tensors on two devices. On a GPU this raises
@@ -161,30 +162,38 @@ def ping_pong(src: str, dst: str, nbytes: int, boundary: str, *, weights: str = 
             "activations' device), so the data crosses once")
 
 
-def offloaded_weights(module: str, device: str, execution: str, nbytes: int,
-                      tensors: int) -> tuple[str, str]:
+def offloaded_weights(module: str, device: str, execution: str, weights: list[str], nbytes: int,
+                      source: str) -> Finding:
     """PC208 under a device map: the entry ``module`` is offloaded to ``device`` (``cpu`` or ``disk``), so
-    accelerate's hooks copy its ``tensors`` weight tensors (``nbytes`` in all) to ``execution`` on every
-    forward (seen in the forward's copies)."""
+    accelerate's hooks copy its ``weights`` (``nbytes`` in all) to ``execution`` on every forward (seen in
+    the forward's copies, the first at ``source``)."""
     read = "read from disk and " if device == "disk" else ""
-    plural = "s" if tensors != 1 else ""
-    return (f"{module or '(root)'!r} is offloaded to {device} by the device map: accelerate's hooks "
-            f"{read}copy its {tensors} weight tensor{plural} ({human_bytes(nbytes)}) to {execution} on every "
-            "forward",
-            "give it room on a GPU (more GPUs or GPU memory: --gpus, --gpu-memory; or a map that puts it on "
-            "one): offloading saves GPU memory at the price of this copy on every call")
+    plural = "s" if len(weights) != 1 else ""
+    return make_finding(
+        Code.PC208, where=module, module=module, source=source, device=device, expected=execution,
+        nbytes=nbytes, count=len(weights), origin=module,
+        message=f"{module or '(root)'!r} is offloaded to {device} by the device map: accelerate's hooks "
+                f"{read}copy its {len(weights)} weight tensor{plural} ({human_bytes(nbytes)}) to {execution} "
+                "on every forward",
+        hint="give it room on a GPU (more GPUs or GPU memory: --gpus, --gpu-memory; or a map that puts it on "
+             "one): offloading saves GPU memory at the price of this copy on every call",
+        details=(("offloaded", device), ("weights", ", ".join(weights))))
 
 
-def dtensor_mixed(op: str, plain: str, dtensor: str) -> tuple[str, str]:
+def dtensor_mixed(op: str, plain: str, dtensor: str, placements: str, *, where: str, source: str, device: str,
+                  expected: str, origin: str = "") -> Finding:
     """PC201 on an FSDP2/DTensor rank: ``op`` mixed a plain tensor (``plain``: dtype, shape, device) with
-    a DTensor (``dtensor``: what it is, its placements and mesh). Not a device mix: a placement mix,
+    a DTensor (``dtensor``: what it is, its ``placements`` and mesh). Not a device mix: a placement mix,
     which raises on the ranks as a device mismatch does on one GPU, and is fixed the same way (put the
     operands where the op's others are)."""
-    return (f"{op} mixed a plain tensor ({plain}) with a DTensor ({dtensor}): on the ranks this raises "
-            "'got mixed torch.Tensor and DTensor'",
-            "a sharded parameter is gathered only inside its own module's forward: call that module (or "
-            "F.* with the module's output), gather it with .full_tensor(), or make the other operand a "
-            "DTensor (DTensor.from_local / distribute_tensor)")
+    return make_finding(
+        Code.PC201, where=where, module=where, source=source, device=device, expected=expected, origin=origin,
+        message=f"{op} mixed a plain tensor ({plain}) with a DTensor ({dtensor}): on the ranks this raises "
+                "'got mixed torch.Tensor and DTensor'",
+        hint="a sharded parameter is gathered only inside its own module's forward: call that module (or "
+             "F.* with the module's output), gather it with .full_tensor(), or make the other operand a "
+             "DTensor (DTensor.from_local / distribute_tensor)",
+        details=(("op", op), ("dtensor", placements)))
 
 
 def generator_off_device(op: str, generator_device: str, device: str) -> tuple[str, str]:
