@@ -50,13 +50,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from placecheck.basics.codes import Code
 from placecheck.basics.errors import UsageError
 from placecheck.basics.options import nproc_value
 from placecheck.engines.sources import here
 from placecheck.findings import rules
 from placecheck.findings.finding import Finding
-from placecheck.findings.rules import make_finding
 
 if TYPE_CHECKING:
     from placecheck.basics.options import RunOptions
@@ -297,10 +295,8 @@ class RankChecks:
         return ""
 
     def _cpu_in_nccl(self, call: str, what: str, line: str) -> None:
-        message, hint = rules.collective_on_host(call, what, str(self.backend))
-        self.recorder.add(make_finding(Code.PC402, where=call, source=line,
-                                       device="cpu", expected=str(self.own), message=message, hint=hint,
-                                       details=(("call", call),)), key_extra=call)
+        self.recorder.add(rules.collective_on_host(call, what, str(self.backend), str(self.own), line),
+                          key_extra=call)
 
     def placed(self, func: Any, out: torch.Tensor) -> None:
         """A tensor created or moved by the script: on a GPU other than the rank's own, remembered."""
@@ -325,22 +321,13 @@ class RankChecks:
                           if t.device.type == "cuda" and t.device != self.own})
         if not devices or not line:
             return
-        message, hint = rules.rank_loaded_off_device(", ".join(devices), str(self.own))
-        self.recorder.add(make_finding(Code.PC401, where="torch.load",
-                                       source=line, device=", ".join(devices), expected=str(self.own),
-                                       message=message, hint=hint, details=(("call", "torch.load"),)),
+        self.recorder.add(rules.rank_loaded_off_device(", ".join(devices), str(self.own), line),
                           key_extra="torch.load")
 
     def findings(self) -> list[Finding]:
         """PC401 for each GPU other than its own the rank put tensors on, at the first line that did."""
-        out = []
-        for device, lines in self.misplaced.items():
-            message, hint = rules.rank_off_device(self.first[device], device, str(self.own), lines[1:])
-            out.append(make_finding(Code.PC401, where=self.where[device],
-                                    source=lines[0],
-                                    device=device, expected=str(self.own), count=len(lines), message=message,
-                                    hint=hint, details=(("lines", ", ".join(lines)),)))
-        return out
+        return [rules.rank_off_device(self.first[device], self.where[device], device, str(self.own), lines)
+                for device, lines in self.misplaced.items()]
 
 
 # -- the parent: one process per rank, one report --------------------------------------------------------
@@ -609,12 +596,7 @@ def _shared_gpus(uses: Sequence[Sequence[tuple[str, str, str]]]) -> list[Finding
     # a GPU job stops at the first of them: that one is the finding, the later ones are counted
     line, call, device, ranks = shared[0]
     label = ranks_label(ranks)
-    message, hint = rules.ranks_share_gpu(label, call, device, ranks, len(shared) - 1)
-    off = [k for k in ranks if device != f"cuda:{k}"]
-    where = "DDP" if call.startswith("DistributedDataParallel") else call
-    return [make_finding(Code.PC401, where=where, source=line, device=device,
-                         expected=", ".join(f"cuda:{k}" for k in off), count=len(ranks), message=message,
-                         hint=hint, details=(("call", call), ("ranks", label.split(" ", 1)[1])))]
+    return [rules.ranks_share_gpu(label, call, device, ranks, len(shared) - 1, line)]
 
 
 def _describe_ranks(nproc: int, gpus: int) -> str:

@@ -2,8 +2,9 @@
 other than its own (PC401), a CPU tensor in an NCCL collective (PC402).
 
 Each rule's declaration (code, kind, default severity, title, explanation, wrong and right
-code) comes first, then the builders of its messages: plain data in, (message, hint) out.
-Shared machinery (the rule table, the severity policy) is :mod:`.registry`'s. No torch here.
+code) comes first, then its builders: plain data in, the finding out (``placecheck.run.ranks`` only
+gathers the evidence). Shared machinery (the rule table, the severity policy) is :mod:`.registry`'s. No
+torch here.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from collections.abc import Sequence
 
 from placecheck.basics.codes import Code
 from placecheck.basics.values import Device
-from placecheck.findings.rules.registry import E, declare
+from placecheck.findings.finding import Finding
+from placecheck.findings.rules.registry import E, declare, make_finding
 
 declare(Code.PC401, "rank-device", E, "run", "a rank's tensors or module on a GPU other than its own", """
 torchrun starts one process per GPU and tells each its GPU in LOCAL_RANK;
@@ -61,44 +63,63 @@ _SET_DEVICE = ("call torch.cuda.set_device(local_rank) (local_rank = int(os.envi
                "before placing anything, and use torch.device('cuda', local_rank)")
 
 
-def rank_off_device(what: str, device: str, own: str, later: Sequence[str]) -> tuple[str, str]:
-    """PC401: ``what`` (``Linear.to put the model``, ``randn made float32[16, 8]``) on ``device``, not on
-    the rank's own GPU ``own``; ``later``: the other lines that put tensors there."""
+def rank_off_device(what: str, where: str, device: str, own: str, lines: Sequence[str]) -> Finding:
+    """PC401: ``what`` (``Linear.to put the model``, ``randn made float32[16, 8]``; ``where``: the module or
+    call) on ``device``, not on the rank's own GPU ``own``; ``lines``: the lines that put tensors there,
+    the first one the finding's."""
+    later = lines[1:]
     also = f"; also at {', '.join(later[:3])}{' and more' if len(later) > 3 else ''}" if later else ""
-    return (f"{what} on {device}, not on the rank's own GPU ({own}, LOCAL_RANK){also}: 'cuda' means "
-            "the current device, which is cuda:0 in every process until torch.cuda.set_device(local_rank), "
-            "and a hard-coded 'cuda:0' is GPU 0 on every rank: the ranks share one GPU (N copies of the "
-            "model there; NCCL refuses two ranks on one GPU at DDP or the first collective)", _SET_DEVICE)
+    return make_finding(
+        Code.PC401, where=where, source=lines[0], device=device, expected=own, count=len(lines),
+        message=f"{what} on {device}, not on the rank's own GPU ({own}, LOCAL_RANK){also}: 'cuda' means "
+                "the current device, which is cuda:0 in every process until "
+                "torch.cuda.set_device(local_rank), and a hard-coded 'cuda:0' is GPU 0 on every rank: the "
+                "ranks share one GPU (N copies of the model there; NCCL refuses two ranks on one GPU at DDP "
+                "or the first collective)",
+        hint=_SET_DEVICE, details=(("lines", ", ".join(lines)),))
 
 
-def rank_loaded_off_device(devices: str, own: str) -> tuple[str, str]:
-    """PC401: ``torch.load`` put a rank's state on ``devices``, not on its own GPU ``own``."""
-    return (f"torch.load puts the checkpoint's tensors on {devices}, not on the rank's own GPU ({own}, "
-            "LOCAL_RANK): every rank loads its copy onto that GPU (a map_location of cuda:0, or the GPU it "
-            "was saved from), N copies on one GPU while the rank's own stays idle",
-            "load with map_location=f'cuda:{local_rank}' (or 'cpu', then move the model)")
+def rank_loaded_off_device(devices: str, own: str, line: str) -> Finding:
+    """PC401: ``torch.load`` at ``line`` put a rank's state on ``devices``, not on its own GPU ``own``."""
+    return make_finding(
+        Code.PC401, where="torch.load", source=line, device=devices, expected=own,
+        message=f"torch.load puts the checkpoint's tensors on {devices}, not on the rank's own GPU "
+                f"({own}, LOCAL_RANK): every rank loads its copy onto that GPU (a map_location of cuda:0, or "
+                "the GPU it was saved from), N copies on one GPU while the rank's own stays idle",
+        hint="load with map_location=f'cuda:{local_rank}' (or 'cpu', then move the model)",
+        details=(("call", "torch.load"),))
 
 
-def ranks_share_gpu(label: str, call: str, device: str, ranks: Sequence[int], later: int) -> tuple[str, str]:
+def ranks_share_gpu(label: str, call: str, device: str, ranks: Sequence[int], later: int,
+                    line: str) -> Finding:
     """PC401: the ranks ``ranks`` (``label``: ``ranks 0-1``) ran ``call`` (a collective, DDP's construction,
-    FSDP's all-gather) on one GPU, ``device``; ``later`` more calls shared a GPU after it."""
+    FSDP's all-gather) on one GPU, ``device``, at ``line``; ``later`` more calls shared a GPU after it."""
     off = [k for k in ranks if device != f"cuda:{k}"]
     first, other = ranks[0], off[0] if off else ranks[1]
     more = f"; {later} later call{'s' if later > 1 else ''} share a GPU too" if later else ""
     own = ", ".join(f"rank {k}: cuda:{k}" for k in off)
     # FSDP places the model on the current GPU itself: set_device is the whole fix there
     ddp = "" if call.startswith("FSDP") else "; DistributedDataParallel(model, device_ids=[local_rank])"
-    return (f"on {label}, {call} runs on {device} on each of them: NCCL refuses two ranks on one GPU; on "
-            f"a GPU machine this raises 'Duplicate GPU detected : rank {other} and rank {first} both on CUDA "
-            f"device {Device.of(device).ordinal}' here; each rank's own GPU is cuda:LOCAL_RANK ({own}){more}",
-            "call torch.cuda.set_device(local_rank) first and put the model and tensors on "
-            f"torch.device('cuda', local_rank){ddp}")
+    return make_finding(
+        Code.PC401, where="DDP" if call.startswith("DistributedDataParallel") else call, source=line,
+        device=device, expected=", ".join(f"cuda:{k}" for k in off), count=len(ranks),
+        message=f"on {label}, {call} runs on {device} on each of them: NCCL refuses two ranks on one GPU; on "
+                f"a GPU machine this raises 'Duplicate GPU detected : rank {other} and rank {first} both on "
+                f"CUDA device {Device.of(device).ordinal}' here; each rank's own GPU is cuda:LOCAL_RANK "
+                f"({own}){more}",
+        hint="call torch.cuda.set_device(local_rank) first and put the model and tensors on "
+             f"torch.device('cuda', local_rank){ddp}",
+        details=(("call", call), ("ranks", label.split(" ", 1)[1])))
 
 
-def collective_on_host(call: str, what: str, backend: str) -> tuple[str, str]:
-    """PC402: ``call`` got a CPU tensor (``what``) in a process group of ``backend`` (NCCL)."""
-    return (f"{call} got a CPU tensor ({what}) in a process group initialised for NCCL ('{backend}'): NCCL "
-            "moves data between GPUs only; on a GPU machine this raises 'No backend type associated with "
-            "device type cpu' here",
-            "put the tensor on the rank's GPU before the collective (device=torch.device('cuda', "
-            "local_rank)), or init_process_group('cuda:nccl,cpu:gloo') for CPU tensors too")
+def collective_on_host(call: str, what: str, backend: str, own: str, line: str) -> Finding:
+    """PC402: ``call`` at ``line`` got a CPU tensor (``what``) in a process group of ``backend`` (NCCL), on
+    the rank whose GPU is ``own``."""
+    return make_finding(
+        Code.PC402, where=call, source=line, device="cpu", expected=own,
+        message=f"{call} got a CPU tensor ({what}) in a process group initialised for NCCL ('{backend}'): "
+                "NCCL moves data between GPUs only; on a GPU machine this raises 'No backend type associated "
+                "with device type cpu' here",
+        hint="put the tensor on the rank's GPU before the collective (device=torch.device('cuda', "
+             "local_rank)), or init_process_group('cuda:nccl,cpu:gloo') for CPU tensors too",
+        details=(("call", call),))
