@@ -74,8 +74,12 @@ def test_a_pc201_message_quotes_its_ops_family() -> None:
                             "found input tensor at cuda:0 and hidden tensor at cpu'")
     message, _ = rules.device_mismatch("Tensor.add", ["cpu", "cuda:0"], "cpu", "float32[4]", "")
     assert message.endswith(f"on a GPU this raises '{SAME_DEVICE}'")
-    script, _ = rules.script_device_mismatch("torch.conv2d", "cuda:0", "cpu", "a cpu tensor (3, 4, 3, 3)")
-    assert f"raises 'Input type ({ANY}) and {ANY} type ({ANY}) should be the same'" in script
+    script = rules.script_device_mismatch("torch.conv2d", "cuda:0", "cpu", "a cpu tensor (3, 4, 3, 3)",
+                                          where="w", line="train.py:9", dtype="float32", shape=(3, 4, 3, 3),
+                                          nbytes=432, origin="", details=())
+    assert f"raises 'Input type ({ANY}) and {ANY} type ({ANY}) should be the same'" in script.message
+    assert (script.code, script.source, script.device, script.expected) == \
+        ("PC201", "train.py:9", "cpu", "cuda:0")
 
 
 # First lines from a device check of this branch on an NVIDIA H200 (torch 2.11.0+cu130, 2026-11-27) for

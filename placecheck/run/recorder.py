@@ -512,8 +512,10 @@ class RunRecorder:
             details += (("discarded move" if discarded else "current-device move", cause.line),)
         if crash[1]:
             details += (("crashes at", crash[1]),)
-        message, hint = rules.script_device_mismatch(
-            op, str(reference), str(t.device), f"a {t.device} tensor {tuple(t.shape)}", name=name,
+        finding = rules.script_device_mismatch(
+            op, str(reference), str(t.device), f"a {t.device} tensor {tuple(t.shape)}", where=where,
+            line=line, dtype=str(t.dtype).removeprefix("torch."), shape=tuple(t.shape), nbytes=_nbytes(t),
+            origin=origin_text, details=details, name=name,
             batch=origin.path if batch and origin is not None else "",
             loader_at=origin.line if origin is not None else "", owner=owner,
             created_by=origin.path if origin is not None and not batch else "",
@@ -531,12 +533,7 @@ class RunRecorder:
             # tensor) is where data belongs: the batch's missing move is the fix, and the PC201 names the
             # creation as its origin)
             self.add(creation_cause(origin, t, str(reference), fed=True), key_extra=f"{origin.module}|fed")
-        self.add(make_finding(
-            Code.PC201, where=where, message=message, hint=hint,
-            source=line, device=str(t.device), expected=str(reference),
-            dtype=str(t.dtype).removeprefix("torch."),
-            shape=tuple(t.shape), nbytes=_nbytes(t), count=1, origin=origin_text,
-            details=details), key_extra=f"{where}|{origin_text}")
+        self.add(finding, key_extra=f"{where}|{origin_text}")
 
     def _record_sync(self, call: str, t: torch.Tensor) -> None:
         line, _ = here()
@@ -703,11 +700,7 @@ class RunRecorder:
             if len(copies.steps) >= 2 and copies.nbytes > repeated.get(line, copies).nbytes - 1:
                 repeated[line] = copies
         for line, copies in repeated.items():
-            message, hint = rules.repeated_copy(copies.nbytes, copies.device, len(copies.steps))
-            out.append(make_finding(
-                Code.PC209, where="", source=line, device="cpu",
-                expected=copies.device, nbytes=copies.nbytes, count=len(copies.steps), message=message,
-                hint=hint, details=(("bytes per step", str(copies.nbytes)),)))
+            out.append(rules.repeated_copy(copies.nbytes, copies.device, len(copies.steps), line))
         return out
 
     def _rate(self, count: int, ran_in: set[int]) -> str:
@@ -778,6 +771,4 @@ class RunRecorder:
             return None
         line = user_line(exc)
         mismatch = classify.is_engine_mismatch(exc)
-        message, hint = rules.script_error(one_line(exc), mismatch=mismatch)
-        return make_finding((Code.PC201 if mismatch else Code.PC207), where="", source=line, message=message,
-                            hint=hint, details=() if mismatch else (("exception", type(exc).__name__),))
+        return rules.script_error(one_line(exc), type(exc).__name__, line, mismatch=mismatch)

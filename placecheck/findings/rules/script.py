@@ -3,8 +3,10 @@
 its DataLoader's batches, its loop, its own error.
 
 Each rule's declaration (code, kind, default severity, title, explanation, wrong and right
-code) comes first, then the builders of its messages: plain data in, (message, hint) out.
-Shared machinery (the rule table, the severity policy) is :mod:`.registry`'s. No torch here.
+code) comes first, then its builders: plain data in; the script's mismatch (PC201), error (PC207 or
+PC201) and repeated copy (PC209) return the finding itself, the others (message, hint) for the
+recorder to build it. Shared machinery (the rule table, the severity policy) is :mod:`.registry`'s. No
+torch here.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from __future__ import annotations
 from placecheck.basics.codes import Code
 from placecheck.basics.devices import human_bytes
 from placecheck.basics.gpu_errors import gpu_error
-from placecheck.findings.rules.registry import W, declare
+from placecheck.findings.finding import Finding
+from placecheck.findings.rules.registry import W, declare, make_finding
 
 declare(Code.PC209, "repeated-transfer", W, "run", "the same host tensor copied to the device every step", """
 placecheck run saw one host tensor copied to the device at the same line in
@@ -34,10 +37,12 @@ for step in range(steps):
 # implicit_transfer above); these are the script's own.
 
 
-def script_device_mismatch(op: str, reference: str, device: str, tensor: str, *, batch: str = "",
+def script_device_mismatch(op: str, reference: str, device: str, tensor: str, *, where: str, line: str,
+                           dtype: str, shape: tuple[int, ...], nbytes: int, origin: str,
+                           details: tuple[tuple[str, str], ...], batch: str = "",
                            loader_at: str = "", name: str = "", owner: str = "", created_by: str = "",
                            created_at: str = "", in_forward: bool = False, discarded_at: str = "",
-                           current_at: str = "", library: str = "", crashes_at: str = "") -> tuple[str, str]:
+                           current_at: str = "", library: str = "", crashes_at: str = "") -> Finding:
     """PC201 in a script: ``op`` mixed ``reference`` and ``device``; its argument, ``tensor`` (the
     script's variable or expression ``name`` when one names it), is the batch element ``batch`` of the
     DataLoader iterated at ``loader_at``, or the buffer or parameter ``owner`` (``criterion.weight``) of a
@@ -45,7 +50,9 @@ def script_device_mismatch(op: str, reference: str, device: str, tensor: str, *,
     module's forward). The line to edit, when it is another (issue 42 item 8): ``discarded_at``, a move
     of it whose result the script threw away; ``current_at``, a move to ``"cuda"`` without an index (the
     current device, not the model's). ``crashes_at``: the line inside the installed ``library`` where the
-    op ran."""
+    op ran. The finding is at ``line``, for the argument at ``where`` (``dtype``, ``shape``, ``nbytes``),
+    whose ``origin`` is the line (or owner) the script should edit; ``details`` as the recorder gathered
+    them."""
     named = f"`{name}`" if name else tensor
     variable = name or "x"
     element = "[" in name  # the script's expression for it (batch["y"]): move it where the op takes it
@@ -80,8 +87,11 @@ def script_device_mismatch(op: str, reference: str, device: str, tensor: str, *,
                 f".to(next(model.parameters()).device); or make {reference} the current device first "
                 f"(torch.cuda.set_device({reference!r}))")
     inside = f"; it crashes inside {library} at {crashes_at}" if crashes_at else ""
-    return (f"{op} mixed {reference} and {device}: {what} is on {device}{inside}; on a GPU this raises "
-            f"'{gpu_error(op, device, reference)}'", hint)
+    return make_finding(
+        Code.PC201, where=where, source=line, device=device, expected=reference, dtype=dtype, shape=shape,
+        nbytes=nbytes, count=1, origin=origin, details=details, hint=hint,
+        message=f"{op} mixed {reference} and {device}: {what} is on {device}{inside}; on a GPU this raises "
+                f"'{gpu_error(op, device, reference)}'")
 
 
 def created_in_script(op: str, tensor: str, device: str, target: str) -> tuple[str, str]:
@@ -119,17 +129,25 @@ def loop_sync(call: str, device: str, rate: str, inside: str = "") -> tuple[str,
                  "every N steps when steps are short")
 
 
-def repeated_copy(nbytes: int, device: str, steps: int) -> tuple[str, str]:
-    """PC209: the same host tensor of ``nbytes`` copied to ``device`` at each of ``steps`` steps."""
+def repeated_copy(nbytes: int, device: str, steps: int, line: str) -> Finding:
+    """PC209: the same host tensor of ``nbytes`` copied to ``device`` at ``line`` at each of ``steps``
+    steps."""
     size = human_bytes(nbytes)
-    return (f"the same {size} host tensor is copied to {device} at every step ({steps} steps seen): {size} "
-            "per step over the bus for data that does not change",
-            "move it to the device once, before the loop, and index the device copy")
+    return make_finding(
+        Code.PC209, where="", source=line, device="cpu", expected=device, nbytes=nbytes, count=steps,
+        message=f"the same {size} host tensor is copied to {device} at every step ({steps} steps seen): "
+                f"{size} per step over the bus for data that does not change",
+        hint="move it to the device once, before the loop, and index the device copy",
+        details=(("bytes per step", str(nbytes)),))
 
 
-def script_error(error: str, *, mismatch: bool = False) -> tuple[str, str]:
-    """PC207 (PC201 when ``mismatch``): the script stopped on ``error``, which it did not catch."""
+def script_error(error: str, exception: str, line: str, *, mismatch: bool = False) -> Finding:
+    """PC207 (PC201 when ``mismatch``): the script stopped at ``line`` on ``error``, an ``exception`` it did
+    not catch."""
     if mismatch:
-        return (f"the script stopped on a device mismatch: {error}",
-                "move every tensor of this op to one device")
-    return f"the script raised {error}", "fix the error at this line; the findings before it stand"
+        return make_finding(Code.PC201, where="", source=line,
+                            message=f"the script stopped on a device mismatch: {error}",
+                            hint="move every tensor of this op to one device")
+    return make_finding(Code.PC207, where="", source=line, message=f"the script raised {error}",
+                        hint="fix the error at this line; the findings before it stand",
+                        details=(("exception", exception),))
