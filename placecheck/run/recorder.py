@@ -628,13 +628,8 @@ class RunRecorder:
         line, _ = here()
         target = next((str(t.device) for m in self._forward_stack for t in m.parameters()
                        if t.device.type == "cuda"), "")
-        on_target = devices == [target]
-        message, hint = rules.layer_built_in_forward(type(submodule).__name__, name, type(owner).__name__,
-                                                     ", ".join(devices), on_target)
-        self.add(make_finding(
-            Code.PC203, severity=rules.severity(Code.PC203, "on-target" if on_target else None),
-            where=f"{type(owner).__name__}.{name}", source=line, device=", ".join(devices),
-            expected=target, message=message, hint=hint))
+        self.add(rules.layer_built_in_forward(type(submodule).__name__, name, type(owner).__name__,
+                                              ", ".join(devices), target, line))
 
     def _parameter_registered(self, owner: nn.Module, name: str, param: nn.Parameter | None) -> None:
         """PC203: a parameter registered on a module the forward held, during that forward (as audit

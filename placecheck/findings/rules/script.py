@@ -3,10 +3,10 @@
 its DataLoader's batches, its loop, its own error.
 
 Each rule's declaration (code, kind, default severity, title, explanation, wrong and right
-code) comes first, then its builders: plain data in; the script's mismatch (PC201), error (PC207 or
-PC201) and repeated copy (PC209) return the finding itself, the others (message, hint) for the
-recorder to build it. Shared machinery (the rule table, the severity policy) is :mod:`.registry`'s. No
-torch here.
+code) comes first, then its builders: plain data in; the script's mismatch (PC201), layer built in a
+forward (PC203), error (PC207 or PC201) and repeated copy (PC209) return the finding itself, the
+others (message, hint) for the recorder to build it. Shared machinery (the rule table, the severity
+policy) is :mod:`.registry`'s. No torch here.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from placecheck.basics.codes import Code
 from placecheck.basics.devices import human_bytes
 from placecheck.basics.gpu_errors import gpu_error
 from placecheck.findings.finding import Finding
-from placecheck.findings.rules.registry import W, declare, make_finding
+from placecheck.findings.rules.registry import W, declare, make_finding, severity
 
 declare(Code.PC209, "repeated-transfer", W, "run", "the same host tensor copied to the device every step", """
 placecheck run saw one host tensor copied to the device at the same line in
@@ -102,14 +102,20 @@ def created_in_script(op: str, tensor: str, device: str, target: str) -> tuple[s
             "(nn.Parameter keeps the device of its data); a metric can also accumulate Python numbers")
 
 
-def layer_built_in_forward(type_name: str, name: str, owner: str, devices: str,
-                           on_target: bool) -> tuple[str, str]:
-    """PC203 in a script: a ``type_name`` layer ``name`` built during ``owner``'s forward on ``devices``."""
-    return (f"{type_name} {name!r} is built during {owner}.forward on {devices}: " + (
-                "an optimizer built before the first forward does not hold its parameters"
-                if on_target else "the earlier .to() never saw it, and no optimizer holds it"),
-            "build layers in __init__ (or use an nn.Lazy* module), then move the model and build the "
-            "optimizer")
+def layer_built_in_forward(type_name: str, name: str, owner: str, devices: str, target: str,
+                           line: str) -> Finding:
+    """PC203 in a script: a ``type_name`` layer ``name`` built at ``line`` during ``owner``'s forward on
+    ``devices``, the model running on ``target``; on the target it cannot crash, only the optimizer
+    misses it (the rule's on-target severity)."""
+    on_target = devices == target
+    return make_finding(
+        Code.PC203, severity=severity(Code.PC203, "on-target" if on_target else None),
+        where=f"{owner}.{name}", source=line, device=devices, expected=target,
+        message=f"{type_name} {name!r} is built during {owner}.forward on {devices}: " + (
+            "an optimizer built before the first forward does not hold its parameters"
+            if on_target else "the earlier .to() never saw it, and no optimizer holds it"),
+        hint="build layers in __init__ (or use an nn.Lazy* module), then move the model and build the "
+             "optimizer")
 
 
 def sync_in_installed_forward(call: str, device: str, module: str, inside: str) -> tuple[str, str]:
