@@ -166,8 +166,8 @@ def device_findings(meta: CheckpointMeta, device: str, gpus: int) -> list[Findin
 
 
 def unsafe_globals_text(meta: CheckpointMeta) -> str:
-    """The unsafe globals, the first eight, for one-line messages."""
-    return ", ".join(meta.unsafe_globals[:8]) + (", ..." if len(meta.unsafe_globals) > 8 else "")
+    """The unsafe globals, the first eight, for one-line messages (as PC306's message names them)."""
+    return rules.unsafe_globals_text(meta.unsafe_globals)
 
 
 def unsafe_finding(meta: CheckpointMeta, trusted: bool, loaded: bool = True) -> Finding:

@@ -91,6 +91,7 @@ from placecheck.findings.rules.training import (
     unexpected_key,
     unexpected_module,
     unsafe_checkpoint,
+    unsafe_globals_text,
 )
 from placecheck.findings.rules.walk import (
     buffer_off_device,
@@ -120,5 +121,6 @@ __all__ = [
     "ranks_share_gpu", "repeated_copy", "rule", "script_device_mismatch", "script_error", "selected",
     "severity", "severity_changes", "shape_mismatch", "stale_optimizer", "stray_handled_by_forward",
     "stray_tensor", "sync_in_installed_forward", "unexpected_key", "unexpected_module", "unregistered_module",
-    "unregistered_parameter", "unsafe_checkpoint", "unsynchronized_read",
+    "unregistered_parameter", "unsafe_checkpoint", "unsafe_globals_text",
+    "unsynchronized_read",
 ]

@@ -211,10 +211,15 @@ def dtype_mismatch(key: str, saved: Spec, wanted: Spec, *, model: str) -> Findin
         details=(("checkpoint_dtype", saved[1]), ("model_dtype", wanted[1])))
 
 
+def unsafe_globals_text(unsafe_globals: Sequence[str]) -> str:
+    """The globals a pickle names outside torch's weights_only allowlist, the first eight, for one line."""
+    return ", ".join(unsafe_globals[:8]) + (", ..." if len(unsafe_globals) > 8 else "")
+
+
 def unsafe_checkpoint(unsafe_globals: Sequence[str], *, trusted: bool, loaded: bool) -> Finding:
     """PC306: a pickle naming ``unsafe_globals``, outside torch's weights_only allowlist; ``trusted``:
     --trust was given; ``loaded``: placecheck then loaded it."""
-    names = ", ".join(unsafe_globals[:8]) + (", ..." if len(unsafe_globals) > 8 else "")
+    names = unsafe_globals_text(unsafe_globals)
     if not trusted:
         done = "placecheck did not load it"
     elif loaded:
