@@ -7,9 +7,9 @@ simulated torch.cuda API) < dispatch (the one torch function mode, each call a t
 subscribers) < autocast (CUDA autocast's policies on the CPU) < tagged (the real-valued engine)
 < shortcuts (ops made from metadata where torch's fake path is slow) < sparse (sparse ops on the fake
 engine's GPU) < datadep (fake tensors' data-dependent ops) < reuse (identical module calls run once)
-< engine < provenance < events < hostcopies (non-blocking host copies) < forward_checks < trace. Each
-module may import only modules below it (and placecheck's torch-free basics); zoo imports no
-placecheck module, so inputs can import it.
+< engine < provenance < hostcopies (non-blocking host copies) < trace. Each module may import only
+modules below it (and placecheck's torch-free basics: a finding, the events a recorder records and the
+rules that judge them); zoo imports no placecheck module, so inputs can import it.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ PACKAGE = Path(__file__).parents[1] / "placecheck"
 ORDER = ["compat", "callbacks", "sources", "classify", "repair", "host_syncs", "calls", "cudaapi", "dispatch",
          "autocast", "tagged",
          "shortcuts", "sparse",
-         "datadep", "reuse", "engine", "provenance", "events", "hostcopies", "forward_checks", "trace"]
-BASICS = {"errors", "values", "patching", "finding", "codes", "rules", "devices", "walk", "options",
+         "datadep", "reuse", "engine", "provenance", "hostcopies", "trace"]
+BASICS = {"errors", "values", "patching", "finding", "events", "codes", "rules", "devices", "walk", "options",
           "expected", "flows"}
 """Modules any layer may use: torch-free basics (a finding, its code and rule), the walk's result the
 tracer starts from, and ``--device keep``'s ``expected`` (each module's expected device, the walk's too)

@@ -8,7 +8,7 @@ The tracer (:mod:`placecheck.checks.trace`) hands every call to :class:`Flows`, 
   pipeline, accepts any of them);
 - follows each tensor's *flow*: the stage (top-level module) whose forward
   produced it, and the devices its data went through by explicit copies;
-- records every copy between devices as a :class:`~placecheck.checks.events.Copy`
+- records every copy between devices as a :class:`~placecheck.findings.events.Copy`
   (bytes, user line, from-stage, and the stage that first computes on it),
   marking the waste PC208 reports: a registered parameter or buffer copied in
   forward, or data that left a top-level module (a child of the root) on one
@@ -36,9 +36,8 @@ import torch.nn as nn
 from torch.utils.hooks import RemovableHandle
 from torch.utils.weak import WeakIdKeyDictionary
 
-from placecheck.checks.events import Copy
 from placecheck.checks.expected import INPUT, Placement
-from placecheck.engines.sources import EventSite
+from placecheck.findings.events import Copy, EventSite
 
 _MOVES = frozenset({torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.cpu, torch.Tensor.type_as})
 

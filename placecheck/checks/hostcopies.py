@@ -93,7 +93,7 @@ class PendingCopy:
     device: str
     """The device the copy came from."""
     copied_at: Any
-    """Where the copy was made (a :class:`~placecheck.engines.sources.EventSite`)."""
+    """Where the copy was made (a :class:`~placecheck.findings.events.EventSite`)."""
 
 
 class PendingCopies:

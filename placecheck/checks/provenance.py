@@ -19,7 +19,8 @@ import torch.nn as nn
 
 from placecheck.basics.codes import Code
 from placecheck.checks.walk import WalkResult, storage_key
-from placecheck.engines.sources import NOWHERE, EventSite, library_of_class
+from placecheck.engines.sources import library_of_class
+from placecheck.findings.events import EventSite, Provenance
 from placecheck.findings.finding import Finding
 from placecheck.findings.rules import (
     created_then_cached,
@@ -28,95 +29,6 @@ from placecheck.findings.rules import (
     severity,
     stray_handled_by_forward,
 )
-
-
-@dataclass
-class Creation:
-    """A tensor created in forward off the target (a factory without ``device=``, ``.cpu()``...)."""
-
-    op: str
-    device: str
-    site: EventSite
-    dtype: str
-    shape: tuple[int, ...] | None
-    fed_mismatch: bool = False
-    """True once a tensor from here took part in a device mismatch."""
-    moved: bool = False
-    """True once a tensor from here was moved to the target explicitly (``.to(x.device)``)."""
-    met_device: bool = False
-    """True once a tensor from here met the device legally: a CPU index copied to it (PC205), or
-    returned from forward (PC206). Never met, moved or mismatched, it was CPU-side work: no finding."""
-    moved_at: EventSite | None = None
-    """The line that first copied a tensor from here to the target."""
-    moved_to: str = ""
-    """The device it was copied to (the target, or the device a hard-coded ``.cuda()`` chose)."""
-    merged: list[Creation] = dataclasses.field(default_factory=list)
-    """Other creations whose tensors were combined with this one's (``torch.meshgrid(a, b)``):
-    what happens to the combination happens to them too."""
-    expected: str = ""
-    """The device the forward that created it ran for (the target; with ``--device keep``, its
-    module's device)."""
-    kept_in: str = ""
-    """The module attribute (``src_mask``) that held its copy on the device after the forward: a cache
-    (built when empty or stale, as pytorch/examples' Transformer builds its mask), not a copy on every
-    call."""
-
-    def mark(self, attr: str, seen: set[int] | None = None, at: EventSite | None = None,
-             to: str = "") -> None:
-        """Set ``moved`` or ``fed_mismatch`` here and on every creation merged into this one."""
-        seen = seen if seen is not None else set()
-        if id(self) in seen:
-            return
-        seen.add(id(self))
-        setattr(self, attr, True)
-        if attr == "moved" and self.moved_at is None:
-            self.moved_at, self.moved_to = at, to
-        for other in self.merged:
-            other.mark(attr, seen, at, to)
-
-
-@dataclass
-class Provenance:
-    """Where an off-target tensor came from: an attribute path, or a creation in forward."""
-
-    path: str = ""
-    linked: Finding | None = None
-    """The walk's finding about that attribute, when there is one."""
-    creation: Creation | None = None
-    lazy: bool = False
-    """The tensor belongs to a module or parameter created during forward."""
-    also: tuple[Provenance, ...] = ()
-    """The other origins combined into this tensor (``torch.cat((created, self.stray))``)."""
-    host_copy: EventSite | None = None
-    """Where forward copied the tensor to the host (``.cpu()``, ``.to("cpu")``)."""
-
-    @property
-    def origin(self) -> str:
-        """The attribute path or the ``file:line`` the tensor came from ("" when unknown)."""
-        if self.creation is not None:
-            return self.creation.site.source
-        if self.host_copy is not None:
-            return self.host_copy.source
-        return self.linked.where if self.linked else self.path
-
-    @property
-    def site(self) -> EventSite:
-        """The line in forward that made the tensor, when forward made it."""
-        if self.creation is not None:
-            return self.creation.site
-        return self.host_copy or NOWHERE
-
-    def origins(self) -> list[str]:
-        """Every origin combined into a tensor of this provenance, the first first."""
-        found: list[str] = []
-        pending = [self]
-        while pending and len(found) < 16:
-            p = pending.pop(0)
-            for origin in [p.origin, *(c.site.source for c in (p.creation.merged if p.creation else []))]:
-                if origin and origin not in found:
-                    found.append(origin)
-            pending.extend(p.also)
-        return found
 
 
 @dataclass(frozen=True)

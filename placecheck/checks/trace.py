@@ -39,23 +39,11 @@ import torch.nn as nn
 
 from placecheck.basics.errors import one_line
 from placecheck.basics.patching import patch
-from placecheck.checks.events import (
-    Event,
-    ForwardError,
-    GradOffDevice,
-    HostSync,
-    ImplicitTransfer,
-    Mismatch,
-    OutputOffDevice,
-    Registration,
-    StaleRead,
-)
 from placecheck.checks.expected import Placement
 from placecheck.checks.flows import Flows
-from placecheck.checks.forward_checks import ForwardFindings, forward_findings
 from placecheck.checks.host_syncs import HOST_SYNCS, host_sync
 from placecheck.checks.hostcopies import PendingCopies, PendingCopy, nonblocking_host_copy
-from placecheck.checks.provenance import Creation, Provenance, Provenances, StrayVerdict
+from placecheck.checks.provenance import Provenances, StrayVerdict
 from placecheck.checks.walk import WalkResult, join
 from placecheck.engines import classify, compat
 from placecheck.engines.compat import DisableTorchFunction
@@ -63,13 +51,22 @@ from placecheck.engines.cudaapi import missing_gpu
 from placecheck.engines.datadep import composite_call
 from placecheck.engines.dispatch import Call, op_name, subscribed
 from placecheck.engines.repair import repaired
-from placecheck.engines.sources import (
+from placecheck.engines.sources import Attribution, frames_of, module_being_built, treat_as_user_code
+from placecheck.findings import rules
+from placecheck.findings.events import (
     NOWHERE,
-    Attribution,
+    Creation,
+    Event,
     EventSite,
-    frames_of,
-    module_being_built,
-    treat_as_user_code,
+    ForwardError,
+    GradOffDevice,
+    HostSync,
+    ImplicitTransfer,
+    Mismatch,
+    OutputOffDevice,
+    Provenance,
+    Registration,
+    StaleRead,
 )
 from placecheck.findings.finding import Finding
 
@@ -122,7 +119,7 @@ class Tracer:
     makes the target of each call the device of the module whose forward runs it
     (:mod:`placecheck.placement`): :attr:`target` then changes from call to call,
     and ``target`` is only the fallback (the model's first device). Copies between
-    devices are recorded (:class:`~placecheck.checks.events.Copy`, :attr:`flows`), not
+    devices are recorded (:class:`~placecheck.findings.events.Copy`, :attr:`flows`), not
     taken for tensors created off the target.
     """
 
@@ -147,7 +144,7 @@ class Tracer:
         """The forward returned (strays untouched so far may be used later otherwise)."""
         self.library: dict[str, int] = {}
         """Installed package -> performance findings raised entirely inside it (info findings)."""
-        self._checked: ForwardFindings | None = None
+        self._checked: rules.ForwardFindings | None = None
         self._unregistered_paths: dict[int, str] = {}
         self.attribution = Attribution(_RUN_CODE, self.module_paths, self._unregistered_path)
         self._recorded: set[tuple[Any, ...]] = set()
@@ -455,7 +452,7 @@ class Tracer:
     def _record_mismatch(self, func: Callable[..., Any], what: str, device: str, t: torch.Tensor | None,
                          devices: tuple[str, ...], expected: str = "", refused: str = "") -> None:
         """A PC201 at the current user line that no retry of :meth:`_repair` decides; ``refused`` names
-        what the GPU refuses (:attr:`~placecheck.checks.events.Mismatch.refused`)."""
+        what the GPU refuses (:attr:`~placecheck.findings.events.Mismatch.refused`)."""
         site = self._site(sys._getframe())
         prov = self.provenance(t) if t is not None else Provenance()
         key = ("mismatch", site.source, prov.origin, what)
@@ -666,8 +663,8 @@ class Tracer:
 
     # -- the checks -----------------------------------------------------------------------------------
     def findings(self, library_findings: bool = False) -> list[Finding]:
-        """PC201-PC207 from the recorded events (see :mod:`placecheck.checks.forward_checks`)."""
-        self._checked = forward_findings(self.events, self.target_name, library_findings)
+        """PC201-PC207 from the recorded events (judged by :func:`placecheck.findings.rules.forward_findings`)."""
+        self._checked = rules.forward_findings(self.events, self.target_name, library_findings)
         self.library = self._checked.library
         return self._checked.findings
 

@@ -26,7 +26,6 @@ import torch
 import torch.nn as nn
 
 from placecheck.basics.codes import Code
-from placecheck.basics.devices import human_bytes
 from placecheck.checks.assignments import Assignments
 from placecheck.checks.expected import Placement
 from placecheck.checks.state import (
@@ -42,8 +41,8 @@ from placecheck.checks.state import (
 )
 from placecheck.checks.state import reachable_tensors as reachable_tensors  # the API's copy uses it from here
 from placecheck.findings import rules
-from placecheck.findings.finding import Finding, Severity
-from placecheck.findings.rules import make_finding
+from placecheck.findings.events import HeldTensor, RegisteredOffTarget, StrayTensor, UnregisteredModuleFound
+from placecheck.findings.finding import Finding
 
 __all__ = ["MAX_DEPTH", "Snapshot", "WalkResult", "join", "reachable_tensors", "storage_key",
            "tensor_device", "tensor_nbytes", "walk"]
@@ -119,6 +118,11 @@ def _shape(t: torch.Tensor) -> tuple[int, ...] | None:
 
 def _dtype(t: torch.Tensor) -> str:
     return str(t.dtype).removeprefix("torch.")
+
+
+def held_tensor(t: torch.Tensor) -> HeldTensor:
+    """``t`` as plain data, for the walk's events."""
+    return HeldTensor(tensor_device(t), _dtype(t), _shape(t), tensor_nbytes(t))
 
 
 def storage_key(t: torch.Tensor) -> int | None:
@@ -210,11 +214,9 @@ class _Walker:
                 owner, _, attr = name.rpartition(".")
                 if self.on_device(dev, owner):
                     continue
-                words = rules.param_off_device if code == Code.PC104 else rules.buffer_off_device
-                self.findings.append(self._finding(
-                    code, name, owner, t, *words(name, dev, self.expected(owner),
-                                                 module=owner if self.placement is not None else None),
-                    source=self.source(owner, model.get_submodule(owner), attr)))
+                self.findings.append(rules.walk_finding(RegisteredOffTarget(
+                    name, owner, code == Code.PC104, held_tensor(t), self.expected(owner),
+                    self.source(owner, model.get_submodule(owner), attr), keep=self.placement is not None)))
 
     # -- unregistered state -------------------------------------------------------
     def module_attributes(self, outer_modules: frozenset[int] = frozenset()) -> None:
@@ -281,30 +283,15 @@ class _Walker:
         # a parameter in a plain container is missed by state_dict() and the optimizer on any device
         if self.on_device(dev, owner) and not stale and not is_param:
             return
-        expected = self.expected(owner)
-        desc = f"{_dtype(t)}{list(_shape(t) or [])}"
-        container = outer.kind if outer and not outer.is_object else ""
-        helper = outer.class_name if outer and outer.is_object else ""
-        severity = None
-        if is_param and not stale:
-            in_object = parent is not None and parent.is_object
-            message, hint = rules.unregistered_parameter(
-                desc, attr, dev, expected, container=container, helper=helper,
-                object_class=parent.class_name if parent and in_object else "",
-                object_path=_holder_name(path) if in_object else "",
-                in_dict=parent is not None and parent.kind == "dict")
-            code = Code.PC103
-        else:
-            class_level = path in self.class_paths
-            scalar = _shape(t) == () and dev == "cpu" and not class_level and not stale
-            message, hint = rules.stray_tensor(
-                path, attr, desc, dev, expected, stale_buffer=stale,
-                scalar_dtype=_dtype(t) if scalar else "", class_level=class_level,
-                container=container, helper=helper,
-                module=owner if self.placement is not None else None)
-            code = Code.PC101
-            severity = rules.severity(code, "scalar") if scalar else None
-        finding = self._finding(code, path, owner, t, message, hint, source(), severity)
+        in_object = parent is not None and parent.is_object
+        finding = rules.walk_finding(StrayTensor(
+            path, attr, owner, held_tensor(t), self.expected(owner), source(), parameter=is_param,
+            stale_buffer=stale, class_level=path in self.class_paths,
+            container=outer.kind if outer and not outer.is_object else "",
+            helper=outer.class_name if outer and outer.is_object else "",
+            object_class=parent.class_name if parent and in_object else "",
+            object_path=_holder_name(path) if in_object else "",
+            in_dict=parent is not None and parent.kind == "dict", keep=self.placement is not None))
         self.findings.append(finding)
         self.by_origin[path] = finding
 
@@ -349,32 +336,17 @@ class _Walker:
                 self.storages.setdefault(skey, tpath)
         if not reported:
             return
-        nbytes = sum(tensor_nbytes(t) for _, t in counted)
-        devices = sorted({tensor_device(t) for _, t in reported.values()})
         in_object = parent is not None and parent.is_object
-        message, hint = rules.unregistered_module(
-            type(m).__name__, path, len(counted), human_bytes(nbytes), devices, self.expected(owner),
+        finding = rules.walk_finding(UnregisteredModuleFound(
+            type(m).__name__, path, owner, source(), len(counted), sum(tensor_nbytes(t) for _, t in counted),
+            tuple(sorted({tensor_device(t) for _, t in reported.values()})), self.expected(owner),
             container=outer.kind if outer and not outer.is_object else "",
             object_class=parent.class_name if parent and in_object else "",
             object_path=_holder_name(path) if in_object else "",
-            in_dict=parent is not None and parent.kind == "dict", reported_elsewhere=already)
-        finding = make_finding(
-            Code.PC102,
-            where=path, module=owner, source=source(), device=", ".join(devices),
-            expected=self.expected(owner),
-            nbytes=nbytes, count=len(counted), message=message, hint=hint,
-        )
+            in_dict=parent is not None and parent.kind == "dict", reported_elsewhere=already))
         self.findings.append(finding)
         for tpath, _ in counted:
             self.by_origin[tpath] = finding
-
-    def _finding(self, code: str, where: str, owner: str, t: torch.Tensor, message: str,
-                 hint: str, source: str = "", severity: Severity | None = None) -> Finding:
-        return make_finding(
-            code, severity=severity, where=where, module=owner, source=source,
-            device=tensor_device(t), expected=self.expected(owner), dtype=_dtype(t), shape=_shape(t),
-            nbytes=tensor_nbytes(t), count=1, message=message, hint=hint,
-        )
 
 
 def walk(model: nn.Module, target: str, snapshot: Snapshot | None = None,

@@ -51,8 +51,8 @@ from placecheck.model.construct import (
 from placecheck.placement.replicas import Replica, devices, merge, merged_notes, no_replicas, plan, unwrap
 
 if TYPE_CHECKING:
-    from placecheck.checks.events import Copy
     from placecheck.checks.expected import Placement
+    from placecheck.findings.events import Copy
 
 ModelOrFactory = Union[nn.Module, Callable[[], nn.Module]]
 

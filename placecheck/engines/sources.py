@@ -29,6 +29,8 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from placecheck.findings.events import EventSite
+
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _PACKAGE = sys.modules[__name__.partition(".")[0]]  # the package root, imported before any module of it
 PLACECHECK_DIR = os.path.dirname(os.path.abspath(str(_PACKAGE.__file__))) + os.sep
@@ -289,24 +291,6 @@ def user_line(exc: BaseException) -> str:
     return f"{display_path(frames[-1].f_code.co_filename)}:{line}"
 
 
-@dataclass
-class EventSite:
-    """Where an event happened: the user's ``file:line`` and the module whose forward ran it."""
-
-    source: str
-    where: str
-    library: str = ""
-    """The installed package the line is in, when no frame of the forward's call chain is outside
-    installed packages (torchvision's own code called from torchvision's own module)."""
-    api: str = ""
-    """The function of torch (or of an installed package) that the user's line called and inside which
-    the event happened, on a tensor that is none of that call's arguments (``pad_packed_sequence
-    (torch)`` syncing on indices it made itself): work the API does by itself, which no change of the
-    argument avoids. "" when the event is the user's own call, or acts on a tensor the user passed in
-    (a device-side way out: pass it where the API wants it)."""
-
-
-NOWHERE = EventSite("", "")
 
 _CALL_CODES = frozenset({nn.Module._call_impl.__code__, nn.Module._wrapped_call_impl.__code__})
 """``Module.__call__``'s frames: the innermost one on the stack names the module whose forward runs."""

@@ -9,8 +9,8 @@ import torch
 import torch.nn as nn
 
 from placecheck.basics.values import device_order
-from placecheck.checks.events import Copy
 from placecheck.checks.expected import Placement
+from placecheck.findings.events import Copy
 from placecheck.findings.report import DeviceMap, StageRow, Transfer
 
 

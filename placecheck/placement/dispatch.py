@@ -44,10 +44,10 @@ from placecheck.basics.errors import UsageError, one_line
 from placecheck.basics.patching import patch
 from placecheck.basics.quiet import quiet
 from placecheck.basics.values import Device
-from placecheck.checks.events import Copy
 from placecheck.checks.expected import Expected, Placement
 from placecheck.engines.cudaapi import cuda_queries_simulated
 from placecheck.findings import rules
+from placecheck.findings.events import Copy
 from placecheck.findings.finding import Finding
 from placecheck.findings.report import DeviceMap, StageRow
 

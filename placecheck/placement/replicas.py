@@ -70,7 +70,8 @@ from placecheck.engines.compat import tree_map_only
 from placecheck.engines.cudaapi import CPU_ONLY_BUILD, current_device
 from placecheck.engines.dispatch import Call, subscribed
 from placecheck.engines.engine import current_device_moves
-from placecheck.engines.sources import Attribution, EventSite
+from placecheck.engines.sources import Attribution
+from placecheck.findings.events import EventSite
 from placecheck.findings.finding import Finding
 from placecheck.findings.rules import dtensor_mixed, left_out_of_sharding, on_replicas
 

@@ -9,7 +9,7 @@ PyTorch does"), not the folklore of the seed articles.
 | module | codes |
 | --- | --- |
 | :mod:`.walk` | PC1xx: what ``.to()`` leaves behind, found by the walk after it |
-| :mod:`.forward` | PC2xx: the forward (and the message parts every check shares) |
+| :mod:`.forward` | PC2xx: the forward, the judge of its events, and the message parts all share |
 | :mod:`.script` | PC209, and the messages of a whole script under ``placecheck run`` |
 | :mod:`.training` | PC3xx: checkpoints and optimizers |
 | :mod:`.ranks` | PC4xx: the ranks of a torchrun launch |
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from placecheck.basics.codes import Code, expand
 from placecheck.findings.rules.forward import (
+    ForwardFindings,
     came_from,
     created_in_forward,
     created_off_device,
@@ -34,6 +35,7 @@ from placecheck.findings.rules.forward import (
     device_mismatch_untraced,
     dtensor_mixed,
     forward_error,
+    forward_findings,
     generator_off_device,
     gradient_off_device,
     host_argument_on_device,
@@ -103,17 +105,20 @@ from placecheck.findings.rules.walk import (
     stray_tensor,
     unregistered_module,
     unregistered_parameter,
+    walk_finding,
 )
 
 seal()  # every family above declared its rules: sort them, and refuse a Code without one
 
 __all__ = [
-    "RAISED_BY_EVIDENCE", "RULES", "SEVERITY_CHANGES", "Code", "Rule", "SeverityChange", "audit_incomplete",
+    "RAISED_BY_EVIDENCE", "RULES", "SEVERITY_CHANGES", "Code", "ForwardFindings", "Rule", "SeverityChange",
+    "audit_incomplete",
     "buffer_off_device",
     "came_from", "checkpoint_load_hint", "checkpoint_on_absent_device", "checkpoint_on_several_devices",
     "collective_on_host", "created_in_forward", "created_in_script", "created_off_device",
     "created_then_cached", "device_mismatch", "device_mismatch_untraced", "dtensor_mixed", "dtype_mismatch",
-    "expand", "forward_error", "generator_off_device", "gradient_off_device", "host_argument_on_device",
+    "expand", "forward_error", "forward_findings", "generator_off_device", "gradient_off_device",
+    "host_argument_on_device",
     "host_sync", "implicit_transfer", "in_library", "key_prefix", "landed_on", "layer_built_in_forward",
     "left_out_of_sharding", "library_state_hint", "loop_sync", "made_by_api", "make_finding", "missing_key",
     "missing_module", "offloaded_weights", "on_replicas", "optimizer_state_off_device", "output_off_device",
@@ -122,5 +127,5 @@ __all__ = [
     "severity", "severity_changes", "shape_mismatch", "stale_optimizer", "stray_handled_by_forward",
     "stray_tensor", "sync_in_installed_forward", "unexpected_key", "unexpected_module", "unregistered_module",
     "unregistered_parameter", "unsafe_checkpoint", "unsafe_globals_text",
-    "unsynchronized_read",
+    "unsynchronized_read", "walk_finding",
 ]

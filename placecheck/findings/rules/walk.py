@@ -2,8 +2,9 @@
 (PC101-PC103), and registered state something kept off the target (PC104, PC105).
 
 Each rule's declaration (code, kind, default severity, title, explanation, wrong and right
-code) comes first, then the builders of its messages: plain data in, (message, hint) out.
-Shared machinery (the rule table, the severity policy) is :mod:`.registry`'s. No torch here.
+code) comes first, then the builders of its messages: plain data in, (message, hint) out; last, the
+judge of what the walk found (:func:`walk_finding`: its events in, findings out). Shared machinery
+(the rule table, the severity policy) is :mod:`.registry`'s. No torch here.
 """
 
 from __future__ import annotations
@@ -11,7 +12,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from placecheck.basics.codes import Code
-from placecheck.findings.rules.registry import E, declare
+from placecheck.basics.devices import human_bytes
+from placecheck.findings.events import RegisteredOffTarget, UnregisteredModuleFound, WalkEvent
+from placecheck.findings.finding import Finding
+from placecheck.findings.rules.registry import E, declare, make_finding, severity
 
 declare(Code.PC101, "stray-tensor", E, "walk", "tensor attribute that .to() does not move", """
 nn.Module.to() moves only what is registered: parameters, buffers and
@@ -241,3 +245,45 @@ def left_out_of_sharding(what: str, name: str, device: str, target: str) -> tupl
             "manages its module and nothing moved it",
             "call fully_shard on the root as well (after its blocks), so that it manages every module "
             "left over, or move the model to the rank's GPU before sharding it")
+
+
+# -- the judge: what the walk found, turned into findings -------------------------------------------
+
+
+def walk_finding(event: WalkEvent) -> Finding:
+    """The finding of one thing the walk found: its code, severity and words are decided here."""
+    if isinstance(event, UnregisteredModuleFound):
+        message, hint = unregistered_module(
+            event.type_name, event.path, event.count, human_bytes(event.nbytes), event.devices,
+            event.expected, container=event.container, object_class=event.object_class,
+            object_path=event.object_path, in_dict=event.in_dict, reported_elsewhere=event.reported_elsewhere)
+        return make_finding(Code.PC102, where=event.path, module=event.owner, source=event.source,
+                            device=", ".join(event.devices), expected=event.expected, nbytes=event.nbytes,
+                            count=event.count, message=message, hint=hint)
+    t = event.tensor
+    changed = None
+    if isinstance(event, RegisteredOffTarget):
+        code = Code.PC104 if event.parameter else Code.PC105
+        words = param_off_device if event.parameter else buffer_off_device
+        message, hint = words(event.name, t.device, event.expected,
+                              module=event.owner if event.keep else None)
+        where = event.name
+    elif event.parameter and not event.stale_buffer:
+        code = Code.PC103
+        message, hint = unregistered_parameter(
+            t.text, event.attr, t.device, event.expected, container=event.container, helper=event.helper,
+            object_class=event.object_class, object_path=event.object_path, in_dict=event.in_dict)
+        where = event.path
+    else:
+        code = Code.PC101
+        # a 0-dim CPU tensor is read as a scalar beside device tensors: no crash
+        scalar = t.shape == () and t.device == "cpu" and not event.class_level and not event.stale_buffer
+        message, hint = stray_tensor(
+            event.path, event.attr, t.text, t.device, event.expected, stale_buffer=event.stale_buffer,
+            scalar_dtype=t.dtype if scalar else "", class_level=event.class_level,
+            container=event.container, helper=event.helper, module=event.owner if event.keep else None)
+        changed = severity(code, "scalar") if scalar else None
+        where = event.path
+    return make_finding(code, severity=changed, where=where, module=event.owner, source=event.source,
+                        device=t.device, expected=event.expected, dtype=t.dtype, shape=t.shape,
+                        nbytes=t.nbytes, count=1, message=message, hint=hint)
