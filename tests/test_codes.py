@@ -102,16 +102,6 @@ def test_findings_are_built_only_by_the_rules() -> None:
     assert set(calls) == set(FINDING_BUILDERS), "build a finding with rules.make_finding(Code.PCnnn, ...)"
 
 
-ROOMS_BUILDING_FINDINGS = {
-    "run/causes.py": 1,
-    "run/recorder.py": 5,
-}
-"""Modules outside ``findings/rules/`` that still call ``make_finding`` themselves, and how often: the rest
-of issue 41 item 4 (the checkpoint, optimizer, rank, offloading, DTensor and PC901 rules, and the script's
-own PC201, PC203, PC207 and PC209, build their findings since 2026-11-28). The count may only fall: a new
-check's finding is built by its rule family."""
-
-
 def make_finding_calls(root: Path) -> Counter[str]:
     """How many calls of ``make_finding(...)`` each module under ``root`` makes, ``findings/rules/`` aside."""
     found: Counter[str] = Counter()
@@ -127,12 +117,11 @@ def make_finding_calls(root: Path) -> Counter[str]:
     return found
 
 
-def test_rooms_building_their_own_findings_only_get_fewer() -> None:
+def test_findings_are_made_only_in_the_rule_families() -> None:
+    """Issue 41 item 4, a rule is a place: the rooms record events or plain evidence, and a family of
+    ``findings/rules/`` decides the code, the severity and the words and builds the finding."""
     calls = make_finding_calls(Path(placecheck.__file__).parent)
-    grown = {m: n for m, n in calls.items() if n > ROOMS_BUILDING_FINDINGS.get(m, 0)}
-    assert not grown, f"build these findings in a family of findings/rules/, not in the room: {grown}"
-    shrunk = {m: n for m, n in ROOMS_BUILDING_FINDINGS.items() if calls.get(m, 0) < n}
-    assert not shrunk, f"fewer make_finding calls than recorded: set ROOMS_BUILDING_FINDINGS to {dict(calls)}"
+    assert calls == {}, "build these findings in a family of findings/rules/, from the room's evidence"
 
 
 def test_the_make_finding_scan_sees_a_call_and_skips_the_rules(tmp_path: Path) -> None:

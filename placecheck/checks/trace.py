@@ -663,7 +663,8 @@ class Tracer:
 
     # -- the checks -----------------------------------------------------------------------------------
     def findings(self, library_findings: bool = False) -> list[Finding]:
-        """PC201-PC207 from the recorded events (judged by :func:`placecheck.findings.rules.forward_findings`)."""
+        """PC201-PC207 from the recorded events, as the forward's rules judge them
+        (:func:`~placecheck.findings.rules.forward_findings`)."""
         self._checked = rules.forward_findings(self.events, self.target_name, library_findings)
         self.library = self._checked.library
         return self._checked.findings

@@ -27,13 +27,12 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from placecheck.basics.codes import Code
 from placecheck.checks.state import Registry
 from placecheck.engines.calls import read_placement
 from placecheck.engines.sources import frames, library_package, where_is
 from placecheck.findings import rules
+from placecheck.findings.events import HeldTensor
 from placecheck.findings.finding import Finding
-from placecheck.findings.rules import make_finding
 from placecheck.run.origins import Origin
 
 
@@ -172,13 +171,11 @@ def creation_cause(origin: Origin, t: torch.Tensor, device: str, *, fed: bool) -
     creation: the cause, the line to edit. ``fed``: it fed a device mismatch on ``device`` (a tensor the
     script itself made, ``torch.full(...)`` later made a trainable parameter, is reported at its line the
     same way); otherwise a forward's CPU index copied to ``device`` at each call."""
-    tensor = f"{str(t.dtype).removeprefix('torch.')}{list(t.shape)}"
-    if origin.module or not fed:
-        message, hint = rules.created_off_device(origin.path, tensor, "cpu", device, fed=fed)
-    else:
-        message, hint = rules.created_in_script(origin.path, tensor, "cpu", device)
-    return make_finding(
-        Code.PC202, where=origin.module, source=origin.line,
-        device="cpu", expected=device, dtype=str(t.dtype).removeprefix("torch."), shape=tuple(t.shape),
-        nbytes=t.numel() * t.element_size(), count=1, origin=origin.line, message=message, hint=hint,
-        details=(("op", origin.path),))
+    return rules.creation_in_run(origin.path, host_tensor(t), device, line=origin.line, module=origin.module,
+                                 fed=fed)
+
+
+def host_tensor(t: torch.Tensor) -> HeldTensor:
+    """``t``, a tensor made on the host, as plain data for its rule."""
+    return HeldTensor("cpu", str(t.dtype).removeprefix("torch."), tuple(t.shape),
+                      t.numel() * t.element_size())

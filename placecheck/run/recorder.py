@@ -60,10 +60,10 @@ from placecheck.engines.dispatch import Call, op_name, subscribed
 from placecheck.engines.repair import repaired
 from placecheck.engines.sources import here, user_line
 from placecheck.findings import rules
+from placecheck.findings.events import EventSite, StaleRead
 from placecheck.findings.finding import Finding
-from placecheck.findings.rules import make_finding, rule
 from placecheck.placement.replicas import data_parallel_simulated
-from placecheck.run.causes import Causes, crash_site, creation_cause, expression_of, module_owner
+from placecheck.run.causes import Causes, crash_site, creation_cause, expression_of, host_tensor, module_owner
 from placecheck.run.checkpoints import Checkpoints
 from placecheck.run.fastforward import MAX_STEPS_AFTER, FastForward
 from placecheck.run.loaders import PIN_WARNING, Loaders
@@ -430,10 +430,10 @@ class RunRecorder:
         known = HOST_SYNCS.get(func)
         op = known[0] if known is not None else op_name(func)
         copied_at = str(copy.copied_at)
-        message, hint = rules.unsynchronized_read(op, copy.device, copied_at)
-        self.add(make_finding(Code.PC210, where="", message=message, hint=hint,
-                              source=line, device=copy.device, expected="cpu", origin=copied_at,
-                              details=(("op", op), ("copied_at", copied_at))), key_extra=copied_at)
+        read = StaleRead(op, copy.device, EventSite(line, ""), EventSite(copied_at, ""))
+        finding = rules.event_finding(read, "cpu")
+        if finding is not None:
+            self.add(finding, key_extra=copied_at)
 
     def no_such_gpu(self, device: torch.device) -> RuntimeError:
         """What CUDA raises for a device index the machine lacks (--gpus sets how many it has): the
@@ -575,16 +575,10 @@ class RunRecorder:
 
     def _created_in_forward(self, origin: Origin, device: str, t: torch.Tensor, copied_at: str) -> None:
         """PC202: made on the host in a forward, then copied to the device at ``copied_at``, on every call."""
-        r = rule(Code.PC202)
         self.per_call.created(origin.line, origin.path, _tensor(t), device, copied_at)
-        scalar = t.dim() == 0  # one scalar copy per call, as PyTorch's own code makes (issue 42 item 11)
-        message, hint = rules.created_off_device(origin.path, _tensor(t), "cpu", device, copied_to=device,
-                                                 copied_at=copied_at, scalar=scalar)
-        self.add(make_finding(
-            r.code, severity=rules.severity(r.code, "scalar") if scalar else r.severity,
-            where=origin.module, source=origin.line,
-            device="cpu", expected=device, dtype=str(t.dtype).removeprefix("torch."), shape=tuple(t.shape),
-            nbytes=_nbytes(t), count=1, origin=origin.line, message=message, hint=hint))
+        # a 0-dim one is one scalar copy per call, as PyTorch's own code makes (issue 42 item 11)
+        self.add(rules.creation_in_run(origin.path, host_tensor(t), device, line=origin.line,
+                                       module=origin.module, copied_at=copied_at))
 
     def _implicit_index(self, func: Callable[..., Any], args: tuple[Any, ...]) -> None:
         """PC205: a CPU index tensor indexing a device tensor (a host-to-device copy per call)."""
@@ -606,13 +600,10 @@ class RunRecorder:
             self.add(creation_cause(origin, cpu[0], target, fed=False), key_extra=f"{origin.module}|met")
         came_from = rules.came_from(created_by=origin.path, created_at=origin.line) \
             if origin is not None and in_forward else ""
-        message, hint = rules.implicit_transfer(op_name(func), False, _tensor(cpu[0]), target, came_from)
-        self.add(make_finding(
-            Code.PC205, source=line, device="cpu",
-            where=type(self._forward_stack[-1]).__name__ if self._forward_stack else "",
-            expected=target, dtype=str(cpu[0].dtype).removeprefix("torch."),
-            shape=tuple(cpu[0].shape), nbytes=_nbytes(cpu[0]), count=1,
-            origin=origin.line if origin is not None and in_forward else "", message=message, hint=hint))
+        self.add(rules.index_in_run(
+            op_name(func), host_tensor(cpu[0]), target, line=line,
+            module=type(self._forward_stack[-1]).__name__ if self._forward_stack else "", came_from=came_from,
+            origin=origin.line if origin is not None and in_forward else ""))
 
     # -- module moves ----------------------------------------------------------------------------------
     def _module_registered(self, owner: nn.Module, name: str, submodule: nn.Module | None) -> None:
@@ -641,14 +632,9 @@ class RunRecorder:
         line, _ = here()
         target = next((str(t.device) for m in self._forward_stack for t in m.parameters()
                        if t.device.type == "cuda"), "")
-        on_target = str(param.device) == target
         self.registered_lines.add(line)
-        message, hint = rules.created_in_forward("parameter", f"{type(owner).__name__}.{name}", "Parameter",
-                                                 str(param.device), on_target)
-        self.add(make_finding(
-            Code.PC203, severity=rules.severity(Code.PC203, "on-target" if on_target else None),
-            where=f"{type(owner).__name__}.{name}", source=line, device=str(param.device), expected=target,
-            message=message, hint=hint))
+        self.add(rules.parameter_built_in_forward(f"{type(owner).__name__}.{name}", str(param.device), target,
+                                                  line=line))
 
     def _forward_enter(self, module: nn.Module, args: Any) -> None:
         self.per_call.forward(type(module).__name__)
@@ -673,23 +659,9 @@ class RunRecorder:
                self.per_call.verdict(f) if key[0] == Code.PC202 else f for key, f in self.found.items()]
         if self.ranks is not None:
             out += self.ranks.findings()
-        r = rule(Code.PC204)
         for (line, call), (count, module, device, steps) in self.syncs.items():
-            inside = call.split(" in ", 1)[1] if " in " in call else ""
-            details = (("call", call), ("calls", str(count)))
-            if module and inside:
-                # a performance finding made entirely inside installed code: info, naming it
-                message, hint = rules.sync_in_installed_forward(call, device, module, inside)
-                severity = rules.severity(r.code, "library")
-            elif module:
-                message, hint = rules.host_sync(call, device)  # as audit says it of the same forward
-                severity = r.severity
-            else:
-                message, hint = rules.loop_sync(call, device, self._rate(count, steps), inside)
-                severity = rules.severity(r.code, "loop")
-            out.append(make_finding(r.code, severity=severity, where=module, source=line,
-                                    device=device, expected=device, count=count, message=message, hint=hint,
-                                    details=details))
+            out.append(rules.script_host_sync(call, device, module=module, line=line, count=count,
+                                              rate=self._rate(count, steps)))
         repeated: dict[str, _Copies] = {}
         for (line, _), copies in self.copies.items():
             if len(copies.steps) >= 2 and copies.nbytes > repeated.get(line, copies).nbytes - 1:

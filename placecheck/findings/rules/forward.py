@@ -569,6 +569,12 @@ def forward_findings(events: list[Event], target: str, library_findings: bool = 
     return ForwardFindings(kept, counted)
 
 
+def event_finding(event: Event, target: str) -> Finding | None:
+    """The finding of one event on its own (None: the event is no problem): what ``run`` records as it
+    goes is judged as audit's forward judges it."""
+    return _finding(event, target, set(), {})
+
+
 def _tensor(dtype: str, shape: tuple[int, ...] | None) -> str:
     return f"{dtype}{list(shape or [])}"
 

@@ -3,9 +3,9 @@
 its DataLoader's batches, its loop, its own error.
 
 Each rule's declaration (code, kind, default severity, title, explanation, wrong and right
-code) comes first, then its builders: plain data in; the script's mismatch (PC201), layer built in a
-forward (PC203), error (PC207 or PC201) and repeated copy (PC209) return the finding itself, the
-others (message, hint) for the recorder to build it. Shared machinery (the rule table, the severity
+code) comes first, then its builders: plain data in, the finding out (the message parts
+``sync_in_installed_forward``, ``loop_sync`` and ``created_in_script`` aside). A problem of a model's
+forward has the words ``audit`` uses (:mod:`.forward`'s). Shared machinery (the rule table, the severity
 policy) is :mod:`.registry`'s. No torch here.
 """
 
@@ -14,7 +14,14 @@ from __future__ import annotations
 from placecheck.basics.codes import Code
 from placecheck.basics.devices import human_bytes
 from placecheck.basics.gpu_errors import gpu_error
+from placecheck.findings.events import HeldTensor
 from placecheck.findings.finding import Finding
+from placecheck.findings.rules.forward import (
+    created_in_forward,
+    created_off_device,
+    host_sync,
+    implicit_transfer,
+)
 from placecheck.findings.rules.registry import W, declare, make_finding, severity
 
 declare(Code.PC209, "repeated-transfer", W, "run", "the same host tensor copied to the device every step", """
@@ -116,6 +123,66 @@ def layer_built_in_forward(type_name: str, name: str, owner: str, devices: str, 
             if on_target else "the earlier .to() never saw it, and no optimizer holds it"),
         hint="build layers in __init__ (or use an nn.Lazy* module), then move the model and build the "
              "optimizer")
+
+
+def creation_in_run(op: str, tensor: HeldTensor, target: str, *, line: str, module: str, fed: bool = False,
+                    copied_at: str = "") -> Finding:
+    """PC202 at ``line``, where ``op`` made ``tensor`` on the host without ``device=``: in ``module``'s
+    forward ("" for the script's own code, outside any forward). It fed a device mismatch on ``target``
+    (``fed``: the cause, the line to edit), or was copied to ``target`` at ``copied_at`` on every call (a
+    0-dim one is a scalar copy: the rule's scalar severity), or is a CPU index copied there per call."""
+    scalar = bool(copied_at) and not fed and tensor.shape == ()
+    if module or not fed:
+        message, hint = created_off_device(op, tensor.text, tensor.device, target, fed=fed,
+                                           copied_to=target if copied_at else "", copied_at=copied_at,
+                                           scalar=scalar)
+    else:
+        message, hint = created_in_script(op, tensor.text, tensor.device, target)
+    return make_finding(Code.PC202, severity=severity(Code.PC202, "scalar") if scalar else None,
+                        where=module, source=line, device=tensor.device, expected=target, dtype=tensor.dtype,
+                        shape=tensor.shape, nbytes=tensor.nbytes, count=1, origin=line, message=message,
+                        hint=hint, details=(("op", op),))
+
+
+def index_in_run(op: str, tensor: HeldTensor, target: str, *, line: str, module: str, came_from: str = "",
+                 origin: str = "") -> Finding:
+    """PC205 at ``line``: a CPU index ``tensor`` indexing a ``target`` tensor in ``module``'s forward (a copy
+    to the device per call); ``came_from`` (:func:`came_from`'s words) and ``origin`` (the line) name the
+    forward's creation it came from, when it did."""
+    message, hint = implicit_transfer(op, False, tensor.text, target, came_from)
+    return make_finding(Code.PC205, where=module, source=line, device=tensor.device, expected=target,
+                        dtype=tensor.dtype, shape=tensor.shape, nbytes=tensor.nbytes, count=1, origin=origin,
+                        message=message, hint=hint)
+
+
+def parameter_built_in_forward(path: str, device: str, target: str, *, line: str) -> Finding:
+    """PC203 at ``line``: a parameter ``path`` (``Net.scale``) registered on ``device`` during a forward on
+    ``target``, as audit reports it; on the target only the optimizer misses it (the on-target
+    severity)."""
+    on_target = device == target
+    message, hint = created_in_forward("parameter", path, "Parameter", device, on_target)
+    return make_finding(Code.PC203, severity=severity(Code.PC203, "on-target" if on_target else None),
+                        where=path, source=line, device=device, expected=target, message=message, hint=hint)
+
+
+def script_host_sync(call: str, device: str, *, module: str, line: str, count: int, rate: str) -> Finding:
+    """PC204 at ``line``, whose ``call`` (``.item() in torch.nn.utils.clip_grad_norm_`` when a library
+    function made it) waited for ``device`` ``count`` times over the run: in ``module``'s forward, as
+    audit says it (info when installed code made it); outside any forward (``module`` "") ``rate`` times
+    (``1 per optimizer step``), info: a loop's sync is a choice, not a mistake."""
+    inside = call.split(" in ", 1)[1] if " in " in call else ""
+    if module and inside:
+        message, hint = sync_in_installed_forward(call, device, module, inside)
+        changed = severity(Code.PC204, "library")
+    elif module:
+        message, hint = host_sync(call, device)
+        changed = None
+    else:
+        message, hint = loop_sync(call, device, rate, inside)
+        changed = severity(Code.PC204, "loop")
+    return make_finding(Code.PC204, severity=changed, where=module, source=line, device=device,
+                        expected=device, count=count, message=message, hint=hint,
+                        details=(("call", call), ("calls", str(count))))
 
 
 def sync_in_installed_forward(call: str, device: str, module: str, inside: str) -> tuple[str, str]:
