@@ -124,6 +124,35 @@ def test_findings_are_made_only_in_the_rule_families() -> None:
     assert calls == {}, "build these findings in a family of findings/rules/, from the room's evidence"
 
 
+def severity_decisions(root: Path) -> list[str]:
+    """``module:line`` of each call of the rules' ``severity(...)`` and each ``severity=`` keyword outside
+    ``findings/`` (the report's grouping there takes a problem's worst severity, deciding none)."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if rel.startswith("findings/"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call):
+                name = node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", "")
+                if name == "severity" or any(k.arg == "severity" for k in node.keywords):
+                    found.append(f"{rel}:{node.lineno}")
+    return found
+
+
+def test_severity_is_decided_only_in_the_rule_families() -> None:
+    """A rule's severity changes (a scalar, a cache, a library's own sync) are its family's, beside its
+    words: no room picks a severity."""
+    assert severity_decisions(Path(placecheck.__file__).parent) == []
+
+
+def test_the_severity_scan_sees_a_choice(tmp_path: Path) -> None:
+    (tmp_path / "findings").mkdir()
+    (tmp_path / "findings" / "report.py").write_text("s = severity(c)\n")
+    (tmp_path / "room.py").write_text("a = rules.severity(c, 'scalar')\nb = replace(f, severity=s)\nf.severity\n")
+    assert severity_decisions(tmp_path) == ["room.py:1", "room.py:2"]
+
+
 def test_the_make_finding_scan_sees_a_call_and_skips_the_rules(tmp_path: Path) -> None:
     (tmp_path / "findings" / "rules").mkdir(parents=True)
     (tmp_path / "findings" / "rules" / "walk.py").write_text("f = make_finding(c)\n")

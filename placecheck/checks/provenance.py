@@ -10,7 +10,6 @@ which the forward's verdict on each stray is read (:meth:`Provenances.stray_verd
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,13 +21,7 @@ from placecheck.checks.walk import WalkResult, storage_key
 from placecheck.engines.sources import library_of_class
 from placecheck.findings.events import EventSite, Provenance
 from placecheck.findings.finding import Finding
-from placecheck.findings.rules import (
-    created_then_cached,
-    in_library,
-    library_state_hint,
-    severity,
-    stray_handled_by_forward,
-)
+from placecheck.findings.rules import cached_in_run
 
 
 @dataclass(frozen=True)
@@ -147,37 +140,15 @@ class Provenances:
         return verdicts
 
 
-def stray_verdict(finding: Finding, how: str | None, target: str, owner: type | None) -> Finding:
-    """A stray (PC101) the forward handles: an ``info`` finding saying how, decided from what the
-    forward (``audit``) or the whole script (``run``, ``how`` ``unused-run``) did with it, never from
-    the library or attribute names: .to() still leaves it behind.
-
-    A stray never used stays as it is, unless ``owner``, the class of the module holding it
-    (:func:`stray_owner`), is one an installed package defines (transformers' rotary embedding keeps a
-    stale alias of a buffer that only some configurations read): then it is ``info`` naming the
-    package, as library findings are.
-    """
-    if how is None:
-        return finding
-    message = f"{finding.message}; {stray_handled_by_forward(how, target)}"
-    if how in ("unused", "unused-run"):
-        package = library_of_class(owner) if owner is not None else ""
-        if not package:
-            return finding
-        message = in_library(package, message)
-        return dataclasses.replace(finding, severity=severity(finding.code, "library-unused"),
-                                   message=message, hint=library_state_hint(package),
-                                   details=(*finding.details, ("forward", how)))
-    return dataclasses.replace(finding, severity=severity(finding.code, "handled"), message=message,
-                               details=(*finding.details, ("forward", how)))
-
-
-def stray_owner(finding: Finding, model: nn.Module) -> type | None:
-    """The class of the module of ``model`` that holds the stray of ``finding`` (None: not found)."""
+def stray_package(finding: Finding, model: nn.Module) -> str:
+    """The installed package defining the class of the module of ``model`` that holds the stray of
+    ``finding`` ("" for the user's own class, or when it is not found): the evidence of
+    :func:`placecheck.findings.rules.stray_verdict`."""
     try:
-        return type(model.get_submodule(finding.module) if finding.module else model)
+        owner = type(model.get_submodule(finding.module) if finding.module else model)
     except AttributeError:
-        return None
+        return ""
+    return library_of_class(owner)
 
 
 class CallCounts:
@@ -204,15 +175,12 @@ class CallCounts:
         self._first.setdefault(line, (op, tensor, copied_to, copied_at))
 
     def verdict(self, finding: Finding) -> Finding:
-        """``finding`` (a PC202 of a forward's creation copied to the device) as the whole run shows it:
-        made in fewer forwards than its module ran, a cache: ``info``, with both counts."""
+        """``finding`` (a PC202 of a forward's creation copied to the device) as the whole run shows it
+        (:func:`placecheck.findings.rules.cached_in_run`: made in fewer forwards than its module ran, a
+        cache)."""
         line = finding.origin or finding.source
         made, calls = self.made.get(line, 0), self.forwards.get(finding.where, 0)
-        if not 0 < made < calls or line not in self._first:
+        if line not in self._first:
             return finding
         op, tensor, copied_to, copied_at = self._first[line]
-        message, hint = created_then_cached(op, tensor, finding.device, copied_to, copied_at, made=made,
-                                            calls=calls)
-        return dataclasses.replace(finding, severity=severity(Code.PC202, "cache"), message=message,
-                                   hint=hint, count=made,
-                                   details=(*finding.details, ("made", str(made)), ("forwards", str(calls))))
+        return cached_in_run(finding, op, tensor, copied_to, copied_at, made=made, calls=calls)

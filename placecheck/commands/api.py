@@ -25,7 +25,7 @@ from placecheck.basics.errors import LoadError, UsageError, one_line
 from placecheck.basics.options import AuditOptions, WrapChoice
 from placecheck.basics.patching import patch
 from placecheck.basics.quiet import quiet
-from placecheck.checks.provenance import stray_owner, stray_verdict
+from placecheck.checks.provenance import stray_package
 from placecheck.checks.walk import Snapshot, WalkResult, reachable_tensors, walk
 from placecheck.engines import classify
 from placecheck.engines.compat import FAKE_TENSOR_LOGGER, torch_note
@@ -40,7 +40,7 @@ from placecheck.engines.engine import (
 from placecheck.engines.sources import treat_as_user_code, user_line
 from placecheck.findings.finding import Finding
 from placecheck.findings.report import ASSUMED_BRANCHES, DeviceMap, Report
-from placecheck.findings.rules import rule, selected
+from placecheck.findings.rules import rule, selected, stray_verdict
 from placecheck.model.construct import (
     construct,
     leftovers_to_default_device,
@@ -576,7 +576,7 @@ def _walk_and_forward(
         traced = _forward(model, eng, result, snapshot, inputs, train, library_findings, inferred, placement,
                           reuse_calls=reuse_calls)
     walk_findings = [
-        stray_verdict(f, traced.handled.get(f.where), f.expected or target, stray_owner(f, model))
+        stray_verdict(f, traced.handled.get(f.where), f.expected or target, stray_package(f, model))
         if f.code == Code.PC101 else f for f in result.findings]
     stats = result.stats
     if traced.assumed_branches:  # the summary then says that paths other values take did not run

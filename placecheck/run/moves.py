@@ -24,11 +24,12 @@ import torch
 import torch.nn as nn
 
 from placecheck.basics.codes import Code
-from placecheck.checks.provenance import stray_owner, stray_verdict
+from placecheck.checks.provenance import stray_package
 from placecheck.checks.walk import Snapshot, walk
 from placecheck.engines.calls import read_module_move
 from placecheck.engines.cudaapi import current_index
 from placecheck.engines.sources import here
+from placecheck.findings import rules
 from placecheck.findings.finding import Finding
 
 _SET_SWAP = torch.__future__.set_swap_module_params_on_conversion
@@ -78,8 +79,9 @@ class Moves:
         """``id()`` of each stray tensor (PC101) a move left behind -> its finding's key; a torch call of
         the script that receives one marks that finding used (:meth:`touched`)."""
         self.used: set[tuple[str, str, str]] = set()
-        self._owners: dict[tuple[str, str, str], type | None] = {}
-        """Each stray's finding key -> the class of the module holding the stray."""
+        self._owners: dict[tuple[str, str, str], str] = {}
+        """Each stray's finding key -> the installed package defining the class of the module holding the
+        stray ("" for the user's own)."""
         self._derived: dict[int, tuple[weakref.ref[torch.Tensor], tuple[str, str, str]]] = {}
         """``id()`` of each tensor a torch call computed from a stray -> (the tensor, the stray's key)."""
         self._fed: set[tuple[str, str, str]] = set()
@@ -142,7 +144,7 @@ class Moves:
             self.recorder.add(found)
             if f.code == Code.PC101:
                 stray = (found.code, found.source, found.where)
-                self._owners[stray] = stray_owner(f, module)
+                self._owners[stray] = stray_package(f, module)
                 self.strays.update({tid: stray for tid, path in result.origins.items() if path == f.where})
         for note in result.notes:
             self.recorder.notes[note] = None
@@ -191,7 +193,7 @@ class Moves:
 
     def verdict(self, key: tuple[str, str, str], finding: Finding) -> Finding:
         """A stray's finding (PC101) as the whole run shows it, decided as ``audit`` decides it from its
-        forward (:func:`placecheck.checks.provenance.stray_verdict`): one the script used but never let
+        forward (:func:`placecheck.findings.rules.stray_verdict`): one the script used but never let
         meet a device tensor (it used it only on the host or as a 0-dim scalar, or copied the results
         to the device) is ``info`` saying how; one it never used, held by a module an installed package
         defines, is ``info`` naming the package."""
@@ -200,8 +202,8 @@ class Moves:
         if key in self.used:
             how = ("moved-copies" if key in self._moved else
                    "scalar" if key not in self._not_scalar else "cpu-only")
-            return stray_verdict(finding, how, finding.expected, self._owners[key])
-        return stray_verdict(finding, "unused-run", finding.expected, self._owners[key])
+            return rules.stray_verdict(finding, how, finding.expected, self._owners[key])
+        return rules.stray_verdict(finding, "unused-run", finding.expected, self._owners[key])
 
     def unswappable(self, line: str) -> None:
         """The fake engine could not swap a parameter for its moved copy: a limit of the simulation."""

@@ -72,6 +72,7 @@ from placecheck.findings.rules.registry import (
     severity_changes,
 )
 from placecheck.findings.rules.script import (
+    cached_in_run,
     created_in_script,
     creation_in_run,
     index_in_run,
@@ -108,6 +109,7 @@ from placecheck.findings.rules.walk import (
     placed_stray,
     stray_handled_by_forward,
     stray_tensor,
+    stray_verdict,
     unregistered_module,
     unregistered_parameter,
     walk_finding,
@@ -125,6 +127,7 @@ __all__ = [
     "SeverityChange",
     "audit_incomplete",
     "buffer_off_device",
+    "cached_in_run",
     "came_from",
     "checkpoint_load_hint",
     "checkpoint_on_absent_device",
@@ -183,6 +186,7 @@ __all__ = [
     "stale_optimizer",
     "stray_handled_by_forward",
     "stray_tensor",
+    "stray_verdict",
     "sync_in_installed_forward",
     "unexpected_key",
     "unexpected_module",

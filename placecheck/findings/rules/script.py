@@ -11,6 +11,8 @@ policy) is :mod:`.registry`'s. No torch here.
 
 from __future__ import annotations
 
+import dataclasses
+
 from placecheck.basics.codes import Code
 from placecheck.basics.devices import human_bytes
 from placecheck.basics.gpu_errors import gpu_error
@@ -19,6 +21,7 @@ from placecheck.findings.finding import Finding
 from placecheck.findings.rules.forward import (
     created_in_forward,
     created_off_device,
+    created_then_cached,
     host_sync,
     implicit_transfer,
 )
@@ -142,6 +145,20 @@ def creation_in_run(op: str, tensor: HeldTensor, target: str, *, line: str, modu
                         where=module, source=line, device=tensor.device, expected=target, dtype=tensor.dtype,
                         shape=tensor.shape, nbytes=tensor.nbytes, count=1, origin=line, message=message,
                         hint=hint, details=(("op", op),))
+
+
+def cached_in_run(finding: Finding, op: str, tensor: str, copied_to: str, copied_at: str, *, made: int,
+                  calls: int) -> Finding:
+    """``finding``, a PC202 of a forward's creation copied to the device, as the whole run shows it: made
+    in ``made`` of the ``calls`` forwards its module ran. Fewer than all, it is a cache (built once, or
+    when the length changes): ``info``, with both counts; else it stands."""
+    if not 0 < made < calls:
+        return finding
+    message, hint = created_then_cached(op, tensor, finding.device, copied_to, copied_at, made=made,
+                                        calls=calls)
+    return dataclasses.replace(finding, severity=severity(Code.PC202, "cache"), message=message, hint=hint,
+                               count=made,
+                               details=(*finding.details, ("made", str(made)), ("forwards", str(calls))))
 
 
 def index_in_run(op: str, tensor: HeldTensor, target: str, *, line: str, module: str, came_from: str = "",

@@ -9,12 +9,14 @@ judge of what the walk found (:func:`walk_finding`: its events in, findings out)
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 from placecheck.basics.codes import Code
 from placecheck.basics.devices import human_bytes
 from placecheck.findings.events import RegisteredOffTarget, UnregisteredModuleFound, WalkEvent
 from placecheck.findings.finding import Finding
+from placecheck.findings.rules.forward import in_library
 from placecheck.findings.rules.registry import E, declare, make_finding, severity
 
 declare(Code.PC101, "stray-tensor", E, "walk", "tensor attribute that .to() does not move", """
@@ -245,6 +247,29 @@ def left_out_of_sharding(what: str, name: str, device: str, target: str) -> tupl
             "manages its module and nothing moved it",
             "call fully_shard on the root as well (after its blocks), so that it manages every module "
             "left over, or move the model to the rank's GPU before sharding it")
+
+
+def stray_verdict(finding: Finding, how: str | None, target: str, package: str = "") -> Finding:
+    """A stray (PC101) the forward handles: an ``info`` finding saying how, decided from what the
+    forward (``audit``) or the whole script (``run``, ``how`` ``unused-run``) did with it, never from
+    the library or attribute names: .to() still leaves it behind.
+
+    A stray never used stays as it is, unless ``package``, the installed package defining the class of
+    the module holding it, is not "" (transformers' rotary embedding keeps a stale alias of a buffer
+    that only some configurations read): then it is ``info`` naming the package, as library findings
+    are.
+    """
+    if how is None:
+        return finding
+    message = f"{finding.message}; {stray_handled_by_forward(how, target)}"
+    if how in ("unused", "unused-run"):
+        if not package:
+            return finding
+        return dataclasses.replace(finding, severity=severity(finding.code, "library-unused"),
+                                   message=in_library(package, message), hint=library_state_hint(package),
+                                   details=(*finding.details, ("forward", how)))
+    return dataclasses.replace(finding, severity=severity(finding.code, "handled"), message=message,
+                               details=(*finding.details, ("forward", how)))
 
 
 # -- the judge: what the walk found, turned into findings -------------------------------------------
