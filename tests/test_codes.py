@@ -149,7 +149,8 @@ def test_severity_is_decided_only_in_the_rule_families() -> None:
 def test_the_severity_scan_sees_a_choice(tmp_path: Path) -> None:
     (tmp_path / "findings").mkdir()
     (tmp_path / "findings" / "report.py").write_text("s = severity(c)\n")
-    (tmp_path / "room.py").write_text("a = rules.severity(c, 'scalar')\nb = replace(f, severity=s)\nf.severity\n")
+    (tmp_path / "room.py").write_text("a = rules.severity(c, 'scalar')\nb = replace(f, severity=s)\n"
+                                      "f.severity\n")
     assert severity_decisions(tmp_path) == ["room.py:1", "room.py:2"]
 
 

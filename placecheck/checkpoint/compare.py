@@ -21,10 +21,8 @@ from dataclasses import dataclass
 
 from placecheck.basics.codes import Code
 from placecheck.findings import rules
+from placecheck.findings.events import TensorSpec
 from placecheck.findings.finding import Finding
-
-TensorSpec = tuple[tuple[int, ...], str]
-"""``(shape, dtype)`` of one state_dict entry; dtype without ``torch.``."""
 
 # Known prefixes, and where they come from (for the message).
 KNOWN_PREFIXES: dict[str, str] = {

@@ -34,7 +34,7 @@ from placecheck.basics.errors import LoadError, PlacecheckError, UsageError, one
 from placecheck.basics.options import CheckpointOptions
 from placecheck.basics.quiet import quiet
 from placecheck.basics.values import Device
-from placecheck.checkpoint.compare import Comparison, TensorSpec, compare_state_dicts
+from placecheck.checkpoint.compare import Comparison, compare_state_dicts
 from placecheck.checkpoint.metadata import (
     CheckpointFormat,
     CheckpointMeta,
@@ -48,6 +48,7 @@ from placecheck.checkpoint.metadata import (
 from placecheck.checkpoint.pt2 import load_pt2_state_dict
 from placecheck.engines.compat import torch_note
 from placecheck.findings import rules
+from placecheck.findings.events import TensorSpec
 from placecheck.findings.finding import Finding
 from placecheck.findings.report import Report
 from placecheck.findings.rules import selected

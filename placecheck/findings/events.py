@@ -353,5 +353,10 @@ class UnregisteredModuleFound:
 WalkEvent = typing.Union[RegisteredOffTarget, StrayTensor, UnregisteredModuleFound]
 
 
+TensorSpec = tuple[tuple[int, ...], str]
+"""``(shape, dtype)`` of one state_dict entry, as a checkpoint or a model holds it; dtype without
+``torch.``."""
+
+
 Event = typing.Union[Creation, Mismatch, HostSync, ImplicitTransfer, Registration, OutputOffDevice,
                      ForwardError, GradOffDevice, Copy, StaleRead]

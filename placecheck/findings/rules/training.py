@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from placecheck.basics.codes import Code
 from placecheck.basics.devices import human_bytes
 from placecheck.basics.values import Device
+from placecheck.findings.events import TensorSpec
 from placecheck.findings.finding import Finding
 from placecheck.findings.rules.registry import E, W, declare, make_finding
 
@@ -78,11 +79,7 @@ torch.save(model.state_dict(), "model.pt")
 
 # ---- PC301-PC306: a checkpoint, from what placecheck.checkpoint read of it --------------------------
 
-Spec = tuple[tuple[int, ...], str]
-"""A state_dict entry's ``(shape, dtype)``, dtype without ``torch.``."""
-
-
-def _spec(spec: Spec) -> str:
+def _spec(spec: TensorSpec) -> str:
     shape, dtype = spec
     return f"{dtype}{list(shape)}"
 
@@ -164,7 +161,7 @@ _UNEXPECTED_HINT = ("drop it before load_state_dict(strict=True), or build the m
                     "saved from")
 
 
-def missing_key(key: str, spec: Spec, *, model: str) -> Finding:
+def missing_key(key: str, spec: TensorSpec, *, model: str) -> Finding:
     """PC302: the ``model`` expects ``key`` and the checkpoint lacks it."""
     return make_finding(Code.PC302, where=key, message=f"{model} expects {key!r} ({_spec(spec)}) and the "
                         "checkpoint lacks it", hint=_MISSING_HINT, shape=spec[0], dtype=spec[1])
@@ -178,7 +175,7 @@ def missing_module(module: str, keys: Sequence[str], nbytes: int, *, model: str)
         "did not", hint=_MISSING_HINT, count=len(keys), nbytes=nbytes)
 
 
-def unexpected_key(key: str, spec: Spec, *, model: str) -> Finding:
+def unexpected_key(key: str, spec: TensorSpec, *, model: str) -> Finding:
     """PC303: the checkpoint has ``key`` and the ``model`` has no such key."""
     return make_finding(Code.PC303, where=key, message=f"the checkpoint has {key!r} ({_spec(spec)}) and "
                         f"{model} has no such key", hint=_UNEXPECTED_HINT, shape=spec[0], dtype=spec[1])
@@ -192,7 +189,7 @@ def unexpected_module(module: str, keys: Sequence[str], nbytes: int, *, model: s
         "not", hint=_UNEXPECTED_HINT, count=len(keys), nbytes=nbytes)
 
 
-def shape_mismatch(key: str, saved: Spec, wanted: Spec, *, model: str) -> Finding:
+def shape_mismatch(key: str, saved: TensorSpec, wanted: TensorSpec, *, model: str) -> Finding:
     """PC304: ``key``'s shape in the checkpoint (``saved``) differs from the ``model``'s (``wanted``)."""
     return make_finding(
         Code.PC304, where=key, message=f"checkpoint shape {list(saved[0])} for {key!r}, {model} has "
@@ -202,7 +199,7 @@ def shape_mismatch(key: str, saved: Spec, wanted: Spec, *, model: str) -> Findin
         details=(("checkpoint_shape", str(list(saved[0]))), ("model_shape", str(list(wanted[0])))))
 
 
-def dtype_mismatch(key: str, saved: Spec, wanted: Spec, *, model: str) -> Finding:
+def dtype_mismatch(key: str, saved: TensorSpec, wanted: TensorSpec, *, model: str) -> Finding:
     """PC305: ``key``'s dtype in the checkpoint (``saved``) differs from the ``model``'s (``wanted``)."""
     return make_finding(
         Code.PC305, where=key, message=f"checkpoint dtype {saved[1]} for {key!r}, {model} has {wanted[1]}: "
