@@ -282,6 +282,28 @@ def test_optimizer_built_before_model_to_stays_valid() -> None:
     assert report.findings == ()
 
 
+def test_the_live_modules_are_every_module_alive_and_nothing_else() -> None:
+    """PC308's evidence: which live modules register an optimizer's parameters. The scan filters in C
+    against nn.Module's subclasses; it must find what a test of each object finds, a class with two bases
+    and one made at run time included."""
+    import gc
+
+    from placecheck.run.optimizers import _live_modules
+
+    class Mixin:
+        pass
+
+    class Both(Mixin, nn.Linear):
+        pass
+
+    made = type("Made", (nn.Sequential,), {})
+    kept = [Both(2, 2), made(nn.ReLU()), nn.Linear(2, 2), Mixin()]
+    found = {id(m) for m in _live_modules()}
+    assert {id(m) for m in kept[:3]} | {id(kept[1][0])} <= found
+    assert id(kept[3]) not in found
+    assert found == {id(o) for o in gc.get_objects() if isinstance(o, nn.Module)}
+
+
 def test_optimizer_built_before_a_move_that_overwrites_parameters_is_pc308() -> None:
     def train() -> None:
         torch.__future__.set_overwrite_module_params_on_conversion(True)
