@@ -12,6 +12,7 @@ import ast
 import json
 import re
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -102,19 +103,21 @@ def test_findings_are_built_only_by_the_rules() -> None:
     assert set(calls) == set(FINDING_BUILDERS), "build a finding with rules.make_finding(Code.PCnnn, ...)"
 
 
-def make_finding_calls(root: Path) -> Counter[str]:
-    """How many calls of ``make_finding(...)`` each module under ``root`` makes, ``findings/rules/`` aside."""
-    found: Counter[str] = Counter()
+def _calls(root: Path, outside: str) -> Iterator[tuple[str, str, ast.Call]]:
+    """``(module, called name, call)`` for every call in the modules under ``root`` but ``outside``."""
     for path in sorted(root.rglob("*.py")):
         rel = path.relative_to(root).as_posix()
-        if rel.startswith("findings/rules/"):
+        if rel.startswith(outside):
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Call):
                 name = node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", "")
-                if name == "make_finding":
-                    found[rel] += 1
-    return found
+                yield rel, name, node
+
+
+def make_finding_calls(root: Path) -> Counter[str]:
+    """How many calls of ``make_finding(...)`` each module under ``root`` makes, ``findings/rules/`` aside."""
+    return Counter(rel for rel, name, _ in _calls(root, "findings/rules/") if name == "make_finding")
 
 
 def test_findings_are_made_only_in_the_rule_families() -> None:
@@ -127,17 +130,8 @@ def test_findings_are_made_only_in_the_rule_families() -> None:
 def severity_decisions(root: Path) -> list[str]:
     """``module:line`` of each call of the rules' ``severity(...)`` and each ``severity=`` keyword outside
     ``findings/`` (the report's grouping there takes a problem's worst severity, deciding none)."""
-    found = []
-    for path in sorted(root.rglob("*.py")):
-        rel = path.relative_to(root).as_posix()
-        if rel.startswith("findings/"):
-            continue
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Call):
-                name = node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", "")
-                if name == "severity" or any(k.arg == "severity" for k in node.keywords):
-                    found.append(f"{rel}:{node.lineno}")
-    return found
+    return [f"{rel}:{call.lineno}" for rel, name, call in _calls(root, "findings/")
+            if name == "severity" or any(k.arg == "severity" for k in call.keywords)]
 
 
 def test_severity_is_decided_only_in_the_rule_families() -> None:
