@@ -34,6 +34,7 @@ class EventSite:
 
 NOWHERE = EventSite("", "")
 
+
 @dataclass
 class Creation:
     """A tensor created in forward off the target (a factory without ``device=``, ``.cpu()``...)."""

@@ -5,8 +5,10 @@ a non-blocking copy read too early (PC210); and the message parts every check sh
 tensor came from, a finding inside a library or on some replicas only).
 
 Each rule's declaration (code, kind, default severity, title, explanation, wrong and right
-code) comes first, then the builders of its messages: plain data in, (message, hint) out.
-Shared machinery (the rule table, the severity policy) is :mod:`.registry`'s. No torch here.
+code) comes first, then the builders of its messages: plain data in, (message, hint) out; last, the
+judge of a traced forward's events (:func:`forward_findings`; :func:`event_finding` for one event that
+``run`` recorded). Shared machinery (the rule table, the severity policy) is :mod:`.registry`'s. No
+torch here.
 """
 
 from __future__ import annotations
