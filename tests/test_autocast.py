@@ -21,6 +21,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from placecheck.basics.values import Device
 from placecheck.engines import autocast
 from placecheck.engines.engine import Engine
 from placecheck.findings.finding import Severity
@@ -55,7 +56,7 @@ ON_THE_GPU: dict[str, tuple[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 def _session(engine: str) -> typing.ContextManager[object]:
     tagged = engine == "tagged"
-    return Engine(name=engine, device="cuda", simulated=True, gpus=1, real_values=tagged).session()
+    return Engine(name=engine, device=Device("cuda", 0), simulated=True, gpus=1, real_values=tagged).session()
 
 
 @pytest.mark.parametrize("engine", ENGINES)

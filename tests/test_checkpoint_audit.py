@@ -15,6 +15,7 @@ from conftest import unwrapped
 from safetensors.torch import save_file
 
 from placecheck import audit
+from placecheck.basics.values import Device
 from placecheck.checkpoint import check_checkpoint, load_into_model, read_checkpoint
 from placecheck.checkpoint.preflight import UnsafeCheckpointError
 from placecheck.cli import app
@@ -42,9 +43,9 @@ def test_load_into_model_loads_the_values_with_map_location_cpu_under_simulation
     state = _trained()
     path = save_with_locations(state, tmp_path / "gpu1.pt", default="cuda:1")
     model = Small()
-    engine = choose_engine("cuda:0", gpus=1)
+    engine = choose_engine(Device("cuda", 0), gpus=1)
     assert engine.simulated or torch.cuda.is_available()
-    loaded = load_into_model(model, str(path), device="cuda:0", engine=engine)
+    loaded = load_into_model(model, str(path), device=Device("cuda", 0), engine=engine)
     if engine.simulated:
         assert "map_location='cpu'" in loaded.notes[0]
     assert torch.equal(model.fc.weight.cpu(), state["fc.weight"])
@@ -57,7 +58,7 @@ def test_a_ddp_checkpoint_loads_after_the_prefix_fix(tmp_path: Path) -> None:
     path = tmp_path / "ddp.pt"
     torch.save({"model": state, "epoch": 3}, path)
     model = Small()
-    loaded = load_into_model(model, str(path), device="cpu", engine=choose_engine("cpu"))
+    loaded = load_into_model(model, str(path), device=Device("cpu"), engine=choose_engine(Device("cpu")))
     assert [(f.code, f.where) for f in loaded.findings] == [("PC302", "<prefix module.>")]
     assert torch.equal(model.fc.bias, state["module.fc.bias"])
     assert "3 of 3 tensors loaded from 'model'" in loaded.notes[0]
@@ -70,7 +71,7 @@ def test_a_ddp_checkpoint_loads_after_the_prefix_fix(tmp_path: Path) -> None:
 def test_the_load_note_says_a_strict_load_accepts_a_matching_checkpoint(tmp_path: Path) -> None:
     path = tmp_path / "plain.pt"
     torch.save(_trained(), path)
-    loaded = load_into_model(Small(), str(path), device="cpu", engine=choose_engine("cpu"))
+    loaded = load_into_model(Small(), str(path), device=Device("cpu"), engine=choose_engine(Device("cpu")))
     assert loaded.notes[0].endswith("a strict load_state_dict (the default) accepts it as it is")
 
 
@@ -80,7 +81,7 @@ def test_shape_mismatch_is_reported_and_the_rest_still_loads(tmp_path: Path) -> 
     path = tmp_path / "bad_shape.safetensors"
     save_file(state, str(path))
     model = Small()
-    loaded = load_into_model(model, str(path), device="cpu", engine=choose_engine("cpu"))
+    loaded = load_into_model(model, str(path), device=Device("cpu"), engine=choose_engine(Device("cpu")))
     assert [(f.code, f.where) for f in loaded.findings] == [("PC304", "fc.weight")]
     assert torch.equal(model.fc.bias, state["fc.bias"])
 
@@ -89,7 +90,7 @@ def test_unsafe_checkpoint_raises_without_trust(tmp_path: Path) -> None:
     path = tmp_path / "module.pt"
     torch.save(Small(), path)
     with pytest.raises(UnsafeCheckpointError, match="--trust"):
-        load_into_model(Small(), str(path), device="cpu", engine=choose_engine("cpu"))
+        load_into_model(Small(), str(path), device=Device("cpu"), engine=choose_engine(Device("cpu")))
 
 
 def test_audit_reports_checkpoint_and_walk_findings_together(tmp_path: Path) -> None:
@@ -166,7 +167,7 @@ def test_audit_loads_a_torchscript_archive_with_constants(tmp_path: Path) -> Non
     assert "<constants>" in meta.root  # the case this test is about
     assert {s.key for s in meta.storages} == {"0", "1", "constants/0"}
     model = WithConstant()
-    loaded = load_into_model(model, str(path), device="cpu", engine=choose_engine("cpu"))
+    loaded = load_into_model(model, str(path), device=Device("cpu"), engine=choose_engine(Device("cpu")))
     assert loaded.findings == ()
     assert torch.equal(model.fc.weight, source.fc.weight)
 

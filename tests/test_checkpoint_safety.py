@@ -20,6 +20,7 @@ import torch
 from cli_runner import CliRunner
 from conftest import unwrapped
 
+from placecheck.basics.values import Device
 from placecheck.checkpoint import CheckpointFormat, check_checkpoint, load_into_model, read_checkpoint
 from placecheck.checkpoint.safety import unsafe_globals
 from placecheck.cli import app
@@ -243,7 +244,7 @@ def test_a_safe_pt2_loads_without_torch_export_load(tmp_path: Path, monkeypatch:
 
     monkeypatch.setattr(torch.export, "load", refuse)
     model = torch.nn.Linear(4, 3)
-    load_into_model(model, str(path), device="cpu", engine=choose_engine("cpu"))
+    load_into_model(model, str(path), device=Device("cpu"), engine=choose_engine(Device("cpu")))
     assert torch.equal(model.weight, expected["weight"]) and torch.equal(model.bias, expected["bias"])
 
 

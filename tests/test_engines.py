@@ -14,6 +14,7 @@ from forward_helpers import ungrouped  # noqa: F401 (the fixture)
 
 import placecheck
 from placecheck.basics.errors import UsageError
+from placecheck.basics.values import Device
 from placecheck.engines.engine import (
     SIMULATED_CUDA,
     SIMULATED_CUDA_VALUES,
@@ -31,22 +32,24 @@ no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="a real GPU is pre
 
 @no_gpu
 def test_auto_chooses_fake_tensors_and_real_values_for_training() -> None:
-    assert choose_engine("cuda:0").name == SIMULATED_CUDA
-    trained = choose_engine("cuda:0", train=True)
+    assert choose_engine(Device("cuda", 0)).name == SIMULATED_CUDA
+    trained = choose_engine(Device("cuda", 0), train=True)
     assert trained.name == SIMULATED_CUDA_VALUES and trained.real_values and "--train" in trained.reason
-    assert choose_engine("cuda:0", EngineChoice.TAGGED).real_values
-    assert choose_engine("cpu").name == "cpu" and not choose_engine("cpu", train=True).simulated
+    assert choose_engine(Device("cuda", 0), EngineChoice.TAGGED).real_values
+    cpu = Device("cpu")
+    assert choose_engine(cpu).name == "cpu" and not choose_engine(cpu, train=True).simulated
 
 
 def test_engine_choices_that_cannot_work_are_usage_errors() -> None:
     with pytest.raises(UsageError, match="fake engine cannot run"):
-        choose_engine("cuda:0", EngineChoice.FAKE, train=True)
+        choose_engine(Device("cuda", 0), EngineChoice.FAKE, train=True)
     with pytest.raises(UsageError, match="simulates CUDA only"):
-        choose_engine("cpu", EngineChoice.TAGGED)
+        choose_engine(Device("cpu"), EngineChoice.TAGGED)
 
 
 def test_fallback_engine_says_why() -> None:
-    eng = fallback_engine(choose_engine("cuda:2", EngineChoice.FAKE), "it reads tensor values at m.py:3")
+    chosen = choose_engine(Device("cuda", 2), EngineChoice.FAKE)
+    eng = fallback_engine(chosen, "it reads tensor values at m.py:3")
     assert eng.real_values and eng.gpus == 3 and eng.device == "cuda:2"
     assert "fell back from fake tensors" in eng.reason and "m.py:3" in eng.reason
 
@@ -78,7 +81,7 @@ def test_tagged_tensors_follow_pytorch_device_rules() -> None:
 
 def test_tagged_move_keeps_parameters_registered_and_trainable() -> None:
     model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
-    eng = choose_engine("cuda:1", EngineChoice.TAGGED, gpus=2)
+    eng = choose_engine(Device("cuda", 1), EngineChoice.TAGGED, gpus=2)
     with eng.session():
         moved = move_model(model, eng)
         assert all(p.device == torch.device("cuda:1") and isinstance(p, nn.Parameter)
@@ -129,11 +132,11 @@ def test_fake_and_real_valued_engines_agree_on_a_model_both_can_run() -> None:
 
 def test_gpus_fewer_than_the_device_index_needs_is_a_usage_error() -> None:
     with pytest.raises(UsageError, match=r"--device cuda:3 needs at least 4 GPUs; --gpus 1 was given"):
-        choose_engine("cuda:3", gpus=1)
+        choose_engine(Device("cuda", 3), gpus=1)
     with pytest.raises(UsageError, match="needs at least 2 GPUs"):
         placecheck.audit(nn.Linear(2, 2), "cuda:1", gpus=1)
-    assert choose_engine("cuda:3", EngineChoice.FAKE, gpus=4).gpus == 4
-    assert choose_engine("cuda:3", EngineChoice.FAKE).gpus == 4  # no --gpus: enough for the index
+    assert choose_engine(Device("cuda", 3), EngineChoice.FAKE, gpus=4).gpus == 4
+    assert choose_engine(Device("cuda", 3), EngineChoice.FAKE).gpus == 4  # no --gpus: enough for the index
 
 
 def test_gpus_fewer_than_the_device_index_needs_from_the_cli() -> None:
@@ -150,7 +153,7 @@ def test_gpus_fewer_than_the_device_index_needs_from_the_cli() -> None:
 
 def test_one_fake_mode_per_engine_shared_by_its_sessions() -> None:
     """A model built in one session (CUDA tensors in __init__) moves and runs in the next."""
-    eng = choose_engine("cuda:0", EngineChoice.FAKE)
+    eng = choose_engine(Device("cuda", 0), EngineChoice.FAKE)
     with eng.session() as first:
         model = nn.Sequential(nn.Linear(2, 2).cuda(), nn.Linear(2, 2))
         alias = model[1].weight
@@ -161,7 +164,7 @@ def test_one_fake_mode_per_engine_shared_by_its_sessions() -> None:
         out = moved(torch.ones(3, 2, device="cuda"))
     assert out.device == torch.device("cuda:0")
     assert alias is moved[1].weight and alias.device == torch.device("cuda:0")  # kept, as on a GPU
-    assert choose_engine("cuda:0", EngineChoice.FAKE).fake_mode is not eng.fake_mode
+    assert choose_engine(Device("cuda", 0), EngineChoice.FAKE).fake_mode is not eng.fake_mode
 
 
 def test_fake_limit_recognises_fake_tensor_limits_only() -> None:
@@ -210,7 +213,7 @@ def test_is_simulation_limit_names_driver_errors_only() -> None:
 
 @no_gpu
 def test_lazy_batchnorm_buffers_move_under_fake_tensors() -> None:
-    eng = choose_engine("cuda:0", EngineChoice.FAKE)
+    eng = choose_engine(Device("cuda", 0), EngineChoice.FAKE)
     model = nn.Sequential(nn.LazyLinear(4), nn.LazyBatchNorm1d())
     with eng.session():
         moved = move_model(model, eng)

@@ -26,6 +26,7 @@ from cli_runner import CliRunner
 import placecheck.model.construct as construct
 from placecheck.basics.errors import LoadError, UsageError
 from placecheck.basics.options import EngineChoice
+from placecheck.basics.values import Device
 from placecheck.checks.walk import Snapshot, walk
 from placecheck.cli import app
 from placecheck.commands.api import audit
@@ -227,7 +228,7 @@ def test_unmoved_tensors_are_reported_on_cpu_not_meta() -> None:
 def test_leftovers_become_cpu_tensors_keeping_identity_and_kind() -> None:
     with torch.device("meta"):
         model = Strays()
-    eng = choose_engine("cuda:0")
+    eng = choose_engine(Device("cuda", 0))
     with eng.session():
         snapshot = Snapshot.take(model)
         move_model(model, eng)
@@ -253,7 +254,7 @@ def test_a_zero_dim_leftover_is_a_legal_scalar_beside_cuda_tensors() -> None:
     """As after a CPU build: a 0-dim CPU tensor times a CUDA tensor is fine; a 0-dim meta one raises."""
     with torch.device("meta"):
         model = Strays()
-    eng = choose_engine("cuda:0")
+    eng = choose_engine(Device("cuda", 0))
     with eng.session():
         move_model(model, eng)
         with pytest.raises(RuntimeError, match="same device"):
@@ -268,7 +269,7 @@ def test_leftovers_beyond_the_budget_take_no_memory(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(construct, "REAL_LEFTOVER_BUDGET", 0)
     with torch.device("meta"):
         model = PlainContainers()
-    eng = choose_engine("cuda:0")
+    eng = choose_engine(Device("cuda", 0))
     with eng.session():
         move_model(model, eng)
         construct.leftovers_to_default_device(model)
@@ -356,7 +357,7 @@ def test_walk_of_ten_thousand_modules_finds_every_planted_stray() -> None:
 
 def test_walk_of_ten_thousand_modules_clean() -> None:
     model = many_modules(10_000)
-    eng = choose_engine("cuda:0")
+    eng = choose_engine(Device("cuda", 0))
     with eng.session():
         snapshot = Snapshot.take(model)
         result = walk(move_model(model, eng), "cuda:0", snapshot)
@@ -396,7 +397,7 @@ def test_the_move_of_a_meta_build_makes_fake_cuda_tensors_without_a_copy_per_ten
     with torch.device("meta"):
         model = nn.Sequential(nn.Linear(4, 6), nn.LayerNorm(6), nn.Linear(6, 2))
     model.register_buffer("steps", torch.zeros(3, 5, device="meta").t())  # non-contiguous strides
-    engine = choose_engine("cuda", EngineChoice.FAKE)
+    engine = choose_engine(Device.parse("cuda"), EngineChoice.FAKE)
     with engine.session(), _RecordOps() as record:
         moved = move_model(model, engine)
     assert torch.ops.aten._to_copy.default not in record.ops
@@ -413,7 +414,7 @@ def test_the_fake_move_makes_each_new_tensor_the_parameter_itself_without_a_deta
         model = nn.Sequential(nn.Linear(4, 6), nn.Linear(6, 2))
     model[1].weight.requires_grad_(False)
     new = nn.Parameter.__dict__["__new__"]
-    engine = choose_engine("cuda", EngineChoice.FAKE)
+    engine = choose_engine(Device.parse("cuda"), EngineChoice.FAKE)
     with engine.session(), _RecordOps() as record:
         moved = move_model(model, engine)
         mine = torch.empty(3, device="cuda")
@@ -469,7 +470,7 @@ def test_the_move_of_a_cpu_build_makes_fake_cuda_tensors_and_keeps_small_values_
     model = nn.Sequential(nn.Linear(4, 6), nn.Linear(512, 1024))  # 96 B weight, then a 2 MiB one
     model.register_buffer("steps", torch.arange(15.0).reshape(3, 5).t().contiguous())
     before = model[0].weight.detach().clone()
-    engine = choose_engine("cuda", EngineChoice.FAKE)
+    engine = choose_engine(Device.parse("cuda"), EngineChoice.FAKE)
     with engine.session(), _RecordOps() as record:
         moved = move_model(model, engine)
         mode = active()

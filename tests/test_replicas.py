@@ -26,6 +26,7 @@ from forward_helpers import ungrouped  # noqa: F401 (the fixture)
 
 import placecheck
 from placecheck.basics.errors import UsageError
+from placecheck.basics.values import Device
 from placecheck.cli import app
 
 FIXTURES = TESTS / "fixtures" / "replicas"
@@ -209,7 +210,7 @@ def test_bad_config_keys(tmp_path: Path) -> None:
 def test_the_current_device_decides_where_cuda_goes(engine: str) -> None:
     from placecheck.engines.engine import EngineChoice, choose_engine
 
-    eng = choose_engine("cuda:0", EngineChoice(engine), gpus=2)
+    eng = choose_engine(Device("cuda", 0), EngineChoice(engine), gpus=2)
     with placecheck.engines.engine.current_device_moves(), eng.session():  # as each replica's audit runs
         with torch.cuda.device(1):
             assert torch.cuda.current_device() == 1
@@ -253,7 +254,7 @@ def test_fsdp_shards_a_plain_model_over_the_ranks() -> None:
     from placecheck.placement.replicas import Replicas
 
     replica = Replicas(WrapChoice.FSDP, 2).replica(1)
-    eng = choose_engine("cuda:1", EngineChoice.FAKE, gpus=2)
+    eng = choose_engine(Device("cuda", 1), EngineChoice.FAKE, gpus=2)
     with replica.attempt(), eng.session():
         model = replica.place(nn.Linear(8, 4), lambda m: m)
         weight = model.weight

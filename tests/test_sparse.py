@@ -27,6 +27,7 @@ from expect_comments import expected_at, serious
 from torch.autograd import Variable
 
 import placecheck
+from placecheck.basics.values import Device
 from placecheck.engines.engine import Engine
 from placecheck.run import run
 
@@ -120,7 +121,7 @@ def test_a_checkpoint_with_a_sparse_buffer_saves_and_loads_back_sparse(engine: s
 
 def _session(engine: str) -> typing.ContextManager[object]:
     tagged = engine == "tagged"
-    return Engine(name=engine, device="cuda", simulated=True, gpus=1, real_values=tagged).session()
+    return Engine(name=engine, device=Device("cuda", 0), simulated=True, gpus=1, real_values=tagged).session()
 
 
 LAYOUTS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {

@@ -21,6 +21,7 @@ import pytest
 import torch
 
 import placecheck
+from placecheck.basics.values import Device
 from placecheck.engines.calls import Kind, read_module_move, read_placement, takes_device
 from placecheck.run import run
 
@@ -407,7 +408,7 @@ def test_legacy_cuda_types_are_the_moves_they_stand_for(engine: str) -> None:
     from placecheck.engines.engine import EngineChoice, choose_engine
 
     original = torch.cuda.FloatTensor
-    with choose_engine("cuda:0", EngineChoice(engine)).session():
+    with choose_engine(Device("cuda", 0), EngineChoice(engine)).session():
         made = torch.cuda.FloatTensor(2, 3)
         assert made.device == _CUDA0 and made.shape == (2, 3) and made.dtype == torch.float32
         assert isinstance(made, torch.cuda.FloatTensor) and not isinstance(made, torch.cuda.HalfTensor)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import copy
+import json
+import pickle
+
 import pytest
 
 from placecheck.basics.errors import UsageError
@@ -55,6 +59,25 @@ def test_an_unknown_device_is_refused(text: str) -> None:
 def test_a_device_torch_wrote_is_read_leniently() -> None:
     assert Device.of("cuda:3") == Device("cuda", 3) and Device.of("cuda").ordinal == 0
     assert Device.of("xpu:1") == Device("xpu", 1) and Device.of("cpu").ordinal == 0
+    assert Device.of("disk") == "disk" and Device.of("cuda:2").type == "cuda"
+
+
+def test_a_device_is_only_made_in_its_normal_form() -> None:
+    assert Device("cuda") == "cuda:0" and Device("cpu", 0) == "cpu" and Device("mps").ordinal == 0
+    for text in ("cuda:0", ""):
+        with pytest.raises(ValueError, match=r"Device\.of"):
+            Device(text)
+
+
+@pytest.mark.parametrize("device", [Device("cuda", 1), Device("cpu"), Device.of("disk")])
+def test_a_device_reads_as_the_text_of_the_json_contract(device: Device) -> None:
+    """A str: JSON, a user's ``finding.device == "cuda:1"`` and a quoted message read the text; pickled
+    (the fork server's replies) and copied (``dataclasses.asdict``), it stays a Device of that text."""
+    text = str(device)
+    assert device == text and hash(device) == hash(text) and json.loads(json.dumps([device])) == [text]
+    assert repr(device) == repr(text) and f"{device}" == text and type(device.type) is str
+    for again in (pickle.loads(pickle.dumps(device)), copy.deepcopy(device), copy.copy(device)):
+        assert type(again) is Device and again == device
 
 
 @pytest.mark.parametrize(("text", "site"), [

@@ -6,8 +6,8 @@ from placecheck.basics.errors import UsageError
 from placecheck.basics.values import DEVICE_HELP, SIZE_HELP, Device, Size
 
 __all__ = ["AUDIT_DEVICE_HELP", "DEVICE_HELP", "DEVICE_MAP_CHOICES", "DEVICE_MAP_HELP", "KEEP",
-           "SIZE_HELP", "check_device_map_spec", "device_index", "human_bytes", "normalize_device",
-           "parse_size"]
+           "SIZE_HELP", "check_device_map_spec", "human_bytes", "parse_device", "parse_size",
+           "parse_target"]
 
 KEEP = "keep"
 """``--device keep``: no ``.to()``; the model is audited as its own code places it (many GPUs included)."""
@@ -15,25 +15,24 @@ AUDIT_DEVICE_HELP = "cuda, cuda:N, cpu, mps, meta or keep"
 """The devices an audit takes (``keep``: its own placement); checkpoint and fix take :data:`DEVICE_HELP`."""
 
 
-def normalize_device(spec: str, keep: bool = False) -> str:
-    """``"cuda"`` -> ``"cuda:0"``; ``"CPU"`` -> ``"cpu"``; raise ``UsageError`` on junk.
+def parse_device(spec: str) -> Device:
+    """``"cuda"`` -> ``cuda:0``; ``"CPU"`` -> ``cpu``; raise ``UsageError`` on junk (``keep`` included).
 
     CUDA and MPS devices get an explicit index because that is how tensors
-    report them (``tensor.device`` is ``cuda:0``, never ``cuda``). ``keep``:
-    also accept ``"keep"`` (an audit's ``--device keep``), returned as it is.
+    report them (``tensor.device`` is ``cuda:0``, never ``cuda``).
     """
-    if keep and spec.strip().lower() == KEEP:
-        return KEEP
+    return Device.parse(spec)
+
+
+def parse_target(spec: str) -> Device | None:
+    """An audit's ``--device``: :func:`parse_device`, or None for ``keep`` (no ``.to()``: the model is
+    audited as its own code places it)."""
+    if spec.strip().lower() == KEEP:
+        return None
     try:
-        return str(Device.parse(spec))
+        return Device.parse(spec)
     except UsageError:
-        helped = AUDIT_DEVICE_HELP if keep else DEVICE_HELP
-        raise UsageError(f"unknown device {spec!r}: use {helped}") from None
-
-
-def device_index(device: str) -> int:
-    """The index of a normalised device (0 for cpu/meta/keep)."""
-    return 0 if device == KEEP else Device.of(device).ordinal
+        raise UsageError(f"unknown device {spec!r}: use {AUDIT_DEVICE_HELP}") from None
 
 
 # ---- --device-map and memory sizes -----------------------------------------------------------------

@@ -41,8 +41,9 @@ from placecheck.basics.declared import InitChoice as InitChoice
 from placecheck.basics.declared import WrapChoice as WrapChoice
 from placecheck.basics.declared import flag_of as flag_of
 from placecheck.basics.declared import nproc_value as nproc_value
-from placecheck.basics.devices import KEEP
+from placecheck.basics.devices import parse_device, parse_target
 from placecheck.basics.errors import UsageError, unknown_choice
+from placecheck.basics.values import Device
 
 
 @dataclass(frozen=True)
@@ -79,11 +80,9 @@ def _check_choice(flag: str, choices: tuple[str, ...]) -> Callable[[Any], None]:
 
 
 def _check_device(value: Any) -> None:
-    from placecheck.basics.devices import normalize_device
-
     if not isinstance(value, str):
         raise UsageError(f"--device {value!r}: expected a device string such as cuda or cuda:1")
-    normalize_device(value, keep=True)
+    parse_target(value)
 
 
 def _check_codes(flag: str) -> Callable[[Any], None]:
@@ -287,16 +286,19 @@ class AuditOptions(CommonOptions):
 
     def check(self) -> None:
         """Raise a :class:`UsageError` for a value no audit accepts (before any model is built)."""
-        from placecheck.basics.devices import normalize_device
-
         self.check_values()
         self._check_device_map()
-        device = normalize_device(self.device, keep=True)
         self._check_replicas()
         if self.inputs and self.example_inputs is not None:
             raise UsageError("--input and --example-inputs cannot be combined: pass one of them")
-        if device == KEEP:
+        if self.target_device is None:
             self.check_keep()
+
+    @property
+    def target_device(self) -> Device | None:
+        """``device`` read once: the :class:`~placecheck.basics.values.Device` the model is moved to
+        (``cuda`` -> ``cuda:0``), or None for ``keep`` (a UsageError for anything else)."""
+        return parse_target(self.device)
 
     def check_keep(self) -> None:
         """``--device keep`` audits the placement the model's code makes: options that move the model,
@@ -309,14 +311,12 @@ class AuditOptions(CommonOptions):
                              "target device; audit it with `placecheck checkpoint`, or with --device cuda")
 
     def _check_replicas(self) -> None:
-        from placecheck.basics.devices import normalize_device
-
         size = self.world_size
         if size is not None and self.gpus is not None and size > self.gpus:
             raise UsageError(f"--world-size {size} needs {size} GPUs; --gpus {self.gpus} was given: "
                              f"use --gpus {size} or a smaller --world-size")
-        device = normalize_device(self.device, keep=True)
-        if self.wrap is not None and device == "keep":
+        device = self.target_device
+        if self.wrap is not None and device is None:
             raise UsageError(f"--wrap {self.wrap} places each replica on its own GPU (cuda:k) and --device "
                              "keep audits the placement the model's code makes: pass one of them")
         if self.wrap is not None and device != "cuda:0":
@@ -502,11 +502,15 @@ class CheckpointOptions(CommonOptions):
     """Findings of one root cause are one problem; False lists each (``--no-group``)."""
 
     def check(self) -> None:
-        from placecheck.basics.devices import normalize_device
-
         if isinstance(self.device, str):  # first: keep is an audit's (a checkpoint loads onto one
-            normalize_device(self.device)  # device), so the error lists the devices without it
+            self.target_device  # noqa: B018  # device), so the error lists the devices without it
         self.check_values()
+
+    @property
+    def target_device(self) -> Device:
+        """``device`` read once (``cuda`` -> ``cuda:0``); a UsageError for anything else, ``keep``
+        included."""
+        return parse_device(self.device)
 
 
 OPTION_NAMES = tuple(f.name for f in fields(AuditOptions))

@@ -8,8 +8,10 @@ Torch-free, so the CLI, the config and the report use them without importing tor
   device that has one;
 - :class:`Site`: a place in a file, ``path:line`` (a finding's ``source``, a move's line).
 
-Each is a frozen dataclass: compare, hash and print it; ``str()`` gives the form the reports and the
-JSON contract use, and ``parse`` reads it back.
+Each compares, hashes and prints; ``str()`` gives the form the reports and the JSON contract use,
+and ``parse`` reads it back. :class:`Size` and :class:`Site` are frozen dataclasses; :class:`Device`
+is a normalised ``str`` (the form tensors report), so the JSON contract and users' comparisons with
+text read it unchanged.
 """
 
 from __future__ import annotations
@@ -68,18 +70,45 @@ class Size:
 # ---- devices -------------------------------------------------------------------------------------
 
 _DEVICE = re.compile(r"^(cuda|cpu|mps|meta)(?::(\d+))?$")
-_NO_INDEX = ("cpu", "meta")
+_NO_INDEX = ("cpu", "meta", "disk")
+"""Device types that never carry an index (``disk``: where a device map offloads weights)."""
 
 DEVICE_HELP = "cuda, cuda:N, cpu, mps or meta"
 
 
-@dataclass(frozen=True)
-class Device:
-    """A device as a tensor reports it: ``cuda:0`` (never bare ``cuda``), ``mps:0``, ``cpu``, ``meta``."""
+class Device(str):
+    """A device as a tensor reports it: ``cuda:0`` (never bare ``cuda``), ``mps:0``, ``cpu``, ``meta``.
 
-    type: str
-    index: int | None = None
-    """None for ``cpu`` and ``meta``; 0 or more for the others."""
+    Made only by :meth:`parse` (what a user typed), :meth:`of` (what torch or a report wrote) or
+    ``Device(type, index)``, so a value typed ``Device`` is always in that normal form: compared,
+    hashed and sorted as its text, read by :attr:`type` and :attr:`ordinal` without parsing it again.
+
+    It is a ``str``: the report's JSON and SARIF, ``Finding.device == "cuda:0"`` in a user's code and
+    ``torch.device(d)`` read it as the text they always read (the public contract does not change),
+    while every signature that takes a ``Device`` refuses a plain string that was never normalised
+    (mypy). Its ``repr`` is the text's, so a message that quotes it (``.to('cuda:0')``) reads as before.
+    """
+
+    __slots__ = ()
+
+    def __new__(cls, type: str, index: int | None = None) -> Device:
+        if ":" in type or not type:
+            raise ValueError(f"Device({type!r}): give the type alone (cuda) and the index apart, "
+                             "or read a text with Device.of")
+        if type in _NO_INDEX:
+            index = None
+        elif index is None:
+            index = 0
+        return super().__new__(cls, type if index is None else f"{type}:{index}")
+
+    def __getnewargs__(self) -> tuple[str, int | None]:  # type: ignore[override]  # pickle
+        return self.type, self.ordinal if ":" in self else None
+
+    def __copy__(self) -> Device:
+        return self  # immutable, as str is
+
+    def __deepcopy__(self, memo: object) -> Device:
+        return self
 
     @staticmethod
     def parse(text: str) -> Device:
@@ -89,28 +118,31 @@ class Device:
         if not m:
             raise UsageError(f"unknown device {text!r}: use {DEVICE_HELP}")
         kind, index = m.group(1), m.group(2)
-        if kind in _NO_INDEX:
-            if index not in (None, "0"):
-                raise UsageError(f"unknown device {text!r}: {kind} takes no index; use {DEVICE_HELP}")
-            return Device(kind)
-        return Device(kind, int(index or 0))
+        if kind in _NO_INDEX and index not in (None, "0"):
+            raise UsageError(f"unknown device {text!r}: {kind} takes no index; use {DEVICE_HELP}")
+        return Device(kind, None if index is None else int(index))
 
     @staticmethod
     def of(text: str) -> Device:
-        """A device torch or a report wrote (``cuda:1``, ``cuda``, ``cpu``, a checkpoint's ``cuda:3``),
-        read leniently: any type, the index if there is one (``cuda`` -> ``cuda:0``)."""
-        kind, _, index = text.strip().partition(":")
-        if kind in _NO_INDEX:
-            return Device(kind)
-        return Device(kind, int(index) if index.isdigit() else 0)
+        """A device torch or a report wrote (``cuda:1``, ``cuda``, ``cpu``, a checkpoint's ``cuda:3``,
+        ``str(tensor.device)``), read leniently: any type, the index if there is one (``cuda`` ->
+        ``cuda:0``)."""
+        if type(text) is Device:
+            return text
+        kind, _, index = str(text).strip().partition(":")
+        return Device(kind, int(index) if index.isdigit() else None)
+
+    @property
+    def type(self) -> str:
+        """``cuda``, ``cpu``, ``mps``, ``meta``... (``torch.device.type``)."""
+        return str.__str__(self).partition(":")[0]
 
     @property
     def ordinal(self) -> int:
-        """The index, 0 for devices without one (``cpu``)."""
-        return self.index or 0
-
-    def __str__(self) -> str:
-        return self.type if self.index is None else f"{self.type}:{self.index}"
+        """The index (``cuda:1`` -> 1), 0 for the types without one (``cpu``). (``str.index`` stays the
+        string's method: torch's ``device.index`` is this ordinal or None.)"""
+        _, sep, index = self.partition(":")
+        return int(index) if sep else 0
 
 
 def device_order(text: str) -> tuple[int, str, int]:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from placecheck.basics.codes import Code
-from placecheck.basics.devices import human_bytes, normalize_device
+from placecheck.basics.devices import human_bytes
 from placecheck.basics.errors import LoadError, PlacecheckError, UsageError, one_line
 from placecheck.basics.options import CheckpointOptions
 from placecheck.basics.quiet import quiet
@@ -104,8 +104,10 @@ def device_usage(meta: CheckpointMeta) -> list[DeviceUsage]:
 
 
 def _location_order(loc: str) -> tuple[str, int]:
+    if not loc:  # a storage whose location the file does not say
+        return "", -1
     device = Device.of(loc)
-    return device.type, -1 if device.index is None else device.index
+    return device.type, device.ordinal if ":" in device else -1
 
 
 def device_table(usage: list[DeviceUsage], fmt: CheckpointFormat) -> str:
@@ -132,8 +134,10 @@ def target_gpus(device: str, engine: Any) -> int:
 
 
 def _available(location: str, device: str, gpus: int) -> bool:
+    if not location:
+        return True
     saved = Device.of(location)
-    if saved.type in ("", "cpu", "meta"):
+    if saved.type in ("cpu", "meta"):
         return True
     if saved.type == "cuda":
         return saved.ordinal < gpus
@@ -315,7 +319,7 @@ def check_checkpoint(
     elif given != CheckpointOptions():
         raise UsageError("check_checkpoint(): pass options= or keyword arguments, not both")
     options.check()
-    dev = normalize_device(options.device)
+    dev = options.target_device
     eng = choose_engine(dev, EngineChoice(options.engine), options.gpus)
     codes = selected(options.select, options.ignore)
     key, trust, group = options.checkpoint_key, options.trust, options.group

@@ -29,24 +29,24 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from placecheck.basics.values import device_order
+from placecheck.basics.values import Device, device_order
 
 
 @dataclass(frozen=True)
 class Expected:
     """The device(s) a module's tensors are expected on, and which rule decided it."""
 
-    devices: tuple[str, ...]
+    devices: tuple[Device, ...]
     """One device, or every device a module spanning several stages uses (first-used first)."""
     how: str
     """``own``, ``descendants``, ``ancestor`` or ``none`` (the numbered rules of this module)."""
 
     @property
-    def primary(self) -> str:
-        """The device a tensor of this module goes to when one must be chosen ("" when none is known)."""
-        return self.devices[0] if self.devices else ""
+    def primary(self) -> Device | None:
+        """The device a tensor of this module goes to when one must be chosen (None when none is known)."""
+        return self.devices[0] if self.devices else None
 
-    def allows(self, device: str) -> bool:
+    def allows(self, device: Device) -> bool:
         """True when a tensor on ``device`` is where this module expects it."""
         return not self.devices or device in self.devices
 
@@ -59,14 +59,14 @@ class Expected:
 _ANY = Expected((), "none")
 
 
-def _own_device(module: nn.Module) -> str | None:
+def _own_device(module: nn.Module) -> Device | None:
     """The device holding most bytes of ``module``'s own registered parameters and buffers (ties: the
     first registered); None when it registers none."""
-    by_device: dict[str, int] = {}
+    by_device: dict[Device, int] = {}
     for t in [*module._parameters.values(), *module._buffers.values()]:
         if t is None:
             continue
-        device = str(t.device)
+        device = Device.of(str(t.device))
         by_device[device] = by_device.get(device, 0) + _nbytes(t)
     if not by_device:
         return None
@@ -80,8 +80,8 @@ def _nbytes(t: torch.Tensor) -> int:
         return 0  # an uninitialised lazy parameter
 
 
-def _ordered(devices: Iterable[str]) -> tuple[str, ...]:
-    seen: dict[str, None] = {}
+def _ordered(devices: Iterable[Device]) -> tuple[Device, ...]:
+    seen: dict[Device, None] = {}
     for d in devices:
         seen.setdefault(d, None)
     return tuple(seen)
@@ -102,7 +102,7 @@ class Placement:
             if own is not None:
                 self._by_path[path] = Expected((own,), "own")
                 continue
-            below = _ordered(str(t.device) for t in [*module.parameters(), *module.buffers()])
+            below = _ordered(Device.of(str(t.device)) for t in [*module.parameters(), *module.buffers()])
             if below:
                 self._by_path[path] = Expected(below, "descendants")
         for path in modules:  # rule 3: the nearest ancestor's

@@ -36,7 +36,9 @@ import torch.nn as nn
 from torch.utils.hooks import RemovableHandle
 from torch.utils.weak import WeakIdKeyDictionary
 
+from placecheck.basics.values import Device
 from placecheck.checks.expected import INPUT, Placement
+from placecheck.engines.calls import device_of
 from placecheck.findings.events import Copy, EventSite
 
 _MOVES = frozenset({torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.cpu, torch.Tensor.type_as})
@@ -48,7 +50,7 @@ class _Flow:
 
     stage: str
     """The stage whose forward produced it ("" for the root or the forward's inputs)."""
-    route: tuple[str, ...] = ()
+    route: tuple[Device, ...] = ()
     """The devices explicit copies took its data through, the current one last (empty: never copied)."""
     copy: Copy | None = None
     """The copy that made it (or what it derives from), until a stage computes on it."""
@@ -192,11 +194,11 @@ class Flows:
                 and "meta" not in (source.device.type, out.device.type):
             flow = self._flow(source)
             weights = self._weights.get(id(source), "") or (flow.weights if flow is not None else "")
-            route = (flow.route if flow is not None and flow.route else (str(source.device),))
-            dst = str(out.device)
+            route = (flow.route if flow is not None and flow.route else (device_of(source),))
+            dst = device_of(out)
             from_stage = (flow.stage if flow is not None else
                           self.placement.stage_of(weights.rpartition(".")[0]))
-            copy = Copy(str(source.device), dst, _nbytes(out), site(sys._getframe(1)), from_stage,
+            copy = Copy(device_of(source), dst, _nbytes(out), site(sys._getframe(1)), from_stage,
                         route=(*route, dst), weights=weights)
             self.copies.append(copy)
             left = (*(flow.left if flow is not None else ()), (str(source.device), _top(here or from_stage)))

@@ -38,6 +38,8 @@ from typing import Any
 import torch
 
 from placecheck.basics.patching import patch
+from placecheck.basics.values import Device
+from placecheck.engines.calls import device_of
 from placecheck.engines.classify import in_place, tensor_arguments
 
 _METADATA = frozenset({torch.Tensor.dim, torch.Tensor.size, torch.Tensor.numel, torch.Tensor.stride,
@@ -90,7 +92,7 @@ def nonblocking_host_copy(func: Callable[..., Any], args: tuple[Any, ...], kwarg
 class PendingCopy:
     """A CPU tensor a non-blocking copy is still filling."""
 
-    device: str
+    device: Device
     """The device the copy came from."""
     copied_at: Any
     """Where the copy was made (a :class:`~placecheck.findings.events.EventSite`)."""
@@ -105,7 +107,7 @@ class PendingCopies:
     def __bool__(self) -> bool:
         return bool(self._pending)
 
-    def copied(self, host: torch.Tensor, device: str, copied_at: Any) -> None:
+    def copied(self, host: torch.Tensor, device: Device, copied_at: Any) -> None:
         """``host`` is now filled by a non-blocking copy from ``device``, made at ``copied_at``."""
         self._pending[id(host)] = (weakref.ref(host), PendingCopy(device, copied_at))
 
@@ -176,7 +178,7 @@ class PendingCopies:
         elif func is torch.Tensor.to or func is torch.Tensor.copy_:
             copied = nonblocking_host_copy(func, args, kwargs, out)
             if copied is not None:
-                self.copied(copied[1], str(copied[0].device), copied_at())
+                self.copied(copied[1], device_of(copied[0]), copied_at())
         return out
 
     @contextlib.contextmanager

@@ -17,6 +17,7 @@ import torch
 import torch.nn as nn
 
 from placecheck.basics.codes import Code
+from placecheck.basics.values import Device
 from placecheck.checks.walk import WalkResult, storage_key
 from placecheck.engines.sources import library_of_class
 from placecheck.findings.events import EventSite, Provenance
@@ -97,7 +98,7 @@ class Provenances:
                 self.scalar_only[stray] = self.scalar_only.get(stray, True) and as_scalar
 
     def mark(self, prov: Provenance, what: str, creations: bool = True, seen: set[int] | None = None,
-             at: EventSite | None = None, to: str = "") -> None:
+             at: EventSite | None = None, to: Device | None = None) -> None:
         """``what`` (``moved``, ``fed_mismatch`` or ``met_device``) happened to a tensor of provenance
         ``prov``: note it on its creations (PC202) and, but ``met_device``, on its stray attributes
         (PC101), combined origins included."""

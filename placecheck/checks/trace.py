@@ -39,6 +39,7 @@ import torch.nn as nn
 
 from placecheck.basics.errors import one_line
 from placecheck.basics.patching import patch
+from placecheck.basics.values import Device
 from placecheck.checks.expected import Placement
 from placecheck.checks.flows import Flows
 from placecheck.checks.host_syncs import HOST_SYNCS, host_sync
@@ -46,6 +47,7 @@ from placecheck.checks.hostcopies import PendingCopies, PendingCopy, nonblocking
 from placecheck.checks.provenance import Provenances, StrayVerdict
 from placecheck.checks.walk import WalkResult, join
 from placecheck.engines import classify, compat
+from placecheck.engines.calls import device_of
 from placecheck.engines.compat import DisableTorchFunction
 from placecheck.engines.cudaapi import missing_gpu
 from placecheck.engines.datadep import composite_call
@@ -123,7 +125,7 @@ class Tracer:
     taken for tensors created off the target.
     """
 
-    def __init__(self, model: nn.Module, target: str, walk: WalkResult | None = None,
+    def __init__(self, model: nn.Module, target: Device, walk: WalkResult | None = None,
                  move: Callable[[torch.Tensor], torch.Tensor] | None = None,
                  placement: Placement | None = None) -> None:
         self.model = model
@@ -314,19 +316,19 @@ class Tracer:
         for name, p in self.model.named_parameters():
             grad = p.grad
             if grad is not None and grad.device != (p.device if self.placement is not None else self.target):
-                self.events.append(GradOffDevice(name, str(grad.device)))
+                self.events.append(GradOffDevice(name, device_of(grad)))
 
     def check_output(self, output: Any) -> None:
         """PC206: every tensor in the (nested) output must be on the target."""
         expected = self.placement.expected("") if self.placement is not None else None
         for path, t in classify.tensors_with_paths(output, "output"):
-            if (t.device != self.target) if expected is None else not expected.allows(str(t.device)):
+            if (t.device != self.target) if expected is None else not expected.allows(device_of(t)):
                 prov = self.provenance(t)
                 self.prov.mark(prov, "met_device")
                 copied_at = prov.host_copy.source if prov.host_copy is not None else None
                 sync = next((e for e in self.events
                              if isinstance(e, HostSync) and e.site.source == copied_at), None)
-                self.events.append(OutputOffDevice(path, str(t.device), _dtype(t), _shape(t), prov, sync,
+                self.events.append(OutputOffDevice(path, device_of(t), _dtype(t), _shape(t), prov, sync,
                                                    expected=expected.label if expected else ""))
 
     # -- per call ---------------------------------------------------------------------------------
@@ -346,7 +348,7 @@ class Tracer:
         tensors = call.tensors
         saved = self.target, self.target_name
         self.target = flows.target(tensors, self.target)
-        self.target_name = str(self.target)
+        self.target_name = device_of(self.target)
         try:
             out = self._on_call(call)
         finally:
@@ -425,8 +427,8 @@ class Tracer:
         generator = classify.generator_off_device(args, kwargs, device)
         if generator is not None:
             device = device or torch.get_default_device()  # a factory with neither runs there
-            self._record_mismatch(func, "generator", str(generator.device), None,
-                                  (str(generator.device), str(device)), refused="generator",
+            self._record_mismatch(func, "generator", device_of(generator.device), None,
+                                  (device_of(generator.device), device_of(device)), refused="generator",
                                   expected=str(device))
             args = tuple(None if a is generator else a for a in args)
             kwargs = {k: (None if v is generator else v) for k, v in kwargs.items()}
@@ -435,7 +437,7 @@ class Tracer:
             moved: dict[int, torch.Tensor] = {}
             for pos, t in host:
                 name = classify.host_argument_name(func, pos) or "tensor"
-                self._record_mismatch(func, "tensor", str(t.device), t, (str(t.device), "cpu"),
+                self._record_mismatch(func, "tensor", device_of(t), t, (device_of(t), Device("cpu")),
                                       expected="cpu", refused=name)
                 moved[id(t)] = t.cpu()
             args, kwargs = classify.replace_tensors(args, moved), classify.replace_tensors(kwargs, moved)
@@ -449,8 +451,8 @@ class Tracer:
             return torch.device(device)
         return tensors[0][1].device if tensors else None
 
-    def _record_mismatch(self, func: Callable[..., Any], what: str, device: str, t: torch.Tensor | None,
-                         devices: tuple[str, ...], expected: str = "", refused: str = "") -> None:
+    def _record_mismatch(self, func: Callable[..., Any], what: str, device: Device, t: torch.Tensor | None,
+                         devices: tuple[Device, ...], expected: str = "", refused: str = "") -> None:
         """A PC201 at the current user line that no retry of :meth:`_repair` decides; ``refused`` names
         what the GPU refuses (:attr:`~placecheck.findings.events.Mismatch.refused`)."""
         site = self._site(sys._getframe())
@@ -477,7 +479,7 @@ class Tracer:
             prov = self.provenance(t)
             if prov.creation is not None or prov.path or prov.also:
                 site = site or self.attribution.site(sys._getframe(), subject=t)
-                self.prov.mark(prov, "moved", at=site, to=str(out.device))
+                self.prov.mark(prov, "moved", at=site, to=device_of(out))
             if prov.creation is not None:
                 self._device_copies[id(out)] = (out, prov.creation)
 
@@ -490,7 +492,7 @@ class Tracer:
             offending = classify.offending_arguments(func, off, self.target)
             if not offending:
                 return {}
-            devices = sorted({str(t.device) for _, t in off} | {self.target_name})
+            devices = sorted({device_of(t) for _, t in off} | {self.target_name})
             site = self._site(sys._getframe())
             moved: dict[int, torch.Tensor] = {}
             for pos, t in offending:
@@ -500,7 +502,7 @@ class Tracer:
                 key = ("mismatch", site.source, prov.origin, stages)
                 if key not in self._recorded:
                     self._recorded.add(key)
-                    self.events.append(Mismatch(op_name(func), tuple(devices), str(t.device), site, prov,
+                    self.events.append(Mismatch(op_name(func), tuple(devices), device_of(t), site, prov,
                                                 _dtype(t), _shape(t), expected=self.target_name,
                                                 stages=stages, argument=pos))
                 moved[id(t)] = self._move(t)
@@ -534,7 +536,7 @@ class Tracer:
             if len(provenances) > 1:
                 first = dataclasses.replace(first, also=(*first.also, *provenances[1:]))
             if func in _MOVES and head is not None and not head.moved_to:
-                head.moved_to = str(out.device)  # a hard-coded .cuda()/.to("cuda:0"): where it went
+                head.moved_to = device_of(out)  # a hard-coded .cuda()/.to("cuda:0"): where it went
             self.prov.remember(out, first)
             return
         if off:
@@ -549,7 +551,7 @@ class Tracer:
         site = self.attribution.site(frame, subject=out)
         building = module_being_built(frame)
         op = f"{building}(...) built in forward" if building else op_name(func)
-        creation = Creation(op, str(out.device), site, _dtype(out), _shape(out), expected=self.target_name)
+        creation = Creation(op, device_of(out), site, _dtype(out), _shape(out), expected=self.target_name)
         key = ("creation", site.source, op)
         if key not in self._recorded:
             self._recorded.add(key)
@@ -587,7 +589,7 @@ class Tracer:
         key = ("sync", site.source, name)
         if key not in self._recorded:
             self._recorded.add(key)
-            self.events.append(HostSync(name, str(t.device), site))
+            self.events.append(HostSync(name, device_of(t), site))
 
     def _record_stale_read(self, func: Callable[..., Any], copy: PendingCopy) -> None:
         """PC210: ``func`` read on the host a tensor that a non-blocking copy was still filling."""
@@ -619,8 +621,8 @@ class Tracer:
         devices = {t.device for t in [*submodule.parameters(), *submodule.buffers()]}
         if not devices:
             return  # nothing to place or to train (nn.ReLU built in forward)
-        device = ", ".join(sorted(str(d) for d in devices))
-        self.events.append(Registration("module", path, type(submodule).__name__, device,
+        placed = tuple(sorted(device_of(d) for d in devices))
+        self.events.append(Registration("module", path, type(submodule).__name__, placed,
                                         self._site(sys._getframe()), on_target=devices == {self.target},
                                         expected=self.target_name))
 
@@ -634,7 +636,7 @@ class Tracer:
             return  # set while building a module registered in forward: reported with that module
         self.parameters.add(id(param))
         self.prov.add_lazy(param, path)
-        self.events.append(Registration("parameter", path, "Parameter", str(param.device),
+        self.events.append(Registration("parameter", path, "Parameter", (device_of(param),),
                                         self._site(sys._getframe()), on_target=param.device == self.target,
                                         expected=self.target_name))
 

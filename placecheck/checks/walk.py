@@ -26,6 +26,7 @@ import torch
 import torch.nn as nn
 
 from placecheck.basics.codes import Code
+from placecheck.basics.values import Device
 from placecheck.checks.assignments import Assignments
 from placecheck.checks.expected import Placement
 from placecheck.checks.state import (
@@ -40,6 +41,7 @@ from placecheck.checks.state import (
     holds_module,
 )
 from placecheck.checks.state import reachable_tensors as reachable_tensors  # the API's copy uses it from here
+from placecheck.engines.calls import device_of
 from placecheck.findings import rules
 from placecheck.findings.events import HeldTensor, RegisteredOffTarget, StrayTensor, UnregisteredModuleFound
 from placecheck.findings.finding import Finding
@@ -97,9 +99,9 @@ class WalkResult:
     """Remarks for the report's notes: where the walk stopped short (depth limit)."""
 
 
-def tensor_device(t: torch.Tensor) -> str:
-    """``str(t.device)``; uninitialised lazy parameters included."""
-    return str(t.device)
+def tensor_device(t: torch.Tensor) -> Device:
+    """``t``'s device; uninitialised lazy parameters included."""
+    return device_of(t)
 
 
 def tensor_nbytes(t: torch.Tensor) -> int:
@@ -166,7 +168,7 @@ def _holder_name(path: str) -> str:
 
 
 class _Walker:
-    def __init__(self, model: nn.Module, target: str, snapshot: Snapshot,
+    def __init__(self, model: nn.Module, target: Device, snapshot: Snapshot,
                  assignments: Assignments | None = None, placement: Placement | None = None) -> None:
         self.root = model
         self.target = target
@@ -199,7 +201,7 @@ class _Walker:
         """The device a tensor held by the module at ``owner`` should be on (a finding's ``expected``)."""
         return self.placement.expected(owner).label if self.placement is not None else self.target
 
-    def on_device(self, device: str, owner: str) -> bool:
+    def on_device(self, device: Device, owner: str) -> bool:
         """A tensor on ``device`` held by the module at ``owner`` is where it belongs."""
         if self.placement is not None:
             return self.placement.expected(owner).allows(device)
@@ -349,7 +351,7 @@ class _Walker:
             self.by_origin[tpath] = finding
 
 
-def walk(model: nn.Module, target: str, snapshot: Snapshot | None = None,
+def walk(model: nn.Module, target: Device, snapshot: Snapshot | None = None,
          assignments: Assignments | None = None, placement: Placement | None = None) -> WalkResult:
     """Walk ``model`` (already moved to ``target``) and report what ``.to()`` left behind.
 

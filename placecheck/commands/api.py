@@ -20,11 +20,12 @@ import torch
 import torch.nn as nn
 
 from placecheck.basics.codes import Code
-from placecheck.basics.devices import KEEP, normalize_device
+from placecheck.basics.devices import KEEP
 from placecheck.basics.errors import LoadError, UsageError, one_line
 from placecheck.basics.options import AuditOptions, WrapChoice
 from placecheck.basics.patching import patch
 from placecheck.basics.quiet import quiet
+from placecheck.basics.values import Device
 from placecheck.checks.provenance import stray_package
 from placecheck.checks.walk import Snapshot, WalkResult, reachable_tensors, walk
 from placecheck.engines import classify
@@ -340,8 +341,8 @@ class _WrapperBuilt(Exception):
 def _audit_on(model: ModelOrFactory, opts: AuditOptions, replica: Replica | None = None) -> Report:
     """One audit on one target device (for ``replica``, when it is one of a replicated model's)."""
     # the options were checked (AuditOptions.check) before the first attempt
-    dev = normalize_device(opts.device, keep=True)
-    keep = dev == KEEP
+    dev = opts.target_device
+    keep = dev is None
     choice = EngineChoice(opts.engine)
     codes = selected(opts.select or None, opts.ignore or None)
     init_choice = parse_init(opts.init)
@@ -350,14 +351,14 @@ def _audit_on(model: ModelOrFactory, opts: AuditOptions, replica: Replica | None
             raise UsageError("--wrap fsdp builds each rank's model on its GPU as fully_shard places it: "
                              "use --init cpu (or auto)")
         init_choice = parse_init("cpu")
-    if keep:  # the model places itself: real GPUs when there are as many as it may use, else simulated
+    if dev is None:  # keep: the model places itself: real GPUs when there are as many as it may use
         from placecheck.placement import DEFAULT_GPUS
 
         gpus = opts.gpus or DEFAULT_GPUS
-        eng = choose_engine(f"cuda:{gpus - 1}", choice, gpus, train=opts.train and opts.forward)
-        eng = dataclasses.replace(eng, device="cuda:0", gpus_given=opts.gpus is not None)
+        eng = choose_engine(Device("cuda", gpus - 1), choice, gpus, train=opts.train and opts.forward)
+        eng = dataclasses.replace(eng, device=Device("cuda", 0), gpus_given=opts.gpus is not None)
     elif replica is not None:  # every replica on one engine: real only when the machine has the last GPU
-        last = f"cuda:{replica.replicas.count - 1}"
+        last = Device("cuda", replica.replicas.count - 1)
         eng = dataclasses.replace(choose_engine(last, choice, opts.gpus, train=opts.train and opts.forward),
                                   device=dev)
     else:
@@ -384,7 +385,7 @@ def _audit_on(model: ModelOrFactory, opts: AuditOptions, replica: Replica | None
     found = replica.explained(attempt.findings) if replica is not None else attempt.findings
     findings = [f for f in found if f.code in codes]
     notes = [f"engine: {eng.name}: {eng.reason}", torch_note(), *attempt.notes]
-    report = Report.build(str(name), dev, eng.name, findings, notes, attempt.stats,
+    report = Report.build(str(name), dev or KEEP, eng.name, findings, notes, attempt.stats,
                           incomplete=attempt.incomplete, device_map=attempt.device_map)
     if attempt.interrupted:
         raise AuditInterrupted(report)
@@ -405,8 +406,9 @@ class _Options:
     given: AuditOptions
     """The options as given (checked); ``gpus`` None: not given."""
     model: ModelOrFactory
-    device: str
-    """The target device, normalised (``cuda:1``, or ``keep``)."""
+    device: Device | None
+    """The target device (``cuda:1``); None: ``--device keep`` (audit the model as its own code placed
+    it, no ``.to()``)."""
     init: Any
     """The :class:`~placecheck.basics.options.InitChoice` this attempt's engine builds with."""
     name: str
@@ -415,11 +417,6 @@ class _Options:
     """Run the forward: the options' ``forward``, and a selected code is a forward one."""
     replica: Replica | None = None
     """The replica (or rank) of a replicated model this attempt audits; None: not replicated."""
-
-    @property
-    def keep(self) -> bool:
-        """``--device keep``: audit the model as its own code placed it, no ``.to()``."""
-        return self.device == KEEP
 
 
 @dataclass
@@ -479,7 +476,7 @@ def _attempt(eng: Engine, opts: _Options) -> _Attempt:
         attempt.fits_in_memory = state_nbytes(built) <= COMFORTABLE_FRACTION * available_memory()
     if eng.real_values and not isinstance(opts.model, nn.Module):
         attempt.notes.append("init: cpu (the real-valued engine computes with the weights)")
-    elif opts.keep and not isinstance(opts.model, nn.Module):
+    elif dev is None and not isinstance(opts.model, nn.Module):
         attempt.notes.append("init: cpu (--device keep: the model's code places its own tensors)")
     elif construction.note:
         attempt.notes.append(construction.note)
@@ -488,6 +485,7 @@ def _attempt(eng: Engine, opts: _Options) -> _Attempt:
     if given.checkpoint is not None:
         from placecheck.checkpoint import load_into_model
 
+        assert dev is not None, "AuditOptions.check_keep refuses --checkpoint with --device keep"
         loaded = load_into_model(built, given.checkpoint, device=dev, engine=eng, key=given.checkpoint_key,
                                  trust=given.trust, on_meta=construction.on_meta, model_name=opts.name)
         checkpoint_findings = loaded.findings
@@ -501,14 +499,14 @@ def _attempt(eng: Engine, opts: _Options) -> _Attempt:
         inputs = resolve_inputs(built, opts.given.inputs, opts.given.example_inputs)
         attempt.notes.append(f"forward: {inputs[2]}" + ("; training mode, then a backward of the summed "
                                                          "floating outputs" if opts.given.train else ""))
-        if materialise_lazy(built, inputs, "meta" if construction.on_meta else "cpu"):
+        if materialise_lazy(built, inputs, Device("meta" if construction.on_meta else "cpu")):
             attempt.notes.append("forward: nn.Lazy* parameters materialised by one forward before .to() "
                                  "(they follow .to() either way)")
-    if not opts.keep:
+    if dev is not None:
         _note_collapsed(built, dev, attempt)
     with eng.session() if eng.simulated else contextlib.nullcontext():
         snapshot = Snapshot.take(built)
-        placement = _placement(built, eng, opts, attempt) if opts.keep else None
+        placement = _placement(built, eng, opts, attempt) if dev is None else None
         if placement is not None:
             moved = built  # --device keep: no .to(); audited as its code placed it
         else:
@@ -522,7 +520,7 @@ def _attempt(eng: Engine, opts: _Options) -> _Attempt:
                                 "(--debug shows the traceback)") from exc
         if construction.on_meta:
             leftovers_to_default_device(moved, snapshot, default_device)
-        target = placement.expected("").primary or "cpu" if placement is not None else dev
+        target = dev or (placement.expected("").primary if placement else None) or Device("cpu")
         inferred = not opts.given.inputs and opts.given.example_inputs is None
         checked = _walk_and_forward(moved, eng, target, snapshot, construction.assignments, placement,
                                     inputs, opts.given.train, opts.given.library_findings, inferred,
@@ -561,7 +559,7 @@ class _Checked:
 
 
 def _walk_and_forward(
-        model: nn.Module, eng: Engine, target: str, snapshot: Snapshot, assignments: Any,
+        model: nn.Module, eng: Engine, target: Device, snapshot: Snapshot, assignments: Any,
         placement: Placement | None, inputs: tuple[tuple[Any, ...], dict[str, Any], str] | None,
         train: bool, library_findings: bool, inferred: bool, reuse_calls: bool,
         around_forward: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
@@ -585,7 +583,7 @@ def _walk_and_forward(
                     traced.fallback, traced.stopped or traced.interrupted, traced.copies, traced.interrupted)
 
 
-def _note_collapsed(model: nn.Module, target: str, attempt: _Attempt) -> None:
+def _note_collapsed(model: nn.Module, target: Device, attempt: _Attempt) -> None:
     """A model whose own code placed its tensors on several GPUs is about to be moved to one: say so,
     since the move hides every mismatch between its stages (``--device keep`` audits them as placed)."""
     from placecheck.placement.placed import devices_used
@@ -737,7 +735,7 @@ def _audit_device_map(model: ModelOrFactory, opts: AuditOptions) -> Report:
                          "to the meta device before the dispatch): pass copy_model=True, or a factory")
     codes = selected(opts.select or None, opts.ignore or None)  # checked by opts.check()
     gpus = opts.gpus or dispatch.gpus_named(spec) or 1
-    eng = choose_engine("cuda:0", EngineChoice.FAKE, gpus)
+    eng = choose_engine(Device("cuda", 0), EngineChoice.FAKE, gpus)
     plural = "s" if gpus != 1 else ""
     eng = dataclasses.replace(eng, reason=f"--device-map: CUDA simulated with fake tensors ({gpus} "
                                           f"GPU{plural})")

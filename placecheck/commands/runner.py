@@ -45,7 +45,7 @@ from typing import IO, Any
 
 from placecheck.basics.codes import Code
 from placecheck.basics.config import ISOLATION_CHOICES, PROGRESS_CHOICES, ModelConfig, RunConfig, apply_allows
-from placecheck.basics.devices import normalize_device
+from placecheck.basics.devices import KEEP
 from placecheck.basics.errors import UsageError, one_line
 from placecheck.basics.forkserver import ChildFiles, ForkServer, ServerGone, fork_available
 from placecheck.findings import rules
@@ -87,7 +87,7 @@ class ModelOutcome:
 def _incomplete(model: ModelConfig, reason: str, message: str, stderr: str = "") -> Report:
     finding = rules.audit_incomplete(reason, message, stderr)
     try:
-        device = normalize_device(model.options.device, keep=True)
+        device = str(model.options.target_device or KEEP)
     except UsageError:
         device = model.options.device
     return Report.build(model.label, device, "not run", [finding])

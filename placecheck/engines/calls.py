@@ -50,6 +50,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from placecheck.basics.values import Device
 from placecheck.engines.compat import (
     DisableTorchFunction,
     default_device,
@@ -106,6 +107,19 @@ class Destination:
         if self.copy:
             options["copy"] = True
         return options
+
+
+_DEVICES: dict[torch.device, Device] = {}
+
+
+def device_of(where: torch.Tensor | torch.device) -> Device:
+    """The device of a tensor (or torch's device) as placecheck's value: ``cuda:0``, ``cpu``; read once
+    per device, then looked up (the tracer asks for it on every call)."""
+    device = where.device if isinstance(where, torch.Tensor) else where
+    found = _DEVICES.get(device)
+    if found is None:
+        found = _DEVICES[device] = Device.of(str(device))
+    return found
 
 
 def resolved(device: torch.device | None, current: int) -> torch.device | None:

@@ -34,7 +34,6 @@ from typing import Any
 
 import torch
 
-from placecheck.basics.devices import device_index
 from placecheck.basics.patching import patch
 from placecheck.engines.calls import as_device, legacy_type
 from placecheck.engines.classify import FORKED_CUDA, ForkedCudaError, InvalidDeviceError, RefusedOnDeviceError
@@ -52,7 +51,8 @@ class SimulatedStream:
     """A CUDA stream of the simulation: every operation is a no-op (fake tensors run nothing)."""
 
     def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any) -> None:
-        self.device = torch.device("cuda", device_index(str(device)) if device is not None else 0)
+        named = as_device(device) if device is not None else None
+        self.device = torch.device("cuda", named.index or 0 if named is not None else 0)
         self.priority = priority
         self.cuda_stream = 0
 

@@ -37,7 +37,6 @@ import torch
 import torch.nn as nn
 from torch.overrides import TorchFunctionMode
 
-from placecheck.basics.devices import device_index
 from placecheck.basics.errors import UsageError
 from placecheck.basics.options import EngineChoice
 from placecheck.basics.patching import patch
@@ -69,7 +68,7 @@ class Engine:
     """A chosen engine: its report name, target device and simulated GPU count."""
 
     name: str
-    device: str
+    device: Device
     simulated: bool
     gpus: int = 0
     reason: str = ""
@@ -105,15 +104,15 @@ class Engine:
         return contextlib.nullcontext()
 
 
-def _real_available(device: str) -> tuple[bool, str]:
-    kind = Device.of(device).type
+def _real_available(device: Device) -> tuple[bool, str]:
+    kind = device.type
     if kind in ("cpu", "meta"):
         return True, ""
     if kind == "cuda":
         if not torch.cuda.is_available():
             return False, "no CUDA GPU is present"
         count = torch.cuda.device_count()
-        if device_index(device) >= count:
+        if device.ordinal >= count:
             return False, f"this machine has {count} GPU{'s' if count != 1 else ''}"
         return True, ""
     if kind == "mps":
@@ -122,7 +121,7 @@ def _real_available(device: str) -> tuple[bool, str]:
     return False, f"unknown device {device}"
 
 
-def choose_engine(device: str, choice: EngineChoice = EngineChoice.AUTO, gpus: int | None = None,
+def choose_engine(device: Device, choice: EngineChoice = EngineChoice.AUTO, gpus: int | None = None,
                   train: bool = False) -> Engine:
     """Pick the engine for ``device`` (normalised) and ``--engine``.
 
@@ -131,13 +130,13 @@ def choose_engine(device: str, choice: EngineChoice = EngineChoice.AUTO, gpus: i
     values when ``train`` (a backward needs them without a GPU). ``gpus`` is the
     number of simulated GPUs (default: enough for the target index).
     """
-    kind = Device.of(device).type
-    if gpus is not None and kind == "cuda" and device_index(device) >= gpus:
-        need = device_index(device) + 1
+    kind = device.type
+    if gpus is not None and kind == "cuda" and device.ordinal >= gpus:
+        need = device.ordinal + 1
         raise UsageError(f"--device {device} needs at least {need} GPUs; --gpus {gpus} was given: "
                          f"use --gpus {need} or a lower device index")
     available, why_not = _real_available(device)
-    sim_gpus = max(gpus or 1, device_index(device) + 1)
+    sim_gpus = max(gpus or 1, device.ordinal + 1)
     if choice is EngineChoice.REAL or (choice is EngineChoice.AUTO and available):
         if not available:
             raise UsageError(f"--engine real cannot run on {device}: {why_not}; "

@@ -12,6 +12,7 @@ import dataclasses
 import typing
 from dataclasses import dataclass
 
+from placecheck.basics.values import Device
 from placecheck.findings.finding import Finding
 
 
@@ -40,7 +41,7 @@ class Creation:
     """A tensor created in forward off the target (a factory without ``device=``, ``.cpu()``...)."""
 
     op: str
-    device: str
+    device: Device
     site: EventSite
     dtype: str
     shape: tuple[int, ...] | None
@@ -53,7 +54,7 @@ class Creation:
     returned from forward (PC206). Never met, moved or mismatched, it was CPU-side work: no finding."""
     moved_at: EventSite | None = None
     """The line that first copied a tensor from here to the target."""
-    moved_to: str = ""
+    moved_to: Device | None = None
     """The device it was copied to (the target, or the device a hard-coded ``.cuda()`` chose)."""
     merged: list[Creation] = dataclasses.field(default_factory=list)
     """Other creations whose tensors were combined with this one's (``torch.meshgrid(a, b)``):
@@ -67,7 +68,7 @@ class Creation:
     call."""
 
     def mark(self, attr: str, seen: set[int] | None = None, at: EventSite | None = None,
-             to: str = "") -> None:
+             to: Device | None = None) -> None:
         """Set ``moved`` or ``fed_mismatch`` here and on every creation merged into this one."""
         seen = seen if seen is not None else set()
         if id(self) in seen:
@@ -130,8 +131,8 @@ class Mismatch:
     """An op whose arguments mixed devices (PC201); the tracer moved the offending one and went on."""
 
     op: str
-    devices: tuple[str, ...]
-    device: str
+    devices: tuple[Device, ...]
+    device: Device
     site: EventSite
     provenance: Provenance
     dtype: str
@@ -155,7 +156,7 @@ class HostSync:
     """A call that made the host wait for the device (PC204)."""
 
     op: str
-    device: str
+    device: Device
     site: EventSite
 
 
@@ -181,7 +182,8 @@ class Registration:
     """``module`` or ``parameter``."""
     path: str
     type_name: str
-    device: str
+    devices: tuple[Device, ...]
+    """The devices its tensors are on (a module's may span several)."""
     site: EventSite
     on_target: bool = False
     """Built on the target (``device=x.device``): placed right, still unknown to an earlier optimizer."""
@@ -194,7 +196,7 @@ class OutputOffDevice:
     """A tensor of the forward's output off the target (PC206)."""
 
     path: str
-    device: str
+    device: Device
     dtype: str
     shape: tuple[int, ...] | None
     provenance: Provenance
@@ -229,15 +231,15 @@ class Copy:
     device its data had left, and was computed on there again) is set.
     """
 
-    src: str
-    dst: str
+    src: Device
+    dst: Device
     nbytes: int
     site: EventSite
     from_stage: str
     """The stage whose forward produced the copied tensor ("" for the root or the inputs)."""
     to_stage: str = ""
     """The stage whose forward first used the copy ("" while none has: the root, or the output)."""
-    route: tuple[str, ...] = ()
+    route: tuple[Device, ...] = ()
     """The devices the tensor's data went through up to this copy, its destination last."""
     weights: str = ""
     """The path of the registered parameter or buffer this copy moves, when it moves one."""
@@ -250,7 +252,7 @@ class StaleRead:
     """A host read of a CPU tensor that a non-blocking device-to-host copy was still filling (PC210)."""
 
     op: str
-    device: str
+    device: Device
     """The device the copy came from."""
     site: EventSite
     """Where the host read it."""
@@ -263,7 +265,7 @@ class GradOffDevice:
     """A parameter whose gradient the backward left off the target (PC201)."""
 
     path: str
-    device: str
+    device: Device
 
 
 # -- what the walk after .to() finds ---------------------------------------------------------------
@@ -273,7 +275,7 @@ class GradOffDevice:
 class HeldTensor:
     """A tensor the walk met, as plain data."""
 
-    device: str
+    device: Device
     dtype: str
     shape: tuple[int, ...] | None
     """None for a lazy parameter not initialised yet."""
@@ -342,7 +344,7 @@ class UnregisteredModuleFound:
     count: int
     """Its tensors that this finding counts (not reported elsewhere first)."""
     nbytes: int
-    devices: tuple[str, ...]
+    devices: tuple[Device, ...]
     expected: str
     container: str = ""
     object_class: str = ""

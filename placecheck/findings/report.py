@@ -309,7 +309,8 @@ class Report:
         words = ENGINE_WORDS.get(self.engine)
         if words is not None:
             return f"{self.device_label}, {words}"
-        if not self.engine or self.engine == Device.of(self.device).type:  # a real device: no more to say
+        real = bool(self.device) and self.engine == Device.of(self.device).type
+        if not self.engine or real:  # a real device: no more to say
             return self.device_label
         return f"{self.device_label} ({self.engine})"
 

@@ -31,6 +31,7 @@ from torch.nn.parameter import UninitializedBuffer, UninitializedParameter
 from placecheck.basics.devices import human_bytes
 from placecheck.basics.errors import LoadError, UsageError, one_line
 from placecheck.basics.options import InitChoice
+from placecheck.basics.values import Device
 from placecheck.checks.assignments import Assignments, build_recorded
 from placecheck.checks.state import replace_tensors
 from placecheck.engines.compat import TorchDispatchMode
@@ -101,7 +102,7 @@ def parse_init(init: str | InitChoice) -> InitChoice:
 def construct(
     model: nn.Module | Callable[[], nn.Module],
     init: InitChoice,
-    device: str,
+    device: Device | None,
     build: Callable[[Any], nn.Module],
     values_needed: bool = True,
 ) -> Construction:
@@ -110,9 +111,10 @@ def construct(
     ``build`` is the audit's own builder (it copies instances and answers
     ``torch.cuda`` queries for the simulated GPUs); here it is called with
     ``model`` for a CPU build, or with a factory that builds under the meta
-    device. ``values_needed`` False (the fake engine, whose move keeps no
-    values) lets a CPU build zero its large tensors instead of drawing
-    random values into them (:class:`_ZeroLargeRandomFills`).
+    device (``device``: the target; None: ``--device keep``). ``values_needed``
+    False (the fake engine, whose move keeps no values) lets a CPU build zero
+    its large tensors instead of drawing random values into them
+    (:class:`_ZeroLargeRandomFills`).
     """
     if isinstance(model, nn.Module):
         if init is InitChoice.META:
@@ -310,7 +312,7 @@ def leftovers_to_default_device(model: nn.Module, snapshot: Any = None,
 
 
 def materialise_lazy(model: nn.Module, inputs: tuple[tuple[Any, ...], dict[str, Any], str],
-                      device: str) -> bool:
+                      device: Device) -> bool:
     """Give uninitialised ``nn.Lazy*`` parameters their shapes with one forward on ``device`` (where
     the model was built: cpu, or meta); True if it ran.
 

@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 from placecheck.basics.errors import LoadError, UsageError, one_line
 from placecheck.basics.options import ExampleInputs
+from placecheck.basics.values import Device
 
 if TYPE_CHECKING:
     import torch
@@ -403,7 +404,7 @@ def resolve_inputs(model: nn.Module, specs: Sequence[str], example_inputs: str |
     return infer_inputs(model)
 
 
-def move_inputs(obj: Any, device: str) -> Any:
+def move_inputs(obj: Any, device: Device) -> Any:
     """``obj`` with every tensor in nested lists, tuples (namedtuples too) and dicts moved to ``device``.
 
     The containers are those ``torch.utils._pytree`` flattens (as PyTorch's
@@ -419,7 +420,7 @@ def move_inputs(obj: Any, device: str) -> Any:
     return tree_map_only(torch.Tensor, lambda t: _move_tensor(t, device), obj)
 
 
-def _move_tensor(t: torch.Tensor, device: str) -> torch.Tensor:
+def _move_tensor(t: torch.Tensor, device: Device) -> torch.Tensor:
     import torch
 
     try:

@@ -73,9 +73,9 @@ def accelerate_module() -> Any:
     return accelerate
 
 
-def device_name(value: int | str) -> str:
+def device_name(value: int | str) -> Device:
     """accelerate's device (``0``, ``"cpu"``, ``"disk"``) as the report writes it (``cuda:0``, ``cpu``)."""
-    return f"cuda:{value}" if isinstance(value, int) else value
+    return Device("cuda", value) if isinstance(value, int) else Device.of(value)
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,7 @@ class MapPlan:
         """The map as ``dispatch_model`` and ``infer_auto_device_map`` write it."""
         return dict(self.entries)
 
-    def bytes_per_device(self) -> dict[str, int]:
+    def bytes_per_device(self) -> dict[Device, int]:
         """``{"cuda:0": bytes, ..., "cpu": bytes, "disk": bytes}``: every GPU, then offload targets used."""
         totals = {device_name(i): 0 for i in range(self.gpus)}
         for (_, device), nbytes in zip(self.entries, self.module_bytes, strict=True):
@@ -389,11 +389,11 @@ def accelerate_on_fake_tensors() -> Iterator[None]:
 # ---- judging the dispatched model ------------------------------------------------------------------
 
 
-def main_device(device_map: MapPlan) -> str:
+def main_device(device_map: MapPlan) -> Device:
     """The execution device of offloaded modules, chosen as ``dispatch_model`` chooses it (the first
     device of the map that is not ``cpu`` or ``disk``; ``cpu`` when there is none)."""
     devices = {device for _, device in device_map.entries} - set(OFFLOADED)
-    return device_name(next(iter(devices))) if devices else "cpu"  # dispatch_model: list(set)[0]
+    return device_name(next(iter(devices))) if devices else Device("cpu")  # dispatch_model: list(set)[0]
 
 
 class MappedPlacement(Placement):

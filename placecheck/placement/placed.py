@@ -14,9 +14,9 @@ from placecheck.checks.state import reachable_tensors
 from placecheck.engines.dispatch import Call, subscribed
 
 
-def devices_used(model: nn.Module) -> list[str]:
+def devices_used(model: nn.Module) -> list[Device]:
     """Every device a tensor the model holds is on (registered or not), GPUs by index first."""
-    return sorted({str(t.device) for t in reachable_tensors(model)}, key=device_order)
+    return sorted({Device.of(str(t.device)) for t in reachable_tensors(model)}, key=device_order)
 
 
 def highest_gpu(devices: Iterable[str]) -> int:
@@ -62,7 +62,7 @@ class _FirstMeeting:
 
 
 def input_device(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
-                 placement: Placement) -> tuple[str, str]:
+                 placement: Placement) -> tuple[Device, str]:
     """The device the forward's inputs go to, and how it was found (for the report's notes).
 
     A trial forward runs with the inputs on the CPU and stops at the first
@@ -79,7 +79,7 @@ def input_device(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
     def refuse(*_: Any) -> None:
         raise _Registered
 
-    first = placement.expected("").primary or "cpu"
+    first = placement.expected("").primary or Device("cpu")
     leaves = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
     if not leaves:
         return first, "no tensor inputs"
@@ -90,7 +90,7 @@ def input_device(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
         with torch.no_grad(), subscribed(_FirstMeeting(leaves)):
             model.eval()(*args, **kwargs)
     except _Met as met:
-        return met.device, "the device of the first model tensor the input meets"
+        return Device.of(met.device), "the device of the first model tensor the input meets"
     except Exception:
         pass  # the traced forward reports what the model raises
     finally:

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from placecheck.basics.values import Device
 from placecheck.checks.state import Registry
 from placecheck.engines.calls import read_placement
 from placecheck.engines.sources import frames, library_package, where_is
@@ -166,7 +167,7 @@ def module_owner(t: torch.Tensor, frame: FrameType | None) -> str:
     return ""
 
 
-def creation_cause(origin: Origin, t: torch.Tensor, device: str, *, fed: bool) -> Finding:
+def creation_cause(origin: Origin, t: torch.Tensor, device: Device, *, fed: bool) -> Finding:
     """PC202 at the line that made ``t`` on the host without ``device=``, as audit reports a forward's
     creation: the cause, the line to edit. ``fed``: it fed a device mismatch on ``device`` (a tensor the
     script itself made, ``torch.full(...)`` later made a trainable parameter, is reported at its line the
@@ -177,5 +178,5 @@ def creation_cause(origin: Origin, t: torch.Tensor, device: str, *, fed: bool) -
 
 def host_tensor(t: torch.Tensor) -> HeldTensor:
     """``t``, a tensor made on the host, as plain data for its rule."""
-    return HeldTensor("cpu", str(t.dtype).removeprefix("torch."), tuple(t.shape),
+    return HeldTensor(Device("cpu"), str(t.dtype).removeprefix("torch."), tuple(t.shape),
                       t.numel() * t.element_size())

@@ -26,7 +26,7 @@ import torch.nn as nn
 from placecheck.basics.codes import Code
 from placecheck.checks.provenance import stray_package
 from placecheck.checks.walk import Snapshot, walk
-from placecheck.engines.calls import read_module_move
+from placecheck.engines.calls import device_of, read_module_move
 from placecheck.engines.cudaapi import current_index
 from placecheck.engines.sources import here
 from placecheck.findings import rules
@@ -137,7 +137,7 @@ class Moves:
             return moved
         self._walked.add(key)
         with self.recorder.quiet():
-            result = walk(module, str(dest), snapshot)
+            result = walk(module, device_of(dest), snapshot)
         for f in result.findings:
             found = dataclasses.replace(f, source=f.source or line, details=(
                 *f.details, ("moved at", line), ("model", type(module).__name__)))

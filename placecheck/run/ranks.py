@@ -52,6 +52,8 @@ import torch
 
 from placecheck.basics.errors import UsageError
 from placecheck.basics.options import nproc_value
+from placecheck.basics.values import Device
+from placecheck.engines.calls import device_of
 from placecheck.engines.sources import here
 from placecheck.findings import rules
 from placecheck.findings.finding import Finding
@@ -180,13 +182,13 @@ class RankChecks:
         """The backend the script asked ``init_process_group`` for (None: not called, or the default)."""
         self.uses: dict[tuple[str, str, str], None] = {}
         """(line, call, device) of every collective and DDP construction on a GPU, in order, once each."""
-        self.misplaced: dict[str, list[str]] = {}
+        self.misplaced: dict[Device, list[str]] = {}
         """A GPU other than the rank's own -> the lines that put tensors there, in order."""
-        self.first: dict[str, str] = {}
+        self.first: dict[Device, str] = {}
         """That GPU -> what the first of those lines did."""
         self.sharded = False
         """The script sharded a module with FSDP (:mod:`placecheck.run.fsdp`)."""
-        self.where: dict[str, str] = {}
+        self.where: dict[Device, str] = {}
         """That GPU -> the module moved there first, or the call that made the first tensor there."""
 
     @property
@@ -309,11 +311,12 @@ class RankChecks:
         module moved, or the call that made the tensor."""
         if device.type != "cuda" or device == self.own or not line:
             return
-        lines = self.misplaced.setdefault(str(device), [])
+        placed = device_of(device)
+        lines = self.misplaced.setdefault(placed, [])
         if line not in lines:
             lines.append(line)
-            self.first.setdefault(str(device), what)
-            self.where.setdefault(str(device), where)
+            self.first.setdefault(placed, what)
+            self.where.setdefault(placed, where)
 
     def loaded(self, obj: Any, line: str) -> None:
         """``torch.load``'s result: state on a GPU other than the rank's own (``map_location`` to GPU 0)."""
@@ -326,7 +329,8 @@ class RankChecks:
 
     def findings(self) -> list[Finding]:
         """PC401 for each GPU other than its own the rank put tensors on, at the first line that did."""
-        return [rules.rank_off_device(self.first[device], self.where[device], device, str(self.own), lines)
+        own = device_of(self.own)
+        return [rules.rank_off_device(self.first[device], self.where[device], device, own, lines)
                 for device, lines in self.misplaced.items()]
 
 
@@ -585,10 +589,10 @@ def _merge(reports: Sequence[Report]) -> list[Finding]:
 def _shared_gpus(uses: Sequence[Sequence[tuple[str, str, str]]]) -> list[Finding]:
     """PC401 where two or more ranks ran DDP's construction or a collective on one GPU: NCCL's
     "Duplicate GPU detected"."""
-    by_site: dict[tuple[str, str], dict[str, set[int]]] = {}
-    for rank, rank_uses in enumerate(uses):
+    by_site: dict[tuple[str, str], dict[Device, set[int]]] = {}
+    for rank, rank_uses in enumerate(uses):  # as each rank's process wrote them (JSON)
         for line, call, device in rank_uses:
-            by_site.setdefault((line, call), {}).setdefault(device, set()).add(rank)
+            by_site.setdefault((line, call), {}).setdefault(Device.of(device), set()).add(rank)
     shared = [(line, call, device, sorted(ranks)) for (line, call), devices in by_site.items()
               for device, ranks in sorted(devices.items()) if len(ranks) >= 2]
     if not shared:

@@ -51,11 +51,13 @@ import torch.nn as nn
 
 from placecheck.basics.codes import Code
 from placecheck.basics.errors import one_line
+from placecheck.basics.values import Device
 from placecheck.checks.host_syncs import HOST_SYNCS, host_sync
 from placecheck.checks.hostcopies import PendingCopies, PendingCopy, nonblocking_host_copy
 from placecheck.checks.provenance import CallCounts
 from placecheck.engines import classify
 from placecheck.engines.callbacks import in_callbacks
+from placecheck.engines.calls import device_of
 from placecheck.engines.dispatch import Call, op_name, subscribed
 from placecheck.engines.repair import repaired
 from placecheck.engines.sources import here, user_line
@@ -96,7 +98,7 @@ class _Copies:
 
     ref: weakref.ref[torch.Tensor]
     nbytes: int
-    device: str
+    device: Device
     steps: set[int] = field(default_factory=set)
 
 
@@ -431,7 +433,7 @@ class RunRecorder:
         op = known[0] if known is not None else op_name(func)
         copied_at = str(copy.copied_at)
         read = StaleRead(op, copy.device, EventSite(line, ""), EventSite(copied_at, ""))
-        finding = rules.event_finding(read, "cpu")
+        finding = rules.event_finding(read, Device("cpu"))
         if finding is not None:
             self.add(finding, key_extra=copied_at)
 
@@ -532,7 +534,8 @@ class RunRecorder:
             # the script's data made on the host and sliced into batches later (a corpus tokenized into one
             # tensor) is where data belongs: the batch's missing move is the fix, and the PC201 names the
             # creation as its origin)
-            self.add(creation_cause(origin, t, str(reference), fed=True), key_extra=f"{origin.module}|fed")
+            self.add(creation_cause(origin, t, device_of(reference), fed=True),
+                     key_extra=f"{origin.module}|fed")
         self.add(finding, key_extra=f"{where}|{origin_text}")
 
     def _record_sync(self, call: str, t: torch.Tensor) -> None:
@@ -565,15 +568,15 @@ class RunRecorder:
             self.loaders.copied(origin, line, args, kwargs)
             return
         if origin is not None and origin.module:
-            self._created_in_forward(origin, str(out.device), source, copied_at=line)
+            self._created_in_forward(origin, device_of(out), source, copied_at=line)
             return
         key = (line, id(source))
         copies = self.copies.get(key)
         if copies is None or copies.ref() is not source:
-            copies = self.copies[key] = _Copies(weakref.ref(source), _nbytes(source), str(out.device))
+            copies = self.copies[key] = _Copies(weakref.ref(source), _nbytes(source), device_of(out))
         copies.steps.add(self.steps)
 
-    def _created_in_forward(self, origin: Origin, device: str, t: torch.Tensor, copied_at: str) -> None:
+    def _created_in_forward(self, origin: Origin, device: Device, t: torch.Tensor, copied_at: str) -> None:
         """PC202: made on the host in a forward, then copied to the device at ``copied_at``, on every call."""
         self.per_call.created(origin.line, origin.path, _tensor(t), device, copied_at)
         # a 0-dim one is one scalar copy per call, as PyTorch's own code makes (issue 42 item 11)
@@ -590,7 +593,7 @@ class RunRecorder:
         line, _ = here()
         if not line:
             return
-        target = str(args[0].device)
+        target = device_of(args[0])
         origin = self.origins.of(cpu[0])
         # a forward's creation is named as audit names it (audit sees no other), and, as audit, the
         # creation is a finding of its own (PC202 at its line: a host allocation and a copy per call)
@@ -630,10 +633,10 @@ class RunRecorder:
             return
         self._registered.add(id(param))  # kept alive by its module: the id is not reused
         line, _ = here()
-        target = next((str(t.device) for m in self._forward_stack for t in m.parameters()
-                       if t.device.type == "cuda"), "")
+        target = next((device_of(t) for m in self._forward_stack for t in m.parameters()
+                       if t.device.type == "cuda"), None)
         self.registered_lines.add(line)
-        self.add(rules.parameter_built_in_forward(f"{type(owner).__name__}.{name}", str(param.device), target,
+        self.add(rules.parameter_built_in_forward(f"{type(owner).__name__}.{name}", device_of(param), target,
                                                   line=line))
 
     def _forward_enter(self, module: nn.Module, args: Any) -> None:

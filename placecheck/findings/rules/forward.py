@@ -284,7 +284,8 @@ def created_then_cached(op: str, tensor: str, device: str, copied_to: str, copie
 
 
 def created_off_device(op: str, tensor: str, device: str, target: str, *, fed: bool = False,
-                       copied_to: str = "", copied_at: str = "", scalar: bool = False) -> tuple[str, str]:
+                       copied_to: str | None = None, copied_at: str = "",
+                       scalar: bool = False) -> tuple[str, str]:
     """PC202: ``op`` in forward made ``tensor`` on ``device``; it then fed a mismatch (``fed``), or was
     copied to ``copied_to`` at ``copied_at`` (correct, but a host allocation and a copy per call; for a
     0-dim ``scalar``, one small copy, as PyTorch's own code makes)."""
@@ -509,7 +510,7 @@ class ForwardFindings:
         return []
 
 
-def forward_findings(events: list[Event], target: str, library_findings: bool = False) -> ForwardFindings:
+def forward_findings(events: list[Event], target: Device, library_findings: bool = False) -> ForwardFindings:
     """PC201-PC207 from the recorded events, de-duplicated by (code, source line).
 
     Performance findings (PC202 that fed no mismatch, PC204, PC205) whose
@@ -571,7 +572,7 @@ def forward_findings(events: list[Event], target: str, library_findings: bool = 
     return ForwardFindings(kept, counted)
 
 
-def event_finding(event: Event, target: str) -> Finding | None:
+def event_finding(event: Event, target: Device) -> Finding | None:
     """The finding of one event on its own (None: the event is no problem): what ``run`` records as it
     goes is judged as audit's forward judges it."""
     return _finding(event, target, set(), {})
@@ -589,19 +590,20 @@ def _came_from(prov: Provenance) -> str:
                            attribute=prov.path, lazy=prov.lazy)
 
 
-def _finding(event: Event, target: str, lazy_lines: set[str],
+def _finding(event: Event, target: Device, lazy_lines: set[str],
              returned: dict[int, OutputOffDevice]) -> Finding | None:
-    # with --device keep each event carries the device of the module whose forward ran it
-    target = getattr(event, "expected", "") or target
+    # with --device keep each event carries the device of the module whose forward ran it: ``expected``,
+    # a label (``cuda:0 or cuda:1``), as the finding's ``expected`` field says it
+    expected: str = getattr(event, "expected", "") or target
     if isinstance(event, Copy):
         return _copy(event) if event.weights or event.ping_pong else None
     if isinstance(event, Mismatch):
-        return _mismatch(event, target)
+        return _mismatch(event, expected)
     if isinstance(event, Creation):
         if event.site.source in lazy_lines:
             return None  # the parameters of a layer built in forward: that is PC203
         if event.fed_mismatch or event.moved or (event.met_device and event.shape != ()):
-            return _creation(event, target)
+            return _creation(event, expected)
         # CPU-side work never copied to the device, or a 0-dim scalar PyTorch reads on the host
         return None
     if isinstance(event, HostSync):
@@ -609,7 +611,7 @@ def _finding(event: Event, target: str, lazy_lines: set[str],
         message, hint = host_sync(event.op, event.device, returned_as=output.path if output else "")
         # a copy forward returns goes to the host: its device column reads cuda:0 -> cpu
         return _make(Code.PC204, event.site, None, device=event.device,
-                     expected=output.device if output else target,
+                     expected=output.device if output else expected,
                      origin=output.provenance.origin if output else "",
                      message=message, hint=hint, details=(("op", event.op),))
     if isinstance(event, ImplicitTransfer):
@@ -617,32 +619,32 @@ def _finding(event: Event, target: str, lazy_lines: set[str],
             # a scalar made in forward is a Python number to PyTorch; a stored one could be a buffer
             return None
         message, hint = implicit_transfer(event.op, event.scalar, _tensor(event.dtype, event.shape),
-                                                target, _came_from(event.provenance))
+                                                expected, _came_from(event.provenance))
         return _make(Code.PC205, event.site, severity(Code.PC205, "scalar") if event.scalar else None,
                      device="cpu",
-                     expected=target, dtype=event.dtype, shape=event.shape, origin=event.provenance.origin,
+                     expected=expected, dtype=event.dtype, shape=event.shape, origin=event.provenance.origin,
                      message=message, hint=hint, details=(("op", event.op),))
     if isinstance(event, Registration):
-        message, hint = created_in_forward(event.what, event.path, event.type_name, event.device,
-                                                 event.on_target)
+        devices = ", ".join(event.devices)
+        message, hint = created_in_forward(event.what, event.path, event.type_name, devices, event.on_target)
         # on the target it cannot crash the job: only the optimizer misses it
         # where: the created module or parameter, as a walk finding's; source: the line that created it
         return _make(Code.PC203, event.site,
                      severity(Code.PC203, "on-target") if event.on_target else None, where=event.path,
-                     device=event.device, expected=target, module=event.path, message=message, hint=hint)
+                     device=devices, expected=expected, module=event.path, message=message, hint=hint)
     if isinstance(event, OutputOffDevice):
         prov = event.provenance
         message, hint = output_off_device(event.path, _tensor(event.dtype, event.shape), event.device,
-                                                target, _came_from(prov))
-        return _make(Code.PC206, prov.site, None, device=event.device, expected=target, dtype=event.dtype,
+                                                expected, _came_from(prov))
+        return _make(Code.PC206, prov.site, None, device=event.device, expected=expected, dtype=event.dtype,
                      shape=event.shape, origin=prov.origin, module=event.path, message=message, hint=hint,
                      details=(("output", event.path),))
     if isinstance(event, ForwardError):
         if event.mismatch:
             message, hint = device_mismatch_untraced(event.phase, event.message)
-            return _make(Code.PC201, event.site, None, expected=target, message=message, hint=hint)
+            return _make(Code.PC201, event.site, None, expected=expected, message=message, hint=hint)
         message, hint = forward_error(event.phase, event.message, after_repair=event.after_repair)
-        return _make(Code.PC207, event.site, None, expected=target, message=message, hint=hint,
+        return _make(Code.PC207, event.site, None, expected=expected, message=message, hint=hint,
                      details=(("phase", event.phase),))
     if isinstance(event, StaleRead):
         message, hint = unsynchronized_read(event.op, event.device, event.copied_at.source)
@@ -651,8 +653,8 @@ def _finding(event: Event, target: str, lazy_lines: set[str],
                      origin=event.copied_at.source, message=message, hint=hint,
                      details=(("op", event.op), ("copied_at", event.copied_at.source)))
     if isinstance(event, GradOffDevice):
-        message, hint = gradient_off_device(event.path, event.device, target)
-        return _make(Code.PC201, NOWHERE, None, device=event.device, expected=target, module=event.path,
+        message, hint = gradient_off_device(event.path, event.device, expected)
+        return _make(Code.PC201, NOWHERE, None, device=event.device, expected=expected, module=event.path,
                      origin=event.path, message=message, hint=hint, details=(("op", "backward"),))
     return None
 

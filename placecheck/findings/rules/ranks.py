@@ -63,7 +63,7 @@ _SET_DEVICE = ("call torch.cuda.set_device(local_rank) (local_rank = int(os.envi
                "before placing anything, and use torch.device('cuda', local_rank)")
 
 
-def rank_off_device(what: str, where: str, device: str, own: str, lines: Sequence[str]) -> Finding:
+def rank_off_device(what: str, where: str, device: Device, own: Device, lines: Sequence[str]) -> Finding:
     """PC401: ``what`` (``Linear.to put the model``, ``randn made float32[16, 8]``; ``where``: the module or
     call) on ``device``, not on the rank's own GPU ``own``; ``lines``: the lines that put tensors there,
     the first one the finding's."""
@@ -90,7 +90,7 @@ def rank_loaded_off_device(devices: str, own: str, line: str) -> Finding:
         details=(("call", "torch.load"),))
 
 
-def ranks_share_gpu(label: str, call: str, device: str, ranks: Sequence[int], later: int,
+def ranks_share_gpu(label: str, call: str, device: Device, ranks: Sequence[int], later: int,
                     line: str) -> Finding:
     """PC401: the ranks ``ranks`` (``label``: ``ranks 0-1``) ran ``call`` (a collective, DDP's construction,
     FSDP's all-gather) on one GPU, ``device``, at ``line``; ``later`` more calls shared a GPU after it."""

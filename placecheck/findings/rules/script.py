@@ -16,6 +16,7 @@ import dataclasses
 from placecheck.basics.codes import Code
 from placecheck.basics.devices import human_bytes
 from placecheck.basics.gpu_errors import gpu_error
+from placecheck.basics.values import Device
 from placecheck.findings.events import HeldTensor
 from placecheck.findings.finding import Finding
 from placecheck.findings.rules.forward import (
@@ -128,7 +129,7 @@ def layer_built_in_forward(type_name: str, name: str, owner: str, devices: str, 
              "optimizer")
 
 
-def creation_in_run(op: str, tensor: HeldTensor, target: str, *, line: str, module: str, fed: bool = False,
+def creation_in_run(op: str, tensor: HeldTensor, target: Device, *, line: str, module: str, fed: bool = False,
                     copied_at: str = "") -> Finding:
     """PC202 at ``line``, where ``op`` made ``tensor`` on the host without ``device=``: in ``module``'s
     forward ("" for the script's own code, outside any forward). It fed a device mismatch on ``target``
@@ -137,7 +138,7 @@ def creation_in_run(op: str, tensor: HeldTensor, target: str, *, line: str, modu
     scalar = bool(copied_at) and not fed and tensor.shape == ()
     if module or not fed:
         message, hint = created_off_device(op, tensor.text, tensor.device, target, fed=fed,
-                                           copied_to=target if copied_at else "", copied_at=copied_at,
+                                           copied_to=target if copied_at else None, copied_at=copied_at,
                                            scalar=scalar)
     else:
         message, hint = created_in_script(op, tensor.text, tensor.device, target)
@@ -161,7 +162,7 @@ def cached_in_run(finding: Finding, op: str, tensor: str, copied_to: str, copied
                                details=(*finding.details, ("made", str(made)), ("forwards", str(calls))))
 
 
-def index_in_run(op: str, tensor: HeldTensor, target: str, *, line: str, module: str, came_from: str = "",
+def index_in_run(op: str, tensor: HeldTensor, target: Device, *, line: str, module: str, came_from: str = "",
                  origin: str = "") -> Finding:
     """PC205 at ``line``: a CPU index ``tensor`` indexing a ``target`` tensor in ``module``'s forward (a copy
     to the device per call); ``came_from`` (:func:`came_from`'s words) and ``origin`` (the line) name the
@@ -172,17 +173,18 @@ def index_in_run(op: str, tensor: HeldTensor, target: str, *, line: str, module:
                         message=message, hint=hint)
 
 
-def parameter_built_in_forward(path: str, device: str, target: str, *, line: str) -> Finding:
+def parameter_built_in_forward(path: str, device: Device, target: Device | None, *, line: str) -> Finding:
     """PC203 at ``line``: a parameter ``path`` (``Net.scale``) registered on ``device`` during a forward on
     ``target``, as audit reports it; on the target only the optimizer misses it (the on-target
     severity)."""
     on_target = device == target
     message, hint = created_in_forward("parameter", path, "Parameter", device, on_target)
     return make_finding(Code.PC203, severity=severity(Code.PC203, "on-target" if on_target else None),
-                        where=path, source=line, device=device, expected=target, message=message, hint=hint)
+                        where=path, source=line, device=device, expected=target or "", message=message,
+                        hint=hint)
 
 
-def script_host_sync(call: str, device: str, *, module: str, line: str, count: int, rate: str) -> Finding:
+def script_host_sync(call: str, device: Device, *, module: str, line: str, count: int, rate: str) -> Finding:
     """PC204 at ``line``, whose ``call`` (``.item() in torch.nn.utils.clip_grad_norm_`` when a library
     function made it) waited for ``device`` ``count`` times over the run: in ``module``'s forward, as
     audit says it (info when installed code made it); outside any forward (``module`` "") ``rate`` times
@@ -219,7 +221,7 @@ def loop_sync(call: str, device: str, rate: str, inside: str = "") -> tuple[str,
                  "every N steps when steps are short")
 
 
-def repeated_copy(nbytes: int, device: str, steps: int, line: str) -> Finding:
+def repeated_copy(nbytes: int, device: Device, steps: int, line: str) -> Finding:
     """PC209: the same host tensor of ``nbytes`` copied to ``device`` at ``line`` at each of ``steps``
     steps."""
     size = human_bytes(nbytes)
