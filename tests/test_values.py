@@ -90,6 +90,17 @@ def test_a_site_is_path_and_line(text: str, site: Site) -> None:
     assert str(site) == text or site.line is None
 
 
+@pytest.mark.parametrize("site", [Site("pkg/net.py", 12), Site(), Site.parse(r"C:\work\net.py")])
+def test_a_site_reads_as_the_text_of_the_json_contract(site: Site) -> None:
+    """A finding's ``source`` is the text it always was; pickled and copied, it stays a Site with its
+    path and line."""
+    text = str(site)
+    assert site == text and json.loads(json.dumps([site])) == [text] and repr(site) == repr(text)
+    assert Site.parse(text) == site and Site.parse(site) is site
+    for again in (pickle.loads(pickle.dumps(site)), copy.deepcopy(site)):
+        assert type(again) is Site and (again.path, again.line) == (site.path, site.line)
+
+
 def test_devices_sort_gpus_by_index_then_the_rest_by_name() -> None:
     from placecheck.basics.values import device_order
 

@@ -9,9 +9,9 @@ Torch-free, so the CLI, the config and the report use them without importing tor
 - :class:`Site`: a place in a file, ``path:line`` (a finding's ``source``, a move's line).
 
 Each compares, hashes and prints; ``str()`` gives the form the reports and the JSON contract use,
-and ``parse`` reads it back. :class:`Size` and :class:`Site` are frozen dataclasses; :class:`Device`
-is a normalised ``str`` (the form tensors report), so the JSON contract and users' comparisons with
-text read it unchanged.
+and ``parse`` reads it back. :class:`Size` is a frozen dataclass; :class:`Device` (the normalised form
+tensors report) and :class:`Site` are ``str`` subclasses, so the JSON contract and users' comparisons
+with text read them unchanged.
 """
 
 from __future__ import annotations
@@ -154,21 +154,42 @@ def device_order(text: str) -> tuple[int, str, int]:
 
 # ---- sites ---------------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class Site:
-    """A place in a file: ``path:line``, or a path alone when no line is known."""
+class Site(str):
+    """A place in a file: ``path:line``, or a path alone when no line is known; ``""``: nowhere known.
 
-    path: str
-    line: int | None = None
+    A ``str`` as :class:`Device` is (a finding's ``source`` in the JSON contract is this text), read by
+    :attr:`path` and :attr:`line` without splitting it again. A Windows drive's colon is part of the
+    path: only digits after the last colon, with a path before them, make a line.
+    """
+
+    __slots__ = ()
+
+    def __new__(cls, path: str = "", line: int | None = None) -> Site:
+        return super().__new__(cls, path if line is None else f"{path}:{line}")
 
     @staticmethod
     def parse(text: str) -> Site:
-        """``"pkg/net.py:42"`` -> ``Site("pkg/net.py", 42)``; no line -> ``Site(text)`` (a Windows drive's
-        colon is part of the path: only digits after the last colon make a line)."""
-        path, sep, line = text.rpartition(":")
-        if sep and path and line.isdigit():
-            return Site(path, int(line))
-        return Site(text)
+        """``"pkg/net.py:42"`` -> ``Site("pkg/net.py", 42)``; no line -> ``Site(text)``."""
+        return text if type(text) is Site else Site(str(text))
 
-    def __str__(self) -> str:
-        return self.path if self.line is None else f"{self.path}:{self.line}"
+    def __copy__(self) -> Site:
+        return self  # immutable, as str is
+
+    def __deepcopy__(self, memo: object) -> Site:
+        return self
+
+    def _split(self) -> tuple[str, int | None]:
+        path, sep, line = str.__str__(self).rpartition(":")
+        if sep and path and line.isdigit():
+            return path, int(line)
+        return str.__str__(self), None
+
+    @property
+    def path(self) -> str:
+        """``pkg/net.py`` of ``pkg/net.py:42``; the whole text when it holds no line."""
+        return self._split()[0]
+
+    @property
+    def line(self) -> int | None:
+        """``42`` of ``pkg/net.py:42``; None when no line is known."""
+        return self._split()[1]

@@ -124,7 +124,7 @@ def device_table(usage: list[DeviceUsage], fmt: CheckpointFormat) -> str:
                                    tablefmt="simple", colalign=("left", "right", "right", "right"))
 
 
-def target_gpus(device: str, engine: Any) -> int:
+def target_gpus(device: Device, engine: Any) -> int:
     """How many GPUs the target machine has: the simulated count, or the real one."""
     if engine.simulated:
         return int(engine.gpus)
@@ -133,7 +133,7 @@ def target_gpus(device: str, engine: Any) -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def _available(location: str, device: str, gpus: int) -> bool:
+def _available(location: str, device: Device, gpus: int) -> bool:
     if not location:
         return True
     saved = Device.of(location)
@@ -141,7 +141,7 @@ def _available(location: str, device: str, gpus: int) -> bool:
         return True
     if saved.type == "cuda":
         return saved.ordinal < gpus
-    return saved.type == Device.of(device).type
+    return saved.type == device.type
 
 
 def _loader(meta: CheckpointMeta) -> str:
@@ -150,13 +150,13 @@ def _loader(meta: CheckpointMeta) -> str:
             CheckpointFormat.TORCH_EXPORT: "torch.export.load"}.get(meta.format, "torch.load")
 
 
-def _load_call(meta: CheckpointMeta, device: str) -> str:
+def _load_call(meta: CheckpointMeta, device: Device) -> str:
     if meta.format is CheckpointFormat.TORCHSCRIPT:
         return f'torch.jit.load({json.dumps(meta.path)}, map_location="{device}")'
     return f'torch.load({json.dumps(meta.path)}, map_location="{device}", weights_only=True)'
 
 
-def device_findings(meta: CheckpointMeta, device: str, gpus: int) -> list[Finding]:
+def device_findings(meta: CheckpointMeta, device: Device, gpus: int) -> list[Finding]:
     """PC301: storages saved on devices the target machine lacks, or on several devices."""
     usage = [u for u in device_usage(meta) if u.location]
     loader = _loader(meta)
@@ -464,7 +464,7 @@ def strict_load_verdict(comparison: Comparison) -> str:
             f"load_state_dict(state) (strict=True, the default) raises: {', '.join(reasons)}")
 
 
-def load_into_model(model: Any, path: str, *, device: str, engine: Any, key: str | None = None,
+def load_into_model(model: Any, path: str, *, device: Device, engine: Any, key: str | None = None,
                     trust: bool = False, on_meta: bool = False, model_name: str = "the model") -> Loaded:
     """Check ``path`` against ``model`` (PC301-PC306), then load it into ``model`` in place.
 

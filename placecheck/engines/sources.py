@@ -29,6 +29,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from placecheck.basics.values import Site
 from placecheck.findings.events import EventSite
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
@@ -332,7 +333,7 @@ class Attribution:
         module = self.running_module(shown or frame)
         where = self.module_path(module) if module is not None else ""
         if shown is not None:
-            return EventSite(f"{display_path(shown.f_code.co_filename)}:{shown.f_lineno}", where,
+            return EventSite(Site(display_path(shown.f_code.co_filename), shown.f_lineno), where,
                         "" if user is not None else library_package(shown.f_code),
                         api=api_call(found.callee, subject) if subject is not None else "")
         return EventSite(class_definition(module), where)
@@ -410,19 +411,19 @@ def library_of_class(cls: type) -> str:
     return library_of_file(filename) if filename else ""
 
 
-def class_definition(module: nn.Module | None) -> str:
-    """``file:line`` of ``module``'s class when it is the user's own ("" for torch's classes)."""
+def class_definition(module: nn.Module | None) -> Site:
+    """``file:line`` of ``module``'s class when it is the user's own (``Site()`` for torch's classes)."""
     if module is None:
-        return ""
+        return Site()
     cls = type(module)
     try:
         filename = inspect.getsourcefile(cls) or ""
         line = inspect.getsourcelines(cls)[1]
     except (OSError, TypeError):
-        return ""
+        return Site()
     if not filename or internal_file(filename) or library_of_file(filename):
-        return ""
-    return f"{display_path(filename)}:{line}"
+        return Site()
+    return Site(display_path(filename), line)
 
 
 def module_being_built(frame: FrameType | None) -> str:

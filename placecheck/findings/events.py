@@ -12,7 +12,7 @@ import dataclasses
 import typing
 from dataclasses import dataclass
 
-from placecheck.basics.values import Device
+from placecheck.basics.values import Device, Site
 from placecheck.findings.finding import Finding
 
 
@@ -20,7 +20,8 @@ from placecheck.findings.finding import Finding
 class EventSite:
     """Where an event happened: the user's ``file:line`` and the module whose forward ran it."""
 
-    source: str
+    source: Site
+    """``file:line`` (``Site()`` when no line of the user's is known)."""
     where: str
     library: str = ""
     """The installed package the line is in, when no frame of the forward's call chain is outside
@@ -33,7 +34,7 @@ class EventSite:
     (a device-side way out: pass it where the API wants it)."""
 
 
-NOWHERE = EventSite("", "")
+NOWHERE = EventSite(Site(), "")
 
 
 @dataclass

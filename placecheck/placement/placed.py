@@ -11,6 +11,7 @@ import torch.nn as nn
 from placecheck.basics.values import Device, device_order
 from placecheck.checks.expected import Placement
 from placecheck.checks.state import reachable_tensors
+from placecheck.engines.calls import device_of
 from placecheck.engines.dispatch import Call, subscribed
 
 
@@ -27,7 +28,7 @@ def highest_gpu(devices: Iterable[str]) -> int:
 class _Met(Exception):
     """The trial forward's input data met a tensor on a device: the trial stops there."""
 
-    def __init__(self, device: str) -> None:
+    def __init__(self, device: Device) -> None:
         super().__init__(device)
         self.device = device
 
@@ -49,14 +50,14 @@ class _FirstMeeting:
         if derived:
             for t in tensors:
                 if id(t) not in self.derived and t.device.type not in ("cpu", "meta"):
-                    raise _Met(str(t.device))
+                    raise _Met(device_of(t))
         out = call.run()
         if derived:
             outs = [out] if isinstance(out, torch.Tensor) else \
                 [o for o in out if isinstance(o, torch.Tensor)] if isinstance(out, tuple | list) else []
             for o in outs:
                 if o.device.type not in ("cpu", "meta"):
-                    raise _Met(str(o.device))  # the input data itself went to a device (x.to("cuda:1"))
+                    raise _Met(device_of(o))  # the input data itself went to a device (x.to("cuda:1"))
                 self.derived[id(o)] = o
         return out
 
@@ -90,7 +91,7 @@ def input_device(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
         with torch.no_grad(), subscribed(_FirstMeeting(leaves)):
             model.eval()(*args, **kwargs)
     except _Met as met:
-        return Device.of(met.device), "the device of the first model tensor the input meets"
+        return met.device, "the device of the first model tensor the input meets"
     except Exception:
         pass  # the traced forward reports what the model raises
     finally:

@@ -66,6 +66,8 @@ from placecheck.basics.codes import Code
 from placecheck.basics.errors import UsageError
 from placecheck.basics.options import AuditOptions, WrapChoice
 from placecheck.basics.patching import patch
+from placecheck.basics.values import Device
+from placecheck.engines.calls import device_of
 from placecheck.engines.compat import tree_map_only
 from placecheck.engines.cudaapi import CPU_ONLY_BUILD, current_device
 from placecheck.engines.dispatch import Call, subscribed
@@ -163,8 +165,8 @@ class Replica:
         return self.replicas.kind
 
     @property
-    def device(self) -> str:
-        return f"cuda:{self.index}"
+    def device(self) -> Device:
+        return Device("cuda", self.index)
 
     @property
     def label(self) -> str:
@@ -248,10 +250,10 @@ class Mix:
     site: EventSite
     plain: str
     dtensor: str
-    device: str
+    device: Device
     origin: str
 
-    def finding(self, target: str) -> Finding:
+    def finding(self, target: Device) -> Finding:
         """PC201 (see :func:`placecheck.findings.rules.dtensor_mixed` for why that code)."""
         return dtensor_mixed(self.op, self.plain, self.dtensor, self.dtensor, where=self.site.where,
                              source=self.site.source, device=self.device, expected=target, origin=self.origin)
@@ -332,7 +334,7 @@ class DTensorMixes:
         site = self.attribution.site(sys._getframe(1))
         if (site.source, mix.op) not in self.seen:
             self.seen.add((site.source, mix.op))
-            self.found.append(Mix(mix.op, site, *mix.described, str(mix.dtensor.device),
+            self.found.append(Mix(mix.op, site, *mix.described, device_of(mix.dtensor),
                                   self.parameters.get(id(mix.dtensor), "")))
         return mix.run_on(call, mix.full_values())
 
@@ -485,7 +487,7 @@ _SAID_ONCE = ("engine: ", "torch: ", "init: ")
 
 def devices(replicas: Replicas) -> str:
     """The report's device: every replica's GPU (``cuda:0, cuda:1``)."""
-    return ", ".join(f"cuda:{k}" for k in range(replicas.count))
+    return ", ".join(Device("cuda", k) for k in range(replicas.count))
 
 
 @contextlib.contextmanager

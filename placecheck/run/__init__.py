@@ -32,6 +32,7 @@ from placecheck.basics.errors import UsageError
 from placecheck.basics.options import DEFAULT_STEPS, RunOptions
 from placecheck.basics.quiet import quiet
 from placecheck.engines import classify
+from placecheck.engines.calls import device_of
 from placecheck.engines.compat import FAKE_TENSOR_LOGGER, torch_note
 from placecheck.findings.report import NOTHING_CHECKED, Report
 from placecheck.findings.rules import selected
@@ -175,7 +176,7 @@ def _simulate(program: Program, options: RunOptions, codes: frozenset[str],
         if rank is not None:
             checks[:] = [RankChecks(recorder, *rank)]
             recorder.ranks = checks[0]
-            recorder.target = str(checks[0].own)
+            recorder.target = device_of(checks[0].own)
         lines = ScriptLines(program.filename)
         if steps and not os.environ.get(NO_FAST_FORWARD):
             # a callable runs as it is: only its DataLoaders fast-forward

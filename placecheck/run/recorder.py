@@ -51,7 +51,7 @@ import torch.nn as nn
 
 from placecheck.basics.codes import Code
 from placecheck.basics.errors import one_line
-from placecheck.basics.values import Device
+from placecheck.basics.values import Device, Site
 from placecheck.checks.host_syncs import HOST_SYNCS, host_sync
 from placecheck.checks.hostcopies import PendingCopies, PendingCopy, nonblocking_host_copy
 from placecheck.checks.provenance import CallCounts
@@ -128,7 +128,8 @@ class RunRecorder:
     def __init__(self, gpus: int = 1, steps: int = 2) -> None:
         self.gpus = gpus
         self.max_steps = steps
-        self.target = "cuda:0"
+        self.target = Device("cuda", 0)
+        """The device the report names: cuda:0, or a rank's own GPU."""
         self.steps = 0
         """Optimizer steps completed."""
         self.forward_passes = 0
@@ -431,8 +432,8 @@ class RunRecorder:
             return
         known = HOST_SYNCS.get(func)
         op = known[0] if known is not None else op_name(func)
-        copied_at = str(copy.copied_at)
-        read = StaleRead(op, copy.device, EventSite(line, ""), EventSite(copied_at, ""))
+        copied_at = Site.parse(str(copy.copied_at))
+        read = StaleRead(op, copy.device, EventSite(Site.parse(line), ""), EventSite(copied_at, ""))
         finding = rules.event_finding(read, Device("cpu"))
         if finding is not None:
             self.add(finding, key_extra=copied_at)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 import torch.nn as nn
 
+from placecheck.basics.values import Device
 from placecheck.findings.finding import Finding
 from placecheck.run.origins import Origins
 
@@ -79,7 +80,7 @@ class Recording(Protocol):
     """What a room uses of the session that records the script."""
 
     gpus: int
-    target: str
+    target: Device
     notes: dict[str, None]
     limit: str
     origins: Origins

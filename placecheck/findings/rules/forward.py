@@ -20,7 +20,7 @@ from typing import Any
 from placecheck.basics.codes import Code
 from placecheck.basics.devices import human_bytes
 from placecheck.basics.gpu_errors import gpu_error
-from placecheck.basics.values import Device
+from placecheck.basics.values import Device, Site
 from placecheck.findings.events import (
     NOWHERE,
     Copy,
@@ -590,7 +590,7 @@ def _came_from(prov: Provenance) -> str:
                            attribute=prov.path, lazy=prov.lazy)
 
 
-def _finding(event: Event, target: Device, lazy_lines: set[str],
+def _finding(event: Event, target: Device, lazy_lines: set[Site],
              returned: dict[int, OutputOffDevice]) -> Finding | None:
     # with --device keep each event carries the device of the module whose forward ran it: ``expected``,
     # a label (``cuda:0 or cuda:1``), as the finding's ``expected`` field says it
