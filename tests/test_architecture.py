@@ -275,3 +275,25 @@ def test_no_device_string_is_split_by_hand() -> None:
     splitting = {str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
                  if re.search(r"""(split|partition)\(["']:["']""", p.read_text(encoding="utf-8"))}
     assert splitting <= set(COLON_SPLITS), sorted(splitting - set(COLON_SPLITS))
+
+
+DEVICE_FIELDS = ("device", "devices", "src", "dst", "route", "moved_to")
+"""The fields of an event that hold where a tensor was (``expected`` is a label: ``cuda:0 or cuda:1``)."""
+
+
+def test_every_device_an_event_records_is_a_device_value() -> None:
+    # issue 41 item 6: values stay typed from the edge to the report; an event's device is a
+    # basics.values.Device (normalised once), never a str read again by each rule
+    import dataclasses
+    import typing
+
+    from placecheck.findings import events
+
+    classes = [c for c in vars(events).values() if isinstance(c, type) and dataclasses.is_dataclass(c)
+               and c.__module__ == events.__name__]
+    typed = {f"{c.__name__}.{name}": hint for c in classes
+             for name, hint in typing.get_type_hints(c).items() if name in DEVICE_FIELDS}
+    assert len(typed) >= 12 and "Mismatch.devices" in typed  # the reader sees the fields
+    loose = {field: hint for field, hint in typed.items() if "Device" not in repr(hint)}
+    assert loose == {}
+    assert events.EventSite.__annotations__["source"] in ("Site", events.Site)

@@ -30,6 +30,7 @@ import torch
 import torch.nn as nn
 
 from placecheck.basics.values import Device, device_order
+from placecheck.engines.calls import device_of
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,7 @@ def _own_device(module: nn.Module) -> Device | None:
     for t in [*module._parameters.values(), *module._buffers.values()]:
         if t is None:
             continue
-        device = Device.of(str(t.device))
+        device = device_of(t)
         by_device[device] = by_device.get(device, 0) + _nbytes(t)
     if not by_device:
         return None
@@ -102,7 +103,7 @@ class Placement:
             if own is not None:
                 self._by_path[path] = Expected((own,), "own")
                 continue
-            below = _ordered(Device.of(str(t.device)) for t in [*module.parameters(), *module.buffers()])
+            below = _ordered(device_of(t) for t in [*module.parameters(), *module.buffers()])
             if below:
                 self._by_path[path] = Expected(below, "descendants")
         for path in modules:  # rule 3: the nearest ancestor's
@@ -158,9 +159,9 @@ class Placement:
         in forward copies those weights. None here: the model's own placement holds no such copies."""
         return {}
 
-    def devices(self) -> tuple[str, ...]:
+    def devices(self) -> tuple[Device, ...]:
         """Every device the model's registered state is on, GPUs by index first."""
-        return tuple(sorted({str(t.device) for t in [*self.model.parameters(), *self.model.buffers()]},
+        return tuple(sorted({device_of(t) for t in [*self.model.parameters(), *self.model.buffers()]},
                             key=device_order))
 
 

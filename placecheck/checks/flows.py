@@ -56,7 +56,7 @@ class _Flow:
     """The copy that made it (or what it derives from), until a stage computes on it."""
     arrived: Copy | None = None
     """The last copy its data went through (the one that brought it to its device)."""
-    left: tuple[tuple[str, str], ...] = ()
+    left: tuple[tuple[Device, str], ...] = ()
     """(device, top-level module) pairs its data left by a copy: that module computing on it again on
     that device is a ping-pong."""
     weights: str = ""
@@ -137,7 +137,7 @@ class Flows:
             return fallback
         if len(devices) > 1:
             for _, t in tensors:
-                if str(t.device) in devices:
+                if device_of(t) in devices:
                     return t.device
         return self._device(devices[0])
 
@@ -185,7 +185,7 @@ class Flows:
             if here and not moving:  # a stage computes on it
                 if flow.copy is not None and not flow.copy.to_stage:
                     flow.copy.to_stage = here
-                if flow.arrived is not None and (str(t.device), _top(here)) in flow.left:
+                if flow.arrived is not None and (device_of(t), _top(here)) in flow.left:
                     flow.arrived.ping_pong = True  # back on the device and in the module it left
         copy: Copy | None = None
         source = args[0] if args and isinstance(args[0], torch.Tensor) else None
@@ -201,7 +201,7 @@ class Flows:
             copy = Copy(device_of(source), dst, _nbytes(out), site(sys._getframe(1)), from_stage,
                         route=(*route, dst), weights=weights)
             self.copies.append(copy)
-            left = (*(flow.left if flow is not None else ()), (str(source.device), _top(here or from_stage)))
+            left = (*(flow.left if flow is not None else ()), (device_of(source), _top(here or from_stage)))
             self._flows[out] = _Flow(from_stage, (*route, dst), copy, copy, left, weights)
             return copy
         if inherited is None and not here:

@@ -17,7 +17,7 @@ from placecheck.engines.dispatch import Call, subscribed
 
 def devices_used(model: nn.Module) -> list[Device]:
     """Every device a tensor the model holds is on (registered or not), GPUs by index first."""
-    return sorted({Device.of(str(t.device)) for t in reachable_tensors(model)}, key=device_order)
+    return sorted({device_of(t) for t in reachable_tensors(model)}, key=device_order)
 
 
 def highest_gpu(devices: Iterable[str]) -> int:

@@ -335,9 +335,10 @@ class ScriptDTensorMixes:
 
     @staticmethod
     def _finding(mix: Any) -> Any:
+        from placecheck.engines.calls import device_of
         from placecheck.engines.sources import here
         from placecheck.findings.rules import dtensor_mixed
 
         plain, dtensor = mix.described
         return dtensor_mixed(mix.op, plain, dtensor, mix.placements, where="", source=here()[0],
-                             device=str(mix.plain.device), expected=str(mix.dtensor.device))
+                             device=device_of(mix.plain), expected=device_of(mix.dtensor))

@@ -516,7 +516,7 @@ class RunRecorder:
         if crash[1]:
             details += (("crashes at", crash[1]),)
         finding = rules.script_device_mismatch(
-            op, str(reference), str(t.device), f"a {t.device} tensor {tuple(t.shape)}", where=where,
+            op, device_of(reference), device_of(t), f"a {t.device} tensor {tuple(t.shape)}", where=where,
             line=line, dtype=str(t.dtype).removeprefix("torch."), shape=tuple(t.shape), nbytes=_nbytes(t),
             origin=origin_text, details=details, name=name,
             batch=origin.path if batch and origin is not None else "",
@@ -551,7 +551,7 @@ class RunRecorder:
         if via:
             call = f"{call} in {via}"
         entry = self.syncs.setdefault((line, call),
-                                      [0, module, str(t.device), set()])
+                                      [0, module, device_of(t), set()])
         entry[0] += 1
         entry[3].add(self.steps)
 

@@ -200,8 +200,8 @@ def offloaded_weights(module: str, device: str, execution: str, weights: list[st
         details=(("offloaded", device), ("weights", ", ".join(weights))))
 
 
-def dtensor_mixed(op: str, plain: str, dtensor: str, placements: str, *, where: str, source: str, device: str,
-                  expected: str, origin: str = "") -> Finding:
+def dtensor_mixed(op: str, plain: str, dtensor: str, placements: str, *, where: str, source: str,
+                  device: Device, expected: str, origin: str = "") -> Finding:
     """PC201 on an FSDP2/DTensor rank: ``op`` mixed a plain tensor (``plain``: dtype, shape, device) with
     a DTensor (``dtensor``: what it is, its ``placements`` and mesh). Not a device mix: a placement mix,
     which raises on the ranks as a device mismatch does on one GPU, and is fixed the same way (put the

@@ -48,7 +48,7 @@ for step in range(steps):
 # implicit_transfer above); these are the script's own.
 
 
-def script_device_mismatch(op: str, reference: str, device: str, tensor: str, *, where: str, line: str,
+def script_device_mismatch(op: str, reference: Device, device: Device, tensor: str, *, where: str, line: str,
                            dtype: str, shape: tuple[int, ...], nbytes: int, origin: str,
                            details: tuple[tuple[str, str], ...], batch: str = "",
                            loader_at: str = "", name: str = "", owner: str = "", created_by: str = "",
