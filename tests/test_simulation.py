@@ -163,6 +163,16 @@ def test_simulated_device_says_it_is_simulated() -> None:
 
 
 @no_gpu
+@pytest.mark.parametrize(("device", "index"),
+                         [(None, 0), (1, 1), ("cuda:1", 1), (torch.device("cuda", 1), 1)])
+def test_a_simulated_stream_is_on_the_gpu_it_was_given(device: object, index: int) -> None:
+    # as CUDA's: Stream(device=1) is on cuda:1 (an int was once read as a device text, and gave cuda:0)
+    with simulated_cuda(2):
+        stream = torch.cuda.Stream() if device is None else torch.cuda.Stream(device=device)
+        assert stream.device == torch.device("cuda", index)
+
+
+@no_gpu
 @pytest.mark.skipif(CPU_ONLY_BUILD, reason="a CPU-only build aborts on autocast('cuda'); it stays off there")
 def test_autocast_cuda_applies_to_fake_cuda_tensors() -> None:
     with simulated_cuda():
