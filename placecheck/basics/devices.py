@@ -6,7 +6,7 @@ from placecheck.basics.errors import UsageError
 from placecheck.basics.values import DEVICE_HELP, SIZE_HELP, Device, Size
 
 __all__ = ["AUDIT_DEVICE_HELP", "DEVICE_HELP", "DEVICE_MAP_CHOICES", "DEVICE_MAP_HELP", "KEEP",
-           "SIZE_HELP", "check_device_map_spec", "human_bytes", "parse_device", "parse_size",
+           "SIZE_HELP", "check_device_map_spec", "human_bytes", "parse_size",
            "parse_target"]
 
 KEEP = "keep"
@@ -15,18 +15,9 @@ AUDIT_DEVICE_HELP = "cuda, cuda:N, cpu, mps, meta or keep"
 """The devices an audit takes (``keep``: its own placement); checkpoint and fix take :data:`DEVICE_HELP`."""
 
 
-def parse_device(spec: str) -> Device:
-    """``"cuda"`` -> ``cuda:0``; ``"CPU"`` -> ``cpu``; raise ``UsageError`` on junk (``keep`` included).
-
-    CUDA and MPS devices get an explicit index because that is how tensors
-    report them (``tensor.device`` is ``cuda:0``, never ``cuda``).
-    """
-    return Device.parse(spec)
-
-
 def parse_target(spec: str) -> Device | None:
-    """An audit's ``--device``: :func:`parse_device`, or None for ``keep`` (no ``.to()``: the model is
-    audited as its own code places it)."""
+    """An audit's ``--device``: :meth:`Device.parse <placecheck.basics.values.Device.parse>`, or None
+    for ``keep`` (no ``.to()``: the model is audited as its own code places it)."""
     if spec.strip().lower() == KEEP:
         return None
     try:

@@ -41,7 +41,7 @@ from placecheck.basics.declared import InitChoice as InitChoice
 from placecheck.basics.declared import WrapChoice as WrapChoice
 from placecheck.basics.declared import flag_of as flag_of
 from placecheck.basics.declared import nproc_value as nproc_value
-from placecheck.basics.devices import parse_device, parse_target
+from placecheck.basics.devices import parse_target
 from placecheck.basics.errors import UsageError, unknown_choice
 from placecheck.basics.values import Device
 
@@ -510,7 +510,7 @@ class CheckpointOptions(CommonOptions):
     def target_device(self) -> Device:
         """``device`` read once (``cuda`` -> ``cuda:0``); a UsageError for anything else, ``keep``
         included."""
-        return parse_device(self.device)
+        return Device.parse(self.device)
 
 
 OPTION_NAMES = tuple(f.name for f in fields(AuditOptions))

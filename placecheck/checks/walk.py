@@ -47,7 +47,7 @@ from placecheck.findings.events import HeldTensor, RegisteredOffTarget, StrayTen
 from placecheck.findings.finding import Finding
 
 __all__ = ["MAX_DEPTH", "Snapshot", "WalkResult", "join", "reachable_tensors", "storage_key",
-           "tensor_device", "tensor_nbytes", "walk"]
+           "tensor_nbytes", "walk"]
 
 
 @dataclass
@@ -99,11 +99,6 @@ class WalkResult:
     """Remarks for the report's notes: where the walk stopped short (depth limit)."""
 
 
-def tensor_device(t: torch.Tensor) -> Device:
-    """``t``'s device; uninitialised lazy parameters included."""
-    return device_of(t)
-
-
 def tensor_nbytes(t: torch.Tensor) -> int:
     try:
         return int(t.nelement() * t.element_size())
@@ -124,7 +119,7 @@ def _dtype(t: torch.Tensor) -> str:
 
 def held_tensor(t: torch.Tensor) -> HeldTensor:
     """``t`` as plain data, for the walk's events."""
-    return HeldTensor(tensor_device(t), _dtype(t), _shape(t), tensor_nbytes(t))
+    return HeldTensor(device_of(t), _dtype(t), _shape(t), tensor_nbytes(t))
 
 
 def storage_key(t: torch.Tensor) -> int | None:
@@ -212,7 +207,7 @@ class _Walker:
         model = self.root
         for code, items in ((Code.PC104, self.registry.parameters), (Code.PC105, self.registry.buffers)):
             for name, t in items:
-                dev = tensor_device(t)
+                dev = device_of(t)
                 owner, _, attr = name.rpartition(".")
                 if self.on_device(dev, owner):
                     continue
@@ -279,7 +274,7 @@ class _Walker:
         skey = storage_key(t)
         if skey is not None:
             self.storages.setdefault(skey, path)
-        dev = tensor_device(t)
+        dev = device_of(t)
         stale = self.snapshot.buffers.get(key, "")
         is_param = isinstance(t, nn.Parameter)
         # a parameter in a plain container is missed by state_dict() and the optimizer on any device
@@ -321,7 +316,7 @@ class _Walker:
             tensors.setdefault(tid, (join(path, tpath), t))
         # off the target, its tensors are a crash waiting; on it, state_dict() and the optimizer
         # still miss them: reported either way, counting the off-target ones when there are any
-        off = {tid for tid, (_, t) in tensors.items() if not self.on_device(tensor_device(t), owner)}
+        off = {tid for tid, (_, t) in tensors.items() if not self.on_device(device_of(t), owner)}
         reported = {tid: pt for tid, pt in tensors.items() if tid in off or not off}
         # a tensor also reachable elsewhere (a plain attribute of the model) is reported,
         # and counted in the summary's bytes, only where the walk met it first
@@ -341,7 +336,7 @@ class _Walker:
         in_object = parent is not None and parent.is_object
         finding = rules.walk_finding(UnregisteredModuleFound(
             type(m).__name__, path, owner, source(), len(counted), sum(tensor_nbytes(t) for _, t in counted),
-            tuple(sorted({tensor_device(t) for _, t in reported.values()})), self.expected(owner),
+            tuple(sorted({device_of(t) for _, t in reported.values()})), self.expected(owner),
             container=outer.kind if outer and not outer.is_object else "",
             object_class=parent.class_name if parent and in_object else "",
             object_path=_holder_name(path) if in_object else "",
