@@ -41,3 +41,19 @@ def test_each_pytest_summary_line_is_one_run_with_its_seconds_and_counts(bench_s
         {"seconds": 1.50, "counts": {"failed": 2, "passed": 3}},
     ]
     assert bench_suite.pytest_runs("no summary here\n=== slowest 100 durations ===") == []
+
+
+def test_each_step_ci_run_announces_lasts_until_the_next_one_or_the_end(bench_suite: Any) -> None:
+    lines = [(0.5, "Cloning\n"), (1.0, "== .ci/run: make test\n"), (400.0, "=== 5 passed in 2.00s ===\n"),
+             (410.0, "== .ci/run: make test-corpus\n"),
+             (500.0, "== .ci/run: make test-compat COMPAT_KEEP=0 COMPAT_MAIN=0\n"), (900.0, "done\n")]
+    assert bench_suite.step_times(lines, end=950.0) == {
+        "make test": 409.0, "make test-corpus": 90.0, "make test-compat": 450.0}
+    assert bench_suite.step_times([(1.0, "no step announced\n")], end=2.0) == {}
+
+
+def test_the_targets_scale_with_the_machine_s_reference_workload(bench_suite: Any) -> None:
+    at_reference = bench_suite.scaled_targets(bench_suite.REFERENCE_S)
+    assert at_reference == {"make test": 300.0, ".ci/run": 900.0}
+    three_times_slower = bench_suite.scaled_targets(3 * bench_suite.REFERENCE_S)
+    assert three_times_slower == {"make test": 900.0, ".ci/run": 2700.0}

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -134,6 +135,23 @@ def test_python_writes_are_redirected_and_read_back(tmp_path: Path, monkeypatch:
     assert changes["new.txt"] == "created" and changes["out/x.npy"] == "created"
     assert changes["notes.txt"] == "overwritten" and changes["results"] == "deleted"
     assert changes["results/r.txt"] == "overwritten"
+
+
+def test_the_scripts_own_modules_leave_no_bytecode_cache_in_the_users_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A user's Python writes ``__pycache__`` beside each module it imports (PYTHONDONTWRITEBYTECODE is
+    seldom set): the script's own modules imported during the run leave none."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.dont_write_bytecode", False)
+    (tmp_path / "helper.py").write_text("def scale():\n    return 2\n", encoding="utf-8")
+    (tmp_path / "script.py").write_text("import torch\nimport helper\n\n"
+                                        "x = torch.ones(2).cuda() * helper.scale()\nprint(x.sum().item())\n",
+                                        encoding="utf-8")
+    before = _tree(tmp_path)
+    report = run(str(tmp_path / "script.py"), engine="tagged")
+    assert not report.unfinished, report.notes
+    assert _tree(tmp_path) == before
+    assert sys.dont_write_bytecode is False  # what the run held for itself is given back
 
 
 def test_keep_scratch_keeps_the_files_and_says_where(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
