@@ -175,8 +175,10 @@ SITE_OF = $(1) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'
 COMPAT_KEEP ?= 1
 # COMPAT_MAIN=0 (.ci/run, right after make test): what the main venv has is not tested again, neither
 # the compat tests on its torch nor the cli tests under a typer of the matrix that is its own (typer
-# "newest" is, on a fresh venv); the line of each leg left out says so.
+# "newest" is, on a fresh venv, with the same click); the line of each leg left out says so.
 COMPAT_MAIN ?= 1
+TYPER_CLICK := 'import importlib.metadata as m; print(m.version("typer"), "with click", \
+  *[d.version for d in m.distributions(name="click")][:1] or ["(its own)"])'
 COMPAT_DONE = $(if $(filter 0,$(COMPAT_KEEP)),rm -rf $(1),true)
 test-compat: install
 	@set -e; for v in $(COMPAT_TORCH); do \
@@ -194,11 +196,10 @@ test-compat: install
 	    'import transformers; print(transformers.__version__)')"; \
 	  .venv-transformers-$$v/bin/python -m pytest $(COMPAT_PYTEST) -m transformers; \
 	  $(call COMPAT_DONE,.venv-transformers-$$v); done
-	@set -e; main=$$($(PY) -c 'import importlib.metadata as m; print(m.version("typer"))'); \
+	@set -e; main=$$($(PY) -c $(TYPER_CLICK)); \
 	for v in $(COMPAT_TYPER); do \
 	  $(MAKE) --no-print-directory .venv-typer-$$v/.stamp; \
-	  got=$$(PYTHONPATH=$(CURDIR)/.venv-typer-$$v $(PY) -c \
-	    'import importlib.metadata as m; print(m.version("typer"))'); \
+	  got=$$(PYTHONPATH=$(CURDIR)/.venv-typer-$$v $(PY) -c $(TYPER_CLICK)); \
 	  if [ "$(COMPAT_MAIN)" = 0 ] && [ "$$got" = "$$main" ]; then \
 	    echo "== test-compat: typer $$got ($$v): not run again, the main venv's, on which make test ran"; \
 	    continue; fi; \
