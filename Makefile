@@ -8,12 +8,6 @@ STAMP  := $(VENV)/.placecheck-installed
 # pyproject.toml's published ranges stay open for users.
 TORCH  ?= -c constraints.txt
 
-# The suite's processes cache compiled bytecode (git-ignored __pycache__ folders), as a user's Python
-# does: where the environment sets PYTHONDONTWRITEBYTECODE, each pytest worker rewrote every test module's
-# asserts at each start, and the tests could not see what run leaves in a user's folder (nothing:
-# tests/test_run_files.py).
-unexport PYTHONDONTWRITEBYTECODE
-
 .PHONY: install demo test test-cpu-build test-compat test-corpus lint bench fidelity clean wheel-check
 
 install: $(STAMP)

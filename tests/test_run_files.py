@@ -140,13 +140,15 @@ def test_python_writes_are_redirected_and_read_back(tmp_path: Path, monkeypatch:
 def test_the_scripts_own_modules_leave_no_bytecode_cache_in_the_users_folder(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A user's Python writes ``__pycache__`` beside each module it imports (PYTHONDONTWRITEBYTECODE is
-    seldom set): the script's own modules imported during the run leave none."""
+    seldom set, and this process may run with it): the script's own modules imported during the run leave
+    none."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr("sys.dont_write_bytecode", False)
-    (tmp_path / "helper.py").write_text("def scale():\n    return 2\n", encoding="utf-8")
-    (tmp_path / "script.py").write_text("import torch\nimport helper\n\n"
-                                        "x = torch.ones(2).cuda() * helper.scale()\nprint(x.sum().item())\n",
-                                        encoding="utf-8")
+    (tmp_path / "pc_bytecode_helper.py").write_text("def scale():\n    return 2\n", encoding="utf-8")
+    (tmp_path / "script.py").write_text("import torch\nimport pc_bytecode_helper\n\n"
+                                        "x = torch.ones(2).cuda() * pc_bytecode_helper.scale()\n"
+                                        "print(x.sum().item())\n", encoding="utf-8")
+    monkeypatch.delitem(sys.modules, "pc_bytecode_helper", raising=False)
     before = _tree(tmp_path)
     report = run(str(tmp_path / "script.py"), engine="tagged")
     assert not report.unfinished, report.notes
