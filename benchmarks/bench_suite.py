@@ -3,7 +3,8 @@
 Clones this repository's ``HEAD`` (committed work only, as CI sees it) into a temporary folder and
 runs ``CI=true bash .ci/run`` there with standard input closed, as CI does: both venvs installed
 from nothing, ``make test`` (the whole suite on the main torch build, then the ``cpu_build`` tests on
-the CPU-only build), the corpus gate and the version matrix with its downloads. ``.ci/run`` announces
+the CPU-only build), the corpus gate (on this checkout's ``../shared/corpus``, named to the clone's
+``make test-corpus`` with ``CORPUS``) and the version matrix with its downloads. ``.ci/run`` announces
 each step (``== .ci/run: make test``); each line is timed as it arrives, so each step's wall time is
 measured, and from pytest's own summary lines the main suite's and the CPU-only build's times and
 counts.
@@ -87,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     subprocess.run(["git", "clone", "--quiet", str(REPO), str(clone)], check=True)
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTEST_ADDOPTS")}
     env["CI"] = "true"
+    corpus = REPO.parent / "shared" / "corpus"
+    if corpus.is_dir():  # the gate reads ../shared/corpus beside the clone: the clone here has none beside it
+        env["CORPUS"] = str(corpus)
     lines: list[tuple[float, str]] = []
     start = time.perf_counter()
     with subprocess.Popen(["bash", ".ci/run"], cwd=clone, env=env, stdin=subprocess.DEVNULL,
