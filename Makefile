@@ -180,10 +180,9 @@ test-compat: install
 	  echo "== test-compat: torch $$(.venv-torch-$$v/bin/python -c 'import torch; print(torch.__version__)')"; \
 	  .venv-torch-$$v/bin/python -m pytest $(COMPAT_PYTEST) -m compat; \
 	  $(call COMPAT_DONE,.venv-torch-$$v); done
-	@if [ "$(COMPAT_MAIN)" = 0 ]; then echo "== test-compat: torch $$($(PY) -c 'import torch; \
-	  print(torch.__version__)') (the main venv): not run again, make test ran the whole suite on it"; \
-	else echo "== test-compat: torch $$($(PY) -c 'import torch; print(torch.__version__)') (the main venv)"; \
-	  $(PY) -m pytest $(COMPAT_PYTEST) -m compat; fi
+	@set -e; main="torch $$($(PY) -c 'import torch; print(torch.__version__)') (the main venv)"; \
+	if [ "$(COMPAT_MAIN)" = 0 ]; then echo "== test-compat: $$main: not run again, make test ran the whole suite on it"; \
+	else echo "== test-compat: $$main"; $(PY) -m pytest $(COMPAT_PYTEST) -m compat; fi
 	@set -e; for v in $(COMPAT_TRANSFORMERS); do \
 	  $(MAKE) --no-print-directory .venv-transformers-$$v/.placecheck-installed; \
 	  echo "== test-compat: transformers $$(.venv-transformers-$$v/bin/python -c \

@@ -148,7 +148,6 @@ def test_the_scripts_own_modules_leave_no_bytecode_cache_in_the_users_folder(
     (tmp_path / "script.py").write_text("import torch\nimport pc_bytecode_helper\n\n"
                                         "x = torch.ones(2).cuda() * pc_bytecode_helper.scale()\n"
                                         "print(x.sum().item())\n", encoding="utf-8")
-    monkeypatch.delitem(sys.modules, "pc_bytecode_helper", raising=False)
     before = _tree(tmp_path)
     report = run(str(tmp_path / "script.py"), engine="tagged")
     assert not report.unfinished, report.notes
