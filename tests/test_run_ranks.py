@@ -324,6 +324,43 @@ def test_without_a_warm_server_the_ranks_start_a_process_of_their_own(
     assert ranks._SERVERS == {}  # the dead server was dropped
 
 
+@pytest.mark.skipif(not hasattr(os, "fork") or os.uname().sysname == "Darwin", reason="forks only where safe")
+@pytest.mark.parametrize("served", [True, False], ids=["warm-server", "own-process"])
+@pytest.mark.parametrize("cache_dir", [False, True], ids=["", "TORCHINDUCTOR_CACHE_DIR"])
+def test_the_ranks_fork_after_torchs_training_modules_are_imported(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        served: bool, cache_dir: bool) -> None:
+    # an optimizer's or DDP's first call imports torch._dynamo (seconds): once before the fork, not per rank;
+    # not where that import would make a cache folder the user named outside the temp folder (the script's
+    # own use makes it, in the scratch area)
+    import sys
+    import tempfile
+
+    from placecheck.basics import forkserver
+    from placecheck.run import ranks
+
+    monkeypatch.setattr(ranks, "_SERVERS", {})
+    if not served:
+        monkeypatch.setattr(forkserver, "_server_command", lambda modules: [sys.executable, "-c", "pass"])
+    if cache_dir:  # a folder the user named, outside the temp folder
+        (tmp_path / "temp").mkdir()
+        monkeypatch.setenv("TMPDIR", str(tmp_path / "temp"))
+        monkeypatch.setattr(tempfile, "tempdir", None)  # read again from TMPDIR
+        monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    else:  # torch's own, as a process that imported torch._dynamo passes it on
+        monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "torchinductor"))  # in the temp folder
+    probe = tmp_path / "probe.py"
+    probe.write_text("import sys\nprint('dynamo imported:', 'torch._dynamo' in sys.modules)\n")
+    run(str(probe), nproc_per_node=2)
+    printed = capsys.readouterr().out
+    for rank in (0, 1):
+        assert f"[rank{rank}]: dynamo imported: {not cache_dir}" in printed, printed
+    assert not (tmp_path / "inductor").exists()
+    assert bool(ranks._SERVERS) == served
+    for server in ranks._SERVERS.values():
+        server.close()
+
+
 @pytest.mark.skipif(os.name != "posix", reason="SIGINT as a terminal's Ctrl-C sends it")
 def test_ctrl_c_ends_every_rank_with_the_run(tmp_path: Path) -> None:
     import signal
@@ -332,15 +369,17 @@ def test_ctrl_c_ends_every_rank_with_the_run(tmp_path: Path) -> None:
     import time
 
     # the ranks write their pids outside the script's directory, into the temporary directory, where
-    # placecheck run writes as told (what a script writes in its own directory goes to the scratch area)
+    # placecheck run writes as told (what a script writes in its own directory goes to the scratch area);
+    # placecheck's own temporary folders go there too, and none is left behind
+    temp = tmp_path / "tmp"
     (tmp_path / "job").mkdir()
-    (tmp_path / "pids").mkdir()
+    (temp / "pids").mkdir(parents=True)
     waits = tmp_path / "job" / "waits.py"
     waits.write_text("import os, pathlib, time\n"
                      "pathlib.Path(os.environ['PIDS'], os.environ['RANK']).write_text(str(os.getpid()))\n"
                      "print('ready', flush=True)\n"
                      "time.sleep(60)\n")
-    env = {**os.environ, "PIDS": str(tmp_path / "pids")}
+    env = {**os.environ, "PIDS": str(temp / "pids"), "TMPDIR": str(temp)}
     proc = subprocess.Popen([sys.executable, "-m", "placecheck", "run", "--nproc-per-node", "2", str(waits)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as a shell's
@@ -352,11 +391,12 @@ def test_ctrl_c_ends_every_rank_with_the_run(tmp_path: Path) -> None:
         seen += line
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=60) == 130
-    pids = [int((tmp_path / "pids" / rank).read_text()) for rank in ("0", "1")]
+    pids = [int((temp / "pids" / rank).read_text()) for rank in ("0", "1")]
     deadline = time.monotonic() + 10
     while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(_alive(pid) for pid in pids), "a rank outlived the interrupted run"
+    assert [p for p in os.listdir(temp) if p.startswith("placecheck")] == []
 
 
 def _alive(pid: int) -> bool:

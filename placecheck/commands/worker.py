@@ -47,8 +47,9 @@ from placecheck.engines.classify import out_of_memory
 WARM_MODULES = ("torch", "placecheck.commands.api", "placecheck.model.load",
                 "placecheck.findings.formats.json", "placecheck.checks.trace", "placecheck.model.inputs",
                 "placecheck.engines.datadep", *compat.WARM_MODULES)
-"""What every audit imports (some lazily, during the forward): the server imports them before its
-first fork, so that no child imports them again."""
+"""What every audit imports (some lazily, during the forward): the server imports them, and what training
+imports on first use (:func:`placecheck.engines.compat.training_modules`: a proof's or a rank's script),
+before its first fork, so that no child imports them again."""
 
 _CHILD_FAILED = 70
 """Exit status of a forked child that could not even start its audit (its stderr says why)."""
@@ -128,14 +129,17 @@ def _installed(module: str) -> bool:
 
 
 def preload(modules: list[str]) -> list[str]:
-    """Import :data:`WARM_MODULES` and the installed ones of ``modules``; return those imported.
+    """Import :data:`WARM_MODULES`, torch's training modules
+    (:func:`~placecheck.engines.compat.training_modules`) and the installed ones of ``modules``; return those
+    imported.
 
     A module that fails to import is left to the model's child, which reports the failure
     as that model's own (a load error), exactly as without the server.
     """
     imported = []
-    for name in [*WARM_MODULES, *modules]:
-        if name not in WARM_MODULES and not _installed(name):
+    warm = (*WARM_MODULES, *compat.training_modules())
+    for name in [*warm, *modules]:
+        if name not in warm and not _installed(name):
             continue
         try:
             importlib.import_module(name)

@@ -41,8 +41,10 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import os
 import re
 import sys
+import tempfile
 import types
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -111,6 +113,26 @@ FAKE_TENSOR_LOGGER = _FAKE
 
 WARM_MODULES = ("torch._subclasses.schema_check_mode",)
 """torch's private modules that every audit imports (a fork server imports them before forking)."""
+
+def training_modules() -> tuple[str, ...]:
+    """torch's private modules that training and the fake engine import on first use: the first call of an
+    optimizer's ``__init__``/``step``/``zero_grad`` or of DDP's forward imports ``torch._dynamo``
+    (``torch._disable_dynamo`` wraps them), and so does ``FakeTensorMode``; about 1.5 s idle, twice that
+    under ``run``'s line tracer. A fork server imports them before forking, so that no rank, proof or audit
+    it forks pays that import again. The import starts no thread and runs no parallel op: a forked child's
+    OpenMP pool starts as it would have.
+
+    The import makes torch's cache folder: in the temp folder, or where ``TORCHINDUCTOR_CACHE_DIR`` says
+    (torch sets it to the folder it made, so a process that imported it passes it on). None where that is
+    outside the temp folder: it may be in the user's tree, which only the script's own first use (inside
+    ``run``'s scratch area) may touch."""
+    named = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if named:
+        temp = os.path.realpath(tempfile.gettempdir())
+        folder = os.path.realpath(named)
+        if os.path.commonpath([temp, folder]) != temp:
+            return ()
+    return ("torch._dynamo",)
 
 
 def __getattr__(name: str) -> Any:

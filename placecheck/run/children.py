@@ -269,11 +269,13 @@ class Children:
         """``Process.start`` patched for the run: each child runs its target under the simulation."""
         from multiprocessing import process, spawn
 
+        from placecheck.run import scratch
         from placecheck.run.patches import patched
 
         self.engine = engine
-        with tempfile.TemporaryDirectory(prefix="placecheck-children-") as directory, contextlib.ExitStack() \
-                as stack:
+        # under the run's scratch area: a rank killed at Ctrl-C leaves nothing behind in the temp folder
+        with tempfile.TemporaryDirectory(prefix="placecheck-children-", dir=scratch.area()) as directory, \
+                contextlib.ExitStack() as stack:
             self.directory = directory
             with open(os.path.join(directory, "config.json"), "w", encoding="utf-8") as handle:
                 json.dump({"engine": engine, "gpus": self.gpus, "steps": self.steps,
@@ -281,12 +283,8 @@ class Children:
                            # placecheck run prints the script's output to stderr (stdout is the report's)
                            "stdout_to_stderr": sys.stdout is sys.stderr},
                           handle)
-            try:
-                from placecheck.run import scratch  # type: ignore[attr-defined]
-            except ImportError:  # the files' protection is not merged yet
-                pass
-            else:  # a spawned child protects the user's files as this process does
-                os.environ.update(scratch.child_environment())
+            # a spawned child protects the user's files as this process does
+            os.environ.update(scratch.child_environment())
             stack.enter_context(patched([
                 (process.BaseProcess, "start", self._start),
                 (spawn, "get_command_line", self._command_line),

@@ -105,9 +105,10 @@ def served_ranks(spec_path: str, result_path: str) -> int:
 
 def fork_ranks(config_path: str, out_dir: str, nproc: int) -> int:
     """Fork the ``nproc`` ranks from this one warm process, relay their output, write their statuses."""
+    from placecheck.engines.compat import training_modules
     from placecheck.run.ranks import RANK_MODULES
 
-    for name in RANK_MODULES:
+    for name in (*RANK_MODULES, *training_modules()):
         __import__(name)
     gc.collect()
     gc.freeze()  # the imports' objects: a child's collections skip them instead of copying their pages

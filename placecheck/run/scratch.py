@@ -70,6 +70,13 @@ def child_environment() -> dict[str, str]:
     return {SCRATCH_ENV: overlay.root, PROTECTED_ENV: os.pathsep.join(overlay.protected)}
 
 
+def area() -> str | None:
+    """The scratch area of the run in progress (None outside a run): placecheck's own files of the run
+    (a spawned child's configuration) go under it, so that they go with it, even where a process of the
+    run is killed (a rank at Ctrl-C) before it removes its own."""
+    return redirect._ACTIVE.root if redirect._ACTIVE is not None else None
+
+
 @contextlib.contextmanager
 def protect_from_environment(variables: Mapping[str, str] | None = None) -> Iterator[None]:
     """In a spawned child (or a torchrun rank): its writes go to the scratch area
