@@ -47,9 +47,9 @@ from placecheck.engines.classify import out_of_memory
 WARM_MODULES = ("torch", "placecheck.commands.api", "placecheck.model.load",
                 "placecheck.findings.formats.json", "placecheck.checks.trace", "placecheck.model.inputs",
                 "placecheck.engines.datadep", *compat.WARM_MODULES)
-"""What every audit imports (some lazily, during the forward): the server imports them, and what training
-imports on first use (:func:`placecheck.engines.compat.training_modules`: a proof's or a rank's script),
-before its first fork, so that no child imports them again."""
+"""What every audit imports (some lazily, during the forward). The server imports them before its first
+fork, with what training imports on first use (:func:`placecheck.engines.compat.training_modules`: a
+proof's or a rank's script), so that no child imports them again."""
 
 _CHILD_FAILED = 70
 """Exit status of a forked child that could not even start its audit (its stderr says why)."""

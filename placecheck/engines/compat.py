@@ -114,6 +114,7 @@ FAKE_TENSOR_LOGGER = _FAKE
 WARM_MODULES = ("torch._subclasses.schema_check_mode",)
 """torch's private modules that every audit imports (a fork server imports them before forking)."""
 
+
 def training_modules() -> tuple[str, ...]:
     """torch's private modules that training and the fake engine import on first use: the first call of an
     optimizer's ``__init__``/``step``/``zero_grad`` or of DDP's forward imports ``torch._dynamo``
