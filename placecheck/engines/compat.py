@@ -124,9 +124,9 @@ def training_modules() -> tuple[str, ...]:
     OpenMP pool starts as it would have.
 
     The import makes torch's cache folder: in the temp folder, or where ``TORCHINDUCTOR_CACHE_DIR`` says
-    (torch sets it to the folder it made, so a process that imported it passes it on). None where that is
-    outside the temp folder: it may be in the user's tree, which only the script's own first use (inside
-    ``run``'s scratch area) may touch."""
+    (torch sets it to the folder it made, so a process that imported it passes it on). Nothing is imported
+    first where that folder is outside the temp folder: it may be in the user's tree, which only the
+    script's own first use (inside ``run``'s scratch area) may touch."""
     named = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     if named:
         temp = os.path.realpath(tempfile.gettempdir())
